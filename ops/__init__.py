@@ -1,0 +1,18 @@
+"""Op definitions: one file per op, registered with `@register` (see `ops/spec.py`)."""
+
+from ops.registry import all_ops, get_op, load_entry_points, load_ops_path, register
+from ops.spec import BoundOp, Case, Input, Op, TensorType, bind
+
+__all__ = [
+    "BoundOp",
+    "Case",
+    "Input",
+    "Op",
+    "TensorType",
+    "all_ops",
+    "bind",
+    "get_op",
+    "load_entry_points",
+    "load_ops_path",
+    "register",
+]

@@ -1,0 +1,90 @@
+"""argmax: index of the maximum along one axis; ties and NaNs pick the first index like numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm import te, tirx
+
+from ops.attrs import Attr, Bool, Choice, Int
+from ops.errors import UsageError
+from ops.registry import register
+from ops.spec import Case, Input, Op, TensorType
+
+
+def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
+    """(index, value) reducer ordering values descending (NaN highest), then indices ascending."""
+    floating = dtype.startswith("float")
+
+    def is_nan(v: Any) -> Any:
+        return v != v
+
+    def combine(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
+        (i0, v0), (i1, v1) = x, y
+        if floating:
+            better = tirx.Or(v1 > v0, tirx.And(is_nan(v1), tirx.Not(is_nan(v0))))
+            tie = tirx.Or(v1 == v0, tirx.And(is_nan(v1), is_nan(v0)))
+        else:
+            better, tie = v1 > v0, v1 == v0
+        take = tirx.Or(better, tirx.And(tie, i1 < i0))
+        return tirx.Select(take, i1, i0), tirx.Select(take, v1, v0)
+
+    def identity(index_type: str, value_type: str) -> tuple[Any, Any]:
+        low = tirx.const(float("-inf"), value_type) if floating else tirx.min_value(value_type)
+        return tirx.max_value(index_type), low
+
+    return te.comm_reducer(combine, identity, name="argmax")
+
+
+@register
+class Argmax(Op):
+    """Index of the maximum along `axis` (first on ties; NaN counts as the maximum like numpy)."""
+
+    name = "argmax"
+    inputs = (Input("x", min_rank=1),)
+    attrs = (
+        Attr("axis", Int(-6, 5), -1, "axis to reduce, negative counts from the end"),
+        Attr("keepdims", Bool(), False, "keep the reduced axis with size 1"),
+        Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
+    )
+    exact = True
+    cases = (
+        Case(((32, 1000),)),
+        Case(((2, 64, 56, 56),), {"axis": 1}),
+        Case(((7, 13, 5),), {"axis": 0, "keepdims": True, "out_dtype": "int32"}),
+        Case(((1001,),), {"axis": 0}),
+        Case(((3, 4, 1, 6, 2, 3),), {"axis": -4, "keepdims": True}),
+        Case(((5, 1),), {"axis": 1, "out_dtype": "int32"}),
+    )
+
+    def _axis(self, attrs: dict[str, Any], rank: int) -> int:
+        axis = attrs["axis"]
+        if not -rank <= axis < rank:
+            raise UsageError(f"attribute axis={axis}: expected an axis in [{-rank}, {rank - 1}] for rank {rank}")
+        return axis % rank
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        shape = inputs[0].shape
+        axis = self._axis(attrs, len(shape))
+        kept = (1,) if attrs["keepdims"] else ()
+        return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
+        rank = len(x.shape)
+        axis = self._axis(attrs, rank)
+        k = te.reduce_axis((0, x.shape[axis]), name="k")
+        reducer = _argmax_reducer(str(x.dtype), out.dtype)
+        keep = 1 if attrs["keepdims"] else 0
+
+        def body(*i: Any) -> Any:
+            index = (*i[:axis], k, *i[axis + keep :])
+            return reducer((k.var.astype(out.dtype), x[index]), axis=k)
+
+        index, _value = te.compute(out.shape, body, name="argmax")
+        return index
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        axis = self._axis(attrs, x.ndim)
+        result = np.argmax(x, axis=axis, keepdims=attrs["keepdims"])
+        return result.astype(attrs["out_dtype"])

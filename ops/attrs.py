@@ -1,0 +1,166 @@
+"""Typed op attributes: parsing from `-a key=value`, validation and fuzzing domains.
+
+Each kind turns a CLI string or a Python value into one normalized value, or raises a
+UsageError naming the attribute, the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ops.errors import UsageError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bad(name: str, value: Any, expected: str) -> UsageError:
+    return UsageError(f"attribute {name}={value!r}: expected {expected}")
+
+
+@dataclass(frozen=True)
+class Float:
+    """A finite float in [lo, hi]."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+
+    def type_name(self) -> str:
+        return "float"
+
+    def normalize(self, name: str, value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _bad(name, value, "a float") from None
+        if isinstance(value, bool) or not math.isfinite(number) or not self.lo <= number <= self.hi:
+            raise _bad(name, value, f"a finite float in [{self.lo}, {self.hi}]")
+        return number
+
+    def strategy(self, st: Any) -> Any:
+        return st.floats(max(self.lo, -4.0), min(self.hi, 4.0), allow_nan=False)
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer in [lo, hi]; `fuzz_hi` bounds the values a fuzzer tries."""
+
+    lo: int
+    hi: int
+    fuzz_hi: int | None = None
+
+    def type_name(self) -> str:
+        return "int"
+
+    def normalize(self, name: str, value: Any) -> int:
+        expected = f"an integer in [{self.lo}, {self.hi}]"
+        if isinstance(value, bool):
+            raise _bad(name, value, expected)
+        try:
+            number = int(value, 10) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise _bad(name, value, expected) from None
+        if isinstance(value, float) and value != number:
+            raise _bad(name, value, expected)
+        if not self.lo <= number <= self.hi:
+            raise _bad(name, value, expected)
+        return number
+
+    def strategy(self, st: Any) -> Any:
+        return st.integers(self.lo, self.fuzz_hi if self.fuzz_hi is not None else self.hi)
+
+
+@dataclass(frozen=True)
+class IntPair:
+    """Two integers in [lo, hi], written `3` (both) or `3,2`; normalized to a tuple (h, w)."""
+
+    lo: int
+    hi: int = 2**31 - 1
+    fuzz_hi: int = 4
+
+    def type_name(self) -> str:
+        return "int,int"
+
+    def normalize(self, name: str, value: Any) -> tuple[int, int]:
+        expected = f"an integer in [{self.lo}, {self.hi}] or a pair 'H,W' of them"
+        if isinstance(value, str):
+            parts: list[Any] = [p.strip() for p in value.split(",")]
+        elif isinstance(value, list | tuple):
+            parts = list(value)
+        else:
+            parts = [value]
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2:
+            raise _bad(name, value, expected)
+        scalar = Int(self.lo, self.hi)
+        try:
+            pair = tuple(scalar.normalize(name, p) for p in parts)
+        except UsageError:
+            raise _bad(name, value, expected) from None
+        return pair  # type: ignore[return-value]
+
+    def strategy(self, st: Any) -> Any:
+        one = st.integers(self.lo, self.fuzz_hi)
+        return st.tuples(one, one)
+
+
+@dataclass(frozen=True)
+class Bool:
+    """true/false (also 1/0, yes/no, on/off)."""
+
+    def type_name(self) -> str:
+        return "bool"
+
+    def normalize(self, name: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise _bad(name, value, "true or false")
+
+    def strategy(self, st: Any) -> Any:
+        return st.booleans()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed set of strings."""
+
+    values: tuple[str, ...]
+
+    def type_name(self) -> str:
+        return "|".join(self.values)
+
+    def normalize(self, name: str, value: Any) -> str:
+        text = str(value)
+        if text not in self.values:
+            raise _bad(name, value, "one of " + ", ".join(self.values))
+        return text
+
+    def strategy(self, st: Any) -> Any:
+        return st.sampled_from(self.values)
+
+
+AttrKind = Float | Int | IntPair | Bool | Choice
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An op attribute: name, kind, default (None: derived by the op), one-line doc."""
+
+    name: str
+    kind: AttrKind
+    default: Any
+    doc: str = ""
+    optional: bool = False
+
+    def normalize(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        return self.kind.normalize(self.name, value)

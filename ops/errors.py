@@ -1,0 +1,16 @@
+"""Errors that every layer of the pipeline raises for bad input or failed work.
+
+The CLI turns them into one line on stderr and the error's exit code.
+"""
+
+
+class DeployError(Exception):
+    """A failure the user should see as one line (exit code 1)."""
+
+    exit_code = 1
+
+
+class UsageError(DeployError):
+    """Bad input from the user: op, attribute, shape, dtype, file (exit code 2)."""
+
+    exit_code = 2

@@ -1,0 +1,44 @@
+"""leaky_relu: x if x > 0 else alpha * x (floats)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm import te, tirx
+
+from ops.attrs import Attr, Float
+from ops.registry import register
+from ops.spec import FLOAT_DTYPES, Case, Input, Op, TensorType
+
+
+@register
+class LeakyRelu(Op):
+    """x where x > 0, else alpha * x."""
+
+    name = "leaky_relu"
+    inputs = (Input("x"),)
+    attrs = (Attr("alpha", Float(), 0.01, "slope for x <= 0"),)
+    dtypes = FLOAT_DTYPES
+    cases = (
+        Case(((32, 64, 56, 56),)),
+        Case(((7, 13),), {"alpha": 0.2}),
+        Case(((1001,),), {"alpha": -1.5}),
+        Case(((),)),
+        Case(((2, 3, 1, 5, 1, 3),), {"alpha": 0.0}),
+    )
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return inputs[0]
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
+        alpha = tirx.const(attrs["alpha"], x.dtype)
+        return te.compute(
+            out.shape,
+            lambda *i: tirx.Select(x[i] > tirx.const(0, x.dtype), x[i], x[i] * alpha),
+            name="out",
+        )
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        alpha = x.dtype.type(attrs["alpha"])
+        return np.where(x > 0, x, x * alpha).astype(x.dtype)

@@ -1,0 +1,39 @@
+"""max_pool2d: 2-D max pooling over NCHW (kernel, stride, padding, ceil_mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm import te
+
+from ops.pooling import Pool2d, pool_attrs, pooled_type
+from ops.registry import register
+from ops.spec import Case, Input, Op, TensorType
+
+
+@register
+class MaxPool2d(Op):
+    """2-D max pooling over NCHW; padding is -inf (floats) or the type minimum (integers)."""
+
+    name = "max_pool2d"
+    inputs = (Input("x", min_rank=4, max_rank=4),)
+    attrs = pool_attrs(kernel=2, stride=None, padding=0)
+    exact = True
+    cases = (
+        Case(((2, 16, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1}),
+        Case(((1, 3, 17, 23),), {"kernel": 2}),
+        Case(((2, 5, 9, 11),), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+        Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
+        Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
+    )
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return pooled_type("x", inputs[0], Pool2d.from_attrs(attrs))
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
+        pool = Pool2d.from_attrs(attrs)
+        return te.compute(out.shape, lambda n, c, h, w: pool.window_max(x, n, c, h, w), name="out")
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        return Pool2d.from_attrs(attrs).reference(x)

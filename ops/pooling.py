@@ -1,0 +1,121 @@
+"""2-D max pooling over NCHW shared by `max_pool2d` and `maxpool_add`.
+
+Output size follows PyTorch: floor((H + 2p - k) / s) + 1, or ceil with `ceil_mode`, where the last
+window must start inside the input or its left padding. Padding never wins the max: padded taps
+are -inf for floats and the type minimum for integers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tvm import te, tirx
+
+from ops.attrs import Attr, Bool, IntPair
+from ops.errors import UsageError
+from ops.spec import TensorType
+
+MAX_KERNEL = 16
+
+
+def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...]:
+    """The attributes of a 2-D pooling op with the given defaults (stride None: = kernel)."""
+    return (
+        Attr("kernel", IntPair(1, MAX_KERNEL, fuzz_hi=3), (kernel, kernel), "window H,W"),
+        Attr(
+            "stride",
+            IntPair(1, fuzz_hi=3),
+            None if stride is None else (stride, stride),
+            "step H,W (default: the kernel)",
+            optional=stride is None,
+        ),
+        Attr("padding", IntPair(0, fuzz_hi=1), (padding, padding), "implicit border H,W, at most kernel/2"),
+        Attr("ceil_mode", Bool(), False, "round the output size up"),
+    )
+
+
+@dataclass(frozen=True)
+class Pool2d:
+    """Kernel, stride and padding as (h, w) pairs, and the rounding mode."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    ceil_mode: bool
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
+        return cls(attrs["kernel"], attrs["stride"] or attrs["kernel"], attrs["padding"], attrs["ceil_mode"])
+
+    def out_size(self, axis: int, size: int) -> int:
+        k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
+        span = size + 2 * p - k
+        out = (math.ceil(span / s) if self.ceil_mode else span // s) + 1
+        if self.ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        return out
+
+    def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """NCHW output shape; checks the kernel fits the padded input and padding <= kernel/2."""
+        if len(shape) != 4:
+            raise UsageError(f"input {name} has shape {list(shape)}: expected NCHW (rank 4)")
+        for axis, label in enumerate("HW"):
+            k, p = self.kernel[axis], self.padding[axis]
+            if 2 * p > k:
+                raise UsageError(
+                    f"padding {list(self.padding)}: expected at most half the kernel {list(self.kernel)}"
+                )
+            if shape[2 + axis] + 2 * p < k:
+                raise UsageError(
+                    f"input {name} has shape {list(shape)}: {label}={shape[2 + axis]} plus padding is"
+                    f" smaller than the kernel {list(self.kernel)}"
+                )
+        return (*shape[:2], self.out_size(0, shape[2]), self.out_size(1, shape[3]))
+
+    def window_max(self, data: te.Tensor, n: Any, c: Any, oh: Any, ow: Any) -> Any:
+        """TE expression: the max of the window at output (n, c, oh, ow), taps written out."""
+        height, width = data.shape[2], data.shape[3]
+        pad = pad_value(str(data.dtype))
+        best = None
+        for dh in range(self.kernel[0]):
+            h = oh * self.stride[0] + (dh - self.padding[0])
+            for dw in range(self.kernel[1]):
+                w = ow * self.stride[1] + (dw - self.padding[1])
+                inside = tirx.all(h >= 0, h < height, w >= 0, w < width)
+                tap = tirx.if_then_else(tirx.likely(inside), data[n, c, h, w], pad)
+                best = tap if best is None else te.max(best, tap)
+        return best
+
+    def reference(self, data: np.ndarray) -> np.ndarray:
+        """Numpy max pooling of an NCHW array."""
+        oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
+        extra = [
+            max(0, (o - 1) * s + k - (size + 2 * p))
+            for o, s, k, size, p in zip(
+                (oh, ow), self.stride, self.kernel, data.shape[2:], self.padding, strict=True
+            )
+        ]
+        widths = ((0, 0), (0, 0), (self.padding[0], self.padding[0] + extra[0]),
+                  (self.padding[1], self.padding[1] + extra[1]))
+        padded = np.pad(data, widths, constant_values=numpy_pad_value(data.dtype))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, self.kernel, axis=(2, 3))
+        windows = windows[:, :, :: self.stride[0], :: self.stride[1]][:, :, :oh, :ow]
+        return windows.max(axis=(4, 5))
+
+
+def pad_value(dtype: str) -> Any:
+    """The TIR constant that never wins a max: -inf for floats, the minimum for integers."""
+    if dtype.startswith("float"):
+        return tirx.const(float("-inf"), dtype)
+    return tirx.min_value(dtype)
+
+
+def numpy_pad_value(dtype: np.dtype) -> Any:
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def pooled_type(name: str, tensor: TensorType, pool: Pool2d) -> TensorType:
+    return TensorType(pool.output_shape(name, tensor.shape), tensor.dtype)

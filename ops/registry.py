@@ -1,0 +1,82 @@
+"""The op registry: `@register` on an Op subclass adds it; discovery imports op files.
+
+Built-in ops are every module of this package; user ops come from `--ops-path DIR` (every
+`*.py` in it) and from the `deploy.ops` entry-point group (each entry names a module).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from ops.errors import UsageError
+from ops.spec import Op
+
+_OPS: dict[str, Op] = {}
+
+
+def register(cls: type[Op]) -> type[Op]:
+    """Class decorator: instantiate the op and add it under `cls.name`."""
+    existing = _OPS.get(cls.name)
+    if existing is not None and type(existing).__qualname__ != cls.__qualname__:
+        raise UsageError(f"op {cls.name!r} is defined twice ({type(existing).__module__}, {cls.__module__})")
+    _OPS[cls.name] = cls()
+    return cls
+
+
+def get_op(name: str) -> Op:
+    load_builtin()
+    if name not in _OPS:
+        raise UsageError(f"unknown op {name!r} (known: {', '.join(sorted(_OPS))})")
+    return _OPS[name]
+
+
+def all_ops() -> list[Op]:
+    load_builtin()
+    return [_OPS[name] for name in sorted(_OPS)]
+
+
+def load_builtin() -> None:
+    """Import every module of this package; op files register themselves, helpers do nothing.
+
+    Sub-packages (`ops/examples/`) hold user-style ops and are not built in.
+    """
+    package = sys.modules["ops"]
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            importlib.import_module(f"ops.{info.name}")
+
+
+def load_ops_path(directory: str | Path) -> list[str]:
+    """Import every `*.py` in `directory`; returns the names of the ops it registered."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise UsageError(f"--ops-path {str(directory)!r} is not a directory")
+    before = set(_OPS)
+    for path in sorted(folder.glob("*.py")):
+        module_name = f"deploy_user_ops.{folder.resolve().name}.{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"cannot import op file {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"op file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    return sorted(set(_OPS) - before)
+
+
+def load_entry_points(group: str = "deploy.ops") -> None:
+    """Import the modules named by installed packages' `deploy.ops` entry points."""
+    for entry in entry_points(group=group):
+        try:
+            entry.load()
+        except Exception as exc:
+            raise UsageError(f"entry point {entry.name} ({entry.value}) failed: {exc}") from exc
