@@ -1,0 +1,65 @@
+"""The device registry and the interface every device backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ops.errors import UsageError
+
+
+class Session(Protocol):
+    """An open connection to a device."""
+
+    def run(
+        self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
+    ) -> np.ndarray:
+        """Load `module` (cached per path), call main(inputs..., out), return out."""
+        ...
+
+    def time(
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        number: int,
+        repeat: int,
+    ) -> list[float]:
+        """Seconds per call of main, one mean over `number` calls for each of `repeat` runs."""
+        ...
+
+
+class Device(Protocol):
+    """A place to run modules: a name, the ELF machine it runs, whether it is emulated."""
+
+    name: str
+    arch: str
+    emulated: bool
+
+    def open(self) -> AbstractContextManager[Session]: ...
+
+
+_DEVICES: dict[str, Callable[[], Device]] = {}
+
+
+def register_device(name: str) -> Callable[[Callable[[], Device]], Callable[[], Device]]:
+    def add(factory: Callable[[], Device]) -> Callable[[], Device]:
+        _DEVICES[name] = factory
+        return factory
+
+    return add
+
+
+def get_device(name: str) -> Device:
+    if name not in _DEVICES:
+        raise UsageError(f"unknown device {name!r} (known: {', '.join(sorted(_DEVICES))})")
+    return _DEVICES[name]()
+
+
+def all_devices() -> Iterator[str]:
+    return iter(sorted(_DEVICES))

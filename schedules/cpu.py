@@ -1,0 +1,84 @@
+"""CPU scheduling shared by every CPU target: the vectorize-and-parallelize helpers and the
+generic schedule an op gets when no family has a hand schedule for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedules.registry import ScheduleContext, register_schedule
+
+SPATIAL, REDUCE = 0, 2
+MIN_PARALLEL_WORK = 4096
+"""Fewer output elements than this run on one thread: a parallel launch costs more."""
+
+
+def blocks(sch: Any) -> list[Any]:
+    """The top-level blocks of the function `sch` works on."""
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def extents(sch: Any, loops: list[Any]) -> list[int]:
+    return [int(sch.get(loop).extent) for loop in loops]
+
+
+def is_spatial(sch: Any, block: Any) -> bool:
+    return all(int(iv.iter_type) == SPATIAL for iv in sch.get(block).iter_vars)
+
+
+def parallel_outer(sch: Any, loops: list[Any], work: int) -> Any | None:
+    """Fuse `loops` and mark them parallel when `work` elements justify threads; the fused loop."""
+    if not loops:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if work >= MIN_PARALLEL_WORK and int(sch.get(fused).extent) > 1:
+        sch.parallel(fused)
+    return fused
+
+
+def vectorize_parallelize(sch: Any, block: Any, lanes: int) -> None:
+    """Injective block: vectorize the innermost loop by `lanes`, parallelize the loops outside.
+
+    When the innermost extent is shorter than a vector, all loops are fused first so the vector
+    runs across rows (contiguous for the output; broadcast inputs become gathers).
+    """
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    sizes = extents(sch, loops)
+    work = 1
+    for size in sizes:
+        work *= size
+    if sizes[-1] < lanes and len(loops) > 1:
+        loops = [sch.fuse(*loops)]
+        sizes = [work]
+    inner = loops[-1]
+    if lanes > 1 and sizes[-1] > 1:
+        outer, inner = sch.split(inner, factors=[None, lanes])
+        sch.vectorize(inner)
+        loops = [*loops[:-1], outer]
+    else:
+        loops = loops[:-1]
+    parallel_outer(sch, list(loops), work)
+
+
+def parallelize_reduction(sch: Any, block: Any) -> None:
+    """Reduction block: parallelize its spatial loops (outermost, as TE orders them)."""
+    loops = sch.get_loops(block)
+    spatial = [loop for loop, iv in zip(loops, sch.get(block).iter_vars, strict=True)
+               if int(iv.iter_type) == SPATIAL]
+    work = 1
+    for size in extents(sch, loops):
+        work *= size
+    parallel_outer(sch, spatial, work)
+
+
+@register_schedule("cpu")
+def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
+    """Every block: injective ones vectorized + parallel, reductions parallel over outputs."""
+    for block in blocks(sch):
+        if is_spatial(sch, block):
+            dtype = str(sch.get(block).writes[0].source.dtype)
+            vectorize_parallelize(sch, block, ctx.lanes(dtype))
+        else:
+            parallelize_reduction(sch, block)

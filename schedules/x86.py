@@ -1,0 +1,1 @@
+"""Hand schedules for x86 (AVX2 / AVX-512)."""

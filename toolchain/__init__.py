@@ -1,0 +1,1 @@
+"""The toolchain: targets, build and export, verification, benchmarking, the `deploy` CLI."""

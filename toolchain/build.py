@@ -1,0 +1,138 @@
+"""Build an op for a target: TE -> PrimFunc -> schedule -> compiled module -> artifact directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from ops.errors import DeployError
+from ops.spec import BoundOp
+from schedules import ScheduleContext, find_schedule
+from toolchain.manifest import MANIFEST, Manifest, sha256_file
+from toolchain.targets import Target
+
+MODULE_FILE = "module.so"
+
+
+def deploy_version() -> str:
+    try:
+        return version("deploy-toolchain")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def tvm_version() -> str:
+    import tvm
+
+    return str(tvm.__version__)
+
+
+def prim_module(bound: BoundOp) -> Any:
+    """The op as an IRModule with one PrimFunc `main(inputs..., out)`."""
+    import tvm
+    from tvm import te
+
+    placeholders = [
+        te.placeholder(t.shape, t.dtype, name=spec.name)
+        for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
+    ]
+    out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+    return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
+
+
+def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:
+    """The scheduled IRModule and the schedule's name (e.g. "x86/maxpool_add", "cpu/generic")."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(prim_module(bound))
+    found = find_schedule(target.schedules, bound.op.name)
+    if found is None:
+        return sch.mod, "default"
+    name, fn = found
+    fn(sch, ScheduleContext(bound, target.vector_bits, cores or os.cpu_count() or 1))
+    return sch.mod, name
+
+
+@dataclass
+class Compiled:
+    """A compiled op: the TVM executable and the schedule it was built with."""
+
+    bound: BoundOp
+    target: Target
+    executable: Any
+    schedule: str
+
+
+def compile_op(bound: BoundOp, target: Target) -> Compiled:
+    import tvm
+
+    mod, name = schedule(bound, target)
+    with tvm.transform.PassContext(opt_level=3):
+        executable = tvm.compile(mod, target=target.tvm_target())
+    return Compiled(bound, target, executable, name)
+
+
+def _linker(target: Target) -> Any:
+    if target.cross_compiler is None:
+        return None
+    from tvm.support import cc
+
+    if shutil.which(target.cross_compiler) is None:
+        raise DeployError(
+            f"cross compiler {target.cross_compiler} for target {target.name} not found:"
+            f" install the Debian package {target.cross_package}"
+        )
+    return cc.cross_compiler(target.cross_compiler)
+
+
+def export(compiled: Compiled, directory: Path) -> Manifest:
+    """Write `directory` with the module and manifest.json, atomically (all or nothing)."""
+    directory = Path(directory)
+    if directory.exists() and not (directory / MANIFEST).exists() and any(directory.iterdir()):
+        raise DeployError(f"output directory {directory} exists and is not an artifact: not replacing it")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        module = staging / MODULE_FILE
+        linker = _linker(compiled.target)
+        if linker is None:
+            compiled.executable.export_library(str(module))
+        else:
+            compiled.executable.export_library(str(module), fcompile=linker)
+        bound = compiled.bound
+        key = bound.key()
+        manifest = Manifest(
+            op=bound.op.name,
+            attrs=key["attrs"],
+            inputs=[{"name": spec.name, **t.to_json()} for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)],
+            output=bound.output.to_json(),
+            target=compiled.target.name,
+            tvm_target=dict(compiled.target.tvm),
+            arch=compiled.target.arch,
+            schedule=compiled.schedule,
+            module=MODULE_FILE,
+            sha256=sha256_file(module),
+            tvm_version=tvm_version(),
+            deploy_version=deploy_version(),
+        )
+        manifest.write(staging)
+        _replace_dir(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _replace_dir(staging: Path, directory: Path) -> None:
+    if directory.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+        os.replace(directory, old / "previous")
+        os.replace(staging, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, directory)

@@ -1,0 +1,52 @@
+"""The build cache: artifacts keyed by op, attributes, input types, target and code version.
+
+Lives in `$DEPLOY_CACHE_DIR`, else `$XDG_CACHE_HOME/deploy`, else `~/.cache/deploy`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+from ops.spec import BoundOp
+from toolchain.build import compile_op, export, tvm_version
+from toolchain.manifest import MANIFEST, Manifest
+from toolchain.targets import Target
+
+
+def cache_dir() -> Path:
+    if os.environ.get("DEPLOY_CACHE_DIR"):
+        return Path(os.environ["DEPLOY_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "deploy"
+
+
+@cache
+def _source_digest(module_file: str) -> str:
+    return hashlib.sha256(Path(module_file).read_bytes()).hexdigest()
+
+
+def code_fingerprint(bound: BoundOp) -> str:
+    """Hash of the source that decides the module: the op's file, every schedule and build file."""
+    names = [type(bound.op).__module__, *sorted(
+        name for name in sys.modules if name.startswith(("schedules.", "ops.", "toolchain.build"))
+    )]
+    files = sorted({sys.modules[n].__file__ for n in names if getattr(sys.modules.get(n), "__file__", None)})
+    return hashlib.sha256("".join(_source_digest(f) for f in files).encode()).hexdigest()
+
+
+def build_key(bound: BoundOp, target: Target) -> str:
+    key = {**bound.key(), "target": target.name, "tvm": tvm_version(), "code": code_fingerprint(bound)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cached_build(bound: BoundOp, target: Target) -> tuple[Path, Manifest]:
+    """The artifact directory for (bound, target), building it on a miss."""
+    directory = cache_dir() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
+    if (directory / MANIFEST).exists():
+        return directory, Manifest.read(directory)
+    return directory, export(compile_op(bound, target), directory)

@@ -1,0 +1,177 @@
+"""The `deploy` command line: ops, targets, build, run, test.
+
+Errors are one line on stderr: exit 2 for bad input, 1 for failures; `--debug` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ops.errors import DeployError, UsageError, first_line
+
+
+class DeployGroup(click.Group):
+    """Turns DeployError into `error: ...` and exit codes; other exceptions into one line too."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except DeployError as exc:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"error: {type(exc).__name__}: {first_line(str(exc))} (rerun with --debug for details)", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=DeployGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--ops-path", multiple=True, type=click.Path(), help="Directory of extra op files (*.py).")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+def main(ops_path: tuple[str, ...], debug: bool) -> None:
+    """deploy: build neural-network ops for embedded targets and verify them on devices."""
+    from ops import load_entry_points, load_ops_path
+
+    load_entry_points()
+    for directory in ops_path:
+        load_ops_path(directory)
+
+
+def _target(name: str) -> Any:
+    from toolchain.targets import get_target
+
+    return get_target(name)
+
+
+def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
+    from ops import bind, get_op
+    from toolchain.cli_args import parse_attrs
+
+    return bind(get_op(op_name), parse_attrs(attrs), types)
+
+
+def _device(name: str | None, target: Any) -> Any:
+    from devices import get_device
+
+    return get_device(name or target.default_device)
+
+
+OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy ops`).")
+TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
+ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
+DEVICE = click.option("--device", "device_name", help="Device to run on (default: the target's).")
+
+
+@main.command("ops")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ops_command(as_json: bool) -> None:
+    """List ops with inputs, attributes, dtypes and targets."""
+    from toolchain.describe import describe_ops, print_ops
+
+    described = describe_ops()
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+    else:
+        print_ops(described)
+
+
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def targets_command(as_json: bool) -> None:
+    """List targets."""
+    from toolchain.describe import describe_targets, print_targets
+
+    described = describe_targets()
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+    else:
+        print_targets(described)
+
+
+@main.command("build")
+@OP
+@TARGET
+@ATTR
+@click.option("--shape", "shapes", multiple=True, required=True, help="Input shape, e.g. 32x64x112x112; once per input.")
+@click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
+@click.option("-o", "--output", "out_dir", type=click.Path(), help="Artifact directory [default: ./OP-TARGET].")
+def build_command(op_name: str, target_name: str, attrs: tuple[str, ...], shapes: tuple[str, ...],
+                  dtype: str, out_dir: str | None) -> None:
+    """Compile an op for a target into a module and manifest.json."""
+    from ops import TensorType
+    from toolchain.build import compile_op, export
+    from toolchain.cli_args import parse_shape
+
+    target = _target(target_name)
+    bound = _bind(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
+    directory = Path(out_dir or f"{op_name}-{target_name}")
+    manifest = export(compile_op(bound, target), directory)
+    click.echo(
+        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule):"
+        f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
+    )
+
+
+@main.command("run")
+@OP
+@TARGET
+@ATTR
+@DEVICE
+@click.option("-i", "--input", "inputs", multiple=True, required=True, help="Input .npy, once per input in order.")
+@click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
+@click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
+def run_command(op_name: str, target_name: str, attrs: tuple[str, ...], device_name: str | None,
+                inputs: tuple[str, ...], output: str, check: bool) -> None:
+    """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
+    from ops import TensorType
+    from toolchain.cache import cached_build
+    from toolchain.cli_args import load_npy, save_npy
+    from toolchain.compare import compare
+    from toolchain.verify import check_device, run_artifact
+
+    target = _target(target_name)
+    arrays = [load_npy(path) for path in inputs]
+    bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
+    device = _device(device_name, target)
+    check_device(target, device)
+    directory, manifest = cached_build(bound, target)
+    with device.open() as session:
+        result = run_artifact(session, directory, manifest, arrays)
+    save_npy(output, result)
+    click.echo(f"{op_name} on {device.name} ({manifest.schedule}): wrote {output} {bound.output}")
+    if check:
+        comparison = compare(bound.op.reference(bound.attrs, *arrays), result, bound.op.exact)
+        if not comparison.ok:
+            raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
+        click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy")
+
+
+@main.command("test")
+@TARGET
+@DEVICE
+@click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
+def test_command(target_name: str, device_name: str | None, op_names: tuple[str, ...], dtypes: tuple[str, ...]) -> None:
+    """Verify every op x dtype x shape against numpy on the target's device."""
+    from ops import all_ops, get_op
+    from toolchain.report import run_with_progress
+    from toolchain.verify import plan
+
+    target = _target(target_name)
+    ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    planned = plan(ops, dtypes)
+    if not planned:
+        raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
+    results = run_with_progress(planned, target, _device(device_name, target))
+    if not all(r.ok for r in results):
+        sys.exit(1)

@@ -1,0 +1,53 @@
+"""`deploy test` output: a progress bar while cases run, then a table per op x dtype."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from toolchain.verify import CaseResult, PlannedCase, run_matrix
+
+
+def run_with_progress(planned: list[PlannedCase], target: Any, device: Any) -> list[CaseResult]:
+    """Run the matrix with a progress bar; print the summary table and every failure."""
+    console = Console()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as progress:
+        task = progress.add_task(f"verifying on {device.name}", total=len(planned))
+
+        def advance(result: CaseResult) -> None:
+            progress.update(task, advance=1, description=f"{result.op} {result.dtype} {result.case}")
+
+        results = run_matrix(planned, target, device, advance)
+    print_results(console, results, target.name, device)
+    return results
+
+
+def print_results(console: Console, results: list[CaseResult], target: str, device: Any) -> None:
+    groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for result in results:
+        groups[(result.op, result.dtype)].append(result)
+    where = f"{device.name}{' (emulated)' if device.emulated else ''}"
+    table = Table(title=f"deploy test --target {target} on {where}")
+    for column in ("op", "dtype", "cases", "max error", "schedule", "status"):
+        table.add_column(column)
+    for (op, dtype), group in groups.items():
+        passed = sum(r.ok for r in group)
+        finite = [r.max_error for r in group if r.max_error != float("inf")]
+        table.add_row(
+            op, dtype, f"{passed}/{len(group)}", f"{max(finite):.3g}" if finite else "-",
+            ", ".join(sorted({r.schedule for r in group})),
+            "[green]ok[/green]" if passed == len(group) else "[red]FAIL[/red]",
+        )
+    console.print(table)
+    for result in results:
+        if not result.ok:
+            console.print(f"[red]FAIL[/red] {result.op} {result.dtype} {result.case}: {result.detail}", highlight=False)
+    failed = sum(not r.ok for r in results)
+    console.print(f"{len(results) - failed} cases passed, {failed} failed", highlight=False)

@@ -1,0 +1,95 @@
+"""The target registry: what each `--target` name compiles for and how.
+
+A target is data: its TVM target dict, the machine architecture its modules run on, the vector
+width the schedules use, the schedule families to look up (first match wins), and how to link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ops.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Target:
+    """One `--target`: a TVM target plus what the toolchain needs to build and run for it."""
+
+    name: str
+    description: str
+    tvm: dict[str, Any]
+    arch: str
+    """ELF machine the modules run on: "x86_64" or "aarch64"."""
+    vector_bits: int
+    schedules: tuple[str, ...]
+    """Schedule families to try in order (see `schedules/registry.py`)."""
+    cpu_flags: tuple[str, ...] = ()
+    """/proc/cpuinfo flags a CPU needs to run these modules."""
+    cross_compiler: str | None = None
+    cross_package: str | None = None
+    """Debian package that provides `cross_compiler`."""
+    default_device: str = "local"
+
+    def tvm_target(self, num_cores: int | None = None) -> Any:
+        import tvm
+
+        spec = dict(self.tvm)
+        if num_cores is not None:
+            spec["num-cores"] = num_cores
+        return tvm.target.Target(spec)
+
+    def missing_cpu_flags(self, cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+        """Flags this target needs that the local CPU lacks (empty when it can run here)."""
+        try:
+            text = cpuinfo.read_text()
+        except OSError:
+            return []
+        flags: set[str] = set()
+        for line in text.splitlines():
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+        return [f for f in self.cpu_flags if f not in flags]
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    _TARGETS[target.name] = target
+    return target
+
+
+def get_target(name: str) -> Target:
+    if name not in _TARGETS:
+        raise UsageError(f"unknown target {name!r} (known: {', '.join(sorted(_TARGETS))})")
+    return _TARGETS[name]
+
+
+def all_targets() -> list[Target]:
+    return [_TARGETS[name] for name in sorted(_TARGETS)]
+
+
+register_target(
+    Target(
+        name="x86",
+        description="x86-64 with AVX2 and FMA (Haswell and newer)",
+        tvm={"kind": "llvm", "mcpu": "core-avx2"},
+        arch="x86_64",
+        vector_bits=256,
+        schedules=("x86", "cpu"),
+        cpu_flags=("avx2", "fma"),
+    )
+)
+register_target(
+    Target(
+        name="x86-avx512",
+        description="x86-64 with AVX-512 (Skylake-SP and newer)",
+        tvm={"kind": "llvm", "mcpu": "skylake-avx512"},
+        arch="x86_64",
+        vector_bits=512,
+        schedules=("x86", "cpu"),
+        cpu_flags=("avx512f", "avx512bw", "avx512vl"),
+    )
+)
