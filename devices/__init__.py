@@ -7,4 +7,4 @@ from devices.registry import Device, Session, all_devices, get_device, register_
 
 __all__ = ["Device", "Session", "all_devices", "get_device", "register_device"]
 
-from devices import local  # noqa: E402,F401  (registration on import)
+from devices import local  # noqa: F401  (registration on import)

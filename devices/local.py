@@ -32,7 +32,9 @@ class TvmSession:
         tensors = [tvm.runtime.tensor(np.require(a, requirements="C"), self._dev) for a in inputs]
         return [*tensors, tvm.runtime.empty(out_shape, out_dtype, self._dev)]
 
-    def run(self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str) -> np.ndarray:
+    def run(
+        self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
+    ) -> np.ndarray:
         args = self._args(inputs, out_shape, out_dtype)
         self._function(module)(*args)
         return args[-1].numpy()

@@ -61,7 +61,9 @@ class Argmax(Op):
     def _axis(self, attrs: dict[str, Any], rank: int) -> int:
         axis = attrs["axis"]
         if not -rank <= axis < rank:
-            raise UsageError(f"attribute axis={axis}: expected an axis in [{-rank}, {rank - 1}] for rank {rank}")
+            raise UsageError(
+                f"attribute axis={axis}: expected an axis in [{-rank}, {rank - 1}] for rank {rank}"
+            )
         return axis % rank
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

@@ -26,7 +26,10 @@ class MaxPoolAdd(Op):
         Case(((1, 3, 9, 9), (5,))),
         Case(((2, 1, 10, 10), (2, 4, 5, 5))),
         Case(((1, 2, 7, 8), ()), {"kernel": 2, "stride": 1, "padding": 0, "ceil_mode": True}),
-        Case(((1, 2, 11, 11), (1, 2, 1, 1)), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+        Case(
+            ((1, 2, 11, 11), (1, 2, 1, 1)),
+            {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True},
+        ),
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

@@ -32,7 +32,12 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
             "step H,W (default: the kernel)",
             optional=stride is None,
         ),
-        Attr("padding", IntPair(0, fuzz_hi=1), (padding, padding), "implicit border H,W, at most kernel/2"),
+        Attr(
+            "padding",
+            IntPair(0, fuzz_hi=1),
+            (padding, padding),
+            "implicit border H,W, at most kernel/2",
+        ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
     )
 
@@ -48,7 +53,12 @@ class Pool2d:
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
-        return cls(attrs["kernel"], attrs["stride"] or attrs["kernel"], attrs["padding"], attrs["ceil_mode"])
+        return cls(
+            attrs["kernel"],
+            attrs["stride"] or attrs["kernel"],
+            attrs["padding"],
+            attrs["ceil_mode"],
+        )
 
     def out_size(self, axis: int, size: int) -> int:
         k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
@@ -98,8 +108,12 @@ class Pool2d:
                 (oh, ow), self.stride, self.kernel, data.shape[2:], self.padding, strict=True
             )
         ]
-        widths = ((0, 0), (0, 0), (self.padding[0], self.padding[0] + extra[0]),
-                  (self.padding[1], self.padding[1] + extra[1]))
+        widths = (
+            (0, 0),
+            (0, 0),
+            (self.padding[0], self.padding[0] + extra[0]),
+            (self.padding[1], self.padding[1] + extra[1]),
+        )
         padded = np.pad(data, widths, constant_values=numpy_pad_value(data.dtype))
         windows = np.lib.stride_tricks.sliding_window_view(padded, self.kernel, axis=(2, 3))
         windows = windows[:, :, :: self.stride[0], :: self.stride[1]][:, :, :oh, :ow]

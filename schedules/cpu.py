@@ -65,8 +65,9 @@ def vectorize_parallelize(sch: Any, block: Any, lanes: int) -> None:
 def parallelize_reduction(sch: Any, block: Any) -> None:
     """Reduction block: parallelize its spatial loops (outermost, as TE orders them)."""
     loops = sch.get_loops(block)
-    spatial = [loop for loop, iv in zip(loops, sch.get(block).iter_vars, strict=True)
-               if int(iv.iter_type) == SPATIAL]
+    spatial = [
+        loop for loop, iv in zip(loops, sch.get(block).iter_vars, strict=True) if int(iv.iter_type) == SPATIAL
+    ]
     work = 1
     for size in extents(sch, loops):
         work *= size
@@ -82,3 +83,39 @@ def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
             vectorize_parallelize(sch, block, ctx.lanes(dtype))
         else:
             parallelize_reduction(sch, block)
+
+
+def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
+    """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
+    order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector."""
+    block = blocks(sch)[0]
+    *outer, height, width = sch.get_loops(block)
+    lanes = ctx.lanes(ctx.bound.output.dtype)
+    if lanes > 1:
+        _, inner = sch.split(width, factors=[None, lanes])
+        sch.vectorize(inner)
+    work = 1
+    for size in ctx.bound.output.shape:
+        work *= size
+    if parallel_outer(sch, outer, work) is None:
+        parallel_outer(sch, [height], work)
+
+
+def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:
+    """Reduction over a non-innermost `axis`: move the reduce loop outside the axes after it so
+    the innermost loop walks contiguous memory; parallel over the axes before it plus a split
+    of the first axis after it (enough tasks even when the leading axes are 1)."""
+    block = blocks(sch)[0]
+    loops = sch.get_loops(block)
+    before, after, reduce = loops[:axis], loops[axis:-1], loops[-1]
+    if not after:
+        parallelize_reduction(sch, block)
+        return
+    chunks = min(ctx.cores, int(sch.get(after[0]).extent))
+    chunk, rest = sch.split(after[0], factors=[chunks, None])
+    sch.reorder(*before, chunk, reduce, rest, *after[1:])
+    work = 1
+    for size in ctx.bound.inputs[0].shape:
+        work *= size
+    parallel_outer(sch, [*before, chunk], work)
+    sch.decompose_reduction(block, reduce)

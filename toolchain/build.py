@@ -109,7 +109,10 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
         manifest = Manifest(
             op=bound.op.name,
             attrs=key["attrs"],
-            inputs=[{"name": spec.name, **t.to_json()} for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)],
+            inputs=[
+                {"name": spec.name, **t.to_json()}
+                for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
+            ],
             output=bound.output.to_json(),
             target=compiled.target.name,
             tvm_target=dict(compiled.target.tvm),

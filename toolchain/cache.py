@@ -32,15 +32,21 @@ def _source_digest(module_file: str) -> str:
 
 def code_fingerprint(bound: BoundOp) -> str:
     """Hash of the source that decides the module: the op's file, every schedule and build file."""
-    names = [type(bound.op).__module__, *sorted(
-        name for name in sys.modules if name.startswith(("schedules.", "ops.", "toolchain.build"))
-    )]
+    names = [
+        type(bound.op).__module__,
+        *sorted(name for name in sys.modules if name.startswith(("schedules.", "ops.", "toolchain.build"))),
+    ]
     files = sorted({sys.modules[n].__file__ for n in names if getattr(sys.modules.get(n), "__file__", None)})
     return hashlib.sha256("".join(_source_digest(f) for f in files).encode()).hexdigest()
 
 
 def build_key(bound: BoundOp, target: Target) -> str:
-    key = {**bound.key(), "target": target.name, "tvm": tvm_version(), "code": code_fingerprint(bound)}
+    key = {
+        **bound.key(),
+        "target": target.name,
+        "tvm": tvm_version(),
+        "code": code_fingerprint(bound),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -31,11 +31,15 @@ class DeployGroup(click.Group):
         except Exception as exc:
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"error: {type(exc).__name__}: {first_line(str(exc))} (rerun with --debug for details)", err=True)
+            click.echo(
+                f"error: {type(exc).__name__}: {first_line(str(exc))} (rerun with --debug for details)",
+                err=True,
+            )
             ctx.exit(1)
 
 
 @click.group(cls=DeployGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="deploy-toolchain", prog_name="deploy")
 @click.option("--ops-path", multiple=True, type=click.Path(), help="Directory of extra op files (*.py).")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 def main(ops_path: tuple[str, ...], debug: bool) -> None:
@@ -102,11 +106,29 @@ def targets_command(as_json: bool) -> None:
 @OP
 @TARGET
 @ATTR
-@click.option("--shape", "shapes", multiple=True, required=True, help="Input shape, e.g. 32x64x112x112; once per input.")
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    required=True,
+    help="Input shape, e.g. 32x64x112x112; once per input.",
+)
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
-@click.option("-o", "--output", "out_dir", type=click.Path(), help="Artifact directory [default: ./OP-TARGET].")
-def build_command(op_name: str, target_name: str, attrs: tuple[str, ...], shapes: tuple[str, ...],
-                  dtype: str, out_dir: str | None) -> None:
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(),
+    help="Artifact directory [default: ./OP-TARGET].",
+)
+def build_command(
+    op_name: str,
+    target_name: str,
+    attrs: tuple[str, ...],
+    shapes: tuple[str, ...],
+    dtype: str,
+    out_dir: str | None,
+) -> None:
     """Compile an op for a target into a module and manifest.json."""
     from ops import TensorType
     from toolchain.build import compile_op, export
@@ -127,11 +149,25 @@ def build_command(op_name: str, target_name: str, attrs: tuple[str, ...], shapes
 @TARGET
 @ATTR
 @DEVICE
-@click.option("-i", "--input", "inputs", multiple=True, required=True, help="Input .npy, once per input in order.")
+@click.option(
+    "-i",
+    "--input",
+    "inputs",
+    multiple=True,
+    required=True,
+    help="Input .npy, once per input in order.",
+)
 @click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
 @click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
-def run_command(op_name: str, target_name: str, attrs: tuple[str, ...], device_name: str | None,
-                inputs: tuple[str, ...], output: str, check: bool) -> None:
+def run_command(
+    op_name: str,
+    target_name: str,
+    attrs: tuple[str, ...],
+    device_name: str | None,
+    inputs: tuple[str, ...],
+    output: str,
+    check: bool,
+) -> None:
     """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
     from ops import TensorType
     from toolchain.cache import cached_build
@@ -161,7 +197,9 @@ def run_command(op_name: str, target_name: str, attrs: tuple[str, ...], device_n
 @DEVICE
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
-def test_command(target_name: str, device_name: str | None, op_names: tuple[str, ...], dtypes: tuple[str, ...]) -> None:
+def test_command(
+    target_name: str, device_name: str | None, op_names: tuple[str, ...], dtypes: tuple[str, ...]
+) -> None:
     """Verify every op x dtype x shape against numpy on the target's device."""
     from ops import all_ops, get_op
     from toolchain.report import run_with_progress

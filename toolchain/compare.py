@@ -23,7 +23,8 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     """Exact equality for exact ops and integers; dtype tolerances for floats. NaN matches NaN."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return Comparison(
-            False, float("inf"),
+            False,
+            float("inf"),
             f"got {actual.dtype}{list(actual.shape)}, expected {expected.dtype}{list(expected.shape)}",
         )
     if actual.size == 0:

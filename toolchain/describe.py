@@ -27,7 +27,12 @@ def describe_ops() -> list[dict[str, Any]]:
                 for i in op.inputs
             ],
             "attrs": [
-                {"name": a.name, "type": a.kind.type_name(), "default": _default(a.default), "doc": a.doc}
+                {
+                    "name": a.name,
+                    "type": a.kind.type_name(),
+                    "default": _default(a.default),
+                    "doc": a.doc,
+                }
                 for a in op.attrs
             ],
             "dtypes": list(op.dtypes),

@@ -16,8 +16,12 @@ def run_with_progress(planned: list[PlannedCase], target: Any, device: Any) -> l
     """Run the matrix with a progress bar; print the summary table and every failure."""
     console = Console()
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as progress:
         task = progress.add_task(f"verifying on {device.name}", total=len(planned))
 
@@ -41,13 +45,19 @@ def print_results(console: Console, results: list[CaseResult], target: str, devi
         passed = sum(r.ok for r in group)
         finite = [r.max_error for r in group if r.max_error != float("inf")]
         table.add_row(
-            op, dtype, f"{passed}/{len(group)}", f"{max(finite):.3g}" if finite else "-",
+            op,
+            dtype,
+            f"{passed}/{len(group)}",
+            f"{max(finite):.3g}" if finite else "-",
             ", ".join(sorted({r.schedule for r in group})),
             "[green]ok[/green]" if passed == len(group) else "[red]FAIL[/red]",
         )
     console.print(table)
     for result in results:
         if not result.ok:
-            console.print(f"[red]FAIL[/red] {result.op} {result.dtype} {result.case}: {result.detail}", highlight=False)
+            console.print(
+                f"[red]FAIL[/red] {result.op} {result.dtype} {result.case}: {result.detail}",
+                highlight=False,
+            )
     failed = sum(not r.ok for r in results)
     console.print(f"{len(results) - failed} cases passed, {failed} failed", highlight=False)

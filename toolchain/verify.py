@@ -32,7 +32,9 @@ def check_device(target: Target, device: Device) -> None:
         raise UsageError(f"target {target.name} needs CPU features this host lacks: {', '.join(missing)}")
 
 
-def run_artifact(session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]) -> np.ndarray:
+def run_artifact(
+    session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
+) -> np.ndarray:
     module = manifest.check_module(directory)
     out = manifest.output
     return session.run(module, inputs, tuple(out["shape"]), out["dtype"])
@@ -72,7 +74,9 @@ def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[Planned
     ]
 
 
-def verify(session: Session, bound: BoundOp, target: Target, inputs: list[np.ndarray]) -> tuple[Comparison, str]:
+def verify(
+    session: Session, bound: BoundOp, target: Target, inputs: list[np.ndarray]
+) -> tuple[Comparison, str]:
     """Build (cached), run on the session, compare with the reference; with the schedule name."""
     directory, manifest = cached_build(bound, target)
     actual = run_artifact(session, directory, manifest, inputs)
@@ -94,7 +98,13 @@ def verify_case(session: Session, planned: PlannedCase, target: Target) -> CaseR
         detail = f"{type(exc).__name__}: {first_line(str(exc))}"
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
     return CaseResult(
-        planned.op.name, planned.dtype, label, comparison.ok, comparison.max_error, comparison.detail, schedule
+        planned.op.name,
+        planned.dtype,
+        label,
+        comparison.ok,
+        comparison.max_error,
+        comparison.detail,
+        schedule,
     )
 
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up on Debian 12: system packages (when root or with sudo), then .venv with the
+# project installed in editable mode plus its test extras. Safe to run again; fast when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(python3 python3-venv python3-dev gcc g++ make)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]]; then SUDO=(); elif command -v sudo >/dev/null; then SUDO=(sudo); else
+        echo "setup: missing Debian packages ${missing[*]} and not root (no sudo): install them first" >&2
+        exit 1
+    fi
+    echo "setup: installing ${missing[*]}"
+    "${SUDO[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    echo "setup: creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.deploy-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    echo "setup: installing the project into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[test]'
+    echo "$want" >"$stamp"
+fi
+echo "setup: ready ($(.venv/bin/deploy --version 2>/dev/null || echo deploy))"
