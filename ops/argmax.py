@@ -17,14 +17,11 @@ def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
     """(index, value) reducer ordering values descending (NaN highest), then indices ascending."""
     floating = dtype.startswith("float")
 
-    def is_nan(v: Any) -> Any:
-        return v != v
-
     def combine(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
         (i0, v0), (i1, v1) = x, y
         if floating:
-            better = tirx.Or(v1 > v0, tirx.And(is_nan(v1), tirx.Not(is_nan(v0))))
-            tie = tirx.Or(v1 == v0, tirx.And(is_nan(v1), is_nan(v0)))
+            better = tirx.Or(v1 > v0, tirx.And(tirx.isnan(v1), tirx.Not(tirx.isnan(v0))))
+            tie = tirx.Or(v1 == v0, tirx.And(tirx.isnan(v1), tirx.isnan(v0)))
         else:
             better, tie = v1 > v0, v1 == v0
         take = tirx.Or(better, tirx.And(tie, i1 < i0))

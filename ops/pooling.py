@@ -7,6 +7,7 @@ are -inf for floats and the type minimum for integers.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -88,16 +89,21 @@ class Pool2d:
     def window_max(self, data: te.Tensor, n: Any, c: Any, oh: Any, ow: Any) -> Any:
         """TE expression: the max of the window at output (n, c, oh, ow), taps written out."""
         height, width = data.shape[2], data.shape[3]
-        pad = pad_value(str(data.dtype))
-        best = None
+        dtype = str(data.dtype)
+        pad = pad_value(dtype)
+        taps = []
         for dh in range(self.kernel[0]):
             h = oh * self.stride[0] + (dh - self.padding[0])
             for dw in range(self.kernel[1]):
                 w = ow * self.stride[1] + (dw - self.padding[1])
                 inside = tirx.all(h >= 0, h < height, w >= 0, w < width)
-                tap = tirx.if_then_else(tirx.likely(inside), data[n, c, h, w], pad)
-                best = tap if best is None else te.max(best, tap)
-        return best
+                taps.append(tirx.if_then_else(tirx.likely(inside), data[n, c, h, w], pad))
+        best = functools.reduce(te.max, taps)
+        if not dtype.startswith("float"):
+            return best
+        # numpy's max propagates NaN; LLVM's max does not: test the taps alongside.
+        any_nan = functools.reduce(tirx.Or, [tirx.isnan(tap) for tap in taps])
+        return tirx.Select(any_nan, tirx.const(float("nan"), dtype), best)
 
     def reference(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an NCHW array."""

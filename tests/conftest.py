@@ -1,0 +1,45 @@
+"""Shared fixtures: an isolated build cache, the CLI runner, a local device session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = str(Path(sys.executable).with_name("deploy"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("deploy-cache")
+    os.environ["DEPLOY_CACHE_DIR"] = str(cache)
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    return cache
+
+
+def invoke(*args: str) -> Result:
+    """Run the `deploy` CLI in-process."""
+    from toolchain.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def run_deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `deploy` console script in a subprocess."""
+    return subprocess.run(
+        [DEPLOY, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def local_session() -> Iterator[object]:
+    from devices import get_device
+
+    with get_device("local").open() as session:
+        yield session

@@ -1,0 +1,125 @@
+"""The CLI's main paths: ops listing, build artifacts, run with --check, test over the matrix."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+from ops import all_ops, get_op
+from ops.errors import UsageError
+from tests.conftest import invoke
+from toolchain.manifest import Manifest, sha256_file
+
+BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d", "maxpool_add"}
+
+
+def test_ops_json_lists_every_builtin_op():
+    result = invoke("ops", "--json")
+    assert result.exit_code == 0
+    ops = {op["name"]: op for op in json.loads(result.stdout)}
+    assert set(ops) >= BUILTIN
+    pool = ops["maxpool_add"]
+    assert [i["name"] for i in pool["inputs"]] == ["a", "b"]
+    attrs = {a["name"]: a for a in pool["attrs"]}
+    assert attrs["kernel"] == {"name": "kernel", "type": "int,int", "default": [3, 3], "doc": "window H,W"}
+    assert attrs["ceil_mode"]["default"] is False
+    assert ops["leaky_relu"]["dtypes"] == ["float32", "float16", "float64"]
+    assert ops["argmax"]["targets"]["x86"] == "x86/argmax"
+    assert ops["add"]["targets"]["x86"] == "cpu/generic"
+
+
+def test_ops_table_and_targets():
+    assert "maxpool_add" in invoke("ops").stdout
+    targets = {t["name"]: t for t in json.loads(invoke("targets", "--json").stdout)}
+    assert targets["x86"]["tvm"] == {"kind": "llvm", "mcpu": "core-avx2"}
+
+
+def test_build_writes_module_and_manifest(tmp_path):
+    out = tmp_path / "mp"
+    result = invoke(
+        "build", "--op", "maxpool_add", "--target", "x86", "--shape", "2x4x16x16", "--shape", "2x1x8x8",
+        "-a", "kernel=3", "-o", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = Manifest.read(out)
+    assert manifest.op == "maxpool_add" and manifest.target == "x86"
+    assert manifest.attrs == {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False}
+    assert manifest.inputs == [
+        {"name": "a", "shape": [2, 4, 16, 16], "dtype": "float32"},
+        {"name": "b", "shape": [2, 1, 8, 8], "dtype": "float32"},
+    ]
+    assert manifest.output == {"shape": [2, 4, 8, 8], "dtype": "float32"}
+    assert manifest.schedule == "x86/maxpool_add"
+    assert manifest.tvm_version == tvm.__version__
+    assert manifest.sha256 == sha256_file(out / manifest.module)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mp"], "no staging leftovers"
+
+    module = tvm.runtime.load_module(str(out / manifest.module))
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 4, 16, 16)).astype("float32")
+    b = rng.standard_normal((2, 1, 8, 8)).astype("float32")
+    dst = tvm.runtime.empty((2, 4, 8, 8), "float32", tvm.cpu())
+    module["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), dst)
+    op = get_op("maxpool_add")
+    ref = op.reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}, a, b)
+    np.testing.assert_allclose(dst.numpy(), ref, rtol=1e-6)
+
+
+def test_rebuild_replaces_artifact(tmp_path):
+    out = tmp_path / "lr"
+    for alpha in ("0.1", "0.2"):
+        result = invoke("build", "--op", "leaky_relu", "--target", "x86", "--shape", "8", "-a", f"alpha={alpha}",
+                        "-o", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.output
+    assert Manifest.read(out).attrs == {"alpha": 0.2}
+
+
+def test_tampered_module_is_rejected(tmp_path):
+    out = tmp_path / "lr"
+    assert (
+        invoke("build", "--op", "leaky_relu", "--target", "x86", "--shape", "8", "-o", str(out)).exit_code
+        == 0
+    )
+    manifest = Manifest.read(out)
+    with (out / manifest.module).open("ab") as stream:
+        stream.write(b"\0")
+    with pytest.raises(UsageError, match="sha256"):
+        manifest.check_module(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_run_writes_output_and_checks(tmp_path, dtype):
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((1, 3, 9, 9)) * 50).astype(dtype)
+    b = (rng.standard_normal((3, 1, 1)) * 50).astype(dtype)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "out.npy"
+    result = invoke(
+        "run", "--op", "maxpool_add", "--target", "x86", "-i", str(tmp_path / "a.npy"),
+        "-i", str(tmp_path / "b.npy"), "-o", str(out), "--check",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "check passed" in result.stdout
+    op = get_op("maxpool_add")
+    ref = op.reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}, a, b)
+    np.testing.assert_array_equal(np.load(out), ref)
+
+
+def test_test_command_subset_passes():
+    result = invoke("test", "--target", "x86", "--op", "argmax", "--dtype", "int8", "--dtype", "float16")
+    assert result.exit_code == 0, result.output
+    assert f"{2 * len(get_op('argmax').cases)} cases passed, 0 failed" in result.stdout
+
+
+def test_test_command_rejects_empty_selection():
+    result = invoke("test", "--target", "x86", "--op", "leaky_relu", "--dtype", "int8")
+    assert result.exit_code == 2 and "no cases" in result.stderr
+
+
+def test_every_op_declares_cases_and_a_docstring():
+    for op in all_ops():
+        assert op.cases and op.summary(), op.name

@@ -1,0 +1,93 @@
+"""Hypothesis fuzzing of every op: random attributes and shapes, compiled x86 vs numpy reference.
+
+Shapes come from each input's declared rank range; inputs that broadcast are derived from the
+output shape (dims kept or set to 1, leading dims dropped), so broadcasting is exercised both ways.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from ops import TensorType, all_ops, bind
+from ops.errors import UsageError
+from toolchain.compare import compare, random_input
+from toolchain.targets import get_target
+from toolchain.verify import verify
+
+MAX_DIM = 9
+
+
+def draw_attrs(data: st.DataObject, op: Any) -> dict[str, Any]:
+    attrs = {}
+    for attr in op.attrs:
+        if data.draw(st.booleans(), label=f"{attr.name} default?"):
+            continue
+        options = attr.kind.strategy(st)
+        if attr.optional:
+            options = st.none() | options
+        attrs[attr.name] = data.draw(options, label=attr.name)
+    return attrs
+
+
+def draw_shape(data: st.DataObject, spec: Any) -> tuple[int, ...]:
+    rank = data.draw(st.integers(spec.min_rank, min(spec.max_rank, 4)), label=f"rank {spec.name}")
+    return tuple(data.draw(st.lists(st.integers(1, MAX_DIM), min_size=rank, max_size=rank)))
+
+
+def derive_broadcast(data: st.DataObject, spec: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    keep = data.draw(st.integers(max(spec.min_rank, 0), len(shape)), label=f"rank {spec.name}")
+    tail = shape[len(shape) - keep :]
+    return tuple(d if data.draw(st.booleans()) else 1 for d in tail)
+
+
+def draw_shapes(data: st.DataObject, op: Any, attrs: dict[str, Any], dtype: str) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...] | None] = [
+        None if spec.broadcasts else draw_shape(data, spec) for spec in op.inputs
+    ]
+    if all(s is None for s in shapes):
+        out_shape = draw_shape(data, op.inputs[0])
+    else:
+        ones = [s if s is not None else () for s in shapes]
+        out_shape = bind(op, attrs, [TensorType(s, dtype) for s in ones]).output.shape
+    return [
+        s if s is not None else derive_broadcast(data, spec, out_shape)
+        for spec, s in zip(op.inputs, shapes, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("op", all_ops(), ids=lambda op: op.name)
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_fuzz_op_against_reference(op, data, local_session):
+    dtype = data.draw(st.sampled_from(op.dtypes), label="dtype")
+    attrs = draw_attrs(data, op)
+    try:
+        shapes = draw_shapes(data, op, attrs, dtype)
+        bound = bind(op, attrs, [TensorType(s, dtype) for s in shapes])
+    except UsageError:
+        reject()
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    inputs = [random_input(t, rng, ties=data.draw(st.booleans(), label="ties")) for t in bound.inputs]
+    comparison, _ = verify(local_session, bound, get_target("x86"), inputs)
+    assert comparison.ok, f"{bound.key()}: {comparison.detail} (max error {comparison.max_error})"
+
+
+def test_compare_is_exact_for_integers_and_tolerant_for_floats():
+    a = np.array([1, 2, 3], dtype="int32")
+    assert compare(a, a.copy(), exact=False).ok
+    assert not compare(a, a + np.array([0, 0, 1], dtype="int32"), exact=False).ok
+    f = np.array([1.0, np.nan, np.inf], dtype="float32")
+    assert compare(f, f.copy(), exact=True).ok
+    assert compare(f, f * np.float32(1 + 1e-7), exact=False).ok
+    assert not compare(f, f * np.float32(1 + 1e-7), exact=True).ok
+    assert not compare(f, np.array([1.0, 0.0, np.inf], dtype="float32"), exact=False).ok
+    assert not compare(f, f.astype("float64"), exact=False).ok

@@ -1,0 +1,85 @@
+"""User ops from `--ops-path` and the `deploy.ops` entry-point group, end to end."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from tests.conftest import REPO, run_deploy
+
+CUBE = textwrap.dedent(
+    '''
+    """cube: x * x * x (a user op)."""
+    from tvm import te
+    from ops import Case, Input, Op, register
+
+    @register
+    class Cube(Op):
+        """x cubed, elementwise."""
+        name = "{name}"
+        inputs = (Input("x"),)
+        dtypes = ("float32", "int32")
+        cases = (Case(((5, 7),)), Case(((33,),)))
+
+        def infer(self, attrs, inputs):
+            return inputs[0]
+
+        def compute(self, attrs, out, x):
+            return te.compute(out.shape, lambda *i: x[i] * x[i] * x[i]{bug}, name="out")
+
+        def reference(self, attrs, x):
+            return x * x * x
+    '''
+)
+
+
+def write_op(folder, name, bug=""):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(CUBE.format(name=name, bug=bug))
+    return folder
+
+
+def test_dropped_in_op_is_listed_and_verified(tmp_path):
+    folder = write_op(tmp_path / "myops", "cube")
+    listed = run_deploy("--ops-path", str(folder), "ops", "--json")
+    assert listed.returncode == 0, listed.stderr
+    cube = next(op for op in json.loads(listed.stdout) if op["name"] == "cube")
+    assert cube["dtypes"] == ["float32", "int32"] and cube["summary"] == "x cubed, elementwise."
+    tested = run_deploy("--ops-path", str(folder), "test", "--target", "x86", "--op", "cube")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "4 cases passed, 0 failed" in tested.stdout
+
+
+def test_wrong_op_fails_verification(tmp_path):
+    folder = write_op(tmp_path / "buggy", "cube_bug", bug=" + x[i]")
+    tested = run_deploy("--ops-path", str(folder), "test", "--target", "x86", "--op", "cube_bug")
+    assert tested.returncode == 1
+    assert "0 cases passed, 4 failed" in tested.stdout
+
+
+def test_broken_op_file_is_one_line(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "oops.py").write_text("import no_such_module\n")
+    proc = run_deploy("--ops-path", str(folder), "ops")
+    assert proc.returncode == 2
+    assert "oops.py failed to import: ModuleNotFoundError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_example_op_from_the_readme():
+    examples = str(REPO / "ops" / "examples")
+    tested = run_deploy("--ops-path", examples, "test", "--target", "x86", "--op", "hard_sigmoid")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_entry_point_group_loads_installed_ops(tmp_path):
+    site = tmp_path / "site"
+    (site / "cube_pkg").mkdir(parents=True)
+    (site / "cube_pkg" / "__init__.py").write_text(CUBE.format(name="cube_ep", bug=""))
+    dist = site / "cube_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cube-pkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[deploy.ops]\ncube = cube_pkg\n")
+    listed = run_deploy("ops", "--json", env={"PYTHONPATH": str(site)})
+    assert listed.returncode == 0, listed.stderr
+    assert "cube_ep" in {op["name"] for op in json.loads(listed.stdout)}
