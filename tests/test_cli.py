@@ -71,8 +71,8 @@ def test_build_writes_module_and_manifest(tmp_path):
 def test_rebuild_replaces_artifact(tmp_path):
     out = tmp_path / "lr"
     for alpha in ("0.1", "0.2"):
-        result = invoke("build", "--op", "leaky_relu", "--target", "x86", "--shape", "8", "-a", f"alpha={alpha}",
-                        "-o", str(out))  # fmt: skip
+        args = ["--op", "leaky_relu", "--target", "x86", "--shape", "8", "-a", f"alpha={alpha}"]
+        result = invoke("build", *args, "-o", str(out))
         assert result.exit_code == 0, result.output
     assert Manifest.read(out).attrs == {"alpha": 0.2}
 
