@@ -5,52 +5,9 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from devices.registry import register_device
-
-
-class TvmSession:
-    """Runs modules through a TVM runtime `loader(path) -> Module` on TVM device `dev`."""
-
-    def __init__(self, loader: Any, dev: Any) -> None:
-        self._loader = loader
-        self._dev = dev
-        self._modules: dict[Path, Any] = {}
-
-    def _function(self, module: Path) -> Any:
-        if module not in self._modules:
-            self._modules[module] = self._loader(module)
-        return self._modules[module]["main"]
-
-    def _args(self, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str) -> list[Any]:
-        import tvm
-
-        tensors = [tvm.runtime.tensor(np.require(a, requirements="C"), self._dev) for a in inputs]
-        return [*tensors, tvm.runtime.empty(out_shape, out_dtype, self._dev)]
-
-    def run(
-        self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
-    ) -> np.ndarray:
-        args = self._args(inputs, out_shape, out_dtype)
-        self._function(module)(*args)
-        return args[-1].numpy()
-
-    def time(
-        self,
-        module: Path,
-        inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
-        number: int,
-        repeat: int,
-    ) -> list[float]:
-        self._function(module)
-        evaluator = self._modules[module].time_evaluator("main", self._dev, number=number, repeat=repeat)
-        return [float(t) for t in evaluator(*self._args(inputs, out_shape, out_dtype)).results]
+from devices.session import TvmSession
 
 
 class LocalDevice:
@@ -66,7 +23,7 @@ class LocalDevice:
     def open(self) -> Iterator[TvmSession]:
         import tvm
 
-        yield TvmSession(lambda path: tvm.runtime.load_module(str(path)), tvm.cpu(0))
+        yield TvmSession(lambda path: tvm.runtime.load_module(str(path)), tvm.cpu(0), self.arch, self.name)
 
 
 register_device("local")(LocalDevice)

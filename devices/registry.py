@@ -9,11 +9,18 @@ from typing import Protocol
 
 import numpy as np
 
-from ops.errors import UsageError
+from ops.errors import DeployError, UsageError
+
+
+class DeviceLost(DeployError):
+    """The device stopped answering (server died, connection dropped)."""
 
 
 class Session(Protocol):
-    """An open connection to a device."""
+    """An open connection to a device that runs `arch` modules; `label` names it."""
+
+    arch: str
+    label: str
 
     def run(
         self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str

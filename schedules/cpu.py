@@ -119,3 +119,14 @@ def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None
         work *= size
     parallel_outer(sch, [*before, chunk], work)
     sch.decompose_reduction(block, reduce)
+
+
+def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
+    """Single-input reduction over attribute `axis` (argmax): innermost axis -> parallel rows,
+    sequential scan; another axis -> reduce outside the contiguous axes."""
+    rank = len(ctx.bound.inputs[0].shape)
+    axis = ctx.bound.attrs["axis"] % rank
+    if axis == rank - 1:
+        parallelize_reduction(sch, blocks(sch)[0])
+    else:
+        reduce_outside_contiguous(sch, ctx, axis)

@@ -1,28 +1,21 @@
 """The build cache: artifacts keyed by op, attributes, input types, target and code version.
 
-Lives in `$DEPLOY_CACHE_DIR`, else `$XDG_CACHE_HOME/deploy`, else `~/.cache/deploy`.
+Lives in `builds/` of the cache root (`devices/cache.py`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from functools import cache
 from pathlib import Path
 
+from devices.cache import cache_root
 from ops.spec import BoundOp
 from toolchain.build import compile_op, export, tvm_version
 from toolchain.manifest import MANIFEST, Manifest
 from toolchain.targets import Target
-
-
-def cache_dir() -> Path:
-    if os.environ.get("DEPLOY_CACHE_DIR"):
-        return Path(os.environ["DEPLOY_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "deploy"
 
 
 @cache
@@ -52,7 +45,7 @@ def build_key(bound: BoundOp, target: Target) -> str:
 
 def cached_build(bound: BoundOp, target: Target) -> tuple[Path, Manifest]:
     """The artifact directory for (bound, target), building it on a miss."""
-    directory = cache_dir() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
+    directory = cache_root() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
     if (directory / MANIFEST).exists():
         return directory, Manifest.read(directory)
     return directory, export(compile_op(bound, target), directory)

@@ -93,3 +93,30 @@ register_target(
         cpu_flags=("avx512f", "avx512bw", "avx512vl"),
     )
 )
+register_target(
+    Target(
+        name="arm",
+        description="aarch64 with NEON, fp32 (Cortex-A53 and newer: Raspberry Pi 3/4, RK3399)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+        arch="aarch64",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        cross_compiler="aarch64-linux-gnu-gcc",
+        cross_package="gcc-aarch64-linux-gnu",
+        default_device="emulator",
+    )
+)
+register_target(
+    Target(
+        name="arm-fp16",
+        description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
+        arch="aarch64",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        cpu_flags=("fphp", "asimdhp"),
+        cross_compiler="aarch64-linux-gnu-gcc",
+        cross_package="gcc-aarch64-linux-gnu",
+        default_device="emulator",
+    )
+)

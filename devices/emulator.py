@@ -1,0 +1,205 @@
+"""The ARM emulator device: TVM's RPC server on aarch64 Python under qemu-aarch64.
+
+`deploy device emulator start` leaves a server running (its pid, process group and port in
+`server.json`); any command that needs the emulator uses that one, or starts its own and stops it
+when done — on errors and Ctrl-C too, since the whole process group is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from devices.cache import cache_root
+from devices.registry import register_device
+from devices.rpc import RpcSession, connect
+from devices.sysroot import Progress, Sysroot
+from ops.errors import DeployError
+
+START_TIMEOUT_S = 90.0
+
+
+def emulator_dir() -> Path:
+    """`$DEPLOY_EMULATOR_DIR`, else `emulator/` in the cache root."""
+    override = os.environ.get("DEPLOY_EMULATOR_DIR")
+    return Path(override) if override else cache_root() / "emulator"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running RPC server: the leader pid (= process group id) and its loopback port."""
+
+    pid: int
+    port: int
+    log: str
+
+    def alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    finished, _ = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:
+                    finished = self.pid if not self.alive() else 0
+                if finished and not self.alive():
+                    return
+                time.sleep(0.05)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = Path(self.log).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+
+class Emulator:
+    """The sysroot, the qemu wrapper and RPC servers started from them."""
+
+    def __init__(self, base: Path | None = None) -> None:
+        self.base = base or emulator_dir()
+        self.sysroot = Sysroot(self.base)
+        self.state = self.base / "server.json"
+
+    def provision(self, progress: Progress = lambda step, done, total: None) -> None:
+        if shutil.which("qemu-aarch64") is None:
+            raise DeployError("qemu-aarch64 not found: install the Debian package qemu-user")
+        self.sysroot.provision(progress)
+
+    def wrapper(self) -> Path:
+        """A host script that runs aarch64 Python under qemu; children it starts run there too."""
+        path = self.base / "python-aarch64"
+        script = (
+            "#!/bin/sh\n"
+            f'S="{self.sysroot.root}"\n'
+            'exec qemu-aarch64 -L "$S" -0 "$0" "$S/usr/bin/python3.11" "$@"\n'
+        )
+        if not path.exists() or path.read_text() != script:
+            path.write_text(script)
+            path.chmod(0o755)
+        return path
+
+    def start(self, port: int | None = None, tracker: str | None = None, key: str = "emulator") -> Server:
+        """Start a server in its own process group; return once it accepts connections."""
+        self.provision()
+        port = port or free_port()
+        log = self.base / f"server-{port}.log"
+        cmd = [str(self.wrapper()), "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+               "--port", str(port), "--port-end", str(port + 1)]  # fmt: skip
+        if tracker:
+            cmd += ["--tracker", tracker, "--key", key]
+        env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
+        with log.open("wb") as stream:
+            proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env)  # fmt: skip
+        server = Server(proc.pid, port, str(log))
+        try:
+            self._wait_ready(server, proc)
+        except BaseException:
+            server.stop(grace_s=1.0)
+            raise
+        return server
+
+    def _wait_ready(self, server: Server, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DeployError(f"emulator RPC server exited with {proc.returncode}: {server.log_tail()}")
+            if (Path(server.log).read_text(errors="replace").find("bind to") >= 0) and _accepts(server.port):
+                return
+            time.sleep(0.25)
+        raise DeployError(
+            f"emulator RPC server on port {server.port} not ready after {START_TIMEOUT_S:.0f} s:"
+            f" {server.log_tail()}"
+        )
+
+    def running(self) -> Server | None:
+        """The long-lived server started by `deploy device emulator start`, if it is still up."""
+        try:
+            server = Server(**json.loads(self.state.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if not server.alive():
+            self.state.unlink(missing_ok=True)
+            return None
+        return server
+
+    def start_detached(
+        self, port: int | None = None, tracker: str | None = None, key: str = "emulator"
+    ) -> Server:
+        existing = self.running()
+        if existing is not None:
+            return existing
+        server = self.start(port, tracker, key)
+        self.state.write_text(json.dumps(asdict(server)))
+        return server
+
+    def stop_detached(self) -> Server | None:
+        server = self.running()
+        if server is not None:
+            server.stop()
+        self.state.unlink(missing_ok=True)
+        return server
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class EmulatorDevice:
+    """aarch64 under qemu-aarch64 on this machine (correctness, not performance)."""
+
+    name = "emulator"
+    arch = "aarch64"
+    emulated = True
+
+    def __init__(self) -> None:
+        self.emulator = Emulator()
+
+    @contextmanager
+    def open(self) -> Iterator[RpcSession]:
+        server = self.emulator.running()
+        if server is not None:
+            with connect("127.0.0.1", server.port, self.arch, f"emulator on port {server.port}") as session:
+                yield session
+            return
+        server = self.emulator.start()
+        try:
+            with connect("127.0.0.1", server.port, self.arch, f"emulator on port {server.port}") as session:
+                yield session
+        finally:
+            server.stop()
+
+
+register_device("emulator")(EmulatorDevice)

@@ -1,0 +1,54 @@
+"""Sessions with a TVM RPC server: modules are uploaded, loaded and run remotely."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from devices.registry import DeviceLost
+from devices.session import TvmSession
+from ops.errors import DeployError, first_line
+
+
+class RpcSession(TvmSession):
+    """A TvmSession whose failures of the connection itself become DeviceLost."""
+
+    def __init__(self, remote: Any, arch: str, label: str) -> None:
+        self._remote = remote
+        super().__init__(self._upload_and_load, remote.cpu(0), arch, label)
+
+    def _upload_and_load(self, path: Path) -> Any:
+        name = f"{path.parent.name}-{path.name}"
+        self._remote.upload(str(path), target=name)
+        return self._remote.load_module(name)
+
+    def _guard(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except DeployError:
+            raise
+        except Exception as exc:
+            text = str(exc)
+            if any(word in text for word in ("Socket", "socket", "connection", "Connection", "RPCSession")):
+                raise DeviceLost(f"lost {self.label}: {first_line(text)}") from exc
+            raise
+
+    def run(self, *args: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().run, *args)
+
+    def time(self, *args: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().time, *args)
+
+
+@contextmanager
+def connect(host: str, port: int, arch: str, label: str) -> Iterator[RpcSession]:
+    """Connect to an RPC server; an unreachable one is a one-line DeviceLost."""
+    import tvm.rpc
+
+    try:
+        remote = tvm.rpc.connect(host, port)
+    except Exception as exc:
+        raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
+    yield RpcSession(remote, arch, label)
