@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's first command: set everything up, then verify every op on the default target.
+# The README's first command: set everything up, then verify every op cross-compiled for ARM on the emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
-.venv/bin/deploy test --target x86
+.venv/bin/deploy test --target arm

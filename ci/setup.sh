@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(python3 python3-venv python3-dev gcc g++ make)
+PACKAGES=(python3 python3-venv python3-dev gcc g++
+    gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -19,10 +19,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 from devices.cache import cache_root
 from devices.registry import register_device
 from devices.rpc import RpcSession, connect
-from devices.sysroot import Progress, Sysroot
+from devices.sysroot import Sysroot
 from ops.errors import DeployError
 
 START_TIMEOUT_S = 90.0
@@ -88,10 +91,22 @@ class Emulator:
         self.sysroot = Sysroot(self.base)
         self.state = self.base / "server.json"
 
-    def provision(self, progress: Progress = lambda step, done, total: None) -> None:
+    def provision(self) -> None:
+        """Build the sysroot if needed (idempotent, resumable), with a progress bar on stderr."""
         if shutil.which("qemu-aarch64") is None:
             raise DeployError("qemu-aarch64 not found: install the Debian package qemu-user")
-        self.sysroot.provision(progress)
+        if self.sysroot.ready():
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("emulator set-up", total=1)
+
+            def step(description: str, done: int, total: int) -> None:
+                progress.update(
+                    task, description=f"emulator set-up: {description}", completed=done, total=total
+                )
+
+            self.sysroot.provision(step)
 
     def wrapper(self) -> Path:
         """A host script that runs aarch64 Python under qemu; children it starts run there too."""
@@ -200,6 +215,7 @@ class EmulatorDevice:
                 yield session
         finally:
             server.stop()
+            Path(server.log).unlink(missing_ok=True)
 
 
 register_device("emulator")(EmulatorDevice)

@@ -213,3 +213,87 @@ def test_command(
     results = run_with_progress(planned, target, _device(device_name, target))
     if not all(r.ok for r in results):
         sys.exit(1)
+
+
+@main.group("device")
+def device_group() -> None:
+    """Manage devices."""
+
+
+@device_group.group("emulator")
+def emulator_group() -> None:
+    """The ARM emulator (qemu-aarch64 running TVM's RPC server)."""
+
+
+@emulator_group.command("setup")
+def emulator_setup() -> None:
+    """Provision the arm64 sysroot (also done on first use)."""
+    from devices.emulator import Emulator
+
+    emulator = Emulator()
+    emulator.provision()
+    click.echo(f"emulator sysroot ready in {emulator.sysroot.root}")
+
+
+@emulator_group.command("start")
+@click.option("--port", type=int, help="Loopback port (default: a free one).")
+@click.option("--tracker", metavar="HOST:PORT", help="Register with this RPC tracker.")
+@click.option("--key", default="emulator", show_default=True, help="Device key on the tracker.")
+def emulator_start(port: int | None, tracker: str | None, key: str) -> None:
+    """Start a long-lived emulator that later commands use."""
+    from devices.emulator import Emulator
+
+    server = Emulator().start_detached(port, tracker, key)
+    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port}, log {server.log}")
+
+
+@emulator_group.command("stop")
+def emulator_stop() -> None:
+    """Stop the long-lived emulator."""
+    from devices.emulator import Emulator
+
+    server = Emulator().stop_detached()
+    click.echo(f"emulator stopped (pid {server.pid})" if server else "emulator was not running")
+
+
+@emulator_group.command("status")
+def emulator_status() -> None:
+    """Say whether the long-lived emulator runs (exit 1 if not)."""
+    from devices.emulator import Emulator
+
+    emulator = Emulator()
+    server = emulator.running()
+    ready = "ready" if emulator.sysroot.ready() else "not provisioned"
+    if server is None:
+        click.echo(f"emulator not running (sysroot {ready}: {emulator.base})")
+        sys.exit(1)
+    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port} (sysroot {ready})")
+
+
+@main.command("bench")
+@TARGET
+@DEVICE
+@click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
+@click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
+@click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def bench_command(
+    target_name: str,
+    device_name: str | None,
+    op_names: tuple[str, ...],
+    dtype: str,
+    repeat: int,
+    as_json: bool,
+) -> None:
+    """Median time per op (its first verification case) on the target's device."""
+    from ops import all_ops, get_op
+    from toolchain.bench import bench_ops, print_bench
+
+    target = _target(target_name)
+    ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    device = _device(device_name, target)
+    rows = bench_ops(ops, dtype, target, device, repeat)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        print_bench(rows, target.name, device)

@@ -28,7 +28,12 @@ def run_with_progress(planned: list[PlannedCase], target: Any, device: Any) -> l
         def advance(result: CaseResult) -> None:
             progress.update(task, advance=1, description=f"{result.op} {result.dtype} {result.case}")
 
-        results = run_matrix(planned, target, device, advance)
+        def lost(error: Exception) -> None:
+            console.print(
+                f"[yellow]device lost[/yellow] ({error}); retrying on a fresh connection", highlight=False
+            )
+
+        results = run_matrix(planned, target, device, advance, lost)
     print_results(console, results, target.name, device)
     return results
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from devices import Device, Session
+from devices import Device, DeviceLost, Session
 from ops.errors import DeployError, UsageError, first_line
 from ops.spec import BoundOp, Case, Op, TensorType, bind
 from toolchain.cache import cached_build
@@ -92,6 +93,8 @@ def verify_case(session: Session, planned: PlannedCase, target: Target) -> CaseR
         bound = planned.bind()
         inputs = [random_input(t, rng, ties=planned.index % 2 == 1) for t in bound.inputs]
         comparison, schedule = verify(session, bound, target, inputs)
+    except DeviceLost:
+        raise
     except DeployError as exc:
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
     except Exception as exc:  # a compiler or runtime failure fails this case, not the matrix
@@ -113,12 +116,22 @@ def run_matrix(
     target: Target,
     device: Device,
     on_result: Callable[[CaseResult], None] = lambda r: None,
+    on_lost: Callable[[DeviceLost], None] = lambda e: None,
 ) -> list[CaseResult]:
+    """Verify each case on one session; a lost device is reported, reopened and the case retried
+    once (a second loss in a row ends the run)."""
     check_device(target, device)
-    results = []
-    with device.open() as session:
+    results: list[CaseResult] = []
+    with ExitStack() as stack:
+        session = stack.enter_context(device.open())
         for case in planned:
-            result = verify_case(session, case, target)
+            try:
+                result = verify_case(session, case, target)
+            except DeviceLost as lost:
+                on_lost(lost)
+                stack.close()
+                session = stack.enter_context(device.open())
+                result = verify_case(session, case, target)
             on_result(result)
             results.append(result)
     return results

@@ -1,0 +1,88 @@
+"""ARM: cross-compiled modules use NEON, and every op verifies on the qemu-aarch64 emulator."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from ops import TensorType, all_ops, bind, get_op
+from ops.errors import UsageError
+from toolchain.build import compile_op, export
+from toolchain.elf import elf_machine
+from toolchain.targets import get_target
+from toolchain.verify import plan, run_artifact, verify_case
+
+needs_cross = pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-objdump") is None or shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="needs gcc-aarch64-linux-gnu and binutils-aarch64-linux-gnu",
+)
+needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user (qemu-aarch64)")
+
+# (target, op, attrs, shapes, dtype, instruction pattern that must appear)
+NEON = [
+    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "float32", r"fmax\s+v\d+\.4s"),
+    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "float32", r"fadd\s+v\d+\.4s"),
+    ("arm", "max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(1, 8, 32, 32)], "float32", r"fmax\s+v\d+\.4s"),
+    ("arm", "add", {}, [(8, 64), (8, 64)], "float32", r"fadd\s+v\d+\.4s"),
+    ("arm", "add", {}, [(8, 64), (1, 64)], "int8", r"add\s+v\d+\.16b"),
+    ("arm", "leaky_relu", {}, [(8, 64)], "float32", r"fmul\s+v\d+\.4s"),
+    ("arm", "argmax", {"axis": 1}, [(2, 16, 8, 32)], "float32", r"fcm\w+\s+v\d+\.4s"),
+    ("arm-fp16", "add", {}, [(8, 64), (8, 64)], "float16", r"fadd\s+v\d+\.8h"),
+    ("arm-fp16", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "float16", r"fmax\s+v\d+\.8h"),
+]
+
+
+@needs_cross
+@pytest.mark.parametrize("target_name,op_name,attrs,shapes,dtype,pattern", NEON, ids=lambda v: str(v)[:24])
+def test_arm_modules_use_neon(tmp_path, target_name, op_name, attrs, shapes, dtype, pattern):
+    bound = bind(get_op(op_name), attrs, [TensorType(s, dtype) for s in shapes])
+    manifest = export(compile_op(bound, get_target(target_name)), tmp_path / "art")
+    module = tmp_path / "art" / manifest.module
+    assert elf_machine(module) == "aarch64"
+    listing = subprocess.run(
+        ["aarch64-linux-gnu-objdump", "-d", str(module)], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(pattern, listing), f"no {pattern} in {op_name} {dtype} for {target_name}"
+
+
+@pytest.fixture(scope="module")
+def emulator_session():
+    from devices import get_device
+
+    with get_device("emulator").open() as session:
+        yield session
+
+
+ARM_CASES = plan(all_ops())
+FP16_CASES = plan(all_ops(), ["float16"])
+
+
+@pytest.mark.emulator
+@needs_cross
+@needs_qemu
+@pytest.mark.parametrize("planned", ARM_CASES, ids=[f"{c.op.name}-{c.dtype}-{c.index}" for c in ARM_CASES])
+def test_op_matches_reference_on_emulator(planned, emulator_session):
+    result = verify_case(emulator_session, planned, get_target("arm"))
+    assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
+    assert result.schedule != "-"
+
+
+@pytest.mark.emulator
+@needs_cross
+@needs_qemu
+@pytest.mark.parametrize("planned", FP16_CASES, ids=[f"{c.op.name}-{c.index}" for c in FP16_CASES])
+def test_fp16_ops_on_armv82_emulator(planned, emulator_session):
+    result = verify_case(emulator_session, planned, get_target("arm-fp16"))
+    assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
+
+
+@pytest.mark.emulator
+@needs_qemu
+def test_x86_module_is_refused_by_the_emulator(tmp_path, emulator_session):
+    bound = bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")])
+    manifest = export(compile_op(bound, get_target("x86")), tmp_path / "x86")
+    with pytest.raises(UsageError, match="built for x86_64; device emulator on port \\d+ runs aarch64"):
+        run_artifact(emulator_session, tmp_path / "x86", manifest, [])
