@@ -17,6 +17,10 @@ DEPLOY = str(Path(sys.executable).with_name("deploy"))
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from devices.emulator import emulator_dir
+
+    # The emulator's sysroot is kept between runs (provisioning downloads ~40 MB); builds are not.
+    os.environ.setdefault("DEPLOY_EMULATOR_DIR", str(emulator_dir()))
     cache = tmp_path_factory.mktemp("deploy-cache")
     os.environ["DEPLOY_CACHE_DIR"] = str(cache)
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))

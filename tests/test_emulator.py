@@ -1,0 +1,127 @@
+"""The emulator's lifecycle: long-lived start/status/stop, automatic start/stop, Ctrl-C and a
+server that dies mid-run leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from devices import DeviceLost
+from devices.emulator import Emulator, free_port
+from devices.rpc import connect
+from tests.conftest import DEPLOY, run_deploy
+
+pytestmark = [
+    pytest.mark.emulator,
+    pytest.mark.skipif(not __import__("shutil").which("qemu-aarch64"), reason="needs qemu-user"),
+]
+
+
+def rpc_servers() -> set[int]:
+    """Pids of emulator RPC servers (qemu running the RPC server module) on this machine."""
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "tvm.exec.rpc_server" in cmdline and "python-aarch64" in cmdline:
+            found.add(proc.info["pid"])
+    return found
+
+
+def gone(pids: set[int], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_servers():
+    before = rpc_servers()
+    yield
+    Emulator().stop_detached()
+    assert gone(rpc_servers() - before), "an emulator RPC server was left running"
+
+
+def test_long_lived_emulator_start_status_stop(tmp_path):
+    assert run_deploy("device", "emulator", "status").returncode == 1
+    started = run_deploy("device", "emulator", "start")
+    assert started.returncode == 0, started.stderr
+    server = Emulator().running()
+    assert server is not None and server.alive()
+    status = run_deploy("device", "emulator", "status")
+    assert status.returncode == 0 and f"127.0.0.1:{server.port}" in status.stdout
+
+    x = (np.arange(24, dtype="float32") - 12).reshape(2, 3, 4)
+    np.save(tmp_path / "x.npy", x)
+    args = ["--op", "argmax", "--target", "arm", "-a", "axis=1", "-i", str(tmp_path / "x.npy")]
+    ran = run_deploy("run", *args, "-o", str(tmp_path / "o.npy"), "--check")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "on emulator" in ran.stdout and "check passed" in ran.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), np.argmax(x, axis=1))
+    assert "load_module" in Path(server.log).read_text(), "run did not use the long-lived server"
+
+    stopped = run_deploy("device", "emulator", "stop")
+    assert stopped.returncode == 0 and f"pid {server.pid}" in stopped.stdout
+    assert gone({server.pid})
+    assert run_deploy("device", "emulator", "status").returncode == 1
+
+
+def test_ctrl_c_stops_the_automatic_server():
+    before = rpc_servers()
+    proc = subprocess.Popen([DEPLOY, "test", "--target", "arm", "--op", "maxpool_add"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: rpc_servers() - before)
+        started = rpc_servers() - before
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert gone(started), "Ctrl-C left the emulator running"
+
+
+def test_server_killed_mid_run_is_reported_and_retried():
+    emulator = Emulator()
+    assert run_deploy("device", "emulator", "start").returncode == 0
+    server = emulator.running()
+    args = ["test", "--target", "arm", "--op", "add", "--dtype", "int8", "--dtype", "float32"]
+    proc = subprocess.Popen([DEPLOY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: Path(server.log).read_text().count("load_module") >= 2)
+        os.killpg(server.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "device lost" in out
+    assert "14 cases passed, 0 failed" in out
+
+
+def test_unreachable_server_is_one_line():
+    port = free_port()
+    with pytest.raises(DeviceLost, match=f"cannot reach test server at 127.0.0.1:{port}"), \
+            connect("127.0.0.1", port, "aarch64", "test server"):  # fmt: skip
+        pass
