@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -52,11 +53,11 @@ class Server:
     log: str
 
     def alive(self) -> bool:
+        """The leader runs (a zombie nobody reaped yet counts as dead)."""
         try:
-            os.killpg(self.pid, 0)
-        except (ProcessLookupError, PermissionError):
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
             return False
-        return True
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`."""

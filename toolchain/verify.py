@@ -18,6 +18,7 @@ from ops.errors import DeployError, UsageError, first_line
 from ops.spec import BoundOp, Case, Op, TensorType, bind
 from toolchain.cache import cached_build
 from toolchain.compare import Comparison, compare, random_input
+from toolchain.elf import check_machine
 from toolchain.manifest import Manifest
 from toolchain.targets import Target
 
@@ -36,7 +37,9 @@ def check_device(target: Target, device: Device) -> None:
 def run_artifact(
     session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
 ) -> np.ndarray:
+    """Check the module (sha256 against the manifest, ELF machine against the device), run it."""
     module = manifest.check_module(directory)
+    check_machine(module, session.arch, session.label)
     out = manifest.output
     return session.run(module, inputs, tuple(out["shape"]), out["dtype"])
 
