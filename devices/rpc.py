@@ -30,10 +30,17 @@ class RpcSession(TvmSession):
         except DeployError:
             raise
         except Exception as exc:
-            text = str(exc)
-            if any(word in text for word in ("Socket", "socket", "connection", "Connection", "RPCSession")):
-                raise DeviceLost(f"lost {self.label}: {first_line(text)}") from exc
+            if not self._responds():
+                raise DeviceLost(f"lost {self.label}: {first_line(str(exc))}") from exc
             raise
+
+    def _responds(self) -> bool:
+        """Whether the server still answers a trivial call (tells a lost device from a failing op)."""
+        try:
+            self._remote.listdir(".")
+        except Exception:
+            return False
+        return True
 
     def run(self, *args: Any) -> Any:  # type: ignore[override]
         return self._guard(super().run, *args)
