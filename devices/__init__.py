@@ -3,8 +3,8 @@
 A device opens a session; a session loads a module file, runs it on numpy inputs and times it.
 """
 
-from devices.registry import Device, DeviceLost, Session, all_devices, get_device, register_device
+from devices.registry import Device, DeviceLost, Session, get_device, register_device
 
-__all__ = ["Device", "DeviceLost", "Session", "all_devices", "get_device", "register_device"]
+__all__ = ["Device", "DeviceLost", "Session", "get_device", "register_device"]
 
 from devices import emulator, local  # noqa: F401  (registration on import)

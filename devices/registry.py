@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
@@ -66,7 +66,3 @@ def get_device(name: str) -> Device:
     if name not in _DEVICES:
         raise UsageError(f"unknown device {name!r} (known: {', '.join(sorted(_DEVICES))})")
     return _DEVICES[name]()
-
-
-def all_devices() -> Iterator[str]:
-    return iter(sorted(_DEVICES))

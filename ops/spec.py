@@ -40,7 +40,6 @@ class Input:
     min_rank: int = 0
     max_rank: int = 6
     broadcasts: bool = False
-    doc: str = ""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="ne
 NAN_SCALAR = pytest.mark.xfail(
     strict=True,
     reason="float max pooling tests each tap for NaN (numpy semantics); TVM's vectorizer then "
-    "scalarizes the loop on aarch64 - a NaN-propagating vector max is issue #7 work",
+    "scalarizes the loop on aarch64 (open in issue #3)",
 )
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 NEON = [
