@@ -11,7 +11,6 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from devices import get_device
 from ops import TensorType, bind, get_op
 from schedules.cpu import generic_cpu
 from schedules.registry import ScheduleContext
+from toolchain.bench import numpy_ms
 from toolchain.build import prim_module, schedule
 from toolchain.compare import compare, random_input
 from toolchain.targets import get_target
@@ -39,15 +39,6 @@ def export(mod, target, folder: Path, name: str) -> Path:
     path = folder / f"{name}.so"
     executable.export_library(str(path))
     return path
-
-
-def numpy_ms(bound, inputs, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        bound.op.reference(bound.attrs, *inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -76,7 +67,7 @@ def main() -> None:
                 assert compare(expected, result, bound.op.exact).ok, f"{label} schedule is wrong"
                 runs = session.time(path, inputs, out.shape, out.dtype, number=5, repeat=args.repeat)
                 timings[label] = statistics.median(runs) * 1e3
-            ref = numpy_ms(bound, inputs, args.repeat)
+            ref = numpy_ms(bound.op, bound.attrs, inputs, args.repeat)
             label = f"{op_name} {' '.join('x'.join(map(str, s)) for s in shapes)} {name}"
             print(
                 f"{label:44} {timings['generic']:10.2f} {timings['hand']:9.2f} {ref:9.2f}"

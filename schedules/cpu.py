@@ -4,6 +4,7 @@ generic schedule an op gets when no family has a hand schedule for it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from schedules.registry import ScheduleContext, register_schedule
@@ -46,9 +47,7 @@ def vectorize_parallelize(sch: Any, block: Any, lanes: int) -> None:
     if not loops:
         return
     sizes = extents(sch, loops)
-    work = 1
-    for size in sizes:
-        work *= size
+    work = math.prod(sizes)
     if sizes[-1] < lanes and len(loops) > 1:
         loops = [sch.fuse(*loops)]
         sizes = [work]
@@ -68,10 +67,7 @@ def parallelize_reduction(sch: Any, block: Any) -> None:
     spatial = [
         loop for loop, iv in zip(loops, sch.get(block).iter_vars, strict=True) if int(iv.iter_type) == SPATIAL
     ]
-    work = 1
-    for size in extents(sch, loops):
-        work *= size
-    parallel_outer(sch, spatial, work)
+    parallel_outer(sch, spatial, math.prod(extents(sch, loops)))
 
 
 @register_schedule("cpu")
@@ -94,9 +90,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     if lanes > 1:
         _, inner = sch.split(width, factors=[None, lanes])
         sch.vectorize(inner)
-    work = 1
-    for size in ctx.bound.output.shape:
-        work *= size
+    work = math.prod(ctx.bound.output.shape)
     if parallel_outer(sch, outer, work) is None:
         parallel_outer(sch, [height], work)
 
@@ -114,10 +108,7 @@ def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None
     chunks = min(ctx.cores, int(sch.get(after[0]).extent))
     chunk, rest = sch.split(after[0], factors=[chunks, None])
     sch.reorder(*before, chunk, reduce, rest, *after[1:])
-    work = 1
-    for size in ctx.bound.inputs[0].shape:
-        work *= size
-    parallel_outer(sch, [*before, chunk], work)
+    parallel_outer(sch, [*before, chunk], math.prod(ctx.bound.inputs[0].shape))
     sch.decompose_reduction(block, reduce)
 
 

@@ -71,27 +71,23 @@ def emulator_session():
         yield session
 
 
-ARM_CASES = plan(all_ops())
-FP16_CASES = plan(all_ops(), ["float16"])
+EMULATOR_CASES = [("arm", c) for c in plan(all_ops())] + [
+    ("arm-fp16", c) for c in plan(all_ops(), ["float16"])
+]
 
 
 @pytest.mark.emulator
 @needs_cross
 @needs_qemu
-@pytest.mark.parametrize("planned", ARM_CASES, ids=[f"{c.op.name}-{c.dtype}-{c.index}" for c in ARM_CASES])
-def test_op_matches_reference_on_emulator(planned, emulator_session):
-    result = verify_case(emulator_session, planned, get_target("arm"))
+@pytest.mark.parametrize(
+    "target_name,planned",
+    EMULATOR_CASES,
+    ids=[f"{t}-{c.op.name}-{c.dtype}-{c.index}" for t, c in EMULATOR_CASES],
+)
+def test_op_matches_reference_on_emulator(target_name, planned, emulator_session):
+    result = verify_case(emulator_session, planned, get_target(target_name))
     assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
     assert result.schedule != "-"
-
-
-@pytest.mark.emulator
-@needs_cross
-@needs_qemu
-@pytest.mark.parametrize("planned", FP16_CASES, ids=[f"{c.op.name}-{c.index}" for c in FP16_CASES])
-def test_fp16_ops_on_armv82_emulator(planned, emulator_session):
-    result = verify_case(emulator_session, planned, get_target("arm-fp16"))
-    assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
 
 
 @pytest.mark.emulator

@@ -20,7 +20,8 @@ TARGET_SECONDS = 0.2
 """Calls per timed run are chosen so one run lasts about this long."""
 
 
-def _numpy_ms(op: Op, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: int) -> float:
+def numpy_ms(op: Op, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: int) -> float:
+    """Median milliseconds of the op's numpy reference on this host over `repeat` calls."""
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -50,7 +51,7 @@ def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: in
             runs = session.time(module, inputs, out.shape, out.dtype, number, repeat)
             median_ms = statistics.median(runs) * 1e3
             moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
-            numpy_ms = _numpy_ms(op, bound.attrs, inputs, repeat)
+            reference_ms = numpy_ms(op, bound.attrs, inputs, repeat)
             rows.append(
                 {
                     "op": op.name,
@@ -60,8 +61,8 @@ def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: in
                     "median_ms": median_ms,
                     "mb_moved": moved / 1e6,
                     "gb_per_s": moved / (median_ms / 1e3) / 1e9,
-                    "numpy_ms": numpy_ms,
-                    "speedup_vs_numpy": numpy_ms / median_ms,
+                    "numpy_ms": reference_ms,
+                    "speedup_vs_numpy": reference_ms / median_ms,
                     "emulated": device.emulated,
                 }
             )

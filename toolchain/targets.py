@@ -6,7 +6,7 @@ width the schedules use, the schedule families to look up (first match wins), an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def all_targets() -> list[Target]:
     return [_TARGETS[name] for name in sorted(_TARGETS)]
 
 
-register_target(
+X86 = register_target(
     Target(
         name="x86",
         description="x86-64 with AVX2 and FMA (Haswell and newer)",
@@ -83,17 +83,16 @@ register_target(
     )
 )
 register_target(
-    Target(
+    replace(
+        X86,
         name="x86-avx512",
         description="x86-64 with AVX-512 (Skylake-SP and newer)",
         tvm={"kind": "llvm", "mcpu": "skylake-avx512"},
-        arch="x86_64",
         vector_bits=512,
-        schedules=("x86", "cpu"),
         cpu_flags=("avx512f", "avx512bw", "avx512vl"),
     )
 )
-register_target(
+ARM = register_target(
     Target(
         name="arm",
         description="aarch64 with NEON, fp32 (Cortex-A53 and newer: Raspberry Pi 3/4, RK3399)",
@@ -107,16 +106,11 @@ register_target(
     )
 )
 register_target(
-    Target(
+    replace(
+        ARM,
         name="arm-fp16",
         description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
         tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
-        arch="aarch64",
-        vector_bits=128,
-        schedules=("arm", "cpu"),
         cpu_flags=("fphp", "asimdhp"),
-        cross_compiler="aarch64-linux-gnu-gcc",
-        cross_package="gcc-aarch64-linux-gnu",
-        default_device="emulator",
     )
 )
