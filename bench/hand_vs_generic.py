@@ -56,7 +56,7 @@ def main() -> None:
             rng = np.random.default_rng(0)
             inputs = [random_input(t, rng) for t in bound.inputs]
             expected = bound.op.reference(bound.attrs, *inputs)
-            generic = tvm.s_tir.Schedule(prim_module(bound))
+            generic = tvm.s_tir.Schedule(prim_module(bound, target))
             generic_cpu(generic, ScheduleContext(bound, target.vector_bits, os.cpu_count() or 1))
             hand, name = schedule(bound, target)
             timings = {}

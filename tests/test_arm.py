@@ -22,31 +22,20 @@ needs_cross = pytest.mark.skipif(
 needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user (qemu-aarch64)")
 
 # (target, op, attrs, shapes, dtype, instruction pattern that must appear)
-NAN_SCALAR = pytest.mark.xfail(
-    strict=True,
-    reason="float max pooling tests each tap for NaN (numpy semantics); TVM's vectorizer then "
-    "scalarizes the loop on aarch64 (open in issue #3)",
-)
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 NEON = [
     ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "int32", r"smax\s+v\d+\.4s"),
     ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "int32", r"add\s+v\d+\.4s"),
     ("arm", "max_pool2d", POOL, [(1, 8, 32, 32)], "int32", r"smax\s+v\d+\.4s"),
-    pytest.param(
-        "arm",
-        "maxpool_add",
-        {},
-        [(1, 8, 32, 32), (1, 1, 16, 16)],
-        "float32",
-        r"fmax\s+v\d+\.4s",
-        marks=NAN_SCALAR,
-    ),
+    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "float32", r"fmax\s+v\d+\.4s"),
+    ("arm", "max_pool2d", POOL, [(1, 8, 32, 32)], "float32", r"fmax\s+v\d+\.4s"),
     ("arm", "add", {}, [(8, 64), (8, 64)], "float32", r"fadd\s+v\d+\.4s"),
     ("arm", "add", {}, [(8, 64), (1, 64)], "int8", r"add\s+v\d+\.16b"),
     ("arm", "leaky_relu", {}, [(8, 64)], "float32", r"fmul\s+v\d+\.4s"),
     ("arm", "argmax", {"axis": 1}, [(2, 16, 8, 32)], "float32", r"fcm\w+\s+v\d+\.[24]s"),
     ("arm-fp16", "add", {}, [(8, 64), (8, 64)], "float16", r"fadd\s+v\d+\.8h"),
     ("arm-fp16", "leaky_relu", {}, [(8, 64)], "float16", r"fmul\s+v\d+\.8h"),
+    ("arm-fp16", "max_pool2d", POOL, [(1, 8, 32, 32)], "float16", r"fmax\s+v\d+\.8h"),
 ]
 
 

@@ -32,8 +32,12 @@ def tvm_version() -> str:
     return str(tvm.__version__)
 
 
-def prim_module(bound: BoundOp) -> Any:
-    """The op as an IRModule with one PrimFunc `main(inputs..., out)`."""
+def prim_module(bound: BoundOp, target: Target) -> Any:
+    """The op as an IRModule with one PrimFunc `main(inputs..., out)`.
+
+    The compute runs inside the target's context (`tvm.target.Target.current()`), so an op may pick
+    a target's intrinsic, as TOPI does.
+    """
     import tvm
     from tvm import te
 
@@ -41,7 +45,8 @@ def prim_module(bound: BoundOp) -> Any:
         te.placeholder(t.shape, t.dtype, name=spec.name)
         for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
     ]
-    out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+    with target.tvm_target():
+        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
@@ -49,7 +54,7 @@ def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[
     """The scheduled IRModule and the schedule's name (e.g. "x86/maxpool_add", "cpu/generic")."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(prim_module(bound))
+    sch = tvm.s_tir.Schedule(prim_module(bound, target))
     found = find_schedule(target.schedules, bound.op.name)
     if found is None:
         return sch.mod, "default"
