@@ -10,22 +10,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from devices.cache import cache_root
 from devices.registry import register_device
 from devices.rpc import RpcSession, connect
+from devices.server_process import Server, accepts, free_port
 from devices.sysroot import Sysroot
 from ops.errors import DeployError
 
@@ -36,52 +34,6 @@ def emulator_dir() -> Path:
     """`$DEPLOY_EMULATOR_DIR`, else `emulator/` in the cache root."""
     override = os.environ.get("DEPLOY_EMULATOR_DIR")
     return Path(override) if override else cache_root() / "emulator"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Server:
-    """A running RPC server: the leader pid (= process group id) and its loopback port."""
-
-    pid: int
-    port: int
-    log: str
-
-    def alive(self) -> bool:
-        """The leader runs (a zombie nobody reaped yet counts as dead)."""
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`."""
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    finished, _ = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:
-                    finished = self.pid if not self.alive() else 0
-                if finished and not self.alive():
-                    return
-                time.sleep(0.05)
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            text = Path(self.log).read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])
 
 
 class Emulator:
@@ -148,7 +100,7 @@ class Emulator:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DeployError(f"emulator RPC server exited with {proc.returncode}: {server.log_tail()}")
-            if (Path(server.log).read_text(errors="replace").find("bind to") >= 0) and _accepts(server.port):
+            if (Path(server.log).read_text(errors="replace").find("bind to") >= 0) and accepts(server.port):
                 return
             time.sleep(0.25)
         raise DeployError(
@@ -183,14 +135,6 @@ class Emulator:
             server.stop()
         self.state.unlink(missing_ok=True)
         return server
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class EmulatorDevice:

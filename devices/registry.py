@@ -52,6 +52,7 @@ class Device(Protocol):
 
 
 _DEVICES: dict[str, Callable[[], Device]] = {}
+_SOURCES: list[Callable[[str], Device | None]] = []
 
 
 def register_device(name: str) -> Callable[[Callable[[], Device]], Callable[[], Device]]:
@@ -62,7 +63,19 @@ def register_device(name: str) -> Callable[[Callable[[], Device]], Callable[[], 
     return add
 
 
+def register_device_source(find: Callable[[str], Device | None]) -> None:
+    """Add a lookup for devices named at run time (e.g. boards from the config file)."""
+    _SOURCES.append(find)
+
+
 def get_device(name: str) -> Device:
-    if name not in _DEVICES:
-        raise UsageError(f"unknown device {name!r} (known: {', '.join(sorted(_DEVICES))})")
-    return _DEVICES[name]()
+    if name in _DEVICES:
+        return _DEVICES[name]()
+    for find in _SOURCES:
+        device = find(name)
+        if device is not None:
+            return device
+    raise UsageError(
+        f"unknown device {name!r} (built in: {', '.join(sorted(_DEVICES))}; add a board with"
+        " `deploy device add`)"
+    )

@@ -19,6 +19,10 @@ class RpcSession(TvmSession):
         self._remote = remote
         super().__init__(self._upload_and_load, remote.cpu(0), arch, label)
 
+    def close(self) -> None:
+        super().close()
+        self._remote = None
+
     def _upload_and_load(self, path: Path) -> Any:
         name = f"{path.parent.name}-{path.name}"
         self._remote.upload(str(path), target=name)
@@ -37,7 +41,7 @@ class RpcSession(TvmSession):
     def _responds(self) -> bool:
         """Whether the server still answers a trivial call (tells a lost device from a failing op)."""
         try:
-            self._remote.listdir(".")
+            self._remote.get_function("tvm.rpc.server.workpath")
         except Exception:
             return False
         return True
@@ -58,4 +62,8 @@ def connect(host: str, port: int, arch: str, label: str) -> Iterator[RpcSession]
         remote = tvm.rpc.connect(host, port)
     except Exception as exc:
         raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
-    yield RpcSession(remote, arch, label)
+    session = RpcSession(remote, arch, label)
+    try:
+        yield session
+    finally:
+        session.close()

@@ -19,6 +19,12 @@ class TvmSession:
         self._dev = dev
         self._modules: dict[Path, Any] = {}
 
+    def close(self) -> None:
+        """Drop the loaded modules and the device; for RPC this ends the connection, which frees
+        the server (a tracker hands it out again)."""
+        self._modules.clear()
+        self._loader = self._dev = None
+
     def _function(self, module: Path) -> Any:
         if module not in self._modules:
             self._modules[module] = self._loader(module)

@@ -4,7 +4,7 @@ Built in `<cache>/emulator/sysroot` without touching the host's package state: a
 private configuration (arm64 architecture, empty dpkg status, its own lists and archives), the
 .debs are unpacked with `dpkg -x`, and pip installs the aarch64 wheels with `--target`. Each step
 leaves a stamp, so a run that was interrupted resumes where it stopped (apt and pip keep their
-partial downloads in the cache). The TVM compiler library is removed: the device needs the runtime.
+partial downloads in the cache).
 """
 
 from __future__ import annotations
@@ -12,24 +12,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from devices.runtime_wheels import install_runtime
 from ops.errors import DeployError
 
 DEBIAN_PACKAGES = ("python3.11", "libpython3.11-stdlib", "libstdc++6")
-WHEELS = (
-    "apache-tvm==0.27.0.post1",
-    "apache-tvm-ffi==0.1.14.post1",
-    "numpy<2.3",
-    "typing_extensions",
-    "psutil",
-    "cloudpickle",
-)
 PYTHON = "usr/bin/python3.11"
 SITE = "usr/lib/python3/dist-packages"
-STEPS = ("apt-update", "apt-download", "unpack", "wheels", "runtime-only")
+STEPS = ("apt-update", "apt-download", "unpack", "wheels")
 
 Progress = Callable[[str, int, int], None]
 """progress(step description, steps done, steps total)."""
@@ -94,7 +86,6 @@ class Sysroot:
             "apt-download": ("downloading arm64 python3.11", self._apt_download),
             "unpack": ("unpacking the sysroot", self._unpack),
             "wheels": ("installing the aarch64 TVM runtime", self._wheels),
-            "runtime-only": ("trimming to the runtime", self._runtime_only),
         }
         for index, step in enumerate(STEPS):
             stamp = self.base / f".done-{step}"
@@ -126,19 +117,4 @@ class Sysroot:
             _run(["dpkg", "-x", str(deb), str(self.root)], f"unpacking {deb.name}")
 
     def _wheels(self) -> None:
-        site = self.root / SITE
-        site.mkdir(parents=True, exist_ok=True)
-        _run(
-            [
-                sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--upgrade",
-                "--target", str(site), "--platform", "manylinux_2_28_aarch64",
-                "--platform", "manylinux2014_aarch64", "--platform", "manylinux_2_17_aarch64",
-                "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                "--only-binary=:all:", *WHEELS,
-            ],
-            "installing the aarch64 TVM wheels",
-        )  # fmt: skip
-
-    def _runtime_only(self) -> None:
-        for library in (self.root / SITE / "tvm" / "lib").glob("libtvm_compiler*.so"):
-            library.unlink()
+        install_runtime(self.root / SITE, "aarch64", (3, 11))

@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated build cache, the CLI runner, a local device session."""
+"""Shared fixtures: an isolated build cache and config, the CLI runner, a local device session."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ.setdefault("DEPLOY_EMULATOR_DIR", str(emulator_dir()))
     cache = tmp_path_factory.mktemp("deploy-cache")
     os.environ["DEPLOY_CACHE_DIR"] = str(cache)
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))  # boards, known_hosts
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     return cache
 

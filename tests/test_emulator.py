@@ -14,8 +14,9 @@ import psutil
 import pytest
 
 from devices import DeviceLost
-from devices.emulator import Emulator, free_port
+from devices.emulator import Emulator
 from devices.rpc import connect
+from devices.server_process import free_port
 from tests.conftest import DEPLOY, run_deploy
 
 pytestmark = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from ops.spec import BoundOp
 from toolchain.build import compile_op, export, tvm_version
 from toolchain.manifest import MANIFEST, Manifest
 from toolchain.targets import Target
+
+_BUILDING = threading.Lock()
+"""One build at a time: workers verifying in parallel share the cache."""
 
 
 @cache
@@ -46,6 +50,7 @@ def build_key(bound: BoundOp, target: Target) -> str:
 def cached_build(bound: BoundOp, target: Target) -> tuple[Path, Manifest]:
     """The artifact directory for (bound, target), building it on a miss."""
     directory = cache_root() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
-    if (directory / MANIFEST).exists():
-        return directory, Manifest.read(directory)
-    return directory, export(compile_op(bound, target), directory)
+    with _BUILDING:
+        if (directory / MANIFEST).exists():
+            return directory, Manifest.read(directory)
+        return directory, export(compile_op(bound, target), directory)

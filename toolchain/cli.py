@@ -64,9 +64,17 @@ def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
     return bind(get_op(op_name), parse_attrs(attrs), types)
 
 
-def _device(name: str | None, target: Any) -> Any:
+def _device(name: str | None, target: Any, tracker: str | None = None, key: str | None = None) -> Any:
+    """`--device NAME`, or any free server of `--key` on `--tracker`, or the target's default."""
     from devices import get_device
 
+    if tracker or key:
+        from devices.tracker import TrackerDevice, parse_address
+
+        if name or not (tracker and key):
+            raise UsageError("--tracker and --key go together, instead of --device")
+        host, port = parse_address(tracker)
+        return TrackerDevice(host, port, key, target.arch)
     return get_device(name or target.default_device)
 
 
@@ -74,6 +82,8 @@ OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy o
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
 DEVICE = click.option("--device", "device_name", help="Device to run on (default: the target's).")
+TRACKER = click.option("--tracker", metavar="HOST:PORT", help="Run on servers from this RPC tracker.")
+KEY = click.option("--key", "tracker_key", metavar="KEY", help="Device key on the tracker.")
 
 
 @main.command("ops")
@@ -149,6 +159,8 @@ def build_command(
 @TARGET
 @ATTR
 @DEVICE
+@TRACKER
+@KEY
 @click.option(
     "-i",
     "--input",
@@ -164,6 +176,8 @@ def run_command(
     target_name: str,
     attrs: tuple[str, ...],
     device_name: str | None,
+    tracker: str | None,
+    tracker_key: str | None,
     inputs: tuple[str, ...],
     output: str,
     check: bool,
@@ -178,7 +192,7 @@ def run_command(
     target = _target(target_name)
     arrays = [load_npy(path) for path in inputs]
     bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
-    device = _device(device_name, target)
+    device = _device(device_name, target, tracker, tracker_key)
     check_device(target, device)
     directory, manifest = cached_build(bound, target)
     with device.open() as session:
@@ -195,12 +209,20 @@ def run_command(
 @main.command("test")
 @TARGET
 @DEVICE
+@TRACKER
+@KEY
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 def test_command(
-    target_name: str, device_name: str | None, op_names: tuple[str, ...], dtypes: tuple[str, ...]
+    target_name: str,
+    device_name: str | None,
+    tracker: str | None,
+    tracker_key: str | None,
+    op_names: tuple[str, ...],
+    dtypes: tuple[str, ...],
 ) -> None:
-    """Verify every op x dtype x shape against numpy on the target's device."""
+    """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
+    every free server of the key at once)."""
     from ops import all_ops, get_op
     from toolchain.report import run_with_progress
     from toolchain.verify import plan
@@ -210,69 +232,20 @@ def test_command(
     planned = plan(ops, dtypes)
     if not planned:
         raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
-    results = run_with_progress(planned, target, _device(device_name, target))
+    device = _device(device_name, target, tracker, tracker_key)
+    workers = device.capacity() if hasattr(device, "capacity") else 1
+    if workers < 1:
+        raise DeployError(f"no free server with key {tracker_key!r} on the tracker {tracker}")
+    results = run_with_progress(planned, target, device, workers)
     if not all(r.ok for r in results):
         sys.exit(1)
-
-
-@main.group("device")
-def device_group() -> None:
-    """Manage devices."""
-
-
-@device_group.group("emulator")
-def emulator_group() -> None:
-    """The ARM emulator (qemu-aarch64 running TVM's RPC server)."""
-
-
-@emulator_group.command("setup")
-def emulator_setup() -> None:
-    """Provision the arm64 sysroot (also done on first use)."""
-    from devices.emulator import Emulator
-
-    emulator = Emulator()
-    emulator.provision()
-    click.echo(f"emulator sysroot ready in {emulator.sysroot.root}")
-
-
-@emulator_group.command("start")
-@click.option("--port", type=int, help="Loopback port (default: a free one).")
-@click.option("--tracker", metavar="HOST:PORT", help="Register with this RPC tracker.")
-@click.option("--key", default="emulator", show_default=True, help="Device key on the tracker.")
-def emulator_start(port: int | None, tracker: str | None, key: str) -> None:
-    """Start a long-lived emulator that later commands use."""
-    from devices.emulator import Emulator
-
-    server = Emulator().start_detached(port, tracker, key)
-    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port}, log {server.log}")
-
-
-@emulator_group.command("stop")
-def emulator_stop() -> None:
-    """Stop the long-lived emulator."""
-    from devices.emulator import Emulator
-
-    server = Emulator().stop_detached()
-    click.echo(f"emulator stopped (pid {server.pid})" if server else "emulator was not running")
-
-
-@emulator_group.command("status")
-def emulator_status() -> None:
-    """Say whether the long-lived emulator runs (exit 1 if not)."""
-    from devices.emulator import Emulator
-
-    emulator = Emulator()
-    server = emulator.running()
-    ready = "ready" if emulator.sysroot.ready() else "not provisioned"
-    if server is None:
-        click.echo(f"emulator not running (sysroot {ready}: {emulator.base})")
-        sys.exit(1)
-    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port} (sysroot {ready})")
 
 
 @main.command("bench")
 @TARGET
 @DEVICE
+@TRACKER
+@KEY
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
 @click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
@@ -280,6 +253,8 @@ def emulator_status() -> None:
 def bench_command(
     target_name: str,
     device_name: str | None,
+    tracker: str | None,
+    tracker_key: str | None,
     op_names: tuple[str, ...],
     dtype: str,
     repeat: int,
@@ -291,9 +266,19 @@ def bench_command(
 
     target = _target(target_name)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
-    device = _device(device_name, target)
+    device = _device(device_name, target, tracker, tracker_key)
     rows = bench_ops(ops, dtype, target, device, repeat)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         print_bench(rows, target.name, device)
+
+
+def _add_groups() -> None:
+    from toolchain.cli_device import device_group, tracker_group
+
+    main.add_command(device_group)
+    main.add_command(tracker_group)
+
+
+_add_groups()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from rich.console import Console
@@ -12,9 +12,13 @@ from rich.table import Table
 from toolchain.verify import CaseResult, PlannedCase, run_matrix
 
 
-def run_with_progress(planned: list[PlannedCase], target: Any, device: Any) -> list[CaseResult]:
-    """Run the matrix with a progress bar; print the summary table and every failure."""
+def run_with_progress(
+    planned: list[PlannedCase], target: Any, device: Any, workers: int = 1
+) -> list[CaseResult]:
+    """Run the matrix on `workers` sessions with a progress bar; print the summary table, how the
+    cases were spread when several workers ran, and every failure."""
     console = Console()
+    per_worker: Counter[str] = Counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -25,16 +29,20 @@ def run_with_progress(planned: list[PlannedCase], target: Any, device: Any) -> l
     ) as progress:
         task = progress.add_task(f"verifying on {device.name}", total=len(planned))
 
-        def advance(result: CaseResult) -> None:
+        def advance(result: CaseResult, worker: str) -> None:
+            per_worker[worker] += 1
             progress.update(task, advance=1, description=f"{result.op} {result.dtype} {result.case}")
 
         def lost(error: Exception) -> None:
             console.print(
-                f"[yellow]device lost[/yellow] ({error}); retrying on a fresh connection", highlight=False
+                f"[yellow]device lost[/yellow] ({error}); its case goes back in the queue", highlight=False
             )
 
-        results = run_matrix(planned, target, device, advance, lost)
+        results = run_matrix(planned, target, device, advance, lost, workers)
     print_results(console, results, target.name, device)
+    if workers > 1:
+        spread = ", ".join(f"worker {name}: {count}" for name, count in sorted(per_worker.items()))
+        console.print(f"cases per device session: {spread}", highlight=False)
     return results
 
 

@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+import collections
+import threading
 import zlib
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,27 +115,84 @@ def verify_case(session: Session, planned: PlannedCase, target: Target) -> CaseR
     )
 
 
+class _Queue:
+    """Cases still to run, shared by the workers; a case whose device was lost goes back in front."""
+
+    def __init__(self, planned: list[PlannedCase]) -> None:
+        self._cases = collections.deque(enumerate(planned))
+        self._lock = threading.Lock()
+
+    def pop(self) -> tuple[int, PlannedCase] | None:
+        with self._lock:
+            return self._cases.popleft() if self._cases else None
+
+    def put_back(self, item: tuple[int, PlannedCase]) -> None:
+        with self._lock:
+            self._cases.appendleft(item)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cases)
+
+
 def run_matrix(
     planned: list[PlannedCase],
     target: Target,
     device: Device,
-    on_result: Callable[[CaseResult], None] = lambda r: None,
+    on_result: Callable[[CaseResult, str], None] = lambda r, worker: None,
     on_lost: Callable[[DeviceLost], None] = lambda e: None,
+    workers: int = 1,
 ) -> list[CaseResult]:
-    """Verify each case on one session; a lost device is reported, reopened and the case retried
-    once (a second loss in a row ends the run)."""
+    """Verify the cases on `workers` sessions of `device` at once (e.g. the free servers of a
+    tracker key), in the order planned. A worker whose device is lost reports it, puts its case
+    back for the others, and opens a fresh session once; a second loss in a row retires it. When
+    every worker is retired with cases left, the last loss ends the run."""
     check_device(target, device)
-    results: list[CaseResult] = []
-    with ExitStack() as stack:
-        session = stack.enter_context(device.open())
-        for case in planned:
+    queue = _Queue(planned)
+    results: dict[int, CaseResult] = {}
+    losses: list[DeviceLost] = []
+    report = threading.Lock()
+
+    def work(worker: str) -> None:
+        lost_in_a_row = 0
+        while lost_in_a_row < 2 and len(queue):
             try:
-                result = verify_case(session, case, target)
+                with device.open() as session:
+                    while (item := queue.pop()) is not None:
+                        try:
+                            result = verify_case(session, item[1], target)
+                        except DeviceLost:
+                            queue.put_back(item)
+                            raise
+                        lost_in_a_row = 0
+                        with report:
+                            results[item[0]] = result
+                            on_result(result, worker)
             except DeviceLost as lost:
-                on_lost(lost)
-                stack.close()
-                session = stack.enter_context(device.open())
-                result = verify_case(session, case, target)
-            on_result(result)
-            results.append(result)
-    return results
+                lost_in_a_row += 1
+                with report:
+                    losses.append(lost)
+                    on_lost(lost)
+
+    names = [f"#{n + 1}" for n in range(max(1, workers))]
+    if len(names) == 1:
+        work(names[0])
+    else:
+        failures: list[BaseException] = []
+
+        def guarded(name: str) -> None:
+            try:
+                work(name)
+            except BaseException as exc:  # re-raised in the caller's thread below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(name,), name=f"worker-{name}") for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+    if len(queue):
+        raise losses[-1]
+    return [results[index] for index in range(len(planned))]

@@ -1,0 +1,118 @@
+"""Boards registered with `deploy device add`: stored in `$XDG_CONFIG_HOME/deploy/devices.json`.
+
+Only connection facts are stored (host, port, user, key path, architecture, the board's Python);
+never passwords. Accepted host keys go to `known_hosts` next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from ops.errors import DeployError, UsageError
+
+ARCHES = ("aarch64", "armv7l", "x86_64")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RESERVED = ("local", "emulator")
+DEFAULT_REMOTE_DIR = ".deploy"
+
+
+def config_dir() -> Path:
+    """`$XDG_CONFIG_HOME/deploy`, else `~/.config/deploy`."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "deploy"
+
+
+def known_hosts_file() -> Path:
+    return config_dir() / "known_hosts"
+
+
+@dataclass(frozen=True)
+class Board:
+    """A board reached over SSH. `python` is the board's interpreter command (may hold arguments);
+    `remote_dir` is where we keep the runtime on the board, relative to the login's home."""
+
+    name: str
+    host: str
+    user: str
+    port: int = 22
+    key: str | None = None
+    arch: str = "aarch64"
+    python: str = "python3"
+    remote_dir: str = DEFAULT_REMOTE_DIR
+
+    def validate(self) -> Board:
+        if not NAME.match(self.name) or self.name in RESERVED:
+            raise UsageError(
+                f"device name {self.name!r}: expected letters, digits, '.', '_' or '-' (not"
+                f" {' or '.join(RESERVED)})"
+            )
+        if not self.host or any(c.isspace() for c in self.host):
+            raise UsageError(f"--host {self.host!r}: expected a host name or address")
+        if not 1 <= self.port <= 65535:
+            raise UsageError(f"--port {self.port}: expected 1..65535")
+        if not self.user or any(c.isspace() for c in self.user):
+            raise UsageError(f"--user {self.user!r}: expected a login name")
+        if self.arch not in ARCHES:
+            raise UsageError(f"--arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
+        if self.key is not None and not Path(self.key).is_file():
+            raise UsageError(f"--key {self.key!r}: no such file")
+        if not self.python.strip():
+            raise UsageError("--python '': expected the board's Python command, e.g. python3")
+        return self
+
+
+def _config_file() -> Path:
+    return config_dir() / "devices.json"
+
+
+def load_boards() -> dict[str, Board]:
+    path = _config_file()
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        known = {f.name for f in fields(Board)}
+        return {name: Board(**{k: v for k, v in entry.items() if k in known}) for name, entry in raw.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise DeployError(f"cannot read device config {path}: {exc}") from None
+
+
+def save_boards(boards: dict[str, Board]) -> None:
+    """Write the config atomically (private: it names hosts, users and key paths)."""
+    path = _config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.partial")
+    tmp.write_text(json.dumps({name: asdict(b) for name, b in sorted(boards.items())}, indent=2) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def get_board(name: str) -> Board | None:
+    return load_boards().get(name)
+
+
+def require_board(name: str) -> Board:
+    board = get_board(name)
+    if board is None:
+        raise UsageError(f"no device named {name!r} (see `deploy device list`)")
+    return board
+
+
+def add_board(board: Board, replace: bool = False) -> None:
+    boards = load_boards()
+    if board.name in boards and not replace:
+        raise UsageError(f"device {board.name!r} exists: remove it first or pass --replace")
+    boards[board.name] = board.validate()
+    save_boards(boards)
+
+
+def remove_board(name: str) -> Board:
+    require_board(name)
+    boards = load_boards()
+    board = boards.pop(name)
+    save_boards(boards)
+    return board

@@ -1,0 +1,319 @@
+"""Boards over SSH (paramiko): TVM's RPC server runs on the board's loopback, reached by a tunnel.
+
+Host keys are checked against `~/.ssh/known_hosts` and deploy's own `known_hosts`; an unknown host
+is refused unless the user accepts it explicitly. Every remote command is built from quoted
+words; nothing the board prints is executed here.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import posixpath
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+
+from devices.boards import Board, get_board, known_hosts_file
+from devices.registry import DeviceLost, register_device_source
+from devices.rpc import RpcSession, connect
+from ops.errors import DeployError, first_line
+
+CONNECT_TIMEOUT_S = 15.0
+SERVER_TIMEOUT_S = 120.0
+RPC_PORTS = (9090, 9199)
+READY = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
+PGID = re.compile(r"deploy-server-pgid=(\d+)")
+
+
+def _where(board: Board) -> str:
+    return f"{board.user}@{board.host}:{board.port}"
+
+
+def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSHClient:
+    """An authenticated SSH connection; errors are one line naming the board and the cause."""
+    client = paramiko.SSHClient()
+    client.load_system_host_keys()
+    ours = known_hosts_file()
+    if ours.exists():
+        client.load_host_keys(str(ours))
+    policy = paramiko.AutoAddPolicy() if accept_new_host_key else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    try:
+        client.connect(
+            board.host,
+            port=board.port,
+            username=board.user,
+            key_filename=board.key,
+            look_for_keys=board.key is None,
+            allow_agent=True,
+            timeout=CONNECT_TIMEOUT_S,
+            banner_timeout=CONNECT_TIMEOUT_S,
+            auth_timeout=CONNECT_TIMEOUT_S,
+        )
+    except paramiko.BadHostKeyException:
+        client.close()
+        raise DeployError(
+            f"host key of {board.host}:{board.port} differs from the one in known_hosts: refusing to"
+            f" connect (if the board was reinstalled, remove its old key from {ours} or ~/.ssh/known_hosts)"
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        key = board.key or "ssh-agent and ~/.ssh keys"
+        raise DeployError(f"SSH login to {_where(board)} failed with {key}: {first_line(str(exc))}") from None
+    except paramiko.SSHException as exc:
+        client.close()
+        if "not found in known_hosts" in str(exc):
+            raise DeployError(
+                f"unknown host key for {board.host}:{board.port}: check it, then rerun with"
+                f" --accept-new-host-key (`deploy device check {board.name} --accept-new-host-key`)"
+            ) from None
+        raise DeviceLost(f"SSH to {_where(board)} failed: {first_line(str(exc))}") from None
+    except (OSError, EOFError) as exc:
+        client.close()
+        raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {exc}") from None
+    if accept_new_host_key:
+        ours.parent.mkdir(parents=True, exist_ok=True)
+        client.save_host_keys(str(ours))
+    return client
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    version: tuple[int, int]
+    machine: str
+    runtime: str | None
+    """The TVM version importable with our runtime directory on the path, or None."""
+
+
+class BoardShell:
+    """Commands on a board over one SSH connection, with the paths deploy uses there."""
+
+    def __init__(self, board: Board, client: paramiko.SSHClient) -> None:
+        self.board = board
+        self.client = client
+        home = self._home()
+        self.remote_dir = posixpath.join(home, board.remote_dir)
+        self.runtime_dir = posixpath.join(self.remote_dir, "runtime")
+
+    def _home(self) -> str:
+        status, out = self.run("pwd")
+        if status != 0 or not out.startswith("/"):
+            raise DeployError(f"{self.board.name}: cannot find the login's home directory: {first_line(out)}")
+        return out.splitlines()[-1]
+
+    @property
+    def python(self) -> str:
+        """The board's Python command, quoted word by word."""
+        return " ".join(shlex.quote(word) for word in shlex.split(self.board.python))
+
+    def runtime_env(self) -> str:
+        """Shell words that put our runtime directory first on the board's Python path."""
+        runtime = shlex.quote(self.runtime_dir)
+        return f'export PYTHONPATH={runtime}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+
+    def run(self, command: str, timeout: float = 120.0) -> tuple[int, str]:
+        """Run a shell command on the board; its exit status and its output (stdout + stderr)."""
+        try:
+            _, stdout, stderr = self.client.exec_command(command, timeout=timeout)
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            return stdout.channel.recv_exit_status(), (out + err).strip()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise DeviceLost(f"lost SSH connection to {self.board.name}: {first_line(str(exc))}") from None
+
+    def probe(self) -> PythonInfo:
+        """The board's Python version and machine, and the TVM runtime it can import."""
+        script = "import sys, platform; print(sys.version_info[0], sys.version_info[1], platform.machine())"
+        status, out = self.run(f"{self.python} -c {shlex.quote(script)}")
+        words = out.split()
+        if status != 0 or len(words) < 3 or not (words[-3].isdigit() and words[-2].isdigit()):
+            detail = first_line(out) or f"exit status {status}"
+            raise DeployError(f"{self.board.name}: cannot run {self.board.python!r} on the board: {detail}")
+        version = (int(words[-3]), int(words[-2]))
+        check = "import tvm; print('deploy-tvm', tvm.__version__)"
+        status, out = self.run(f"{self.runtime_env()}; {self.python} -c {shlex.quote(check)}")
+        found = re.search(r"deploy-tvm (\S+)", out) if status == 0 else None
+        return PythonInfo(version, words[-1], found.group(1) if found else None)
+
+    def put(self, local: Path, remote: str) -> None:
+        try:
+            with self.client.open_sftp() as sftp:
+                sftp.put(str(local), remote)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise DeployError(f"{self.board.name}: upload of {local.name} failed: {exc}") from None
+
+
+class RemoteServer:
+    """TVM's RPC server on the board's loopback, in its own session on a pty: closing the
+    connection hangs it up, and `stop()` kills its process group."""
+
+    def __init__(
+        self,
+        shell: BoardShell,
+        ports: tuple[int, int] = RPC_PORTS,
+        tracker: tuple[int, str, str] | None = None,
+    ) -> None:
+        """`ports`: the range to bind on the board; `tracker`: (board-side port of a forwarded
+        tracker, key, the address clients should use) to register with."""
+        self.shell = shell
+        self.port = 0
+        self.pgid = 0
+        self._lines: collections.deque[str] = collections.deque(maxlen=20)
+        self._ready = threading.Event()
+        self._channel = shell.client.get_transport().open_session()  # type: ignore[union-attr]
+        self._channel.get_pty()
+        low, high = ports
+        register = (
+            f" --tracker 127.0.0.1:{tracker[0]} --key {shlex.quote(tracker[1])} --custom-addr {tracker[2]}"
+            if tracker
+            else ""
+        )
+        command = (
+            f"mkdir -p {shlex.quote(shell.remote_dir)} && cd {shlex.quote(shell.remote_dir)} &&"
+            f" echo deploy-server-pgid=$$ && {shell.runtime_env()} &&"
+            f" exec {shell.python} -m tvm.exec.rpc_server --host 127.0.0.1"
+            f" --port {low} --port-end {high}{register} 2>&1"
+        )
+        self._channel.exec_command(command)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        pending = ""
+        while True:
+            try:
+                data = self._channel.recv(4096)
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:
+                self._ready.set()
+                return
+            pending += data.decode(errors="replace")
+            *lines, pending = pending.replace("\r", "").split("\n")
+            for line in lines:
+                self._lines.append(line)
+                if (match := PGID.search(line)) and not self.pgid:
+                    self.pgid = int(match.group(1))
+                if (match := READY.search(line)) and not self.port:
+                    self.port = int(match.group(1))
+                    self._ready.set()
+
+    def wait_ready(self) -> None:
+        name = self.shell.board.name
+        if not self._ready.wait(SERVER_TIMEOUT_S):
+            raise DeployError(
+                f"RPC server on {name} not ready after {SERVER_TIMEOUT_S:.0f} s: {self.log_tail()}"
+            )
+        if not self.port:
+            hint = (
+                f" (run `deploy device setup {name}`)" if "No module named" in self.log_tail() else ""
+            )
+            raise DeployError(f"RPC server on {name} exited: {self.log_tail()}{hint}")
+
+    def log_tail(self, lines: int = 3) -> str:
+        return " | ".join(line for line in list(self._lines)[-lines:] if line.strip())
+
+    def stop(self) -> None:
+        """Kill the server's process group (TERM, then KILL); then close its channel."""
+        if self.pgid:
+            group = f"-{self.pgid}"
+            script = (
+                f"kill -TERM -- {group} 2>/dev/null; i=0; while kill -0 -- {group} 2>/dev/null &&"
+                f" [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -- {group} 2>/dev/null; true"
+            )
+            with suppress(DeployError):  # connection gone: the hang-up of the pty ends the server
+                self.shell.run(script, timeout=15)
+        self._channel.close()
+
+
+class SshDevice:
+    """A board registered with `deploy device add`.
+
+    The SSH connection, the remote server and the port forward live in a helper process
+    (`devices.board_link`): TVM's RPC client holds the GIL while it frees remote objects, so a
+    forward served by threads of this process would deadlock.
+    """
+
+    emulated = False
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self.name = board.name
+        self.arch = board.arch
+
+    @contextmanager
+    def open(self) -> Iterator[RpcSession]:
+        with board_link(self.board) as ready:
+            label = f"{self.name} ({_where(self.board)}, RPC port {ready['rpc_port']})"
+            with connect("127.0.0.1", int(ready["port"]), self.arch, label) as session:
+                yield session
+
+
+@contextmanager
+def board_link(board: Board, tracker: tuple[str, int, str] | None = None) -> Iterator[dict[str, Any]]:
+    """Run the helper process for `board` (registering with `tracker` (host, port, key) if given);
+    yield its ready message {"port", "rpc_port"}; stop it on exit."""
+    args = [json.dumps(asdict(board))] + ([json.dumps(list(tracker))] if tracker else [])
+    with tempfile.TemporaryFile() as log:
+        link = subprocess.Popen(
+            [sys.executable, "-m", "devices.board_link", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        try:
+            ready = _link_message(link, log)
+            ready["process"] = link
+            yield ready
+        finally:
+            _close_link(link)
+
+
+def _link_message(link: subprocess.Popen[str], log: IO[bytes]) -> dict[str, Any]:
+    """The helper's first line: {"port", "rpc_port"} when ready, or {"error"|"lost": message}."""
+    assert link.stdout is not None
+    line = link.stdout.readline()
+    try:
+        message = json.loads(line)
+    except ValueError:
+        link.wait(timeout=10)
+        log.seek(0)
+        tail = " | ".join(log.read().decode(errors="replace").strip().splitlines()[-3:])
+        raise DeployError(f"SSH helper exited with {link.returncode}: {tail}") from None
+    if "lost" in message:
+        raise DeviceLost(message["lost"])
+    if "error" in message:
+        raise DeployError(message["error"])
+    return dict(message)
+
+
+def _close_link(link: subprocess.Popen[str]) -> None:
+    """Closing its stdin tells the helper to stop the server and log out."""
+    assert link.stdin is not None
+    with suppress(OSError):
+        link.stdin.close()
+    try:
+        link.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        link.kill()
+        link.wait()
+
+
+def _configured(name: str) -> SshDevice | None:
+    board = get_board(name)
+    return SshDevice(board) if board is not None else None
+
+
+register_device_source(_configured)
+

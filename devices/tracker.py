@@ -1,0 +1,134 @@
+"""Device farms: TVM's RPC tracker, and a device that is "any free server of KEY on a tracker".
+
+`deploy tracker start` runs `tvm.exec.rpc_tracker` in its own process group (state in
+`<cache>/tracker.json`); RPC servers register with it under a key (`deploy device emulator start
+--tracker HOST:PORT --key KEY`, or a board's `deploy device serve`); clients ask it for a free one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from devices.cache import cache_root
+from devices.registry import DeviceLost
+from devices.rpc import RpcSession
+from devices.server_process import Server, accepts
+from ops.errors import DeployError, UsageError, first_line
+
+DEFAULT_PORT = 9190
+START_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--tracker {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
+    return host, int(port)
+
+
+class TrackerProcess:
+    """The tracker started by `deploy tracker start`, remembered in `tracker.json`."""
+
+    def __init__(self, base: Path | None = None) -> None:
+        self.base = base or cache_root()
+        self.state = self.base / "tracker.json"
+
+    def running(self) -> Server | None:
+        try:
+            server = Server(**json.loads(self.state.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if not server.alive():
+            self.state.unlink(missing_ok=True)
+            return None
+        return server
+
+    def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> Server:
+        existing = self.running()
+        if existing is not None:
+            return existing
+        if accepts(port, host):
+            raise DeployError(f"port {host}:{port} is taken: pick another with --port")
+        self.base.mkdir(parents=True, exist_ok=True)
+        log = self.base / f"tracker-{port}.log"
+        cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
+               "--port-end", str(port + 1)]  # fmt: skip
+        with log.open("wb") as stream:
+            proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=dict(os.environ))  # fmt: skip
+        server = Server(proc.pid, port, str(log))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not accepts(port, host):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop(grace_s=1.0)
+                raise DeployError(f"RPC tracker on {host}:{port} did not start: {server.log_tail()}")
+            time.sleep(0.1)
+        self.state.write_text(json.dumps(asdict(server)))
+        return server
+
+    def stop(self) -> Server | None:
+        server = self.running()
+        if server is not None:
+            server.stop()
+        self.state.unlink(missing_ok=True)
+        return server
+
+
+def summary(host: str, port: int) -> dict[str, Any]:
+    """The tracker's queue: {"queue_info": {key: {"free", "pending"}}, "server_info": [...]}."""
+    import tvm.rpc
+
+    try:
+        return dict(tvm.rpc.connect_tracker(host, port).summary())
+    except Exception as exc:
+        raise DeviceLost(f"cannot reach the RPC tracker at {host}:{port}: {first_line(str(exc))}") from None
+
+
+def free_servers(host: str, port: int, key: str) -> int:
+    """How many servers of `key` are free now."""
+    queue = summary(host, port).get("queue_info", {})
+    return int(queue.get(key, {}).get("free", 0))
+
+
+class TrackerDevice:
+    """Any free server registered under `key` with the tracker at host:port."""
+
+    emulated = False
+
+    def __init__(self, host: str, port: int, key: str, arch: str) -> None:
+        self.host, self.port, self.key, self.arch = host, port, key, arch
+        self.name = f"{key}@{host}:{port}"
+
+    def capacity(self) -> int:
+        """Servers of this key that are free now (the parallelism a run can use)."""
+        return free_servers(self.host, self.port, self.key)
+
+    @contextmanager
+    def open(self) -> Iterator[RpcSession]:
+        import tvm.rpc
+
+        if self.key not in summary(self.host, self.port).get("queue_info", {}):
+            raise DeviceLost(f"no server with key {self.key!r} is registered with {self.host}:{self.port}")
+        try:
+            remote = tvm.rpc.connect_tracker(self.host, self.port).request(
+                self.key, priority=1, session_timeout=0, max_retry=3
+            )
+        except Exception as exc:
+            where = f"{self.host}:{self.port}"
+            raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {first_line(str(exc))}") from None
+        session = RpcSession(remote, self.arch, f"{self.key} server via tracker {self.host}:{self.port}")
+        try:
+            yield session
+        finally:
+            session.close()

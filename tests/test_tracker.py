@@ -1,0 +1,96 @@
+"""A device farm: an RPC tracker with two emulator servers under one key."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from devices import DeviceLost
+from devices.emulator import Emulator
+from devices.server_process import free_port
+from devices.tracker import TrackerDevice, TrackerProcess, free_servers
+from ops import all_ops, get_op
+from tests.conftest import run_deploy
+from toolchain.targets import get_target
+from toolchain.verify import plan, run_matrix
+
+pytestmark = [
+    pytest.mark.emulator,
+    pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user"),
+    pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="needs gcc-aarch64-linux-gnu"),
+]
+KEY = "farm"
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory):
+    """(tracker port, [two emulator servers registered under KEY])."""
+    tracker = TrackerProcess(tmp_path_factory.mktemp("tracker"))
+    address = tracker.start(port=free_port())
+    emulator = Emulator()
+    servers = []
+    try:
+        servers = [emulator.start(tracker=f"127.0.0.1:{address.port}", key=KEY) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while free_servers("127.0.0.1", address.port, KEY) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield address.port, servers
+    finally:
+        for server in servers:
+            server.stop()
+        tracker.stop()
+
+
+def summary(results):
+    return [(r.op, r.dtype, r.case, r.ok, r.max_error) for r in results]
+
+
+def test_tracker_cli_status(farm):
+    port, _ = farm
+    status = run_deploy("tracker", "status", "--tracker", f"127.0.0.1:{port}")
+    assert status.returncode == 0 and f"{KEY}: 2 free" in status.stdout
+
+
+def test_matrix_spreads_over_both_servers(farm):
+    port, servers = farm
+    result = run_deploy("test", "--target", "arm", "--tracker", f"127.0.0.1:{port}", "--key", KEY,
+                        "--op", "add", "--op", "max_pool2d")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    spread = next(line for line in result.stdout.splitlines() if line.startswith("cases per device session"))
+    counts = [int(part.rsplit(":", 1)[1]) for part in spread.split(":", 1)[1].split(",")]
+    assert len(counts) == 2 and all(count > 0 for count in counts), spread
+    for server in servers:
+        assert "load_module" in Path(server.log).read_text(), f"server on {server.port} got no work"
+
+
+def test_parallel_results_equal_a_single_device_run(farm):
+    port, _ = farm
+    target = get_target("arm")
+    device = TrackerDevice("127.0.0.1", port, KEY, target.arch)
+    planned = plan([get_op("argmax"), get_op("leaky_relu")], ["float32"])
+    assert summary(run_matrix(planned, target, device, workers=2)) == summary(
+        run_matrix(planned, target, device, workers=1)
+    )
+
+
+def test_a_server_dying_mid_run_requeues_its_cases(farm):
+    """Runs last in this module: it kills one of the two servers."""
+    port, servers = farm
+    target = get_target("arm")
+    device = TrackerDevice("127.0.0.1", port, KEY, target.arch)
+    planned = plan(all_ops(), ["float32"])
+    lost: list[DeviceLost] = []
+    done: list[str] = []
+
+    def on_result(result, worker: str) -> None:
+        done.append(worker)
+        if set(done) == {"#1", "#2"} and servers[0].alive():
+            servers[0].stop()  # both workers are busy: one of them loses its server
+
+    results = run_matrix(planned, target, device, on_result, lost.append, workers=2)
+    assert len(results) == len(planned) and all(r.ok for r in results), [r for r in results if not r.ok]
+    assert not servers[0].alive()
+    assert lost, "the dead server was not reported"
