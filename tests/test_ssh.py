@@ -211,3 +211,26 @@ def test_board_serves_a_tracker(server, aarch64_python, tmp_path):
         if serving is not None and serving.poll() is None:
             serving.kill()
         tracker.stop()
+
+
+def test_ctrl_c_stops_the_board_server(server, aarch64_python, tmp_path):
+    import signal
+
+    remote = tmp_path / "board"
+    assert add("interrupted", server, aarch64_python, remote, "--accept-new-host-key").returncode == 0
+    proc = subprocess.Popen(
+        [DEPLOY, "test", "--target", "arm", "--device", "interrupted"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not board_processes(remote) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(12)  # the server is up and cases run
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert settle(remote) == []
+    commands = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
+    assert not [c for c in commands if "board_link" in c and '"interrupted"' in c]
