@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(python3 python3-venv python3-dev gcc g++
-    gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user openssh-server openssh-client)
+    gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user openssh-server openssh-client
+    pocl-opencl-icd ocl-icd-opencl-dev)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

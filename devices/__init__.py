@@ -1,4 +1,4 @@
-"""Devices that run built modules: the local host, the ARM emulator, boards over SSH.
+"""Devices that run built modules: the local host, the ARM emulator, boards over SSH, OpenCL.
 
 A device opens a session; a session loads a module file, runs it on numpy inputs and times it.
 """
@@ -7,4 +7,4 @@ from devices.registry import Device, DeviceLost, Session, get_device, register_d
 
 __all__ = ["Device", "DeviceLost", "Session", "get_device", "register_device"]
 
-from devices import emulator, local, ssh  # noqa: F401  (registration on import)
+from devices import emulator, local, opencl, ssh  # noqa: F401  (registration on import)

@@ -7,14 +7,12 @@ when done — on errors and Ctrl-C too, since the whole process group is stopped
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -23,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from devices.cache import cache_root
 from devices.registry import register_device
 from devices.rpc import RpcSession, connect
-from devices.server_process import Server, accepts, free_port
+from devices.server_process import Server, ServerState, accepts, free_port, spawn
 from devices.sysroot import Sysroot
 from ops.errors import DeployError
 
@@ -84,9 +82,7 @@ class Emulator:
         if tracker:
             cmd += ["--tracker", tracker, "--key", key]
         env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
-        with log.open("wb") as stream:
-            proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=env)  # fmt: skip
+        proc = spawn(cmd, log, env)
         server = Server(proc.pid, port, str(log))
         try:
             self._wait_ready(server, proc)
@@ -110,14 +106,7 @@ class Emulator:
 
     def running(self) -> Server | None:
         """The long-lived server started by `deploy device emulator start`, if it is still up."""
-        try:
-            server = Server(**json.loads(self.state.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        if not server.alive():
-            self.state.unlink(missing_ok=True)
-            return None
-        return server
+        return ServerState(self.state).running()
 
     def start_detached(
         self, port: int | None = None, tracker: str | None = None, key: str = "emulator"
@@ -125,16 +114,10 @@ class Emulator:
         existing = self.running()
         if existing is not None:
             return existing
-        server = self.start(port, tracker, key)
-        self.state.write_text(json.dumps(asdict(server)))
-        return server
+        return ServerState(self.state).remember(self.start(port, tracker, key))
 
     def stop_detached(self) -> Server | None:
-        server = self.running()
-        if server is not None:
-            server.stop()
-        self.state.unlink(missing_ok=True)
-        return server
+        return ServerState(self.state).stop()
 
 
 class EmulatorDevice:

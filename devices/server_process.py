@@ -3,11 +3,13 @@ group, so stopping it stops everything it started."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
@@ -66,3 +68,45 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
             return True
     except OSError:
         return False
+
+
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `cmd` as the leader of a new process group, output to `log`, no stdin."""
+    with log.open("wb") as stream:
+        return subprocess.Popen(
+            cmd,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env if env is not None else dict(os.environ),
+        )
+
+
+class ServerState:
+    """A long-lived server remembered in a JSON file, for start/status/stop across commands."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def running(self) -> Server | None:
+        """The remembered server if it still runs (a stale file is removed)."""
+        try:
+            server = Server(**json.loads(self.path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if not server.alive():
+            self.path.unlink(missing_ok=True)
+            return None
+        return server
+
+    def remember(self, server: Server) -> Server:
+        self.path.write_text(json.dumps(asdict(server)))
+        return server
+
+    def stop(self) -> Server | None:
+        server = self.running()
+        if server is not None:
+            server.stop()
+        self.path.unlink(missing_ok=True)
+        return server

@@ -7,21 +7,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from devices.cache import cache_root
 from devices.registry import DeviceLost
 from devices.rpc import RpcSession
-from devices.server_process import Server, accepts
+from devices.server_process import Server, ServerState, accepts, spawn
 from ops.errors import DeployError, UsageError, first_line
 
 DEFAULT_PORT = 9190
@@ -45,14 +41,7 @@ class TrackerProcess:
         self.state = self.base / "tracker.json"
 
     def running(self) -> Server | None:
-        try:
-            server = Server(**json.loads(self.state.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        if not server.alive():
-            self.state.unlink(missing_ok=True)
-            return None
-        return server
+        return ServerState(self.state).running()
 
     def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> Server:
         existing = self.running()
@@ -64,9 +53,7 @@ class TrackerProcess:
         log = self.base / f"tracker-{port}.log"
         cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
                "--port-end", str(port + 1)]  # fmt: skip
-        with log.open("wb") as stream:
-            proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=dict(os.environ))  # fmt: skip
+        proc = spawn(cmd, log)
         server = Server(proc.pid, port, str(log))
         deadline = time.monotonic() + START_TIMEOUT_S
         while not accepts(port, host):
@@ -74,15 +61,10 @@ class TrackerProcess:
                 server.stop(grace_s=1.0)
                 raise DeployError(f"RPC tracker on {host}:{port} did not start: {server.log_tail()}")
             time.sleep(0.1)
-        self.state.write_text(json.dumps(asdict(server)))
-        return server
+        return ServerState(self.state).remember(server)
 
     def stop(self) -> Server | None:
-        server = self.running()
-        if server is not None:
-            server.stop()
-        self.state.unlink(missing_ok=True)
-        return server
+        return ServerState(self.state).stop()
 
 
 def summary(host: str, port: int) -> dict[str, Any]:

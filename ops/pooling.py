@@ -129,7 +129,9 @@ def nan_propagating_max(values: list[Any], dtype: str) -> Any:
 
     On ARM LLVM targets this is `llvm.maximum`, one NEON instruction (`fmax`) that TVM vectorizes;
     elsewhere a max chain with an explicit NaN test (on x86 `llvm.maximum` becomes a compare-and-
-    blend sequence that measured 2-5x slower than the NaN test in bench/hand_vs_generic.py).
+    blend sequence that measured 2-5x slower than the NaN test in bench/hand_vs_generic.py). On
+    GPU targets the test is an if-then-else: TVM writes a Select as OpenCL `select(a, b, bool)`,
+    which is ambiguous for doubles.
     """
     target = tvm.target.Target.current(allow_none=True)
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
@@ -138,7 +140,8 @@ def nan_propagating_max(values: list[Any], dtype: str) -> Any:
             lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values
         )
     any_nan = functools.reduce(tirx.Or, [tirx.isnan(value) for value in values])
-    return tirx.Select(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
+    choose = tirx.if_then_else if target is not None and "gpu" in target.keys else tirx.Select
+    return choose(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
 
 
 def pad_value(dtype: str) -> Any:

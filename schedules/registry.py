@@ -17,11 +17,13 @@ GENERIC = "*"
 
 @dataclass(frozen=True)
 class ScheduleContext:
-    """What a schedule may depend on: the bound op, vector bits and the core count."""
+    """What a schedule may depend on: the bound op, vector bits, the core count and, for GPU
+    targets, the work-items per work-group."""
 
     bound: BoundOp
     vector_bits: int
     cores: int
+    threads: int = 64
 
     def lanes(self, dtype: str) -> int:
         bits = int("".join(ch for ch in dtype if ch.isdigit()) or 8)

@@ -55,6 +55,21 @@ def settle(remote_dir: Path, timeout: float = 20.0) -> list[psutil.Process]:
     return board_processes(remote_dir)
 
 
+def start_matrix(device: str, remote_dir: Path) -> subprocess.Popen[str]:
+    """`deploy test --target arm --device DEVICE` in the background, once cases run on the board."""
+    proc = subprocess.Popen(
+        [DEPLOY, "test", "--target", "arm", "--device", device],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not board_processes(remote_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(15)  # the server starts (~8 s), then cases run
+    return proc
+
+
 def add(name: str, server: sshd.Sshd, python: str, remote_dir: Path, *extra: str, key: str | None = None):
     return run_deploy(
         "device", "add", name, "--host", "127.0.0.1", "--port", str(server.port), "--user", server.user,
@@ -155,16 +170,7 @@ def test_sshd_killed_mid_run(tmp_path, aarch64_python):
     remote = tmp_path / "board"
     try:
         assert add("doomed", own, aarch64_python, remote, "--accept-new-host-key").returncode == 0
-        proc = subprocess.Popen(
-            [DEPLOY, "test", "--target", "arm", "--device", "doomed"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 120
-        while not board_processes(remote) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(15)  # the server starts (~8 s), then cases run
+        proc = start_matrix("doomed", remote)
         own.kill()
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 1, out[-1000:] + err
@@ -218,16 +224,7 @@ def test_ctrl_c_stops_the_board_server(server, aarch64_python, tmp_path):
 
     remote = tmp_path / "board"
     assert add("interrupted", server, aarch64_python, remote, "--accept-new-host-key").returncode == 0
-    proc = subprocess.Popen(
-        [DEPLOY, "test", "--target", "arm", "--device", "interrupted"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not board_processes(remote) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(12)  # the server is up and cases run
+    proc = start_matrix("interrupted", remote)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert proc.returncode != 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,6 +18,8 @@ from toolchain.manifest import MANIFEST, Manifest, sha256_file
 from toolchain.targets import Target
 
 MODULE_FILE = "module.so"
+OPENCL_SOURCE = "kernels.cl"
+OPENCL_PLAN = "launch.json"
 
 
 def deploy_version() -> str:
@@ -59,7 +62,7 @@ def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[
     if found is None:
         return sch.mod, "default"
     name, fn = found
-    fn(sch, ScheduleContext(bound, target.vector_bits, cores or os.cpu_count() or 1))
+    fn(sch, ScheduleContext(bound, target.vector_bits, cores or os.cpu_count() or 1, target.work_group))
     return sch.mod, name
 
 
@@ -74,12 +77,41 @@ class Compiled:
 
 
 def compile_op(bound: BoundOp, target: Target) -> Compiled:
+    """Schedule and compile: a TVM executable, or for OpenCL targets the source and launch plan."""
     import tvm
 
     mod, name = schedule(bound, target)
+    if target.artifact == "opencl":
+        from toolchain.opencl import compile_opencl
+
+        return Compiled(bound, target, compile_opencl(mod, target.tvm_target(), len(bound.inputs)), name)
     with tvm.transform.PassContext(opt_level=3):
         executable = tvm.compile(mod, target=target.tvm_target())
     return Compiled(bound, target, executable, name)
+
+
+def _write_shared_object(compiled: Compiled, staging: Path) -> Path:
+    module = staging / MODULE_FILE
+    linker = _linker(compiled.target)
+    if linker is None:
+        compiled.executable.export_library(str(module))
+    else:
+        compiled.executable.export_library(str(module), fcompile=linker)
+    return module
+
+
+def _write_opencl(compiled: Compiled, staging: Path) -> Path:
+    """kernels.cl and launch.json (which pins the source by sha256); the manifest pins launch.json."""
+    source = staging / OPENCL_SOURCE
+    source.write_text(compiled.executable.source)
+    plan = staging / OPENCL_PLAN
+    body = {"source": OPENCL_SOURCE, "source_sha256": sha256_file(source), **compiled.executable.plan}
+    plan.write_text(json.dumps(body, indent=2) + "\n")
+    return plan
+
+
+ARTIFACT_WRITERS = {"shared-object": _write_shared_object, "opencl": _write_opencl}
+"""How each kind of target artifact is written into the staging directory; returns the module file."""
 
 
 def _linker(target: Target) -> Any:
@@ -103,12 +135,7 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        module = staging / MODULE_FILE
-        linker = _linker(compiled.target)
-        if linker is None:
-            compiled.executable.export_library(str(module))
-        else:
-            compiled.executable.export_library(str(module), fcompile=linker)
+        module = ARTIFACT_WRITERS[compiled.target.artifact](compiled, staging)
         bound = compiled.bound
         key = bound.key()
         manifest = Manifest(
@@ -123,7 +150,7 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
             tvm_target=dict(compiled.target.tvm),
             arch=compiled.target.arch,
             schedule=compiled.schedule,
-            module=MODULE_FILE,
+            module=module.name,
             sha256=sha256_file(module),
             tvm_version=tvm_version(),
             deploy_version=deploy_version(),

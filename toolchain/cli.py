@@ -64,9 +64,21 @@ def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
     return bind(get_op(op_name), parse_attrs(attrs), types)
 
 
-def _device(name: str | None, target: Any, tracker: str | None = None, key: str | None = None) -> Any:
-    """`--device NAME`, or any free server of `--key` on `--tracker`, or the target's default."""
+def _device(
+    name: str | None,
+    target: Any,
+    tracker: str | None = None,
+    key: str | None = None,
+    cl_device: str | None = None,
+) -> Any:
+    """`--device NAME`, `--cl-device P:D`, any free server of `--key` on `--tracker`, or the
+    target's default."""
     from devices import get_device
+
+    if cl_device:
+        if name or tracker:
+            raise UsageError("--cl-device goes instead of --device and --tracker")
+        return get_device(f"opencl:{cl_device}")
 
     if tracker or key:
         from devices.tracker import TrackerDevice, parse_address
@@ -84,6 +96,7 @@ ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE",
 DEVICE = click.option("--device", "device_name", help="Device to run on (default: the target's).")
 TRACKER = click.option("--tracker", metavar="HOST:PORT", help="Run on servers from this RPC tracker.")
 KEY = click.option("--key", "tracker_key", metavar="KEY", help="Device key on the tracker.")
+CL_DEVICE = click.option("--cl-device", metavar="P:D", help="OpenCL platform:device (`deploy device list`).")
 
 
 @main.command("ops")
@@ -161,6 +174,7 @@ def build_command(
 @DEVICE
 @TRACKER
 @KEY
+@CL_DEVICE
 @click.option(
     "-i",
     "--input",
@@ -178,6 +192,7 @@ def run_command(
     device_name: str | None,
     tracker: str | None,
     tracker_key: str | None,
+    cl_device: str | None,
     inputs: tuple[str, ...],
     output: str,
     check: bool,
@@ -192,7 +207,7 @@ def run_command(
     target = _target(target_name)
     arrays = [load_npy(path) for path in inputs]
     bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
-    device = _device(device_name, target, tracker, tracker_key)
+    device = _device(device_name, target, tracker, tracker_key, cl_device)
     check_device(target, device)
     directory, manifest = cached_build(bound, target)
     with device.open() as session:
@@ -211,6 +226,7 @@ def run_command(
 @DEVICE
 @TRACKER
 @KEY
+@CL_DEVICE
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 def test_command(
@@ -218,6 +234,7 @@ def test_command(
     device_name: str | None,
     tracker: str | None,
     tracker_key: str | None,
+    cl_device: str | None,
     op_names: tuple[str, ...],
     dtypes: tuple[str, ...],
 ) -> None:
@@ -232,7 +249,11 @@ def test_command(
     planned = plan(ops, dtypes)
     if not planned:
         raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
-    device = _device(device_name, target, tracker, tracker_key)
+    device = _device(device_name, target, tracker, tracker_key, cl_device)
+    if not dtypes and hasattr(device, "unsupported_dtypes"):
+        for dtype, reason in device.unsupported_dtypes().items():
+            click.echo(f"skipping {dtype} cases: {reason} (ask for them with --dtype {dtype})")
+            planned = [case for case in planned if case.dtype != dtype]
     workers = device.capacity() if hasattr(device, "capacity") else 1
     if workers < 1:
         raise DeployError(f"no free server with key {tracker_key!r} on the tracker {tracker}")
@@ -246,6 +267,7 @@ def test_command(
 @DEVICE
 @TRACKER
 @KEY
+@CL_DEVICE
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
 @click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
@@ -255,6 +277,7 @@ def bench_command(
     device_name: str | None,
     tracker: str | None,
     tracker_key: str | None,
+    cl_device: str | None,
     op_names: tuple[str, ...],
     dtype: str,
     repeat: int,
@@ -266,7 +289,7 @@ def bench_command(
 
     target = _target(target_name)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
-    device = _device(device_name, target, tracker, tracker_key)
+    device = _device(device_name, target, tracker, tracker_key, cl_device)
     rows = bench_ops(ops, dtype, target, device, repeat)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -127,6 +127,15 @@ def device_list(as_json: bool) -> None:
     click.echo("emulator   aarch64 under qemu-aarch64 on this host (built in)")
     for name, b in boards.items():
         click.echo(f"{name:10} {b.user}@{b.host}:{b.port} {b.arch} key={b.key or 'agent'} python={b.python}")
+    from devices.opencl import opencl_devices
+
+    try:
+        found = opencl_devices()
+    except DeployError:  # no pyopencl: no OpenCL devices to list
+        found = []
+    for platform, device, label, fp16 in found:
+        name = f"opencl:{platform}:{device}"
+        click.echo(f"{name:10} {label}{' (fp16)' if fp16 else ''} (--cl-device {platform}:{device})")
 
 
 @device_group.command("check")

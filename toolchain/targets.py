@@ -31,6 +31,10 @@ class Target:
     cross_package: str | None = None
     """Debian package that provides `cross_compiler`."""
     default_device: str = "local"
+    artifact: str = "shared-object"
+    """What `deploy build` writes: "shared-object" (module.so) or "opencl" (kernels.cl + launch.json)."""
+    work_group: int = 64
+    """Work-items per work-group (GPU targets)."""
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
         import tvm
@@ -38,6 +42,8 @@ class Target:
         spec = dict(self.tvm)
         if num_cores is not None:
             spec["num-cores"] = num_cores
+        if self.artifact == "opencl":
+            return tvm.target.Target(spec, host={"kind": "llvm"})
         return tvm.target.Target(spec)
 
     def missing_cpu_flags(self, cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
@@ -112,5 +118,17 @@ register_target(
         description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
         tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
         cpu_flags=("fphp", "asimdhp"),
+    )
+)
+register_target(
+    Target(
+        name="opencl",
+        description="OpenCL 1.2 GPUs (Mali, Adreno; PoCL on a CPU): OpenCL C + launch plan, no TVM needed",
+        tvm={"kind": "opencl"},
+        arch="opencl",
+        vector_bits=128,
+        schedules=("gpu",),
+        default_device="opencl",
+        artifact="opencl",
     )
 )

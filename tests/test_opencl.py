@@ -1,0 +1,134 @@
+"""The OpenCL target on a real OpenCL runtime (PoCL here): every op against numpy, the artifact run
+without TVM, and the error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from ops import TensorType, all_ops, bind, get_op
+from tests.conftest import run_deploy
+from toolchain.build import compile_op, export
+from toolchain.targets import get_target
+from toolchain.verify import plan, verify_case
+
+
+def _devices() -> list[tuple[int, int, str, bool]]:
+    try:
+        from devices.opencl import opencl_devices
+
+        return opencl_devices()
+    except Exception:
+        return []
+
+
+DEVICES = _devices()
+pytestmark = pytest.mark.skipif(
+    not DEVICES, reason="needs pyopencl and an OpenCL platform (Debian: pocl-opencl-icd)"
+)
+FP16 = bool(DEVICES) and DEVICES[0][3]
+TARGET = get_target("opencl")
+CASES = [c for c in plan(all_ops()) if FP16 or c.dtype != "float16"]
+
+
+@pytest.fixture(scope="module")
+def cl_session():
+    from devices import get_device
+
+    with get_device("opencl").open() as session:
+        yield session
+
+
+@pytest.mark.parametrize("planned", CASES, ids=lambda c: f"{c.op.name}-{c.dtype}-{c.index}")
+def test_every_op_on_opencl(cl_session, planned):
+    result = verify_case(cl_session, planned, TARGET)
+    assert result.ok, result.detail
+    assert result.schedule == "gpu/generic"
+
+
+def test_artifact_layout_and_launch_plan(tmp_path):
+    bound = bind(get_op("argmax"), {"axis": "0"}, [TensorType((3, 5), "float32")])
+    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    files = sorted(p.name for p in (tmp_path / "art").iterdir())
+    assert files == ["kernels.cl", "launch.json", "manifest.json"]
+    assert manifest.module == "launch.json" and manifest.arch == "opencl"
+    plan_ = json.loads((tmp_path / "art" / "launch.json").read_text())
+    (kernel,) = plan_["kernels"]
+    assert {a["role"] for a in kernel["args"]} == {"input", "output"}
+    assert kernel["global"][0] % kernel["local"][0] == 0 and kernel["global"][0] >= 5
+    assert "__kernel void " + kernel["name"] in (tmp_path / "art" / "kernels.cl").read_text()
+
+
+RUN_WITHOUT_TVM = """
+import sys, numpy as np
+from pathlib import Path
+from devices.opencl import OpenClDevice
+art = Path(sys.argv[1])
+a, b = np.load(art / "a.npy"), np.load(art / "b.npy")
+with OpenClDevice().open() as session:
+    out = session.run(art / "launch.json", [a, b], (1, 4, 8, 8), "float32")
+np.save(art / "out.npy", out)
+assert not [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")], "tvm was imported"
+print("ran without tvm")
+"""
+
+
+def test_artifact_runs_in_a_process_without_tvm(tmp_path):
+    types = [TensorType((1, 4, 16, 16), "float32"), TensorType((1, 1, 8, 8), "float32")]
+    bound = bind(get_op("maxpool_add"), {}, types)
+    art = tmp_path / "art"
+    export(compile_op(bound, TARGET), art)
+    rng = np.random.default_rng(zlib.crc32(b"opencl"))
+    a = rng.standard_normal((1, 4, 16, 16)).astype("float32")
+    b = rng.standard_normal((1, 1, 8, 8)).astype("float32")
+    np.save(art / "a.npy", a)
+    np.save(art / "b.npy", b)
+    done = subprocess.run([sys.executable, "-c", RUN_WITHOUT_TVM, str(art)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "ran without tvm" in done.stdout
+    np.testing.assert_array_equal(np.load(art / "out.npy"), bound.op.reference(bound.attrs, a, b))
+
+
+def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
+    from ops.errors import DeployError, UsageError
+
+    bound = bind(get_op("add"), {}, [TensorType((4, 4), "float32")] * 2)
+    art = tmp_path / "art"
+    export(compile_op(bound, TARGET), art)
+    x = np.ones((4, 4), "float32")
+    source = art / "kernels.cl"
+    source.write_text(source.read_text() + "\nthis is not OpenCL;\n")
+    with pytest.raises(UsageError, match="does not match the sha256"):
+        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+    import hashlib
+
+    plan_ = json.loads((art / "launch.json").read_text())
+    plan_["source_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
+    (art / "launch.json").write_text(json.dumps(plan_))
+    with pytest.raises(DeployError, match=r"OpenCL kernel build failed on .*error"):
+        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+
+
+@pytest.mark.skipif(FP16, reason="the OpenCL device supports fp16")
+def test_unsupported_fp16_is_one_clear_line():
+    result = run_deploy("test", "--target", "opencl", "--op", "add", "--dtype", "float16")
+    assert result.returncode == 1
+    assert "does not support fp16 (no cl_khr_fp16)" in result.stdout
+    skipped = run_deploy("test", "--target", "opencl", "--op", "leaky_relu")
+    assert skipped.returncode == 0 and "skipping float16 cases" in skipped.stdout
+
+
+def test_no_platform_and_bad_device(tmp_path):
+    empty = tmp_path / "vendors"
+    empty.mkdir()
+    env = {"OCL_ICD_VENDORS": str(empty), "OPENCL_VENDOR_PATH": str(empty)}
+    result = run_deploy("test", "--target", "opencl", "--op", "add", env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: no OpenCL platform")
+    bad = run_deploy("test", "--target", "opencl", "--op", "add", "--cl-device", "7:0")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: no OpenCL device 7:0 (have: 0:0")

@@ -1,0 +1,91 @@
+"""Lowering for OpenCL: the kernels' OpenCL C and the launch plan a runner needs without TVM.
+
+The launch configuration is not in TVM's compiled module, so the PrimFunc is lowered the way
+`tvm.tirx.build` does (bind target, default pipeline, split host/device): each device kernel's
+`thread_extent`s give its work-group size and count, its parameters name the buffers it takes,
+and the host function's launches give the kernel order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ops.errors import DeployError
+
+DIMS = "xyz"
+
+
+@dataclass(frozen=True)
+class OpenClProgram:
+    """OpenCL C source and its launch plan (JSON-able)."""
+
+    source: str
+    plan: dict[str, Any]
+
+
+def _thread_extents(stmt: Any, found: dict[str, int]) -> None:
+    """Collect `thread_extent` attributes (tag -> extent) anywhere in a kernel body."""
+    import tvm
+
+    if isinstance(stmt, tvm.tirx.AttrStmt) and stmt.attr_key == "thread_extent":
+        found[str(stmt.node.thread_tag)] = int(stmt.value)
+    for field in ("body", "then_case", "else_case", "block"):
+        child = getattr(stmt, field, None)
+        if isinstance(child, tvm.tirx.Stmt):
+            _thread_extents(child, found)
+    for child in getattr(stmt, "seq", None) or []:
+        _thread_extents(child, found)
+
+
+def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
+    """Kernels in launch order, each with its arguments (main's buffers by index and role) and
+    global/local sizes; buffers are main's parameters: inputs, then the output."""
+    import tvm
+    from tvm.tirx.build import split_host_device_mods
+
+    main = mod["main"]
+    names = [str(param.name) for param in main.params]
+    lowered = tvm.tirx.transform.BindTarget(target)(mod)
+    pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
+    host, devices = split_host_device_mods(pipeline(lowered))
+    order = [
+        name
+        for name in re.findall(r'call_packed_lowered\("(\w+)"', finalize_host()(host).script())
+        if not name.startswith("__tvm")
+    ]
+    kernels: dict[str, dict[str, Any]] = {}
+    for device_mod in devices.values():
+        for gvar, func in finalize_device()(device_mod).functions.items():
+            extents: dict[str, int] = {}
+            _thread_extents(func.body, extents)
+            local = [extents.get(f"threadIdx.{d}", 1) for d in DIMS]
+            groups = [extents.get(f"blockIdx.{d}", 1) for d in DIMS]
+            args = []
+            for param in func.params:
+                buffer = str(param.name).removesuffix("_ptr")
+                if buffer not in names:
+                    raise DeployError(f"kernel {gvar.name_hint} takes {param.name}, not a buffer of main")
+                index = names.index(buffer)
+                role = "input" if index < n_inputs else "output"
+                args.append({"buffer": buffer, "index": index, "role": role})
+            kernels[gvar.name_hint] = {
+                "name": gvar.name_hint,
+                "args": args,
+                "global": [g * item for g, item in zip(groups, local, strict=True)],
+                "local": local,
+            }
+    return {"kernels": [kernels[name] for name in order], "buffers": names, "scratch": []}
+
+
+def compile_opencl(mod: Any, target: Any, n_inputs: int) -> OpenClProgram:
+    """OpenCL C and launch plan for a scheduled IRModule (work-items bound to threads)."""
+    import tvm
+
+    with tvm.transform.PassContext(opt_level=3):
+        executable = tvm.compile(mod, target=target)
+    if not executable.mod.imports:
+        raise DeployError("the schedule bound no work-items: TVM produced no OpenCL kernel")
+    source = str(executable.mod.imports[0].inspect_source())
+    return OpenClProgram(source, launch_plan(mod, target, n_inputs))
