@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -68,7 +69,13 @@ def register_device_source(find: Callable[[str], Device | None]) -> None:
     _SOURCES.append(find)
 
 
+BACKENDS = ("devices.local", "devices.emulator", "devices.ssh", "devices.opencl")
+"""Modules that register devices, imported on the first `get_device`."""
+
+
 def get_device(name: str) -> Device:
+    for module in BACKENDS:
+        importlib.import_module(module)
     if name in _DEVICES:
         return _DEVICES[name]()
     for find in _SOURCES:
