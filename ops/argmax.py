@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, Choice, Int
 from ops.errors import UsageError
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
+
+GPU_LANES = 64
+"""Work-items that share one argmax on GPU targets."""
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -70,17 +74,45 @@ class Argmax(Op):
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
+        """One reduction; on GPU targets two: GPU_LANES strided partial argmaxes per output (one
+        per work-item of a work-group), then their argmax."""
         rank = len(x.shape)
         axis = self._axis(attrs, rank)
-        k = te.reduce_axis((0, x.shape[axis]), name="k")
+        extent = int(x.shape[axis])
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
+        target = tvm.target.Target.current(allow_none=True)
+        lanes = min(GPU_LANES, extent)
+        if target is None or "gpu" not in target.keys or lanes < 2:
+            k = te.reduce_axis((0, extent), name="k")
 
-        def body(*i: Any) -> Any:
-            index = (*i[:axis], k, *i[axis + keep :])
-            return reducer((k.var.astype(out.dtype), x[index]), axis=k)
+            def body(*i: Any) -> Any:
+                index = (*i[:axis], k, *i[axis + keep :])
+                return reducer((k.var.astype(out.dtype), x[index]), axis=k)
 
-        index, _value = te.compute(out.shape, body, name="argmax")
+            index, _value = te.compute(out.shape, body, name="argmax")
+            return index
+
+        steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
+        dtype = str(x.dtype)
+        low = tirx.const(float("-inf"), dtype) if dtype.startswith("float") else tirx.min_value(dtype)
+
+        def partial(*i: Any) -> Any:
+            *outer, lane = i
+            k = steps * lanes + lane
+            inside = k < extent
+            index = (*outer[:axis], tirx.min(k, extent - 1), *outer[axis + keep :])
+            value = tirx.if_then_else(inside, x[index], low)
+            position = tirx.if_then_else(inside, k, extent).astype(out.dtype)
+            return reducer((position, value), axis=steps)
+
+        p_index, p_value = te.compute((*out.shape, lanes), partial, name="argmax_partial")
+        lane = te.reduce_axis((0, lanes), name="lane")
+
+        def combine(*i: Any) -> Any:
+            return reducer((p_index[(*i, lane)], p_value[(*i, lane)]), axis=lane)
+
+        index, _value = te.compute(out.shape, combine, name="argmax")
         return index
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:

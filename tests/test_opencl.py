@@ -48,7 +48,7 @@ def cl_session():
 def test_every_op_on_opencl(cl_session, planned):
     result = verify_case(cl_session, planned, TARGET)
     assert result.ok, result.detail
-    assert result.schedule == "gpu/generic"
+    assert result.schedule == ("gpu/argmax" if planned.op.name == "argmax" else "gpu/generic")
 
 
 def test_artifact_layout_and_launch_plan(tmp_path):
@@ -62,6 +62,16 @@ def test_artifact_layout_and_launch_plan(tmp_path):
     assert {a["role"] for a in kernel["args"]} == {"input", "output"}
     assert kernel["global"][0] % kernel["local"][0] == 0 and kernel["global"][0] >= 5
     assert "__kernel void " + kernel["name"] in (tmp_path / "art" / "kernels.cl").read_text()
+
+
+def test_argmax_reduces_across_a_work_group_in_local_memory(tmp_path):
+    bound = bind(get_op("argmax"), {}, [TensorType((4, 1000), "float32")])
+    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    source = (tmp_path / "art" / "kernels.cl").read_text()
+    assert manifest.schedule == "gpu/argmax"
+    assert "__local " in source and "barrier(CLK_LOCAL_MEM_FENCE)" in source
+    (kernel,) = json.loads((tmp_path / "art" / "launch.json").read_text())["kernels"]
+    assert kernel["local"][0] == 64 and kernel["global"][0] == 4 * 64
 
 
 RUN_WITHOUT_TVM = """
