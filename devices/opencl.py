@@ -98,9 +98,17 @@ class OpenClSession:
             else cl.Buffer(self._context, flags.READ_ONLY, 1)
             for a in inputs
         ]
-        buffers.append(cl.Buffer(self._context, flags.WRITE_ONLY, max(out.nbytes, 1)))
+        buffers.append(cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)))
+        sizes = [int(np.prod(s["shape"])) * np.dtype(s["dtype"]).itemsize for s in plan["scratch"]]
+        scratch = [cl.Buffer(self._context, flags.READ_WRITE, max(1, size)) for size in sizes]
+        pools = {"input": buffers, "output": buffers, "scratch": scratch}
         kernels = [
-            (getattr(program, k["name"]), [buffers[a["index"]] for a in k["args"]], k["global"], k["local"])
+            (
+                getattr(program, k["name"]),
+                [pools[a["role"]][a["index"]] for a in k["args"]],
+                k["global"],
+                k["local"],
+            )
             for k in plan["kernels"]
         ]
 

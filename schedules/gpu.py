@@ -12,15 +12,24 @@ from schedules.cpu import SPATIAL, blocks
 from schedules.registry import ScheduleContext, register_schedule
 
 
+def make_private(sch: Any, block: Any) -> None:
+    """Intermediate buffers that only `block` touches (argmax's running max) become work-item
+    private; those other blocks read stay global (the runner allocates them as scratch)."""
+    params = {str(param.name) for param in sch.mod["main"].params}
+    others = [b for b in blocks(sch) if not sch.get(b).same_as(sch.get(block))]
+    read_elsewhere = {str(r.source.name) for b in others for r in sch.get(b).reads}
+    for index, region in enumerate(sch.get(block).writes):
+        name = str(region.source.name)
+        if name not in params and name not in read_elsewhere:
+            sch.set_scope(block, index, "local")
+
+
 @register_schedule("gpu")
 def generic_gpu(sch: Any, ctx: ScheduleContext) -> None:
-    """Fuse the leading spatial loops of each block and bind them to (work-group, work-item);
-    intermediate buffers a block writes (argmax's running max) become work-item private."""
-    params = {str(param.name) for param in sch.mod["main"].params}
+    """Fuse the leading spatial loops of each block and bind them to (work-group, work-item):
+    one kernel per block, in order."""
     for block in blocks(sch):
-        for index, region in enumerate(sch.get(block).writes):
-            if str(region.source.name) not in params:
-                sch.set_scope(block, index, "local")
+        make_private(sch, block)
         loops = sch.get_loops(block)
         kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
         leading = 0
@@ -52,6 +61,4 @@ def argmax_gpu(sch: Any, ctx: ScheduleContext) -> None:
     sch.bind(lane, "threadIdx.x")
     for index in range(len(sch.get(partial).writes)):
         sch.set_scope(partial, index, "shared")
-    for index, region in enumerate(sch.get(final).writes):
-        if str(region.source.name) not in {str(p.name) for p in sch.mod["main"].params}:
-            sch.set_scope(final, index, "local")
+    make_private(sch, final)

@@ -142,3 +142,47 @@ def test_no_platform_and_bad_device(tmp_path):
     assert result.stderr.startswith("error: no OpenCL platform")
     bad = run_deploy("test", "--target", "opencl", "--op", "add", "--cl-device", "7:0")
     assert bad.returncode == 2 and bad.stderr.startswith("error: no OpenCL device 7:0 (have: 0:0")
+
+
+ROW_CENTER = '''
+"""row_center: x - max(x along the last axis), two stages (a user op)."""
+from tvm import te
+from ops import Case, Input, Op, register
+
+@register
+class RowCenter(Op):
+    """Each row minus its maximum."""
+    name = "row_center"
+    inputs = (Input("x", min_rank=2, max_rank=2),)
+    dtypes = ("float32",)
+    cases = (Case(((37, 300),)), Case(((3, 5),)))
+
+    def infer(self, attrs, inputs):
+        return inputs[0]
+
+    def compute(self, attrs, out, x):
+        k = te.reduce_axis((0, x.shape[1]), name="k")
+        peak = te.compute((x.shape[0],), lambda i: te.max(x[i, k], axis=k), name="peak")
+        return te.compute(out.shape, lambda i, j: x[i, j] - peak[i], name="out")
+
+    def reference(self, attrs, x):
+        return x - x.max(axis=1, keepdims=True)
+'''
+
+
+def test_multi_kernel_op_with_a_scratch_buffer(tmp_path):
+    """A user op whose second stage reads the first stage's result across work-items: two kernels
+    and a scratch buffer the runner allocates."""
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "row_center.py").write_text(ROW_CENTER)
+    folder = str(tmp_path / "ops")
+    tested = run_deploy("--ops-path", folder, "test", "--target", "opencl", "--op", "row_center")
+    assert tested.returncode == 0, tested.stdout[-1500:] + tested.stderr
+    assert "2 cases passed, 0 failed" in tested.stdout
+    built = run_deploy("--ops-path", folder, "build", "--target", "opencl", "--op", "row_center",
+                       "--shape", "4x9", "-o", str(tmp_path / "art"))  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    plan_ = json.loads((tmp_path / "art" / "launch.json").read_text())
+    assert len(plan_["kernels"]) == 2
+    assert plan_["scratch"] == [{"buffer": "peak", "dtype": "float32", "shape": [4]}]
+    assert [a["role"] for a in plan_["kernels"][1]["args"]].count("scratch") == 1

@@ -40,8 +40,9 @@ def _thread_extents(stmt: Any, found: dict[str, int]) -> None:
 
 
 def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
-    """Kernels in launch order, each with its arguments (main's buffers by index and role) and
-    global/local sizes; buffers are main's parameters: inputs, then the output."""
+    """Kernels in launch order, each with its arguments and global/local sizes. An argument is
+    main's buffer `index` (role input or output: main's parameters are the inputs, then the
+    output) or `scratch[index]`, an intermediate the runner allocates (role scratch)."""
     import tvm
     from tvm.tirx.build import split_host_device_mods
 
@@ -55,6 +56,8 @@ def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
         for name in re.findall(r'call_packed_lowered\("(\w+)"', finalize_host()(host).script())
         if not name.startswith("__tvm")
     ]
+    intermediates = {str(b.name): b for b in main.body.block.alloc_buffers}
+    scratch: list[dict[str, Any]] = []
     kernels: dict[str, dict[str, Any]] = {}
     for device_mod in devices.values():
         for gvar, func in finalize_device()(device_mod).functions.items():
@@ -65,10 +68,11 @@ def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
             args = []
             for param in func.params:
                 buffer = str(param.name).removesuffix("_ptr")
-                if buffer not in names:
-                    raise DeployError(f"kernel {gvar.name_hint} takes {param.name}, not a buffer of main")
-                index = names.index(buffer)
-                role = "input" if index < n_inputs else "output"
+                if buffer in names:
+                    index = names.index(buffer)
+                    role = "input" if index < n_inputs else "output"
+                else:
+                    index, role = _scratch_index(buffer, intermediates, scratch, gvar.name_hint), "scratch"
                 args.append({"buffer": buffer, "index": index, "role": role})
             kernels[gvar.name_hint] = {
                 "name": gvar.name_hint,
@@ -76,7 +80,22 @@ def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
                 "global": [g * item for g, item in zip(groups, local, strict=True)],
                 "local": local,
             }
-    return {"kernels": [kernels[name] for name in order], "buffers": names, "scratch": []}
+    return {"kernels": [kernels[name] for name in order], "buffers": names, "scratch": scratch}
+
+
+def _scratch_index(
+    name: str, intermediates: dict[str, Any], scratch: list[dict[str, Any]], kernel: str
+) -> int:
+    """Index of intermediate buffer `name` in the plan's scratch list (added on first use)."""
+    for index, entry in enumerate(scratch):
+        if entry["buffer"] == name:
+            return index
+    if name not in intermediates:
+        raise DeployError(f"kernel {kernel} takes {name}: neither a buffer of main nor an intermediate")
+    buffer = intermediates[name]
+    shape = [int(dim) for dim in buffer.shape]
+    scratch.append({"buffer": name, "dtype": str(buffer.dtype), "shape": shape})
+    return len(scratch) - 1
 
 
 def compile_opencl(mod: Any, target: Any, n_inputs: int) -> OpenClProgram:
