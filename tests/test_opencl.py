@@ -186,3 +186,14 @@ def test_multi_kernel_op_with_a_scratch_buffer(tmp_path):
     assert len(plan_["kernels"]) == 2
     assert plan_["scratch"] == [{"buffer": "peak", "dtype": "float32", "shape": [4]}]
     assert [a["role"] for a in plan_["kernels"][1]["args"]].count("scratch") == 1
+
+
+def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
+    from ops.errors import UsageError
+    from toolchain.verify import run_artifact
+
+    bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
+    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    x = np.ones(4, "float32")
+    with pytest.raises(UsageError, match=r"is for opencl; local runs x86_64"):
+        run_artifact(local_session, tmp_path / "art", manifest, [x, x])
