@@ -39,28 +39,34 @@ def _thread_extents(stmt: Any, found: dict[str, int]) -> None:
         _thread_extents(child, found)
 
 
-def launch_plan(mod: Any, target: Any, n_inputs: int) -> dict[str, Any]:
-    """Kernels in launch order, each with its arguments and global/local sizes. An argument is
-    main's buffer `index` (role input or output: main's parameters are the inputs, then the
-    output) or `scratch[index]`, an intermediate the runner allocates (role scratch)."""
+def _lower(mod: Any, target: Any) -> tuple[Any, dict[Any, Any]]:
+    """Host module and finalized device modules, as `tvm.tirx.build` lowers them."""
     import tvm
     from tvm.tirx.build import split_host_device_mods
 
-    main = mod["main"]
-    names = [str(param.name) for param in main.params]
     lowered = tvm.tirx.transform.BindTarget(target)(mod)
     pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
     host, devices = split_host_device_mods(pipeline(lowered))
+    return finalize_host()(host), {t: finalize_device()(m) for t, m in devices.items()}
+
+
+def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> dict[str, Any]:
+    """Kernels in launch order, each with its arguments and global/local sizes. An argument is
+    main's buffer `index` (role input or output: main's parameters are the inputs, then the
+    output) or `scratch[index]`, an intermediate the runner allocates (role scratch). `mod` is
+    the scheduled module; `host` and `devices` its lowering (`_lower`)."""
+    main = mod["main"]
+    names = [str(param.name) for param in main.params]
     order = [
         name
-        for name in re.findall(r'call_packed_lowered\("(\w+)"', finalize_host()(host).script())
+        for name in re.findall(r'call_packed_lowered\("(\w+)"', host.script())
         if not name.startswith("__tvm")
     ]
     intermediates = {str(b.name): b for b in main.body.block.alloc_buffers}
     scratch: list[dict[str, Any]] = []
     kernels: dict[str, dict[str, Any]] = {}
     for device_mod in devices.values():
-        for gvar, func in finalize_device()(device_mod).functions.items():
+        for gvar, func in device_mod.functions.items():
             extents: dict[str, int] = {}
             _thread_extents(func.body, extents)
             local = [extents.get(f"threadIdx.{d}", 1) for d in DIMS]
@@ -99,12 +105,15 @@ def _scratch_index(
 
 
 def compile_opencl(mod: Any, target: Any, n_inputs: int) -> OpenClProgram:
-    """OpenCL C and launch plan for a scheduled IRModule (work-items bound to threads)."""
+    """OpenCL C and launch plan for a scheduled IRModule (work-items bound to threads), both from
+    one lowering, so the plan describes exactly the kernels in the source."""
     import tvm
+    from tvm.tirx.build import codegen_build
 
     with tvm.transform.PassContext(opt_level=3):
-        executable = tvm.compile(mod, target=target)
-    if not executable.mod.imports:
-        raise DeployError("the schedule bound no work-items: TVM produced no OpenCL kernel")
-    source = str(executable.mod.imports[0].inspect_source())
-    return OpenClProgram(source, launch_plan(mod, target, n_inputs))
+        host, devices = _lower(mod, target)
+        devices = {t: m for t, m in devices.items() if len(m.functions)}
+        if not devices:
+            raise DeployError("the schedule bound no work-items: TVM produced no OpenCL kernel")
+        source = "\n".join(str(codegen_build(m, t).inspect_source()) for t, m in devices.items())
+    return OpenClProgram(source, launch_plan(mod, host, devices, n_inputs))
