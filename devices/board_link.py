@@ -29,15 +29,10 @@ address and the board's port, and a loopback alias of its own cannot clash with 
 def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
     """Serve `board` to this host; with `tracker` (host, port, key), register it there instead,
     reachable from this host at the port it reports."""
+    client = server = forward = back = None
     try:
         client = ssh_connect(board)
-    except DeviceLost as exc:
-        return _say({"lost": str(exc)})
-    except DeployError as exc:
-        return _say({"error": str(exc)})
-    server = forward = back = None
-    transport = client.get_transport()
-    try:
+        transport = client.get_transport()
         shell = BoardShell(board, client)
         if tracker is None:
             server = RemoteServer(shell)
@@ -67,7 +62,8 @@ def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
             server.stop()
         if back is not None:
             back.close()
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def _say(message: dict[str, object]) -> int:

@@ -40,7 +40,7 @@ class Emulator:
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or emulator_dir()
         self.sysroot = Sysroot(self.base)
-        self.state = self.base / "server.json"
+        self.state = ServerState(self.base / "server.json")
 
     def provision(self) -> None:
         """Build the sysroot if needed (idempotent, resumable), with a progress bar on stderr."""
@@ -106,7 +106,7 @@ class Emulator:
 
     def running(self) -> Server | None:
         """The long-lived server started by `deploy device emulator start`, if it is still up."""
-        return ServerState(self.state).running()
+        return self.state.running()
 
     def start_detached(
         self, port: int | None = None, tracker: str | None = None, key: str = "emulator"
@@ -114,10 +114,10 @@ class Emulator:
         existing = self.running()
         if existing is not None:
             return existing
-        return ServerState(self.state).remember(self.start(port, tracker, key))
+        return self.state.remember(self.start(port, tracker, key))
 
     def stop_detached(self) -> Server | None:
-        return ServerState(self.state).stop()
+        return self.state.stop()
 
 
 class EmulatorDevice:

@@ -56,7 +56,6 @@ class OpenClSession:
     def __init__(self, device: Any, label: str) -> None:
         cl = _cl()
         self.label = label
-        self._device = device
         self._context = cl.Context([device])
         self._queue = cl.CommandQueue(self._context)
         self._fp16 = "cl_khr_fp16" in device.extensions

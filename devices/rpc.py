@@ -54,6 +54,16 @@ class RpcSession(TvmSession):
 
 
 @contextmanager
+def rpc_session(remote: Any, arch: str, label: str) -> Iterator[RpcSession]:
+    """An RpcSession over a connected `remote`, closed on exit (which frees the server)."""
+    session = RpcSession(remote, arch, label)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+@contextmanager
 def connect(host: str, port: int, arch: str, label: str) -> Iterator[RpcSession]:
     """Connect to an RPC server; an unreachable one is a one-line DeviceLost."""
     import tvm.rpc
@@ -62,8 +72,5 @@ def connect(host: str, port: int, arch: str, label: str) -> Iterator[RpcSession]
         remote = tvm.rpc.connect(host, port)
     except Exception as exc:
         raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
-    session = RpcSession(remote, arch, label)
-    try:
+    with rpc_session(remote, arch, label) as session:
         yield session
-    finally:
-        session.close()

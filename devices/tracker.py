@@ -16,13 +16,12 @@ from typing import Any
 
 from devices.cache import cache_root
 from devices.registry import DeviceLost
-from devices.rpc import RpcSession
+from devices.rpc import RpcSession, rpc_session
 from devices.server_process import Server, ServerState, accepts, spawn
 from ops.errors import DeployError, UsageError, first_line
 
 DEFAULT_PORT = 9190
 START_TIMEOUT_S = 30.0
-REQUEST_TIMEOUT_S = 60.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -38,10 +37,10 @@ class TrackerProcess:
 
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or cache_root()
-        self.state = self.base / "tracker.json"
+        self.state = ServerState(self.base / "tracker.json")
 
     def running(self) -> Server | None:
-        return ServerState(self.state).running()
+        return self.state.running()
 
     def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> Server:
         existing = self.running()
@@ -61,10 +60,10 @@ class TrackerProcess:
                 server.stop(grace_s=1.0)
                 raise DeployError(f"RPC tracker on {host}:{port} did not start: {server.log_tail()}")
             time.sleep(0.1)
-        return ServerState(self.state).remember(server)
+        return self.state.remember(server)
 
     def stop(self) -> Server | None:
-        return ServerState(self.state).stop()
+        return self.state.stop()
 
 
 def summary(host: str, port: int) -> dict[str, Any]:
@@ -100,17 +99,14 @@ class TrackerDevice:
     def open(self) -> Iterator[RpcSession]:
         import tvm.rpc
 
+        where = f"{self.host}:{self.port}"
         if self.key not in summary(self.host, self.port).get("queue_info", {}):
-            raise DeviceLost(f"no server with key {self.key!r} is registered with {self.host}:{self.port}")
+            raise DeviceLost(f"no server with key {self.key!r} is registered with {where}")
         try:
             remote = tvm.rpc.connect_tracker(self.host, self.port).request(
                 self.key, priority=1, session_timeout=0, max_retry=3
             )
         except Exception as exc:
-            where = f"{self.host}:{self.port}"
             raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {first_line(str(exc))}") from None
-        session = RpcSession(remote, self.arch, f"{self.key} server via tracker {self.host}:{self.port}")
-        try:
+        with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session
-        finally:
-            session.close()
