@@ -24,6 +24,13 @@ def make_private(sch: Any, block: Any) -> None:
             sch.set_scope(block, index, "local")
 
 
+def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
+    """`loops` fused into one, or a unit loop added above `anchor` when there are none."""
+    if not loops:
+        return sch.add_unit_loop(anchor)
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
 @register_schedule("gpu")
 def generic_gpu(sch: Any, ctx: ScheduleContext) -> None:
     """Fuse the leading spatial loops of each block and bind them to (work-group, work-item):
@@ -35,8 +42,7 @@ def generic_gpu(sch: Any, ctx: ScheduleContext) -> None:
         leading = 0
         while leading < len(loops) and leading < len(kinds) and kinds[leading] == SPATIAL:
             leading += 1
-        spatial = loops[:leading] or [sch.add_unit_loop(loops[0] if loops else block)]
-        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        fused = fused_or_unit(sch, loops[:leading], loops[0] if loops else block)
         groups, items = sch.split(fused, factors=[None, ctx.threads])
         sch.bind(groups, "blockIdx.x")
         sch.bind(items, "threadIdx.x")
@@ -53,8 +59,7 @@ def argmax_gpu(sch: Any, ctx: ScheduleContext) -> None:
         return
     partial, final = stages
     loops = sch.get_loops(final)
-    spatial = loops[:-1] or [sch.add_unit_loop(loops[0])]
-    group = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    group = fused_or_unit(sch, loops[:-1], loops[0])
     sch.bind(group, "blockIdx.x")
     sch.compute_at(partial, group)
     lane = sch.get_loops(partial)[1]

@@ -5,8 +5,11 @@ Errors are one line on stderr: exit 2 for bad input, 1 for failures; `--debug` s
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,39 +67,61 @@ def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
     return bind(get_op(op_name), parse_attrs(attrs), types)
 
 
-def _device(
-    name: str | None,
-    target: Any,
-    tracker: str | None = None,
-    key: str | None = None,
-    cl_device: str | None = None,
-) -> Any:
-    """`--device NAME`, `--cl-device P:D`, any free server of `--key` on `--tracker`, or the
-    target's default."""
-    from devices import get_device
+@dataclass(frozen=True)
+class DeviceChoice:
+    """Where a command runs: `--device NAME`, `--cl-device P:D`, any free server of `--key` on
+    `--tracker`, or (none given) the target's default device."""
 
-    if cl_device:
-        if name or tracker:
-            raise UsageError("--cl-device goes instead of --device and --tracker")
-        return get_device(f"opencl:{cl_device}")
+    name: str | None
+    tracker: str | None
+    key: str | None
+    cl_device: str | None
 
-    if tracker or key:
-        from devices.tracker import TrackerDevice, parse_address
+    def resolve(self, target: Any) -> Any:
+        from devices import get_device
 
-        if name or not (tracker and key):
-            raise UsageError("--tracker and --key go together, instead of --device")
-        host, port = parse_address(tracker)
-        return TrackerDevice(host, port, key, target.arch)
-    return get_device(name or target.default_device)
+        if self.cl_device:
+            if self.name or self.tracker:
+                raise UsageError("--cl-device goes instead of --device and --tracker")
+            return get_device(f"opencl:{self.cl_device}")
+        if self.tracker or self.key:
+            from devices.tracker import TrackerDevice, parse_address
+
+            if self.name or not (self.tracker and self.key):
+                raise UsageError("--tracker and --key go together, instead of --device")
+            host, port = parse_address(self.tracker)
+            return TrackerDevice(host, port, self.key, target.arch)
+        return get_device(self.name or target.default_device)
+
+
+def device_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --device, --tracker, --key and --cl-device; the command receives them as `where`."""
+
+    @functools.wraps(command)
+    def with_choice(
+        *args: Any,
+        device_name: str | None,
+        tracker: str | None,
+        tracker_key: str | None,
+        cl_device: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        return command(*args, where=DeviceChoice(device_name, tracker, tracker_key, cl_device), **kwargs)
+
+    options = (
+        click.option("--device", "device_name", help="Device to run on (default: the target's)."),
+        click.option("--tracker", metavar="HOST:PORT", help="Run on servers from this RPC tracker."),
+        click.option("--key", "tracker_key", metavar="KEY", help="Device key on the tracker."),
+        click.option("--cl-device", metavar="P:D", help="OpenCL platform:device (`deploy device list`)."),
+    )
+    for option in reversed(options):
+        with_choice = option(with_choice)
+    return with_choice
 
 
 OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy ops`).")
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
-DEVICE = click.option("--device", "device_name", help="Device to run on (default: the target's).")
-TRACKER = click.option("--tracker", metavar="HOST:PORT", help="Run on servers from this RPC tracker.")
-KEY = click.option("--key", "tracker_key", metavar="KEY", help="Device key on the tracker.")
-CL_DEVICE = click.option("--cl-device", metavar="P:D", help="OpenCL platform:device (`deploy device list`).")
 
 
 @main.command("ops")
@@ -171,10 +196,7 @@ def build_command(
 @OP
 @TARGET
 @ATTR
-@DEVICE
-@TRACKER
-@KEY
-@CL_DEVICE
+@device_options
 @click.option(
     "-i",
     "--input",
@@ -189,10 +211,7 @@ def run_command(
     op_name: str,
     target_name: str,
     attrs: tuple[str, ...],
-    device_name: str | None,
-    tracker: str | None,
-    tracker_key: str | None,
-    cl_device: str | None,
+    where: DeviceChoice,
     inputs: tuple[str, ...],
     output: str,
     check: bool,
@@ -207,7 +226,7 @@ def run_command(
     target = _target(target_name)
     arrays = [load_npy(path) for path in inputs]
     bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
-    device = _device(device_name, target, tracker, tracker_key, cl_device)
+    device = where.resolve(target)
     check_device(target, device)
     directory, manifest = cached_build(bound, target)
     with device.open() as session:
@@ -223,18 +242,12 @@ def run_command(
 
 @main.command("test")
 @TARGET
-@DEVICE
-@TRACKER
-@KEY
-@CL_DEVICE
+@device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 def test_command(
     target_name: str,
-    device_name: str | None,
-    tracker: str | None,
-    tracker_key: str | None,
-    cl_device: str | None,
+    where: DeviceChoice,
     op_names: tuple[str, ...],
     dtypes: tuple[str, ...],
 ) -> None:
@@ -249,14 +262,14 @@ def test_command(
     planned = plan(ops, dtypes)
     if not planned:
         raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
-    device = _device(device_name, target, tracker, tracker_key, cl_device)
+    device = where.resolve(target)
     if not dtypes and hasattr(device, "unsupported_dtypes"):
         for dtype, reason in device.unsupported_dtypes().items():
             click.echo(f"skipping {dtype} cases: {reason} (ask for them with --dtype {dtype})")
             planned = [case for case in planned if case.dtype != dtype]
     workers = device.capacity() if hasattr(device, "capacity") else 1
     if workers < 1:
-        raise DeployError(f"no free server with key {tracker_key!r} on the tracker {tracker}")
+        raise DeployError(f"no free server with key {where.key!r} on the tracker {where.tracker}")
     results = run_with_progress(planned, target, device, workers)
     if not all(r.ok for r in results):
         sys.exit(1)
@@ -264,20 +277,14 @@ def test_command(
 
 @main.command("bench")
 @TARGET
-@DEVICE
-@TRACKER
-@KEY
-@CL_DEVICE
+@device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
 @click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_command(
     target_name: str,
-    device_name: str | None,
-    tracker: str | None,
-    tracker_key: str | None,
-    cl_device: str | None,
+    where: DeviceChoice,
     op_names: tuple[str, ...],
     dtype: str,
     repeat: int,
@@ -289,7 +296,7 @@ def bench_command(
 
     target = _target(target_name)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
-    device = _device(device_name, target, tracker, tracker_key, cl_device)
+    device = where.resolve(target)
     rows = bench_ops(ops, dtype, target, device, repeat)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
