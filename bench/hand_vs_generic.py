@@ -58,7 +58,7 @@ def main() -> None:
             expected = bound.op.reference(bound.attrs, *inputs)
             generic = tvm.s_tir.Schedule(prim_module(bound, target))
             generic_cpu(generic, ScheduleContext(bound, target.vector_bits, os.cpu_count() or 1))
-            hand, name = schedule(bound, target)
+            hand, name, _ = schedule(bound, target)
             timings = {}
             for label, mod in (("generic", generic.mod), ("hand", hand)):
                 path = export(mod, target, Path(tmp), f"{index}-{op_name}-{label}")

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from devices.cache import cache_root
 from devices.registry import register_device
-from devices.rpc import RpcSession, connect
+from devices.rpc import RpcEndpoint, RpcSession, connect
 from devices.server_process import Server, ServerState, accepts, free_port, spawn
 from devices.sysroot import Sysroot
 from ops.errors import DeployError
@@ -131,19 +131,53 @@ class EmulatorDevice:
         self.emulator = Emulator()
 
     @contextmanager
-    def open(self) -> Iterator[RpcSession]:
-        server = self.emulator.running()
-        if server is not None:
-            with connect("127.0.0.1", server.port, self.arch, f"emulator on port {server.port}") as session:
-                yield session
-            return
-        server = self.emulator.start()
+    def rpc_endpoint(self) -> Iterator[RpcEndpoint]:
+        """Keep a server up while the context lasts: the one `deploy device emulator start` left
+        running, else (or after a restart) our own, stopped on exit."""
+        endpoint = _EmulatorEndpoint(self.emulator)
         try:
-            with connect("127.0.0.1", server.port, self.arch, f"emulator on port {server.port}") as session:
-                yield session
+            yield endpoint
         finally:
-            server.stop()
-            Path(server.log).unlink(missing_ok=True)
+            endpoint.stop()
+
+    @contextmanager
+    def open(self) -> Iterator[RpcSession]:
+        with self.rpc_endpoint() as endpoint, endpoint.session() as session:
+            yield session
+
+
+class _EmulatorEndpoint:
+    """Sessions on the detached server, or on one of our own (started on first use)."""
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.emulator = emulator
+        self.own: Server | None = None
+        self.use_detached = True
+
+    def _server(self) -> Server:
+        detached = self.emulator.running() if self.use_detached else None
+        if detached is not None:
+            return detached
+        if self.own is None or not self.own.alive():
+            self.stop()
+            self.own = self.emulator.start()
+        return self.own
+
+    def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:
+        server = self._server()
+        label = f"emulator on port {server.port}"
+        return connect("127.0.0.1", server.port, EmulatorDevice.arch, label, session_timeout_s)
+
+    def restart(self) -> None:
+        """Our own server from now on (a detached one is left to its owner), started afresh."""
+        self.use_detached = False
+        self.stop()
+
+    def stop(self) -> None:
+        if self.own is not None:
+            self.own.stop()
+            Path(self.own.log).unlink(missing_ok=True)
+            self.own = None
 
 
 register_device("emulator")(EmulatorDevice)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devices.registry import DeviceLost
 from devices.session import TvmSession
@@ -63,13 +63,28 @@ def rpc_session(remote: Any, arch: str, label: str) -> Iterator[RpcSession]:
         session.close()
 
 
+class RpcEndpoint(Protocol):
+    """A device's RPC server kept up while a context lasts (`device.rpc_endpoint()`)."""
+
+    def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:
+        """A new session; the server ends one that lasts longer than the timeout (0: no limit),
+        which bounds a hanging call."""
+        ...
+
+    def restart(self) -> None:
+        """Start the server afresh: TVM's server stops accepting after a session crashed."""
+        ...
+
+
 @contextmanager
-def connect(host: str, port: int, arch: str, label: str) -> Iterator[RpcSession]:
+def connect(
+    host: str, port: int, arch: str, label: str, session_timeout_s: float = 0
+) -> Iterator[RpcSession]:
     """Connect to an RPC server; an unreachable one is a one-line DeviceLost."""
     import tvm.rpc
 
     try:
-        remote = tvm.rpc.connect(host, port)
+        remote = tvm.rpc.connect(host, port, session_timeout=session_timeout_s)
     except Exception as exc:
         raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
     with rpc_session(remote, arch, label) as session:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -26,7 +26,7 @@ import paramiko
 
 from devices.boards import Board, get_board, known_hosts_file
 from devices.registry import DeviceLost, register_device_source
-from devices.rpc import RpcSession, connect
+from devices.rpc import RpcEndpoint, RpcSession, connect
 from ops.errors import DeployError, first_line
 
 CONNECT_TIMEOUT_S = 15.0
@@ -215,9 +215,7 @@ class RemoteServer:
                 f"RPC server on {name} not ready after {SERVER_TIMEOUT_S:.0f} s: {self.log_tail()}"
             )
         if not self.port:
-            hint = (
-                f" (run `deploy device setup {name}`)" if "No module named" in self.log_tail() else ""
-            )
+            hint = f" (run `deploy device setup {name}`)" if "No module named" in self.log_tail() else ""
             raise DeployError(f"RPC server on {name} exited: {self.log_tail()}{hint}")
 
     def log_tail(self, lines: int = 3) -> str:
@@ -252,11 +250,45 @@ class SshDevice:
         self.arch = board.arch
 
     @contextmanager
+    def rpc_endpoint(self) -> Iterator[RpcEndpoint]:
+        """Keep the board's server and the port forward up while the context lasts."""
+        endpoint = _BoardEndpoint(self)
+        try:
+            yield endpoint
+        finally:
+            endpoint.close()
+
+    @contextmanager
     def open(self) -> Iterator[RpcSession]:
-        with board_link(self.board) as ready:
-            label = f"{self.name} ({_where(self.board)}, RPC port {ready['rpc_port']})"
-            with connect("127.0.0.1", int(ready["port"]), self.arch, label) as session:
-                yield session
+        with self.rpc_endpoint() as endpoint, endpoint.session() as session:
+            yield session
+
+
+class _BoardEndpoint:
+    """Sessions through one helper process (server on the board + port forward), opened on
+    first use and opened afresh by restart()."""
+
+    def __init__(self, device: SshDevice) -> None:
+        self.device = device
+        self.link: ExitStack | None = None
+        self.ready: dict[str, Any] = {}
+
+    def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:
+        if self.link is None:
+            link = ExitStack()
+            self.ready = link.enter_context(board_link(self.device.board))
+            self.link = link
+        board = self.device.board
+        label = f"{self.device.name} ({_where(board)}, RPC port {self.ready['rpc_port']})"
+        return connect("127.0.0.1", int(self.ready["port"]), self.device.arch, label, session_timeout_s)
+
+    def restart(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.link is not None:
+            link, self.link = self.link, None
+            link.close()
 
 
 @contextmanager
@@ -316,4 +348,3 @@ def _configured(name: str) -> SshDevice | None:
 
 
 register_device_source(_configured)
-

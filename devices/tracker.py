@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,15 @@ class TrackerDevice:
         return free_servers(self.host, self.port, self.key)
 
     @contextmanager
-    def open(self) -> Iterator[RpcSession]:
+    def rpc_endpoint(self) -> Iterator[TrackerDevice]:
+        """Each session is a fresh request for any free server of the key."""
+        yield self
+
+    def restart(self) -> None:
+        """Nothing to restart here: a server whose session crashed leaves the tracker's pool."""
+
+    @contextmanager
+    def session(self, session_timeout_s: float = 0) -> Iterator[RpcSession]:
         import tvm.rpc
 
         where = f"{self.host}:{self.port}"
@@ -104,9 +112,12 @@ class TrackerDevice:
             raise DeviceLost(f"no server with key {self.key!r} is registered with {where}")
         try:
             remote = tvm.rpc.connect_tracker(self.host, self.port).request(
-                self.key, priority=1, session_timeout=0, max_retry=3
+                self.key, priority=1, session_timeout=session_timeout_s, max_retry=3
             )
         except Exception as exc:
             raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {first_line(str(exc))}") from None
         with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session
+
+    def open(self) -> AbstractContextManager[RpcSession]:
+        return self.session(0)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from devices import Device
+from devices import Device, Session
 from ops.spec import Op, TensorType, bind
 from toolchain.cache import cached_build
 from toolchain.compare import random_input
+from toolchain.manifest import Manifest
 from toolchain.verify import check_device, run_artifact
 
 TARGET_SECONDS = 0.2
@@ -30,6 +32,21 @@ def numpy_ms(op: Op, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: in
     return statistics.median(times) * 1e3
 
 
+def artifact_ms(
+    session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray], repeat: int
+) -> float:
+    """Median milliseconds per call of the artifact on the session over `repeat` timed runs, each
+    averaging enough calls to last about TARGET_SECONDS (the first, untimed call loads it)."""
+    start = time.perf_counter()
+    run_artifact(session, directory, manifest, inputs)
+    once = time.perf_counter() - start
+    number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
+    out = manifest.output
+    module = manifest.check_module(directory)
+    runs = session.time(module, inputs, tuple(out["shape"]), out["dtype"], number, repeat)
+    return statistics.median(runs) * 1e3
+
+
 def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: int) -> list[dict[str, Any]]:
     """One row per op (its first case, in `dtype`): median ms, MB moved, GB/s, numpy ms and ratio."""
     check_device(target, device)
@@ -42,14 +59,8 @@ def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: in
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
             directory, manifest = cached_build(bound, target)
-            start = time.perf_counter()
-            run_artifact(session, directory, manifest, inputs)
-            once = time.perf_counter() - start
-            number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
+            median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
             out = bound.output
-            module = manifest.check_module(directory)
-            runs = session.time(module, inputs, out.shape, out.dtype, number, repeat)
-            median_ms = statistics.median(runs) * 1e3
             moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
             reference_ms = numpy_ms(op, bound.attrs, inputs, repeat)
             rows.append(

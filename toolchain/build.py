@@ -53,11 +53,24 @@ def prim_module(bound: BoundOp, target: Target) -> Any:
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
-def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:
-    """The scheduled IRModule and the schedule's name (e.g. "x86/maxpool_add", "cpu/generic")."""
+def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str, str | None]:
+    """The scheduled IRModule, the schedule's name ("tuned", "x86/maxpool_add", "cpu/generic",
+    "default") and, for "tuned", the id of the tuning record it applies."""
+    mod = prim_module(bound, target)
+    if target.tuned is not None:
+        from toolchain.tuning_db import tuned_module
+
+        tuned = tuned_module(target.tuned, bound, target.name, mod)
+        if tuned is not None:
+            return tuned[0], "tuned", tuned[1]
+    return (*hand_schedule(mod, bound, target, cores), None)
+
+
+def hand_schedule(mod: Any, bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:
+    """`mod` scheduled by the target's schedule for the op (or left as is: "default")."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(prim_module(bound, target))
+    sch = tvm.s_tir.Schedule(mod)
     found = find_schedule(target.schedules, bound.op.name)
     if found is None:
         return sch.mod, "default"
@@ -68,26 +81,35 @@ def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[
 
 @dataclass
 class Compiled:
-    """A compiled op: the TVM executable and the schedule it was built with."""
+    """A compiled op: the TVM executable, the schedule it was built with and, for a tuned
+    schedule, the tuning record's id."""
 
     bound: BoundOp
     target: Target
     executable: Any
     schedule: str
+    tuning_record: str | None = None
 
 
 def compile_op(bound: BoundOp, target: Target) -> Compiled:
     """Schedule and compile: a TVM executable, or for OpenCL targets the source and launch plan."""
+    mod, name, record = schedule(bound, target)
+    return compile_scheduled(bound, target, mod, name, record)
+
+
+def compile_scheduled(
+    bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
+) -> Compiled:
+    """Compile an already scheduled IRModule of `bound` for `target`."""
     import tvm
 
-    mod, name = schedule(bound, target)
     if target.artifact == "opencl":
         from toolchain.opencl import compile_opencl
 
         return Compiled(bound, target, compile_opencl(mod, target.tvm_target(), len(bound.inputs)), name)
     with tvm.transform.PassContext(opt_level=3):
         executable = tvm.compile(mod, target=target.tvm_target())
-    return Compiled(bound, target, executable, name)
+    return Compiled(bound, target, executable, name, record)
 
 
 def _write_shared_object(compiled: Compiled, staging: Path) -> Path:
@@ -150,6 +172,7 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
             tvm_target=dict(compiled.target.tvm),
             arch=compiled.target.arch,
             schedule=compiled.schedule,
+            tuning_record=compiled.tuning_record,
             module=module.name,
             sha256=sha256_file(module),
             tvm_version=tvm_version(),

@@ -17,6 +17,7 @@ from ops.spec import BoundOp
 from toolchain.build import compile_op, export, tvm_version
 from toolchain.manifest import MANIFEST, Manifest
 from toolchain.targets import Target
+from toolchain.tuning_db import accepted_id
 
 _BUILDING = threading.Lock()
 """One build at a time: workers verifying in parallel share the cache."""
@@ -43,6 +44,7 @@ def build_key(bound: BoundOp, target: Target) -> str:
         "target": target.name,
         "tvm": tvm_version(),
         "code": code_fingerprint(bound),
+        "tuned": accepted_id(target.tuned, bound, target.name) if target.tuned else None,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 

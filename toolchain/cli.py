@@ -54,10 +54,13 @@ def main(ops_path: tuple[str, ...], debug: bool) -> None:
         load_ops_path(directory)
 
 
-def _target(name: str) -> Any:
+def _target(name: str, tuned: str | None = None) -> Any:
+    """The target `name`; with `tuned`, building from that `deploy tune` records directory."""
     from toolchain.targets import get_target
 
-    return get_target(name)
+    if tuned is not None and not Path(tuned).is_dir():
+        raise UsageError(f"--tuned {tuned}: no such directory (write one with `deploy tune --db {tuned}`)")
+    return get_target(name).with_tuning(tuned)
 
 
 def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
@@ -120,8 +123,14 @@ def device_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy ops`).")
+OP_OPTIONAL = click.option("--op", "op_name", help="Op name (see `deploy ops`).")
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
+TUNED = click.option(
+    "--tuned",
+    metavar="DIR",
+    help="Use the records `deploy tune` accepted in DIR where they match (else the hand schedule).",
+)
 
 
 @main.command("ops")
@@ -153,6 +162,7 @@ def targets_command(as_json: bool) -> None:
 @main.command("build")
 @OP
 @TARGET
+@TUNED
 @ATTR
 @click.option(
     "--shape",
@@ -172,6 +182,7 @@ def targets_command(as_json: bool) -> None:
 def build_command(
     op_name: str,
     target_name: str,
+    tuned: str | None,
     attrs: tuple[str, ...],
     shapes: tuple[str, ...],
     dtype: str,
@@ -182,12 +193,18 @@ def build_command(
     from toolchain.build import compile_op, export
     from toolchain.cli_args import parse_shape
 
-    target = _target(target_name)
+    target = _target(target_name, tuned)
     bound = _bind(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
     directory = Path(out_dir or f"{op_name}-{target_name}")
     manifest = export(compile_op(bound, target), directory)
+    if tuned is not None and manifest.schedule != "tuned":
+        click.echo(
+            f"no accepted record for this op and these shapes in {tuned}:"
+            f" using the {manifest.schedule} schedule"
+        )
+    record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
     click.echo(
-        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule):"
+        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}):"
         f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
     )
 
@@ -195,6 +212,7 @@ def build_command(
 @main.command("run")
 @OP
 @TARGET
+@TUNED
 @ATTR
 @device_options
 @click.option(
@@ -210,6 +228,7 @@ def build_command(
 def run_command(
     op_name: str,
     target_name: str,
+    tuned: str | None,
     attrs: tuple[str, ...],
     where: DeviceChoice,
     inputs: tuple[str, ...],
@@ -223,7 +242,7 @@ def run_command(
     from toolchain.compare import compare
     from toolchain.verify import check_device, run_artifact
 
-    target = _target(target_name)
+    target = _target(target_name, tuned)
     arrays = [load_npy(path) for path in inputs]
     bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
     device = where.resolve(target)
@@ -242,11 +261,13 @@ def run_command(
 
 @main.command("test")
 @TARGET
+@TUNED
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 def test_command(
     target_name: str,
+    tuned: str | None,
     where: DeviceChoice,
     op_names: tuple[str, ...],
     dtypes: tuple[str, ...],
@@ -257,7 +278,7 @@ def test_command(
     from toolchain.report import run_with_progress
     from toolchain.verify import plan
 
-    target = _target(target_name)
+    target = _target(target_name, tuned)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     planned = plan(ops, dtypes)
     if not planned:
@@ -277,6 +298,7 @@ def test_command(
 
 @main.command("bench")
 @TARGET
+@TUNED
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
@@ -284,6 +306,7 @@ def test_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_command(
     target_name: str,
+    tuned: str | None,
     where: DeviceChoice,
     op_names: tuple[str, ...],
     dtype: str,
@@ -294,7 +317,7 @@ def bench_command(
     from ops import all_ops, get_op
     from toolchain.bench import bench_ops, print_bench
 
-    target = _target(target_name)
+    target = _target(target_name, tuned)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     device = where.resolve(target)
     rows = bench_ops(ops, dtype, target, device, repeat)
@@ -305,6 +328,7 @@ def bench_command(
 
 
 def _add_groups() -> None:
+    import toolchain.cli_tune  # noqa: F401  (registers `deploy tune`)
     from toolchain.cli_device import device_group, tracker_group
 
     main.add_command(device_group)

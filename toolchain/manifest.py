@@ -38,6 +38,8 @@ class Manifest:
     sha256: str
     tvm_version: str
     deploy_version: str
+    tuning_record: str | None = None
+    """For `schedule: "tuned"`: the id of the `deploy tune` record it was built from."""
     format: int = FORMAT
 
     def write(self, directory: Path) -> None:

@@ -35,6 +35,12 @@ class Target:
     """What `deploy build` writes: "shared-object" (module.so) or "opencl" (kernels.cl + launch.json)."""
     work_group: int = 64
     """Work-items per work-group (GPU targets)."""
+    tuned: Path | None = None
+    """A `deploy tune` records directory: build from its accepted records where they match."""
+
+    def with_tuning(self, directory: str | Path | None) -> Target:
+        """This target, building from the records in `directory` (None: hand schedules)."""
+        return replace(self, tuned=Path(directory) if directory is not None else None)
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
         import tvm

@@ -1,0 +1,228 @@
+"""`deploy tune`: MetaSchedule on the real devices, records that survive interrupts, `--tuned` builds.
+
+Tuning runs are tiny (a few trials) and marked slow; every one is a real search measured on the
+device (x86: this host's worker processes; arm: the qemu-aarch64 emulator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import DEPLOY, invoke, run_deploy
+from tests.test_arm import needs_cross, needs_qemu
+
+MAXPOOL_ADD = ["--op", "maxpool_add", "--shape", "1x16x28x28", "--shape", "1x1x14x14"]
+
+
+def task_dir(db: Path, target: str) -> Path:
+    (found,) = [p for p in (db / target).iterdir() if p.is_dir()]
+    return found
+
+
+def records(task: Path) -> list[str]:
+    path = task / "database_tuning_record.json"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def manifest(directory: Path) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+@pytest.mark.slow
+def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    tuned = run_deploy("tune", *MAXPOOL_ADD, "--target", "x86", "--trials", "4", "--db", str(db))
+    assert tuned.returncode == 0, tuned.stderr
+    assert "accepted record" in tuned.stdout
+    task = task_dir(db, "x86")
+    accepted = json.loads((task / "accepted.json").read_text())
+    assert accepted["max_error"] == 0.0 and accepted["device"] == "local"
+    assert 1 <= len(records(task)) <= 4
+    assert json.loads((task / "task.json").read_text())["op"] == "maxpool_add"
+
+    out = tmp_path / "art"
+    built = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    assert manifest(out)["schedule"] == "tuned"
+    assert manifest(out)["tuning_record"] == accepted["record"]
+
+    other = tmp_path / "other"
+    shapes = ["--shape", "1x16x30x30", "--shape", "1x1x15x15"]
+    fallback = run_deploy("build", "--op", "maxpool_add", *shapes, "--target", "x86", "--tuned", str(db),
+                          "-o", str(other))  # fmt: skip
+    assert fallback.returncode == 0, fallback.stderr
+    assert "no accepted record" in fallback.stdout
+    assert manifest(other)["schedule"] == "x86/maxpool_add"
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "a.npy", rng.standard_normal((1, 16, 28, 28)).astype("float32"))
+    np.save(tmp_path / "b.npy", rng.standard_normal((1, 1, 14, 14)).astype("float32"))
+    ran = run_deploy("run", "--op", "maxpool_add", "--target", "x86", "--tuned", str(db), "-i",
+                     str(tmp_path / "a.npy"), "-i", str(tmp_path / "b.npy"), "-o", str(tmp_path / "c.npy"),
+                     "--check")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "(tuned)" in ran.stdout and "check passed" in ran.stdout
+
+    report = run_deploy("tune", "--report", "--target", "x86", "--db", str(db))
+    assert report.returncode == 0, report.stderr
+    assert (db / "x86" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (row,) = json.loads((db / "x86" / "report.json").read_text())["rows"]
+    assert row["tuned_record"] == accepted["record"]
+    assert row["default_ms"] > 0 and row["hand_ms"] > 0 and row["tuned_ms"] > 0
+
+
+def _wait_for_records(proc: subprocess.Popen[str], db: Path, timeout_s: float = 300) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        tasks = list((db / "x86").glob("*/database_tuning_record.json")) if (db / "x86").exists() else []
+        if tasks and tasks[0].read_text().count("\n"):
+            return tasks[0].read_text().count("\n")
+        time.sleep(0.5)
+    raise AssertionError("no record written in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "kill -9"])
+def test_an_interrupted_tune_keeps_its_records_and_continues(tmp_path: Path, how: str) -> None:
+    db = tmp_path / "db"
+    command = [DEPLOY, "tune", "--op", "argmax", "--shape", "64x1000", "--target", "x86", "--trials", "40",
+               "--db", str(db)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _wait_for_records(proc, db)
+        if how == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 130, err
+            assert "run the same command to continue" in err
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            # a write cut in half by the kill: the next run drops the partial line, keeps the rest
+            with (task_dir(db, "x86") / "database_tuning_record.json").open("a") as stream:
+                stream.write('[0, [["half a rec')
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    task = task_dir(db, "x86")
+    kept = len([line for line in records(task) if line.endswith("]")])
+    assert kept >= 1
+
+    again = run_deploy(*command[1:-4], "--trials", str(kept + 4), "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    assert f"continuing: {kept} records already in" in again.stdout
+    after = records(task)
+    assert kept < len(after) <= kept + 4, "the second run adds records instead of starting over"
+    assert all(line.endswith("]") for line in after)
+    assert (task / "accepted.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.emulator
+@needs_cross
+@needs_qemu
+def test_tune_add_for_arm_on_the_emulator_then_test_uses_the_records(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    shapes = ["--shape", "7x13", "--shape", "7x13"]  # the shapes of one of add's own test cases
+    tuned = run_deploy("tune", "--op", "add", *shapes, "--target", "arm", "--trials", "2", "--db", str(db))
+    assert tuned.returncode == 0, tuned.stderr
+    assert "on emulator" in tuned.stdout
+    task = task_dir(db, "arm")
+    assert records(task)
+
+    out = tmp_path / "art"
+    built = run_deploy("build", "--op", "add", *shapes, "--target", "arm", "--tuned", str(db), "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    assert manifest(out)["schedule"] == "tuned"
+
+    tested = run_deploy("test", "--target", "arm", "--op", "add", "--dtype", "float32", "--tuned", str(db))
+    assert tested.returncode == 0, tested.stdout
+    assert "tuned" in tested.stdout, "the case with the tuned shapes used the record"
+
+
+@pytest.mark.slow
+@pytest.mark.emulator
+@needs_cross
+@needs_qemu
+def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path) -> None:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.script import tirx as T
+
+    from devices import get_device
+    from ops import TensorType, bind, get_op
+    from toolchain.build import prim_module
+    from toolchain.targets import get_target
+    from toolchain.tune_runner import export_candidate, session_runner
+
+    @T.prim_func
+    def hangs(a: T.Buffer((7, 13), "float32"), b: T.Buffer((7, 13), "float32"),
+              c: T.Buffer((7, 13), "float32")):  # fmt: skip
+        i = T.alloc_buffer((1,), "int32", scope="local")
+        i[0] = 0
+        while i[0] >= 0:
+            i[0] = (i[0] + 1) % 7
+
+    @T.prim_func
+    def crashes(a: T.Buffer((7, 13), "float32"), b: T.Buffer((7, 13), "float32"),
+                c: T.Buffer((7, 13), "float32")):  # fmt: skip
+        wild = T.decl_buffer((1,), "float32", data=T.reinterpret("handle", T.uint64(8)))
+        c[0, 0] = wild[0]
+
+    target = get_target("arm")
+    bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
+    candidates = [crashes, hangs, prim_module(bound, target)["main"]]
+    built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
+    paths = [export_candidate(target.cross_compiler, module) for module in built]
+    with get_device("emulator").rpc_endpoint() as endpoint:
+        runner = session_runner(endpoint, bound, timeout_s=5.0)
+        results = [f.result() for f in runner.run([ms.runner.RunnerInput(p, "cpu", []) for p in paths])]
+    crashed, hung, good = results
+    assert "crashed the device's session" in crashed.error_msg and not crashed.run_secs
+    assert "ran over the 5 s limit" in hung.error_msg and not hung.run_secs
+    assert good.error_msg is None and len(good.run_secs) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "x86"], "--op is required"),
+        (["--target", "x86", "--op", "add"], "--shape is required"),
+        (["--target", "x86", "--op", "add", "--shape", "4", "--shape", "4", "--trials", "0"], "--trials 0"),
+        (["--target", "opencl", "--op", "add", "--shape", "4", "--shape", "4"], "cannot be tuned yet"),
+        (["--target", "x86", "--report", "--db", "/nonexistent/db"], "nothing tuned for target x86"),
+        (["--target", "arm", "--op", "add", "--shape", "4", "--shape", "4", "--device", "local"], "x86_64"),
+    ],
+)
+def test_bad_tune_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = invoke("tune", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_tuned_needs_an_existing_directory() -> None:
+    shapes = ["--shape", "4", "--shape", "4"]
+    result = invoke("build", "--op", "add", "--target", "x86", *shapes, "--tuned", "/nope")
+    assert result.exit_code == 2 and "--tuned /nope: no such directory" in result.output
+
+
+def test_a_half_written_last_line_is_dropped_and_complete_ones_stay(tmp_path: Path) -> None:
+    from toolchain.tuning_db import drop_partial_lines
+
+    (tmp_path / "database_tuning_record.json").write_text('[0, "a"]\n[0, "b"]\n[0, "c')
+    (tmp_path / "database_workload.json").write_text('["w"]\n')
+    assert drop_partial_lines(tmp_path) == 1
+    assert (tmp_path / "database_tuning_record.json").read_text() == '[0, "a"]\n[0, "b"]\n'
+    assert (tmp_path / "database_workload.json").read_text() == '["w"]\n'
