@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command (and CI's): set everything up, lint, run the whole test suite.
-# Extra arguments go to pytest, e.g. `bash ci/test.sh -m "not emulator"` for the quick loop.
+# Extra arguments go to pytest, e.g. `bash ci/test.sh -m "not emulator and not slow"` for the quick loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh

@@ -103,7 +103,7 @@ class OpenClSession:
         pools = {"input": buffers, "output": buffers, "scratch": scratch}
         kernels = [
             (
-                getattr(program, k["name"]),
+                cl.Kernel(program, k["name"]),
                 [pools[a["role"]][a["index"]] for a in k["args"]],
                 k["global"],
                 k["local"],

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
+from tests.test_opencl import DEVICES as OPENCL_DEVICES
 
 MAXPOOL_ADD = ["--op", "maxpool_add", "--shape", "1x16x28x28", "--shape", "1x1x14x14"]
 
@@ -194,13 +195,42 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     assert good.error_msg is None and len(good.run_secs) == 3
 
 
+@pytest.mark.skipif(not OPENCL_DEVICES, reason="needs pyopencl and an OpenCL platform (pocl-opencl-icd)")
+def test_tune_opencl_work_group_then_build_and_continue(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    args = [*MAXPOOL_ADD, "--target", "opencl", "--db", str(db)]
+    first = run_deploy("tune", *args, "--trials", "2")
+    assert first.returncode == 0, first.stderr
+    task = task_dir(db, "opencl")
+    tried = json.loads((task / "work_groups.json").read_text())["trials"]
+    assert [t["work_group"] for t in tried] == [64, 128]
+    again = run_deploy("tune", *args, "--trials", "3")
+    assert "continuing: 2 records already in" in again.stdout
+    tried = json.loads((task / "work_groups.json").read_text())["trials"]
+    assert [t["work_group"] for t in tried] == [64, 128, 32], "only the missing size ran"
+    accepted = json.loads((task / "accepted.json").read_text())
+    assert accepted["work_group"] == min(tried, key=lambda t: t["ms"])["work_group"]
+
+    out = tmp_path / "art"
+    built = run_deploy("build", *MAXPOOL_ADD, "--target", "opencl", "--tuned", str(db), "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    assert manifest(out)["schedule"] == "tuned"
+    assert manifest(out)["tuning_record"] == f"work_group={accepted['work_group']}"
+    (kernel,) = json.loads((out / "launch.json").read_text())["kernels"]
+    assert kernel["local"][0] == accepted["work_group"]
+
+    report = run_deploy("tune", "--report", "--target", "opencl", "--db", str(db))
+    assert report.returncode == 0, report.stderr
+    (row,) = json.loads((db / "opencl" / "report.json").read_text())["rows"]
+    assert row["default_ms"] is None and row["hand_ms"] > 0 and row["tuned_ms"] > 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--target", "x86"], "--op is required"),
         (["--target", "x86", "--op", "add"], "--shape is required"),
         (["--target", "x86", "--op", "add", "--shape", "4", "--shape", "4", "--trials", "0"], "--trials 0"),
-        (["--target", "opencl", "--op", "add", "--shape", "4", "--shape", "4"], "cannot be tuned yet"),
         (["--target", "x86", "--report", "--db", "/nonexistent/db"], "nothing tuned for target x86"),
         (["--target", "arm", "--op", "add", "--shape", "4", "--shape", "4", "--device", "local"], "x86_64"),
     ],

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,27 @@ def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[
     "default") and, for "tuned", the id of the tuning record it applies."""
     mod = prim_module(bound, target)
     if target.tuned is not None:
-        from toolchain.tuning_db import tuned_module
-
-        tuned = tuned_module(target.tuned, bound, target.name, mod)
+        tuned = tuned_schedule(mod, bound, target, cores)
         if tuned is not None:
             return tuned[0], "tuned", tuned[1]
     return (*hand_schedule(mod, bound, target, cores), None)
+
+
+def tuned_schedule(
+    mod: Any, bound: BoundOp, target: Target, cores: int | None = None
+) -> tuple[Any, str] | None:
+    """`mod` scheduled as the accepted record in `target.tuned` says, with the record's id: a
+    MetaSchedule trace, or for OpenCL the GPU schedule with the tuned work-group size. None when
+    there is no accepted record for this op, these attributes and input types."""
+    from toolchain.tuning_db import accepted, task_dir, tuned_module
+
+    if target.tuned is None:
+        return None
+    entry = accepted(task_dir(target.tuned, bound, target.name))
+    if entry is not None and "work_group" in entry:
+        sized = replace(target, work_group=int(entry["work_group"]))
+        return hand_schedule(mod, bound, sized, cores)[0], entry["record"]
+    return tuned_module(target.tuned, bound, target.name, mod)
 
 
 def hand_schedule(mod: Any, bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:
@@ -106,7 +121,9 @@ def compile_scheduled(
     if target.artifact == "opencl":
         from toolchain.opencl import compile_opencl
 
-        return Compiled(bound, target, compile_opencl(mod, target.tvm_target(), len(bound.inputs)), name)
+        return Compiled(
+            bound, target, compile_opencl(mod, target.tvm_target(), len(bound.inputs)), name, record
+        )
     with tvm.transform.PassContext(opt_level=3):
         executable = tvm.compile(mod, target=target.tvm_target())
     return Compiled(bound, target, executable, name, record)

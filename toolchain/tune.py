@@ -105,15 +105,15 @@ def tune(
     with what earlier runs left; `on_trial(seconds or None)` after each new trial."""
     if trials < 1:
         raise UsageError(f"--trials {trials}: expected a positive number of trials")
-    if target.artifact != "shared-object":
-        raise UsageError(f"target {target.name} cannot be tuned yet: `deploy tune` searches CPU targets")
     check_device(target, device)
     directory = tuning_db.task_dir(root, bound, target.name)
     directory.mkdir(parents=True, exist_ok=True)
-    tuning_db.drop_partial_lines(directory)
     tuning_db.write_json(
         directory / tuning_db.TASK, {**bound.key(), "target": target.name, "device": device.name}
     )
+    if target.artifact == "opencl":
+        return _tune_opencl(bound, target, device, directory, trials, on_trial, on_start)
+    tuning_db.drop_partial_lines(directory)
     mod = prim_module(bound, target)
     before = tuning_db.TaskRecords.load(directory, mod)
     valid = before.valid()
@@ -134,6 +134,24 @@ def tune(
         entry,
         rejected,
     )
+
+
+def _tune_opencl(
+    bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
+    on_trial: Callable[[float | None], None], on_start: Callable[[int, float | None], None],
+) -> TuneResult:  # fmt: skip
+    from toolchain.tune_opencl import measurements, record_name, tune_work_group
+
+    def fastest(done: list[dict[str, Any]]) -> float | None:
+        return min((m["ms"] for m in done if "ms" in m), default=None)
+
+    before = measurements(directory)
+    best = fastest(before)
+    on_start(len(before), best / 1e3 if best is not None else None)
+    done, entry = tune_work_group(bound, target, device, directory, trials, on_trial)
+    rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[len(before) :] if "error" in m]
+    valid = sum("ms" in m for m in done)
+    return TuneResult(directory, len(done), len(done) - len(before), valid, fastest(done), entry, rejected)
 
 
 def _search(

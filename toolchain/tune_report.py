@@ -22,7 +22,7 @@ from ops.errors import DeployError, UsageError
 from ops.spec import BoundOp
 from toolchain import tuning_db
 from toolchain.bench import artifact_ms
-from toolchain.build import Compiled, compile_scheduled, export, hand_schedule, prim_module
+from toolchain.build import Compiled, compile_scheduled, export, hand_schedule, prim_module, tuned_schedule
 from toolchain.compare import compare, random_input
 from toolchain.targets import Target
 from toolchain.verify import check_device, run_artifact
@@ -48,28 +48,38 @@ def task_bound(directory: Path) -> BoundOp:
     return bind(get_op(task["op"]), task["attrs"], inputs)
 
 
-def best_so_far(records: tuning_db.TaskRecords) -> list[float | None]:
-    """Best milliseconds after each trial, in the order trials ran (None before a valid one)."""
+def trial_ms(directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
+    """Milliseconds of each trial in the order they ran (None for a failed one)."""
+    if target.artifact == "opencl":
+        from toolchain.tune_opencl import measurements
+
+        return [m.get("ms") for m in measurements(directory)]
+    records = tuning_db.TaskRecords.load(directory, prim_module(bound, target)).records
+    return [s * 1e3 if (s := tuning_db.mean_secs(r)) < tuning_db.FAILED_SECS else None for r in records]
+
+
+def best_so_far(times: list[float | None]) -> list[float | None]:
+    """The best time after each trial (None before the first valid one)."""
     curve: list[float | None] = []
-    best = float("inf")
-    for record in records.records:
-        secs = tuning_db.mean_secs(record)
-        if secs < tuning_db.FAILED_SECS:
-            best = min(best, secs * 1e3)
-        curve.append(best if best != float("inf") else None)
+    best: float | None = None
+    for ms in times:
+        if ms is not None:
+            best = ms if best is None else min(best, ms)
+        curve.append(best)
     return curve
 
 
-def _variants(bound: BoundOp, target: Target, records: tuning_db.TaskRecords) -> dict[str, Compiled]:
+def _variants(bound: BoundOp, target: Target, root: Path) -> dict[str, Compiled]:
+    """The default build (CPU targets: GPU code needs its work-items bound), the hand and the tuned."""
     mod = prim_module(bound, target)
-    variants = {"default": compile_scheduled(bound, target, mod, "default")}
+    variants = {}
+    if target.artifact != "opencl":
+        variants["default"] = compile_scheduled(bound, target, mod, "default")
     hand, name = hand_schedule(mod, bound, target)
     variants["hand"] = compile_scheduled(bound, target, hand, name)
-    entry = tuning_db.accepted(records.directory)
-    record = records.by_id(entry["record"]) if entry else None
-    if record is not None:
-        tuned = tuning_db.apply_record(mod, record)
-        variants["tuned"] = compile_scheduled(bound, target, tuned, "tuned", entry["record"])
+    tuned = tuned_schedule(mod, bound, target.with_tuning(root))
+    if tuned is not None:
+        variants["tuned"] = compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
     return variants
 
 
@@ -95,10 +105,10 @@ def report_target(root: Path, target: Target, device: Device) -> list[dict[str, 
     with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-report-") as tmp:
         for directory in task_dirs(root, target):
             bound = task_bound(directory)
-            records = tuning_db.TaskRecords.load(directory, prim_module(bound, target))
+            times = trial_ms(directory, bound, target)
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
-            curves[label] = best_so_far(records)
-            variants = _variants(bound, target, records)
+            curves[label] = best_so_far(times)
+            variants = _variants(bound, target, root)
             ms = {kind: _time_checked(session, bound, c, Path(tmp)) for kind, c in variants.items()}
             rows.append(
                 {
@@ -106,8 +116,8 @@ def report_target(root: Path, target: Target, device: Device) -> list[dict[str, 
                     "task": directory.name,
                     "label": label,
                     "dtype": bound.inputs[0].dtype,
-                    "trials": len(records.records),
-                    "default_ms": ms["default"],
+                    "trials": len(times),
+                    "default_ms": ms.get("default"),
                     "hand_ms": ms["hand"],
                     "hand_schedule": variants["hand"].schedule,
                     "tuned_ms": ms.get("tuned"),
@@ -157,7 +167,7 @@ def print_report(rows: list[dict[str, Any]], target: Target, device: Device, png
             r["op"],
             r["label"].split(" ", 1)[1],
             str(r["trials"]),
-            f"{r['default_ms']:.4g}",
+            f"{r['default_ms']:.4g}" if r["default_ms"] is not None else "-",
             f"{r['hand_ms']:.4g}",
             f"{tuned:.4g}" if tuned is not None else "none accepted",
             f"{r['hand_ms'] / tuned:.2f}x" if tuned else "-",
