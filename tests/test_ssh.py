@@ -164,6 +164,18 @@ def test_whole_matrix_on_an_ssh_board_and_nothing_left_running(server, aarch64_p
     assert settle(remote) == []
 
 
+@pytest.mark.slow
+def test_tune_on_an_ssh_board(server, aarch64_python, tmp_path):
+    remote = tmp_path / "board"
+    assert add("tuneboard", server, aarch64_python, remote, "--accept-new-host-key").returncode == 0
+    db = tmp_path / "db"
+    result = run_deploy("tune", "--op", "add", "--shape", "7x13", "--shape", "7x13", "--target", "arm",
+                        "--device", "tuneboard", "--trials", "2", "--db", str(db))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "vs numpy on tuneboard" in result.stdout.replace("\n", "")
+    assert settle(remote) == []
+
+
 def test_sshd_killed_mid_run(tmp_path, aarch64_python):
     """A crashed sshd: the run stops with a one-line error and the board's server goes away."""
     own = sshd.start(tmp_path / "sshd")

@@ -76,6 +76,18 @@ def test_parallel_results_equal_a_single_device_run(farm):
     )
 
 
+@pytest.mark.slow
+def test_tune_measures_on_the_farm(farm, tmp_path: Path):
+    port, _ = farm
+    db = tmp_path / "db"
+    where = ["--tracker", f"127.0.0.1:{port}", "--key", KEY]
+    result = run_deploy("tune", "--op", "add", "--shape", "7x13", "--shape", "7x13", "--target", "arm",
+                        *where, "--trials", "2", "--db", str(db))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert f"vs numpy on {KEY}@127.0.0.1:{port}" in result.stdout.replace("\n", "")
+    assert free_servers("127.0.0.1", port, KEY) == 2, "tuning sessions gave their servers back"
+
+
 def test_a_server_dying_mid_run_requeues_its_cases(farm):
     """Runs last in this module: it kills one of the two servers."""
     port, servers = farm
