@@ -88,20 +88,31 @@ class Pool2d:
         return (*shape[:2], self.out_size(0, shape[2]), self.out_size(1, shape[3]))
 
     def window_max(self, data: te.Tensor, n: Any, c: Any, oh: Any, ow: Any) -> Any:
-        """TE expression: the max of the window at output (n, c, oh, ow), taps written out."""
-        height, width = data.shape[2], data.shape[3]
+        """TE expression: the max of the window at output (n, c, oh, ow), taps written out.
+
+        A tap in the padding reads the nearest input element instead (its index clamped): that
+        element is in the same window — padding is at most kernel/2 and every window starts inside
+        the input or its left padding — so the max, NaN included, is unchanged, and the taps need
+        no condition (which would keep the loop from vectorizing). Where a schedule splits the
+        interior off, the clamps simplify away and the loads are plain vector loads."""
+        height, width = int(data.shape[2]), int(data.shape[3])
         dtype = str(data.dtype)
-        pad = pad_value(dtype)
         taps = []
         for dh in range(self.kernel[0]):
-            h = oh * self.stride[0] + (dh - self.padding[0])
+            h = clamp(oh * self.stride[0] + (dh - self.padding[0]), height)
             for dw in range(self.kernel[1]):
-                w = ow * self.stride[1] + (dw - self.padding[1])
-                inside = tirx.all(h >= 0, h < height, w >= 0, w < width)
-                taps.append(tirx.if_then_else(tirx.likely(inside), data[n, c, h, w], pad))
+                w = clamp(ow * self.stride[1] + (dw - self.padding[1]), width)
+                taps.append(data[n, c, h, w])
         if not dtype.startswith("float"):
             return functools.reduce(te.max, taps)
         return nan_propagating_max(taps, dtype)
+
+    def interior(self, axis: int, size: int) -> tuple[int, int]:
+        """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
+        k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
+        out = self.out_size(axis, size)
+        lo = min(out, -(-p // s))
+        return lo, max(lo, min(out, (size - k + p) // s + 1))
 
     def reference(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an NCHW array."""
@@ -136,19 +147,32 @@ def nan_propagating_max(values: list[Any], dtype: str) -> Any:
     target = tvm.target.Target.current(allow_none=True)
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
     if target is not None and target.kind.name == "llvm" and triple.startswith(("aarch64", "arm")):
-        return functools.reduce(
-            lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values
-        )
-    any_nan = functools.reduce(tirx.Or, [tirx.isnan(value) for value in values])
+        return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
+    any_nan = functools.reduce(tirx.Or, [is_nan_bits(value, dtype) for value in values])
     choose = tirx.if_then_else if target is not None and "gpu" in target.keys else tirx.Select
     return choose(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
 
 
-def pad_value(dtype: str) -> Any:
-    """The TIR constant that never wins a max: -inf for floats, the minimum for integers."""
-    if dtype.startswith("float"):
-        return tirx.const(float("-inf"), dtype)
-    return tirx.min_value(dtype)
+NAN_BITS = {
+    "float16": ("int16", 0x7FFF, 0x7C00),
+    "float32": ("int32", 0x7FFF_FFFF, 0x7F80_0000),
+    "float64": ("int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+"""(same-width integer, mask without the sign, bits of +inf): NaN is |bits| above +inf's."""
+
+
+def is_nan_bits(value: Any, dtype: str) -> Any:
+    """TE expression: whether float `value` is NaN, as an integer test on its bits. Unlike
+    `tirx.isnan` (a call TVM's vectorizer leaves scalar) it vectorizes, and unlike `x != x` the
+    simplifier does not fold it to false."""
+    itype, mask, inf = NAN_BITS[dtype]
+    bits = tirx.reinterpret(itype, value)
+    return tirx.bitwise_and(bits, tirx.const(mask, itype)) > tirx.const(inf, itype)
+
+
+def clamp(index: Any, size: int) -> Any:
+    """`index` clamped into [0, size)."""
+    return te.max(te.min(index, size - 1), 0)
 
 
 def numpy_pad_value(dtype: np.dtype) -> Any:

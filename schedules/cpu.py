@@ -81,18 +81,47 @@ def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
             parallelize_reduction(sch, block)
 
 
+def partition(sch: Any, loop: Any, lo: int, hi: int) -> list[Any]:
+    """Split `loop` (extent n) into the loops of [0, lo), [lo, hi) and [hi, n), leaving out
+    empty ones."""
+    extent = int(sch.get(loop).extent)
+    bounds = sorted({b for b in (lo, hi) if 0 < b < extent})
+    if not bounds:
+        return [loop]
+    sizes = [b - a for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+    return list(sch.loop_partition(loop, [*sizes, None]))
+
+
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
-    order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector."""
+    order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector.
+
+    The border rows and the border vector of each row are split off from the interior, so
+    that in the interior the taps' clamped indices (see `Pool2d.window_max`) simplify to plain
+    strided vector loads; the borders stay vectorized with gathered edge taps."""
+    from ops.pooling import Pool2d
+
     block = blocks(sch)[0]
     *outer, height, width = sch.get_loops(block)
     lanes = ctx.lanes(ctx.bound.output.dtype)
-    if lanes > 1:
-        _, inner = sch.split(width, factors=[None, lanes])
-        sch.vectorize(inner)
     work = math.prod(ctx.bound.output.shape)
-    if parallel_outer(sch, outer, work) is None:
-        parallel_outer(sch, [height], work)
+    fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
+    if lanes > 1:
+        sch.split(width, factors=[None, lanes])
+    pool = Pool2d.from_attrs(ctx.bound.attrs)
+    in_h, in_w = ctx.bound.inputs[0].shape[2:]
+    rows = partition(sch, height, *pool.interior(0, in_h))
+    if lanes > 1:
+        lo, hi = pool.interior(1, in_w)
+        first, last = -(-lo // lanes), hi // lanes
+        for row_loop in rows:
+            (row_block,) = sch.get_child_blocks(row_loop)
+            chunk_loop = sch.get_loops(row_block)[-2]
+            for part in partition(sch, chunk_loop, first, max(first, last)):
+                (part_block,) = sch.get_child_blocks(part)
+                sch.vectorize(sch.get_loops(part_block)[-1])
+    if fused is not None and work >= MIN_PARALLEL_WORK and int(sch.get(fused).extent) > 1:
+        sch.parallel(fused)
 
 
 def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from ops.errors import DeployError
 from ops.spec import BoundOp
 from schedules import ScheduleContext, find_schedule
+from toolchain.cpu_lowering import compile_cpu
 from toolchain.manifest import MANIFEST, Manifest, sha256_file
 from toolchain.targets import Target
 
@@ -116,17 +117,13 @@ def compile_scheduled(
     bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
 ) -> Compiled:
     """Compile an already scheduled IRModule of `bound` for `target`."""
-    import tvm
-
     if target.artifact == "opencl":
         from toolchain.opencl import compile_opencl
 
         return Compiled(
             bound, target, compile_opencl(mod, target.tvm_target(), len(bound.inputs)), name, record
         )
-    with tvm.transform.PassContext(opt_level=3):
-        executable = tvm.compile(mod, target=target.tvm_target())
-    return Compiled(bound, target, executable, name, record)
+    return Compiled(bound, target, compile_cpu(mod, target.tvm_target()), name, record)
 
 
 def _write_shared_object(compiled: Compiled, staging: Path) -> Path:
