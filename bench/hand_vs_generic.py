@@ -8,6 +8,7 @@ Prints median milliseconds per call and the ratios (generic / hand, numpy / hand
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -20,10 +21,10 @@ from devices import get_device
 from ops import TensorType, bind, get_op
 from schedules.cpu import generic_cpu
 from schedules.registry import ScheduleContext
-from toolchain.bench import numpy_ms
 from toolchain.build import prim_module, schedule
 from toolchain.compare import compare, random_input
 from toolchain.targets import get_target
+from toolchain.timing import host_ms
 
 WORKLOADS = [
     ("maxpool_add", {}, [(32, 64, 112, 112), (32, 1, 56, 56)]),
@@ -67,7 +68,7 @@ def main() -> None:
                 assert compare(expected, result, bound.op.exact).ok, f"{label} schedule is wrong"
                 runs = session.time(path, inputs, out.shape, out.dtype, number=5, repeat=args.repeat)
                 timings[label] = statistics.median(runs) * 1e3
-            ref = numpy_ms(bound.op, bound.attrs, inputs, args.repeat)
+            ref = host_ms(functools.partial(bound.op.reference, bound.attrs, *inputs), args.repeat)
             label = f"{op_name} {' '.join('x'.join(map(str, s)) for s in shapes)} {name}"
             print(
                 f"{label:44} {timings['generic']:10.2f} {timings['hand']:9.2f} {ref:9.2f}"

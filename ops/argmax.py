@@ -10,11 +10,14 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, Choice, Int
 from ops.errors import UsageError
+from ops.nan import is_nan_bits
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
 
 GPU_LANES = 64
 """Work-items that share one argmax on GPU targets."""
+CPU_LANES = 16
+"""Partial argmaxes per output on CPU targets (innermost axis): two AVX2 vectors, four NEON ones."""
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -24,8 +27,9 @@ def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
     def combine(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
         (i0, v0), (i1, v1) = x, y
         if floating:
-            better = tirx.Or(v1 > v0, tirx.And(tirx.isnan(v1), tirx.Not(tirx.isnan(v0))))
-            tie = tirx.Or(v1 == v0, tirx.And(tirx.isnan(v1), tirx.isnan(v0)))
+            nan0, nan1 = is_nan_bits(v0, dtype), is_nan_bits(v1, dtype)
+            better = tirx.Or(v1 > v0, tirx.And(nan1, tirx.Not(nan0)))
+            tie = tirx.Or(v1 == v0, tirx.And(nan1, nan0))
         else:
             better, tie = v1 > v0, v1 == v0
         take = tirx.Or(better, tirx.And(tie, i1 < i0))
@@ -74,16 +78,19 @@ class Argmax(Op):
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        """One reduction; on GPU targets two: GPU_LANES strided partial argmaxes per output (one
-        per work-item of a work-group), then their argmax."""
+        """One reduction; in two stages where that vectorizes or spreads the work: `lanes`
+        strided partial argmaxes per output (lane l takes elements l, l + lanes, ...), then
+        their argmax. GPU targets: GPU_LANES, one per work-item of a work-group; CPU targets
+        reducing the innermost axis: CPU_LANES, one per vector lane."""
         rank = len(x.shape)
         axis = self._axis(attrs, rank)
         extent = int(x.shape[axis])
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
         target = tvm.target.Target.current(allow_none=True)
-        lanes = min(GPU_LANES, extent)
-        if target is None or "gpu" not in target.keys or lanes < 2:
+        gpu = target is not None and "gpu" in target.keys
+        lanes = min(GPU_LANES, extent) if gpu else (CPU_LANES if axis == rank - 1 else 1)
+        if lanes < 2 or (not gpu and extent < 2 * lanes):
             k = te.reduce_axis((0, extent), name="k")
 
             def body(*i: Any) -> Any:
@@ -94,23 +101,22 @@ class Argmax(Op):
             return index
 
         steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
-        dtype = str(x.dtype)
-        low = tirx.const(float("-inf"), dtype) if dtype.startswith("float") else tirx.min_value(dtype)
 
         def partial(*i: Any) -> Any:
+            """Past the end a lane re-reads the last element (no condition, so it vectorizes)
+            under index `extent`, which loses every tie with the real one."""
             *outer, lane = i
             k = steps * lanes + lane
-            inside = k < extent
             index = (*outer[:axis], tirx.min(k, extent - 1), *outer[axis + keep :])
-            value = tirx.if_then_else(inside, x[index], low)
-            position = tirx.if_then_else(inside, k, extent).astype(out.dtype)
-            return reducer((position, value), axis=steps)
+            position = tirx.Select(k < extent, k, extent).astype("int32")
+            return partial_reducer((position, x[index]), axis=steps)
 
+        partial_reducer = _argmax_reducer(str(x.dtype), "int32")  # half the vector width of int64
         p_index, p_value = te.compute((*out.shape, lanes), partial, name="argmax_partial")
         lane = te.reduce_axis((0, lanes), name="lane")
 
         def combine(*i: Any) -> Any:
-            return reducer((p_index[(*i, lane)], p_value[(*i, lane)]), axis=lane)
+            return reducer((p_index[(*i, lane)].astype(out.dtype), p_value[(*i, lane)]), axis=lane)
 
         index, _value = te.compute(out.shape, combine, name="argmax")
         return index

@@ -18,6 +18,7 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, IntPair
 from ops.errors import UsageError
+from ops.nan import is_nan_bits
 from ops.spec import TensorType
 
 MAX_KERNEL = 16
@@ -151,23 +152,6 @@ def nan_propagating_max(values: list[Any], dtype: str) -> Any:
     any_nan = functools.reduce(tirx.Or, [is_nan_bits(value, dtype) for value in values])
     choose = tirx.if_then_else if target is not None and "gpu" in target.keys else tirx.Select
     return choose(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
-
-
-NAN_BITS = {
-    "float16": ("int16", 0x7FFF, 0x7C00),
-    "float32": ("int32", 0x7FFF_FFFF, 0x7F80_0000),
-    "float64": ("int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
-}
-"""(same-width integer, mask without the sign, bits of +inf): NaN is |bits| above +inf's."""
-
-
-def is_nan_bits(value: Any, dtype: str) -> Any:
-    """TE expression: whether float `value` is NaN, as an integer test on its bits. Unlike
-    `tirx.isnan` (a call TVM's vectorizer leaves scalar) it vectorizes, and unlike `x != x` the
-    simplifier does not fold it to false."""
-    itype, mask, inf = NAN_BITS[dtype]
-    bits = tirx.reinterpret(itype, value)
-    return tirx.bitwise_and(bits, tirx.const(mask, itype)) > tirx.const(inf, itype)
 
 
 def clamp(index: Any, size: int) -> Any:

@@ -141,9 +141,36 @@ def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None
     sch.decompose_reduction(block, reduce)
 
 
+def strided_partials(sch: Any, ctx: ScheduleContext) -> None:
+    """Two-stage reduction (per output: partial results over strided lanes, then their
+    combination): per output, the partials step through the input a vector at a time, one
+    lane each, then combine; outputs in parallel."""
+    partial, final = blocks(sch)
+    loops = sch.get_loops(final)
+    outer = fused_or_unit(sch, loops[:-1], loops[0])
+    sch.compute_at(partial, outer)
+    lane, step = sch.get_loops(partial)[-2:]
+    sch.reorder(step, lane)
+    sch.vectorize(lane)
+    if math.prod(ctx.bound.inputs[0].shape) >= MIN_PARALLEL_WORK * 16 and int(sch.get(outer).extent) > 1:
+        sch.parallel(outer)
+    sch.decompose_reduction(partial, step)
+
+
+def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
+    """`loops` fused into one, or a unit loop added above `anchor` when there are none."""
+    if not loops:
+        return sch.add_unit_loop(anchor)
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
 def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
-    """Single-input reduction over attribute `axis` (argmax): innermost axis -> parallel rows,
-    sequential scan; another axis -> reduce outside the contiguous axes."""
+    """Single-input reduction over attribute `axis` (argmax): the two-stage form -> strided
+    vector partials; innermost axis -> parallel rows, sequential scan; another axis -> reduce
+    outside the contiguous axes."""
+    if len(blocks(sch)) == 2:
+        strided_partials(sch, ctx)
+        return
     rank = len(ctx.bound.inputs[0].shape)
     axis = ctx.bound.attrs["axis"] % rank
     if axis == rank - 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.cpu import SPATIAL, blocks
+from schedules.cpu import SPATIAL, blocks, fused_or_unit
 from schedules.registry import ScheduleContext, register_schedule
 
 
@@ -22,13 +22,6 @@ def make_private(sch: Any, block: Any) -> None:
         name = str(region.source.name)
         if name not in params and name not in read_elsewhere:
             sch.set_scope(block, index, "local")
-
-
-def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
-    """`loops` fused into one, or a unit loop added above `anchor` when there are none."""
-    if not loops:
-        return sch.add_unit_loop(anchor)
-    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
 
 
 @register_schedule("gpu")

@@ -1,9 +1,8 @@
-"""`deploy bench`: median time per op on a device, bytes moved, and numpy on the host as baseline."""
+"""`deploy bench`: median time per op on a device against the device's memory roofline, with
+numpy and (when installed) PyTorch on the host as baselines, all measured in the same run."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,47 +10,27 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from devices import Device, Session
+from devices import Device
 from ops.spec import Op, TensorType, bind
 from toolchain.cache import cached_build
 from toolchain.compare import random_input
-from toolchain.manifest import Manifest
-from toolchain.verify import check_device, run_artifact
-
-TARGET_SECONDS = 0.2
-"""Calls per timed run are chosen so one run lasts about this long."""
-
-
-def numpy_ms(op: Op, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: int) -> float:
-    """Median milliseconds of the op's numpy reference on this host over `repeat` calls."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        op.reference(attrs, *inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from toolchain.roofline import copy_gbps
+from toolchain.targets import Target
+from toolchain.timing import artifact_ms, host_ms
+from toolchain.torch_baseline import torch_ms
+from toolchain.verify import check_device
 
 
-def artifact_ms(
-    session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray], repeat: int
-) -> float:
-    """Median milliseconds per call of the artifact on the session over `repeat` timed runs, each
-    averaging enough calls to last about TARGET_SECONDS (the first, untimed call loads it)."""
-    start = time.perf_counter()
-    run_artifact(session, directory, manifest, inputs)
-    once = time.perf_counter() - start
-    number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
-    out = manifest.output
-    module = manifest.check_module(directory)
-    runs = session.time(module, inputs, tuple(out["shape"]), out["dtype"], number, repeat)
-    return statistics.median(runs) * 1e3
-
-
-def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: int) -> list[dict[str, Any]]:
-    """One row per op (its first case, in `dtype`): median ms, MB moved, GB/s, numpy ms and ratio."""
+def bench_ops(
+    ops: list[Op], dtype: str, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
+) -> list[dict[str, Any]]:
+    """One row per op (its first case, in `dtype`): median ms; MB moved (inputs read once, output
+    written once); GB/s; the roofline time (MB at the device's copy bandwidth) and how far from
+    it; numpy and PyTorch ms on this host and our speed-up over each."""
     check_device(target, device)
     rows = []
     with device.open() as session:
+        bandwidth = copy_gbps(session, target, device, fresh_roofline)
         for op in ops:
             if dtype not in op.dtypes:
                 continue
@@ -62,7 +41,11 @@ def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: in
             median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
             out = bound.output
             moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
-            reference_ms = numpy_ms(op, bound.attrs, inputs, repeat)
+            roofline_ms = moved / (bandwidth * 1e9) * 1e3
+            numpy = host_ms(
+                lambda op=op, bound=bound, inputs=inputs: op.reference(bound.attrs, *inputs), repeat
+            )
+            torch = torch_ms(op.name, bound.attrs, inputs, repeat)
             rows.append(
                 {
                     "op": op.name,
@@ -72,8 +55,13 @@ def bench_ops(ops: list[Op], dtype: str, target: Any, device: Device, repeat: in
                     "median_ms": median_ms,
                     "mb_moved": moved / 1e6,
                     "gb_per_s": moved / (median_ms / 1e3) / 1e9,
-                    "numpy_ms": reference_ms,
-                    "speedup_vs_numpy": reference_ms / median_ms,
+                    "roofline_gb_per_s": bandwidth,
+                    "roofline_ms": roofline_ms,
+                    "x_roofline": median_ms / roofline_ms,
+                    "numpy_ms": numpy,
+                    "speedup_vs_numpy": numpy / median_ms,
+                    "torch_ms": torch,
+                    "speedup_vs_torch": torch / median_ms if torch is not None else None,
                     "emulated": device.emulated,
                 }
             )
@@ -84,12 +72,40 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Device) -> None
     where = device.name
     if device.emulated:
         where += " (emulated: timings show correctness, not speed)"
-    table = Table(title=f"deploy bench --target {target} on {where}")
-    for column in ("op", "shapes", "schedule", "median ms", "MB", "GB/s", "numpy ms (host)", "vs numpy"):
+    bandwidth = f"{rows[0]['roofline_gb_per_s']:.1f} GB/s" if rows else "-"
+    table = Table(title=f"deploy bench --target {target} on {where}; copy roofline {bandwidth} (medians)")
+    columns = ("op", "shapes", "schedule", "ms", "MB", "GB/s", "x roofline", "numpy ms", "vs numpy",
+               "torch ms", "vs torch")  # fmt: skip
+    for column in columns:
         table.add_column(column)
     for r in rows:
+        torch = r["torch_ms"]
         table.add_row(
             r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
-            f"{r['gb_per_s']:.2f}", f"{r['numpy_ms']:.3f}", f"{r['speedup_vs_numpy']:.2f}x",
+            f"{r['gb_per_s']:.1f}", f"{r['x_roofline']:.2f}", f"{r['numpy_ms']:.3f}",
+            f"{r['speedup_vs_numpy']:.1f}x", f"{torch:.3f}" if torch is not None else "-",
+            f"{r['speedup_vs_torch']:.2f}x" if torch is not None else "-",
         )  # fmt: skip
-    Console().print(table)
+    Console(width=max(Console().width, 150)).print(table)
+
+
+def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Achieved GB/s per op against the copy roofline (a line), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    labels = [r["op"] for r in rows]
+    axes.bar(labels, [r["gb_per_s"] for r in rows], color="tab:blue", label="achieved")
+    if rows:
+        axes.axhline(rows[0]["roofline_gb_per_s"], color="tab:red", linestyle="--", label="copy roofline")
+    for index, r in enumerate(rows):
+        axes.annotate(f"{r['x_roofline']:.2f}x", (index, r["gb_per_s"]), ha="center", va="bottom")
+    axes.set_ylabel("GB/s (bytes moved / median time)")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

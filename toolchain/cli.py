@@ -304,6 +304,10 @@ def test_command(
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
 @click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), help="Write a PNG of GB/s per op against the roofline."
+)
+@click.option("--fresh-roofline", is_flag=True, help="Measure the device's copy bandwidth again.")
 def bench_command(
     target_name: str,
     tuned: str | None,
@@ -312,15 +316,24 @@ def bench_command(
     dtype: str,
     repeat: int,
     as_json: bool,
+    plot: str | None,
+    fresh_roofline: bool,
 ) -> None:
-    """Median time per op (its first verification case) on the target's device."""
+    """Median time per op (its first verification case) on the target's device, against the
+    device's copy-bandwidth roofline, numpy and (if installed) PyTorch, measured in one run."""
     from ops import all_ops, get_op
-    from toolchain.bench import bench_ops, print_bench
+    from toolchain.bench import bench_ops, plot_bench, print_bench
 
+    if repeat < 1:
+        raise UsageError(f"--repeat {repeat}: expected at least 1")
     target = _target(target_name, tuned)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     device = where.resolve(target)
-    rows = bench_ops(ops, dtype, target, device, repeat)
+    rows = bench_ops(ops, dtype, target, device, repeat, fresh_roofline)
+    if not rows:
+        raise UsageError(f"no op in the selection supports dtype {dtype}")
+    if plot:
+        plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:

@@ -21,10 +21,10 @@ from devices import Device
 from ops.errors import DeployError
 from ops.spec import BoundOp
 from toolchain import tuning_db
-from toolchain.bench import artifact_ms
 from toolchain.build import compile_scheduled, export, hand_schedule, prim_module
 from toolchain.compare import compare, random_input
 from toolchain.targets import Target
+from toolchain.timing import artifact_ms
 from toolchain.verify import run_artifact
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)

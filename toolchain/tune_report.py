@@ -21,10 +21,10 @@ from ops import TensorType, bind, get_op
 from ops.errors import DeployError, UsageError
 from ops.spec import BoundOp
 from toolchain import tuning_db
-from toolchain.bench import artifact_ms
 from toolchain.build import Compiled, compile_scheduled, export, hand_schedule, prim_module, tuned_schedule
 from toolchain.compare import compare, random_input
 from toolchain.targets import Target
+from toolchain.timing import artifact_ms
 from toolchain.verify import check_device, run_artifact
 
 REPEAT = 7

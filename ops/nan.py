@@ -1,0 +1,23 @@
+"""NaN tests that vectorize: TVM leaves `tirx.isnan` calls scalar, and folds `x != x` to false."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import tirx
+
+NAN_BITS = {
+    "float16": ("int16", 0x7FFF, 0x7C00),
+    "float32": ("int32", 0x7FFF_FFFF, 0x7F80_0000),
+    "float64": ("int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+"""(same-width integer, mask without the sign, bits of +inf): NaN is |bits| above +inf's."""
+
+
+def is_nan_bits(value: Any, dtype: str) -> Any:
+    """TE expression: whether float `value` is NaN, as an integer test on its bits. Unlike
+    `tirx.isnan` (a call TVM's vectorizer leaves scalar) it vectorizes, and unlike `x != x` the
+    simplifier does not fold it to false."""
+    itype, mask, inf = NAN_BITS[dtype]
+    bits = tirx.reinterpret(itype, value)
+    return tirx.bitwise_and(bits, tirx.const(mask, itype)) > tirx.const(inf, itype)

@@ -1,0 +1,87 @@
+"""The memory-bandwidth roofline of a device: how fast it copies, measured with our own build.
+
+A copy of COPY_BYTES (well beyond the last-level cache) is built for the target with its generic
+schedule, checked, and timed on the device; bandwidth = bytes read + bytes written per second. A
+memory-bound op can at best move its bytes at that rate. The figure is cached per target and
+device in `roofline.json` of the cache root (`--fresh-roofline` measures again).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devices import Device, Session
+from devices.cache import cache_root
+from ops.errors import DeployError
+from ops.spec import Input, Op, TensorType, bind
+from toolchain.build import compile_scheduled, export, hand_schedule, prim_module
+from toolchain.targets import Target
+from toolchain.timing import artifact_ms
+from toolchain.verify import run_artifact
+
+COPY_BYTES = 64 << 20
+REPEAT = 7
+
+
+class Copy(Op):
+    """out = x, as a memory-bound kernel to measure bandwidth with (not a registered op)."""
+
+    name = "copy"
+    inputs = (Input("x"),)
+    dtypes = ("float32",)
+    exact = True
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return inputs[0]
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: Any) -> Any:
+        from tvm import te
+
+        return te.compute(out.shape, lambda *i: x[i], name="out")
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
+
+def _cache_file() -> Path:
+    return cache_root() / "roofline.json"
+
+
+def measure_copy_gbps(session: Session, target: Target, emulated: bool) -> float:
+    """GB/s of a COPY_BYTES copy on the session (read + write bytes over the median time)."""
+    size = (COPY_BYTES // 4) if not emulated else (4 << 20) // 4  # qemu: keep it short
+    bound = bind(Copy(), {}, [TensorType((size,), "float32")])
+    mod, name = hand_schedule(prim_module(bound, target), bound, target)
+    with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
+        directory = Path(tmp) / "copy"
+        manifest = export(compile_scheduled(bound, target, mod, name), directory)
+        data = np.random.default_rng(0).standard_normal(size).astype("float32")
+        if not np.array_equal(run_artifact(session, directory, manifest, [data]), data):
+            raise DeployError(f"the copy kernel for {target.name} returned wrong data: no roofline")
+        ms = artifact_ms(session, directory, manifest, [data], REPEAT)
+    return 2 * data.nbytes / (ms / 1e3) / 1e9
+
+
+def copy_gbps(session: Session, target: Target, device: Device, fresh: bool = False) -> float:
+    """The device's copy bandwidth for `target` modules, from the cache unless `fresh`."""
+    path = _cache_file()
+    key = f"{target.name}@{device.name}"
+    try:
+        cached = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        cached = {}
+    if not fresh and key in cached:
+        return float(cached[key]["gb_per_s"])
+    gbps = measure_copy_gbps(session, target, device.emulated)
+    cached[key] = {"gb_per_s": gbps, "bytes": COPY_BYTES, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(cached, indent=2) + "\n")
+    partial.replace(path)
+    return gbps
