@@ -23,6 +23,7 @@ from schedules.cpu import generic_cpu
 from schedules.registry import ScheduleContext
 from toolchain.build import prim_module, schedule
 from toolchain.compare import compare, random_input
+from toolchain.cpu_lowering import compile_cpu
 from toolchain.targets import get_target
 from toolchain.timing import host_ms
 
@@ -35,8 +36,7 @@ WORKLOADS = [
 
 
 def export(mod, target, folder: Path, name: str) -> Path:
-    with tvm.transform.PassContext(opt_level=3):
-        executable = tvm.compile(mod, target=target.tvm_target())
+    executable = compile_cpu(mod, target.tvm_target())
     path = folder / f"{name}.so"
     executable.export_library(str(path))
     return path

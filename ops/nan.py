@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tvm import tirx
@@ -21,3 +22,11 @@ def is_nan_bits(value: Any, dtype: str) -> Any:
     itype, mask, inf = NAN_BITS[dtype]
     bits = tirx.reinterpret(itype, value)
     return tirx.bitwise_and(bits, tirx.const(mask, itype)) > tirx.const(inf, itype)
+
+
+def any_nan_bits(values: list[Any], dtype: str) -> Any:
+    """TE expression: whether any of the float `values` is NaN — the largest magnitude bits
+    against +inf's, one integer max per value instead of a test and an or."""
+    itype, mask, inf = NAN_BITS[dtype]
+    magnitudes = [tirx.bitwise_and(tirx.reinterpret(itype, v), tirx.const(mask, itype)) for v in values]
+    return functools.reduce(tirx.max, magnitudes) > tirx.const(inf, itype)

@@ -18,7 +18,7 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, IntPair
 from ops.errors import UsageError
-from ops.nan import is_nan_bits
+from ops.nan import any_nan_bits
 from ops.spec import TensorType
 
 MAX_KERNEL = 16
@@ -149,7 +149,7 @@ def nan_propagating_max(values: list[Any], dtype: str) -> Any:
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
     if target is not None and target.kind.name == "llvm" and triple.startswith(("aarch64", "arm")):
         return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
-    any_nan = functools.reduce(tirx.Or, [is_nan_bits(value, dtype) for value in values])
+    any_nan = any_nan_bits(values, dtype)
     choose = tirx.if_then_else if target is not None and "gpu" in target.keys else tirx.Select
     return choose(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
 

@@ -1,0 +1,79 @@
+"""The maxpool+add graph and the memory-bound ops at sizes well beyond the last-level cache:
+our x86 builds against the copy roofline, numpy and PyTorch (CPU, same thread count), all
+measured in one run, every output checked against numpy first.
+
+    TVM_NUM_THREADS=2 .venv/bin/python bench/roofline_targets.py [--target x86] [--repeat 15]
+
+Targets (issue #7): maxpool_add within 1.5x of the roofline and at least 2x faster than PyTorch;
+add, leaky_relu and argmax within 1.5x of their rooflines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from devices import get_device
+from ops import TensorType, bind, get_op
+from toolchain.build import compile_op, export
+from toolchain.compare import compare, random_input
+from toolchain.roofline import measure_copy_gbps
+from toolchain.targets import get_target
+from toolchain.timing import artifact_ms, host_ms
+from toolchain.torch_baseline import torch_ms, torch_version
+from toolchain.verify import run_artifact
+
+# (op, attrs, input shapes, x roofline target, x faster than PyTorch target)
+WORKLOADS = [
+    ("maxpool_add", {}, [(32, 64, 112, 112), (32, 1, 56, 56)], 1.5, 2.0),
+    ("add", {}, [(32, 64, 112, 112), (32, 64, 112, 112)], 1.5, None),
+    ("leaky_relu", {}, [(32, 64, 112, 112)], 1.5, None),
+    ("argmax", {}, [(256, 100_000)], 1.5, None),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="x86")
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args()
+    target = get_target(args.target)
+    threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
+    device = get_device("local")
+    with device.open() as session, tempfile.TemporaryDirectory() as tmp:
+        bandwidth = measure_copy_gbps(session, target, emulated=False)
+        print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
+              f" medians of {args.repeat}; copy roofline {bandwidth:.1f} GB/s")  # fmt: skip
+        header = f"{'workload':38} {'MB':>6} {'ms':>7} {'roof ms':>7} {'x roof':>6} {'numpy':>8} {'torch':>7}"
+        print(f"{header} {'vs torch':>8}  targets")
+        for index, (name, attrs, shapes, roof_goal, torch_goal) in enumerate(WORKLOADS):
+            bound = bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes])
+            inputs = [random_input(t, np.random.default_rng(index)) for t in bound.inputs]
+            directory = Path(tmp) / f"{index}-{name}"
+            manifest = export(compile_op(bound, target), directory)
+            expected = np.asarray(bound.op.reference(bound.attrs, *inputs))
+            assert compare(expected, run_artifact(session, directory, manifest, inputs), bound.op.exact).ok
+            ms = artifact_ms(session, directory, manifest, inputs, args.repeat)
+            out = bound.output
+            moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
+            roof_ms = moved / (bandwidth * 1e9) * 1e3
+            numpy_ms = host_ms(
+                functools.partial(bound.op.reference, bound.attrs, *inputs), max(3, args.repeat // 3)
+            )
+            torch = torch_ms(name, bound.attrs, inputs, args.repeat)
+            met = [f"roofline {'met' if ms / roof_ms <= roof_goal else 'MISSED'} (<= {roof_goal}x)"]
+            if torch_goal is not None and torch is not None:
+                met.append(f"torch {'met' if torch / ms >= torch_goal else 'MISSED'} (>= {torch_goal}x)")
+            label = f"{name} {' '.join('x'.join(map(str, s)) for s in shapes)}"
+            torch_text = f"{torch:7.2f} {torch / ms:7.2f}x" if torch is not None else f"{'-':>7} {'-':>8}"
+            print(f"{label:38} {moved / 1e6:6.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f} {numpy_ms:8.2f}"
+                  f" {torch_text}  {', '.join(met)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
