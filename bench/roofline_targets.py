@@ -71,8 +71,8 @@ def main() -> None:
                 met.append(f"torch {'met' if torch / ms >= torch_goal else 'MISSED'} (>= {torch_goal}x)")
             label = f"{name} {' '.join('x'.join(map(str, s)) for s in shapes)}"
             torch_text = f"{torch:7.2f} {torch / ms:7.2f}x" if torch is not None else f"{'-':>7} {'-':>8}"
-            print(f"{label:38} {moved / 1e6:6.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f} {numpy_ms:8.2f}"
-                  f" {torch_text}  {', '.join(met)}")  # fmt: skip
+            figures = f"{moved / 1e6:6.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f} {numpy_ms:8.2f}"
+            print(f"{label:38} {figures} {torch_text}  {', '.join(met)}")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,15 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, Choice, Int
 from ops.errors import UsageError
-from ops.nan import is_nan_bits
+from ops.nan import NAN_BITS, is_nan_bits
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
 
 GPU_LANES = 64
 """Work-items that share one argmax on GPU targets."""
 CPU_LANES = 16
-"""Partial argmaxes per output on CPU targets (innermost axis): two AVX2 vectors, four NEON ones."""
+"""Partials per output on CPU targets (innermost axis): two AVX2 vectors, four NEON ones; half
+as many when that divides the axis and this does not (a ragged end re-reads with gathers)."""
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -40,6 +41,95 @@ def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
         return tirx.max_value(index_type), low
 
     return te.comm_reducer(combine, identity, name="argmax")
+
+
+def _strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int) -> te.Tensor:
+    """`lanes` strided partial argmaxes per output (lane l takes elements l, l + lanes, ...),
+    then their argmax. Past the end a lane re-reads the last element (no condition) under index
+    `extent`, which loses every tie with the real one."""
+    extent = int(x.shape[axis])
+    keep = 1 if keepdims else 0
+    reducer = _argmax_reducer(str(x.dtype), out.dtype)
+    steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
+
+    def partial(*i: Any) -> Any:
+        *outer, lane = i
+        k = steps * lanes + lane
+        index = (*outer[:axis], tirx.min(k, extent - 1), *outer[axis + keep :])
+        position = tirx.Select(k < extent, k, extent).astype(out.dtype)
+        return reducer((position, x[index]), axis=steps)
+
+    p_index, p_value = te.compute((*out.shape, lanes), partial, name="argmax_partial")
+    lane = te.reduce_axis((0, lanes), name="lane")
+
+    def combine(*i: Any) -> Any:
+        return reducer((p_index[(*i, lane)], p_value[(*i, lane)]), axis=lane)
+
+    index, _value = te.compute(out.shape, combine, name="argmax")
+    return index
+
+
+def _max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
+    """Argmax over the innermost axis as numpy does it: the row's maximum (NaN if any), then
+    the first index holding it — two passes of plain vector max/compare/min instead of one
+    pass of the (value, index) tie logic. Each pass keeps `lanes` strided partials (a vector)
+    that a per-row stage combines; past the end a lane re-reads the last element."""
+    *rows, extent = (int(d) for d in x.shape)
+    dtype = str(x.dtype)
+    floating = dtype.startswith("float")
+    steps = (extent + lanes - 1) // lanes
+
+    def element(row: tuple[Any, ...], lane: Any, step: Any) -> Any:
+        return x[(*row, tirx.min(step * lanes + lane, extent - 1))]
+
+    def magnitude(value: Any) -> Any:
+        itype, mask, _inf = NAN_BITS[dtype]
+        return tirx.bitwise_and(tirx.reinterpret(itype, value), tirx.const(mask, itype))
+
+    step = te.reduce_axis((0, steps), name="step")
+    if floating:  # the max of the values, and of the magnitudes' bits: NaN above +inf
+        pair = te.comm_reducer(
+            lambda a, b: (te.max(a[0], b[0]), te.max(a[1], b[1])),
+            lambda t0, t1: (tirx.const(float("-inf"), t0), tirx.min_value(t1)),
+            name="max_and_nan",
+        )
+
+        def partial_max(*i: Any) -> Any:
+            value = element(tuple(i[:-1]), i[-1], step)
+            return pair((value, magnitude(value)), axis=step)
+
+        p_max, p_mag = te.compute((*rows, lanes), partial_max, name="argmax_partial_max")
+        lane = te.reduce_axis((0, lanes), name="lane")
+        row_max, row_mag = te.compute(
+            tuple(rows), lambda *r: pair((p_max[(*r, lane)], p_mag[(*r, lane)]), axis=lane), name="argmax_max"
+        )
+
+        def hit(row: tuple[Any, ...], value: Any) -> Any:
+            inf = tirx.const(NAN_BITS[dtype][2], NAN_BITS[dtype][0])
+            return tirx.Select(row_mag[row] > inf, magnitude(value) > inf, value == row_max[row])
+    else:
+        p_max = te.compute(
+            (*rows, lanes), lambda *i: te.max(element(tuple(i[:-1]), i[-1], step), axis=step),
+            name="argmax_partial_max",
+        )  # fmt: skip
+        lane = te.reduce_axis((0, lanes), name="lane")
+        row_max = te.compute(tuple(rows), lambda *r: te.max(p_max[(*r, lane)], axis=lane), name="argmax_max")
+
+        def hit(row: tuple[Any, ...], value: Any) -> Any:
+            return value == row_max[row]
+
+    find = te.reduce_axis((0, steps), name="find")
+
+    def partial_first(*i: Any) -> Any:
+        row, position = tuple(i[:-1]), find * lanes + i[-1]
+        found = hit(row, element(row, i[-1], find))
+        return te.min(tirx.Select(found, position, extent), axis=find)
+
+    p_first = te.compute((*rows, lanes), partial_first, name="argmax_partial_first")
+    lane2 = te.reduce_axis((0, lanes), name="lane2")
+    first = te.compute(tuple(rows), lambda *r: te.min(p_first[(*r, lane2)], axis=lane2), name="argmax_first")
+    kept = len(rows)  # keepdims adds a trailing axis of extent 1
+    return te.compute(out.shape, lambda *r: first[r[:kept]].astype(out.dtype), name="argmax")
 
 
 @register
@@ -78,47 +168,27 @@ class Argmax(Op):
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        """One reduction; in two stages where that vectorizes or spreads the work: `lanes`
-        strided partial argmaxes per output (lane l takes elements l, l + lanes, ...), then
-        their argmax. GPU targets: GPU_LANES, one per work-item of a work-group; CPU targets
-        reducing the innermost axis: CPU_LANES, one per vector lane."""
+        """One reduction, or where that vectorizes or spreads the work better: on GPU targets
+        GPU_LANES strided partial argmaxes per output (one per work-item of a work-group), then
+        their argmax; on CPU targets over the innermost axis, max-then-find (`_max_then_find`)."""
         rank = len(x.shape)
         axis = self._axis(attrs, rank)
         extent = int(x.shape[axis])
+        target = tvm.target.Target.current(allow_none=True)
+        if target is not None and "gpu" in target.keys and extent >= 2:
+            return _strided_argmax(x, out, axis, attrs["keepdims"], min(GPU_LANES, extent))
+        if axis == rank - 1 and extent >= 2 * CPU_LANES:
+            exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
+            return _max_then_find(x, out, exact[0] if exact else CPU_LANES)
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
-        target = tvm.target.Target.current(allow_none=True)
-        gpu = target is not None and "gpu" in target.keys
-        lanes = min(GPU_LANES, extent) if gpu else (CPU_LANES if axis == rank - 1 else 1)
-        if lanes < 2 or (not gpu and extent < 2 * lanes):
-            k = te.reduce_axis((0, extent), name="k")
+        k = te.reduce_axis((0, extent), name="k")
 
-            def body(*i: Any) -> Any:
-                index = (*i[:axis], k, *i[axis + keep :])
-                return reducer((k.var.astype(out.dtype), x[index]), axis=k)
+        def body(*i: Any) -> Any:
+            index = (*i[:axis], k, *i[axis + keep :])
+            return reducer((k.var.astype(out.dtype), x[index]), axis=k)
 
-            index, _value = te.compute(out.shape, body, name="argmax")
-            return index
-
-        steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
-
-        def partial(*i: Any) -> Any:
-            """Past the end a lane re-reads the last element (no condition, so it vectorizes)
-            under index `extent`, which loses every tie with the real one."""
-            *outer, lane = i
-            k = steps * lanes + lane
-            index = (*outer[:axis], tirx.min(k, extent - 1), *outer[axis + keep :])
-            position = tirx.Select(k < extent, k, extent).astype("int32")
-            return partial_reducer((position, x[index]), axis=steps)
-
-        partial_reducer = _argmax_reducer(str(x.dtype), "int32")  # half the vector width of int64
-        p_index, p_value = te.compute((*out.shape, lanes), partial, name="argmax_partial")
-        lane = te.reduce_axis((0, lanes), name="lane")
-
-        def combine(*i: Any) -> Any:
-            return reducer((p_index[(*i, lane)].astype(out.dtype), p_value[(*i, lane)]), axis=lane)
-
-        index, _value = te.compute(out.shape, combine, name="argmax")
+        index, _value = te.compute(out.shape, body, name="argmax")
         return index
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:

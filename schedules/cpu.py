@@ -141,20 +141,29 @@ def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None
     sch.decompose_reduction(block, reduce)
 
 
-def strided_partials(sch: Any, ctx: ScheduleContext) -> None:
-    """Two-stage reduction (per output: partial results over strided lanes, then their
-    combination): per output, the partials step through the input a vector at a time, one
-    lane each, then combine; outputs in parallel."""
-    partial, final = blocks(sch)
+def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
+    """Multi-stage reduction whose stages each hold a few values per output (e.g. argmax's
+    vector partials, row max, partial first index): every stage is computed per output, inside
+    the last stage's loop over outputs (in parallel); a stage over (lane, step) steps through
+    the input a vector at a time, one lane each."""
+    *stages, final = blocks(sch)
     loops = sch.get_loops(final)
-    outer = fused_or_unit(sch, loops[:-1], loops[0])
-    sch.compute_at(partial, outer)
-    lane, step = sch.get_loops(partial)[-2:]
-    sch.reorder(step, lane)
-    sch.vectorize(lane)
+    spatial = loops if is_spatial(sch, final) else loops[:-1]
+    outer = fused_or_unit(sch, spatial, loops[0] if loops else final)
+    for stage in reversed(stages):
+        sch.compute_at(stage, outer)
+    vector_stages = []
+    for stage in stages:
+        inner = sch.get_loops(stage)[1:]
+        if len(inner) == 2:
+            lane, step = inner
+            sch.reorder(step, lane)
+            sch.vectorize(lane)
+            vector_stages.append((stage, step))
     if math.prod(ctx.bound.inputs[0].shape) >= MIN_PARALLEL_WORK * 16 and int(sch.get(outer).extent) > 1:
         sch.parallel(outer)
-    sch.decompose_reduction(partial, step)
+    for stage, step in vector_stages:
+        sch.decompose_reduction(stage, step)
 
 
 def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
@@ -165,11 +174,11 @@ def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
 
 
 def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
-    """Single-input reduction over attribute `axis` (argmax): the two-stage form -> strided
-    vector partials; innermost axis -> parallel rows, sequential scan; another axis -> reduce
-    outside the contiguous axes."""
-    if len(blocks(sch)) == 2:
-        strided_partials(sch, ctx)
+    """Single-input reduction over attribute `axis` (argmax): a multi-stage form -> per-output
+    stages; innermost axis -> parallel rows, sequential scan; another axis -> reduce outside the
+    contiguous axes."""
+    if len(blocks(sch)) > 1:
+        per_output_stages(sch, ctx)
         return
     rank = len(ctx.bound.inputs[0].shape)
     axis = ctx.bound.attrs["axis"] % rank

@@ -108,3 +108,24 @@ def test_max_pool_propagates_nan_like_numpy(op_name, dtype, local_session):
         op_name, {"kernel": 3, "stride": 2, "padding": 1}, *inputs, local_session=local_session
     )
     assert comparison.ok, comparison.detail
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint8", "int64"])
+@pytest.mark.parametrize("extent", [32, 40, 50, 1000])
+def test_wide_argmax_rows_like_numpy(dtype, extent, local_session):
+    """Rows wide enough for the CPU's max-then-find form: lanes dividing the row or not, the max
+    tied across lanes, NaN anywhere (first wins), rows all NaN or all minimum."""
+    rng = np.random.default_rng(extent)
+    floating = np.issubdtype(np.dtype(dtype), np.floating)
+    x = rng.integers(0, 5, size=(8, extent)).astype(dtype)  # many ties of the max
+    low = -np.inf if floating else np.iinfo(dtype).min
+    x[1] = low
+    if floating:
+        x[2, [extent - 1, 7]] = np.nan
+        x[3] = np.nan
+        x[4, 17] = np.nan
+        x[5, :] = -np.inf
+        x[5, extent - 1] = np.inf
+    for attrs in ({"axis": -1}, {"axis": 1, "keepdims": True, "out_dtype": "int32"}):
+        comparison, _ = compiled("argmax", attrs, x, local_session=local_session)
+        assert comparison.ok, f"{attrs}: {comparison.detail}"
