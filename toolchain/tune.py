@@ -9,7 +9,6 @@ accepted record is ever built by `--tuned`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -22,17 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from devices import Device, Session
 from ops.errors import DeployError, UsageError
 from ops.spec import BoundOp
 from toolchain import tuning_db
 from toolchain.build import compile_scheduled, export, prim_module
-from toolchain.compare import compare, random_input
 from toolchain.targets import Target
 from toolchain.tune_runner import builder, local_runner, session_runner
-from toolchain.verify import check_device, run_artifact
+from toolchain.verify import check_artifact, check_device
 
 BATCH = 8
 """Candidates per search iteration: records are written after each batch."""
@@ -248,30 +244,13 @@ def _accept(
 
 
 def _verify_record(bound: BoundOp, target: Target, record: Any, session: Session) -> tuple[float, str]:
-    """Build the record as `deploy build --tuned` would and compare it with numpy on the session,
-    on random inputs and on inputs full of ties. Returns (max error, "" or what went wrong)."""
+    """Build the record as `deploy build --tuned` would and check it against numpy on the
+    session (`check_artifact`). Returns (max error, "" or what went wrong)."""
     try:
         mod = tuning_db.apply_record(prim_module(bound, target), record)
         compiled = compile_scheduled(bound, target, mod, "tuned", tuning_db.record_id(record))
         with tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
             directory = Path(tmp) / "artifact"
-            manifest = export(compiled, directory)
-            worst = 0.0
-            for ties in (False, True):
-                rng = np.random.default_rng(1)
-                inputs = [random_input(t, rng, ties=ties) for t in bound.inputs]
-                actual = run_artifact(session, directory, manifest, inputs)
-                comparison = compare(
-                    np.asarray(bound.op.reference(bound.attrs, *inputs)), actual, bound.op.exact
-                )
-                if not comparison.ok:
-                    return comparison.max_error, f"differs from numpy: {comparison.detail}"
-                worst = max(worst, comparison.max_error)
+            return check_artifact(session, bound, directory, export(compiled, directory)), ""
     except DeployError as exc:
         return float("inf"), str(exc)
-    return worst, ""
-
-
-def describe_task(directory: Path) -> dict[str, Any]:
-    """The task.json of a task directory."""
-    return dict(json.loads((directory / tuning_db.TASK).read_text()))

@@ -48,6 +48,21 @@ def run_artifact(
     return session.run(module, inputs, tuple(out["shape"]), out["dtype"])
 
 
+def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: Manifest) -> float:
+    """Run the artifact of `bound` on seeded random inputs and on inputs full of ties; the
+    largest error against numpy. A mismatch is a DeployError saying how it differs."""
+    worst = 0.0
+    for ties in (False, True):
+        rng = np.random.default_rng(1)
+        inputs = [random_input(t, rng, ties=ties) for t in bound.inputs]
+        actual = run_artifact(session, directory, manifest, inputs)
+        comparison = compare(np.asarray(bound.op.reference(bound.attrs, *inputs)), actual, bound.op.exact)
+        if not comparison.ok:
+            raise DeployError(f"{manifest.schedule} build differs from numpy: {comparison.detail}")
+        worst = max(worst, comparison.max_error)
+    return worst
+
+
 @dataclass(frozen=True)
 class CaseResult:
     op: str
