@@ -10,7 +10,7 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, Choice, Int
 from ops.errors import UsageError
-from ops.nan import NAN_BITS, is_nan_bits
+from ops.nan import is_nan_bits
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
 
@@ -70,66 +70,56 @@ def _strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, la
 
 
 def _max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
-    """Argmax over the innermost axis as numpy does it: the row's maximum (NaN if any), then
-    the first index holding it — two passes of plain vector max/compare/min instead of one
-    pass of the (value, index) tie logic. Each pass keeps `lanes` strided partials (a vector)
-    that a per-row stage combines; past the end a lane re-reads the last element."""
+    """Argmax over the innermost axis in one vector pass: `lanes` strided partials per row, each
+    keeping its strictly greatest value with that value's position (so its first) and the
+    position of its first NaN; a per-row stage then takes the first NaN if any, else the
+    greatest value's first position. A lane that never moves off the identity reports (minimum,
+    0), which only wins when the whole row is the minimum, where 0 is the answer. Past the end
+    a lane re-reads the last element under a position past the end, which loses every tie."""
     *rows, extent = (int(d) for d in x.shape)
     dtype = str(x.dtype)
     floating = dtype.startswith("float")
-    steps = (extent + lanes - 1) // lanes
+    far = tirx.const(extent, "int32")
 
-    def element(row: tuple[Any, ...], lane: Any, step: Any) -> Any:
-        return x[(*row, tirx.min(step * lanes + lane, extent - 1))]
+    def keep_greatest(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+        take = b[0] > a[0]
+        nan = (tirx.min(a[2], b[2]),) if floating else ()
+        return (tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1]), *nan)
 
-    def magnitude(value: Any) -> Any:
-        itype, mask, _inf = NAN_BITS[dtype]
-        return tirx.bitwise_and(tirx.reinterpret(itype, value), tirx.const(mask, itype))
+    def identity(*types: str) -> tuple[Any, ...]:
+        low = tirx.const(float("-inf"), types[0]) if floating else tirx.min_value(types[0])
+        return (low, tirx.const(0, types[1]), *((far,) if floating else ()))
 
-    step = te.reduce_axis((0, steps), name="step")
-    if floating:  # the max of the values, and of the magnitudes' bits: NaN above +inf
-        pair = te.comm_reducer(
-            lambda a, b: (te.max(a[0], b[0]), te.max(a[1], b[1])),
-            lambda t0, t1: (tirx.const(float("-inf"), t0), tirx.min_value(t1)),
-            name="max_and_nan",
-        )
+    scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+    step = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
 
-        def partial_max(*i: Any) -> Any:
-            value = element(tuple(i[:-1]), i[-1], step)
-            return pair((value, magnitude(value)), axis=step)
+    def partial(*i: Any) -> Any:
+        position = step * lanes + i[-1]
+        value = x[(*i[:-1], tirx.min(position, extent - 1))]
+        nan = (tirx.Select(is_nan_bits(value, dtype), position, far),) if floating else ()
+        return scan((value, position, *nan), axis=step)
 
-        p_max, p_mag = te.compute((*rows, lanes), partial_max, name="argmax_partial_max")
-        lane = te.reduce_axis((0, lanes), name="lane")
-        row_max, row_mag = te.compute(
-            tuple(rows), lambda *r: pair((p_max[(*r, lane)], p_mag[(*r, lane)]), axis=lane), name="argmax_max"
-        )
-
-        def hit(row: tuple[Any, ...], value: Any) -> Any:
-            inf = tirx.const(NAN_BITS[dtype][2], NAN_BITS[dtype][0])
-            return tirx.Select(row_mag[row] > inf, magnitude(value) > inf, value == row_max[row])
-    else:
-        p_max = te.compute(
-            (*rows, lanes), lambda *i: te.max(element(tuple(i[:-1]), i[-1], step), axis=step),
-            name="argmax_partial_max",
-        )  # fmt: skip
-        lane = te.reduce_axis((0, lanes), name="lane")
-        row_max = te.compute(tuple(rows), lambda *r: te.max(p_max[(*r, lane)], axis=lane), name="argmax_max")
-
-        def hit(row: tuple[Any, ...], value: Any) -> Any:
-            return value == row_max[row]
-
-    find = te.reduce_axis((0, steps), name="find")
-
-    def partial_first(*i: Any) -> Any:
-        row, position = tuple(i[:-1]), find * lanes + i[-1]
-        found = hit(row, element(row, i[-1], find))
-        return te.min(tirx.Select(found, position, extent), axis=find)
-
-    p_first = te.compute((*rows, lanes), partial_first, name="argmax_partial_first")
-    lane2 = te.reduce_axis((0, lanes), name="lane2")
-    first = te.compute(tuple(rows), lambda *r: te.min(p_first[(*r, lane2)], axis=lane2), name="argmax_first")
+    partials = te.compute((*rows, lanes), partial, name="argmax_partial")
+    reducer = _argmax_reducer(dtype, "int32")
+    lane = te.reduce_axis((0, lanes), name="lane")
+    p_value, p_index = partials[0], partials[1]
+    best, _value = te.compute(
+        tuple(rows),
+        lambda *r: reducer((p_index[(*r, lane)], p_value[(*r, lane)]), axis=lane),
+        name="argmax_best",
+    )
     kept = len(rows)  # keepdims adds a trailing axis of extent 1
-    return te.compute(out.shape, lambda *r: first[r[:kept]].astype(out.dtype), name="argmax")
+    if not floating:
+        return te.compute(out.shape, lambda *r: best[r[:kept]].astype(out.dtype), name="argmax")
+    p_nan = partials[2]
+    lane2 = te.reduce_axis((0, lanes), name="lane2")
+    first_nan = te.compute(tuple(rows), lambda *r: te.min(p_nan[(*r, lane2)], axis=lane2), name="argmax_nan")
+
+    def answer(*r: Any) -> Any:
+        nan = first_nan[r[:kept]]
+        return tirx.Select(nan < far, nan, best[r[:kept]]).astype(out.dtype)
+
+    return te.compute(out.shape, answer, name="argmax")
 
 
 @register
