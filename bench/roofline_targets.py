@@ -46,10 +46,11 @@ def main() -> None:
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     device = get_device("local")
     with device.open() as session, tempfile.TemporaryDirectory() as tmp:
-        bandwidth = measure_copy_gbps(session, target, emulated=False)
         print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
-              f" medians of {args.repeat}; copy roofline {bandwidth:.1f} GB/s")  # fmt: skip
-        header = f"{'workload':38} {'MB':>6} {'ms':>7} {'roof ms':>7} {'x roof':>6} {'numpy':>8} {'torch':>7}"
+              f" medians of {args.repeat}; the copy roofline is measured right before each workload"
+              " (this machine's bandwidth drifts between minutes)")  # fmt: skip
+        header = f"{'workload':38} {'MB':>6} {'copy GB/s':>9} {'ms':>7} {'roof ms':>7} {'x roof':>6}"
+        header += f" {'numpy':>8} {'torch':>7}"
         print(f"{header} {'vs torch':>8}  targets")
         for index, (name, attrs, shapes, roof_goal, torch_goal) in enumerate(WORKLOADS):
             bound = bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes])
@@ -58,6 +59,7 @@ def main() -> None:
             manifest = export(compile_op(bound, target), directory)
             expected = np.asarray(bound.op.reference(bound.attrs, *inputs))
             assert compare(expected, run_artifact(session, directory, manifest, inputs), bound.op.exact).ok
+            bandwidth = measure_copy_gbps(session, target, emulated=False)
             ms = artifact_ms(session, directory, manifest, inputs, args.repeat)
             out = bound.output
             moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
@@ -71,7 +73,8 @@ def main() -> None:
                 met.append(f"torch {'met' if torch / ms >= torch_goal else 'MISSED'} (>= {torch_goal}x)")
             label = f"{name} {' '.join('x'.join(map(str, s)) for s in shapes)}"
             torch_text = f"{torch:7.2f} {torch / ms:7.2f}x" if torch is not None else f"{'-':>7} {'-':>8}"
-            figures = f"{moved / 1e6:6.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f} {numpy_ms:8.2f}"
+            figures = f"{moved / 1e6:6.1f} {bandwidth:9.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f}"
+            figures += f" {numpy_ms:8.2f}"
             print(f"{label:38} {figures} {torch_text}  {', '.join(met)}")
 
 
