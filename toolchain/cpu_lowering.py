@@ -3,7 +3,7 @@
 TVM turns a vector load with stride 2 (a stride-2 pooling window along W) into one scalar load
 and insert per lane. `deinterleave_stride2` loads the 2*lanes elements those lanes span as two
 contiguous vectors and picks every other lane with a shuffle, which LLVM lowers to vector loads
-plus shuffles (x86) or `ld2` (AArch64).
+plus shuffles (`vshufps`/`vpermpd` on x86, `uzp` on AArch64).
 """
 
 from __future__ import annotations
