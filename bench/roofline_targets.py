@@ -22,7 +22,7 @@ from devices import get_device
 from ops import TensorType, bind, get_op
 from toolchain.build import compile_op, export
 from toolchain.compare import compare, random_input
-from toolchain.roofline import measure_copy_gbps
+from toolchain.roofline import bytes_moved, measure_copy_gbps, roofline_ms
 from toolchain.targets import get_target
 from toolchain.timing import artifact_ms, host_ms
 from toolchain.torch_baseline import torch_ms, torch_version
@@ -61,9 +61,8 @@ def main() -> None:
             assert compare(expected, run_artifact(session, directory, manifest, inputs), bound.op.exact).ok
             bandwidth = measure_copy_gbps(session, target, emulated=False)
             ms = artifact_ms(session, directory, manifest, inputs, args.repeat)
-            out = bound.output
-            moved = sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
-            roof_ms = moved / (bandwidth * 1e9) * 1e3
+            moved = bytes_moved(inputs, bound.output)
+            roof_ms = roofline_ms(moved, bandwidth)
             numpy_ms = host_ms(
                 functools.partial(bound.op.reference, bound.attrs, *inputs), max(3, args.repeat // 3)
             )

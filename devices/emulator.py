@@ -11,8 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from rich.console import Console
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from devices.cache import cache_root
 from devices.registry import register_device
-from devices.rpc import RpcEndpoint, RpcSession, connect
+from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
 from devices.server_process import Server, ServerState, accepts, free_port, spawn
 from devices.sysroot import Sysroot
 from ops.errors import DeployError
@@ -120,7 +119,7 @@ class Emulator:
         return self.state.stop()
 
 
-class EmulatorDevice:
+class EmulatorDevice(EndpointDevice):
     """aarch64 under qemu-aarch64 on this machine (correctness, not performance)."""
 
     name = "emulator"
@@ -130,20 +129,10 @@ class EmulatorDevice:
     def __init__(self) -> None:
         self.emulator = Emulator()
 
-    @contextmanager
-    def rpc_endpoint(self) -> Iterator[RpcEndpoint]:
-        """Keep a server up while the context lasts: the one `deploy device emulator start` left
-        running, else (or after a restart) our own, stopped on exit."""
-        endpoint = _EmulatorEndpoint(self.emulator)
-        try:
-            yield endpoint
-        finally:
-            endpoint.stop()
-
-    @contextmanager
-    def open(self) -> Iterator[RpcSession]:
-        with self.rpc_endpoint() as endpoint, endpoint.session() as session:
-            yield session
+    def new_endpoint(self) -> RpcEndpoint:
+        """The server `deploy device emulator start` left running, else (or after a restart) our
+        own, stopped when the endpoint closes."""
+        return _EmulatorEndpoint(self.emulator)
 
 
 class _EmulatorEndpoint:
@@ -159,7 +148,7 @@ class _EmulatorEndpoint:
         if detached is not None:
             return detached
         if self.own is None or not self.own.alive():
-            self.stop()
+            self.close()
             self.own = self.emulator.start()
         return self.own
 
@@ -171,9 +160,9 @@ class _EmulatorEndpoint:
     def restart(self) -> None:
         """Our own server from now on (a detached one is left to its owner), started afresh."""
         self.use_detached = False
-        self.stop()
+        self.close()
 
-    def stop(self) -> None:
+    def close(self) -> None:
         if self.own is not None:
             self.own.stop()
             Path(self.own.log).unlink(missing_ok=True)

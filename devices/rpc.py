@@ -75,6 +75,31 @@ class RpcEndpoint(Protocol):
         """Start the server afresh: TVM's server stops accepting after a session crashed."""
         ...
 
+    def close(self) -> None:
+        """Stop what the endpoint started."""
+        ...
+
+
+class EndpointDevice:
+    """A device whose sessions come from an endpoint (`new_endpoint()`) kept up while a context
+    lasts: `rpc_endpoint()` for many sessions (tuning), `open()` for one."""
+
+    def new_endpoint(self) -> RpcEndpoint:
+        raise NotImplementedError
+
+    @contextmanager
+    def rpc_endpoint(self) -> Iterator[RpcEndpoint]:
+        endpoint = self.new_endpoint()
+        try:
+            yield endpoint
+        finally:
+            endpoint.close()
+
+    @contextmanager
+    def open(self) -> Iterator[RpcSession]:
+        with self.rpc_endpoint() as endpoint, endpoint.session() as session:
+            yield session
+
 
 @contextmanager
 def connect(

@@ -26,7 +26,7 @@ import paramiko
 
 from devices.boards import Board, get_board, known_hosts_file
 from devices.registry import DeviceLost, register_device_source
-from devices.rpc import RpcEndpoint, RpcSession, connect
+from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
 from ops.errors import DeployError, first_line
 
 CONNECT_TIMEOUT_S = 15.0
@@ -234,7 +234,7 @@ class RemoteServer:
         self._channel.close()
 
 
-class SshDevice:
+class SshDevice(EndpointDevice):
     """A board registered with `deploy device add`.
 
     The SSH connection, the remote server and the port forward live in a helper process
@@ -249,19 +249,9 @@ class SshDevice:
         self.name = board.name
         self.arch = board.arch
 
-    @contextmanager
-    def rpc_endpoint(self) -> Iterator[RpcEndpoint]:
-        """Keep the board's server and the port forward up while the context lasts."""
-        endpoint = _BoardEndpoint(self)
-        try:
-            yield endpoint
-        finally:
-            endpoint.close()
-
-    @contextmanager
-    def open(self) -> Iterator[RpcSession]:
-        with self.rpc_endpoint() as endpoint, endpoint.session() as session:
-            yield session
+    def new_endpoint(self) -> RpcEndpoint:
+        """The board's server and the port forward, started on the first session."""
+        return _BoardEndpoint(self)
 
 
 class _BoardEndpoint:

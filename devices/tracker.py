@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from devices.cache import cache_root
 from devices.registry import DeviceLost
-from devices.rpc import RpcSession, rpc_session
+from devices.rpc import EndpointDevice, RpcSession, rpc_session
 from devices.server_process import Server, ServerState, accepts, spawn
 from ops.errors import DeployError, UsageError, first_line
 
@@ -82,7 +82,7 @@ def free_servers(host: str, port: int, key: str) -> int:
     return int(queue.get(key, {}).get("free", 0))
 
 
-class TrackerDevice:
+class TrackerDevice(EndpointDevice):
     """Any free server registered under `key` with the tracker at host:port."""
 
     emulated = False
@@ -95,13 +95,15 @@ class TrackerDevice:
         """Servers of this key that are free now (the parallelism a run can use)."""
         return free_servers(self.host, self.port, self.key)
 
-    @contextmanager
-    def rpc_endpoint(self) -> Iterator[TrackerDevice]:
-        """Each session is a fresh request for any free server of the key."""
-        yield self
+    def new_endpoint(self) -> TrackerDevice:
+        """The device is its own endpoint: each session is a fresh request for a free server."""
+        return self
 
     def restart(self) -> None:
         """Nothing to restart here: a server whose session crashed leaves the tracker's pool."""
+
+    def close(self) -> None:
+        """Nothing to stop: the servers belong to the farm."""
 
     @contextmanager
     def session(self, session_timeout_s: float = 0) -> Iterator[RpcSession]:
@@ -118,6 +120,3 @@ class TrackerDevice:
             raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {first_line(str(exc))}") from None
         with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session
-
-    def open(self) -> AbstractContextManager[RpcSession]:
-        return self.session(0)

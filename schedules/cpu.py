@@ -120,8 +120,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
             for part in partition(sch, chunk_loop, first, max(first, last)):
                 (part_block,) = sch.get_child_blocks(part)
                 sch.vectorize(sch.get_loops(part_block)[-1])
-    if fused is not None and work >= MIN_PARALLEL_WORK and int(sch.get(fused).extent) > 1:
-        sch.parallel(fused)
+    parallel_outer(sch, [fused] if fused is not None else [], work)
 
 
 def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:

@@ -75,11 +75,15 @@ def tuned_schedule(
 
     if target.tuned is None:
         return None
-    entry = accepted(task_dir(target.tuned, bound, target.name))
-    if entry is not None and "work_group" in entry:
+    directory = task_dir(target.tuned, bound, target.name)
+    entry = accepted(directory)
+    if entry is None:
+        return None
+    if "work_group" in entry:
         sized = replace(target, work_group=int(entry["work_group"]))
         return hand_schedule(mod, bound, sized, cores)[0], entry["record"]
-    return tuned_module(target.tuned, bound, target.name, mod)
+    tuned = tuned_module(directory, entry["record"], mod)
+    return (tuned, entry["record"]) if tuned is not None else None
 
 
 def hand_schedule(mod: Any, bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:

@@ -49,6 +49,16 @@ class Copy(Op):
         return x.copy()
 
 
+def bytes_moved(inputs: list[np.ndarray], out: TensorType) -> int:
+    """Bytes a memory-bound op must move at least: every input read once, the output written once."""
+    return sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
+
+
+def roofline_ms(moved: int, gb_per_s: float) -> float:
+    """Milliseconds `moved` bytes take at the copy bandwidth `gb_per_s`."""
+    return moved / (gb_per_s * 1e9) * 1e3
+
+
 def _cache_file() -> Path:
     return cache_root() / "roofline.json"
 

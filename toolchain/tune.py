@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from devices import Device, Session
+from devices.rpc import EndpointDevice
 from ops.errors import DeployError, UsageError
 from ops.spec import BoundOp
 from toolchain import tuning_db
@@ -63,10 +64,9 @@ def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tup
     if device.name == "local":
         yield local_runner(timeout_s), device.open
         return
-    endpoint = getattr(device, "rpc_endpoint", None)
-    if endpoint is None:
+    if not isinstance(device, EndpointDevice):
         raise UsageError(f"device {device.name} cannot measure tuning candidates (local or RPC devices can)")
-    with endpoint() as rpc:
+    with device.rpc_endpoint() as rpc:
         yield session_runner(rpc, bound, timeout_s), rpc.session
 
 

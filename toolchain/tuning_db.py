@@ -105,17 +105,11 @@ def apply_record(mod: Any, record: Any) -> Any:
     return sch.mod
 
 
-def tuned_module(root: Path, bound: BoundOp, target_name: str, mod: Any) -> tuple[Any, str] | None:
-    """`mod` scheduled by the accepted record of its task under `root`, with the record's id; None
-    when the task has no accepted record or its records were tuned for another computation."""
-    directory = task_dir(root, bound, target_name)
-    entry = accepted(directory)
-    if entry is None:
-        return None
-    record = TaskRecords.load(directory, mod).by_id(entry["record"])
-    if record is None:
-        return None
-    return apply_record(mod, record), entry["record"]
+def tuned_module(directory: Path, record: str, mod: Any) -> Any | None:
+    """`mod` scheduled by the record with id `record` in the task `directory`; None when it is not
+    there for this module (its records were tuned for another computation)."""
+    found = TaskRecords.load(directory, mod).by_id(record)
+    return apply_record(mod, found) if found is not None else None
 
 
 def accepted_id(root: Path, bound: BoundOp, target_name: str) -> str | None:
