@@ -19,7 +19,7 @@ from ops.errors import DeployError, UsageError, first_line
 from ops.spec import BoundOp, Case, Op, TensorType, bind
 from toolchain.cache import cached_build
 from toolchain.compare import Comparison, compare, random_input
-from toolchain.elf import check_machine
+from devices.elf import check_machine
 from toolchain.manifest import Manifest
 from toolchain.targets import Target
 

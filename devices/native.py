@@ -1,0 +1,159 @@
+"""Native code for devices without Python: the TVM runtime libraries of an architecture, and
+programs compiled against them with the architecture's g++ (the RPC server, op bundles).
+
+The libraries come from TVM's PyPI wheels for the platform (fetched by this host's pip, cached;
+on a host of the same architecture, from the installed wheels); the tvm-ffi headers from the
+installed `tvm_ffi` package. A device then needs glibc and libstdc++, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from devices.cache import cache_root
+from devices.elf import elf_machine
+from devices.platforms import Platform
+from ops.errors import DeployError
+
+SOURCES = Path(__file__).resolve().parent / "native"
+SERVER_SOURCE = SOURCES / "rpc_server.cc"
+SERVER = "deploy-rpc-server"
+WHEELS = {"tvm": "apache-tvm==0.27.0.post1", "tvm_ffi": "apache-tvm-ffi==0.1.14.post1"}
+LIBRARIES = {"tvm": "libtvm_runtime.so", "tvm_ffi": "libtvm_ffi.so"}
+"""The runtime library each wheel contributes (from its `<package>/lib/`)."""
+CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-fPIC")
+
+
+def _package_dir(package: str) -> Path:
+    """Where an installed package lives, without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DeployError(f"Python package {package} is not installed (run ci/setup.sh)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def ffi_include() -> Path:
+    """The tvm-ffi C++ headers (dlpack is under them, as `dlpack/dlpack.h`)."""
+    return _package_dir("tvm_ffi") / "include"
+
+
+@contextmanager
+def _staged(final: Path) -> Iterator[Path]:
+    """A fresh directory beside `final` that becomes `final` in one rename when the block succeeds
+    (a concurrent writer that got there first wins; ours is dropped)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield staging
+        try:
+            os.replace(staging, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def runtime_libraries(target: Platform) -> Path:
+    """A directory with libtvm_runtime.so and libtvm_ffi.so for `target` (cached)."""
+    versions = "-".join(spec.split("==")[1] for spec in WHEELS.values())
+    directory = cache_root() / "runtime-libs" / f"{target.arch}-{versions}"
+    if all((directory / name).is_file() for name in LIBRARIES.values()):
+        return directory
+    with _staged(directory) as staging:
+        if target.native_here():
+            for package, name in LIBRARIES.items():
+                shutil.copy2(_package_dir(package) / "lib" / name, staging / name)
+        else:
+            _extract_from_wheels(target, staging)
+        for name in LIBRARIES.values():
+            machine = elf_machine(staging / name)
+            if machine != target.arch:
+                raise DeployError(f"{name} from the {target.arch} wheels is built for {machine}")
+    return directory
+
+
+def _extract_from_wheels(target: Platform, staging: Path) -> None:
+    wheels = cache_root() / "wheels" / target.arch
+    platforms = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
+    cmd = [
+        sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *platforms,
+        "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp",
+        "-d", str(wheels), *WHEELS.values(),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+        raise DeployError(f"pip could not fetch the {target.arch} TVM wheels: {tail}")
+    for package, name in LIBRARIES.items():
+        prefix = WHEELS[package].split("==")[0].replace("-", "_")
+        found = sorted(wheels.glob(f"{prefix}-{WHEELS[package].split('==')[1]}-*.whl"))
+        if not found:
+            raise DeployError(f"no {target.arch} wheel of {WHEELS[package]} in {wheels}")
+        with zipfile.ZipFile(found[-1]) as wheel, wheel.open(f"{package}/lib/{name}") as src:
+            with (staging / name).open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+        (staging / name).chmod(0o755)
+
+
+def require_compiler(target: Platform) -> None:
+    """A one-line error naming the Debian package when `target`'s g++ is missing."""
+    if shutil.which(target.gxx) is None:
+        raise DeployError(
+            f"C++ compiler {target.gxx} for {target.arch} not found: install the Debian package"
+            f" {target.gxx_package}"
+        )
+
+
+def compile_native(
+    target: Platform, sources: list[Path], output: Path, libraries: Path, extra: tuple[str, ...] = ()
+) -> None:
+    """Compile C++ `sources` for `target` into `output`, linked against the runtime libraries in
+    `libraries` (always loaded: they register the module loaders and `rpc.ServerLoop`)."""
+    require_compiler(target)
+    cmd = [
+        target.gxx, *CXXFLAGS, f"-I{ffi_include()}", *map(str, sources), "-o", str(output), *extra,
+        f"-L{libraries}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if "error" in line] or proc.stderr.splitlines()
+        raise DeployError(f"{target.gxx} failed on {sources[0].name}: {' | '.join(errors[:3])}")
+
+
+def _fingerprint(target: Platform, libraries: Path, sources: list[Path]) -> str:
+    """What the compiled output depends on: sources, flags, compiler and libraries."""
+    digest = hashlib.sha256(" ".join((target.arch, target.gxx, *CXXFLAGS)).encode())
+    version = subprocess.run([target.gxx, "--version"], capture_output=True, text=True).stdout
+    digest.update(version.encode())
+    for path in [*sources, *(libraries / name for name in sorted(LIBRARIES.values()))]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def native_runtime(target: Platform) -> Path:
+    """The device runtime for `target`: a directory with `deploy-rpc-server` and `lib/` (the TVM
+    runtime libraries it finds through its rpath), about 5 MB, built once per content hash."""
+    libraries = runtime_libraries(target)
+    require_compiler(target)
+    directory = cache_root() / "native" / f"{target.arch}-{_fingerprint(target, libraries, [SERVER_SOURCE])}"
+    if (directory / SERVER).is_file():
+        return directory
+    with _staged(directory) as staging:
+        shutil.copytree(libraries, staging / "lib")
+        compile_native(target, [SERVER_SOURCE], staging / SERVER, libraries, ("-Wl,-rpath,$ORIGIN/lib",))
+    return directory
+
+
+RUNTIME_FILES = (SERVER, *(f"lib/{name}" for name in sorted(LIBRARIES.values())))
+"""The files of a native runtime directory, relative to it: the server, then its libraries."""

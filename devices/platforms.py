@@ -1,0 +1,73 @@
+"""Device platforms as data: what deploy needs to build native code for an architecture and to
+emulate it on this host.
+
+Adding an architecture is one entry here once TVM publishes runtime wheels for it (armv7 and
+riscv64 have none on PyPI yet).
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+from ops.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Platform:
+    """An architecture ("aarch64", as `uname -m` and the ELF machine name it)."""
+
+    arch: str
+    wheel_tags: tuple[str, ...]
+    """pip `--platform` tags of its TVM wheels, most specific first."""
+    gxx: str
+    """The C++ compiler that targets it from this host, and the Debian package that has it."""
+    gxx_package: str
+    qemu: str | None = None
+    """qemu-user binary that runs it on this host, its package, and the `-L` library prefix
+    (Debian's cross libc and libstdc++: no sysroot to provision)."""
+    qemu_package: str = "qemu-user"
+    qemu_prefix: str | None = None
+
+    def native_here(self) -> bool:
+        return self.arch == platform.machine()
+
+    def emulator_command(self) -> list[str]:
+        """The words that run a program of this architecture on this host."""
+        if self.native_here():
+            return []
+        if self.qemu is None or self.qemu_prefix is None:
+            raise UsageError(f"no emulator for {self.arch} on this {platform.machine()} host")
+        return [self.qemu, "-L", self.qemu_prefix]
+
+
+_PLATFORMS = {
+    p.arch: p
+    for p in (
+        Platform(
+            arch="aarch64",
+            wheel_tags=("manylinux_2_28_aarch64", "manylinux2014_aarch64", "manylinux_2_17_aarch64"),
+            gxx="aarch64-linux-gnu-g++",
+            gxx_package="g++-aarch64-linux-gnu",
+            qemu="qemu-aarch64",
+            qemu_prefix="/usr/aarch64-linux-gnu",
+        ),
+        Platform(
+            arch="x86_64",
+            wheel_tags=("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"),
+            gxx="x86_64-linux-gnu-g++",
+            gxx_package="g++",
+            qemu="qemu-x86_64",
+            qemu_prefix="/usr/x86_64-linux-gnu",
+        ),
+    )
+}
+
+
+def get_platform(arch: str) -> Platform:
+    """The platform of `arch`; a one-line error for one deploy cannot build for."""
+    if arch not in _PLATFORMS:
+        raise UsageError(
+            f"no native TVM runtime for {arch}: TVM publishes runtime wheels for {', '.join(_PLATFORMS)}"
+        )
+    return _PLATFORMS[arch]
