@@ -42,7 +42,7 @@ def _sections(stream: BinaryIO, name: str) -> list[tuple[int, int, int, int, int
     header = stream.read(64)
     if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
         raise UsageError(f"{name} is not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", header, 0x28)
+    (shoff,) = struct.unpack_from("<Q", header, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
     stream.seek(shoff)
     table = stream.read(shentsize * shnum)

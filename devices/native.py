@@ -100,9 +100,12 @@ def _extract_from_wheels(target: Platform, staging: Path) -> None:
         found = sorted(wheels.glob(f"{prefix}-{WHEELS[package].split('==')[1]}-*.whl"))
         if not found:
             raise DeployError(f"no {target.arch} wheel of {WHEELS[package]} in {wheels}")
-        with zipfile.ZipFile(found[-1]) as wheel, wheel.open(f"{package}/lib/{name}") as src:
-            with (staging / name).open("wb") as dst:
-                shutil.copyfileobj(src, dst)
+        with (
+            zipfile.ZipFile(found[-1]) as wheel,
+            wheel.open(f"{package}/lib/{name}") as src,
+            (staging / name).open("wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst)
         (staging / name).chmod(0o755)
 
 
