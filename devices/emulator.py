@@ -1,8 +1,12 @@
-"""The ARM emulator device: TVM's RPC server on aarch64 Python under qemu-aarch64.
+"""The ARM emulator device: deploy's native RPC server for aarch64 under qemu-aarch64.
 
-`deploy device emulator start` leaves a server running (its pid, process group and port in
-`server.json`); any command that needs the emulator uses that one, or starts its own and stops it
-when done — on errors and Ctrl-C too, since the whole process group is stopped.
+No Python and no sysroot: qemu-user runs `deploy-rpc-server` with Debian's cross libc and
+libstdc++ (`-L /usr/aarch64-linux-gnu`, from the cross-compiler packages) and the aarch64 TVM
+runtime libraries beside it, about 5 MB in all, ready in well under a second.
+
+`deploy device emulator start` leaves a server running (its pid, process group, port and key file
+in `server.json`); any command that needs the emulator uses that one, or starts its own and stops
+it when done — on errors and Ctrl-C too, since the whole process group is stopped.
 """
 
 from __future__ import annotations
@@ -10,21 +14,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 from devices.cache import cache_root
+from devices.native import SERVER, native_runtime
+from devices.platforms import Platform, get_platform
 from devices.registry import register_device
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
-from devices.server_process import Server, ServerState, accepts, free_port, spawn
-from devices.sysroot import Sysroot
+from devices.server_process import Server, ServerState, accepts, free_port, new_key_file, spawn
 from ops.errors import DeployError
 
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 30.0
+READY = "bind to"
 
 
 def emulator_dir() -> Path:
@@ -34,55 +38,44 @@ def emulator_dir() -> Path:
 
 
 class Emulator:
-    """The sysroot, the qemu wrapper and RPC servers started from them."""
+    """The native runtime for `arch` under qemu-user, and RPC servers started from it."""
 
-    def __init__(self, base: Path | None = None) -> None:
+    def __init__(self, base: Path | None = None, arch: str = "aarch64") -> None:
         self.base = base or emulator_dir()
-        self.sysroot = Sysroot(self.base)
+        self.platform: Platform = get_platform(arch)
         self.state = ServerState(self.base / "server.json")
 
-    def provision(self) -> None:
-        """Build the sysroot if needed (idempotent, resumable), with a progress bar on stderr."""
-        if shutil.which("qemu-aarch64") is None:
-            raise DeployError("qemu-aarch64 not found: install the Debian package qemu-user")
-        if self.sysroot.ready():
-            return
-        columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("emulator set-up", total=1)
-
-            def step(description: str, done: int, total: int) -> None:
-                progress.update(
-                    task, description=f"emulator set-up: {description}", completed=done, total=total
+    def provision(self) -> Path:
+        """The native runtime directory (built on first use, then cached by content hash)."""
+        target = self.platform
+        if not target.native_here():
+            if target.qemu is None or shutil.which(target.qemu) is None:
+                raise DeployError(
+                    f"{target.qemu} not found: install the Debian package {target.qemu_package}"
                 )
-
-            self.sysroot.provision(step)
-
-    def wrapper(self) -> Path:
-        """A host script that runs aarch64 Python under qemu; children it starts run there too."""
-        path = self.base / "python-aarch64"
-        script = (
-            "#!/bin/sh\n"
-            f'S="{self.sysroot.root}"\n'
-            'exec qemu-aarch64 -L "$S" -0 "$0" "$S/usr/bin/python3.11" "$@"\n'
-        )
-        if not path.exists() or path.read_text() != script:
-            path.write_text(script)
-            path.chmod(0o755)
-        return path
+            if target.qemu_prefix is None or not Path(target.qemu_prefix, "lib").is_dir():
+                raise DeployError(
+                    f"no {target.arch} C library in {target.qemu_prefix}: install the Debian package"
+                    f" {target.gxx_package}"
+                )
+        return native_runtime(target)
 
     def start(self, port: int | None = None, tracker: str | None = None, key: str = "emulator") -> Server:
-        """Start a server in its own process group; return once it accepts connections."""
-        self.provision()
+        """Start a server in its own process group; return once it accepts connections (and, with
+        `tracker`, once it is registered there under `key`)."""
+        runtime = self.provision()
         port = port or free_port()
         log = self.base / f"server-{port}.log"
-        cmd = [str(self.wrapper()), "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
-               "--port", str(port), "--port-end", str(port + 1)]  # fmt: skip
+        key_file = new_key_file(self.base / f"server-{port}.key")
+        work = self.base / "sessions"
+        work.mkdir(parents=True, exist_ok=True)
+        cmd = [*self.platform.emulator_command(), str(runtime / SERVER), "--host", "127.0.0.1",
+               "--port", str(port), "--key-file", str(key_file), "--work-dir", str(work)]  # fmt: skip
         if tracker:
-            cmd += ["--tracker", tracker, "--key", key]
+            cmd = [sys.executable, "-m", "devices.registrar", tracker, key, str(key_file), "--", *cmd]
         env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
         proc = spawn(cmd, log, env)
-        server = Server(proc.pid, port, str(log))
+        server = Server(proc.pid, port, str(log), str(key_file))
         try:
             self._wait_ready(server, proc)
         except BaseException:
@@ -95,9 +88,9 @@ class Emulator:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DeployError(f"emulator RPC server exited with {proc.returncode}: {server.log_tail()}")
-            if (Path(server.log).read_text(errors="replace").find("bind to") >= 0) and accepts(server.port):
+            if READY in Path(server.log).read_text(errors="replace") and accepts(server.port):
                 return
-            time.sleep(0.25)
+            time.sleep(0.02)
         raise DeployError(
             f"emulator RPC server on port {server.port} not ready after {START_TIMEOUT_S:.0f} s:"
             f" {server.log_tail()}"
@@ -155,7 +148,9 @@ class _EmulatorEndpoint:
     def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:
         server = self._server()
         label = f"emulator on port {server.port}"
-        return connect("127.0.0.1", server.port, EmulatorDevice.arch, label, session_timeout_s)
+        return connect(
+            "127.0.0.1", server.port, EmulatorDevice.arch, label, session_timeout_s, server.session_key()
+        )
 
     def restart(self) -> None:
         """Our own server from now on (a detached one is left to its owner), started afresh."""
@@ -165,7 +160,9 @@ class _EmulatorEndpoint:
     def close(self) -> None:
         if self.own is not None:
             self.own.stop()
-            Path(self.own.log).unlink(missing_ok=True)
+            for path in (self.own.log, self.own.key_file):
+                if path:
+                    Path(path).unlink(missing_ok=True)
             self.own = None
 
 

@@ -103,13 +103,13 @@ class EndpointDevice:
 
 @contextmanager
 def connect(
-    host: str, port: int, arch: str, label: str, session_timeout_s: float = 0
+    host: str, port: int, arch: str, label: str, session_timeout_s: float = 0, key: str = ""
 ) -> Iterator[RpcSession]:
-    """Connect to an RPC server; an unreachable one is a one-line DeviceLost."""
+    """Connect to an RPC server with its session `key`; an unreachable one is a one-line DeviceLost."""
     import tvm.rpc
 
     try:
-        remote = tvm.rpc.connect(host, port, session_timeout=session_timeout_s)
+        remote = tvm.rpc.connect(host, port, key=key, session_timeout=session_timeout_s)
     except Exception as exc:
         raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
     with rpc_session(remote, arch, label) as session:

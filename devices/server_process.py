@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,11 +24,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass(frozen=True)
 class Server:
-    """A running RPC server: the leader pid (= process group id) and its loopback port."""
+    """A running RPC server: the leader pid (= process group id), its loopback port, its log and
+    the file holding the session key clients must send (None: no key)."""
 
     pid: int
     port: int
     log: str
+    key_file: str | None = None
+
+    def session_key(self) -> str:
+        return Path(self.key_file).read_text().strip() if self.key_file else ""
 
     def alive(self) -> bool:
         """The leader runs (a zombie nobody reaped yet counts as dead)."""
@@ -59,6 +65,16 @@ class Server:
         except OSError:
             return ""
         return " | ".join(text[-lines:])
+
+
+def new_key_file(path: Path) -> Path:
+    """A fresh random session key in `path`, readable by this user only (0600 from creation)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as stream:
+        stream.write(secrets.token_hex(16) + "\n")
+    return path
 
 
 def accepts(port: int, host: str = "127.0.0.1") -> bool:
@@ -108,5 +124,7 @@ class ServerState:
         server = self.running()
         if server is not None:
             server.stop()
+            if server.key_file:
+                Path(server.key_file).unlink(missing_ok=True)
         self.path.unlink(missing_ok=True)
         return server

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import struct
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,6 +82,73 @@ def free_servers(host: str, port: int, key: str) -> int:
     """How many servers of `key` are free now."""
     queue = summary(host, port).get("queue_info", {})
     return int(queue.get(key, {}).get("free", 0))
+
+
+class TrackerRegistration:
+    """Offers a server that does not speak to the tracker itself (the native server) on its behalf.
+
+    The tracker hands clients (addr, port, match key); the match key is the server's session key,
+    so only clients sent by the tracker (or holding the key file) get in. The connection is held
+    for the server's lifetime: when it closes, the tracker forgets the server. Like TVM's Python
+    server, the server is offered again once a session ends, or when a client took it from the
+    tracker but did not connect within `UNCLAIMED_S`.
+    """
+
+    UNCLAIMED_S = 6.0
+
+    def __init__(self, tracker: tuple[str, int], key: str, addr: str, port: int, session_key: str) -> None:
+        from tvm.rpc import base
+
+        self._base = base
+        self._offer = [base.TrackerCode.PUT, key, (port, session_key), addr]
+        self._session_key = session_key
+        self._lock = threading.Lock()
+        self._busy = False
+        self._unclaimed_since: float | None = None
+        try:
+            self._sock = base.connect_with_retry(tracker, timeout=10)
+            self._sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            if struct.unpack("<i", base.recvall(self._sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+                raise DeployError(f"{tracker[0]}:{tracker[1]} is not an RPC tracker")
+            self._call([base.TrackerCode.UPDATE_INFO, {"key": "server:" + key, "addr": [addr, port]}])
+            self._call(self._offer)
+        except (OSError, RuntimeError) as exc:
+            raise DeviceLost(
+                f"cannot register with the RPC tracker at {tracker[0]}:{tracker[1]}: {exc}"
+            ) from None
+
+    def _call(self, message: list[Any]) -> Any:
+        with self._lock:
+            self._base.sendjson(self._sock, message)
+            return self._base.recvjson(self._sock)
+
+    def _claimed(self) -> bool:
+        """Whether a client took the offer (it is no longer pending on the tracker)."""
+        return self._session_key not in self._call([self._base.TrackerCode.GET_PENDING_MATCHKEYS])
+
+    def event(self, line: str) -> None:
+        """Follow the server's "session start" / "session end" lines."""
+        if line.strip() == "session start":
+            self._busy = True
+        elif line.strip() == "session end":
+            self._busy = False
+            if self._claimed():
+                self._call(self._offer)
+
+    def tick(self) -> None:
+        """Call every couple of seconds: offer the server again when a client took it but never came."""
+        if self._busy or not self._claimed():
+            self._unclaimed_since = None
+            return
+        now = time.monotonic()
+        if self._unclaimed_since is None:
+            self._unclaimed_since = now
+        elif now - self._unclaimed_since > self.UNCLAIMED_S:
+            self._call(self._offer)
+            self._unclaimed_since = None
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 class TrackerDevice(EndpointDevice):

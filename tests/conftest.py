@@ -17,10 +17,6 @@ DEPLOY = str(Path(sys.executable).with_name("deploy"))
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from devices.emulator import emulator_dir
-
-    # The emulator's sysroot is kept between runs (provisioning downloads ~40 MB); builds are not.
-    os.environ.setdefault("DEPLOY_EMULATOR_DIR", str(emulator_dir()))
     cache = tmp_path_factory.mktemp("deploy-cache")
     os.environ["DEPLOY_CACHE_DIR"] = str(cache)
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))  # boards, known_hosts

@@ -26,11 +26,11 @@ pytestmark = [
 
 
 def rpc_servers() -> set[int]:
-    """Pids of emulator RPC servers (qemu running the RPC server module) on this machine."""
+    """Pids of emulator RPC servers (qemu running the native RPC server) on this machine."""
     found = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "tvm.exec.rpc_server" in cmdline and "python-aarch64" in cmdline:
+        if "deploy-rpc-server" in cmdline and "qemu-aarch64" in cmdline:
             found.add(proc.info["pid"])
     return found
 

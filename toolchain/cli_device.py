@@ -17,17 +17,16 @@ def device_group() -> None:
 
 @device_group.group("emulator")
 def emulator_group() -> None:
-    """The ARM emulator (qemu-aarch64 running TVM's RPC server)."""
+    """The ARM emulator (qemu-aarch64 running deploy's native RPC server)."""
 
 
 @emulator_group.command("setup")
 def emulator_setup() -> None:
-    """Provision the arm64 sysroot (also done on first use)."""
+    """Build the native aarch64 runtime the emulator runs (also done on first use)."""
     from devices.emulator import Emulator
 
-    emulator = Emulator()
-    emulator.provision()
-    click.echo(f"emulator sysroot ready in {emulator.sysroot.root}")
+    runtime = Emulator().provision()
+    click.echo(f"emulator runtime ready in {runtime}")
 
 
 @emulator_group.command("start")
@@ -62,11 +61,10 @@ def emulator_status() -> None:
 
     emulator = Emulator()
     server = emulator.running()
-    ready = "ready" if emulator.sysroot.ready() else "not provisioned"
     if server is None:
-        click.echo(f"emulator not running (sysroot {ready}: {emulator.base})")
+        click.echo(f"emulator not running ({emulator.base})")
         sys.exit(1)
-    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port} (sysroot {ready})")
+    click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port}, log {server.log}")
 
 
 ACCEPT = click.option(

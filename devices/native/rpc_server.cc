@@ -10,7 +10,8 @@
 //
 // --key-file: the session key clients must send ("client:" + the file's first line); without it
 // the key is empty, as with the Python server. Stdout gets one line per event, for whoever started
-// us: "bind to HOST:PORT" once listening, then "session start" / "session end" around each session.
+// us: "bind to HOST:PORT" once listening, then "session start" / "session end" around each session
+// and "load_module NAME" for each module loaded.
 #include <arpa/inet.h>
 #include <ftw.h>
 #include <netinet/in.h>
@@ -142,7 +143,9 @@ void RegisterSessionFunctions(const std::string& dir) {
   Function::SetGlobal("tvm.rpc.server.workpath", Function::FromTyped(workpath), true);
   Function::SetGlobal("tvm.rpc.server.load_module",
                       Function::FromTyped([workpath](const String& name) {
-                        return tvm::ffi::Module::LoadFromFile(workpath(name));
+                        String path = workpath(name);
+                        Say("load_module " + std::string(path));
+                        return tvm::ffi::Module::LoadFromFile(path);
                       }),
                       true);
 }
