@@ -119,18 +119,24 @@ def require_compiler(target: Platform) -> None:
 
 
 def compile_native(
-    target: Platform, sources: list[Path], output: Path, libraries: Path, extra: tuple[str, ...] = ()
+    target: Platform, sources: list[Path], output: Path, libraries: Path | None, extra: tuple[str, ...] = ()
 ) -> None:
     """Compile C++ `sources` for `target` into `output`, linked against the runtime libraries in
-    `libraries` (always loaded: they register the module loaders and `rpc.ServerLoop`)."""
+    `libraries` (always loaded: they register the module loaders and `rpc.ServerLoop`); None links
+    no TVM (a program that dlopens what needs it, such as a bundle's runner)."""
     require_compiler(target)
+    runtime = (
+        [f"-L{libraries}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed"]
+        if libraries is not None
+        else []
+    )
     cmd = [
         target.gxx, *CXXFLAGS, f"-I{ffi_include()}", *map(str, sources), "-o", str(output), *extra,
-        f"-L{libraries}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl",
+        *runtime, "-ldl",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        errors = [line for line in proc.stderr.splitlines() if "error" in line] or proc.stderr.splitlines()
+        errors = [line for line in proc.stderr.splitlines() if ": error:" in line] or proc.stderr.splitlines()
         raise DeployError(f"{target.gxx} failed on {sources[0].name}: {' | '.join(errors[:3])}")
 
 

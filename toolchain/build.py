@@ -14,6 +14,7 @@ from typing import Any
 from ops.errors import DeployError
 from ops.spec import BoundOp
 from schedules import ScheduleContext, find_schedule
+from toolchain.bundle import write_bundle
 from toolchain.cpu_lowering import compile_cpu
 from toolchain.manifest import MANIFEST, Manifest, sha256_file
 from toolchain.targets import Target
@@ -167,8 +168,9 @@ def _linker(target: Target) -> Any:
     return cc.cross_compiler(target.cross_compiler)
 
 
-def export(compiled: Compiled, directory: Path) -> Manifest:
-    """Write `directory` with the module and manifest.json, atomically (all or nothing)."""
+def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifest:
+    """Write `directory` with the module and manifest.json, atomically (all or nothing); with
+    `bundle`, also the files that call the module from C (see toolchain/bundle.py)."""
     directory = Path(directory)
     if directory.exists() and not (directory / MANIFEST).exists() and any(directory.iterdir()):
         raise DeployError(f"output directory {directory} exists and is not an artifact: not replacing it")
@@ -177,6 +179,7 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
     try:
         module = ARTIFACT_WRITERS[compiled.target.artifact](compiled, staging)
         bound = compiled.bound
+        bundled = write_bundle(bound, compiled.target, staging, module) if bundle else None
         key = bound.key()
         manifest = Manifest(
             op=bound.op.name,
@@ -191,6 +194,7 @@ def export(compiled: Compiled, directory: Path) -> Manifest:
             arch=compiled.target.arch,
             schedule=compiled.schedule,
             tuning_record=compiled.tuning_record,
+            bundle=bundled,
             module=module.name,
             sha256=sha256_file(module),
             tvm_version=tvm_version(),

@@ -179,6 +179,11 @@ def targets_command(as_json: bool) -> None:
     type=click.Path(),
     help="Artifact directory [default: ./OP-TARGET].",
 )
+@click.option(
+    "--bundle",
+    is_flag=True,
+    help="Also write OP.h, libOP.so, lib/ and deploy-run: the op callable from C without Python.",
+)
 def build_command(
     op_name: str,
     target_name: str,
@@ -187,16 +192,20 @@ def build_command(
     shapes: tuple[str, ...],
     dtype: str,
     out_dir: str | None,
+    bundle: bool,
 ) -> None:
     """Compile an op for a target into a module and manifest.json."""
     from ops import TensorType
     from toolchain.build import compile_op, export
+    from toolchain.bundle import check_bundle
     from toolchain.cli_args import parse_shape
 
     target = _target(target_name, tuned)
     bound = _bind(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
+    if bundle:
+        check_bundle(bound, target)
     directory = Path(out_dir or f"{op_name}-{target_name}")
-    manifest = export(compile_op(bound, target), directory)
+    manifest = export(compile_op(bound, target), directory, bundle=bundle)
     if tuned is not None and manifest.schedule != "tuned":
         click.echo(
             f"no accepted record for this op and these shapes in {tuned}:"
@@ -207,6 +216,16 @@ def build_command(
         f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}):"
         f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
     )
+    if manifest.bundle is not None:
+        from devices.platforms import get_platform
+
+        emulator = " ".join(get_platform(target.arch).emulator_command())
+        inputs = " ".join(f"-i {spec.name}.npy" for spec in bound.op.inputs)
+        click.echo(
+            f"bundle: {directory / manifest.bundle['header']} + {manifest.bundle['library']}; run it with"
+            f" {emulator + ' ' if emulator else ''}{directory / manifest.bundle['runner']} {directory}"
+            f" {inputs} -o out.npy"
+        )
 
 
 @main.command("run")

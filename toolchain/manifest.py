@@ -40,6 +40,9 @@ class Manifest:
     deploy_version: str
     tuning_record: str | None = None
     """For `schedule: "tuned"`: the id of the `deploy tune` record it was built from."""
+    bundle: dict[str, str] | None = None
+    """For `deploy build --bundle`: the C header, shim library and runner file names, and the
+    sha256 of SHA256SUMS (which pins every other file of the bundle)."""
     format: int = FORMAT
 
     def write(self, directory: Path) -> None:

@@ -1,0 +1,272 @@
+// deploy-run: run an op bundle on .npy files, on a device that has only libc and libstdc++.
+//
+//   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy
+//
+// Before loading anything it checks DIR/SHA256SUMS: every file listed must match, and the files it
+// loads (libOP.so, module.so, lib/) must match the digests it was built with (bundle_pins.h), so
+// a bundle whose SHA256SUMS was rewritten is refused too. Then it reads the inputs (.npy v1-v3,
+// little-endian f2/f4/f8/i1/u1/i4/i8, C order), checks them against the op's signature
+// (bundle_signature.h), calls deploy_OP_run from DIR/libOP.so and writes the output as .npy v1.
+// Errors are one line on stderr: exit 2 for bad input or a modified bundle, 1 when the op fails.
+#include <dlfcn.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bundle.h"
+#include "sha256.h"
+
+namespace deploy {
+struct PinnedFile {
+  const char* path;
+  const char* sha256;
+};
+}  // namespace deploy
+
+#include "bundle_pins.h"
+
+namespace {
+
+using deploy::TensorSpec;
+
+constexpr int kBadInput = 2;
+constexpr int kFailed = 1;
+constexpr int kNumInputs = deploy::kNumTensors - 1;
+constexpr size_t kAlignment = 64;  // what the shim demands of tensor data
+constexpr uint32_t kMaxHeader = 1 << 20;
+
+[[noreturn]] void Exit(int code, const std::string& message) {
+  std::fprintf(stderr, "deploy-run: %s\n", message.c_str());
+  std::exit(code);
+}
+
+[[noreturn]] void Bad(const std::string& message) { Exit(kBadInput, message); }
+
+struct Options {
+  std::string dir;
+  std::vector<std::string> inputs;
+  std::string output;
+};
+
+Options ParseArgs(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-i" && i + 1 < argc) {
+      opt.inputs.push_back(argv[++i]);
+    } else if (arg == "-o" && i + 1 < argc) {
+      opt.output = argv[++i];
+    } else if (opt.dir.empty() && !arg.empty() && arg[0] != '-') {
+      opt.dir = arg;
+    } else {
+      Bad("unexpected argument " + arg + " (usage: deploy-run DIR -i IN.npy ... -o OUT.npy)");
+    }
+  }
+  if (opt.dir.empty() || opt.output.empty()) Bad("usage: deploy-run DIR -i IN.npy ... -o OUT.npy");
+  return opt;
+}
+
+// Every file in DIR/SHA256SUMS matches it, and the pinned files are among them.
+void VerifyBundle(const std::string& dir) {
+  std::ifstream sums(dir + "/SHA256SUMS");
+  if (!sums) Bad("cannot read " + dir + "/SHA256SUMS: not a bundle directory");
+  std::map<std::string, std::string> listed;
+  std::string line;
+  while (std::getline(sums, line)) {
+    if (line.size() < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
+      Bad(dir + "/SHA256SUMS has a malformed line: " + line.substr(0, 80));
+    }
+    std::string digest = line.substr(0, 64), path = line.substr(66);
+    if (path[0] == '/' || path.find("..") != std::string::npos) {
+      Bad(dir + "/SHA256SUMS names " + path + ", outside the bundle");
+    }
+    std::string actual = deploy::Sha256File(dir + "/" + path);
+    if (actual.empty()) Bad("cannot read " + dir + "/" + path + ": the bundle is incomplete");
+    if (actual != digest) Bad(dir + "/" + path + " does not match SHA256SUMS: the bundle was modified");
+    listed[path] = digest;
+  }
+  for (const deploy::PinnedFile& pin : deploy::kPins) {
+    auto found = listed.find(pin.path);
+    if (found == listed.end()) Bad(dir + "/SHA256SUMS does not list " + pin.path);
+    if (found->second != pin.sha256) {
+      Bad(dir + "/" + pin.path + " is not the file this deploy-run was built with: the bundle was modified");
+    }
+  }
+}
+
+// numpy's dtype strings ("<f4") that deploy-run reads and writes, as DLPack dtypes.
+const std::map<std::string, DLDataType>& Descrs() {
+  static const std::map<std::string, DLDataType> descrs = {
+      {"<f2", {kDLFloat, 16, 1}}, {"<f4", {kDLFloat, 32, 1}}, {"<f8", {kDLFloat, 64, 1}},
+      {"|i1", {kDLInt, 8, 1}},    {"|u1", {kDLUInt, 8, 1}},   {"<i4", {kDLInt, 32, 1}},
+      {"<i8", {kDLInt, 64, 1}}};
+  return descrs;
+}
+
+// An aligned tensor buffer (the shim refuses unaligned data).
+struct Buffer {
+  std::unique_ptr<void, decltype(&std::free)> data{nullptr, &std::free};
+  explicit Buffer(int64_t bytes) {
+    size_t rounded = (static_cast<size_t>(bytes) / kAlignment + 1) * kAlignment;  // a multiple, never 0
+    data.reset(std::aligned_alloc(kAlignment, rounded));
+    if (!data) Exit(kFailed, "out of memory for " + std::to_string(bytes) + " bytes");
+  }
+};
+
+// The value of `key` in a .npy header dict ("{'descr': '<f4', 'fortran_order': False, ...}"): the
+// text after "'key':" up to the next top-level comma (a shape tuple counts as one value).
+std::string HeaderValue(const std::string& header, const std::string& key, const std::string& path) {
+  size_t at = header.find("'" + key + "':");
+  if (at == std::string::npos) Bad(path + ": malformed .npy header (no '" + key + "')");
+  at = header.find_first_not_of(' ', at + key.size() + 3);
+  size_t end = at == std::string::npos ? std::string::npos
+               : header[at] == '(' ? header.find(')', at) : header.find(',', at);
+  if (end == std::string::npos) Bad(path + ": malformed .npy header ('" + key + "')");
+  return header.substr(at, end - at + (header[at] == '(' ? 1 : 0));
+}
+
+std::vector<int64_t> ParseShape(const std::string& text, const std::string& path) {
+  std::vector<int64_t> shape;
+  const char* cursor = text.c_str() + 1;  // after '('
+  for (;;) {
+    while (*cursor == ' ' || *cursor == ',') ++cursor;
+    if (*cursor == ')') return shape;
+    char* end = nullptr;
+    errno = 0;
+    long long dim = std::strtoll(cursor, &end, 10);
+    if (end == cursor || errno != 0 || dim < 0 || shape.size() >= 32) {
+      Bad(path + ": malformed .npy shape " + text);
+    }
+    shape.push_back(dim);
+    cursor = end;
+  }
+}
+
+// Read a .npy file that must hold exactly `spec` (dtype, shape, C order).
+Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!file) Bad("cannot read input " + path + ": " + std::strerror(errno));
+  unsigned char preamble[12];
+  if (std::fread(preamble, 1, 8, file.get()) != 8 || std::memcmp(preamble, "\x93NUMPY", 6) != 0) {
+    Bad(path + " is not a .npy file");
+  }
+  int major = preamble[6];
+  if (major < 1 || major > 3) Bad(path + ": unknown .npy version " + std::to_string(major));
+  size_t width = major == 1 ? 2 : 4;  // v1: 16-bit header length, v2/v3: 32-bit
+  if (std::fread(preamble + 8, 1, width, file.get()) != width) Bad(path + " is truncated (header)");
+  uint32_t length = 0;
+  for (size_t i = 0; i < width; ++i) length |= static_cast<uint32_t>(preamble[8 + i]) << (8 * i);
+  if (length > kMaxHeader) Bad(path + ": .npy header of " + std::to_string(length) + " bytes");
+  std::string header(length, '\0');
+  if (std::fread(header.data(), 1, length, file.get()) != length) Bad(path + " is truncated (header)");
+
+  std::string descr = HeaderValue(header, "descr", path);
+  if (descr.size() < 2 || descr.front() != '\'' || descr.back() != '\'') {
+    Bad(path + " has a structured dtype " + descr + ": deploy-run reads plain numeric arrays");
+  }
+  descr = descr.substr(1, descr.size() - 2);
+  if (descr.find('O') != std::string::npos) Bad(path + " has object dtype: deploy-run reads numeric arrays");
+  if (descr[0] == '>') Bad(path + " is big-endian (" + descr + "): save it little-endian");
+  auto known = Descrs().find(descr);
+  if (known == Descrs().end()) Bad(path + " has dtype " + descr + ": not one deploy-run reads");
+  if (HeaderValue(header, "fortran_order", path) != "False") {
+    Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
+  }
+  std::vector<int64_t> shape = ParseShape(HeaderValue(header, "shape", path), path);
+  if (!deploy::SameDtype(known->second, spec.dtype) || shape != spec.shape) {
+    Bad("input " + std::string(spec.name) + " (" + path + ") is " + deploy::DtypeText(known->second) + " " +
+        deploy::ShapeText(shape.data(), static_cast<int>(shape.size())) + ", expected " +
+        deploy::DtypeText(spec.dtype) + " " +
+        deploy::ShapeText(spec.shape.data(), static_cast<int>(spec.shape.size())));
+  }
+  size_t bytes = static_cast<size_t>(deploy::NumBytes(spec));
+  Buffer buffer(deploy::NumBytes(spec));
+  size_t got = std::fread(buffer.data.get(), 1, bytes, file.get());
+  if (got != bytes) {
+    Bad(path + " is truncated: " + std::to_string(got) + " of " + std::to_string(bytes) + " data bytes");
+  }
+  if (std::fgetc(file.get()) != EOF) Bad(path + " has bytes after its data");
+  return buffer;
+}
+
+// Write `data` as `spec` to a .npy v1 file (through a temporary name: never half a file at `path`).
+void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data) {
+  std::string descr;
+  for (const auto& [text, dtype] : Descrs()) {
+    if (deploy::SameDtype(dtype, spec.dtype)) descr = text;
+  }
+  std::string dims;
+  for (int64_t dim : spec.shape) dims += std::to_string(dim) + (spec.shape.size() == 1 ? "," : ", ");
+  if (spec.shape.size() > 1) dims.resize(dims.size() - 2);
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
+  header += '\n';
+  std::string partial = path + ".partial";
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(std::fopen(partial.c_str(), "wb"), &std::fclose);
+  if (!file) Bad("cannot write output " + path + ": " + std::strerror(errno));
+  unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  preamble[8] = static_cast<unsigned char>(header.size());
+  preamble[9] = static_cast<unsigned char>(header.size() >> 8);
+  size_t bytes = static_cast<size_t>(deploy::NumBytes(spec));
+  bool ok = std::fwrite(preamble, 1, 10, file.get()) == 10 &&
+            std::fwrite(header.data(), 1, header.size(), file.get()) == header.size() &&
+            std::fwrite(data, 1, bytes, file.get()) == bytes;
+  ok = std::fclose(file.release()) == 0 && ok;
+  if (!ok || std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(errno));
+  }
+}
+
+DLTensor Tensor(const TensorSpec& spec, void* data) {
+  DLTensor tensor{};
+  tensor.data = data;
+  tensor.device = {kDLCPU, 0};
+  tensor.ndim = static_cast<int32_t>(spec.shape.size());
+  tensor.dtype = spec.dtype;
+  tensor.shape = const_cast<int64_t*>(spec.shape.data());
+  return tensor;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt = ParseArgs(argc, argv);
+  VerifyBundle(opt.dir);
+  if (static_cast<int>(opt.inputs.size()) != kNumInputs) {
+    std::string names;
+    for (int i = 0; i < kNumInputs; ++i) names += (i ? ", " : "") + std::string(deploy::kTensors[i].name);
+    Bad(std::string(deploy::kOp) + " takes " + std::to_string(kNumInputs) + " inputs (" + names + "), got " +
+        std::to_string(opt.inputs.size()));
+  }
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < kNumInputs; ++i) buffers.push_back(ReadNpy(opt.inputs[i], deploy::kTensors[i]));
+  const TensorSpec& out = deploy::kTensors[kNumInputs];
+  buffers.emplace_back(deploy::NumBytes(out));
+
+  std::string library = opt.dir + "/" + deploy::kLibrary;
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) Exit(kFailed, std::string("cannot load ") + dlerror());
+  std::string prefix = std::string("deploy_") + deploy::kOp;
+  auto run = reinterpret_cast<int (*)(DLTensor* const*, int)>(dlsym(handle, (prefix + "_run").c_str()));
+  auto last_error = reinterpret_cast<const char* (*)()>(dlsym(handle, (prefix + "_last_error").c_str()));
+  if (run == nullptr || last_error == nullptr) Exit(kFailed, library + " does not export " + prefix + "_*");
+
+  std::vector<DLTensor> tensors;
+  for (int i = 0; i < deploy::kNumTensors; ++i) {
+    tensors.push_back(Tensor(deploy::kTensors[i], buffers[i].data.get()));
+  }
+  std::vector<DLTensor*> args;
+  for (DLTensor& tensor : tensors) args.push_back(&tensor);
+  if (run(args.data(), deploy::kNumTensors) != 0) Exit(kFailed, last_error());
+  WriteNpy(opt.output, out, buffers.back().data.get());
+  return 0;
+}
