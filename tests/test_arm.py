@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
+from devices.elf import elf_machine
 from ops import TensorType, all_ops, bind, get_op
 from ops.errors import UsageError
 from toolchain.build import compile_op, export
-from devices.elf import elf_machine
 from toolchain.targets import get_target
 from toolchain.verify import plan, run_artifact, verify_case
 

@@ -1,8 +1,10 @@
-"""A device farm: an RPC tracker with two emulator servers under one key."""
+"""A device farm: an RPC tracker with two native emulator servers under one key (registered by
+the host-side registrar), and a stock TVM Python server beside them."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from devices import DeviceLost
 from devices.emulator import Emulator
-from devices.server_process import free_port
+from devices.server_process import Server, free_port, spawn
 from devices.tracker import TrackerDevice, TrackerProcess, free_servers
 from ops import all_ops, get_op
 from tests.conftest import run_deploy
@@ -66,6 +68,13 @@ def test_matrix_spreads_over_both_servers(farm):
         assert "load_module" in Path(server.log).read_text(), f"server on {server.port} got no work"
 
 
+def wait_free(port: int, key: str, count: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (free := free_servers("127.0.0.1", port, key)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return free
+
+
 def test_parallel_results_equal_a_single_device_run(farm):
     port, _ = farm
     target = get_target("arm")
@@ -74,6 +83,24 @@ def test_parallel_results_equal_a_single_device_run(farm):
     assert summary(run_matrix(planned, target, device, workers=2)) == summary(
         run_matrix(planned, target, device, workers=1)
     )
+    assert wait_free(port, KEY, 2) == 2, "the registrar offered the servers again after their sessions"
+
+
+def test_a_stock_python_server_on_the_tracker_still_works(farm, tmp_path: Path):
+    """A user's own `python -m tvm.exec.rpc_server --tracker` (here on this x86 host) serves deploy."""
+    port, _ = farm
+    at = free_port()
+    cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(at),
+           "--port-end", str(at + 1), "--tracker", f"127.0.0.1:{port}", "--key", "stock"]  # fmt: skip
+    server = Server(spawn(cmd, tmp_path / "stock.log").pid, at, str(tmp_path / "stock.log"))
+    try:
+        assert wait_free(port, "stock", 1, timeout=60) == 1, server.log_tail()
+        result = run_deploy("test", "--target", "x86", "--tracker", f"127.0.0.1:{port}", "--key", "stock",
+                            "--op", "add", "--dtype", "float32")  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+        assert "0 failed" in result.stdout
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from devices import Device, DeviceLost, Session
+from devices.elf import check_machine
 from ops.errors import DeployError, UsageError, first_line
 from ops.spec import BoundOp, Case, Op, TensorType, bind
 from toolchain.cache import cached_build
 from toolchain.compare import Comparison, compare, random_input
-from devices.elf import check_machine
 from toolchain.manifest import Manifest
 from toolchain.targets import Target
 

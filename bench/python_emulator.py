@@ -1,10 +1,10 @@
-"""Provisioning the arm64 sysroot the emulator runs: Debian's python3.11 and the aarch64 TVM runtime.
+"""The emulator deploy had before the native runtime, kept as the baseline of
+`bench/emulator_start.py`: TVM's Python RPC server on Debian's arm64 python3.11 under qemu-aarch64.
 
-Built in `<cache>/emulator/sysroot` without touching the host's package state: apt runs with a
-private configuration (arm64 architecture, empty dpkg status, its own lists and archives), the
-.debs are unpacked with `dpkg -x`, and pip installs the aarch64 wheels with `--target`. Each step
-leaves a stamp, so a run that was interrupted resumes where it stopped (apt and pip keep their
-partial downloads in the cache).
+The sysroot is built in `<cache>/bench-python-emulator` without touching the host's package
+state: apt runs with a private configuration (arm64 architecture, empty dpkg status, its own lists
+and archives), the .debs are unpacked with `dpkg -x`, and pip installs the aarch64 wheels with
+`--target` (the compiler library removed). Each step leaves a stamp, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from devices.runtime_wheels import install_runtime
 from ops.errors import DeployError
 
 DEBIAN_PACKAGES = ("python3.11", "libpython3.11-stdlib", "libstdc++6")
 PYTHON = "usr/bin/python3.11"
 SITE = "usr/lib/python3/dist-packages"
 STEPS = ("apt-update", "apt-download", "unpack", "wheels")
+WHEELS = ("apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1", "numpy<2.3", "typing_extensions",
+          "psutil", "cloudpickle")  # fmt: skip
 
 Progress = Callable[[str, int, int], None]
 """progress(step description, steps done, steps total)."""
@@ -117,4 +119,23 @@ class Sysroot:
             _run(["dpkg", "-x", str(deb), str(self.root)], f"unpacking {deb.name}")
 
     def _wheels(self) -> None:
-        install_runtime(self.root / SITE, "aarch64", (3, 11))
+        site = self.root / SITE
+        _run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(site),
+             "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux2014_aarch64",
+             "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+             "--only-binary=:all:", *WHEELS],
+            "installing the aarch64 TVM wheels",
+        )  # fmt: skip
+        for library in (site / "tvm" / "lib").glob("libtvm_compiler*.so"):
+            library.unlink()
+
+    def server_command(self, port: int, tracker: str | None = None, key: str = "") -> list[str]:
+        """TVM's Python RPC server under qemu (`-0` makes the emulated Python see the wrapper as its
+        executable, so the worker processes it starts run under qemu too)."""
+        wrapper = self.base / "python-aarch64"
+        wrapper.write_text(f'#!/bin/sh\nexec qemu-aarch64 -L "{self.root}" -0 "$0" "{self.python}" "$@"\n')
+        wrapper.chmod(0o755)
+        cmd = [str(wrapper), "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
+               "--port-end", str(port + 1)]  # fmt: skip
+        return cmd + (["--tracker", tracker, "--key", key] if tracker else [])

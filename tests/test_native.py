@@ -1,0 +1,138 @@
+"""The native device runtime: deploy-rpc-server built for this host (x86_64, no emulator needed)
+speaks TVM's RPC protocol to stock clients, refuses what it must, and missing tools are one-line
+errors naming their Debian packages. The aarch64 build of the same source runs every op in the
+emulator tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devices.elf import elf_machine, provided_versions, required_versions
+from devices.emulator import Emulator
+from devices.native import RUNTIME_FILES, SERVER, native_runtime
+from devices.platforms import get_platform
+from devices.rpc import connect
+from devices.server_process import Server, accepts, free_port, new_key_file, spawn
+from ops import TensorType, bind, get_op
+from ops.errors import DeployError, UsageError
+from toolchain.build import compile_op, export
+from toolchain.manifest import Manifest
+from toolchain.targets import get_target
+from toolchain.verify import check_artifact
+
+HOST = platform.machine()
+pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="builds the x86_64 runtime natively")
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Path:
+    return native_runtime(get_platform(HOST))
+
+
+@pytest.fixture
+def server(runtime: Path, tmp_path: Path) -> Iterator[Server]:
+    port = free_port()
+    key_file = new_key_file(tmp_path / "key")
+    cmd = [
+        str(runtime / SERVER),
+        "--port",
+        str(port),
+        "--key-file",
+        str(key_file),
+        "--work-dir",
+        str(tmp_path),
+    ]
+    running = Server(spawn(cmd, tmp_path / "log").pid, port, str(tmp_path / "log"), str(key_file))
+    deadline = time.monotonic() + 10
+    while not accepts(port) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield running
+    running.stop()
+
+
+def test_runtime_directory_is_self_contained(runtime: Path):
+    assert [str(p.relative_to(runtime)) for p in sorted(runtime.rglob("*")) if p.is_file()] == sorted(
+        RUNTIME_FILES
+    )
+    assert all(elf_machine(runtime / name) == HOST for name in RUNTIME_FILES)
+    assert native_runtime(get_platform(HOST)) == runtime, "a second build is the cached one"
+
+
+def test_required_versions_are_met_by_this_hosts_libraries(runtime: Path):
+    needed = required_versions([runtime / name for name in RUNTIME_FILES])
+    assert set(needed) == {"GLIBC", "GLIBCXX"}
+    libc = next(p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/lib64/libc.so.6")) if p.exists())
+    with libc.open("rb") as stream:
+        assert provided_versions(stream, str(libc))["GLIBC"] >= needed["GLIBC"]
+
+
+def test_stock_client_runs_a_module_and_is_verified(server: Server, tmp_path: Path):
+    bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
+    export(compile_op(bound, get_target("x86")), tmp_path / "add")
+    with connect("127.0.0.1", server.port, HOST, "native server", key=server.session_key()) as session:
+        assert check_artifact(session, bound, tmp_path / "add", Manifest.read(tmp_path / "add")) == 0
+    deadline = time.monotonic() + 10  # the server sees the session end once its child exits
+    while "session end" not in Path(server.log).read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    log = Path(server.log).read_text()
+    assert "session start" in log and "load_module" in log and "session end" in log
+    assert not list(tmp_path.glob("deploy-session-*")), "the session's work directory was removed"
+
+
+def test_wrong_key_is_refused(server: Server):
+    import tvm.rpc
+
+    with pytest.raises(Exception, match="cannot find server that matches key"):
+        tvm.rpc.connect("127.0.0.1", server.port, key="guess")
+    assert server.alive()
+
+
+def test_upload_outside_the_session_directory_is_refused(server: Server, tmp_path: Path):
+    import tvm.rpc
+
+    (tmp_path / "blob").write_bytes(b"x")
+    remote = tvm.rpc.connect("127.0.0.1", server.port, key=server.session_key())
+    with pytest.raises(Exception, match="must stay in the session directory"):
+        remote.upload(str(tmp_path / "blob"), target="../escaped")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_session_timeout_ends_the_session_and_the_server_goes_on(server: Server):
+    import tvm.rpc
+
+    remote = tvm.rpc.connect("127.0.0.1", server.port, key=server.session_key(), session_timeout=1)
+    time.sleep(1.5)
+    with pytest.raises(Exception, match="RPCSessionTimeoutError"):
+        remote.get_function("tvm.rpc.server.workpath")("x")
+    again = tvm.rpc.connect("127.0.0.1", server.port, key=server.session_key())
+    assert again.get_function("tvm.rpc.server.workpath")("x").endswith("/x")
+
+
+def test_server_refuses_a_non_loopback_address(runtime: Path):
+    import subprocess
+
+    proc = subprocess.run([str(runtime / SERVER), "--host", "0.0.0.0", "--port", "9"], capture_output=True)
+    assert proc.returncode == 2 and b"only loopback addresses" in proc.stderr
+
+
+def test_missing_qemu_and_cross_compiler_name_their_packages(tmp_path: Path):
+    emulator = Emulator(tmp_path)
+    emulator.platform = dataclasses.replace(emulator.platform, qemu="qemu-missing-here")
+    with pytest.raises(DeployError, match="install the Debian package qemu-user"):
+        emulator.provision()
+    if shutil.which("qemu-aarch64"):
+        emulator.platform = dataclasses.replace(get_platform("aarch64"), gxx="aarch64-missing-g++")
+        with pytest.raises(DeployError, match="install the Debian package g\\+\\+-aarch64-linux-gnu"):
+            emulator.provision()
+
+
+def test_architecture_without_wheels_is_one_line():
+    with pytest.raises(UsageError, match="no native TVM runtime for armv7l"):
+        get_platform("armv7l")
