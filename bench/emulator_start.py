@@ -120,12 +120,12 @@ def main() -> None:
     finally:
         tracker.stop()
 
-    print(f"\n{'':38} {'native':>22} {'Python server':>22} {'Python/native':>14}")
-    rows = [("cold start (start -> first verified case)", native_start, python_start),
-            (" ".join(["deploy", *TEST]), native_test, python_runs)]  # fmt: skip
+    print(f"\n{'':34} {'native':>22} {'Python server':>22} {'Python/native':>14}")
+    rows = [("cold start to first verified case", native_start, python_start),
+            ("deploy test maxpool_add float32", native_test, python_runs)]  # fmt: skip
     for label, native, python in rows:
         ratio = statistics.median(python) / statistics.median(native)
-        print(f"{label[:38]:38} {spread(native):>22} {spread(python):>22} {ratio:13.1f}x")
+        print(f"{label:34} {spread(native):>22} {spread(python):>22} {ratio:13.1f}x")
     print(f"({repeat} runs each, {os.cpu_count()} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})")
 
 
