@@ -5,6 +5,7 @@ Lives in `builds/` of the cache root (`devices/cache.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -12,6 +13,9 @@ import threading
 from functools import cache
 from pathlib import Path
 
+import ops
+import schedules
+import toolchain
 from devices.cache import cache_root
 from ops.spec import BoundOp
 from toolchain.build import compile_op, export, tvm_version
@@ -28,20 +32,26 @@ def _source_digest(module_file: str) -> str:
     return hashlib.sha256(Path(module_file).read_bytes()).hexdigest()
 
 
+@cache
+def _package_sources() -> tuple[str, ...]:
+    """Every source file of the packages that shape a module (the op definitions, the schedules,
+    the toolchain that lowers and links), found on disk: the key must not depend on what this
+    process happened to import."""
+    roots = [Path(directory) for package in (ops, schedules, toolchain) for directory in package.__path__]
+    return tuple(sorted(str(path) for root in roots for path in root.rglob("*.py")))
+
+
 def code_fingerprint(bound: BoundOp) -> str:
-    """Hash of the source that decides the module: the op's file, every schedule and build file."""
-    names = [
-        type(bound.op).__module__,
-        *sorted(name for name in sys.modules if name.startswith(("schedules.", "ops.", "toolchain.build"))),
-    ]
-    files = sorted({sys.modules[n].__file__ for n in names if getattr(sys.modules.get(n), "__file__", None)})
-    return hashlib.sha256("".join(_source_digest(f) for f in files).encode()).hexdigest()
+    """Hash of the source that decides the module: the packages above and the op's own file (a
+    user op may live anywhere)."""
+    files = {*_package_sources(), sys.modules[type(bound.op).__module__].__file__ or ""}
+    return hashlib.sha256("".join(_source_digest(f) for f in sorted(files) if f).encode()).hexdigest()
 
 
 def build_key(bound: BoundOp, target: Target) -> str:
     key = {
         **bound.key(),
-        "target": target.name,
+        "target": json.loads(json.dumps(dataclasses.asdict(target), default=str)),
         "tvm": tvm_version(),
         "code": code_fingerprint(bound),
         "tuned": accepted_id(target.tuned, bound, target.name) if target.tuned else None,

@@ -1,0 +1,57 @@
+"""The build cache key covers everything that shapes the emitted code (issue #13, defect 1): the
+source of every build-side module, including those imported late or never by this process, and
+every field of the target."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import toolchain.cache as cache
+from ops import TensorType, bind, get_op
+from toolchain.targets import get_target
+
+BOUND = bind(
+    get_op("maxpool_add"), {}, [TensorType((1, 4, 8, 8), "float32"), TensorType((1, 1, 4, 4), "float32")]
+)
+CODE_SHAPING = [
+    "toolchain/cpu_lowering.py",
+    "toolchain/targets.py",
+    "toolchain/opencl.py",
+    "toolchain/build.py",
+    "toolchain/bundle.py",
+    "schedules/cpu.py",
+    "ops/pooling.py",
+]
+
+
+@pytest.mark.parametrize("edited", CODE_SHAPING)
+def test_editing_code_that_shapes_the_module_changes_the_key(edited: str, monkeypatch: pytest.MonkeyPatch):
+    target = get_target("x86")
+    before = cache.build_key(BOUND, target)
+    real = cache._source_digest
+
+    def edited_digest(path: str) -> str:
+        return "edited" if Path(path).resolve().as_posix().endswith(edited) else real(path)
+
+    monkeypatch.setattr(cache, "_source_digest", edited_digest)
+    assert cache.build_key(BOUND, target) != before, f"editing {edited} would reuse stale modules"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"vector_bits": 128}, {"tvm": {"kind": "llvm", "mcpu": "znver3"}}, {"work_group": 32}],
+)
+def test_every_target_field_is_in_the_key(change: dict):
+    target = get_target("x86")
+    assert cache.build_key(BOUND, dataclasses.replace(target, **change)) != cache.build_key(BOUND, target)
+
+
+def test_the_key_does_not_depend_on_what_this_process_imported():
+    import sys
+
+    key = cache.build_key(BOUND, get_target("x86"))
+    sys.modules.pop("toolchain.opencl", None)
+    assert cache.build_key(BOUND, get_target("x86")) == key
