@@ -1,9 +1,13 @@
 """Helper process for an SSH board session: `python -m devices.board_link BOARD_JSON [TRACKER_JSON]`.
 
-Logs in, starts TVM's RPC server on the board's loopback, forwards a local port to it and prints
-one JSON line: {"port": local port, "rpc_port": board port}, or {"error"|"lost": message}. It then
-serves until its stdin closes (or the SSH connection dies), stops the server and logs out. Ctrl-C
-is left to the parent, which closes stdin from its cleanup.
+Logs in, starts deploy's native RPC server on the board's loopback, forwards a local port to it and
+prints one JSON line: {"port": local port, "rpc_port": board port, "key": the server's session
+key}, or {"error"|"lost": message}. It then serves until its stdin closes, stops the server and
+logs out; if the SSH connection (or the tracker) goes away first, it says so in a second line,
+{"lost": message}. Ctrl-C is left to the parent, which closes stdin from its cleanup.
+
+With a tracker (host, port, key), the server is registered there on the board's behalf (the board
+never talks to the tracker): clients on this host reach it at FARM_ADDRESS through the forward.
 """
 
 from __future__ import annotations
@@ -12,56 +16,90 @@ import json
 import select
 import signal
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from devices.boards import Board
 from devices.registry import DeviceLost
-from devices.server_process import free_port
 from devices.ssh import BoardShell, RemoteServer, ssh_connect
-from devices.tunnel import LocalForward, RemoteForward
-from ops.errors import DeployError
+from devices.tracker import TrackerRegistration
+from devices.tunnel import LocalForward
+from ops.errors import DeployError, first_line
 
 FARM_ADDRESS = "127.0.0.2"
 """Where a board served to a tracker is reached on this host: the tracker hands clients this
-address and the board's port, and a loopback alias of its own cannot clash with a server bound on
-127.0.0.1 here (as when the "board" is this machine)."""
+address and the forward's port, and a loopback alias of its own cannot clash with a server bound
+on 127.0.0.1 here (as when the "board" is this machine)."""
+TICK_S = 2.0
+"""How often the registration checks that a client the tracker sent actually came (seconds)."""
+
+
+class _Registration:
+    """The board's server offered on a tracker on its behalf, following the server's output; when
+    the tracker goes away, `ended` is set and `reason` says so."""
+
+    def __init__(self, tracker: tuple[str, int], key: str, port: int, session_key: str) -> None:
+        self.where = f"{tracker[0]}:{tracker[1]}"
+        self.registration = TrackerRegistration(tracker, key, FARM_ADDRESS, port, session_key)
+        self.ended = threading.Event()
+        self.reason = ""
+        threading.Thread(target=self._tick, daemon=True).start()
+
+    def event(self, line: str) -> None:
+        self._guard(self.registration.event, line)
+
+    def _tick(self) -> None:
+        while not self.ended.wait(TICK_S):
+            self._guard(self.registration.tick)
+
+    def _guard(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            call(*args)
+        except (OSError, ValueError, RuntimeError) as exc:
+            detail = first_line(str(exc)) or type(exc).__name__
+            self.reason = f"lost the RPC tracker at {self.where}: {detail}"
+            self.ended.set()
+
+    def close(self) -> None:
+        self.ended.set()
+        self.registration.close()
 
 
 def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
-    """Serve `board` to this host; with `tracker` (host, port, key), register it there instead,
-    reachable from this host at the port it reports."""
-    client = server = forward = back = None
+    """Serve `board` to this host; with `tracker` (host, port, key), register it there as well."""
+    client = server = forward = registration = None
     try:
         client = ssh_connect(board)
         transport = client.get_transport()
-        shell = BoardShell(board, client)
+        server = RemoteServer(BoardShell(board, client), key_prefix=tracker[2] if tracker else "")
+        server.wait_ready()
         if tracker is None:
-            server = RemoteServer(shell)
-            server.wait_ready()
             forward = LocalForward(transport, "127.0.0.1", server.port)
         else:
             host, port, key = tracker
-            back = RemoteForward(transport, host, port)
-            here = free_port(FARM_ADDRESS)
-            server = RemoteServer(shell, (here, here + 1), (back.port, key, FARM_ADDRESS))
-            server.wait_ready()
-            forward = LocalForward(transport, "127.0.0.1", server.port, (FARM_ADDRESS, server.port))
-        _say({"port": forward.port, "rpc_port": server.port})
+            forward = LocalForward(transport, "127.0.0.1", server.port, (FARM_ADDRESS, 0))
+            registration = _Registration((host, port), key, forward.port, server.key)
+            server.on_line = registration.event
+        _say({"port": forward.port, "rpc_port": server.port, "key": server.key})
         while transport is not None and transport.is_active():
+            if registration is not None and registration.ended.is_set():
+                return _say({"lost": registration.reason})
             ready, _, _ = select.select([sys.stdin], [], [], 0.5)
             if ready and not sys.stdin.read(1):
-                break
-        return 0
+                return 0
+        return _say({"lost": f"the SSH connection to {board.name} ended"})
     except DeviceLost as exc:
         return _say({"lost": str(exc)})
     except DeployError as exc:
         return _say({"error": str(exc)})
     finally:
+        if registration is not None:
+            registration.close()
         if forward is not None:
             forward.close()
         if server is not None:
             server.stop()
-        if back is not None:
-            back.close()
         if client is not None:
             client.close()
 

@@ -1,100 +1,245 @@
-"""`deploy device setup`: make a board able to run TVM's RPC server.
+"""`deploy device setup` and `deploy device check`: put deploy's native runtime on a board, and say
+whether the board can run it.
 
-The runtime wheels are fetched by the host's pip for the board's Python and architecture and pushed
-over SFTP into `<remote_dir>/runtime` on the board, so boards without internet work too. Nothing is
-installed system-wide on the board; running it again does nothing once the runtime is there.
+The runtime (`deploy-rpc-server` and the TVM runtime libraries, about 5 MB, built on this host for
+the board's architecture) is pushed over SFTP into `<remote_dir>/runtime.new`, checked with the
+board's own `sha256sum`, and renamed into `<remote_dir>/runtime`, so that directory never holds a
+half-written runtime. The board needs no Python: a POSIX shell with `uname`, `sha256sum`, `rm` and
+`sleep` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir. Before anything is
+pushed, the runtime's ELF machine is checked against `uname -m`, and the glibc and libstdc++
+versions the board's libraries define against those the runtime needs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
+import re
 import shlex
-import tarfile
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import paramiko
+
 from devices.boards import Board
-from devices.runtime_wheels import TVM_VERSION, install_runtime
-from devices.ssh import BoardShell, PythonInfo, ssh_connect
-from ops.errors import DeployError
+from devices.elf import Version, elf_machine, provided_versions, required_versions, version_text
+from devices.native import RUNTIME_FILES, native_runtime
+from devices.platforms import Platform, get_platform
+from devices.ssh import BoardShell, ssh_connect
+from ops.errors import DeployError, UsageError
 
-MIN_PYTHON = (3, 9)
 MACHINE_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
+TOOLS = ("sha256sum", "rm", "sleep")
+"""What deploy runs on the board besides the shell's builtins and `uname`."""
+LIBRARY_DIRS = (
+    "/lib/{arch}-linux-gnu", "/usr/lib/{arch}-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",
+)  # fmt: skip
+"""Where the board's C libraries are looked for, in order (Debian's multiarch dirs first)."""
+LIBRARIES = {"GLIBC": ("glibc", "libc.so.6"), "GLIBCXX": ("libstdc++", "libstdc++.so.6")}
+"""Symbol-version family -> (what to call it, the library that defines it)."""
+SHA256_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 
 
-def check_board(board: Board, accept_new_host_key: bool = False) -> tuple[PythonInfo, str]:
-    """Log in, check the board's Python and machine; with the runtime directory."""
+def _say_versions(kind: str, version: Version) -> str:
+    """How a version of `kind` reads in messages: glibc "2.34", libstdc++ "GLIBCXX_3.4.26"."""
+    return version_text(version) if kind == "GLIBC" else f"{kind}_{version_text(version)}"
+
+
+def require_versions(name: str, provided: dict[str, Version], required: dict[str, Version]) -> None:
+    """Refuse, in one line naming both versions, a board whose glibc or libstdc++ is older than
+    the runtime needs or missing (as on musl boards)."""
+    for kind, needed in sorted(required.items()):
+        label, library = LIBRARIES[kind]
+        have = provided.get(kind)
+        if have is None:
+            raise DeployError(
+                f"{name}: no {label} on the board ({library} not found), the runtime needs"
+                f" {label} {_say_versions(kind, needed)}"
+            )
+        if have < needed:
+            raise DeployError(
+                f"{name}: {label} {_say_versions(kind, have)} on the board, the runtime needs"
+                f" {_say_versions(kind, needed)}"
+            )
+
+
+def _machine(shell: BoardShell) -> str:
+    """The board's `uname -m` (arm64 read as aarch64); a one-line error if a tool deploy runs
+    there is missing."""
+    name = shell.board.name
+    probe = "; ".join(f"command -v {q} >/dev/null || echo missing: {q}" for q in map(shlex.quote, TOOLS))
+    status, out = shell.run(f"uname -m; {probe}")
+    lines = out.splitlines()
+    missing = [line.split(": ", 1)[1] for line in lines if line.startswith("missing: ")]
+    if missing:
+        raise DeployError(f"{name}: the board has no {', '.join(missing)} (deploy runs {', '.join(TOOLS)})")
+    if status != 0 or len(lines) != 1 or not lines[0].strip():
+        raise DeployError(f"{name}: `uname -m` failed on the board: {out or f'exit status {status}'}")
+    machine = lines[0].strip()
+    return MACHINE_ALIASES.get(machine, machine)
+
+
+def _board_versions(shell: BoardShell, machine: str) -> dict[str, Version]:
+    """The newest GLIBC and GLIBCXX versions that the board's libc.so.6 and libstdc++.so.6 define,
+    each from the first of LIBRARY_DIRS that has a 64-bit one (read over SFTP: only the section
+    table and version sections); a library not found is left out."""
+    found: dict[str, Version] = {}
+    directories = [directory.format(arch=machine) for directory in LIBRARY_DIRS]
+    with shell.files("reading the board's C libraries") as sftp:
+        for kind, (_, library) in LIBRARIES.items():
+            for directory in directories:
+                version = _defined_version(sftp, posixpath.join(directory, library), kind)
+                if version is not None:
+                    found[kind] = version
+                    break
+    return found
+
+
+def _defined_version(sftp: paramiko.SFTPClient, path: str, kind: str) -> Version | None:
+    try:
+        with sftp.open(path, "rb") as stream:
+            return provided_versions(stream, path).get(kind)
+    except FileNotFoundError:
+        return None
+    except UsageError:  # not a 64-bit little-endian ELF file (a 32-bit multilib copy)
+        return None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _board_sha256(shell: BoardShell, directory: str) -> dict[str, str]:
+    """The sha256 of each runtime file in `directory`, computed on the board; missing ones (or a
+    missing directory) are left out."""
+    names = " ".join(shlex.quote(name) for name in RUNTIME_FILES)
+    _, out = shell.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- {names}")
+    found = {}
+    for line in out.splitlines():
+        match = SHA256_LINE.match(line.strip())
+        if match and match.group(2) in RUNTIME_FILES:
+            found[match.group(2)] = match.group(1)
+    return found
+
+
+def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[str], None]) -> Path:
+    """The runtime for `platform` (the board's --arch), once the board is known to run it: its ELF
+    machine is the board's `uname -m`, and the board's glibc and libstdc++ are new enough."""
+    board = shell.board
+    machine = _machine(shell)
+    say(f"{board.name}: SSH ok, {machine} (uname -m)")
+    runtime = native_runtime(platform)
+    built = {elf_machine(runtime / name) for name in RUNTIME_FILES}
+    if built != {machine}:
+        raise DeployError(
+            f"{board.name}: the runtime is built for {', '.join(sorted(built))} (--arch {board.arch}) but the"
+            f" board runs {machine}: re-add it with --arch {machine}"
+        )
+    required = required_versions([runtime / name for name in RUNTIME_FILES])
+    provided = _board_versions(shell, machine)
+
+    def found(kind: str) -> str:
+        label = LIBRARIES[kind][0]
+        return f"{label} {_say_versions(kind, provided[kind])}" if kind in provided else f"no {label}"
+
+    needed = ", ".join(f"{LIBRARIES[k][0]} {_say_versions(k, v)}" for k, v in sorted(required.items()))
+    say(f"{board.name}: {', '.join(map(found, sorted(LIBRARIES)))} on the board; the runtime needs {needed}")
+    require_versions(board.name, provided, required)
+    return runtime
+
+
+def _stale(runtime: Path, on_board: dict[str, str]) -> list[str]:
+    """Runtime files that are missing on the board or differ from this host's."""
+    return [name for name in RUNTIME_FILES if on_board.get(name) != _sha256(runtime / name)]
+
+
+def check_board(board: Board, say: Callable[[str], None], accept_new_host_key: bool = False) -> bool:
+    """Report what the board has against what the runtime needs (refusing a board that cannot
+    run it); whether our runtime is installed there and matches this host's."""
+    platform = get_platform(board.arch)
     client = ssh_connect(board, accept_new_host_key)
     try:
         shell = BoardShell(board, client)
-        info = shell.probe()
+        runtime = _compatible_runtime(shell, platform, say)
+        on_board = _board_sha256(shell, shell.runtime_dir)
     finally:
         client.close()
-    _check_python(board, info)
-    return info, shell.runtime_dir
-
-
-def _check_python(board: Board, info: PythonInfo) -> None:
-    machine = MACHINE_ALIASES.get(info.machine, info.machine)
-    if machine != board.arch:
-        raise DeployError(f"{board.name} runs {info.machine}, but it was added with --arch {board.arch}")
-    if info.version < MIN_PYTHON:
-        found, wanted = ".".join(map(str, info.version)), ".".join(map(str, MIN_PYTHON))
-        raise DeployError(f"{board.name} has Python {found}: the TVM runtime needs {wanted} or newer")
+    stale = _stale(runtime, on_board)
+    if not on_board:
+        say(f"{board.name}: no runtime in {shell.runtime_dir} (run `deploy device setup {board.name}`)")
+    elif stale:
+        say(
+            f"{board.name}: the runtime in {shell.runtime_dir} differs from this host's ({', '.join(stale)});"
+            f" run `deploy device setup {board.name}`"
+        )
+    else:
+        say(f"{board.name}: runtime in {shell.runtime_dir} matches this host's (sha256)")
+    return not stale
 
 
 def setup_board(board: Board, say: Callable[[str], None]) -> None:
-    """Install the TVM runtime on the board unless the right version is already importable."""
+    """Push the runtime unless the board already has this host's (sha256 on the board)."""
+    platform = get_platform(board.arch)
     client = ssh_connect(board)
     try:
         shell = BoardShell(board, client)
-        info = shell.probe()
-        _check_python(board, info)
-        version = ".".join(map(str, info.version))
-        say(f"{board.name}: Python {version} on {info.machine}")
-        if info.runtime is not None and info.runtime.startswith(TVM_VERSION):
-            say(f"{board.name}: TVM runtime {info.runtime} already importable; nothing to do")
+        runtime = _compatible_runtime(shell, platform, say)
+        on_board = _board_sha256(shell, shell.runtime_dir)
+        stale = _stale(runtime, on_board)
+        if not stale:
+            say(f"{board.name}: runtime in {shell.runtime_dir} matches this host's (sha256); nothing to do")
             return
-        say(f"{board.name}: TVM runtime {'found ' + info.runtime if info.runtime else 'missing'}; installing")
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = _pack_runtime(Path(tmp), board.arch, info.version, say)
-            upload = posixpath.join(shell.remote_dir, "runtime.tar.gz.partial")
-            status, out = shell.run(f"mkdir -p {shlex.quote(shell.remote_dir)}")
-            if status != 0:
-                raise DeployError(f"{board.name}: cannot create {shell.remote_dir}: {out}")
-            say(f"{board.name}: uploading {archive.stat().st_size / 1e6:.0f} MB to {shell.remote_dir}")
-            shell.put(archive, upload)
-        _unpack(shell, upload)
-        after = shell.probe()
-        if after.runtime is None or not after.runtime.startswith(TVM_VERSION):
-            raise DeployError(
-                f"{board.name}: the runtime was installed in {shell.runtime_dir} but does not import"
-            )
-        say(f"{board.name}: TVM runtime {after.runtime} installed in {shell.runtime_dir}")
+        size = sum((runtime / name).stat().st_size for name in RUNTIME_FILES) / 1e6
+        found = f"differs ({', '.join(stale)})" if on_board else "missing"
+        say(f"{board.name}: runtime {found}; pushing {size:.1f} MB to {shell.runtime_dir}")
+        _push(shell, runtime)
+        say(f"{board.name}: runtime installed in {shell.runtime_dir} (sha256 checked on the board)")
     finally:
         client.close()
 
 
-def _pack_runtime(tmp: Path, arch: str, version: tuple[int, int], say: Callable[[str], None]) -> Path:
-    stage = tmp / "runtime"
-    say(f"fetching the {arch} wheels for Python {version[0]}.{version[1]} with this host's pip")
-    install_runtime(stage, arch, version)
-    archive = tmp / "runtime.tar.gz"
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
-        for path in sorted(stage.iterdir()):
-            tar.add(path, arcname=path.name)
-    return archive
-
-
-def _unpack(shell: BoardShell, upload: str) -> None:
-    """Replace `runtime/` with the archive's content in one rename."""
-    q = shlex.quote
-    directory, fresh = shell.runtime_dir, shell.runtime_dir + ".new"
-    status, out = shell.run(
-        f"rm -rf {q(fresh)} && mkdir {q(fresh)} && tar -xzf {q(upload)} -C {q(fresh)} &&"
-        f" rm -rf {q(directory)} && mv {q(fresh)} {q(directory)} && rm -f {q(upload)}",
-        timeout=600,
-    )
+def _push(shell: BoardShell, runtime: Path) -> None:
+    """Upload into runtime.new, check every file's sha256 on the board, make them executable, then
+    rename runtime.new to runtime (the old one is moved aside first and removed after)."""
+    name, q = shell.board.name, shlex.quote
+    final = shell.runtime_dir
+    fresh, old = final + ".new", final + ".old"
+    status, out = shell.run(f"rm -rf -- {q(fresh)} {q(old)}")  # left by an interrupted setup
     if status != 0:
-        raise DeployError(f"{shell.board.name}: unpacking the runtime failed: {out.splitlines()[-1:]}")
+        raise DeployError(f"{name}: cannot remove {fresh} or {old}: {out}")
+    with shell.files(f"uploading the runtime to {fresh}") as sftp:
+        _makedirs(sftp, shell.remote_dir)
+        for directory in sorted({posixpath.dirname(posixpath.join(fresh, f)) for f in RUNTIME_FILES}):
+            sftp.mkdir(directory, 0o755)
+        for file in RUNTIME_FILES:
+            sftp.put(str(runtime / file), posixpath.join(fresh, file))
+    bad = _stale(runtime, _board_sha256(shell, fresh))
+    if bad:
+        shell.run(f"rm -rf -- {q(fresh)}")
+        raise DeployError(
+            f"{name}: after upload, sha256 on the board differs from this host's for {', '.join(bad)};"
+            " nothing was installed"
+        )
+    with shell.files(f"installing the runtime in {final}") as sftp:
+        for file in RUNTIME_FILES:
+            sftp.chmod(posixpath.join(fresh, file), 0o755)
+        if _exists(sftp, final):
+            sftp.rename(final, old)
+        sftp.rename(fresh, final)
+    shell.run(f"rm -rf -- {q(old)}")
+
+
+def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
+    try:
+        sftp.stat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    """`mkdir -p` over SFTP."""
+    if path in ("", "/") or _exists(sftp, path):
+        return
+    _makedirs(sftp, posixpath.dirname(path))
+    sftp.mkdir(path, 0o755)

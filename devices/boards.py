@@ -1,7 +1,8 @@
 """Boards registered with `deploy device add`: stored in `$XDG_CONFIG_HOME/deploy/devices.json`.
 
-Only connection facts are stored (host, port, user, key path, architecture, the board's Python);
-never passwords. Accepted host keys go to `known_hosts` next to it.
+Only connection facts are stored (host, port, user, key path, architecture, our directory there);
+never passwords. Entries written by older versions may carry keys we no longer use ("python"):
+they are ignored. Accepted host keys go to `known_hosts` next to it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def known_hosts_file() -> Path:
 
 @dataclass(frozen=True)
 class Board:
-    """A board reached over SSH. `python` is the board's interpreter command (may hold arguments);
-    `remote_dir` is where we keep the runtime on the board, relative to the login's home."""
+    """A board reached over SSH. `remote_dir` is where we keep the runtime on the board, relative
+    to the login's home."""
 
     name: str
     host: str
@@ -41,7 +42,6 @@ class Board:
     port: int = 22
     key: str | None = None
     arch: str = "aarch64"
-    python: str = "python3"
     remote_dir: str = DEFAULT_REMOTE_DIR
 
     def validate(self) -> Board:
@@ -60,8 +60,6 @@ class Board:
             raise UsageError(f"--arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
         if self.key is not None and not Path(self.key).is_file():
             raise UsageError(f"--key {self.key!r}: no such file")
-        if not self.python.strip():
-            raise UsageError("--python '': expected the board's Python command, e.g. python3")
         return self
 
 

@@ -1,4 +1,5 @@
-"""Boards over SSH (paramiko): TVM's RPC server runs on the board's loopback, reached by a tunnel.
+"""Boards over SSH (paramiko): deploy's native RPC server runs on the board's loopback, reached by a
+tunnel. The board needs no Python: only a POSIX shell, and the runtime `deploy device setup` pushed.
 
 Host keys are checked against `~/.ssh/known_hosts` and deploy's own `known_hosts`; an unknown host
 is refused unless the user accepts it explicitly. Every remote command is built from quoted
@@ -11,20 +12,21 @@ import collections
 import json
 import posixpath
 import re
+import secrets
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import IO, Any
 
 import paramiko
 
 from devices.boards import Board, get_board, known_hosts_file
+from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
 from ops.errors import DeployError, first_line
@@ -88,39 +90,18 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
     return client
 
 
-@dataclass(frozen=True)
-class PythonInfo:
-    version: tuple[int, int]
-    machine: str
-    runtime: str | None
-    """The TVM version importable with our runtime directory on the path, or None."""
-
-
 class BoardShell:
-    """Commands on a board over one SSH connection, with the paths deploy uses there."""
+    """Commands and files on a board over one SSH connection, with the paths deploy uses there."""
 
     def __init__(self, board: Board, client: paramiko.SSHClient) -> None:
         self.board = board
         self.client = client
-        home = self._home()
+        self._sftp: paramiko.SFTPClient | None = None
+        with self.files("finding the login's home directory") as sftp:
+            home = sftp.normalize(".")
         self.remote_dir = posixpath.join(home, board.remote_dir)
         self.runtime_dir = posixpath.join(self.remote_dir, "runtime")
-
-    def _home(self) -> str:
-        status, out = self.run("pwd")
-        if status != 0 or not out.startswith("/"):
-            raise DeployError(f"{self.board.name}: cannot find the login's home directory: {first_line(out)}")
-        return out.splitlines()[-1]
-
-    @property
-    def python(self) -> str:
-        """The board's Python command, quoted word by word."""
-        return " ".join(shlex.quote(word) for word in shlex.split(self.board.python))
-
-    def runtime_env(self) -> str:
-        """Shell words that put our runtime directory first on the board's Python path."""
-        runtime = shlex.quote(self.runtime_dir)
-        return f'export PYTHONPATH={runtime}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+        self.servers_dir = posixpath.join(self.remote_dir, "servers")
 
     def run(self, command: str, timeout: float = 120.0) -> tuple[int, str]:
         """Run a shell command on the board; its exit status and its output (stdout + stderr)."""
@@ -132,58 +113,78 @@ class BoardShell:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise DeviceLost(f"lost SSH connection to {self.board.name}: {first_line(str(exc))}") from None
 
-    def probe(self) -> PythonInfo:
-        """The board's Python version and machine, and the TVM runtime it can import."""
-        script = "import sys, platform; print(sys.version_info[0], sys.version_info[1], platform.machine())"
-        status, out = self.run(f"{self.python} -c {shlex.quote(script)}")
-        words = out.split()
-        if status != 0 or len(words) < 3 or not (words[-3].isdigit() and words[-2].isdigit()):
-            detail = first_line(out) or f"exit status {status}"
-            raise DeployError(f"{self.board.name}: cannot run {self.board.python!r} on the board: {detail}")
-        version = (int(words[-3]), int(words[-2]))
-        check = "import tvm; print('deploy-tvm', tvm.__version__)"
-        status, out = self.run(f"{self.runtime_env()}; {self.python} -c {shlex.quote(check)}")
-        found = re.search(r"deploy-tvm (\S+)", out) if status == 0 else None
-        return PythonInfo(version, words[-1], found.group(1) if found else None)
-
-    def put(self, local: Path, remote: str) -> None:
+    @contextmanager
+    def files(self, what: str) -> Iterator[paramiko.SFTPClient]:
+        """The board's SFTP client (one per connection); a failure in the block is one line
+        naming `what` (DeviceLost when the connection itself is gone)."""
         try:
-            with self.client.open_sftp() as sftp:
-                sftp.put(str(local), remote)
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+            yield self._sftp
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise DeployError(f"{self.board.name}: upload of {local.name} failed: {exc}") from None
+            transport = self.client.get_transport()
+            name, detail = self.board.name, first_line(str(exc))
+            if transport is None or not transport.is_active():
+                raise DeviceLost(f"lost SSH connection to {name}: {detail}") from None
+            raise DeployError(f"{name}: {what} failed: {detail}") from None
+
+    def write_private(self, path: str, text: str) -> None:
+        """Write `text` to `path` on the board, readable by the login only (0600 before any byte
+        is written)."""
+        with self.files(f"writing {path}") as sftp, sftp.open(path, "w") as stream:
+            stream.chmod(0o600)
+            stream.write(text)
+
+    def remove(self, path: str) -> None:
+        """Remove a file on the board; one that is already gone is fine."""
+        with self.files(f"removing {path}") as sftp, suppress(FileNotFoundError):
+            sftp.remove(path)
 
 
 class RemoteServer:
-    """TVM's RPC server on the board's loopback, in its own session on a pty: closing the
-    connection hangs it up, and `stop()` kills its process group."""
+    """deploy's native RPC server (`deploy-rpc-server`, pushed by `deploy device setup`) on the
+    board's loopback, in its own session on a pty: closing the connection hangs it up, and `stop()`
+    kills its process group. Every start has a fresh session key (`self.key`) that clients must
+    send; it reaches the server in a 0600 file that is removed once the server has read it. Each
+    server has a directory of its own in `<remote_dir>/servers` (key file, session directories),
+    removed by `stop()`."""
 
-    def __init__(
-        self,
-        shell: BoardShell,
-        ports: tuple[int, int] = RPC_PORTS,
-        tracker: tuple[int, str, str] | None = None,
-    ) -> None:
-        """`ports`: the range to bind on the board; `tracker`: (board-side port of a forwarded
-        tracker, key, the address clients should use) to register with."""
+    def __init__(self, shell: BoardShell, ports: tuple[int, int] = RPC_PORTS, key_prefix: str = "") -> None:
+        """`ports`: the range to bind on the board; `key_prefix`: the session key becomes
+        "PREFIX:RANDOM" (a tracker's match keys must look like that)."""
         self.shell = shell
         self.port = 0
         self.pgid = 0
+        self.key = f"{key_prefix}:{secrets.token_hex(16)}" if key_prefix else secrets.token_hex(16)
+        self.on_line: Callable[[str], None] | None = None
+        """Called with each line the server prints once it is ready (session start/end, ...)."""
         self._lines: collections.deque[str] = collections.deque(maxlen=20)
         self._ready = threading.Event()
+        name = shell.board.name
+        server = posixpath.join(shell.runtime_dir, SERVER)
+        with shell.files(f"looking for {server}") as sftp:
+            try:
+                sftp.stat(server)
+            except FileNotFoundError:
+                raise DeployError(
+                    f"no deploy runtime on {name} in {shell.runtime_dir}: run `deploy device setup {name}`"
+                ) from None
+            try:
+                sftp.stat(shell.servers_dir)
+            except FileNotFoundError:
+                sftp.mkdir(shell.servers_dir, 0o700)
+            self._dir = posixpath.join(shell.servers_dir, secrets.token_hex(4))
+            sftp.mkdir(self._dir, 0o700)
+        self._key_file = posixpath.join(self._dir, "key")
+        shell.write_private(self._key_file, self.key + "\n")
         self._channel = shell.client.get_transport().open_session()  # type: ignore[union-attr]
         self._channel.get_pty()
         low, high = ports
-        register = (
-            f" --tracker 127.0.0.1:{tracker[0]} --key {shlex.quote(tracker[1])} --custom-addr {tracker[2]}"
-            if tracker
-            else ""
-        )
+        q = shlex.quote
         command = (
-            f"mkdir -p {shlex.quote(shell.remote_dir)} && cd {shlex.quote(shell.remote_dir)} &&"
-            f" echo deploy-server-pgid=$$ && {shell.runtime_env()} &&"
-            f" exec {shell.python} -m tvm.exec.rpc_server --host 127.0.0.1"
-            f" --port {low} --port-end {high}{register} 2>&1"
+            f"cd {q(shell.remote_dir)} && echo deploy-server-pgid=$$ && exec {q(server)} --host 127.0.0.1"
+            f" --port {low} --port-end {high} --key-file {q(self._key_file)}"
+            f" --work-dir {q(self._dir)} 2>&1"
         )
         self._channel.exec_command(command)
         threading.Thread(target=self._read, daemon=True).start()
@@ -204,33 +205,41 @@ class RemoteServer:
                 self._lines.append(line)
                 if (match := PGID.search(line)) and not self.pgid:
                     self.pgid = int(match.group(1))
-                if (match := READY.search(line)) and not self.port:
+                elif (match := READY.search(line)) and not self.port:
                     self.port = int(match.group(1))
                     self._ready.set()
+                elif self.on_line is not None:
+                    self.on_line(line)
 
     def wait_ready(self) -> None:
+        """Return once the server listens (its key file is then removed); a one-line error if it
+        exits first or takes longer than SERVER_TIMEOUT_S."""
         name = self.shell.board.name
         if not self._ready.wait(SERVER_TIMEOUT_S):
             raise DeployError(
                 f"RPC server on {name} not ready after {SERVER_TIMEOUT_S:.0f} s: {self.log_tail()}"
             )
         if not self.port:
-            hint = f" (run `deploy device setup {name}`)" if "No module named" in self.log_tail() else ""
-            raise DeployError(f"RPC server on {name} exited: {self.log_tail()}{hint}")
+            raise DeployError(
+                f"RPC server on {name} exited: {self.log_tail()} (see `deploy device check {name}`)"
+            )
+        self.shell.remove(self._key_file)
 
     def log_tail(self, lines: int = 3) -> str:
         return " | ".join(line for line in list(self._lines)[-lines:] if line.strip())
 
     def stop(self) -> None:
-        """Kill the server's process group (TERM, then KILL); then close its channel."""
+        """Kill the server's process group (TERM, then KILL), remove its directory; then close its
+        channel."""
+        script = f"rm -rf -- {shlex.quote(self._dir)}"
         if self.pgid:
             group = f"-{self.pgid}"
             script = (
                 f"kill -TERM -- {group} 2>/dev/null; i=0; while kill -0 -- {group} 2>/dev/null &&"
-                f" [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -- {group} 2>/dev/null; true"
+                f" [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -- {group} 2>/dev/null; {script}"
             )
-            with suppress(DeployError):  # connection gone: the hang-up of the pty ends the server
-                self.shell.run(script, timeout=15)
+        with suppress(DeployError):  # connection gone: the hang-up of the pty ends the server
+            self.shell.run(script, timeout=15)
         self._channel.close()
 
 
@@ -270,7 +279,8 @@ class _BoardEndpoint:
             self.link = link
         board = self.device.board
         label = f"{self.device.name} ({_where(board)}, RPC port {self.ready['rpc_port']})"
-        return connect("127.0.0.1", int(self.ready["port"]), self.device.arch, label, session_timeout_s)
+        port, key = int(self.ready["port"]), str(self.ready["key"])
+        return connect("127.0.0.1", port, self.device.arch, label, session_timeout_s, key)
 
     def restart(self) -> None:
         self.close()
@@ -284,7 +294,7 @@ class _BoardEndpoint:
 @contextmanager
 def board_link(board: Board, tracker: tuple[str, int, str] | None = None) -> Iterator[dict[str, Any]]:
     """Run the helper process for `board` (registering with `tracker` (host, port, key) if given);
-    yield its ready message {"port", "rpc_port"}; stop it on exit."""
+    yield its ready message {"port", "rpc_port", "key"} with "process" added; stop it on exit."""
     args = [json.dumps(asdict(board))] + ([json.dumps(list(tracker))] if tracker else [])
     with tempfile.TemporaryFile() as log:
         link = subprocess.Popen(
@@ -302,8 +312,19 @@ def board_link(board: Board, tracker: tuple[str, int, str] | None = None) -> Ite
             _close_link(link)
 
 
+def link_ended(ready: dict[str, Any], name: str) -> str:
+    """Wait until the helper of `board_link` stops serving by itself; why it stopped."""
+    link: subprocess.Popen[str] = ready["process"]
+    assert link.stdout is not None
+    try:
+        message = json.loads(link.stdout.readline())
+    except ValueError:
+        message = {}
+    return str(message.get("lost") or message.get("error") or f"the SSH helper for {name} exited")
+
+
 def _link_message(link: subprocess.Popen[str], log: IO[bytes]) -> dict[str, Any]:
-    """The helper's first line: {"port", "rpc_port"} when ready, or {"error"|"lost": message}."""
+    """The helper's first line: {"port", "rpc_port", "key"} when ready, or {"error"|"lost": message}."""
     assert link.stdout is not None
     line = link.stdout.readline()
     try:

@@ -1,4 +1,4 @@
-"""Port forwards over an SSH connection (what `ssh -L` and `ssh -R` do), for paramiko.
+"""Port forwards over an SSH connection (what `ssh -L` does), for paramiko.
 
 Connections to 127.0.0.1:`port` on this host are carried to `remote_host:remote_port` as seen from
 the board, so a server that listens only on the board's loopback is reachable here.
@@ -6,7 +6,6 @@ the board, so a server that listens only on the board's loopback is reachable he
 
 from __future__ import annotations
 
-import contextlib
 import select
 import socket
 import threading
@@ -78,28 +77,3 @@ class LocalForward:
                 channel.close()
                 client.close()
             self._pairs.clear()
-
-
-class RemoteForward:
-    """What `ssh -R` does: the board's 127.0.0.1:`self.port` reaches `host:port` as seen from here
-    (lets a server on the board register with a tracker on this side)."""
-
-    def __init__(self, transport: Any, host: str, port: int) -> None:
-        self._transport = transport
-        self._target = (host, port)
-        self._closed = threading.Event()
-        self.port = int(transport.request_port_forward("127.0.0.1", 0, handler=self._handle))
-
-    def _handle(self, channel: Any, origin: Any, server: Any) -> None:
-        try:
-            sock = socket.create_connection(self._target, timeout=10)
-        except OSError:
-            channel.close()
-            return
-        sock.settimeout(None)
-        threading.Thread(target=pump, args=(sock, channel, self._closed), daemon=True).start()
-
-    def close(self) -> None:
-        self._closed.set()
-        with contextlib.suppress(Exception):
-            self._transport.cancel_port_forward("127.0.0.1", self.port)

@@ -1,4 +1,10 @@
-"""A real OpenSSH server for tests: loopback port, generated host and user keys, config in a temp dir."""
+"""A real OpenSSH server for tests: loopback port, generated host and user keys, config in a temp dir.
+
+Its logins see a board without Python: PATH holds only a directory of links to BOARD_TOOLS, and
+HOME is an empty directory (this machine's ~/.bashrc, which bash reads for SSH commands, would put
+pyenv's python3 back on the PATH). The login shell's builtins (cd, echo, exec, kill, command) come
+with it.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from pathlib import Path
 import psutil
 
 SSHD = "/usr/sbin/sshd"
+BOARD_TOOLS = ("uname", "sha256sum", "rm", "sleep")
+"""What deploy runs on a board besides the shell (devices/board_setup.py TOOLS, and `uname`)."""
 
 
 def available() -> bool:
@@ -60,8 +68,23 @@ class Sshd:
         self.proc.wait(timeout=10)
 
 
-def start(directory: Path) -> Sshd:
+def _board_path(directory: Path, tools: tuple[str, ...]) -> Path:
+    """A directory of links to `tools` as found on this host's PATH."""
+    directory.mkdir(parents=True)
+    for tool in tools:
+        found = shutil.which(tool)
+        if found is None:
+            raise RuntimeError(f"{tool} is not on this host's PATH")
+        (directory / tool).symlink_to(found)
+    return directory
+
+
+def start(directory: Path, tools: tuple[str, ...] = BOARD_TOOLS) -> Sshd:
+    """An sshd whose logins have only `tools` on their PATH."""
     directory.mkdir(parents=True, exist_ok=True)
+    path = _board_path(directory / "board-bin", tools)
+    home = directory / "board-home"
+    home.mkdir()
     host_key = keygen(directory / "host_ed25519")
     user_key = keygen(directory / "user_ed25519")
     (directory / "authorized_keys").write_text((directory / "user_ed25519.pub").read_text())
@@ -83,6 +106,7 @@ def start(directory: Path) -> Sshd:
                 "Subsystem sftp internal-sftp",
                 "PermitRootLogin prohibit-password",
                 f"PidFile {directory / 'sshd.pid'}",
+                f"SetEnv PATH={path} HOME={home}",
                 "",
             ]
         )

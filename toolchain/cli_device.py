@@ -81,7 +81,6 @@ ACCEPT = click.option(
 @click.option("--user", required=True, help="Login name on the board.")
 @click.option("--key", type=click.Path(), help="Private key file (default: ssh-agent and ~/.ssh keys).")
 @click.option("--arch", default="aarch64", show_default=True, help="The board's machine (uname -m).")
-@click.option("--python", default="python3", show_default=True, help="Python command on the board.")
 @click.option("--remote-dir", default=".deploy", show_default=True, help="Our directory on the board.")
 @click.option("--replace", is_flag=True, help="Replace a device of the same name.")
 @ACCEPT
@@ -92,7 +91,6 @@ def device_add(
     user: str,
     key: str | None,
     arch: str,
-    python: str,
     remote_dir: str,
     replace: bool,
     accept_new_host_key: bool,
@@ -101,7 +99,7 @@ def device_add(
     from devices.boards import Board, add_board, known_hosts_file
     from devices.ssh import ssh_connect
 
-    board = Board(name, host, user, port, key, arch, python, remote_dir).validate()
+    board = Board(name, host, user, port, key, arch, remote_dir).validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
         click.echo(f"host key of {host}:{port} recorded in {known_hosts_file()}")
@@ -124,7 +122,7 @@ def device_list(as_json: bool) -> None:
     click.echo("local      this host (built in)")
     click.echo("emulator   aarch64 under qemu-aarch64 on this host (built in)")
     for name, b in boards.items():
-        click.echo(f"{name:10} {b.user}@{b.host}:{b.port} {b.arch} key={b.key or 'agent'} python={b.python}")
+        click.echo(f"{name:10} {b.user}@{b.host}:{b.port} {b.arch} key={b.key or 'agent'} dir={b.remote_dir}")
     from devices.opencl import opencl_devices
 
     try:
@@ -140,24 +138,19 @@ def device_list(as_json: bool) -> None:
 @click.argument("name")
 @ACCEPT
 def device_check(name: str, accept_new_host_key: bool) -> None:
-    """Log in to a board and report its Python and TVM runtime (exit 1 if it cannot serve)."""
+    """Log in to a board and report its machine, its glibc and libstdc++ against what deploy's
+    runtime needs, and whether the runtime is installed (exit 1 if the board cannot serve)."""
     from devices.board_setup import check_board
     from devices.boards import require_board
 
-    board = require_board(name)
-    info, runtime_dir = check_board(board, accept_new_host_key)
-    version = ".".join(map(str, info.version))
-    click.echo(f"{name}: SSH ok, Python {version} on {info.machine}")
-    if info.runtime is None:
-        click.echo(f"{name}: no TVM runtime (run `deploy device setup {name}`)")
+    if not check_board(require_board(name), click.echo, accept_new_host_key):
         sys.exit(1)
-    click.echo(f"{name}: TVM runtime {info.runtime} (ours would be in {runtime_dir})")
 
 
 @device_group.command("setup")
 @click.argument("name")
 def device_setup(name: str) -> None:
-    """Install the TVM runtime on a board (pushed from this host; idempotent)."""
+    """Push deploy's native runtime to a board (no Python needed there; idempotent)."""
     from devices.board_setup import setup_board
     from devices.boards import require_board
 
@@ -169,10 +162,11 @@ def device_setup(name: str) -> None:
 @click.option("--tracker", required=True, metavar="HOST:PORT", help="The RPC tracker to register with.")
 @click.option("--key", required=True, help="Device key on the tracker.")
 def device_serve(name: str, tracker: str, key: str) -> None:
-    """Offer a board on an RPC tracker until Ctrl-C. Its server stays on the board's loopback;
-    clients on this host reach it through the SSH connection."""
+    """Offer a board on an RPC tracker until Ctrl-C. Its server stays on the board's loopback and
+    this host registers it; clients on this host reach it through the SSH connection."""
     from devices.boards import require_board
-    from devices.ssh import board_link
+    from devices.registry import DeviceLost
+    from devices.ssh import board_link, link_ended
     from devices.tracker import parse_address
 
     host, port = parse_address(tracker)
@@ -180,11 +174,11 @@ def device_serve(name: str, tracker: str, key: str) -> None:
         rpc_port = ready["rpc_port"]
         click.echo(f"{name} registered as {key!r} with {tracker} (RPC port {rpc_port}); Ctrl-C stops")
         try:
-            ready["process"].wait()
+            reason = link_ended(ready, name)
         except KeyboardInterrupt:
             click.echo(f"stopping {name}")
             return
-    raise DeployError(f"the SSH connection to {name} ended")
+    raise DeviceLost(reason)
 
 
 @device_group.command("remove")
