@@ -66,7 +66,7 @@ class Emulator:
         runtime = self.provision()
         port = port or free_port()
         log = self.base / f"server-{port}.log"
-        key_file = new_key_file(self.base / f"server-{port}.key")
+        key_file = new_key_file(self.base / f"server-{port}.key", f"{key}:" if tracker else "")
         work = self.base / "sessions"
         work.mkdir(parents=True, exist_ok=True)
         cmd = [*self.platform.emulator_command(), str(runtime / SERVER), "--host", "127.0.0.1",

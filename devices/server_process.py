@@ -67,13 +67,15 @@ class Server:
         return " | ".join(text[-lines:])
 
 
-def new_key_file(path: Path) -> Path:
-    """A fresh random session key in `path`, readable by this user only (0600 from creation)."""
+def new_key_file(path: Path, prefix: str = "") -> Path:
+    """A fresh random session key (after `prefix`) in `path`, readable by this user only (0600
+    from creation). A server offered on a tracker needs the prefix "KEY:": TVM's tracker reads
+    the device key back from the match key when it withdraws a server."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as stream:
-        stream.write(secrets.token_hex(16) + "\n")
+        stream.write(prefix + secrets.token_hex(16) + "\n")
     return path
 
 

@@ -99,6 +99,10 @@ class TrackerRegistration:
     def __init__(self, tracker: tuple[str, int], key: str, addr: str, port: int, session_key: str) -> None:
         from tvm.rpc import base
 
+        if not session_key.startswith(f"{key}:"):
+            raise DeployError(
+                f"session key for a tracker must start with {key!r}: (the tracker withdraws by it)"
+            )
         self._base = base
         self._offer = [base.TrackerCode.PUT, key, (port, session_key), addr]
         self._session_key = session_key

@@ -133,3 +133,6 @@ def test_a_server_dying_mid_run_requeues_its_cases(farm):
     assert len(results) == len(planned) and all(r.ok for r in results), [r for r in results if not r.ok]
     assert not servers[0].alive()
     assert lost, "the dead server was not reported"
+    assert wait_free(port, KEY, 1) == 1
+    time.sleep(1)  # both would be offered again by now: only the live one is
+    assert free_servers("127.0.0.1", port, KEY) == 1, "the tracker withdrew the stopped server"
