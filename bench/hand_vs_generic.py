@@ -20,8 +20,7 @@ import tvm
 from devices import get_device
 from ops import TensorType, bind, get_op
 from schedules.cpu import generic_cpu
-from schedules.registry import ScheduleContext
-from toolchain.build import prim_module, schedule
+from toolchain.build import context, prim_module, schedule
 from toolchain.compare import compare, random_input
 from toolchain.cpu_lowering import compile_cpu
 from toolchain.targets import get_target
@@ -58,7 +57,7 @@ def main() -> None:
             inputs = [random_input(t, rng) for t in bound.inputs]
             expected = bound.op.reference(bound.attrs, *inputs)
             generic = tvm.s_tir.Schedule(prim_module(bound, target))
-            generic_cpu(generic, ScheduleContext(bound, target.vector_bits, os.cpu_count() or 1))
+            generic_cpu(generic, context(bound, target))
             hand, name, _ = schedule(bound, target)
             timings = {}
             for label, mod in (("generic", generic.mod), ("hand", hand)):

@@ -23,7 +23,8 @@ class LocalDevice:
     def open(self) -> Iterator[TvmSession]:
         import tvm
 
-        yield TvmSession(lambda path: tvm.runtime.load_module(str(path)), tvm.cpu(0), self.arch, self.name)
+        load = lambda path: tvm.runtime.load_module(str(path))  # noqa: E731
+        yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func)
 
 
 register_device("local")(LocalDevice)

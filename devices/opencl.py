@@ -61,6 +61,10 @@ class OpenClSession:
         self._fp16 = "cl_khr_fp16" in device.extensions
         self._programs: dict[Path, tuple[dict[str, Any], Any]] = {}
 
+    def cores(self) -> None:
+        """Not a CPU: kernels are spread by work-groups, not split for cores."""
+        return None
+
     def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any]:
         if plan_path not in self._programs:
             cl = _cl()

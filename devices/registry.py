@@ -41,6 +41,11 @@ class Session(Protocol):
         """Seconds per call of main, one mean over `number` calls for each of `repeat` runs."""
         ...
 
+    def cores(self) -> int | None:
+        """Threads the device's runtime runs parallel loops on (None: not a CPU device), which
+        builds for it split work for."""
+        ...
+
 
 class Device(Protocol):
     """A place to run modules: a name, the ELF machine it runs, whether it is emulated."""

@@ -17,7 +17,7 @@ class RpcSession(TvmSession):
 
     def __init__(self, remote: Any, arch: str, label: str) -> None:
         self._remote = remote
-        super().__init__(self._upload_and_load, remote.cpu(0), arch, label)
+        super().__init__(self._upload_and_load, remote.cpu(0), arch, label, remote.get_function)
 
     def close(self) -> None:
         super().close()
@@ -51,6 +51,9 @@ class RpcSession(TvmSession):
 
     def time(self, *args: Any) -> Any:  # type: ignore[override]
         return self._guard(super().time, *args)
+
+    def cores(self) -> int:
+        return int(self._guard(super().cores))
 
 
 @contextmanager

@@ -10,20 +10,30 @@ import numpy as np
 
 class TvmSession:
     """Runs modules through a TVM runtime `loader(path) -> Module` on TVM device `dev`;
-    `arch` is the ELF machine it runs, `label` names it in messages."""
+    `function(name)` finds a global function of that runtime; `arch` is the ELF machine it runs,
+    `label` names it in messages."""
 
-    def __init__(self, loader: Any, dev: Any, arch: str, label: str) -> None:
+    def __init__(self, loader: Any, dev: Any, arch: str, label: str, function: Any) -> None:
         self.arch = arch
         self.label = label
         self._loader = loader
         self._dev = dev
+        self._function_of = function
         self._modules: dict[Path, Any] = {}
+        self._cores: int | None = None
+
+    def cores(self) -> int:
+        """The runtime's thread-pool size (`runtime.NumThreads`: TVM_NUM_THREADS, else the
+        device's cores, halved on x86 for hyper-threading), asked once."""
+        if self._cores is None:
+            self._cores = max(1, int(self._function_of("runtime.NumThreads")()))
+        return self._cores
 
     def close(self) -> None:
         """Drop the loaded modules and the device; for RPC this ends the connection, which frees
         the server (a tracker hands it out again)."""
         self._modules.clear()
-        self._loader = self._dev = None
+        self._loader = self._dev = self._function_of = None
 
     def _function(self, module: Path) -> Any:
         if module not in self._modules:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import tvm
 from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, Choice, Int
@@ -13,12 +12,6 @@ from ops.errors import UsageError
 from ops.nan import is_nan_bits
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
-
-GPU_LANES = 64
-"""Work-items that share one argmax on GPU targets."""
-CPU_LANES = 16
-"""Partials per output on CPU targets (innermost axis): two AVX2 vectors, four NEON ones; half
-as many when that divides the axis and this does not (a ragged end re-reads with gathers)."""
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -43,7 +36,7 @@ def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
     return te.comm_reducer(combine, identity, name="argmax")
 
 
-def _strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int) -> te.Tensor:
+def strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int) -> te.Tensor:
     """`lanes` strided partial argmaxes per output (lane l takes elements l, l + lanes, ...),
     then their argmax. Past the end a lane re-reads the last element (no condition) under index
     `extent`, which loses every tie with the real one."""
@@ -69,7 +62,7 @@ def _strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, la
     return index
 
 
-def _max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
+def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     """Argmax over the innermost axis in one vector pass: `lanes` strided partials per row, each
     keeping its strictly greatest value with that value's position (so its first) and the
     position of its first NaN; a per-row stage then takes the first NaN if any, else the
@@ -158,18 +151,11 @@ class Argmax(Op):
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        """One reduction, or where that vectorizes or spreads the work better: on GPU targets
-        GPU_LANES strided partial argmaxes per output (one per work-item of a work-group), then
-        their argmax; on CPU targets over the innermost axis, max-then-find (`_max_then_find`)."""
+        """One reduction along the axis. Targets pair their schedules with forms that vectorize or
+        spread better (`strided_argmax`, `max_then_find`: see schedules/cpu.py and gpu.py)."""
         rank = len(x.shape)
         axis = self._axis(attrs, rank)
         extent = int(x.shape[axis])
-        target = tvm.target.Target.current(allow_none=True)
-        if target is not None and "gpu" in target.keys and extent >= 2:
-            return _strided_argmax(x, out, axis, attrs["keepdims"], min(GPU_LANES, extent))
-        if axis == rank - 1 and extent >= 2 * CPU_LANES:
-            exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
-            return _max_then_find(x, out, exact[0] if exact else CPU_LANES)
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
         k = te.reduce_axis((0, extent), name="k")

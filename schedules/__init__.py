@@ -1,7 +1,11 @@
-"""Per-target schedules: `registry.py` maps (family, op) to a schedule; importing this package
-registers every family (generic CPU, x86, arm, gpu)."""
+"""Per-target schedules: `registry.py` maps (family, op) to a strategy (a schedule and the
+computation it schedules); importing this package registers every family.
 
-from schedules import arm, cpu, gpu, x86  # noqa: F401  (registration on import)
-from schedules.registry import ScheduleContext, find_schedule, register_schedule
+`cpu.py` serves every CPU target (x86 and arm list "x86"/"arm" before "cpu", for what differs per
+ISA: nothing in the schedules today; ARM's NaN-propagating max is chosen in ops/pooling.py); `gpu.py`
+serves OpenCL."""
 
-__all__ = ["ScheduleContext", "find_schedule", "register_schedule"]
+from schedules import cpu, gpu  # noqa: F401  (registration on import)
+from schedules.registry import ScheduleContext, Strategy, find_schedule, register_schedule
+
+__all__ = ["ScheduleContext", "Strategy", "find_schedule", "register_schedule"]

@@ -92,6 +92,8 @@ def partition(sch: Any, loop: Any, lo: int, hi: int) -> list[Any]:
     return list(sch.loop_partition(loop, [*sizes, None]))
 
 
+@register_schedule("cpu", "maxpool_add")
+@register_schedule("cpu", "max_pool2d")
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
     order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector.
@@ -172,6 +174,26 @@ def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
 
 
+CPU_LANES = 16
+"""Argmax partials per output over the innermost axis: two AVX2 vectors, four NEON ones; half as
+many when that divides the axis and this does not (a ragged end re-reads with gathers)."""
+
+
+def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
+    """Argmax over the innermost axis as max-then-find (one vector pass, see `max_then_find`)
+    when the axis is long enough; otherwise the op's plain reduction."""
+    from ops.argmax import max_then_find
+
+    bound = ctx.bound
+    rank = len(bound.inputs[0].shape)
+    extent = bound.inputs[0].shape[-1]
+    if bound.attrs["axis"] % rank == rank - 1 and extent >= 2 * CPU_LANES:
+        exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
+        return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES)
+    return bound.op.compute(bound.attrs, bound.output, x)
+
+
+@register_schedule("cpu", "argmax", compute=argmax_cpu)
 def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
     """Single-input reduction over attribute `axis` (argmax): a multi-stage form -> per-output
     stages; innermost axis -> parallel rows, sequential scan; another axis -> reduce outside the

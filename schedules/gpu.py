@@ -41,7 +41,22 @@ def generic_gpu(sch: Any, ctx: ScheduleContext) -> None:
         sch.bind(items, "threadIdx.x")
 
 
-@register_schedule("gpu", "argmax")
+def strided_argmax_gpu(ctx: ScheduleContext, x: Any) -> Any:
+    """Argmax as `ctx.threads` strided partials per output (one per work-item of a work-group, so
+    a tuned work-group size changes the kernel), then their argmax; the plain reduction when the
+    axis has a single element."""
+    from ops.argmax import strided_argmax
+
+    bound = ctx.bound
+    rank = len(bound.inputs[0].shape)
+    axis = bound.attrs["axis"] % rank
+    extent = bound.inputs[0].shape[axis]
+    if extent < 2:
+        return bound.op.compute(bound.attrs, bound.output, x)
+    return strided_argmax(x, bound.output, axis, bound.attrs["keepdims"], min(ctx.threads, extent))
+
+
+@register_schedule("gpu", "argmax", compute=strided_argmax_gpu)
 def argmax_gpu(sch: Any, ctx: ScheduleContext) -> None:
     """One work-group per output: its work-items each reduce a strided slice into shared memory
     (argmax_partial), then every work-item combines the slices (the same value, written once per

@@ -1,4 +1,6 @@
-"""The schedule registry: (family, op name) -> function that schedules that op's PrimFunc.
+"""The schedule registry: (family, op name) -> a strategy: the function that schedules that op's
+PrimFunc, paired with the computation it schedules (the op's own, or a variant of it that the
+family's hardware runs better, as TVM's strategy tables pair compute and schedule).
 
 A target lists its families in lookup order (x86: "x86", then "cpu"); an op without a hand
 schedule in any of them gets the family's generic schedule, registered under op name "*".
@@ -23,6 +25,7 @@ class ScheduleContext:
     bound: BoundOp
     vector_bits: int
     cores: int
+    """Threads the device runs parallel loops on (the device's, not the build host's)."""
     threads: int = 64
 
     def lanes(self, dtype: str) -> int:
@@ -32,23 +35,40 @@ class ScheduleContext:
 
 ScheduleFn = Callable[[Any, ScheduleContext], None]
 """Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place."""
+ComputeFn = Callable[..., Any]
+"""compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op."""
 
-_SCHEDULES: dict[tuple[str, str], ScheduleFn] = {}
+
+@dataclass(frozen=True)
+class Strategy:
+    """What a target family builds for an op: `schedule` applied to `compute`'s PrimFunc (None:
+    the op's own computation). `label` names it in manifests and `deploy ops`."""
+
+    label: str
+    schedule: ScheduleFn
+    compute: ComputeFn | None = None
 
 
-def register_schedule(family: str, op_name: str = GENERIC) -> Callable[[ScheduleFn], ScheduleFn]:
+_STRATEGIES: dict[tuple[str, str], tuple[ScheduleFn, ComputeFn | None]] = {}
+
+
+def register_schedule(
+    family: str, op_name: str = GENERIC, compute: ComputeFn | None = None
+) -> Callable[[ScheduleFn], ScheduleFn]:
+    """Register a schedule for (family, op), with the compute variant it schedules if any."""
+
     def add(fn: ScheduleFn) -> ScheduleFn:
-        _SCHEDULES[(family, op_name)] = fn
+        _STRATEGIES[(family, op_name)] = (fn, compute)
         return fn
 
     return add
 
 
-def find_schedule(families: tuple[str, ...], op_name: str) -> tuple[str, ScheduleFn] | None:
-    """The first hand schedule for `op_name` in `families`, else the first generic; with its name."""
+def find_schedule(families: tuple[str, ...], op_name: str) -> Strategy | None:
+    """The first hand strategy for `op_name` in `families`, else the first generic one."""
     for name in (op_name, GENERIC):
         for family in families:
-            if (family, name) in _SCHEDULES:
-                label = f"{family}/{'generic' if name == GENERIC else name}"
-                return label, _SCHEDULES[(family, name)]
+            if (family, name) in _STRATEGIES:
+                schedule, compute = _STRATEGIES[(family, name)]
+                return Strategy(f"{family}/{'generic' if name == GENERIC else name}", schedule, compute)
     return None

@@ -42,7 +42,7 @@ def test_editing_code_that_shapes_the_module_changes_the_key(edited: str, monkey
 
 @pytest.mark.parametrize(
     "change",
-    [{"vector_bits": 128}, {"tvm": {"kind": "llvm", "mcpu": "znver3"}}, {"work_group": 32}],
+    [{"vector_bits": 128}, {"cores": 8}, {"tvm": {"kind": "llvm", "mcpu": "znver3"}}, {"work_group": 32}],
 )
 def test_every_target_field_is_in_the_key(change: dict):
     target = get_target("x86")

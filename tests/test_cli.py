@@ -27,7 +27,7 @@ def test_ops_json_lists_every_builtin_op():
     assert attrs["kernel"] == {"name": "kernel", "type": "int,int", "default": [3, 3], "doc": "window H,W"}
     assert attrs["ceil_mode"]["default"] is False
     assert ops["leaky_relu"]["dtypes"] == ["float32", "float16", "float64"]
-    assert ops["argmax"]["targets"]["x86"] == "x86/argmax"
+    assert ops["argmax"]["targets"]["x86"] == "cpu/argmax"
     assert ops["add"]["targets"]["x86"] == "cpu/generic"
 
 
@@ -52,7 +52,7 @@ def test_build_writes_module_and_manifest(tmp_path):
         {"name": "b", "shape": [2, 1, 8, 8], "dtype": "float32"},
     ]
     assert manifest.output == {"shape": [2, 4, 8, 8], "dtype": "float32"}
-    assert manifest.schedule == "x86/maxpool_add"
+    assert manifest.schedule == "cpu/maxpool_add"
     assert manifest.tvm_version == tvm.__version__
     assert manifest.sha256 == sha256_file(out / manifest.module)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mp"], "no staging leftovers"

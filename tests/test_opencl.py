@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ import pytest
 from ops import TensorType, all_ops, bind, get_op
 from tests.conftest import run_deploy
 from toolchain.build import compile_op, export
+from toolchain.manifest import Manifest
 from toolchain.targets import get_target
-from toolchain.verify import plan, verify_case
+from toolchain.verify import check_artifact, plan, verify_case
 
 
 def _devices() -> list[tuple[int, int, str, bool]]:
@@ -197,3 +199,17 @@ def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
     x = np.ones(4, "float32")
     with pytest.raises(UsageError, match=r"is for opencl; local runs x86_64"):
         run_artifact(local_session, tmp_path / "art", manifest, [x, x])
+
+
+@pytest.mark.parametrize("work_group", [16, 32, 128])
+def test_argmax_kernel_follows_the_work_group_size(work_group, cl_session, tmp_path):
+    """The size `deploy tune --target opencl` searches reaches the argmax kernel (issue #13, defect
+    2: it used a fixed 64 work-items whatever the size), and each size still matches numpy."""
+    bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((4, 300), "float32")])
+    target = replace(get_target("opencl"), work_group=work_group)
+    compiled = compile_op(bound, target)
+    assert [k["local"] for k in compiled.executable.plan["kernels"]] == [[work_group, 1, 1]]
+    assert f"argmax_partial_v1_shared_ptr[{work_group}];" in compiled.executable.source
+
+    export(compiled, tmp_path / "argmax")
+    assert check_artifact(cl_session, bound, tmp_path / "argmax", Manifest.read(tmp_path / "argmax")) == 0

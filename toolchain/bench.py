@@ -18,7 +18,7 @@ from toolchain.roofline import bytes_moved, copy_gbps, roofline_ms
 from toolchain.targets import Target
 from toolchain.timing import artifact_ms, host_ms
 from toolchain.torch_baseline import torch_ms
-from toolchain.verify import check_device
+from toolchain.verify import check_device, for_device
 
 
 def bench_ops(
@@ -37,7 +37,7 @@ def bench_ops(
             case = op.cases[0]
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
-            directory, manifest = cached_build(bound, target)
+            directory, manifest = cached_build(bound, for_device(target, session))
             median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
             moved = bytes_moved(inputs, bound.output)
             best_ms = roofline_ms(moved, bandwidth)

@@ -37,12 +37,15 @@ def tvm_version() -> str:
     return str(tvm.__version__)
 
 
-def prim_module(bound: BoundOp, target: Target) -> Any:
-    """The op as an IRModule with one PrimFunc `main(inputs..., out)`.
+def context(bound: BoundOp, target: Target) -> ScheduleContext:
+    """What the target's strategy sees: the op, vector width, the device's cores, work-group size."""
+    return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group)
 
-    The compute runs inside the target's context (`tvm.target.Target.current()`), so an op may pick
-    a target's intrinsic, as TOPI does.
-    """
+
+def prim_module(bound: BoundOp, target: Target) -> Any:
+    """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
+    strategy pairs with its schedule (the op's own unless the family has a variant), run inside the
+    target's context (`tvm.target.Target.current()`), as TOPI does."""
     import tvm
     from tvm import te
 
@@ -50,26 +53,27 @@ def prim_module(bound: BoundOp, target: Target) -> Any:
         te.placeholder(t.shape, t.dtype, name=spec.name)
         for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
     ]
+    strategy = find_schedule(target.schedules, bound.op.name)
     with target.tvm_target():
-        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+        if strategy is not None and strategy.compute is not None:
+            out = strategy.compute(context(bound, target), *placeholders)
+        else:
+            out = bound.op.compute(bound.attrs, bound.output, *placeholders)
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
-def schedule(bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str, str | None]:
-    """The scheduled IRModule, the schedule's name ("tuned", "x86/maxpool_add", "cpu/generic",
+def schedule(bound: BoundOp, target: Target) -> tuple[Any, str, str | None]:
+    """The scheduled IRModule, the schedule's name ("tuned", "cpu/maxpool_add", "cpu/generic",
     "default") and, for "tuned", the id of the tuning record it applies."""
-    mod = prim_module(bound, target)
     if target.tuned is not None:
-        tuned = tuned_schedule(mod, bound, target, cores)
+        tuned = tuned_schedule(bound, target)
         if tuned is not None:
             return tuned[0], "tuned", tuned[1]
-    return (*hand_schedule(mod, bound, target, cores), None)
+    return (*hand_schedule(bound, target), None)
 
 
-def tuned_schedule(
-    mod: Any, bound: BoundOp, target: Target, cores: int | None = None
-) -> tuple[Any, str] | None:
-    """`mod` scheduled as the accepted record in `target.tuned` says, with the record's id: a
+def tuned_schedule(bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+    """The op scheduled as the accepted record in `target.tuned` says, with the record's id: a
     MetaSchedule trace, or for OpenCL the GPU schedule with the tuned work-group size. None when
     there is no accepted record for this op, these attributes and input types."""
     from toolchain.tuning_db import accepted, task_dir, tuned_module
@@ -82,22 +86,21 @@ def tuned_schedule(
         return None
     if "work_group" in entry:
         sized = replace(target, work_group=int(entry["work_group"]))
-        return hand_schedule(mod, bound, sized, cores)[0], entry["record"]
-    tuned = tuned_module(directory, entry["record"], mod)
+        return hand_schedule(bound, sized)[0], entry["record"]
+    tuned = tuned_module(directory, entry["record"], prim_module(bound, target))
     return (tuned, entry["record"]) if tuned is not None else None
 
 
-def hand_schedule(mod: Any, bound: BoundOp, target: Target, cores: int | None = None) -> tuple[Any, str]:
-    """`mod` scheduled by the target's schedule for the op (or left as is: "default")."""
+def hand_schedule(bound: BoundOp, target: Target) -> tuple[Any, str]:
+    """The op scheduled by the target's strategy (or left as is: "default"), with its label."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(mod)
-    found = find_schedule(target.schedules, bound.op.name)
-    if found is None:
+    sch = tvm.s_tir.Schedule(prim_module(bound, target))
+    strategy = find_schedule(target.schedules, bound.op.name)
+    if strategy is None:
         return sch.mod, "default"
-    name, fn = found
-    fn(sch, ScheduleContext(bound, target.vector_bits, cores or os.cpu_count() or 1, target.work_group))
-    return sch.mod, name
+    strategy.schedule(sch, context(bound, target))
+    return sch.mod, strategy.label
 
 
 @dataclass
@@ -194,6 +197,7 @@ def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifes
             arch=compiled.target.arch,
             schedule=compiled.schedule,
             tuning_record=compiled.tuning_record,
+            cores=None if compiled.target.artifact == "opencl" else compiled.target.build_cores(),
             bundle=bundled,
             module=module.name,
             sha256=sha256_file(module),

@@ -54,13 +54,16 @@ def main(ops_path: tuple[str, ...], debug: bool) -> None:
         load_ops_path(directory)
 
 
-def _target(name: str, tuned: str | None = None) -> Any:
-    """The target `name`; with `tuned`, building from that `deploy tune` records directory."""
+def _target(name: str, tuned: str | None = None, cores: int | None = None) -> Any:
+    """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
+    `cores`, splitting parallel work for that many threads (else for the device's, asked later)."""
     from toolchain.targets import get_target
 
     if tuned is not None and not Path(tuned).is_dir():
         raise UsageError(f"--tuned {tuned}: no such directory (write one with `deploy tune --db {tuned}`)")
-    return get_target(name).with_tuning(tuned)
+    if cores is not None and not 1 <= cores <= 4096:
+        raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
+    return get_target(name).with_tuning(tuned).with_cores(cores)
 
 
 def _bind(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
@@ -126,6 +129,12 @@ OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy o
 OP_OPTIONAL = click.option("--op", "op_name", help="Op name (see `deploy ops`).")
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
+CORES = click.option(
+    "--cores",
+    type=int,
+    metavar="N",
+    help="Split parallel loops for N threads [default: ask the device: its runtime's thread count].",
+)
 TUNED = click.option(
     "--tuned",
     metavar="DIR",
@@ -163,6 +172,8 @@ def targets_command(as_json: bool) -> None:
 @OP
 @TARGET
 @TUNED
+@CORES
+@device_options
 @ATTR
 @click.option(
     "--shape",
@@ -188,22 +199,29 @@ def build_command(
     op_name: str,
     target_name: str,
     tuned: str | None,
+    cores: int | None,
+    where: DeviceChoice,
     attrs: tuple[str, ...],
     shapes: tuple[str, ...],
     dtype: str,
     out_dir: str | None,
     bundle: bool,
 ) -> None:
-    """Compile an op for a target into a module and manifest.json."""
+    """Compile an op for a target into a module and manifest.json (split for --cores, else for the
+    cores of --device or the target's default device)."""
     from ops import TensorType
     from toolchain.build import compile_op, export
     from toolchain.bundle import check_bundle
     from toolchain.cli_args import parse_shape
+    from toolchain.verify import for_device
 
-    target = _target(target_name, tuned)
+    target = _target(target_name, tuned, cores)
     bound = _bind(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
     if bundle:
         check_bundle(bound, target)
+    if target.cores is None and target.artifact != "opencl":
+        with where.resolve(target).open() as session:
+            target = for_device(target, session)
     directory = Path(out_dir or f"{op_name}-{target_name}")
     manifest = export(compile_op(bound, target), directory, bundle=bundle)
     if tuned is not None and manifest.schedule != "tuned":
@@ -213,7 +231,8 @@ def build_command(
         )
     record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
     click.echo(
-        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}):"
+        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}"
+        f"{f', {manifest.cores} cores' if manifest.cores else ''}):"
         f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
     )
     if manifest.bundle is not None:
@@ -229,6 +248,7 @@ def build_command(
 
 
 @main.command("run")
+@CORES
 @OP
 @TARGET
 @TUNED
@@ -245,6 +265,7 @@ def build_command(
 @click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
 @click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
 def run_command(
+    cores: int | None,
     op_name: str,
     target_name: str,
     tuned: str | None,
@@ -259,15 +280,15 @@ def run_command(
     from toolchain.cache import cached_build
     from toolchain.cli_args import load_npy, save_npy
     from toolchain.compare import compare
-    from toolchain.verify import check_device, run_artifact
+    from toolchain.verify import check_device, for_device, run_artifact
 
-    target = _target(target_name, tuned)
+    target = _target(target_name, tuned, cores)
     arrays = [load_npy(path) for path in inputs]
     bound = _bind(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
     device = where.resolve(target)
     check_device(target, device)
-    directory, manifest = cached_build(bound, target)
     with device.open() as session:
+        directory, manifest = cached_build(bound, for_device(target, session))
         result = run_artifact(session, directory, manifest, arrays)
     save_npy(output, result)
     click.echo(f"{op_name} on {device.name} ({manifest.schedule}): wrote {output} {bound.output}")
@@ -279,12 +300,14 @@ def run_command(
 
 
 @main.command("test")
+@CORES
 @TARGET
 @TUNED
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 def test_command(
+    cores: int | None,
     target_name: str,
     tuned: str | None,
     where: DeviceChoice,
@@ -297,7 +320,7 @@ def test_command(
     from toolchain.report import run_with_progress
     from toolchain.verify import plan
 
-    target = _target(target_name, tuned)
+    target = _target(target_name, tuned, cores)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     planned = plan(ops, dtypes)
     if not planned:
@@ -316,6 +339,7 @@ def test_command(
 
 
 @main.command("bench")
+@CORES
 @TARGET
 @TUNED
 @device_options
@@ -328,6 +352,7 @@ def test_command(
 )
 @click.option("--fresh-roofline", is_flag=True, help="Measure the device's copy bandwidth again.")
 def bench_command(
+    cores: int | None,
     target_name: str,
     tuned: str | None,
     where: DeviceChoice,
@@ -345,7 +370,7 @@ def bench_command(
 
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: expected at least 1")
-    target = _target(target_name, tuned)
+    target = _target(target_name, tuned, cores)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     device = where.resolve(target)
     rows = bench_ops(ops, dtype, target, device, repeat, fresh_roofline)

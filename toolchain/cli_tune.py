@@ -11,7 +11,17 @@ from rich.console import Console
 from devices import Device
 from ops.errors import UsageError
 from ops.spec import BoundOp
-from toolchain.cli import ATTR, OP_OPTIONAL, TARGET, DeviceChoice, _bind, _target, device_options, main
+from toolchain.cli import (
+    ATTR,
+    CORES,
+    OP_OPTIONAL,
+    TARGET,
+    DeviceChoice,
+    _bind,
+    _target,
+    device_options,
+    main,
+)
 from toolchain.targets import Target
 from toolchain.tune import TuneResult
 
@@ -20,6 +30,7 @@ from toolchain.tune import TuneResult
 @OP_OPTIONAL
 @TARGET
 @ATTR
+@CORES
 @device_options
 @click.option("--shape", "shapes", multiple=True, help="Input shape, e.g. 32x64x112x112; once per input.")
 @click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
@@ -33,6 +44,7 @@ def tune_command(
     op_name: str | None,
     target_name: str,
     attrs: tuple[str, ...],
+    cores: int | None,
     where: DeviceChoice,
     shapes: tuple[str, ...],
     dtype: str,
@@ -49,7 +61,7 @@ def tune_command(
     from toolchain.cli_args import parse_shape
 
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
-    target = _target(target_name)
+    target = _target(target_name, cores=cores)
     device = where.resolve(target)
     root = Path(db_dir)
     if op_name is not None:

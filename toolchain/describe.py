@@ -37,7 +37,7 @@ def describe_ops() -> list[dict[str, Any]]:
             ],
             "dtypes": list(op.dtypes),
             "targets": {
-                t.name: found[0] if (found := find_schedule(t.schedules, op.name)) else "default"
+                t.name: found.label if (found := find_schedule(t.schedules, op.name)) else "default"
                 for t in all_targets()
             },
         }

@@ -40,6 +40,8 @@ class Manifest:
     deploy_version: str
     tuning_record: str | None = None
     """For `schedule: "tuned"`: the id of the `deploy tune` record it was built from."""
+    cores: int | None = None
+    """Threads the module's parallel loops were split for (CPU targets): the device's."""
     bundle: dict[str, str] | None = None
     """For `deploy build --bundle`: the C header, shim library and runner file names, and the
     sha256 of SHA256SUMS (which pins every other file of the bundle)."""

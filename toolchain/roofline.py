@@ -20,7 +20,7 @@ from devices import Device, Session
 from devices.cache import cache_root
 from ops.errors import DeployError
 from ops.spec import Input, Op, TensorType, bind
-from toolchain.build import compile_scheduled, export, hand_schedule, prim_module
+from toolchain.build import compile_scheduled, export, hand_schedule
 from toolchain.targets import Target
 from toolchain.timing import artifact_ms
 from toolchain.verify import run_artifact
@@ -67,7 +67,7 @@ def measure_copy_gbps(session: Session, target: Target, emulated: bool) -> float
     """GB/s of a COPY_BYTES copy on the session (read + write bytes over the median time)."""
     size = (COPY_BYTES // 4) if not emulated else (4 << 20) // 4  # qemu: keep it short
     bound = bind(Copy(), {}, [TensorType((size,), "float32")])
-    mod, name = hand_schedule(prim_module(bound, target), bound, target)
+    mod, name = hand_schedule(bound, target)
     with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
         directory = Path(tmp) / "copy"
         manifest = export(compile_scheduled(bound, target, mod, name), directory)

@@ -6,6 +6,7 @@ width the schedules use, the schedule families to look up (first match wins), an
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,21 @@ class Target:
     """Work-items per work-group (GPU targets)."""
     tuned: Path | None = None
     """A `deploy tune` records directory: build from its accepted records where they match."""
+    cores: int | None = None
+    """Threads the device runs parallel loops on, which the schedules split work for: asked from
+    the device or given with --cores (None: this host's count, for library callers)."""
 
     def with_tuning(self, directory: str | Path | None) -> Target:
         """This target, building from the records in `directory` (None: hand schedules)."""
         return replace(self, tuned=Path(directory) if directory is not None else None)
+
+    def with_cores(self, cores: int | None) -> Target:
+        """This target, splitting parallel work for `cores` threads (None: leave as is)."""
+        return self if cores is None else replace(self, cores=cores)
+
+    def build_cores(self) -> int:
+        """The core count builds split work for."""
+        return self.cores or os.cpu_count() or 1
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
         import tvm

@@ -29,7 +29,7 @@ from toolchain import tuning_db
 from toolchain.build import compile_scheduled, export, prim_module
 from toolchain.targets import Target
 from toolchain.tune_runner import builder, local_runner, session_runner
-from toolchain.verify import check_artifact, check_device
+from toolchain.verify import check_artifact, check_device, for_device
 
 BATCH = 8
 """Candidates per search iteration: records are written after each batch."""
@@ -116,6 +116,9 @@ def tune(
     on_start(len(before.records), tuning_db.mean_secs(valid[0]) if valid else None)
     missing = trials - len(before.records)
     with _measuring(device, bound, timeout_s) as (runner, open_verify):
+        if target.cores is None:
+            with open_verify() as session:
+                target = for_device(target, session)
         if missing > 0:
             _search(mod, target, directory, runner, missing, seed=len(before.records), on_trial=on_trial)
         records = tuning_db.TaskRecords.load(directory, mod)
@@ -157,12 +160,11 @@ def _search(
     from tvm.s_tir import meta_schedule as ms
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
-    cores = os.cpu_count() or 1
     with _stopping_on_interrupt() as interrupted:
         try:
             ms.tune_tir(
                 mod,
-                target.tvm_target(num_cores=cores),
+                target.tvm_target(num_cores=target.build_cores()),  # the device's cores
                 str(directory),
                 max_trials_global=trials,
                 num_trials_per_iter=min(BATCH, trials),
@@ -173,7 +175,7 @@ def _search(
                     *ms.MeasureCallback.create("default"),  # first: records are written before a stop
                     _progress_callback(on_trial, interrupted),
                 ],
-                num_tuning_cores=cores,
+                num_tuning_cores=os.cpu_count() or 1,  # this host's: it builds the candidates
                 seed=seed,
             )
         except Exception:

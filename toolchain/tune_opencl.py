@@ -23,7 +23,7 @@ from devices import Device
 from ops.errors import DeployError
 from ops.spec import BoundOp
 from toolchain import tuning_db
-from toolchain.build import compile_scheduled, export, hand_schedule, prim_module
+from toolchain.build import compile_scheduled, export, hand_schedule
 from toolchain.compare import random_input
 from toolchain.targets import Target
 from toolchain.timing import artifact_ms
@@ -47,7 +47,7 @@ def measurements(directory: Path) -> list[dict[str, Any]]:
 
 def scheduled(bound: BoundOp, target: Target, work_group: int) -> Any:
     """The op under the GPU schedule with `work_group` work-items per work-group."""
-    mod, _ = hand_schedule(prim_module(bound, target), bound, replace(target, work_group=work_group))
+    mod, _ = hand_schedule(bound, replace(target, work_group=work_group))
     return mod
 
 

@@ -75,9 +75,9 @@ def _variants(bound: BoundOp, target: Target, root: Path) -> dict[str, Compiled]
     variants = {}
     if target.artifact != "opencl":
         variants["default"] = compile_scheduled(bound, target, mod, "default")
-    hand, name = hand_schedule(mod, bound, target)
+    hand, name = hand_schedule(bound, target)
     variants["hand"] = compile_scheduled(bound, target, hand, name)
-    tuned = tuned_schedule(mod, bound, target.with_tuning(root))
+    tuned = tuned_schedule(bound, target.with_tuning(root))
     if tuned is not None:
         variants["tuned"] = compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
     return variants

@@ -97,11 +97,18 @@ def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[Planned
     ]
 
 
+def for_device(target: Target, session: Session) -> Target:
+    """`target` building for the session's device: split for its cores, unless --cores said."""
+    cores = session.cores() if target.cores is None else None
+    return target.with_cores(cores)
+
+
 def verify(
     session: Session, bound: BoundOp, target: Target, inputs: list[np.ndarray]
 ) -> tuple[Comparison, str]:
-    """Build (cached), run on the session, compare with the reference; with the schedule name."""
-    directory, manifest = cached_build(bound, target)
+    """Build (cached, for the session's device), run on the session, compare with the reference;
+    with the schedule name."""
+    directory, manifest = cached_build(bound, for_device(target, session))
     actual = run_artifact(session, directory, manifest, inputs)
     expected = bound.op.reference(bound.attrs, *inputs)
     return compare(np.asarray(expected), actual, bound.op.exact), manifest.schedule
