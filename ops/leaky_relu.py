@@ -8,6 +8,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ops.attrs import Attr, Float
+from ops.nan import times_zero
 from ops.registry import register
 from ops.spec import FLOAT_DTYPES, Case, Input, Op, TensorType
 
@@ -32,12 +33,15 @@ class LeakyRelu(Op):
         return inputs[0]
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        alpha = tirx.const(attrs["alpha"], x.dtype)
-        return te.compute(
-            out.shape,
-            lambda *i: tirx.Select(x[i] > tirx.const(0, x.dtype), x[i], x[i] * alpha),
-            name="out",
-        )
+        """alpha = 0 multiplies through `times_zero`: TVM would fold `x * 0.0` to 0.0 and turn
+        NaN and -inf into 0 where numpy gives NaN."""
+        alpha, dtype = attrs["alpha"], str(x.dtype)
+
+        def body(*i: Any) -> Any:
+            scaled = times_zero(x[i], dtype, alpha) if alpha == 0 else x[i] * tirx.const(alpha, dtype)
+            return tirx.Select(x[i] > tirx.const(0, dtype), x[i], scaled)
+
+        return te.compute(out.shape, body, name="out")
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         alpha = x.dtype.type(attrs["alpha"])

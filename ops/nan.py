@@ -1,8 +1,10 @@
-"""NaN tests that vectorize: TVM leaves `tirx.isnan` calls scalar, and folds `x != x` to false."""
+"""NaN tests that vectorize (TVM leaves `tirx.isnan` calls scalar, and folds `x != x` to false),
+and IEEE multiplication by zero (TVM folds `x * 0.0` to 0.0, NaN and infinities included)."""
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from tvm import tirx
@@ -30,3 +32,17 @@ def any_nan_bits(values: list[Any], dtype: str) -> Any:
     itype, mask, inf = NAN_BITS[dtype]
     magnitudes = [tirx.bitwise_and(tirx.reinterpret(itype, v), tirx.const(mask, itype)) for v in values]
     return functools.reduce(tirx.max, magnitudes) > tirx.const(inf, itype)
+
+
+def times_zero(value: Any, dtype: str, zero: float = 0.0) -> Any:
+    """TE expression: float `value` times `zero` (0.0 or -0.0) as IEEE has it: NaN for NaN and
+    infinities, else a zero with the product's sign. Written `value * zero`, TVM's constant
+    folding returns `zero` whatever `value` is."""
+    itype, mask, inf = NAN_BITS[dtype]
+    bits = tirx.reinterpret(itype, value)
+    sign_bit = tirx.const(~mask, itype)
+    sign = tirx.bitwise_and(bits, sign_bit)
+    if math.copysign(1.0, zero) < 0:
+        sign = tirx.bitwise_xor(sign, sign_bit)
+    nonfinite = tirx.bitwise_and(bits, tirx.const(mask, itype)) >= tirx.const(inf, itype)
+    return tirx.Select(nonfinite, tirx.const(float("nan"), dtype), tirx.reinterpret(dtype, sign))
