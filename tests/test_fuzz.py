@@ -76,7 +76,9 @@ def test_fuzz_op_against_reference(op, data, local_session):
     except UsageError:
         reject()
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
-    inputs = [random_input(t, rng, ties=data.draw(st.booleans(), label="ties")) for t in bound.inputs]
+    ties = data.draw(st.booleans(), label="ties")
+    specials = data.draw(st.booleans(), label="specials")
+    inputs = [random_input(t, rng, ties=ties, specials=specials) for t in bound.inputs]
     comparison, _ = verify(local_session, bound, get_target("x86"), inputs)
     assert comparison.ok, f"{bound.key()}: {comparison.detail} (max error {comparison.max_error})"
 
@@ -91,3 +93,26 @@ def test_compare_is_exact_for_integers_and_tolerant_for_floats():
     assert not compare(f, f * np.float32(1 + 1e-7), exact=True).ok
     assert not compare(f, np.array([1.0, 0.0, np.inf], dtype="float32"), exact=False).ok
     assert not compare(f, f.astype("float64"), exact=False).ok
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "int64"])
+def test_random_input_plants_specials_at_seeded_positions(dtype):
+    tensor = TensorType((32, 1000), dtype)
+    plain = random_input(tensor, np.random.default_rng(5))
+    planted = random_input(tensor, np.random.default_rng(5), specials=True)
+    again = random_input(tensor, np.random.default_rng(5), specials=True)
+    assert np.array_equal(planted, again, equal_nan=dtype.startswith("float"))
+    copies = np.count_nonzero(planted == plain.max())
+    assert copies >= 32000 // 64, "repeated maxima"
+    if dtype.startswith("float"):
+        assert np.isnan(planted).sum() == np.isposinf(planted).sum() == np.isneginf(planted).sum() == 16
+        rows_with_nan = np.isnan(planted).any(axis=1).sum()
+        assert 0 < rows_with_nan < 32, "some argmax rows see NaN, others only ties"
+    assert np.count_nonzero(planted != plain) < 32000 // 20
+
+
+def test_specials_in_the_smallest_tensors():
+    scalar = random_input(TensorType((), "float32"), np.random.default_rng(0), specials=True)
+    assert scalar.shape == () and np.isnan(scalar)
+    few = random_input(TensorType((3,), "float64"), np.random.default_rng(0), specials=True)
+    assert np.isnan(few).sum() == 1 and np.isinf(few).sum() == 2

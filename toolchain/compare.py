@@ -46,15 +46,46 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     return Comparison(close, max_error, "" if close else f"beyond rtol={rtol} atol={atol}")
 
 
-def random_input(tensor: TensorType, rng: np.random.Generator, ties: bool = False) -> np.ndarray:
+SPECIAL_EVERY = 2000
+"""With `specials`, one element in this many becomes NaN, one +inf and one -inf (floats, at least
+one of each where the tensor has room): a row of 1000 holds some in about 40% of rows."""
+TIE_EVERY = 64
+"""With `specials`, one element in this many becomes a copy of the tensor's maximum."""
+
+
+def random_input(
+    tensor: TensorType, rng: np.random.Generator, ties: bool = False, specials: bool = False
+) -> np.ndarray:
     """Random data over the dtype's whole range for integers, N(0, 1) for floats.
 
     With `ties`, floats are rounded to quarters so maxima repeat (first-index rules get tested).
+    With `specials`, seeded positions hold NaN, +inf and -inf (floats; NaN first where the tensor
+    is too small for all) and copies of the maximum, so NaN propagation, infinities and
+    tie-breaking get tested.
     """
     if tensor.dtype.startswith("float"):
         data = rng.standard_normal(tensor.shape)
         if ties:
             data = np.round(data * 4) / 4
-        return np.asarray(data, dtype=tensor.dtype)
-    info = np.iinfo(tensor.dtype)
-    return np.asarray(rng.integers(info.min, info.max, size=tensor.shape, dtype=tensor.dtype, endpoint=True))
+        data = np.asarray(data, dtype=tensor.dtype)
+    else:
+        info = np.iinfo(tensor.dtype)
+        data = rng.integers(info.min, info.max, size=tensor.shape, dtype=tensor.dtype, endpoint=True)
+        data = np.asarray(data)
+    if specials and data.size:
+        plant_specials(data, rng)
+    return data
+
+
+def plant_specials(data: np.ndarray, rng: np.random.Generator) -> None:
+    """Overwrite seeded positions of `data` in place: NaN, +inf, -inf (floats), then copies of
+    the largest value."""
+    flat = data.reshape(-1)
+    values: list[float | int] = []
+    if data.dtype.kind == "f":
+        count = max(1, flat.size // SPECIAL_EVERY)
+        for value in (np.nan, np.inf, -np.inf):
+            values += [value] * count
+    values += [flat.max()] * max(1, flat.size // TIE_EVERY)
+    positions = rng.choice(flat.size, size=min(len(values), flat.size), replace=False)
+    flat[positions] = np.asarray(values[: len(positions)], dtype=data.dtype)
