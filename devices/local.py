@@ -5,6 +5,8 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from devices.registry import register_device
 from devices.session import TvmSession
@@ -23,7 +25,9 @@ class LocalDevice:
     def open(self) -> Iterator[TvmSession]:
         import tvm
 
-        load = lambda path: tvm.runtime.load_module(str(path))  # noqa: E731
+        def load(path: Path) -> Any:
+            return tvm.runtime.load_module(str(path))
+
         yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func)
 
 
