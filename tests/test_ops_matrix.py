@@ -1,24 +1,228 @@
-"""Every op x dtype x case on each x86 target, built and run locally, compared with numpy."""
+"""Every op x dtype x case on every registered target, each on its default device (NaN, infinities
+and repeated maxima planted in every case), and the edges random data rarely hits: argmax over
+NaN, infinities, ties and all-minimum rows (the plain reduction, the CPU's max-then-find, the GPU's
+work-group reduction), NaN through max pooling at the borders (x86's bit test, ARM's
+`llvm.maximum`, the GPU's if-then-else), padding that never wins, integer wrap-around, IEEE
+specials through add and leaky_relu. A target that cannot run here is skipped with the reason."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 import pytest
 
-from ops import all_ops
-from toolchain.targets import get_target
-from toolchain.verify import plan, verify_case
+from devices import Device, Session, get_device
+from devices.platforms import get_platform
+from ops import TensorType, all_ops, bind, get_op
+from ops.errors import DeployError
+from toolchain.compare import Comparison
+from toolchain.targets import Target, all_targets
+from toolchain.verify import PlannedCase, plan, verify, verify_case
 
-CASES = plan(all_ops())
-TARGETS = ["x86", "x86-avx512"]
+ONLY_DTYPES = {"arm-fp16": ("float16",)}
+"""Targets that differ from another only for some dtypes run just those: arm-fp16 is arm plus fp16
+arithmetic, its other dtypes build as arm's do."""
 
 
-@pytest.mark.parametrize("target_name", TARGETS)
-@pytest.mark.parametrize("planned", CASES, ids=[f"{c.op.name}-{c.dtype}-{c.index}" for c in CASES])
-def test_op_matches_reference(planned, target_name, local_session):
-    target = get_target(target_name)
-    missing = target.missing_cpu_flags()
-    if missing:
-        pytest.skip(f"host CPU lacks {', '.join(missing)}")
-    result = verify_case(local_session, planned, target)
+def unavailable(target: Target, device: Device) -> str | None:
+    """Why `target` cannot run on `device` here (None: it can)."""
+    if target.cross_compiler and shutil.which(target.cross_compiler) is None:
+        return f"needs {target.cross_compiler} (Debian: {target.cross_package})"
+    if device.emulated:
+        platform = get_platform(device.arch)
+        for tool, package in ((platform.qemu, platform.qemu_package), (platform.gxx, platform.gxx_package)):
+            if tool is None or shutil.which(tool) is None:
+                return f"needs {tool or f'an emulator for {device.arch}'} (Debian: {package})"
+    if device.name == "local" and (missing := target.missing_cpu_flags()):
+        return f"host CPU lacks {', '.join(missing)}"
+    if device.arch == "opencl":
+        from devices.opencl import opencl_devices
+
+        try:
+            if not opencl_devices():
+                return "no OpenCL platform (Debian: pocl-opencl-icd)"
+        except DeployError as exc:  # pyopencl missing
+            return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class OnTarget:
+    """A target, an open session on its default device, and the dtypes that device cannot run."""
+
+    target: Target
+    session: Session
+    unsupported: dict[str, str]
+
+    def require(self, dtype: str) -> None:
+        """Skip when the device cannot run `dtype` (fp16 without cl_khr_fp16)."""
+        if dtype in self.unsupported:
+            pytest.skip(f"{self.target.name}: {self.unsupported[dtype]}")
+
+    def check(self, op_name: str, attrs: dict[str, Any], *arrays: np.ndarray) -> Comparison:
+        """Build `op_name` for these arrays, run it on them, compare with numpy."""
+        self.require(str(arrays[0].dtype))
+        bound = bind(get_op(op_name), attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
+        comparison, _ = verify(self.session, bound, self.target, list(arrays))
+        return comparison
+
+
+class Sessions:
+    """One session per target, opened by its first test and kept until the module ends (one
+    emulator start per target, however the tests are ordered)."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        self._stack = stack
+        self._open: dict[str, OnTarget | str] = {}
+
+    def on(self, target: Target) -> OnTarget:
+        """`target` ready to run; skips the test when it cannot run here."""
+        if target.name not in self._open:
+            device = get_device(target.default_device)
+            reason = unavailable(target, device)
+            if reason is None:
+                unsupported = device.unsupported_dtypes() if hasattr(device, "unsupported_dtypes") else {}
+                session = self._stack.enter_context(device.open())
+                self._open[target.name] = OnTarget(target, session, unsupported)
+            else:
+                self._open[target.name] = f"{target.name}: {reason}"
+        found = self._open[target.name]
+        if isinstance(found, str):
+            pytest.skip(found)
+        return found
+
+
+@pytest.fixture(scope="module")
+def sessions() -> Iterator[Sessions]:
+    with ExitStack() as stack:
+        yield Sessions(stack)
+
+
+def ident(value: Any) -> str:
+    """A parameter as it reads in a test id."""
+    if isinstance(value, PlannedCase):
+        return f"{value.op.name}-{value.dtype}-{value.index}"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def on_every_target(argnames: str, values: list[tuple[Any, ...]]) -> pytest.MarkDecorator:
+    """Parametrize `target` and `argnames` with every registered target times each of `values`
+    (a dtype or a planned case first) that the target runs; targets on the emulator are marked
+    `emulator`."""
+    params = []
+    for target in all_targets():
+        marks = [pytest.mark.emulator] if target.default_device == "emulator" else []
+        wanted = ONLY_DTYPES.get(target.name)
+        for value in values:
+            dtype = value[0].dtype if isinstance(value[0], PlannedCase) else value[0]
+            if wanted is None or dtype in wanted:
+                name = "-".join(ident(v) for v in (target.name, *value))
+                params.append(pytest.param(target, *value, marks=marks, id=name))
+    return pytest.mark.parametrize(f"target,{argnames}", params)
+
+
+@on_every_target("planned", [(c,) for c in plan(all_ops())])
+def test_op_matches_reference(target, planned, sessions):
+    on = sessions.on(target)
+    on.require(planned.dtype)
+    result = verify_case(on.session, planned, target, specials=True)
     assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
     assert result.schedule != "-"
+
+
+ARGMAX_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int64")
+
+
+@on_every_target("dtype,axis", [(d, a) for d in ARGMAX_DTYPES for a in (0, -1)])
+def test_argmax_nan_infinities_ties_and_minimum_like_numpy(target, dtype, axis, sessions):
+    """Short axes: the plain reduction on CPUs, a few lanes of the GPU work-group reduction.
+    (Axis 1 of these 2-D arrays is axis -1.)"""
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        rows = [[1, 3, 3, np.nan], [np.nan, 2, np.nan, 2], [-np.inf] * 4, [np.inf, 0, np.inf, np.nan]]
+    else:
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+        rows = [[low] * 4, [1, 3, 3, 0], [high, low, high, 2], [low, low, 0, low]]
+    comparison = sessions.on(target).check("argmax", {"axis": axis}, np.array(rows, dtype=dtype))
+    assert comparison.ok, comparison.detail
+
+
+WIDE = [
+    (dtype, extent, attrs)
+    for dtype in ARGMAX_DTYPES
+    for extent, attrs in (
+        (32, {"axis": -1}),
+        (50, {"axis": -1}),
+        (50, {"axis": 1, "keepdims": True, "out_dtype": "int32"}),
+        (1000, {"axis": -1}),
+    )
+]
+
+
+@on_every_target("dtype,extent,attrs", WIDE)
+def test_wide_argmax_rows_like_numpy(target, dtype, extent, attrs, sessions):
+    """Rows wide enough for the CPU's max-then-find form (16 lanes dividing the row, 16 not, 8)
+    and several steps of the GPU's strided work-items: the max tied across lanes, NaN anywhere
+    (first wins), rows all NaN, all minimum, all -inf but a last +inf."""
+    rng = np.random.default_rng(extent)
+    floating = np.issubdtype(np.dtype(dtype), np.floating)
+    x = rng.integers(0, 5, size=(8, extent)).astype(dtype)  # many ties of the max
+    x[1] = -np.inf if floating else np.iinfo(dtype).min
+    if floating:
+        x[2, [extent - 1, 7]] = np.nan
+        x[3] = np.nan
+        x[4, 17] = np.nan
+        x[5, :] = -np.inf
+        x[5, extent - 1] = np.inf
+    comparison = sessions.on(target).check("argmax", attrs, x)
+    assert comparison.ok, f"{attrs}: {comparison.detail}"
+
+
+@on_every_target("dtype", [("float32",), ("int8",), ("uint8",), ("int32",)])
+def test_max_pool_padding_never_wins(target, dtype, sessions):
+    low = np.iinfo(dtype).min if dtype != "float32" else -1e30
+    x = np.full((1, 1, 5, 5), low, dtype=dtype)
+    comparison = sessions.on(target).check("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, x)
+    assert comparison.ok, comparison.detail
+
+
+@on_every_target(
+    "dtype,op_name", [(d, o) for d in ("float32", "float16") for o in ("max_pool2d", "maxpool_add")]
+)
+def test_max_pool_propagates_nan_like_numpy(target, dtype, op_name, sessions):
+    """NaN in corner, interior and border windows; +inf and -inf beside them."""
+    x = np.random.default_rng(3).standard_normal((1, 2, 6, 6)).astype(dtype)
+    x[0, 0, 0, 0] = x[0, 1, 3, 4] = x[0, 1, 5, 5] = np.nan
+    x[0, 0, 2, 2], x[0, 0, 5, 0], x[0, 1, 0, 5] = np.inf, -np.inf, -np.inf
+    inputs = [x] if op_name == "max_pool2d" else [x, np.ones((1, 1, 1), dtype=dtype)]
+    comparison = sessions.on(target).check(op_name, {"kernel": 3, "stride": 2, "padding": 1}, *inputs)
+    assert comparison.ok, comparison.detail
+
+
+@on_every_target("dtype", [("int8",), ("uint8",), ("int32",), ("int64",)])
+def test_integer_add_wraps_like_numpy(target, dtype, sessions):
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, info.max, 0], dtype=dtype)
+    b = np.array([1, -1 if info.min < 0 else info.max, info.max, info.min], dtype=dtype)
+    comparison = sessions.on(target).check("add", {}, a, b)
+    assert comparison.ok, comparison.detail
+
+
+@on_every_target("dtype", [("float32",), ("float16",)])
+def test_ieee_specials_through_add_and_leaky_relu(target, dtype, sessions):
+    """inf + -inf is NaN, NaN stays NaN; leaky_relu with alpha 0 turns NaN and -inf into NaN
+    (TVM folds x * 0.0 to 0.0), a negative alpha turns -inf into +inf."""
+    on = sessions.on(target)
+    a = np.array([np.inf, -np.inf, np.nan, np.inf, 1, -np.inf, 0, -2], dtype=dtype)
+    b = np.array([-np.inf, -np.inf, 1, np.inf, np.nan, 1, -0.0, 2], dtype=dtype)
+    comparison = on.check("add", {}, a, b)
+    assert comparison.ok, f"add: {comparison.detail}"
+    for alpha in (0.0, -1.5):
+        comparison = on.check("leaky_relu", {"alpha": alpha}, a)
+        assert comparison.ok, f"leaky_relu alpha={alpha}: {comparison.detail}"
