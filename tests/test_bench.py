@@ -6,7 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_deploy
+
+ADD_BYTES = 4 * (2 * 32 * 64 * 56 * 56 + 32 * 1 * 56 * 56)
+"""add's first case in float32: a and the output 32x64x56x56, b 32x1x56x56."""
+ARGMAX_BYTES = 4 * 32 * 1000 + 8 * 32
+"""argmax's first case in float32: 32x1000 read, 32 int64 indices written."""
 
 
 def test_bench_reports_the_roofline_and_baselines(tmp_path: Path) -> None:
@@ -16,18 +23,31 @@ def test_bench_reports_the_roofline_and_baselines(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     rows = json.loads(first.stdout)
     assert [r["op"] for r in rows] == ["add", "argmax"]
-    for row in rows:
-        assert row["roofline_gb_per_s"] > 0 and row["gb_per_s"] > 0
-        assert row["x_roofline"] == row["median_ms"] / row["roofline_ms"]
+    measured = rows[0]["roofline_gb_per_s"]
+    assert measured > 0 and rows[1]["roofline_gb_per_s"] == measured, "one copy measurement per run"
+    for row, moved in zip(rows, (ADD_BYTES, ARGMAX_BYTES), strict=True):
+        assert row["mb_moved"] * 1e6 == pytest.approx(moved)
+        assert row["gb_per_s"] == pytest.approx(moved / 1e6 / row["median_ms"])
+        assert 0.01 < row["gb_per_s"] < 1000, "a plausible speed (a ms/s slip would be 1000x off)"
         assert row["numpy_ms"] > 0 and "torch_ms" in row and "speedup_vs_torch" in row
     assert plot.read_bytes()[:4] == b"\x89PNG"
-    cache = json.loads((Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json").read_text())
-    assert cache["x86@local"]["gb_per_s"] == rows[0]["roofline_gb_per_s"]
+    cache_file = Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json"
+    cache = json.loads(cache_file.read_text())
+    assert cache["x86@local"]["gb_per_s"] == measured
 
-    again = run_deploy("bench", "--target", "x86", "--op", "leaky_relu", "--repeat", "1", "--json")
-    assert json.loads(again.stdout)[0]["roofline_gb_per_s"] == rows[0]["roofline_gb_per_s"], "cached"
-    table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1")
+    cache["x86@local"]["gb_per_s"] = 2.0  # no copy runs at 2 GB/s here: only the cache says so
+    cache_file.write_text(json.dumps(cache))
+    again = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1", "--json")
+    (row,) = json.loads(again.stdout)
+    best_ms = ADD_BYTES / 2e9 * 1e3
+    assert row["roofline_gb_per_s"] == 2.0, "the cached roofline is used"
+    assert row["roofline_ms"] == pytest.approx(best_ms)
+    assert row["x_roofline"] == pytest.approx(row["median_ms"] / best_ms)
+
+    table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1", "--fresh-roofline")
     assert "copy roofline" in table.stdout and "x roofline" in table.stdout
+    fresh = json.loads(cache_file.read_text())["x86@local"]["gb_per_s"]
+    assert fresh > 0 and fresh != 2.0, "--fresh-roofline measures again"
 
 
 def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:
