@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,10 +29,10 @@ pytestmark = [
 KEY = "farm"
 
 
-@pytest.fixture(scope="module")
-def farm(tmp_path_factory: pytest.TempPathFactory):
-    """(tracker port, [two emulator servers registered under KEY])."""
-    tracker = TrackerProcess(tmp_path_factory.mktemp("tracker"))
+@contextmanager
+def running_farm(directory: Path) -> Iterator[tuple[int, list[Server]]]:
+    """A tracker and two emulator servers registered under KEY: (tracker port, servers)."""
+    tracker = TrackerProcess(directory)
     address = tracker.start(port=free_port())
     emulator = Emulator()
     servers = []
@@ -44,6 +46,20 @@ def farm(tmp_path_factory: pytest.TempPathFactory):
         for server in servers:
             server.stop()
         tracker.stop()
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, list[Server]]]:
+    """The farm the tests share; none of them stops its servers."""
+    with running_farm(tmp_path_factory.mktemp("tracker")) as found:
+        yield found
+
+
+@pytest.fixture
+def own_farm(tmp_path: Path) -> Iterator[tuple[int, list[Server]]]:
+    """A farm for one test that stops one of its servers."""
+    with running_farm(tmp_path / "tracker") as found:
+        yield found
 
 
 def summary(results):
@@ -115,9 +131,8 @@ def test_tune_measures_on_the_farm(farm, tmp_path: Path):
     assert free_servers("127.0.0.1", port, KEY) == 2, "tuning sessions gave their servers back"
 
 
-def test_a_server_dying_mid_run_requeues_its_cases(farm):
-    """Runs last in this module: it kills one of the two servers."""
-    port, servers = farm
+def test_a_server_dying_mid_run_requeues_its_cases(own_farm):
+    port, servers = own_farm
     target = get_target("arm")
     device = TrackerDevice("127.0.0.1", port, KEY, target.arch)
     planned = plan(all_ops(), ["float32"])
