@@ -8,6 +8,7 @@ installed `tvm_ffi` package. A device then needs glibc and libstdc++, nothing el
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -140,8 +141,10 @@ def compile_native(
         raise DeployError(f"{target.gxx} failed on {sources[0].name}: {' | '.join(errors[:3])}")
 
 
-def _fingerprint(target: Platform, libraries: Path, sources: list[Path]) -> str:
-    """What the compiled output depends on: sources, flags, compiler and libraries."""
+@functools.cache
+def _fingerprint(target: Platform, libraries: Path, sources: tuple[Path, ...]) -> str:
+    """What the compiled output depends on: sources, flags, compiler and libraries (worked out
+    once per process: every emulator start asks for the runtime)."""
     digest = hashlib.sha256(" ".join((target.arch, target.gxx, *CXXFLAGS)).encode())
     version = subprocess.run([target.gxx, "--version"], capture_output=True, text=True).stdout
     digest.update(version.encode())
@@ -155,7 +158,7 @@ def native_runtime(target: Platform) -> Path:
     runtime libraries it finds through its rpath), about 5 MB, built once per content hash."""
     libraries = runtime_libraries(target)
     require_compiler(target)
-    directory = cache_root() / "native" / f"{target.arch}-{_fingerprint(target, libraries, [SERVER_SOURCE])}"
+    directory = cache_root() / "native" / f"{target.arch}-{_fingerprint(target, libraries, (SERVER_SOURCE,))}"
     if (directory / SERVER).is_file():
         return directory
     with _staged(directory) as staging:

@@ -41,26 +41,21 @@ class Platform:
         return [self.qemu, "-L", self.qemu_prefix]
 
 
-_PLATFORMS = {
-    p.arch: p
-    for p in (
-        Platform(
-            arch="aarch64",
-            wheel_tags=("manylinux_2_28_aarch64", "manylinux2014_aarch64", "manylinux_2_17_aarch64"),
-            gxx="aarch64-linux-gnu-g++",
-            gxx_package="g++-aarch64-linux-gnu",
-            qemu="qemu-aarch64",
-            qemu_prefix="/usr/aarch64-linux-gnu",
-        ),
-        Platform(
-            arch="x86_64",
-            wheel_tags=("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"),
-            gxx="x86_64-linux-gnu-g++",
-            gxx_package="g++",
-            qemu="qemu-x86_64",
-            qemu_prefix="/usr/x86_64-linux-gnu",
-        ),
+def debian_linux(arch: str, gxx_package: str) -> Platform:
+    """A Linux architecture as Debian names its tools: `ARCH-linux-gnu-g++`, `qemu-ARCH`, the cross
+    libc in `/usr/ARCH-linux-gnu`, and TVM's manylinux wheel tags for it."""
+    return Platform(
+        arch=arch,
+        wheel_tags=tuple(f"{tag}_{arch}" for tag in ("manylinux_2_28", "manylinux2014", "manylinux_2_17")),
+        gxx=f"{arch}-linux-gnu-g++",
+        gxx_package=gxx_package,
+        qemu=f"qemu-{arch}",
+        qemu_prefix=f"/usr/{arch}-linux-gnu",
     )
+
+
+_PLATFORMS = {
+    p.arch: p for p in (debian_linux("aarch64", "g++-aarch64-linux-gnu"), debian_linux("x86_64", "g++"))
 }
 
 

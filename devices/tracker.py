@@ -101,7 +101,7 @@ class TrackerRegistration:
 
         if not session_key.startswith(f"{key}:"):
             raise DeployError(
-                f"session key for a tracker must start with {key!r}: (the tracker withdraws by it)"
+                f"a session key offered on a tracker must start with '{key}:' (the tracker withdraws by it)"
             )
         self._base = base
         self._offer = [base.TrackerCode.PUT, key, (port, session_key), addr]
