@@ -16,54 +16,18 @@ import json
 import select
 import signal
 import sys
-import threading
-from collections.abc import Callable
-from typing import Any
 
 from devices.boards import Board
 from devices.registry import DeviceLost
 from devices.ssh import BoardShell, RemoteServer, ssh_connect
 from devices.tracker import TrackerRegistration
 from devices.tunnel import LocalForward
-from ops.errors import DeployError, first_line
+from ops.errors import DeployError
 
 FARM_ADDRESS = "127.0.0.2"
 """Where a board served to a tracker is reached on this host: the tracker hands clients this
 address and the forward's port, and a loopback alias of its own cannot clash with a server bound
 on 127.0.0.1 here (as when the "board" is this machine)."""
-TICK_S = 2.0
-"""How often the registration checks that a client the tracker sent actually came (seconds)."""
-
-
-class _Registration:
-    """The board's server offered on a tracker on its behalf, following the server's output; when
-    the tracker goes away, `ended` is set and `reason` says so."""
-
-    def __init__(self, tracker: tuple[str, int], key: str, port: int, session_key: str) -> None:
-        self.where = f"{tracker[0]}:{tracker[1]}"
-        self.registration = TrackerRegistration(tracker, key, FARM_ADDRESS, port, session_key)
-        self.ended = threading.Event()
-        self.reason = ""
-        threading.Thread(target=self._tick, daemon=True).start()
-
-    def event(self, line: str) -> None:
-        self._guard(self.registration.event, line)
-
-    def _tick(self) -> None:
-        while not self.ended.wait(TICK_S):
-            self._guard(self.registration.tick)
-
-    def _guard(self, call: Callable[..., None], *args: Any) -> None:
-        try:
-            call(*args)
-        except (OSError, ValueError, RuntimeError) as exc:
-            detail = first_line(str(exc)) or type(exc).__name__
-            self.reason = f"lost the RPC tracker at {self.where}: {detail}"
-            self.ended.set()
-
-    def close(self) -> None:
-        self.ended.set()
-        self.registration.close()
 
 
 def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
@@ -79,7 +43,7 @@ def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
         else:
             host, port, key = tracker
             forward = LocalForward(transport, "127.0.0.1", server.port, (FARM_ADDRESS, 0))
-            registration = _Registration((host, port), key, forward.port, server.key)
+            registration = TrackerRegistration((host, port), key, FARM_ADDRESS, forward.port, server.key)
             server.on_line = registration.event
         _say({"port": forward.port, "rpc_port": server.port, "key": server.key})
         while transport is not None and transport.is_active():

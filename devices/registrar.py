@@ -12,15 +12,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from devices.tracker import TrackerRegistration, parse_address
 from ops.errors import DeployError
 
 READY = re.compile(r"bind to ([\d.]+):(\d+)")
-TICK_S = 2.0
 
 
 def serve(tracker: str, key: str, key_file: Path, command: list[str]) -> int:
@@ -34,27 +31,19 @@ def serve(tracker: str, key: str, key_file: Path, command: list[str]) -> int:
                 session_key = key_file.read_text().strip()
                 address, port = ready.group(1), int(ready.group(2))
                 registration = TrackerRegistration(parse_address(tracker), key, address, port, session_key)
-                threading.Thread(target=_tick, args=(registration,), daemon=True).start()
             elif registration is not None:
                 registration.event(line)
+                if registration.ended.is_set():
+                    raise DeployError(registration.reason)
             print(line, end="", flush=True)
         return server.wait()
-    except (DeployError, OSError) as exc:  # no tracker, or it went away: the server goes too
+    except DeployError as exc:  # no tracker, or it went away: the server goes too
         print(f"registrar: {exc}", flush=True)
         server.kill()
         return 1
     finally:
         if registration is not None:
             registration.close()
-
-
-def _tick(registration: TrackerRegistration) -> None:
-    while True:
-        time.sleep(TICK_S)
-        try:
-            registration.tick()
-        except (OSError, ValueError):
-            return
 
 
 def main() -> int:

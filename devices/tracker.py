@@ -11,7 +11,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,12 @@ class TrackerRegistration:
     so only clients sent by the tracker (or holding the key file) get in. The connection is held
     for the server's lifetime: when it closes, the tracker forgets the server. Like TVM's Python
     server, the server is offered again once a session ends, or when a client took it from the
-    tracker but did not connect within `UNCLAIMED_S`.
+    tracker but did not connect within `UNCLAIMED_S` (checked every `TICK_S` by a thread of its
+    own). When the tracker goes away, `ended` is set and `reason` says so; `close()` sets it too.
     """
 
     UNCLAIMED_S = 6.0
+    TICK_S = 2.0
 
     def __init__(self, tracker: tuple[str, int], key: str, addr: str, port: int, session_key: str) -> None:
         from tvm.rpc import base
@@ -109,6 +111,9 @@ class TrackerRegistration:
         self._lock = threading.Lock()
         self._busy = False
         self._unclaimed_since: float | None = None
+        self._where = f"{tracker[0]}:{tracker[1]}"
+        self.ended = threading.Event()
+        self.reason = ""
         try:
             self._sock = base.connect_with_retry(tracker, timeout=10)
             self._sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
@@ -120,6 +125,7 @@ class TrackerRegistration:
             raise DeviceLost(
                 f"cannot register with the RPC tracker at {tracker[0]}:{tracker[1]}: {exc}"
             ) from None
+        threading.Thread(target=self._keep_offering, daemon=True).start()
 
     def _call(self, message: list[Any]) -> Any:
         with self._lock:
@@ -130,8 +136,25 @@ class TrackerRegistration:
         """Whether a client took the offer (it is no longer pending on the tracker)."""
         return self._session_key not in self._call([self._base.TrackerCode.GET_PENDING_MATCHKEYS])
 
+    def _guard(self, call: Callable[..., None], *args: Any) -> None:
+        """Run a tracker conversation; a tracker that went away ends the registration."""
+        try:
+            call(*args)
+        except (OSError, ValueError, RuntimeError) as exc:
+            self.reason = (
+                f"lost the RPC tracker at {self._where}: {first_line(str(exc)) or type(exc).__name__}"
+            )
+            self.ended.set()
+
+    def _keep_offering(self) -> None:
+        while not self.ended.wait(self.TICK_S):
+            self._guard(self._tick)
+
     def event(self, line: str) -> None:
         """Follow the server's "session start" / "session end" lines."""
+        self._guard(self._event, line)
+
+    def _event(self, line: str) -> None:
         if line.strip() == "session start":
             self._busy = True
         elif line.strip() == "session end":
@@ -139,8 +162,8 @@ class TrackerRegistration:
             if self._claimed():
                 self._call(self._offer)
 
-    def tick(self) -> None:
-        """Call every couple of seconds: offer the server again when a client took it but never came."""
+    def _tick(self) -> None:
+        """Offer the server again when a client took it but never came."""
         if self._busy or not self._claimed():
             self._unclaimed_since = None
             return
@@ -152,6 +175,7 @@ class TrackerRegistration:
             self._unclaimed_since = None
 
     def close(self) -> None:
+        self.ended.set()
         self._sock.close()
 
 
