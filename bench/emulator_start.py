@@ -25,17 +25,18 @@ from pathlib import Path
 
 from python_emulator import Sysroot
 
-from devices.cache import cache_root
+from base.paths import cache_root
 from devices.emulator import Emulator
 from devices.rpc import connect
 from devices.server_process import Server, accepts, free_port, spawn
 from devices.tracker import TrackerProcess, free_servers
 from ops import TensorType, bind, get_op
 from ops.spec import BoundOp
-from toolchain.build import compile_op, export
-from toolchain.manifest import Manifest
-from toolchain.targets import get_target
-from toolchain.verify import check_artifact
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.manifest import Manifest
+from toolchain.build.targets import get_target
+from toolchain.verify.measure import check_artifact
 
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
 TEST = ["test", "--target", "arm", "--op", "maxpool_add", "--dtype", "float32"]

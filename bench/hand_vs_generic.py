@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -20,11 +19,10 @@ import tvm
 from devices import get_device
 from ops import TensorType, bind, get_op
 from schedules.cpu import generic_cpu
-from toolchain.build import context, prim_module, schedule
-from toolchain.compare import compare, random_input
-from toolchain.cpu_lowering import compile_cpu
-from toolchain.targets import get_target
-from toolchain.timing import host_ms
+from toolchain.build.compile import compile_scheduled, context, hand_schedule, prim_module
+from toolchain.build.targets import get_target
+from toolchain.verify.compare import random_input
+from toolchain.verify.measure import check_and_time, host_ms
 
 WORKLOADS = [
     ("maxpool_add", {}, [(32, 64, 112, 112), (32, 1, 56, 56)]),
@@ -32,13 +30,6 @@ WORKLOADS = [
     ("argmax", {"axis": 1}, [(2, 64, 56, 56)]),
     ("argmax", {"axis": -1}, [(8, 256, 1024)]),
 ]
-
-
-def export(mod, target, folder: Path, name: str) -> Path:
-    executable = compile_cpu(mod, target.tvm_target())
-    path = folder / f"{name}.so"
-    executable.export_library(str(path))
-    return path
 
 
 def main() -> None:
@@ -51,22 +42,19 @@ def main() -> None:
     print(f"target {target.name}, TVM_NUM_THREADS={threads}, medians of {args.repeat}")
     print(f"{'workload':44} {'generic ms':>10} {'hand ms':>9} {'numpy ms':>9} {'gen/hand':>8} {'np/hand':>8}")
     with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-        for index, (op_name, attrs, shapes) in enumerate(WORKLOADS):
+        for op_name, attrs, shapes in WORKLOADS:
             bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
-            rng = np.random.default_rng(0)
-            inputs = [random_input(t, rng) for t in bound.inputs]
-            expected = bound.op.reference(bound.attrs, *inputs)
+            inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
             generic = tvm.s_tir.Schedule(prim_module(bound, target))
             generic_cpu(generic, context(bound, target))
-            hand, name, _ = schedule(bound, target)
-            timings = {}
-            for label, mod in (("generic", generic.mod), ("hand", hand)):
-                path = export(mod, target, Path(tmp), f"{index}-{op_name}-{label}")
-                out = bound.output
-                result = session.run(path, inputs, out.shape, out.dtype)
-                assert compare(expected, result, bound.op.exact).ok, f"{label} schedule is wrong"
-                runs = session.time(path, inputs, out.shape, out.dtype, number=5, repeat=args.repeat)
-                timings[label] = statistics.median(runs) * 1e3
+            hand, name = hand_schedule(bound, target)
+            timings = {
+                label: check_and_time(session, compiled, Path(tmp), args.repeat).ms
+                for label, compiled in (
+                    ("generic", compile_scheduled(bound, target, generic.mod, "cpu/generic")),
+                    ("hand", compile_scheduled(bound, target, hand, name)),
+                )
+            }
             ref = host_ms(functools.partial(bound.op.reference, bound.attrs, *inputs), args.repeat)
             label = f"{op_name} {' '.join('x'.join(map(str, s)) for s in shapes)} {name}"
             print(

@@ -17,12 +17,12 @@ import select
 import signal
 import sys
 
+from base.errors import DeployError
 from devices.boards import Board
 from devices.registry import DeviceLost
 from devices.ssh import BoardShell, RemoteServer, ssh_connect
 from devices.tracker import TrackerRegistration
 from devices.tunnel import LocalForward
-from ops.errors import DeployError
 
 FARM_ADDRESS = "127.0.0.2"
 """Where a board served to a tracker is reached on this host: the tracker hands clients this

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import paramiko
 
+from base.errors import DeployError, UsageError
 from devices.boards import Board
 from devices.elf import Version, elf_machine, provided_versions, required_versions, version_text
 from devices.native import RUNTIME_FILES, native_runtime
 from devices.platforms import Platform, get_platform
 from devices.ssh import BoardShell, ssh_connect
-from ops.errors import DeployError, UsageError
 
 MACHINE_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 TOOLS = ("sha256sum", "rm", "sleep")
@@ -123,7 +123,7 @@ def _board_sha256(shell: BoardShell, directory: str) -> dict[str, str]:
 
 
 def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[str], None]) -> Path:
-    """The runtime for `platform` (the board's --arch), once the board is known to run it: its ELF
+    """The runtime for `platform` (the board's arch), once the board is known to run it: its ELF
     machine is the board's `uname -m`, and the board's glibc and libstdc++ are new enough."""
     board = shell.board
     machine = _machine(shell)
@@ -132,8 +132,8 @@ def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[st
     built = {elf_machine(runtime / name) for name in RUNTIME_FILES}
     if built != {machine}:
         raise DeployError(
-            f"{board.name}: the runtime is built for {', '.join(sorted(built))} (--arch {board.arch}) but the"
-            f" board runs {machine}: re-add it with --arch {machine}"
+            f"{board.name}: the runtime is built for {', '.join(sorted(built))}"
+            f" (the board's arch {board.arch}) but the board runs {machine}: re-add it with arch {machine}"
         )
     required = required_versions([runtime / name for name in RUNTIME_FILES])
     provided = _board_versions(shell, machine)

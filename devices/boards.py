@@ -8,23 +8,17 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ops.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError
+from base.paths import config_dir
 
 ARCHES = ("aarch64", "armv7l", "x86_64")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RESERVED = ("local", "emulator")
 DEFAULT_REMOTE_DIR = ".deploy"
-
-
-def config_dir() -> Path:
-    """`$XDG_CONFIG_HOME/deploy`, else `~/.config/deploy`."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "deploy"
 
 
 def known_hosts_file() -> Path:
@@ -51,15 +45,15 @@ class Board:
                 f" {' or '.join(RESERVED)})"
             )
         if not self.host or any(c.isspace() for c in self.host):
-            raise UsageError(f"--host {self.host!r}: expected a host name or address")
+            raise UsageError(f"board host {self.host!r}: expected a host name or address")
         if not 1 <= self.port <= 65535:
-            raise UsageError(f"--port {self.port}: expected 1..65535")
+            raise UsageError(f"board port {self.port}: expected 1..65535")
         if not self.user or any(c.isspace() for c in self.user):
-            raise UsageError(f"--user {self.user!r}: expected a login name")
+            raise UsageError(f"board user {self.user!r}: expected a login name")
         if self.arch not in ARCHES:
-            raise UsageError(f"--arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
+            raise UsageError(f"board arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
         if self.key is not None and not Path(self.key).is_file():
-            raise UsageError(f"--key {self.key!r}: no such file")
+            raise UsageError(f"board key {self.key!r}: no such file")
         return self
 
 
@@ -103,7 +97,7 @@ def require_board(name: str) -> Board:
 def add_board(board: Board, replace: bool = False) -> None:
     boards = load_boards()
     if board.name in boards and not replace:
-        raise UsageError(f"device {board.name!r} exists: remove it first or pass --replace")
+        raise UsageError(f"device {board.name!r} exists: remove it first or replace it")
     boards[board.name] = board.validate()
     save_boards(boards)
 

@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
-from ops.errors import UsageError
+from base.errors import UsageError
 
 MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
 SHT_GNU_VERDEF = 0x6FFFFFFD

@@ -19,13 +19,13 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from devices.cache import cache_root
+from base.errors import DeployError
+from base.paths import cache_root
 from devices.native import SERVER, native_runtime
 from devices.platforms import Platform, get_platform
 from devices.registry import register_device
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
 from devices.server_process import Server, ServerState, accepts, free_port, new_key_file, spawn
-from ops.errors import DeployError
 
 START_TIMEOUT_S = 30.0
 READY = "bind to"
@@ -113,14 +113,14 @@ class Emulator:
 
 
 class EmulatorDevice(EndpointDevice):
-    """aarch64 under qemu-aarch64 on this machine (correctness, not performance)."""
+    """An architecture under qemu-user on this machine (correctness, not performance): what runs it
+    (qemu binary, library prefix, runtime wheels) is its platform's data (`platforms.py`)."""
 
-    name = "emulator"
-    arch = "aarch64"
     emulated = True
 
-    def __init__(self) -> None:
-        self.emulator = Emulator()
+    def __init__(self, arch: str = "aarch64", name: str = "emulator") -> None:
+        self.name, self.arch = name, arch
+        self.emulator = Emulator(arch=arch)
 
     def new_endpoint(self) -> RpcEndpoint:
         """The server `deploy device emulator start` left running, else (or after a restart) our
@@ -148,9 +148,8 @@ class _EmulatorEndpoint:
     def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:
         server = self._server()
         label = f"emulator on port {server.port}"
-        return connect(
-            "127.0.0.1", server.port, EmulatorDevice.arch, label, session_timeout_s, server.session_key()
-        )
+        arch = self.emulator.platform.arch
+        return connect("127.0.0.1", server.port, arch, label, session_timeout_s, server.session_key())
 
     def restart(self) -> None:
         """Our own server from now on (a detached one is left to its owner), started afresh."""

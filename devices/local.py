@@ -8,15 +8,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from devices.registry import register_device
+from devices.registry import Device, register_device
 from devices.session import TvmSession
 
 
-class LocalDevice:
+class LocalDevice(Device):
     """This machine's CPU."""
 
     name = "local"
-    emulated = False
+    measures_in_process = True
 
     def __init__(self) -> None:
         self.arch = platform.machine()
@@ -29,6 +29,18 @@ class LocalDevice:
             return tvm.runtime.load_module(str(path))
 
         yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func)
+
+    def missing_cpu_flags(self, flags: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+        """The `flags` this host's CPU lacks, read from /proc/cpuinfo (none known when unreadable)."""
+        try:
+            text = cpuinfo.read_text()
+        except OSError:
+            return []
+        present: set[str] = set()
+        for line in text.splitlines():
+            if line.startswith(("flags", "Features")):
+                present.update(line.split(":", 1)[1].split())
+        return [flag for flag in flags if flag not in present]
 
 
 register_device("local")(LocalDevice)

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devices.cache import cache_root
+from base.errors import DeployError
+from base.paths import cache_root
 from devices.elf import elf_machine
 from devices.platforms import Platform
-from ops.errors import DeployError
 
 SOURCES = Path(__file__).resolve().parent / "native"
 SERVER_SOURCE = SOURCES / "rpc_server.cc"

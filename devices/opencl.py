@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from devices.cache import cache_root
-from devices.registry import register_device, register_device_source
-from ops.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError
+from base.paths import cache_root
+from devices.registry import Device, register_device, register_device_source
 
 
 def _cl() -> Any:
@@ -157,11 +157,10 @@ class OpenClSession:
         return results
 
 
-class OpenClDevice:
+class OpenClDevice(Device):
     """One OpenCL device, by platform and device index."""
 
     arch = "opencl"
-    emulated = False
 
     def __init__(self, platform: int = 0, device: int = 0) -> None:
         self.platform, self.device = platform, device

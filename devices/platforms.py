@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
-from ops.errors import UsageError
+from base.errors import UsageError
 
 
 @dataclass(frozen=True)

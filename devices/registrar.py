@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from base.errors import DeployError
 from devices.tracker import TrackerRegistration, parse_address
-from ops.errors import DeployError
 
 READY = re.compile(r"bind to ([\d.]+):(\d+)")
 

@@ -6,11 +6,11 @@ import importlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from ops.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError
 
 
 class DeviceLost(DeployError):
@@ -47,14 +47,37 @@ class Session(Protocol):
         ...
 
 
-class Device(Protocol):
-    """A place to run modules: a name, the ELF machine it runs, whether it is emulated."""
+class Device:
+    """A place to run modules: a name, the ELF machine it runs (`arch`), whether it is emulated,
+    and what it supports. A backend subclasses it and overrides the capabilities it has; the
+    defaults are the plain case (one session at a time, every dtype, nothing known about CPU
+    features, not usable for tuning)."""
 
     name: str
     arch: str
-    emulated: bool
+    emulated: bool = False
+    measures_in_process: bool = False
+    """Modules for it can be loaded and timed in worker processes of this host (the host's own CPU):
+    MetaSchedule's local runner measures tuning candidates there."""
 
-    def open(self) -> AbstractContextManager[Session]: ...
+    def open(self) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def capacity(self) -> int:
+        """Sessions it serves at once now (a tracker key: its free servers)."""
+        return 1
+
+    def unsupported_dtypes(self) -> dict[str, str]:
+        """Dtypes it cannot run, each with the reason (an OpenCL device without cl_khr_fp16)."""
+        return {}
+
+    def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:
+        """Which of the CPU `flags` (as /proc/cpuinfo names them) it is known to lack."""
+        return []
+
+    def rpc_endpoint(self) -> AbstractContextManager[Any]:
+        """Its RPC server kept up while a context lasts (`rpc.RpcEndpoint`), for tuning."""
+        raise UsageError(f"device {self.name} cannot measure tuning candidates (local or RPC devices can)")
 
 
 _DEVICES: dict[str, Callable[[], Device]] = {}

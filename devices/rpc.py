@@ -7,9 +7,9 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from devices.registry import DeviceLost
+from base.errors import DeployError, first_line
+from devices.registry import Device, DeviceLost
 from devices.session import TvmSession
-from ops.errors import DeployError, first_line
 
 
 class RpcSession(TvmSession):
@@ -83,7 +83,7 @@ class RpcEndpoint(Protocol):
         ...
 
 
-class EndpointDevice:
+class EndpointDevice(Device):
     """A device whose sessions come from an endpoint (`new_endpoint()`) kept up while a context
     lasts: `rpc_endpoint()` for many sessions (tuning), `open()` for one."""
 

@@ -25,11 +25,11 @@ from typing import IO, Any
 
 import paramiko
 
+from base.errors import DeployError, first_line
 from devices.boards import Board, get_board, known_hosts_file
 from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
-from ops.errors import DeployError, first_line
 
 CONNECT_TIMEOUT_S = 15.0
 SERVER_TIMEOUT_S = 120.0
@@ -251,7 +251,6 @@ class SshDevice(EndpointDevice):
     forward served by threads of this process would deadlock.
     """
 
-    emulated = False
 
     def __init__(self, board: Board) -> None:
         self.board = board

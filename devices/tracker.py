@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from devices.cache import cache_root
+from base.errors import DeployError, UsageError, first_line
+from base.paths import cache_root
 from devices.registry import DeviceLost
 from devices.rpc import EndpointDevice, RpcSession, rpc_session
 from devices.server_process import Server, ServerState, accepts, spawn
-from ops.errors import DeployError, UsageError, first_line
 
 DEFAULT_PORT = 9190
 START_TIMEOUT_S = 30.0
@@ -181,8 +181,6 @@ class TrackerRegistration:
 
 class TrackerDevice(EndpointDevice):
     """Any free server registered under `key` with the tracker at host:port."""
-
-    emulated = False
 
     def __init__(self, host: str, port: int, key: str, arch: str) -> None:
         self.host, self.port, self.key, self.arch = host, port, key, arch

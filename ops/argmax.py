@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
+from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
-from ops.errors import UsageError
 from ops.nan import is_nan_bits
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType

@@ -17,7 +17,7 @@ import tvm
 from tvm import te, tirx
 
 from ops.attrs import Attr, Bool, IntPair
-from ops.errors import UsageError
+from base.errors import UsageError
 from ops.nan import any_nan_bits
 from ops.spec import TensorType
 

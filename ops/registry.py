@@ -13,7 +13,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from ops.errors import UsageError
+from base.errors import UsageError
 from ops.spec import Op
 
 _OPS: dict[str, Op] = {}

@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from base.errors import UsageError
 from ops.attrs import Attr
-from ops.errors import UsageError
 
 ALL_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
 FLOAT_DTYPES = ("float32", "float16", "float64")

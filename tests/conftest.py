@@ -26,7 +26,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def invoke(*args: str) -> Result:
     """Run the `deploy` CLI in-process."""
-    from toolchain.cli import main
+    from toolchain.cli.main import main
 
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 

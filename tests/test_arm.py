@@ -9,12 +9,13 @@ import subprocess
 
 import pytest
 
+from base.errors import UsageError
 from devices.elf import elf_machine
 from ops import TensorType, bind, get_op
-from ops.errors import UsageError
-from toolchain.build import compile_op, export
-from toolchain.targets import get_target
-from toolchain.verify import run_artifact
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.targets import get_target
+from toolchain.verify.run import run_artifact
 
 needs_cross = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-objdump") is None or shutil.which("aarch64-linux-gnu-gcc") is None,

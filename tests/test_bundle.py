@@ -17,15 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devices import get_device
 from devices.elf import required_versions
 from devices.platforms import get_platform
 from ops import TensorType, all_ops, bind, get_op
 from ops.spec import BoundOp, Op
 from tests.conftest import DEPLOY, REPO, invoke
-from toolchain.build import compile_op, export
-from toolchain.compare import compare, random_input
-from toolchain.manifest import Manifest, sha256_file
-from toolchain.targets import get_target
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.manifest import Manifest, sha256_file
+from toolchain.build.targets import get_target
+from toolchain.verify.compare import compare, random_input
 
 ARM = get_platform("aarch64")
 QEMU = ARM.emulator_command()
@@ -240,8 +242,8 @@ def test_c_caller_matches_numpy(arm_bundle, op_name: str, dtype: str, tmp_path: 
 @pytest.mark.parametrize("op_name", ["add", "maxpool_add"])
 def test_x86_bundle_runs_natively(op_name: str, tmp_path: Path) -> None:
     target = get_target("x86")
-    if target.missing_cpu_flags():
-        pytest.skip(f"this CPU lacks {', '.join(target.missing_cpu_flags())}")
+    if missing := get_device("local").missing_cpu_flags(target.cpu_flags):
+        pytest.skip(f"this CPU lacks {', '.join(missing)}")
     op = get_op(op_name)
     bound = bind(op, op.cases[1].attrs, [TensorType(shape, "float32") for shape in op.cases[1].shapes])
     export(compile_op(bound, target), tmp_path / "bundle", bundle=True)
@@ -535,18 +537,21 @@ def test_opencl_bundle_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     (line,) = result.output.strip().splitlines()
-    assert line.startswith("error: --bundle needs a shared-object target (x86, x86-avx512, arm, arm-fp16)")
+    assert line == (
+        "error: --bundle needs a target whose module C can call (arm, arm-fp16, x86, x86-avx512):"
+        " opencl writes opencl kernels"
+    )
     assert not (tmp_path / "b").exists()
 
 
 def test_failed_bundle_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import toolchain.bundle
-    from ops.errors import DeployError
+    import toolchain.build.bundle
+    from base.errors import DeployError
 
     def broken(*args: object, **kwargs: object) -> None:
         raise DeployError("g++ failed")
 
-    monkeypatch.setattr(toolchain.bundle, "compile_native", broken)
+    monkeypatch.setattr(toolchain.build.bundle, "compile_native", broken)
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     with pytest.raises(DeployError, match="g\\+\\+ failed"):
         export(compile_op(bound, get_target("x86")), tmp_path / "b", bundle=True)

@@ -9,19 +9,20 @@ from pathlib import Path
 
 import pytest
 
-import toolchain.cache as cache
+import toolchain.build.cache as cache
 from ops import TensorType, bind, get_op
-from toolchain.targets import get_target
+from toolchain.build.targets import get_target
 
 BOUND = bind(
     get_op("maxpool_add"), {}, [TensorType((1, 4, 8, 8), "float32"), TensorType((1, 1, 4, 4), "float32")]
 )
 CODE_SHAPING = [
-    "toolchain/cpu_lowering.py",
-    "toolchain/targets.py",
-    "toolchain/opencl.py",
-    "toolchain/build.py",
-    "toolchain/bundle.py",
+    "toolchain/build/shared_object.py",
+    "toolchain/build/targets.py",
+    "toolchain/build/opencl.py",
+    "toolchain/build/compile.py",
+    "toolchain/build/bundle.py",
+    "toolchain/tune/tuners.py",
     "schedules/cpu.py",
     "ops/pooling.py",
 ]
@@ -53,5 +54,5 @@ def test_the_key_does_not_depend_on_what_this_process_imported():
     import sys
 
     key = cache.build_key(BOUND, get_target("x86"))
-    sys.modules.pop("toolchain.opencl", None)
+    sys.modules.pop("toolchain.build.opencl", None)
     assert cache.build_key(BOUND, get_target("x86")) == key

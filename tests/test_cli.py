@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tvm
 
+from base.errors import UsageError
 from ops import all_ops, get_op
-from ops.errors import UsageError
 from tests.conftest import invoke
-from toolchain.manifest import Manifest, sha256_file
+from toolchain.build.manifest import Manifest, sha256_file
 
 BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d", "maxpool_add"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import invoke
-from toolchain.manifest import Manifest
+from toolchain.build.manifest import Manifest
 
 ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "16x64x32"]
 

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
+from base.errors import UsageError
 from ops import TensorType, all_ops, bind
-from ops.errors import UsageError
-from toolchain.compare import compare, random_input
-from toolchain.targets import get_target
-from toolchain.verify import verify
+from toolchain.build.targets import get_target
+from toolchain.verify.compare import compare, random_input
+from toolchain.verify.run import verify
 
 MAX_DIM = 9
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from ops import TensorType, bind, get_op
-from toolchain.build import compile_op, export
-from toolchain.targets import get_target
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.targets import get_target
 
 
 def _load(extent: int, base: object, stride: int = 2):
@@ -26,7 +27,7 @@ def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, fir
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from toolchain.cpu_lowering import _stride2_to_shuffle
+    from toolchain.build.shared_object import _stride2_to_shuffle
 
     i = tirx.Var("i", "int32")
     rewritten = _stride2_to_shuffle(_load(64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
@@ -48,7 +49,7 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from toolchain.cpu_lowering import _stride2_to_shuffle
+    from toolchain.build.shared_object import _stride2_to_shuffle
 
     original = load(tirx)
     assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import DeployError, UsageError
 from devices.elf import elf_machine, provided_versions, required_versions
 from devices.emulator import Emulator
 from devices.native import RUNTIME_FILES, SERVER, native_runtime
@@ -21,11 +22,11 @@ from devices.platforms import get_platform
 from devices.rpc import connect
 from devices.server_process import Server, accepts, free_port, new_key_file, spawn
 from ops import TensorType, bind, get_op
-from ops.errors import DeployError, UsageError
-from toolchain.build import compile_op, export
-from toolchain.manifest import Manifest
-from toolchain.targets import get_target
-from toolchain.verify import check_artifact
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.manifest import Manifest
+from toolchain.build.targets import get_target
+from toolchain.verify.measure import check_artifact
 
 HOST = platform.machine()
 pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="builds the x86_64 runtime natively")

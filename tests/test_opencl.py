@@ -14,10 +14,11 @@ import pytest
 
 from ops import TensorType, bind, get_op
 from tests.conftest import run_deploy
-from toolchain.build import compile_op, export
-from toolchain.manifest import Manifest
-from toolchain.targets import get_target
-from toolchain.verify import check_artifact
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.manifest import Manifest
+from toolchain.build.targets import get_target
+from toolchain.verify.measure import check_artifact
 
 
 def _devices() -> list[tuple[int, int, str, bool]]:
@@ -99,7 +100,7 @@ def test_artifact_runs_in_a_process_without_tvm(tmp_path):
 
 
 def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
-    from ops.errors import DeployError, UsageError
+    from base.errors import DeployError, UsageError
 
     bound = bind(get_op("add"), {}, [TensorType((4, 4), "float32")] * 2)
     art = tmp_path / "art"
@@ -183,8 +184,8 @@ def test_multi_kernel_op_with_a_scratch_buffer(tmp_path):
 
 
 def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
-    from ops.errors import UsageError
-    from toolchain.verify import run_artifact
+    from base.errors import UsageError
+    from toolchain.verify.run import run_artifact
 
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     manifest = export(compile_op(bound, TARGET), tmp_path / "art")

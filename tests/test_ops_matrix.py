@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from base.errors import DeployError
 from devices import Device, Session, get_device
 from devices.platforms import get_platform
 from ops import TensorType, all_ops, bind, get_op
-from ops.errors import DeployError
-from toolchain.compare import Comparison
-from toolchain.targets import Target, all_targets
-from toolchain.verify import PlannedCase, plan, verify, verify_case
+from toolchain.build.targets import Target, all_targets
+from toolchain.verify.compare import Comparison
+from toolchain.verify.matrix import PlannedCase, plan, verify_case
+from toolchain.verify.run import verify
 
 ONLY_DTYPES = {"arm-fp16": ("float16",)}
 """Targets that differ from another only for some dtypes run just those: arm-fp16 is arm plus fp16
@@ -38,7 +39,7 @@ def unavailable(target: Target, device: Device) -> str | None:
         for tool, package in ((platform.qemu, platform.qemu_package), (platform.gxx, platform.gxx_package)):
             if tool is None or shutil.which(tool) is None:
                 return f"needs {tool or f'an emulator for {device.arch}'} (Debian: {package})"
-    if device.name == "local" and (missing := target.missing_cpu_flags()):
+    if missing := device.missing_cpu_flags(target.cpu_flags):
         return f"host CPU lacks {', '.join(missing)}"
     if device.arch == "opencl":
         from devices.opencl import opencl_devices
@@ -86,7 +87,7 @@ class Sessions:
             device = get_device(target.default_device)
             reason = unavailable(target, device)
             if reason is None:
-                unsupported = device.unsupported_dtypes() if hasattr(device, "unsupported_dtypes") else {}
+                unsupported = device.unsupported_dtypes()
                 session = self._stack.enter_context(device.open())
                 self._open[target.name] = OnTarget(target, session, unsupported)
             else:

@@ -20,12 +20,12 @@ import paramiko
 import psutil
 import pytest
 
+from base.errors import DeployError
 from devices.board_setup import require_versions
 from devices.elf import provided_versions
 from devices.native import RUNTIME_FILES, SERVER, native_runtime
 from devices.platforms import get_platform
 from devices.server_process import free_port
-from ops.errors import DeployError
 from tests import sshd
 from tests.conftest import DEPLOY, run_deploy
 
@@ -170,7 +170,7 @@ def test_wrong_key_and_unreachable_port_are_one_line_errors(server, tmp_path):
 
 def test_bad_device_arguments(tmp_path):
     bad_arch = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--arch", "riscv")
-    assert bad_arch.returncode == 2 and "--arch 'riscv': expected one of" in bad_arch.stderr
+    assert bad_arch.returncode == 2 and "board arch 'riscv': expected one of" in bad_arch.stderr
     no_key = str(tmp_path / "no")
     missing_key = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--key", no_key)
     assert missing_key.returncode == 2 and "no such file" in missing_key.stderr
@@ -190,7 +190,8 @@ def test_bad_device_arguments(tmp_path):
 def test_old_config_with_a_python_entry_still_loads(tmp_path, monkeypatch):
     import json
 
-    from devices.boards import config_dir, load_boards
+    from base.paths import config_dir
+    from devices.boards import load_boards
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     config_dir().mkdir(parents=True)
@@ -274,8 +275,8 @@ def test_a_runtime_for_another_machine_is_refused_before_upload(server, tmp_path
     result = run_deploy("device", "setup", "wrong")
     assert result.returncode == 1
     assert result.stderr == (
-        "error: wrong: the runtime is built for aarch64 (--arch aarch64) but the board runs x86_64:"
-        " re-add it with --arch x86_64\n"
+        "error: wrong: the runtime is built for aarch64 (the board's arch aarch64) but the board runs x86_64:"
+        " re-add it with arch x86_64\n"
     )
     assert not remote.exists()
 

@@ -18,8 +18,8 @@ from devices.server_process import Server, free_port, spawn
 from devices.tracker import TrackerDevice, TrackerProcess, free_servers
 from ops import all_ops, get_op
 from tests.conftest import run_deploy
-from toolchain.targets import get_target
-from toolchain.verify import plan, run_matrix
+from toolchain.build.targets import get_target
+from toolchain.verify.matrix import plan, run_matrix
 
 pytestmark = [
     pytest.mark.emulator,

@@ -163,9 +163,9 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
 
     from devices import get_device
     from ops import TensorType, bind, get_op
-    from toolchain.build import prim_module
-    from toolchain.targets import get_target
-    from toolchain.tune_runner import export_candidate, session_runner
+    from toolchain.build.compile import prim_module
+    from toolchain.build.targets import get_target
+    from toolchain.tune.runner import export_candidate, session_runner
 
     @T.prim_func
     def hangs(a: T.Buffer((7, 13), "float32"), b: T.Buffer((7, 13), "float32"),
@@ -249,7 +249,7 @@ def test_tuned_needs_an_existing_directory() -> None:
 
 
 def test_a_half_written_last_line_is_dropped_and_complete_ones_stay(tmp_path: Path) -> None:
-    from toolchain.tuning_db import drop_partial_lines
+    from toolchain.tune.records import drop_partial_lines
 
     (tmp_path / "database_tuning_record.json").write_text('[0, "a"]\n[0, "b"]\n[0, "c')
     (tmp_path / "database_workload.json").write_text('["w"]\n')

@@ -1,0 +1,118 @@
+"""The layering the README's "How it works" promises, read from the source: packages import only
+the layers below them (function-level imports included), no modules import each other in a
+cycle, and in the toolchain only the CLI room prints or plots."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = {
+    "base": 0,
+    "devices": 1,
+    "ops": 1,
+    "schedules": 2,
+    "toolchain": 3,
+    "toolchain.build": 3,
+    "toolchain.verify": 4,
+    "toolchain.bench": 5,
+    "toolchain.tune": 5,
+    "toolchain.cli": 6,
+}
+"""A package may import its own modules and those of packages with a lower number."""
+PRINTING = ("rich", "matplotlib", "click")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str | None:
+    """The package of LAYERS that `module` belongs to (the longest match)."""
+    found = [name for name in LAYERS if module == name or module.startswith(name + ".")]
+    return max(found, key=len) if found else None
+
+
+def sources() -> list[Path]:
+    return sorted(p for package in ("base", "devices", "ops", "schedules", "toolchain")
+                  for p in (ROOT / package).rglob("*.py"))  # fmt: skip
+
+
+def imports(path: Path, type_checking: bool) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in the file, at any depth; with `type_checking`
+    False, those under `if TYPE_CHECKING:` are left out (they never run)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    if not type_checking:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+                skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+            # `from toolchain.tune import records` imports the module toolchain.tune.records
+            found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def local_module(name: str) -> str | None:
+    """`name` if it is one of our modules on disk, else None."""
+    path = ROOT / Path(*name.split("."))
+    return name if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file() else None
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_go_only_down(path: Path) -> None:
+    mine = layer(module_name(path))
+    assert mine is not None
+    for name, line in imports(path, type_checking=True):
+        theirs = layer(name) if local_module(name) or layer(name) else None
+        if theirs is None or theirs == mine:
+            continue
+        assert LAYERS[theirs] < LAYERS[mine], f"{path.name}:{line} ({mine}) imports {name} ({theirs})"
+
+
+def test_no_import_cycles() -> None:
+    graph = {
+        module_name(path): {m for name, _ in imports(path, type_checking=False) if (m := local_module(name))}
+        for path in sources()
+    }
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if dep == module or module.startswith(dep + "."):  # a package's own __init__
+                continue
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*trail, module, dep])}"
+            if dep not in state:
+                visit(dep, [*trail, module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in sources() if layer(module_name(p)) not in ("toolchain.cli", None)
+             and module_name(p).startswith("toolchain")], ids=lambda p: str(p.relative_to(ROOT))
+)  # fmt: skip
+def test_only_the_cli_prints(path: Path) -> None:
+    for name, line in imports(path, type_checking=True):
+        assert name.split(".")[0] not in PRINTING, f"{path.name}:{line} imports {name}"
+    calls = [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "print"
+    ]
+    assert not calls, f"{path.name} prints at lines {calls}"

@@ -1,0 +1,64 @@
+"""PyTorch (CPU) versions of the shipped ops, timed beside ours by `deploy bench` when torch is
+installed (`pip install torch`); ops without one show no PyTorch column."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from toolchain.verify.measure import host_ms
+
+
+def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.max_pool2d(
+        x,
+        kernel_size=attrs["kernel"],
+        stride=attrs["stride"] or attrs["kernel"],
+        padding=attrs["padding"],
+        ceil_mode=attrs["ceil_mode"],
+    )
+
+
+def _leaky_relu(attrs: dict[str, Any], x: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.leaky_relu(x, attrs["alpha"])
+
+
+BASELINES: dict[str, Callable[..., Any]] = {
+    "add": lambda attrs, a, b: a + b,
+    "leaky_relu": _leaky_relu,
+    "max_pool2d": _max_pool,
+    "maxpool_add": lambda attrs, a, b: _max_pool(attrs, a) + b,
+    "argmax": lambda attrs, x: x.argmax(dim=attrs["axis"], keepdim=attrs["keepdims"]),
+}
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def torch_ms(op: str, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: int) -> float | None:
+    """Median ms of the op in PyTorch on this host's CPU with as many threads as TVM uses; None
+    without torch, without a baseline for the op, or for a dtype torch lacks."""
+    fn = BASELINES.get(op)
+    if fn is None or torch_version() is None:
+        return None
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1))
+    try:
+        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+        with torch.no_grad():
+            return host_ms(lambda: fn(attrs, *tensors), repeat)
+    except (TypeError, RuntimeError):
+        return None

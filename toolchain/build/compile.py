@@ -1,0 +1,83 @@
+"""Compile an op for a target: TE -> PrimFunc -> schedule (the target's strategy, or an accepted
+tuning record) -> the compiled form of the target's artifact kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ops.spec import BoundOp
+from schedules import ScheduleContext, find_schedule
+from toolchain.build.targets import Target
+
+
+def context(bound: BoundOp, target: Target) -> ScheduleContext:
+    """What the target's strategy sees: the op, vector width, the device's cores, work-group size."""
+    return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group)
+
+
+def prim_module(bound: BoundOp, target: Target) -> Any:
+    """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
+    strategy pairs with its schedule (the op's own unless the family has a variant), run inside the
+    target's context (`tvm.target.Target.current()`), as TOPI does."""
+    import tvm
+    from tvm import te
+
+    placeholders = [
+        te.placeholder(t.shape, t.dtype, name=spec.name)
+        for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
+    ]
+    strategy = find_schedule(target.schedules, bound.op.name)
+    with target.tvm_target():
+        if strategy is not None and strategy.compute is not None:
+            out = strategy.compute(context(bound, target), *placeholders)
+        else:
+            out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+    return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
+
+
+def schedule(bound: BoundOp, target: Target) -> tuple[Any, str, str | None]:
+    """The scheduled IRModule, the schedule's name ("tuned", "cpu/maxpool_add", "cpu/generic",
+    "default") and, for "tuned", the id of the tuning record it applies."""
+    if target.tuned is not None:
+        tuned = target.tuned.schedule(bound, target)
+        if tuned is not None:
+            return tuned[0], "tuned", tuned[1]
+    return (*hand_schedule(bound, target), None)
+
+
+def hand_schedule(bound: BoundOp, target: Target) -> tuple[Any, str]:
+    """The op scheduled by the target's strategy (or left as is: "default"), with its label."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(prim_module(bound, target))
+    strategy = find_schedule(target.schedules, bound.op.name)
+    if strategy is None:
+        return sch.mod, "default"
+    strategy.schedule(sch, context(bound, target))
+    return sch.mod, strategy.label
+
+
+@dataclass
+class Compiled:
+    """A compiled op: the artifact kind's compiled form (a TVM executable, an OpenCL program), the
+    schedule it was built with and, for a tuned schedule, the tuning record's id."""
+
+    bound: BoundOp
+    target: Target
+    executable: Any
+    schedule: str
+    tuning_record: str | None = None
+
+
+def compile_op(bound: BoundOp, target: Target) -> Compiled:
+    """Schedule and compile: a TVM executable, or for OpenCL targets the source and launch plan."""
+    mod, name, record = schedule(bound, target)
+    return compile_scheduled(bound, target, mod, name, record)
+
+
+def compile_scheduled(
+    bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
+) -> Compiled:
+    """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
+    return Compiled(bound, target, target.artifact.compile(mod, target, len(bound.inputs)), name, record)

@@ -1,0 +1,76 @@
+"""`manifest.json`: what a built module is, for whom, and the sha256 that pins it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from base.errors import UsageError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The description of one artifact directory."""
+
+    op: str
+    attrs: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    output: dict[str, Any]
+    target: str
+    tvm_target: dict[str, Any]
+    arch: str
+    schedule: str
+    module: str
+    sha256: str
+    tvm_version: str
+    deploy_version: str
+    tuning_record: str | None = None
+    """For `schedule: "tuned"`: the id of the `deploy tune` record it was built from."""
+    cores: int | None = None
+    """Threads the module's parallel loops were split for (CPU targets): the device's."""
+    bundle: dict[str, str] | None = None
+    """For `deploy build --bundle`: the C header, shim library and runner file names, and the
+    sha256 of SHA256SUMS (which pins every other file of the bundle)."""
+    format: int = FORMAT
+
+    def write(self, directory: Path) -> None:
+        (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        path = directory / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+            return cls(**data)
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"cannot read artifact manifest {path}: {exc}") from None
+
+    def module_path(self, directory: Path) -> Path:
+        return directory / self.module
+
+    def check_module(self, directory: Path) -> Path:
+        """The module's path after checking its sha256 against the manifest."""
+        path = self.module_path(directory)
+        if not path.is_file():
+            raise UsageError(f"artifact {directory} has no module file {self.module}")
+        actual = sha256_file(path)
+        if actual != self.sha256:
+            raise UsageError(
+                f"module {path} has sha256 {actual[:16]}…, manifest says {self.sha256[:16]}…:"
+                " the artifact was modified or is incomplete"
+            )
+        return path

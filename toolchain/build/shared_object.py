@@ -1,0 +1,125 @@
+"""Shared objects (`module.so`): CPU code through TVM's default TIR pipeline plus strided vector
+loads made contiguous, linked with the target's (cross) compiler.
+
+TVM turns a vector load with stride 2 (a stride-2 pooling window along W) into one scalar load
+and insert per lane. `deinterleave_stride2` loads the 2*lanes elements those lanes span as two
+contiguous vectors and picks every other lane with a shuffle, which LLVM lowers to vector loads
+plus shuffles (`vshufps`/`vpermpd` on x86, `uzp` on AArch64).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from base.errors import DeployError
+from toolchain.build.artifacts import ArtifactKind
+
+if TYPE_CHECKING:
+    from toolchain.build.targets import Target
+
+MODULE_FILE = "module.so"
+PIPELINE = "deploy-cpu"
+CONFIG = {"tirx.disable_cse_tir": True}
+"""TVM's common-subexpression pass would hide a load's index behind a variable whose parity the
+rewrite cannot see; it runs after the rewrite instead (see `_pipeline`)."""
+
+
+def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
+    """`a[ramp(b, 2, n)]` -> `shuffle(a[ramp(b', 1, n)], a[ramp(b' + n, 1, n)])` with b' = b
+    rounded down to even. Reads the aligned pairs holding the wanted elements, so it stays inside
+    the buffer when the buffer's length is even; other loads are returned unchanged."""
+    from tvm import tirx
+
+    (index,) = load.indices if len(load.indices) == 1 else (None,)
+    if not isinstance(index, tirx.Ramp):
+        return load
+    stride, lanes, extent = index.stride, index.lanes, load.source.shape
+    if not (isinstance(stride, tirx.IntImm) and int(stride) == 2 and isinstance(lanes, tirx.IntImm)):
+        return load
+    if len(extent) != 1 or not isinstance(extent[0], tirx.IntImm) or int(extent[0]) % 2:
+        return load
+    parity = analyzer.modular_set(index.base)
+    if parity.coeff % 2:
+        return load
+    odd, n = parity.base % 2, int(lanes)
+    start = index.base - odd
+    low = tirx.BufferLoad(load.source, [tirx.Ramp(start, 1, n)])
+    high = tirx.BufferLoad(load.source, [tirx.Ramp(start + n, 1, n)])
+    return tirx.Shuffle([low, high], [tirx.IntImm("int32", odd + 2 * lane) for lane in range(n)])
+
+
+def deinterleave_stride2() -> Any:
+    """A PrimFunc pass applying `_stride2_to_shuffle` to every load."""
+    import tvm
+    import tvm.sym.analyzer
+    import tvm_ffi
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")
+    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
+        analyzer = tvm.sym.analyzer.Analyzer()
+        return tvm_ffi.structural_map(
+            func, [(tvm.ir.TensorLoad, lambda load: _stride2_to_shuffle(load, analyzer))]
+        )
+
+    return rewrite
+
+
+def _pipeline(**kwargs: Any) -> tuple[Any, Any, Any]:
+    import tvm
+    from tvm.tirx import compilation_pipeline
+
+    default, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default", **kwargs)
+    passes = [default, deinterleave_stride2(), tvm.tirx.transform.CommonSubexprElim()]
+    return tvm.transform.Sequential(passes, name="deploy_cpu"), finalize_host, finalize_device
+
+
+def compile_cpu(mod: Any, target: Any) -> Any:
+    """`tvm.compile` at opt level 3 through the deploy-cpu pipeline."""
+    import tvm
+    from tvm.tirx import compilation_pipeline
+
+    compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)
+    with tvm.transform.PassContext(opt_level=3, config=CONFIG):
+        return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
+
+
+def linker(target: Target) -> Any:
+    """The `fcompile` that links for `target` (None: this host's compiler)."""
+    if target.cross_compiler is None:
+        return None
+    from tvm.support import cc
+
+    if shutil.which(target.cross_compiler) is None:
+        raise DeployError(
+            f"cross compiler {target.cross_compiler} for target {target.name} not found:"
+            f" install the Debian package {target.cross_package}"
+        )
+    return cc.cross_compiler(target.cross_compiler)
+
+
+def export_module(executable: Any, path: Path, target: Target) -> None:
+    """Link a compiled module into the shared object `path` with the target's linker."""
+    fcompile = linker(target)
+    if fcompile is None:
+        executable.export_library(str(path))
+    else:
+        executable.export_library(str(path), fcompile=fcompile)
+
+
+@dataclass(frozen=True)
+class SharedObject(ArtifactKind):
+    """A TVM module as a shared object a TVM runtime loads (CPU targets)."""
+
+    def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
+        return compile_cpu(mod, target.tvm_target())
+
+    def write(self, compiled: Any, staging: Path, target: Target) -> Path:
+        module = staging / MODULE_FILE
+        export_module(compiled, module, target)
+        return module
+
+
+SHARED_OBJECT = SharedObject("shared-object", splits_for_cores=True, builds_unscheduled=True, bundles=True)

@@ -1,0 +1,153 @@
+"""The target registry: what each `--target` name compiles for and how.
+
+A target is data: its TVM target dict, the machine architecture its modules run on, the vector
+width the schedules use, the schedule families to look up (first match wins), and how to link.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from base.errors import UsageError
+from ops.spec import BoundOp
+from toolchain.build.artifacts import ArtifactKind
+from toolchain.build.opencl import OPENCL_PLAN
+from toolchain.build.shared_object import SHARED_OBJECT
+
+
+class TunedSchedules(Protocol):
+    """Where `--tuned` builds find their schedules (the tune room's accepted records): build asks,
+    and never reads the tuner's files itself."""
+
+    def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+        """The op's IRModule scheduled as accepted for `target`, with the record's id; None when
+        nothing was accepted for this op, these attributes and input types."""
+        ...
+
+    def record_id(self, bound: BoundOp, target: Target) -> str | None:
+        """The accepted record's id (cheap, for the build cache key), if any."""
+        ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One `--target`: a TVM target plus what the toolchain needs to build and run for it."""
+
+    name: str
+    description: str
+    tvm: dict[str, Any]
+    arch: str
+    """ELF machine the modules run on: "x86_64" or "aarch64"."""
+    vector_bits: int
+    schedules: tuple[str, ...]
+    """Schedule families to try in order (see `schedules/registry.py`)."""
+    cpu_flags: tuple[str, ...] = ()
+    """/proc/cpuinfo flags a CPU needs to run these modules."""
+    cross_compiler: str | None = None
+    cross_package: str | None = None
+    """Debian package that provides `cross_compiler`."""
+    default_device: str = "local"
+    artifact: ArtifactKind = SHARED_OBJECT
+    """What `deploy build` writes: a shared object (module.so) or an OpenCL plan (kernels.cl + launch.json)."""
+    work_group: int = 64
+    """Work-items per work-group (GPU targets)."""
+    tuned: TunedSchedules | None = None
+    """Schedules `deploy tune` accepted (a records directory): build from them where they match."""
+    cores: int | None = None
+    """Threads the device runs parallel loops on, which the schedules split work for: asked from
+    the device or given with --cores (None: this host's count, for library callers)."""
+
+    def with_tuning(self, tuned: TunedSchedules | None) -> Target:
+        """This target, building from `tuned` where it has a schedule (None: hand schedules)."""
+        return replace(self, tuned=tuned)
+
+    def with_cores(self, cores: int | None) -> Target:
+        """This target, splitting parallel work for `cores` threads (None: leave as is)."""
+        return self if cores is None else replace(self, cores=cores)
+
+    def build_cores(self) -> int:
+        """The core count builds split work for."""
+        return self.cores or os.cpu_count() or 1
+
+    def tvm_target(self, num_cores: int | None = None) -> Any:
+        spec = dict(self.tvm)
+        if num_cores is not None:
+            spec["num-cores"] = num_cores
+        return self.artifact.tvm_target(spec)
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    _TARGETS[target.name] = target
+    return target
+
+
+def get_target(name: str) -> Target:
+    if name not in _TARGETS:
+        raise UsageError(f"unknown target {name!r} (known: {', '.join(sorted(_TARGETS))})")
+    return _TARGETS[name]
+
+
+def all_targets() -> list[Target]:
+    return [_TARGETS[name] for name in sorted(_TARGETS)]
+
+
+X86 = register_target(
+    Target(
+        name="x86",
+        description="x86-64 with AVX2 and FMA (Haswell and newer)",
+        tvm={"kind": "llvm", "mcpu": "core-avx2"},
+        arch="x86_64",
+        vector_bits=256,
+        schedules=("x86", "cpu"),
+        cpu_flags=("avx2", "fma"),
+    )
+)
+register_target(
+    replace(
+        X86,
+        name="x86-avx512",
+        description="x86-64 with AVX-512 (Skylake-SP and newer)",
+        tvm={"kind": "llvm", "mcpu": "skylake-avx512"},
+        vector_bits=512,
+        cpu_flags=("avx512f", "avx512bw", "avx512vl"),
+    )
+)
+ARM = register_target(
+    Target(
+        name="arm",
+        description="aarch64 with NEON, fp32 (Cortex-A53 and newer: Raspberry Pi 3/4, RK3399)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+        arch="aarch64",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        cross_compiler="aarch64-linux-gnu-gcc",
+        cross_package="gcc-aarch64-linux-gnu",
+        default_device="emulator",
+    )
+)
+register_target(
+    replace(
+        ARM,
+        name="arm-fp16",
+        description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
+        cpu_flags=("fphp", "asimdhp"),
+    )
+)
+register_target(
+    Target(
+        name="opencl",
+        description="OpenCL 1.2 GPUs (Mali, Adreno; PoCL on a CPU): OpenCL C + launch plan, no TVM needed",
+        tvm={"kind": "opencl"},
+        arch="opencl",
+        vector_bits=128,
+        schedules=("gpu",),
+        default_device="opencl",
+        artifact=OPENCL_PLAN,
+    )
+)

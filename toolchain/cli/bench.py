@@ -1,0 +1,104 @@
+"""`deploy bench`: the measurements of `toolchain.bench` as a table, JSON or a PNG against the
+roofline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from base.errors import UsageError
+from toolchain.cli.options import CORES, TARGET, TUNED, DeviceChoice, device_options, resolve_target
+
+
+@click.command("bench")
+@CORES
+@TARGET
+@TUNED
+@device_options
+@click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
+@click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
+@click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), help="Write a PNG of GB/s per op against the roofline."
+)
+@click.option("--fresh-roofline", is_flag=True, help="Measure the device's copy bandwidth again.")
+def bench_command(
+    cores: int | None,
+    target_name: str,
+    tuned: str | None,
+    where: DeviceChoice,
+    op_names: tuple[str, ...],
+    dtype: str,
+    repeat: int,
+    as_json: bool,
+    plot: str | None,
+    fresh_roofline: bool,
+) -> None:
+    """Median time per op (its first verification case) on the target's device, against the
+    device's copy-bandwidth roofline, numpy and (if installed) PyTorch, measured in one run."""
+    from ops import all_ops, get_op
+    from toolchain.bench.bench import bench_ops
+
+    if repeat < 1:
+        raise UsageError(f"--repeat {repeat}: expected at least 1")
+    target = resolve_target(target_name, tuned, cores)
+    ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    device = where.resolve(target)
+    rows = bench_ops(ops, dtype, target, device, repeat, fresh_roofline)
+    if not rows:
+        raise UsageError(f"no op in the selection supports dtype {dtype}")
+    if plot:
+        plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        print_bench(rows, target.name, device)
+
+
+def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
+    where = device.name
+    if device.emulated:
+        where += " (emulated: timings show correctness, not speed)"
+    bandwidth = f"{rows[0]['roofline_gb_per_s']:.1f} GB/s" if rows else "-"
+    table = Table(title=f"deploy bench --target {target} on {where}; copy roofline {bandwidth} (medians)")
+    columns = ("op", "shapes", "schedule", "ms", "MB", "GB/s", "x roofline", "numpy ms", "vs numpy",
+               "torch ms", "vs torch")  # fmt: skip
+    for column in columns:
+        table.add_column(column)
+    for r in rows:
+        torch = r["torch_ms"]
+        table.add_row(
+            r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
+            f"{r['gb_per_s']:.1f}", f"{r['x_roofline']:.2f}", f"{r['numpy_ms']:.3f}",
+            f"{r['speedup_vs_numpy']:.1f}x", f"{torch:.3f}" if torch is not None else "-",
+            f"{r['speedup_vs_torch']:.2f}x" if torch is not None else "-",
+        )  # fmt: skip
+    Console(width=max(Console().width, 150)).print(table)
+
+
+def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Achieved GB/s per op against the copy roofline (a line), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    labels = [r["op"] for r in rows]
+    axes.bar(labels, [r["gb_per_s"] for r in rows], color="tab:blue", label="achieved")
+    if rows:
+        axes.axhline(rows[0]["roofline_gb_per_s"], color="tab:red", linestyle="--", label="copy roofline")
+    for index, r in enumerate(rows):
+        axes.annotate(f"{r['x_roofline']:.2f}x", (index, r["gb_per_s"]), ha="center", va="bottom")
+    axes.set_ylabel("GB/s (bytes moved / median time)")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

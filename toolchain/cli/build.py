@@ -1,0 +1,153 @@
+"""`deploy build` (an artifact directory, optionally a C bundle) and `deploy run` (one op on .npy
+files, optionally checked against numpy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from base.errors import DeployError
+from toolchain.cli.options import (
+    ATTR,
+    CORES,
+    OP,
+    TARGET,
+    TUNED,
+    DeviceChoice,
+    bind_op,
+    device_options,
+    resolve_target,
+)
+
+
+@click.command("build")
+@OP
+@TARGET
+@TUNED
+@CORES
+@device_options
+@ATTR
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    required=True,
+    help="Input shape, e.g. 32x64x112x112; once per input.",
+)
+@click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(),
+    help="Artifact directory [default: ./OP-TARGET].",
+)
+@click.option(
+    "--bundle",
+    is_flag=True,
+    help="Also write OP.h, libOP.so, lib/ and deploy-run: the op callable from C without Python.",
+)
+def build_command(
+    op_name: str,
+    target_name: str,
+    tuned: str | None,
+    cores: int | None,
+    where: DeviceChoice,
+    attrs: tuple[str, ...],
+    shapes: tuple[str, ...],
+    dtype: str,
+    out_dir: str | None,
+    bundle: bool,
+) -> None:
+    """Compile an op for a target into a module and manifest.json (split for --cores, else for the
+    cores of --device or the target's default device)."""
+    from ops import TensorType
+    from toolchain.build.bundle import check_bundle
+    from toolchain.build.compile import compile_op
+    from toolchain.build.export import export
+    from toolchain.cli.args import parse_shape
+    from toolchain.verify.run import for_device
+
+    target = resolve_target(target_name, tuned, cores)
+    bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
+    if bundle:
+        check_bundle(bound, target)
+    if target.cores is None and target.artifact.splits_for_cores:
+        with where.resolve(target).open() as session:
+            target = for_device(target, session)
+    directory = Path(out_dir or f"{op_name}-{target_name}")
+    manifest = export(compile_op(bound, target), directory, bundle=bundle)
+    if tuned is not None and manifest.schedule != "tuned":
+        click.echo(
+            f"no accepted record for this op and these shapes in {tuned}:"
+            f" using the {manifest.schedule} schedule"
+        )
+    record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
+    click.echo(
+        f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}"
+        f"{f', {manifest.cores} cores' if manifest.cores else ''}):"
+        f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
+    )
+    if manifest.bundle is not None:
+        from devices.platforms import get_platform
+
+        emulator = " ".join(get_platform(target.arch).emulator_command())
+        inputs = " ".join(f"-i {spec.name}.npy" for spec in bound.op.inputs)
+        click.echo(
+            f"bundle: {directory / manifest.bundle['header']} + {manifest.bundle['library']}; run it with"
+            f" {emulator + ' ' if emulator else ''}{directory / manifest.bundle['runner']} {directory}"
+            f" {inputs} -o out.npy"
+        )
+
+
+@click.command("run")
+@CORES
+@OP
+@TARGET
+@TUNED
+@ATTR
+@device_options
+@click.option(
+    "-i",
+    "--input",
+    "inputs",
+    multiple=True,
+    required=True,
+    help="Input .npy, once per input in order.",
+)
+@click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
+@click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
+def run_command(
+    cores: int | None,
+    op_name: str,
+    target_name: str,
+    tuned: str | None,
+    attrs: tuple[str, ...],
+    where: DeviceChoice,
+    inputs: tuple[str, ...],
+    output: str,
+    check: bool,
+) -> None:
+    """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
+    from ops import TensorType
+    from toolchain.build.cache import cached_build
+    from toolchain.cli.args import load_npy, save_npy
+    from toolchain.verify.compare import compare
+    from toolchain.verify.run import check_device, for_device, run_artifact
+
+    target = resolve_target(target_name, tuned, cores)
+    arrays = [load_npy(path) for path in inputs]
+    bound = bind_op(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
+    device = where.resolve(target)
+    check_device(target, device)
+    with device.open() as session:
+        directory, manifest = cached_build(bound, for_device(target, session))
+        result = run_artifact(session, directory, manifest, arrays)
+    save_npy(output, result)
+    click.echo(f"{op_name} on {device.name} ({manifest.schedule}): wrote {output} {bound.output}")
+    if check:
+        comparison = compare(bound.op.reference(bound.attrs, *arrays), result, bound.op.exact)
+        if not comparison.ok:
+            raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
+        click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy")

@@ -1,0 +1,104 @@
+"""What several commands share: the options naming an op, a target, a device, cores and tuned
+records, and how they become a bound op, a target and a device."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from base.errors import UsageError
+
+
+def resolve_target(name: str, tuned: str | None = None, cores: int | None = None) -> Any:
+    """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
+    `cores`, splitting parallel work for that many threads (else for the device's, asked later)."""
+    from toolchain.build.targets import get_target
+    from toolchain.tune.tuners import AcceptedRecords
+
+    if tuned is not None and not Path(tuned).is_dir():
+        raise UsageError(f"--tuned {tuned}: no such directory (write one with `deploy tune --db {tuned}`)")
+    if cores is not None and not 1 <= cores <= 4096:
+        raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
+    accepted = AcceptedRecords(Path(tuned)) if tuned is not None else None
+    return get_target(name).with_tuning(accepted).with_cores(cores)
+
+
+def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
+    from ops import bind, get_op
+    from toolchain.cli.args import parse_attrs
+
+    return bind(get_op(op_name), parse_attrs(attrs), types)
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """Where a command runs: `--device NAME`, `--cl-device P:D`, any free server of `--key` on
+    `--tracker`, or (none given) the target's default device."""
+
+    name: str | None
+    tracker: str | None
+    key: str | None
+    cl_device: str | None
+
+    def resolve(self, target: Any) -> Any:
+        from devices import get_device
+
+        if self.cl_device:
+            if self.name or self.tracker:
+                raise UsageError("--cl-device goes instead of --device and --tracker")
+            return get_device(f"opencl:{self.cl_device}")
+        if self.tracker or self.key:
+            from devices.tracker import TrackerDevice, parse_address
+
+            if self.name or not (self.tracker and self.key):
+                raise UsageError("--tracker and --key go together, instead of --device")
+            host, port = parse_address(self.tracker)
+            return TrackerDevice(host, port, self.key, target.arch)
+        return get_device(self.name or target.default_device)
+
+
+def device_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --device, --tracker, --key and --cl-device; the command receives them as `where`."""
+
+    @functools.wraps(command)
+    def with_choice(
+        *args: Any,
+        device_name: str | None,
+        tracker: str | None,
+        tracker_key: str | None,
+        cl_device: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        return command(*args, where=DeviceChoice(device_name, tracker, tracker_key, cl_device), **kwargs)
+
+    options = (
+        click.option("--device", "device_name", help="Device to run on (default: the target's)."),
+        click.option("--tracker", metavar="HOST:PORT", help="Run on servers from this RPC tracker."),
+        click.option("--key", "tracker_key", metavar="KEY", help="Device key on the tracker."),
+        click.option("--cl-device", metavar="P:D", help="OpenCL platform:device (`deploy device list`)."),
+    )
+    for option in reversed(options):
+        with_choice = option(with_choice)
+    return with_choice
+
+
+OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy ops`).")
+OP_OPTIONAL = click.option("--op", "op_name", help="Op name (see `deploy ops`).")
+TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
+ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
+CORES = click.option(
+    "--cores",
+    type=int,
+    metavar="N",
+    help="Split parallel loops for N threads [default: ask the device: its runtime's thread count].",
+)
+TUNED = click.option(
+    "--tuned",
+    metavar="DIR",
+    help="Use the records `deploy tune` accepted in DIR where they match (else the hand schedule).",
+)

@@ -1,0 +1,203 @@
+"""`deploy tune`: search schedules on the device, keep the records, report default vs hand vs tuned."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from base.errors import UsageError
+from toolchain.cli.options import (
+    ATTR,
+    CORES,
+    OP_OPTIONAL,
+    TARGET,
+    DeviceChoice,
+    bind_op,
+    device_options,
+    resolve_target,
+)
+
+if TYPE_CHECKING:
+    from devices import Device
+    from ops.spec import BoundOp
+    from toolchain.build.targets import Target
+    from toolchain.tune.tuner import TuneResult
+
+
+PNG = "report.png"
+
+
+@click.command("tune")
+@OP_OPTIONAL
+@TARGET
+@ATTR
+@CORES
+@device_options
+@click.option("--shape", "shapes", multiple=True, help="Input shape, e.g. 32x64x112x112; once per input.")
+@click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
+@click.option("--trials", default=64, show_default=True, help="Records to reach for this op and shape.")
+@click.option(
+    "--db", "db_dir", default="tuning", show_default=True, type=click.Path(), help="Records directory."
+)
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds a candidate may run.")
+@click.option("--report", is_flag=True, help="Write DB/TARGET/report.png and a default/hand/tuned table.")
+def tune_command(
+    op_name: str | None,
+    target_name: str,
+    attrs: tuple[str, ...],
+    cores: int | None,
+    where: DeviceChoice,
+    shapes: tuple[str, ...],
+    dtype: str,
+    trials: int,
+    db_dir: str,
+    timeout_s: float,
+    report: bool,
+) -> None:
+    """Tune an op for input shapes on the target's device with MetaSchedule; records go to --db
+    and the same command again continues from them. Build from them with `--tuned DB`.
+
+    With --report (and no --op): report every op tuned for the target in --db."""
+    from ops import TensorType
+    from toolchain.cli.args import parse_shape
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
+    target = resolve_target(target_name, cores=cores)
+    device = where.resolve(target)
+    root = Path(db_dir)
+    if op_name is not None:
+        if not shapes:
+            raise UsageError("--shape is required with --op (once per input)")
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
+        _tune_with_progress(bound, target, device, root, trials, timeout_s)
+    elif not report:
+        raise UsageError("--op is required (or --report alone, to report what --db holds)")
+    if report:
+        from toolchain.tune.report import report_target
+
+        measured = report_target(root, target, device)
+        png = measured.json.with_name(PNG)
+        plot_curves(measured.curves, png, f"deploy tune --target {target.name} on {device.name}")
+        print_report(measured.rows, target, device, png)
+
+
+def _tune_with_progress(
+    bound: BoundOp, target: Target, device: Device, root: Path, trials: int, timeout_s: float
+) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from toolchain.tune.records import task_dir
+    from toolchain.tune.tuner import Progress as Callbacks
+    from toolchain.tune.tuners import tune
+
+    console = Console()
+    best: list[float] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task(f"tuning {bound.op.name} on {device.name}", total=trials)
+
+        def describe() -> str:
+            shown = f"best {min(best) * 1e3:.4g} ms" if best else "no valid trial yet"
+            return f"tuning {bound.op.name} on {device.name}: {shown}"
+
+        def on_start(done: int, best_s: float | None) -> None:
+            if best_s is not None:
+                best.append(best_s)
+            if done:
+                console.print(f"continuing: {done} records already in {task_dir(root, bound, target.name)}")
+            progress.update(bar, completed=min(done, trials), description=describe())
+
+        def stopping() -> None:
+            console.print("stopping after this batch of trials (Ctrl-C again to stop now)", highlight=False)
+
+        def on_trial(secs: float | None) -> None:
+            if secs is not None:
+                best.append(secs)
+            progress.update(bar, advance=1, description=describe())
+
+        try:
+            callbacks = Callbacks(on_start, on_trial, stopping)
+            result = tune(bound, target, device, root, trials, timeout_s, callbacks)
+        except KeyboardInterrupt:
+            progress.stop()
+            directory = task_dir(root, bound, target.name)
+            click.echo(
+                f"interrupted: the records measured so far stay in {directory};"
+                " run the same command to continue",
+                err=True,
+            )
+            raise SystemExit(130) from None
+    _print_result(console, result, trials)
+
+
+def _print_result(console: Console, result: TuneResult, trials: int) -> None:
+    best = f"{result.best_ms:.4g} ms" if result.best_ms is not None else "none"
+    console.print(
+        f"{result.trials} records in {result.directory} ({result.new_trials} new, {result.valid} valid);"
+        f" best {best}",
+        highlight=False,
+    )
+    if result.new_trials == 0 and result.trials < trials:
+        console.print("the search space has no untried candidates left", highlight=False)
+    for line in result.rejected:
+        console.print(f"[yellow]rejected[/yellow] record {line}", highlight=False)
+    if result.accepted is None:
+        console.print("no record passed verification: builds keep the hand schedule", highlight=False)
+    else:
+        entry = result.accepted
+        console.print(
+            f"accepted record {entry['record']} ({entry['ms']:.4g} ms, max error {entry['max_error']:.3g}"
+            f" vs numpy on {entry['device']}): build with --tuned {result.directory.parent.parent}",
+            highlight=False,
+        )
+
+
+def plot_curves(curves: dict[str, list[float | None]], path: Path, title: str) -> None:
+    """Best ms against trials, one line per task, log-scaled time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for label, curve in curves.items():
+        points = [(i + 1, y) for i, y in enumerate(curve) if y is not None]
+        if points:
+            axes.plot(*zip(*points, strict=True), marker=".", label=label)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("trials")
+    axes.set_ylabel("best time so far (ms)")
+    axes.set_yscale("log")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def print_report(rows: list[dict[str, Any]], target: Target, device: Device, png: Path) -> None:
+    where = f"{device.name}{' (emulated: timings show correctness, not speed)' if device.emulated else ''}"
+    table = Table(title=f"default vs hand vs tuned, target {target.name} on {where} (median ms)")
+    for column in ("op", "shapes", "trials", "default", "hand", "tuned", "hand/tuned"):
+        table.add_column(column)
+    for r in rows:
+        tuned = r["tuned_ms"]
+        table.add_row(
+            r["op"],
+            r["label"].split(" ", 1)[1],
+            str(r["trials"]),
+            f"{r['default_ms']:.4g}" if r["default_ms"] is not None else "-",
+            f"{r['hand_ms']:.4g}",
+            f"{tuned:.4g}" if tuned is not None else "none accepted",
+            f"{r['hand_ms'] / tuned:.2f}x" if tuned else "-",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"best time against trials: {png}", highlight=False)

@@ -1,0 +1,134 @@
+"""The tuning records directory that `deploy tune --db DIR` writes and `--tuned DIR` reads.
+
+    DIR/<target>/<op>-<key>/           one tuning task: an op with its attributes and input types
+        task.json                      what was tuned (op, attrs, inputs, target, device)
+        database_workload.json         MetaSchedule's JSON database (JSON lines, appended per trial
+        database_tuning_record.json    batch, so an interrupted run keeps what it measured)
+        accepted.json                  the record verified against numpy on the device, if any
+
+One database per target and task: MetaSchedule's lookup does not check the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from base.errors import UsageError
+from ops.spec import BoundOp
+
+TASK = "task.json"
+ACCEPTED = "accepted.json"
+FAILED_SECS = 1e9
+"""MetaSchedule stores a failed candidate with run time 1e10 s; anything above this is a failure."""
+
+
+def task_dir(root: Path, bound: BoundOp, target_name: str) -> Path:
+    """Where the records of `bound` on `target_name` live under `root`."""
+    key = hashlib.sha256(json.dumps(bound.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return Path(root) / target_name / f"{bound.op.name}-{key}"
+
+
+def write_json(path: Path, body: dict[str, Any]) -> None:
+    """Replace `path` atomically (a reader never sees half a file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def record_id(record: Any) -> str:
+    """A short stable id of a MetaSchedule tuning record: sha256 of its JSON form."""
+    return hashlib.sha256(json.dumps(record.as_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def mean_secs(record: Any) -> float:
+    """Mean measured seconds of a record; FAILED_SECS or more for a failed candidate."""
+    runs = [float(t) for t in record.run_secs] if record.run_secs else []
+    return sum(runs) / len(runs) if runs else float("inf")
+
+
+@dataclass(frozen=True)
+class TaskRecords:
+    """The MetaSchedule records of one task directory, in the order they were measured."""
+
+    directory: Path
+    records: list[Any]
+    """TuningRecords whose workload is this task's module, oldest first."""
+
+    @classmethod
+    def load(cls, directory: Path, mod: Any) -> TaskRecords:
+        """Records of `mod` (an IRModule) in `directory`; none when the directory has no database."""
+        if not (directory / "database_tuning_record.json").exists():
+            return cls(directory, [])
+        import tvm_ffi
+        from tvm.s_tir import meta_schedule as ms
+
+        try:
+            database = ms.database.JSONDatabase(work_dir=str(directory), allow_missing=False)
+        except Exception as exc:
+            raise UsageError(f"cannot read the tuning database in {directory}: {exc}") from None
+        records = [
+            r for r in database.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, mod)
+        ]
+        return cls(directory, records)
+
+    def valid(self) -> list[Any]:
+        """Records that ran, fastest first."""
+        return sorted((r for r in self.records if mean_secs(r) < FAILED_SECS), key=mean_secs)
+
+    def by_id(self, wanted: str) -> Any | None:
+        return next((r for r in self.records if record_id(r) == wanted), None)
+
+
+def accepted(directory: Path) -> dict[str, Any] | None:
+    """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
+    path = directory / ACCEPTED
+    if not path.exists():
+        return None
+    try:
+        body = json.loads(path.read_text())
+    except ValueError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    return body if body.get("record") else None
+
+
+def apply_record(mod: Any, record: Any) -> Any:
+    """`mod` scheduled by the record's trace (postprocessors included), as an IRModule."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def tuned_module(directory: Path, record: str, mod: Any) -> Any | None:
+    """`mod` scheduled by the record with id `record` in the task `directory`; None when it is not
+    there for this module (its records were tuned for another computation)."""
+    found = TaskRecords.load(directory, mod).by_id(record)
+    return apply_record(mod, found) if found is not None else None
+
+
+def accepted_id(root: Path, bound: BoundOp, target_name: str) -> str | None:
+    """The accepted record's id for `bound` on `target_name` (cheap: no TVM), if any."""
+    entry = accepted(task_dir(root, bound, target_name))
+    return entry["record"] if entry else None
+
+
+def drop_partial_lines(directory: Path) -> int:
+    """Cut a half-written last line off the database files (a run killed mid-write); return how
+    many files were cut. Every complete line, so every finished record, stays."""
+    cut = 0
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        path = directory / name
+        if not path.exists():
+            continue
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as stream:
+                stream.truncate(data.rfind(b"\n") + 1)
+            cut += 1
+    return cut

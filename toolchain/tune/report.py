@@ -1,0 +1,110 @@
+"""`deploy tune --report`'s measurements: best time against trials, and default vs hand vs tuned.
+
+For every task tuned for a target under the records root, the default (unscheduled), hand and
+tuned builds are compared with numpy and timed in one session of the device, so the ratios
+compare like with like. The rows go to report.json beside the tasks; the CLI prints and plots them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from base.errors import UsageError
+from devices import Device
+from ops import TensorType, bind, get_op
+from ops.spec import BoundOp
+from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, prim_module
+from toolchain.build.targets import Target
+from toolchain.tune import records as db
+from toolchain.tune.tuners import AcceptedRecords, tuner_for
+from toolchain.verify.measure import check_and_time
+from toolchain.verify.run import check_device
+
+REPEAT = 7
+JSON = "report.json"
+
+
+def task_dirs(root: Path, target: Target) -> list[Path]:
+    """The task directories tuned for `target` under `root`."""
+    base = Path(root) / target.name
+    found = sorted(p for p in base.iterdir() if (p / db.TASK).exists()) if base.is_dir() else []
+    if not found:
+        raise UsageError(f"nothing tuned for target {target.name} in {root} (run `deploy tune --db {root}`)")
+    return found
+
+
+def task_bound(directory: Path) -> BoundOp:
+    """The op, attributes and input types a task directory was tuned for."""
+    task = json.loads((directory / db.TASK).read_text())
+    inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
+    return bind(get_op(task["op"]), task["attrs"], inputs)
+
+
+def best_so_far(times: list[float | None]) -> list[float | None]:
+    """The best time after each trial (None before the first valid one)."""
+    curve: list[float | None] = []
+    best: float | None = None
+    for ms in times:
+        if ms is not None:
+            best = ms if best is None else min(best, ms)
+        curve.append(best)
+    return curve
+
+
+def _variants(bound: BoundOp, target: Target, root: Path) -> dict[str, Compiled]:
+    """The default build (where the artifact kind builds unscheduled code), the hand and the tuned."""
+    variants = {}
+    if target.artifact.builds_unscheduled:
+        variants["default"] = compile_scheduled(bound, target, prim_module(bound, target), "default")
+    variants["hand"] = compile_scheduled(bound, target, *hand_schedule(bound, target))
+    tuned = AcceptedRecords(root).schedule(bound, target)
+    if tuned is not None:
+        variants["tuned"] = compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
+    return variants
+
+
+@dataclass(frozen=True)
+class Report:
+    """One row per task (median ms of each variant) and each task's best time after every trial."""
+
+    rows: list[dict[str, Any]]
+    curves: dict[str, list[float | None]]
+    json: Path
+    """Where the rows were written."""
+
+
+def report_target(root: Path, target: Target, device: Device) -> Report:
+    """Measure every task tuned for `target` under `root` on `device`; write report.json beside them."""
+    check_device(target, device)
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, list[float | None]] = {}
+    tuner = tuner_for(target)
+    with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-report-") as tmp:
+        for directory in task_dirs(root, target):
+            bound = task_bound(directory)
+            times = tuner.trial_ms(directory, bound, target)
+            label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
+            curves[label] = best_so_far(times)
+            variants = _variants(bound, target, root)
+            ms = {kind: check_and_time(session, c, Path(tmp), REPEAT).ms for kind, c in variants.items()}
+            rows.append(
+                {
+                    "op": bound.op.name,
+                    "task": directory.name,
+                    "label": label,
+                    "dtype": bound.inputs[0].dtype,
+                    "trials": len(times),
+                    "default_ms": ms.get("default"),
+                    "hand_ms": ms["hand"],
+                    "hand_schedule": variants["hand"].schedule,
+                    "tuned_ms": ms.get("tuned"),
+                    "tuned_record": variants["tuned"].tuning_record if "tuned" in variants else None,
+                }
+            )
+    path = Path(root) / target.name / JSON
+    db.write_json(path, {"target": target.name, "device": device.name, "rows": rows})
+    return Report(rows, curves, path)

@@ -1,0 +1,111 @@
+"""How `deploy tune` builds and measures MetaSchedule candidates on a device.
+
+Candidates are compiled in worker processes (MetaSchedule's LocalBuilder) and linked with the
+target's compiler, so an aarch64 candidate is a shared object the board loads as it is. The local
+host measures them in worker processes (MetaSchedule's LocalRunner); an RPC device (emulator, SSH
+board, tracker) measures each in a session of its own whose length the server bounds, so a
+candidate that crashes or hangs the device fails alone and the next one gets a fresh session.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from base.errors import DeployError, first_line
+from devices import DeviceLost
+from devices.rpc import RpcEndpoint
+from ops.spec import BoundOp
+from toolchain.build.shared_object import compile_cpu, export_module
+from toolchain.build.targets import Target
+from toolchain.verify.compare import random_input
+
+NUMBER = 3
+"""Calls averaged into one measurement."""
+REPEAT = 3
+"""Measurements per candidate; MetaSchedule ranks candidates by their mean."""
+
+
+def build_candidate(mod: Any, target: Any, params: Any) -> Any:
+    """Compile a scheduled candidate exactly as `deploy build` compiles CPU targets (the
+    deploy-cpu pipeline at opt level 3), so what is measured is what gets built.
+
+    Runs in MetaSchedule's builder workers instead of its default build, which imports
+    `tvm.s_tir.tensor_intrin` in every fresh worker (about 20 s on a small machine, per batch)."""
+    return compile_cpu(mod, target)
+
+
+def export_candidate(target: Target, rt_mod: Any) -> str:
+    """Link a built candidate into a shared object in a fresh temp dir, as `deploy build` links
+    for `target`; return its path. Runs in MetaSchedule's builder workers (pickled there with
+    `functools.partial`)."""
+    path = os.path.join(tempfile.mkdtemp(prefix="deploy-tune-"), "candidate.so")
+    export_module(rt_mod, Path(path), target)
+    return path
+
+
+def builder(target: Target, timeout_s: float) -> Any:
+    """MetaSchedule's LocalBuilder that builds and links candidates for `target`."""
+    import functools
+
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.builder.LocalBuilder(
+        max_workers=os.cpu_count() or 1,
+        timeout_sec=timeout_s,
+        f_build=build_candidate,
+        f_export=functools.partial(export_candidate, target),
+    )
+
+
+def local_runner(timeout_s: float) -> Any:
+    """MetaSchedule's LocalRunner: each candidate runs in a worker process of this host."""
+    from tvm.s_tir import meta_schedule as ms
+
+    config = ms.runner.EvaluatorConfig(number=NUMBER, repeat=REPEAT, min_repeat_ms=0)
+    return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config)
+
+
+def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> Any:
+    """A MetaSchedule runner measuring each candidate in its own session of an RPC device."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class SessionRunner(ms.runner.PyRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            rng = np.random.default_rng(0)
+            self.inputs = [random_input(t, rng) for t in bound.inputs]
+            self.fatal: DeployError | None = None
+
+        def run(self, runner_inputs: list[Any]) -> list[Any]:
+            results = [self._measure(Path(str(item.artifact_path))) for item in runner_inputs]
+            return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]
+
+        def _measure(self, module: Path) -> Any:
+            out = bound.output
+            opened = False
+            try:
+                with endpoint.session(timeout_s) as session:
+                    opened = True
+                    runs = session.time(module, self.inputs, out.shape, out.dtype, NUMBER, REPEAT)
+            except DeployError as exc:
+                if not opened:  # the device itself is gone: stop tuning, keep the records
+                    self.fatal = exc
+                    raise
+                if not isinstance(exc, DeviceLost):
+                    return ms.runner.RunnerResult(None, str(exc))
+                endpoint.restart()  # TVM's server stops accepting after a session crashed
+                if "RPCSessionTimeoutError" in str(exc):
+                    return ms.runner.RunnerResult(None, f"ran over the {timeout_s:g} s limit (--timeout)")
+                return ms.runner.RunnerResult(None, f"crashed the device's session: {exc}")
+            except Exception as exc:
+                return ms.runner.RunnerResult(None, f"{type(exc).__name__}: {first_line(str(exc))}")
+            return ms.runner.RunnerResult([float(t) for t in runs], None)
+
+    return SessionRunner()

@@ -1,0 +1,66 @@
+"""`deploy tune`: each artifact kind's tuner, a run over one task, and the schedules tuning
+accepted, which `--tuned` builds use (`AcceptedRecords` is build's `TunedSchedules`).
+
+A new artifact kind that can be tuned adds one entry to TUNERS; one without is refused up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from base.errors import UsageError
+from devices import Device
+from ops.spec import BoundOp
+from toolchain.build.artifacts import ArtifactKind
+from toolchain.build.opencl import OPENCL_PLAN
+from toolchain.build.shared_object import SHARED_OBJECT
+from toolchain.build.targets import Target
+from toolchain.tune import records as db
+from toolchain.tune.metaschedule import MetaScheduleTuner
+from toolchain.tune.tuner import Progress, Tuner, TuneResult
+from toolchain.tune.work_group import WorkGroupTuner
+from toolchain.verify.run import check_device
+
+TUNERS: dict[ArtifactKind, Tuner] = {SHARED_OBJECT: MetaScheduleTuner(), OPENCL_PLAN: WorkGroupTuner()}
+
+
+def tuner_for(target: Target) -> Tuner:
+    if target.artifact not in TUNERS:
+        raise UsageError(f"target {target.name}: {target.artifact.name} artifacts have no tuner")
+    return TUNERS[target.artifact]
+
+
+def tune(
+    bound: BoundOp, target: Target, device: Device, root: Path, trials: int, timeout_s: float = 60.0,
+    progress: Progress = Progress(),  # noqa: B008  (frozen: shared safely)
+) -> TuneResult:  # fmt: skip
+    """Tune `bound` for `target` on `device` until its task under `root` holds `trials` records,
+    then accept the fastest record that matches numpy."""
+    if trials < 1:
+        raise UsageError(f"--trials {trials}: expected a positive number of trials")
+    tuner = tuner_for(target)
+    check_device(target, device)
+    directory = db.task_dir(root, bound, target.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    db.write_json(directory / db.TASK, {**bound.key(), "target": target.name, "device": device.name})
+    return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
+
+
+@dataclass(frozen=True)
+class AcceptedRecords:
+    """The schedules `deploy tune` accepted under a records directory `root`."""
+
+    root: Path
+
+    def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+        directory = db.task_dir(self.root, bound, target.name)
+        entry = db.accepted(directory)
+        if entry is None:
+            return None
+        mod = tuner_for(target).schedule(directory, entry, bound, target)
+        return (mod, entry["record"]) if mod is not None else None
+
+    def record_id(self, bound: BoundOp, target: Target) -> str | None:
+        return db.accepted_id(self.root, bound, target.name)

@@ -1,0 +1,95 @@
+"""The tuner of OpenCL plans: search the work-group size of the GPU schedule on the device.
+
+MetaSchedule measures through TVM's runtime, which the PyPI wheels lack for OpenCL, so OpenCL
+targets tune the GPU schedule's one knob, work-items per work-group, with our own runner. Each size
+is an artifact built as `deploy build` builds it, run on the device (a size the device rejects
+fails alone); `work_groups.json` in the task directory keeps every measurement, so an interrupted
+run continues with the sizes not yet tried. The fastest size whose output matches numpy is
+accepted (`accepted.json` with `work_group`), and `--tuned` builds use it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from base.errors import DeployError, first_line
+from devices import Device
+from ops.spec import BoundOp
+from toolchain.build.compile import compile_scheduled, hand_schedule
+from toolchain.build.targets import Target
+from toolchain.tune import records as db
+from toolchain.tune.tuner import Progress, TuneResult
+from toolchain.verify.measure import check_and_time
+
+WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
+"""Sizes in the order they are tried: the default first, then outward."""
+RECORDS = "work_groups.json"
+REPEAT = 5
+
+
+def record_name(work_group: int) -> str:
+    return f"work_group={work_group}"
+
+
+def measurements(directory: Path) -> list[dict[str, Any]]:
+    """Every size tried so far, in order: {"work_group", "ms", "max_error"} or {"work_group", "error"}."""
+    path = directory / RECORDS
+    return list(json.loads(path.read_text())["trials"]) if path.exists() else []
+
+
+def scheduled(bound: BoundOp, target: Target, work_group: int) -> Any:
+    """The op under the GPU schedule with `work_group` work-items per work-group."""
+    mod, _ = hand_schedule(bound, replace(target, work_group=work_group))
+    return mod
+
+
+def _fastest(done: list[dict[str, Any]]) -> float | None:
+    return min((m["ms"] for m in done if "ms" in m), default=None)
+
+
+class WorkGroupTuner:
+    """Every work-group size in WORK_GROUPS, built, checked and timed on the device."""
+
+    def search(
+        self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
+        timeout_s: float, progress: Progress,
+    ) -> TuneResult:  # fmt: skip
+        """Try sizes not yet measured until `trials` sizes are (at most every size); accept the
+        fastest. A size the device rejects (CL_INVALID_WORK_GROUP_SIZE) fails alone."""
+        done = measurements(directory)
+        before = len(done)
+        best = _fastest(done)
+        progress.started(before, best / 1e3 if best is not None else None)
+        tried = {m["work_group"] for m in done}
+        todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
+        with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
+            for size in todo:
+                try:
+                    compiled = compile_scheduled(bound, target, scheduled(bound, target, size), "tuned")
+                    measured = check_and_time(session, compiled, Path(tmp), REPEAT)
+                    entry = {"work_group": size, "ms": measured.ms, "max_error": measured.max_error}
+                except DeployError as exc:
+                    entry = {"work_group": size, "error": str(exc)}
+                except Exception as exc:  # the device rejected the size
+                    entry = {"work_group": size, "error": f"{type(exc).__name__}: {first_line(str(exc))}"}
+                done.append(entry)
+                db.write_json(directory / RECORDS, {"trials": done})
+                progress.trial(entry["ms"] / 1e3 if "ms" in entry else None)
+        valid = sorted((m for m in done if "ms" in m), key=lambda m: m["ms"])
+        accepted = None
+        if valid:
+            accepted = {"record": record_name(valid[0]["work_group"]), **valid[0], "device": device.name}
+            db.write_json(directory / db.ACCEPTED, accepted)
+        rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[before:] if "error" in m]
+        new = len(done) - before
+        return TuneResult(directory, len(done), new, len(valid), _fastest(done), accepted, rejected)
+
+    def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
+        return [m.get("ms") for m in measurements(directory)]
+
+    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
+        return scheduled(bound, target, int(entry["work_group"]))

@@ -1,0 +1,164 @@
+"""`deploy test`'s matrix: every op x dtype x case verified on a device, on several sessions at
+once when the device serves several (a tracker key)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from base.errors import DeployError, first_line
+from devices import Device, DeviceLost, Session
+from ops.spec import BoundOp, Case, Op, TensorType, bind
+from toolchain.build.targets import Target
+from toolchain.verify.compare import random_input
+from toolchain.verify.run import check_device, verify
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    op: str
+    dtype: str
+    case: str
+    ok: bool
+    max_error: float
+    detail: str
+    schedule: str
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    op: Op
+    dtype: str
+    case: Case
+    index: int
+
+    def bind(self) -> BoundOp:
+        return bind(self.op, self.case.attrs, [TensorType(s, self.dtype) for s in self.case.shapes])
+
+
+def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[PlannedCase]:
+    """Every (op, dtype, case) to verify; `dtypes` limits the dtypes."""
+    wanted = set(dtypes) if dtypes else None
+    return [
+        PlannedCase(op, dtype, case, index)
+        for op in ops
+        for dtype in op.dtypes
+        if wanted is None or dtype in wanted
+        for index, case in enumerate(op.cases)
+    ]
+
+
+def verify_case(session: Session, planned: PlannedCase, target: Target, specials: bool = False) -> CaseResult:
+    """Build and run one planned case on seeded random inputs (every other case rounded so ties
+    abound; with `specials`, NaN, infinities and repeated maxima planted); compare with numpy."""
+    seed = zlib.crc32(f"{planned.op.name}/{planned.dtype}/{planned.index}".encode())
+    rng = np.random.default_rng(seed)
+    label = planned.case.label()
+    try:
+        bound = planned.bind()
+        inputs = [random_input(t, rng, ties=planned.index % 2 == 1, specials=specials) for t in bound.inputs]
+        comparison, schedule = verify(session, bound, target, inputs)
+    except DeviceLost:
+        raise
+    except DeployError as exc:
+        return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
+    except Exception as exc:  # a compiler or runtime failure fails this case, not the matrix
+        detail = f"{type(exc).__name__}: {first_line(str(exc))}"
+        return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
+    return CaseResult(
+        planned.op.name,
+        planned.dtype,
+        label,
+        comparison.ok,
+        comparison.max_error,
+        comparison.detail,
+        schedule,
+    )
+
+
+class _Queue:
+    """Cases still to run, shared by the workers; a case whose device was lost goes back in front."""
+
+    def __init__(self, planned: list[PlannedCase]) -> None:
+        self._cases = collections.deque(enumerate(planned))
+        self._lock = threading.Lock()
+
+    def pop(self) -> tuple[int, PlannedCase] | None:
+        with self._lock:
+            return self._cases.popleft() if self._cases else None
+
+    def put_back(self, item: tuple[int, PlannedCase]) -> None:
+        with self._lock:
+            self._cases.appendleft(item)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cases)
+
+
+def run_matrix(
+    planned: list[PlannedCase],
+    target: Target,
+    device: Device,
+    on_result: Callable[[CaseResult, str], None] = lambda r, worker: None,
+    on_lost: Callable[[DeviceLost], None] = lambda e: None,
+    workers: int = 1,
+) -> list[CaseResult]:
+    """Verify the cases on `workers` sessions of `device` at once (e.g. the free servers of a
+    tracker key), in the order planned. A worker whose device is lost reports it, puts its case
+    back for the others, and opens a fresh session once; a second loss in a row retires it. When
+    every worker is retired with cases left, the last loss ends the run."""
+    check_device(target, device)
+    queue = _Queue(planned)
+    results: dict[int, CaseResult] = {}
+    losses: list[DeviceLost] = []
+    report = threading.Lock()
+
+    def work(worker: str) -> None:
+        lost_in_a_row = 0
+        while lost_in_a_row < 2 and len(queue):
+            try:
+                with device.open() as session:
+                    while (item := queue.pop()) is not None:
+                        try:
+                            result = verify_case(session, item[1], target)
+                        except DeviceLost:
+                            queue.put_back(item)
+                            raise
+                        lost_in_a_row = 0
+                        with report:
+                            results[item[0]] = result
+                            on_result(result, worker)
+            except DeviceLost as lost:
+                lost_in_a_row += 1
+                with report:
+                    losses.append(lost)
+                    on_lost(lost)
+
+    names = [f"#{n + 1}" for n in range(max(1, workers))]
+    if len(names) == 1:
+        work(names[0])
+    else:
+        failures: list[BaseException] = []
+
+        def guarded(name: str) -> None:
+            try:
+                work(name)
+            except BaseException as exc:  # re-raised in the caller's thread below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(name,), name=f"worker-{name}") for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+    if len(queue):
+        raise losses[-1]
+    return [results[index] for index in range(len(planned))]
