@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tvm
 from tvm import te, tirx
 
-from ops.attrs import Attr, Bool, IntPair
 from base.errors import UsageError
+from ops.attrs import Attr, Bool, IntPair
 from ops.nan import any_nan_bits
 from ops.spec import TensorType
 
@@ -106,7 +108,7 @@ class Pool2d:
                 taps.append(data[n, c, h, w])
         if not dtype.startswith("float"):
             return functools.reduce(te.max, taps)
-        return nan_propagating_max(taps, dtype)
+        return _WINDOW_MAX.get()(taps, dtype)
 
     def interior(self, axis: int, size: int) -> tuple[int, int]:
         """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
@@ -136,22 +138,33 @@ class Pool2d:
         return windows.max(axis=(4, 5))
 
 
-def nan_propagating_max(values: list[Any], dtype: str) -> Any:
-    """TE expression: the max of float `values`, NaN when any is NaN (as numpy's max).
+WindowMax = Callable[[list[Any], str], Any]
+"""(float taps, dtype) -> TE expression of their max, NaN when any is NaN."""
 
-    On ARM LLVM targets this is `llvm.maximum`, one NEON instruction (`fmax`) that TVM vectorizes;
-    elsewhere a max chain with an explicit NaN test (on x86 `llvm.maximum` becomes a compare-and-
-    blend sequence that measured 2-5x slower than the NaN test in bench/hand_vs_generic.py). On
-    GPU targets the test is an if-then-else: TVM writes a Select as OpenCL `select(a, b, bool)`,
-    which is ambiguous for doubles.
-    """
-    target = tvm.target.Target.current(allow_none=True)
-    triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
-    if target is not None and target.kind.name == "llvm" and triple.startswith(("aarch64", "arm")):
-        return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
-    any_nan = any_nan_bits(values, dtype)
-    choose = tirx.if_then_else if target is not None and "gpu" in target.keys else tirx.Select
-    return choose(any_nan, tirx.const(float("nan"), dtype), functools.reduce(te.max, values))
+
+def nan_test_max(values: list[Any], dtype: str) -> Any:
+    """The max of float `values` with an explicit NaN test, NaN when any is NaN (as numpy's max):
+    a max chain, and one integer test on the bits (`ops/nan.py`) that vectorizes everywhere. The
+    plain definition; a target family may pair the pooling ops with its own (`windows_maxed_by`):
+    on x86 `llvm.maximum` becomes a compare-and-blend sequence that measured 2-5x slower than this
+    test in bench/hand_vs_generic.py, on ARM it is one NEON `fmax`."""
+    return tirx.Select(
+        any_nan_bits(values, dtype), tirx.const(float("nan"), dtype), functools.reduce(te.max, values)
+    )
+
+
+_WINDOW_MAX: ContextVar[WindowMax] = ContextVar("window_max", default=nan_test_max)
+
+
+@contextmanager
+def windows_maxed_by(window_max: WindowMax) -> Iterator[None]:
+    """Within the block, pooling computations max their float windows with `window_max`: how a
+    schedule family pairs the pooling ops with a compute variant (see `schedules/arm.py`)."""
+    token = _WINDOW_MAX.set(window_max)
+    try:
+        yield
+    finally:
+        _WINDOW_MAX.reset(token)
 
 
 def clamp(index: Any, size: int) -> Any:

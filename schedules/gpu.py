@@ -6,8 +6,11 @@ and split into work-groups of `ScheduleContext.threads` work-items (the target's
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from ops.nan import any_nan_bits
+from ops.pooling import windows_maxed_by
 from schedules.cpu import SPATIAL, blocks, fused_or_unit
 from schedules.registry import ScheduleContext, register_schedule
 
@@ -39,6 +42,26 @@ def generic_gpu(sch: Any, ctx: ScheduleContext) -> None:
         groups, items = sch.split(fused, factors=[None, ctx.threads])
         sch.bind(groups, "blockIdx.x")
         sch.bind(items, "threadIdx.x")
+
+
+def branch_max(values: list[Any], dtype: str) -> Any:
+    """TE expression: the max of float `values`, NaN when any is NaN, with the NaN test as an
+    if-then-else: TVM writes the plain definition's Select as OpenCL `select(a, b, bool)`, which
+    OpenCL C rejects as ambiguous for doubles."""
+    from tvm import te, tirx
+
+    nan = tirx.const(float("nan"), dtype)
+    return tirx.if_then_else(any_nan_bits(values, dtype), nan, functools.reduce(te.max, values))
+
+
+def pooling_with_branch_max(ctx: ScheduleContext, *inputs: Any) -> Any:
+    """The op's own pooling computation, its float windows maxed by `branch_max`."""
+    with windows_maxed_by(branch_max):
+        return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
+
+
+for _op in ("max_pool2d", "maxpool_add"):
+    register_schedule("gpu", _op, compute=pooling_with_branch_max)(generic_gpu)
 
 
 def strided_argmax_gpu(ctx: ScheduleContext, x: Any) -> Any:

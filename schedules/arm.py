@@ -1,0 +1,32 @@
+"""What ARM targets build differently from other CPUs: pooling windows maxed with `llvm.maximum`.
+
+AArch64 has a NaN-propagating max in one NEON instruction (`fmax`); LLVM emits it for
+`llvm.maximum` and TVM vectorizes the call. The pooling ops are paired with that compute variant
+and scheduled as on every CPU (`cpu.nchw_window`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ops.pooling import windows_maxed_by
+from schedules.cpu import nchw_window
+from schedules.registry import ScheduleContext, register_schedule
+
+
+def fmax(values: list[Any], dtype: str) -> Any:
+    """TE expression: the max of float `values` as a chain of `llvm.maximum` (NaN propagates)."""
+    from tvm import tirx
+
+    return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
+
+
+def pooling_with_fmax(ctx: ScheduleContext, *inputs: Any) -> Any:
+    """The op's own pooling computation, its float windows maxed by `fmax`."""
+    with windows_maxed_by(fmax):
+        return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
+
+
+for _op in ("max_pool2d", "maxpool_add"):
+    register_schedule("arm", _op, compute=pooling_with_fmax)(nchw_window)
