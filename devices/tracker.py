@@ -30,7 +30,7 @@ def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` -> (host, port)."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UsageError(f"--tracker {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
+        raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
     return host, int(port)
 
 
@@ -49,7 +49,7 @@ class TrackerProcess:
         if existing is not None:
             return existing
         if accepts(port, host):
-            raise DeployError(f"port {host}:{port} is taken: pick another with --port")
+            raise DeployError(f"port {host}:{port} is taken: pick another port")
         self.base.mkdir(parents=True, exist_ok=True)
         log = self.base / f"tracker-{port}.log"
         cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),

@@ -185,7 +185,7 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
     candidates = [crashes, hangs, prim_module(bound, target)["main"]]
     built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
-    paths = [export_candidate(target.cross_compiler, module) for module in built]
+    paths = [export_candidate(target, module) for module in built]
     with get_device("emulator").rpc_endpoint() as endpoint:
         runner = session_runner(endpoint, bound, timeout_s=5.0)
         results = [f.result() for f in runner.run([ms.runner.RunnerInput(p, "cpu", []) for p in paths])]

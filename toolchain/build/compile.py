@@ -18,8 +18,7 @@ def context(bound: BoundOp, target: Target) -> ScheduleContext:
 
 def prim_module(bound: BoundOp, target: Target) -> Any:
     """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
-    strategy pairs with its schedule (the op's own unless the family has a variant), run inside the
-    target's context (`tvm.target.Target.current()`), as TOPI does."""
+    strategy pairs with its schedule (the op's own unless the family has a variant)."""
     import tvm
     from tvm import te
 
@@ -28,11 +27,10 @@ def prim_module(bound: BoundOp, target: Target) -> Any:
         for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
     ]
     strategy = find_schedule(target.schedules, bound.op.name)
-    with target.tvm_target():
-        if strategy is not None and strategy.compute is not None:
-            out = strategy.compute(context(bound, target), *placeholders)
-        else:
-            out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+    if strategy is not None and strategy.compute is not None:
+        out = strategy.compute(context(bound, target), *placeholders)
+    else:
+        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 

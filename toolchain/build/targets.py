@@ -50,7 +50,7 @@ class Target:
     """Debian package that provides `cross_compiler`."""
     default_device: str = "local"
     artifact: ArtifactKind = SHARED_OBJECT
-    """What `deploy build` writes: a shared object (module.so) or an OpenCL plan (kernels.cl + launch.json)."""
+    """What `deploy build` writes: a shared object (module.so), an OpenCL plan (kernels.cl + launch.json)."""
     work_group: int = 64
     """Work-items per work-group (GPU targets)."""
     tuned: TunedSchedules | None = None

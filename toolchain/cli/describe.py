@@ -9,10 +9,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ops import all_ops
-from schedules import find_schedule
-from toolchain.build.targets import all_targets
-
 
 def _default(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
@@ -20,6 +16,10 @@ def _default(value: Any) -> Any:
 
 def describe_ops() -> list[dict[str, Any]]:
     """Each op: name, summary, inputs, attributes, dtypes, and the schedule per target."""
+    from ops import all_ops
+    from schedules import find_schedule
+    from toolchain.build.targets import all_targets
+
     return [
         {
             "name": op.name,
@@ -67,6 +67,8 @@ def print_ops(described: list[dict[str, Any]]) -> None:
 
 
 def describe_targets() -> list[dict[str, Any]]:
+    from toolchain.build.targets import all_targets
+
     return [
         {
             "name": t.name,

@@ -113,7 +113,7 @@ def _tune_with_progress(
             progress.update(bar, completed=min(done, trials), description=describe())
 
         def stopping() -> None:
-            console.print("stopping after this batch of trials (Ctrl-C again to stop now)", highlight=False)
+            click.echo("\nstopping after this batch of trials (Ctrl-C again to stop now)", err=True)
 
         def on_trial(secs: float | None) -> None:
             if secs is not None:

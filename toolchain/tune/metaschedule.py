@@ -28,7 +28,7 @@ from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.runner import builder, local_runner, session_runner
 from toolchain.tune.tuner import Progress, TuneResult
-from toolchain.verify.measure import check_and_time
+from toolchain.verify.measure import Measured, check_and_time
 from toolchain.verify.run import for_device
 
 BATCH = 8
@@ -191,28 +191,21 @@ def _accept(
     with open_session() as session:
         for record in ranked:
             rid = db.record_id(record)
-            max_error, detail = _verify_record(bound, target, record, session)
-            if detail:
-                rejected.append(f"{rid}: {detail}")
+            try:
+                measured = _verify_record(bound, target, record, session)
+            except DeployError as exc:
+                rejected.append(f"{rid}: {exc}")
                 continue
-            entry = {
-                "record": rid,
-                "ms": db.mean_secs(record) * 1e3,
-                "max_error": max_error,
-                "device": device,
-            }
+            entry = {"record": rid, "ms": measured.ms, "max_error": measured.max_error, "device": device}
             db.write_json(records.directory / db.ACCEPTED, {**entry, "rejected": rejected})
             return entry, rejected
     return current, rejected
 
 
-def _verify_record(bound: BoundOp, target: Target, record: Any, session: Session) -> tuple[float, str]:
+def _verify_record(bound: BoundOp, target: Target, record: Any, session: Session) -> Measured:
     """Build the record as `deploy build --tuned` would, check it against numpy on the session and
-    time it. Returns (max error, "" or what went wrong)."""
-    try:
-        mod = db.apply_record(prim_module(bound, target), record)
-        compiled = compile_scheduled(bound, target, mod, "tuned", db.record_id(record))
-        with tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-            return check_and_time(session, compiled, Path(tmp), ACCEPT_REPEAT).max_error, ""
-    except DeployError as exc:
-        return float("inf"), str(exc)
+    time it (the time accepted.json keeps); a DeployError says what went wrong."""
+    mod = db.apply_record(prim_module(bound, target), record)
+    compiled = compile_scheduled(bound, target, mod, "tuned", db.record_id(record))
+    with tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
+        return check_and_time(session, compiled, Path(tmp), ACCEPT_REPEAT)

@@ -1,0 +1,43 @@
+"""Artifact kinds: what `deploy build` writes for a target, and what each kind can do.
+
+A kind compiles a scheduled IRModule and writes the result into an artifact directory; its flags
+say what else applies to it (core splitting, unscheduled builds, C bundles). A target names its
+kind (`targets.py`); the code of each kind lives in a module of its own (`shared_object.py`,
+`opencl.py`). A new kind is one such module, a subclass instance the targets that use it name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolchain.build.targets import Target
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """One kind of artifact. Subclasses implement `compile` and `write`."""
+
+    name: str
+    splits_for_cores: bool
+    """Its parallel loops are split for the device's core count (CPU code), which the manifest records."""
+    builds_unscheduled: bool
+    """The op's PrimFunc builds with no schedule at all (GPU code needs its work-items bound first)."""
+    bundles: bool
+    """`deploy build --bundle` can wrap it in a C library (it is a TVM module a runtime loads)."""
+
+    def tvm_target(self, spec: dict[str, Any]) -> Any:
+        """The TVM target for the target's `spec` dict."""
+        import tvm
+
+        return tvm.target.Target(spec)
+
+    def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
+        """The compiled form of a scheduled IRModule `main(inputs..., out)` with `n_inputs` inputs."""
+        raise NotImplementedError
+
+    def write(self, compiled: Any, staging: Path, target: Target) -> Path:
+        """Write the compiled form into `staging`; returns the file the manifest pins."""
+        raise NotImplementedError
