@@ -30,10 +30,10 @@ class LocalDevice(Device):
 
         yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func)
 
-    def missing_cpu_flags(self, flags: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:
         """The `flags` this host's CPU lacks, read from /proc/cpuinfo (none known when unreadable)."""
         try:
-            text = cpuinfo.read_text()
+            text = Path("/proc/cpuinfo").read_text()
         except OSError:
             return []
         present: set[str] = set()

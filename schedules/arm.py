@@ -12,7 +12,7 @@ from typing import Any
 
 from ops.pooling import windows_maxed_by
 from schedules.cpu import nchw_window
-from schedules.registry import ScheduleContext, register_schedule
+from schedules.registry import own_compute_within, register_schedule
 
 
 def fmax(values: list[Any], dtype: str) -> Any:
@@ -22,11 +22,6 @@ def fmax(values: list[Any], dtype: str) -> Any:
     return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
 
 
-def pooling_with_fmax(ctx: ScheduleContext, *inputs: Any) -> Any:
-    """The op's own pooling computation, its float windows maxed by `fmax`."""
-    with windows_maxed_by(fmax):
-        return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
-
-
+pooling_with_fmax = own_compute_within(lambda: windows_maxed_by(fmax))
 for _op in ("max_pool2d", "maxpool_add"):
     register_schedule("arm", _op, compute=pooling_with_fmax)(nchw_window)

@@ -12,7 +12,7 @@ from typing import Any
 from ops.nan import any_nan_bits
 from ops.pooling import windows_maxed_by
 from schedules.cpu import SPATIAL, blocks, fused_or_unit
-from schedules.registry import ScheduleContext, register_schedule
+from schedules.registry import ScheduleContext, own_compute_within, register_schedule
 
 
 def make_private(sch: Any, block: Any) -> None:
@@ -54,12 +54,7 @@ def branch_max(values: list[Any], dtype: str) -> Any:
     return tirx.if_then_else(any_nan_bits(values, dtype), nan, functools.reduce(te.max, values))
 
 
-def pooling_with_branch_max(ctx: ScheduleContext, *inputs: Any) -> Any:
-    """The op's own pooling computation, its float windows maxed by `branch_max`."""
-    with windows_maxed_by(branch_max):
-        return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
-
-
+pooling_with_branch_max = own_compute_within(lambda: windows_maxed_by(branch_max))
 for _op in ("max_pool2d", "maxpool_add"):
     register_schedule("gpu", _op, compute=pooling_with_branch_max)(generic_gpu)
 

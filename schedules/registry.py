@@ -9,6 +9,7 @@ schedule in any of them gets the family's generic schedule, registered under op 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,17 @@ ScheduleFn = Callable[[Any, ScheduleContext], None]
 """Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place."""
 ComputeFn = Callable[..., Any]
 """compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op."""
+
+
+def own_compute_within(scope: Callable[[], AbstractContextManager[Any]]) -> ComputeFn:
+    """A compute variant: the op's own computation, built inside `scope()` — how a family swaps a
+    building block the op is made of (pooling's window max: `ops.pooling.windows_maxed_by`)."""
+
+    def compute(ctx: ScheduleContext, *inputs: Any) -> Any:
+        with scope():
+            return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
+
+    return compute
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,17 @@ def resolve_target(name: str, tuned: str | None = None, cores: int | None = None
     """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
     `cores`, splitting parallel work for that many threads (else for the device's, asked later)."""
     from toolchain.build.targets import get_target
-    from toolchain.tune.tuners import AcceptedRecords
 
     if tuned is not None and not Path(tuned).is_dir():
         raise UsageError(f"--tuned {tuned}: no such directory (write one with `deploy tune --db {tuned}`)")
     if cores is not None and not 1 <= cores <= 4096:
         raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
-    accepted = AcceptedRecords(Path(tuned)) if tuned is not None else None
-    return get_target(name).with_tuning(accepted).with_cores(cores)
+    target = get_target(name).with_cores(cores)
+    if tuned is None:
+        return target
+    from toolchain.tune.tuners import AcceptedRecords  # the tuners only when --tuned asks for them
+
+    return target.with_tuning(AcceptedRecords(Path(tuned)))
 
 
 def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
