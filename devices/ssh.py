@@ -251,7 +251,6 @@ class SshDevice(EndpointDevice):
     forward served by threads of this process would deadlock.
     """
 
-
     def __init__(self, board: Board) -> None:
         self.board = board
         self.name = board.name

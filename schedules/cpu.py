@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from schedules.registry import ScheduleContext, register_schedule
+from schedules.registry import HAND, Choices, ScheduleContext, register_schedule
 
 SPATIAL, REDUCE = 0, 2
 MIN_PARALLEL_WORK = 4096
@@ -32,23 +32,33 @@ def parallel_outer(sch: Any, loops: list[Any], work: int) -> Any | None:
     if not loops:
         return None
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if work >= MIN_PARALLEL_WORK and int(sch.get(fused).extent) > 1:
-        sch.parallel(fused)
+    parallel_if_worth(sch, fused, work)
     return fused
 
 
-def vectorize_parallelize(sch: Any, block: Any, lanes: int) -> None:
+def parallel_if_worth(sch: Any, loop: Any, work: int) -> None:
+    """Mark `loop` parallel when `work` elements justify threads and it has more than one step."""
+    if work >= MIN_PARALLEL_WORK and int(sch.get(loop).extent) > 1:
+        sch.parallel(loop)
+
+
+VECTORS_PER_STEP = 8
+"""Most vectors one step of a vectorized loop may do (unrolled) in a search; the hand does one."""
+
+
+def vectorize_parallelize(sch: Any, block: Any, lanes: int, choices: Choices = HAND) -> None:
     """Injective block: vectorize the innermost loop by `lanes`, parallelize the loops outside.
 
     When the innermost extent is shorter than a vector, all loops are fused first so the vector
-    runs across rows (contiguous for the output; broadcast inputs become gathers).
+    runs across rows (contiguous for the output; broadcast inputs become gathers). A search
+    also tries fusing when rows are long, and several vectors per step of the parallel loop.
     """
     loops = sch.get_loops(block)
     if not loops:
         return
     sizes = extents(sch, loops)
     work = math.prod(sizes)
-    if sizes[-1] < lanes and len(loops) > 1:
+    if len(loops) > 1 and choices.pick("fuse rows", (False, True), sizes[-1] < lanes):
         loops = [sch.fuse(*loops)]
         sizes = [work]
     inner = loops[-1]
@@ -58,7 +68,13 @@ def vectorize_parallelize(sch: Any, block: Any, lanes: int) -> None:
         loops = [*loops[:-1], outer]
     else:
         loops = loops[:-1]
-    parallel_outer(sch, list(loops), work)
+    if not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    fused, step = choices.split(sch, fused, 1, VECTORS_PER_STEP)
+    if step is not None:
+        sch.unroll(step)
+    parallel_if_worth(sch, fused, work)
 
 
 def parallelize_reduction(sch: Any, block: Any) -> None:
@@ -76,7 +92,7 @@ def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
     for block in blocks(sch):
         if is_spatial(sch, block):
             dtype = str(sch.get(block).writes[0].source.dtype)
-            vectorize_parallelize(sch, block, ctx.lanes(dtype))
+            vectorize_parallelize(sch, block, ctx.lanes(dtype), ctx.choices)
         else:
             parallelize_reduction(sch, block)
 
@@ -100,53 +116,64 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
 
     The border rows and the border vector of each row are split off from the interior, so
     that in the interior the taps' clamped indices (see `Pool2d.window_max`) simplify to plain
-    strided vector loads; the borders stay vectorized with gathered edge taps."""
+    strided vector loads; the borders stay vectorized with gathered edge taps. A search also
+    tries half-width vectors, one loop without border splits, and unrolling inside each plane."""
     from ops.pooling import Pool2d
 
     block = blocks(sch)[0]
     *outer, height, width = sch.get_loops(block)
-    lanes = ctx.lanes(ctx.bound.output.dtype)
+    full = ctx.lanes(ctx.bound.output.dtype)
+    lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
+    borders = ctx.choices.pick("split borders", (True, False), True)
     work = math.prod(ctx.bound.output.shape)
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if lanes > 1:
         sch.split(width, factors=[None, lanes])
     pool = Pool2d.from_attrs(ctx.bound.attrs)
     in_h, in_w = ctx.bound.inputs[0].shape[2:]
-    rows = partition(sch, height, *pool.interior(0, in_h))
+    rows = partition(sch, height, *pool.interior(0, in_h)) if borders else [height]
     if lanes > 1:
         lo, hi = pool.interior(1, in_w)
         first, last = -(-lo // lanes), hi // lanes
         for row_loop in rows:
             (row_block,) = sch.get_child_blocks(row_loop)
             chunk_loop = sch.get_loops(row_block)[-2]
-            for part in partition(sch, chunk_loop, first, max(first, last)):
+            for part in partition(sch, chunk_loop, first, max(first, last)) if borders else [chunk_loop]:
                 (part_block,) = sch.get_child_blocks(part)
                 sch.vectorize(sch.get_loops(part_block)[-1])
+    if fused is not None:
+        ctx.choices.unroll(sch, fused, 0)
     parallel_outer(sch, [fused] if fused is not None else [], work)
 
 
 def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:
     """Reduction over a non-innermost `axis`: move the reduce loop outside the axes after it so
     the innermost loop walks contiguous memory; parallel over the axes before it plus a split
-    of the first axis after it (enough tasks even when the leading axes are 1)."""
+    of the first axis after it (enough tasks even when the leading axes are 1: one per core, a
+    search also tries two and four)."""
     block = blocks(sch)[0]
     loops = sch.get_loops(block)
     before, after, reduce = loops[:axis], loops[axis:-1], loops[-1]
     if not after:
         parallelize_reduction(sch, block)
         return
-    chunks = min(ctx.cores, int(sch.get(after[0]).extent))
+    tasks = ctx.choices.pick("tasks per core", (1, 2, 4), 1)
+    chunks = min(ctx.cores * tasks, int(sch.get(after[0]).extent))
     chunk, rest = sch.split(after[0], factors=[chunks, None])
     sch.reorder(*before, chunk, reduce, rest, *after[1:])
     parallel_outer(sch, [*before, chunk], math.prod(ctx.bound.inputs[0].shape))
     sch.decompose_reduction(block, reduce)
 
 
+STEPS_UNROLLED = 16
+"""Most steps of a vector scan a search may unroll (the hand schedule unrolls none)."""
+
+
 def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
     """Multi-stage reduction whose stages each hold a few values per output (e.g. argmax's
     vector partials, row max, partial first index): every stage is computed per output, inside
     the last stage's loop over outputs (in parallel); a stage over (lane, step) steps through
-    the input a vector at a time, one lane each."""
+    the input a vector at a time, one lane each (a search also unrolls its steps)."""
     *stages, final = blocks(sch)
     loops = sch.get_loops(final)
     spatial = loops if is_spatial(sch, final) else loops[:-1]
@@ -165,6 +192,9 @@ def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
         sch.parallel(outer)
     for stage, step in vector_stages:
         sch.decompose_reduction(stage, step)
+        _, unrolled = ctx.choices.split(sch, step, 1, STEPS_UNROLLED)
+        if unrolled is not None:
+            sch.unroll(unrolled)
 
 
 def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:

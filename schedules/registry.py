@@ -4,18 +4,52 @@ family's hardware runs better, as TVM's strategy tables pair compute and schedul
 
 A target lists its families in lookup order (x86: "x86", then "cpu"); an op without a hand
 schedule in any of them gets the family's generic schedule, registered under op name "*".
+
+A schedule makes its choices (split factors, unroll depth, which structure) through
+`ctx.choices`: the hand schedule takes each default (`Choices`), a tuner's search space samples
+them (`schedules/space.py`), so every schedule is also the search space `deploy tune` explores,
+with the hand schedule as one point of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ops.spec import BoundOp
 
 GENERIC = "*"
+T = TypeVar("T")
+
+
+class Choices:
+    """The choices a schedule makes, each with the value the hand schedule takes. This class
+    takes the defaults; `schedules.space.SampledChoices` samples them for a tuner."""
+
+    def split(self, sch: Any, loop: Any, default: int, most: int) -> tuple[Any, Any | None]:
+        """`loop` split into (outer, inner) where the inner extent divides the loop's: `default`
+        iterations here (no split when 1: (loop, None)), up to `most` in a search."""
+        if default == 1:
+            return loop, None
+        outer, inner = sch.split(loop, factors=[None, default])
+        return outer, inner
+
+    def unroll(self, sch: Any, loop: Any, default: int) -> None:
+        """Let lowering unroll the loops under `loop`, the outermost loop of the function's
+        blocks, up to `default` steps (0: none here)."""
+        if default:
+            sch.annotate(loop, "pragma_auto_unroll_max_step", default)
+            sch.annotate(loop, "pragma_unroll_explicit", 1)
+
+    def pick(self, name: str, options: Sequence[T], default: T) -> T:
+        """A choice the schedule's structure depends on (Python branches on it): `default` here;
+        in a search every option is a design space of its own."""
+        return default
+
+
+HAND = Choices()
 
 
 @dataclass(frozen=True)
@@ -28,6 +62,8 @@ class ScheduleContext:
     cores: int
     """Threads the device runs parallel loops on (the device's, not the build host's)."""
     threads: int = 64
+    choices: Choices = field(default=HAND, compare=False)
+    """How choices are made: the hand schedule's defaults, or sampled by a search space."""
 
     def lanes(self, dtype: str) -> int:
         bits = int("".join(ch for ch in dtype if ch.isdigit()) or 8)

@@ -54,7 +54,7 @@ def build_key(bound: BoundOp, target: Target) -> str:
         "target": json.loads(json.dumps(dataclasses.asdict(target), default=str)),
         "tvm": tvm_version(),
         "code": code_fingerprint(bound),
-        "tuned": target.tuned.record_id(bound, target) if target.tuned else None,
+        "tuned": target.tuned.verdict(bound, target) if target.tuned else None,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 

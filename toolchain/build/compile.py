@@ -8,7 +8,7 @@ from typing import Any
 
 from ops.spec import BoundOp
 from schedules import ScheduleContext, find_schedule
-from toolchain.build.targets import Target
+from toolchain.build.targets import KEPT_HAND, Target
 
 
 def context(bound: BoundOp, target: Target) -> ScheduleContext:
@@ -34,16 +34,6 @@ def prim_module(bound: BoundOp, target: Target) -> Any:
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
-def schedule(bound: BoundOp, target: Target) -> tuple[Any, str, str | None]:
-    """The scheduled IRModule, the schedule's name ("tuned", "cpu/maxpool_add", "cpu/generic",
-    "default") and, for "tuned", the id of the tuning record it applies."""
-    if target.tuned is not None:
-        tuned = target.tuned.schedule(bound, target)
-        if tuned is not None:
-            return tuned[0], "tuned", tuned[1]
-    return (*hand_schedule(bound, target), None)
-
-
 def hand_schedule(bound: BoundOp, target: Target) -> tuple[Any, str]:
     """The op scheduled by the target's strategy (or left as is: "default"), with its label."""
     import tvm
@@ -66,12 +56,21 @@ class Compiled:
     executable: Any
     schedule: str
     tuning_record: str | None = None
+    tuning: str | None = None
+    """KEPT_HAND when a `--tuned` build uses the hand schedule because tuning found nothing faster."""
 
 
 def compile_op(bound: BoundOp, target: Target) -> Compiled:
-    """Schedule and compile: a TVM executable, or for OpenCL targets the source and launch plan."""
-    mod, name, record = schedule(bound, target)
-    return compile_scheduled(bound, target, mod, name, record)
+    """Schedule (the record tuning accepted for the target, else its strategy) and compile: a
+    TVM executable, or for OpenCL targets the source and launch plan."""
+    if target.tuned is not None:
+        tuned = target.tuned.schedule(bound, target)
+        if tuned is not None:
+            return compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
+    compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
+    if target.tuned is not None and target.tuned.verdict(bound, target) == KEPT_HAND:
+        compiled.tuning = KEPT_HAND
+    return compiled
 
 
 def compile_scheduled(

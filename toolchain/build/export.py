@@ -53,6 +53,7 @@ def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifes
             arch=target.arch,
             schedule=compiled.schedule,
             tuning_record=compiled.tuning_record,
+            tuning=compiled.tuning,
             cores=target.build_cores() if target.artifact.splits_for_cores else None,
             bundle=bundled,
             module=module.name,

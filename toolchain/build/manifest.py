@@ -40,6 +40,9 @@ class Manifest:
     deploy_version: str
     tuning_record: str | None = None
     """For `schedule: "tuned"`: the id of the `deploy tune` record it was built from."""
+    tuning: str | None = None
+    """For a `--tuned` build of an op whose tuning kept the hand schedule: "hand, tuning found
+    nothing faster"."""
     cores: int | None = None
     """Threads the module's parallel loops were split for (CPU targets): the device's."""
     bundle: dict[str, str] | None = None
@@ -58,6 +61,12 @@ class Manifest:
             return cls(**data)
         except (OSError, ValueError, TypeError) as exc:
             raise UsageError(f"cannot read artifact manifest {path}: {exc}") from None
+
+    @property
+    def built_with(self) -> str:
+        """The schedule as messages name it; a `--tuned` build whose tuning kept the hand
+        schedule says so."""
+        return f"{self.schedule} (tuning kept it)" if self.tuning else self.schedule
 
     def module_path(self, directory: Path) -> Path:
         return directory / self.module

@@ -16,18 +16,22 @@ from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
 from toolchain.build.shared_object import SHARED_OBJECT
 
+KEPT_HAND = "hand, tuning found nothing faster"
+"""The verdict of a tuning that measured no record faster than the hand schedule."""
+
 
 class TunedSchedules(Protocol):
-    """Where `--tuned` builds find their schedules (the tune room's accepted records): build asks,
-    and never reads the tuner's files itself."""
+    """Where `--tuned` builds find their schedules (the tune room's verdicts): build asks, and
+    never reads the tuner's files itself."""
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
         """The op's IRModule scheduled as accepted for `target`, with the record's id; None when
-        nothing was accepted for this op, these attributes and input types."""
+        no record was accepted for this op, these attributes and input types."""
         ...
 
-    def record_id(self, bound: BoundOp, target: Target) -> str | None:
-        """The accepted record's id (cheap, for the build cache key), if any."""
+    def verdict(self, bound: BoundOp, target: Target) -> str | None:
+        """Cheap (for the build cache key): the accepted record's id, KEPT_HAND when tuning
+        found nothing faster than the hand schedule, None when the op was not tuned."""
         ...
 
 

@@ -78,10 +78,11 @@ def build_command(
             target = for_device(target, session)
     directory = Path(out_dir or f"{op_name}-{target_name}")
     manifest = export(compile_op(bound, target), directory, bundle=bundle)
-    if tuned is not None and manifest.schedule != "tuned":
+    if tuned is not None and manifest.tuning is not None:
+        click.echo(f"tuned in {tuned}: {manifest.tuning}, using the {manifest.schedule} schedule")
+    elif tuned is not None and manifest.schedule != "tuned":
         click.echo(
-            f"no accepted record for this op and these shapes in {tuned}:"
-            f" using the {manifest.schedule} schedule"
+            f"this op and these shapes were not tuned in {tuned}: using the {manifest.schedule} schedule"
         )
     record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
     click.echo(
@@ -145,7 +146,7 @@ def run_command(
         directory, manifest = cached_build(bound, for_device(target, session))
         result = run_artifact(session, directory, manifest, arrays)
     save_npy(output, result)
-    click.echo(f"{op_name} on {device.name} ({manifest.schedule}): wrote {output} {bound.output}")
+    click.echo(f"{op_name} on {device.name} ({manifest.built_with}): wrote {output} {bound.output}")
     if check:
         comparison = compare(bound.op.reference(bound.attrs, *arrays), result, bound.op.exact)
         if not comparison.ok:

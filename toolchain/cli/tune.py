@@ -142,17 +142,29 @@ def _print_result(console: Console, result: TuneResult, trials: int) -> None:
         f" best {best}",
         highlight=False,
     )
-    if result.new_trials == 0 and result.trials < trials:
-        console.print("the search space has no untried candidates left", highlight=False)
+    if result.trials < trials:
+        console.print(
+            f"the search ended at {result.trials} of {trials} trials: no untried candidate left in the space",
+            highlight=False,
+        )
     for line in result.rejected:
         console.print(f"[yellow]rejected[/yellow] record {line}", highlight=False)
-    if result.accepted is None:
+    entry = result.accepted
+    if entry is None:
         console.print("no record passed verification: builds keep the hand schedule", highlight=False)
-    else:
-        entry = result.accepted
+    elif not entry["record"]:
+        best = f"{entry['best_tuned_ms']:.4g} ms" if entry.get("best_tuned_ms") is not None else "none"
         console.print(
-            f"accepted record {entry['record']} ({entry['ms']:.4g} ms, max error {entry['max_error']:.3g}"
-            f" vs numpy on {entry['device']}): build with --tuned {result.directory.parent.parent}",
+            f"kept the hand schedule: tuning found nothing faster on {entry['device']} (hand"
+            f" {entry['hand_ms']:.4g} ms, best tuned {best}); --tuned builds use the hand schedule",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"accepted record {entry['record']}: {entry['ms']:.4g} ms against the hand schedule's"
+            f" {entry['hand_ms']:.4g} ms (spread {max(entry['spread_ms'], entry['hand_spread_ms']):.2g} ms,"
+            f" max error {entry['max_error']:.3g} vs numpy on {entry['device']}):"
+            f" build with --tuned {result.directory.parent.parent}",
             highlight=False,
         )
 
@@ -189,13 +201,16 @@ def print_report(rows: list[dict[str, Any]], target: Target, device: Device, png
         table.add_column(column)
     for r in rows:
         tuned = r["tuned_ms"]
+        shown = {"hand kept": "= hand (nothing faster)"}
+        if r["verdict"] == "tuned":
+            shown["tuned"] = f"{tuned:.4g} ±{r['tuned_spread_ms'] / 2:.2g}"
         table.add_row(
             r["op"],
             r["label"].split(" ", 1)[1],
             str(r["trials"]),
             f"{r['default_ms']:.4g}" if r["default_ms"] is not None else "-",
-            f"{r['hand_ms']:.4g}",
-            f"{tuned:.4g}" if tuned is not None else "none accepted",
+            f"{r['hand_ms']:.4g} ±{r['hand_spread_ms'] / 2:.2g}",
+            shown.get(r["verdict"], "not verified"),
             f"{r['hand_ms'] / tuned:.2f}x" if tuned else "-",
         )
     console = Console()

@@ -21,23 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import DeployError
-from devices import Device, Session
+from devices import Device
 from ops.spec import BoundOp
-from toolchain.build.compile import compile_scheduled, prim_module
+from schedules import find_schedule
+from schedules.space import design_spaces
+from toolchain.build.compile import compile_scheduled, context, hand_schedule, prim_module
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.runner import builder, local_runner, session_runner
-from toolchain.tune.tuner import Progress, TuneResult
-from toolchain.verify.measure import Measured, check_and_time
+from toolchain.tune.tuner import Progress, TuneResult, judge
+from toolchain.verify.measure import Checked, check
 from toolchain.verify.run import for_device
 
 BATCH = 8
 """Candidates per search iteration: records are written after each batch."""
-VERIFY_TOP = 5
-"""How many of the fastest records may be tried, in order, until one passes verification."""
-ACCEPT_REPEAT = 3
-"""Timed runs of a record being accepted (its time in accepted.json is the device's, measured as
-`deploy bench` measures)."""
+SEEDS = 8
+"""Most design spaces of our own measured as they are before the search starts."""
+ACCEPT_TOP = 3
+"""The fastest records of a search that are checked and timed against the hand schedule."""
 
 
 def cost_model() -> str:
@@ -92,8 +93,15 @@ class MetaScheduleTuner:
             if target.cores is None:
                 with open_verify() as session:
                     target = for_device(target, session)
-            if missing > 0:
-                _search(mod, target, directory, runner, missing, len(before.records), progress)
+            ours, phases = search_spaces(bound, target, mod)
+            if missing > 0 and not before.records and ours is not None:
+                missing -= _seed(mod, target, ours, directory, runner, min(missing, SEEDS), progress)
+            for space in phases:
+                if missing <= 0:
+                    break
+                done = len(db.TaskRecords.load(directory, mod).records)
+                _search(mod, target, space, directory, runner, missing, done, progress)
+                missing -= len(db.TaskRecords.load(directory, mod).records) - done
             records = db.TaskRecords.load(directory, mod)
             entry, rejected = _accept(bound, target, records, open_verify, device.name)
         valid = records.valid()
@@ -115,9 +123,62 @@ class MetaScheduleTuner:
         return db.tuned_module(directory, entry["record"], prim_module(bound, target))
 
 
+def search_spaces(bound: BoundOp, target: Target, mod: Any) -> tuple[Any | None, list[Any]]:
+    """(our space, the spaces searched one after the other). Ours is the target's strategy for
+    the op with its choices sampled (`schedules/space.py`) and is searched first, until it has
+    no untried candidate left or the trials are used up; then, where MetaSchedule's default
+    space samples anything, both together (for injective ops the default is one fixed
+    candidate, slower than ours; for reductions its candidates would crowd ours out of a joint
+    search: it has many more points)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    default = ms.space_generator.PostOrderApply()
+    strategy = find_schedule(target.schedules, bound.op.name)
+    if strategy is None:
+        return None, [default]
+    ours = ms.space_generator.ScheduleFn(design_spaces(strategy.schedule, context(bound, target)))
+    probe = ms.TuneContext(mod=mod, target=_tvm_target(target), space_generator=default)
+    if not any(len(space.trace.decisions) for space in probe.generate_design_space()):
+        return ours, [ours]
+    return ours, [ours, ms.space_generator.SpaceGeneratorUnion([ours, default])]
+
+
+def _tvm_target(target: Target) -> Any:
+    """The TVM target candidates are built for, with the device's cores (MetaSchedule needs them)."""
+    return target.tvm_target(num_cores=target.build_cores())
+
+
+def _seed(
+    mod: Any, target: Target, ours: Any, directory: Path, runner: Any, count: int, progress: Progress
+) -> int:
+    """Measure our space's design spaces as they are (the hand schedule first, then its other
+    structures with the hand's values) and record them as the task's first trials, so the
+    evolutionary search starts from them instead of from random points; returns how many."""
+    from tvm.s_tir import meta_schedule as ms
+
+    tvm_target = _tvm_target(target)
+    spaces = ms.TuneContext(mod=mod, target=tvm_target, space_generator=ours).generate_design_space()[:count]
+    requests = [ms.builder.BuilderInput(space.mod, tvm_target) for space in spaces]
+    built = builder(target, timeout_s=120.0).build(requests)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    inputs = [ms.runner.RunnerInput(b.artifact_path, "cpu", args) for b in built if b.error_msg is None]
+    results = iter(future.result() for future in runner.run(inputs))
+    database = ms.database.JSONDatabase(work_dir=str(directory))
+    workload = database.commit_workload(mod)
+    for space, build in zip(spaces, built, strict=True):
+        result = next(results) if build.error_msg is None else None
+        ran = result is not None and result.error_msg is None
+        secs = [float(t) for t in result.run_secs] if ran else None
+        record = ms.database.TuningRecord(space.trace, workload, secs or [1e10], tvm_target, args)
+        database.commit_tuning_record(record)
+        progress.trial(sum(secs) / len(secs) if secs else None)
+    return len(spaces)
+
+
 def _search(
-    mod: Any, target: Target, directory: Path, runner: Any, trials: int, seed: int, progress: Progress
-) -> None:
+    mod: Any, target: Target, space: Any, directory: Path, runner: Any, trials: int, seed: int,
+    progress: Progress,
+) -> None:  # fmt: skip
     from tvm.s_tir import meta_schedule as ms
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
@@ -125,13 +186,14 @@ def _search(
         try:
             ms.tune_tir(
                 mod,
-                target.tvm_target(num_cores=target.build_cores()),  # the device's cores
+                _tvm_target(target),  # the device's cores
                 str(directory),
                 max_trials_global=trials,
                 num_trials_per_iter=min(BATCH, trials),
                 builder=builder(target, timeout_s=120.0),
                 runner=runner,
                 cost_model=cost_model(),
+                space=space,
                 measure_callbacks=[
                     *ms.MeasureCallback.create("default"),  # first: records are written before a stop
                     _progress_callback(progress.trial, interrupted),
@@ -181,31 +243,30 @@ def _accept(
     open_session: Callable[[], Any],
     device: str,
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Keep the accepted record if it is still the fastest; else verify the fastest ones in order
-    and accept the first that matches numpy. Returns (accepted entry, ids rejected now)."""
-    ranked = records.valid()[:VERIFY_TOP]
-    current = db.accepted(records.directory)
-    if current is not None and ranked and current["record"] == db.record_id(ranked[0]):
+    """The task's verdict, written to accepted.json: the fastest records are built as `deploy
+    build --tuned` builds them, checked against numpy and timed against the hand schedule,
+    interleaved in one session; the fastest that beats the hand schedule by more than the spread
+    is accepted, else the hand schedule stays. Kept while no new record was measured. Returns
+    (verdict, records rejected now)."""
+    current = db.verdict(records.directory)
+    if current is not None and current.get("records") == len(records.records):
         return current, []
+    ranked = records.valid()[:ACCEPT_TOP]
+    if not ranked:
+        return None, []
     rejected: list[str] = []
-    with open_session() as session:
+    with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
+        hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), Path(tmp))
+        contenders: dict[str, Checked] = {}
         for record in ranked:
             rid = db.record_id(record)
+            mod = db.apply_record(prim_module(bound, target), record)
             try:
-                measured = _verify_record(bound, target, record, session)
+                tuned = compile_scheduled(bound, target, mod, "tuned", rid)
+                contenders[rid] = check(session, tuned, Path(tmp))
             except DeployError as exc:
                 rejected.append(f"{rid}: {exc}")
-                continue
-            entry = {"record": rid, "ms": measured.ms, "max_error": measured.max_error, "device": device}
-            db.write_json(records.directory / db.ACCEPTED, {**entry, "rejected": rejected})
-            return entry, rejected
-    return current, rejected
-
-
-def _verify_record(bound: BoundOp, target: Target, record: Any, session: Session) -> Measured:
-    """Build the record as `deploy build --tuned` would, check it against numpy on the session and
-    time it (the time accepted.json keeps); a DeployError says what went wrong."""
-    mod = db.apply_record(prim_module(bound, target), record)
-    compiled = compile_scheduled(bound, target, mod, "tuned", db.record_id(record))
-    with tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-        return check_and_time(session, compiled, Path(tmp), ACCEPT_REPEAT)
+        entry = judge(session, hand, contenders)
+    entry |= {"device": device, "records": len(records.records), "rejected": rejected}
+    db.write_json(records.directory / db.ACCEPTED, entry)
+    return entry, rejected

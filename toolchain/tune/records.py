@@ -4,7 +4,8 @@
         task.json                      what was tuned (op, attrs, inputs, target, device)
         database_workload.json         MetaSchedule's JSON database (JSON lines, appended per trial
         database_tuning_record.json    batch, so an interrupted run keeps what it measured)
-        accepted.json                  the record verified against numpy on the device, if any
+        accepted.json                  the verdict: the record that matched numpy and beat the hand
+                                       schedule on the device, or that the hand schedule stays
 
 One database per target and task: MetaSchedule's lookup does not check the target.
 """
@@ -84,8 +85,9 @@ class TaskRecords:
         return next((r for r in self.records if record_id(r) == wanted), None)
 
 
-def accepted(directory: Path) -> dict[str, Any] | None:
-    """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
+def verdict(directory: Path) -> dict[str, Any] | None:
+    """The task's verdict, if tuned: {"record": ID, "ms", "hand_ms", ...} for an accepted record,
+    {"record": None, "kept": "hand", "hand_ms", ...} when the hand schedule stays."""
     path = directory / ACCEPTED
     if not path.exists():
         return None
@@ -93,7 +95,13 @@ def accepted(directory: Path) -> dict[str, Any] | None:
         body = json.loads(path.read_text())
     except ValueError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
-    return body if body.get("record") else None
+    return body if isinstance(body, dict) and ("record" in body) else None
+
+
+def accepted(directory: Path) -> dict[str, Any] | None:
+    """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
+    body = verdict(directory)
+    return body if body is not None and body.get("record") else None
 
 
 def apply_record(mod: Any, record: Any) -> Any:
@@ -110,12 +118,6 @@ def tuned_module(directory: Path, record: str, mod: Any) -> Any | None:
     there for this module (its records were tuned for another computation)."""
     found = TaskRecords.load(directory, mod).by_id(record)
     return apply_record(mod, found) if found is not None else None
-
-
-def accepted_id(root: Path, bound: BoundOp, target_name: str) -> str | None:
-    """The accepted record's id for `bound` on `target_name` (cheap: no TVM), if any."""
-    entry = accepted(task_dir(root, bound, target_name))
-    return entry["record"] if entry else None
 
 
 def drop_partial_lines(directory: Path) -> int:

@@ -1,8 +1,10 @@
 """`deploy tune --report`'s measurements: best time against trials, and default vs hand vs tuned.
 
 For every task tuned for a target under the records root, the default (unscheduled), hand and
-tuned builds are compared with numpy and timed in one session of the device, so the ratios
-compare like with like. The rows go to report.json beside the tasks; the CLI prints and plots them.
+tuned builds are compared with numpy and timed in one session of the device, interleaved, so the
+ratios compare like with like. Where tuning kept the hand schedule, the `--tuned` build is the
+hand build: its time is the hand's. The rows go to report.json beside the tasks; the CLI prints
+and plots them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, 
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.tuners import AcceptedRecords, tuner_for
-from toolchain.verify.measure import check_and_time
+from toolchain.verify.measure import check, time_interleaved
 from toolchain.verify.run import check_device
 
 REPEAT = 7
@@ -90,7 +92,12 @@ def report_target(root: Path, target: Target, device: Device) -> Report:
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
             curves[label] = best_so_far(times)
             variants = _variants(bound, target, root)
-            ms = {kind: check_and_time(session, c, Path(tmp), REPEAT).ms for kind, c in variants.items()}
+            checked = [check(session, compiled, Path(tmp)) for compiled in variants.values()]
+            timed = dict(zip(variants, time_interleaved(session, checked, REPEAT), strict=True))
+            verdict = db.verdict(directory)
+            kept_hand = verdict is not None and not verdict["record"]
+            if kept_hand:
+                timed["tuned"] = timed["hand"]
             rows.append(
                 {
                     "op": bound.op.name,
@@ -98,11 +105,14 @@ def report_target(root: Path, target: Target, device: Device) -> Report:
                     "label": label,
                     "dtype": bound.inputs[0].dtype,
                     "trials": len(times),
-                    "default_ms": ms.get("default"),
-                    "hand_ms": ms["hand"],
+                    "default_ms": timed["default"].ms if "default" in timed else None,
+                    "hand_ms": timed["hand"].ms,
+                    "hand_spread_ms": timed["hand"].spread,
                     "hand_schedule": variants["hand"].schedule,
-                    "tuned_ms": ms.get("tuned"),
+                    "tuned_ms": timed["tuned"].ms if "tuned" in timed else None,
+                    "tuned_spread_ms": timed["tuned"].spread if "tuned" in timed else None,
                     "tuned_record": variants["tuned"].tuning_record if "tuned" in variants else None,
+                    "verdict": "hand kept" if kept_hand else ("tuned" if "tuned" in variants else "none"),
                 }
             )
     path = Path(root) / target.name / JSON

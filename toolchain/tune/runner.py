@@ -24,8 +24,9 @@ from toolchain.build.shared_object import compile_cpu, export_module
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
 
-NUMBER = 3
-"""Calls averaged into one measurement."""
+MIN_REPEAT_S = 0.05
+"""One measurement averages enough calls to last this long (a few calls of a fast kernel are
+mostly timer and cold-cache noise)."""
 REPEAT = 3
 """Measurements per candidate; MetaSchedule ranks candidates by their mean."""
 
@@ -66,7 +67,7 @@ def local_runner(timeout_s: float) -> Any:
     """MetaSchedule's LocalRunner: each candidate runs in a worker process of this host."""
     from tvm.s_tir import meta_schedule as ms
 
-    config = ms.runner.EvaluatorConfig(number=NUMBER, repeat=REPEAT, min_repeat_ms=0)
+    config = ms.runner.EvaluatorConfig(number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_S * 1e3))
     return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config)
 
 
@@ -93,7 +94,9 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> A
             try:
                 with endpoint.session(timeout_s) as session:
                     opened = True
-                    runs = session.time(module, self.inputs, out.shape, out.dtype, NUMBER, REPEAT)
+                    once = session.time(module, self.inputs, out.shape, out.dtype, 1, 1)[0]
+                    number = max(1, int(MIN_REPEAT_S / max(once, 1e-6)))
+                    runs = session.time(module, self.inputs, out.shape, out.dtype, number, REPEAT)
             except DeployError as exc:
                 if not opened:  # the device itself is gone: stop tuning, keep the records
                     self.fatal = exc

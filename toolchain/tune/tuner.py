@@ -1,5 +1,6 @@
 """What a tuner is: the interface each artifact kind's tuner implements (`tuners.py` maps kinds to
-tuners), the result of a run, and the callbacks a run reports its progress through."""
+tuners), the result of a run, the callbacks a run reports its progress through, and how every
+tuner judges what it found against the hand schedule."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from devices import Device
+from devices import Device, Session
 from ops.spec import BoundOp
 from toolchain.build.targets import Target
+from toolchain.verify.measure import Checked, time_interleaved
+
+ACCEPT_ROUNDS = 9
+"""Interleaved timed runs of the hand schedule and each contender when a search ends."""
 
 
 @dataclass(frozen=True)
@@ -54,3 +59,20 @@ class Tuner(Protocol):
     def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
         """The op's IRModule scheduled as the accepted `entry` says; None when it no longer applies."""
         ...
+
+
+def judge(session: Session, hand: Checked, contenders: dict[str, Checked]) -> dict[str, Any]:
+    """The verdict on a search's best finds (record name -> build checked against numpy): timed
+    with the hand schedule, interleaved in one session, the fastest that beats the hand
+    schedule by more than the spread of either is accepted ({"record": name, "ms", ...});
+    otherwise the hand schedule stays ({"record": None, "kept": "hand", ...}). Both times go in."""
+    timed = time_interleaved(session, [hand, *contenders.values()], ACCEPT_ROUNDS)
+    hand_time, times = timed[0], dict(zip(contenders, timed[1:], strict=True))
+    common = {"hand_ms": hand_time.ms, "hand_spread_ms": hand_time.spread}
+    winners = sorted((m.ms, name) for name, m in times.items() if m.beats(hand_time))
+    if winners:
+        name = winners[0][1]
+        best = times[name]
+        return {"record": name, "ms": best.ms, "spread_ms": best.spread, "max_error": best.max_error} | common
+    fastest = min((m.ms for m in times.values()), default=None)
+    return {"record": None, "kept": "hand", "best_tuned_ms": fastest, **common}

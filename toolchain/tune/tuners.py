@@ -16,7 +16,7 @@ from ops.spec import BoundOp
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
 from toolchain.build.shared_object import SHARED_OBJECT
-from toolchain.build.targets import Target
+from toolchain.build.targets import KEPT_HAND, Target
 from toolchain.tune import records as db
 from toolchain.tune.metaschedule import MetaScheduleTuner
 from toolchain.tune.tuner import Progress, Tuner, TuneResult
@@ -62,5 +62,8 @@ class AcceptedRecords:
         mod = tuner_for(target).schedule(directory, entry, bound, target)
         return (mod, entry["record"]) if mod is not None else None
 
-    def record_id(self, bound: BoundOp, target: Target) -> str | None:
-        return db.accepted_id(self.root, bound, target.name)
+    def verdict(self, bound: BoundOp, target: Target) -> str | None:
+        entry = db.verdict(db.task_dir(self.root, bound, target.name))
+        if entry is None:
+            return None
+        return str(entry["record"]) if entry["record"] else KEPT_HAND

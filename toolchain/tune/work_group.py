@@ -4,8 +4,10 @@ MetaSchedule measures through TVM's runtime, which the PyPI wheels lack for Open
 targets tune the GPU schedule's one knob, work-items per work-group, with our own runner. Each size
 is an artifact built as `deploy build` builds it, run on the device (a size the device rejects
 fails alone); `work_groups.json` in the task directory keeps every measurement, so an interrupted
-run continues with the sizes not yet tried. The fastest size whose output matches numpy is
-accepted (`accepted.json` with `work_group`), and `--tuned` builds use it.
+run continues with the sizes not yet tried. The fastest size whose output matches numpy is timed
+against the target's default size, interleaved in one session, and accepted (`accepted.json`
+with `work_group`, which `--tuned` builds use) only if it beats the default by more than the
+spread; otherwise the default size stays.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from ops.spec import BoundOp
 from toolchain.build.compile import compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
-from toolchain.tune.tuner import Progress, TuneResult
-from toolchain.verify.measure import check_and_time
+from toolchain.tune.tuner import Progress, TuneResult, judge
+from toolchain.verify.measure import check, check_and_time
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
 """Sizes in the order they are tried: the default first, then outward."""
@@ -51,6 +53,21 @@ def _fastest(done: list[dict[str, Any]]) -> float | None:
     return min((m["ms"] for m in done if "ms" in m), default=None)
 
 
+def _decide(
+    bound: BoundOp, target: Target, session: Any, workdir: Path, valid: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The verdict on the fastest size (`valid`: measured sizes, fastest first): accepted if it
+    beats the target's default size by more than the spread; else the default stays."""
+    fastest = valid[0]["work_group"]
+    if fastest == target.work_group:
+        return {"record": None, "kept": "hand", "hand_ms": valid[0]["ms"], "best_tuned_ms": valid[0]["ms"]}
+    hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), workdir)
+    size = record_name(fastest)
+    tried = compile_scheduled(bound, target, scheduled(bound, target, fastest), "tuned", size)
+    verdict = judge(session, hand, {size: check(session, tried, workdir)})
+    return verdict | ({"work_group": fastest} if verdict["record"] else {})
+
+
 class WorkGroupTuner:
     """Every work-group size in WORK_GROUPS, built, checked and timed on the device."""
 
@@ -66,6 +83,7 @@ class WorkGroupTuner:
         progress.started(before, best / 1e3 if best is not None else None)
         tried = {m["work_group"] for m in done}
         todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
+        verdict = db.verdict(directory)
         with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
             for size in todo:
                 try:
@@ -79,14 +97,14 @@ class WorkGroupTuner:
                 done.append(entry)
                 db.write_json(directory / RECORDS, {"trials": done})
                 progress.trial(entry["ms"] / 1e3 if "ms" in entry else None)
-        valid = sorted((m for m in done if "ms" in m), key=lambda m: m["ms"])
-        accepted = None
-        if valid:
-            accepted = {"record": record_name(valid[0]["work_group"]), **valid[0], "device": device.name}
-            db.write_json(directory / db.ACCEPTED, accepted)
+            valid = sorted((m for m in done if "ms" in m), key=lambda m: m["ms"])
+            if valid and (verdict is None or verdict.get("records") != len(done)):
+                verdict = _decide(bound, target, session, Path(tmp), valid)
+                verdict |= {"device": device.name, "records": len(done)}
+                db.write_json(directory / db.ACCEPTED, verdict)
         rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[before:] if "error" in m]
         new = len(done) - before
-        return TuneResult(directory, len(done), new, len(valid), _fastest(done), accepted, rejected)
+        return TuneResult(directory, len(done), new, len(valid), _fastest(done), verdict, rejected)
 
     def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
         return [m.get("ms") for m in measurements(directory)]

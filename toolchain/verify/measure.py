@@ -44,14 +44,27 @@ def artifact_ms(
 ) -> float:
     """Median milliseconds per call of the artifact on the session over `repeat` timed runs, each
     averaging enough calls to last about TARGET_SECONDS (the first, untimed call loads it)."""
-    start = time.perf_counter()
-    run_artifact(session, directory, manifest, inputs)
-    once = time.perf_counter() - start
-    number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
-    out = manifest.output
-    module = manifest.check_module(directory)
-    runs = session.time(module, inputs, tuple(out["shape"]), out["dtype"], number, repeat)
-    return statistics.median(runs) * 1e3
+    return statistics.median(_Timer(session, directory, manifest, inputs).runs(repeat))
+
+
+class _Timer:
+    """Times one artifact on a session: a first untimed call loads it and sets how many calls
+    one timed run averages (enough to last about TARGET_SECONDS)."""
+
+    def __init__(self, session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]):
+        start = time.perf_counter()
+        run_artifact(session, directory, manifest, inputs)
+        once = time.perf_counter() - start
+        self.number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
+        self.session, self.inputs = session, inputs
+        self.module = manifest.check_module(directory)
+        self.out = manifest.output
+
+    def runs(self, repeat: int) -> list[float]:
+        """`repeat` timed runs, milliseconds per call."""
+        shape, dtype = tuple(self.out["shape"]), self.out["dtype"]
+        runs = self.session.time(self.module, self.inputs, shape, dtype, self.number, repeat)
+        return [t * 1e3 for t in runs]
 
 
 def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: Manifest) -> float:
@@ -70,24 +83,69 @@ def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: 
 
 
 @dataclass(frozen=True)
+class Checked:
+    """A compiled op exported to `directory` and checked against numpy on a session."""
+
+    compiled: Compiled
+    directory: Path
+    manifest: Manifest
+    max_error: float
+    """Largest difference from numpy over random inputs and ties."""
+
+
+def check(session: Session, compiled: Compiled, workdir: Path) -> Checked:
+    """Export `compiled` into a fresh directory under `workdir` and check it against numpy on the
+    session; a DeployError says how it differs."""
+    name = f"{compiled.schedule.replace('/', '-')}-{compiled.tuning_record or 'build'}-"
+    directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
+    manifest = export(compiled, directory)
+    max_error = check_artifact(session, compiled.bound, directory, manifest)
+    return Checked(compiled, directory, manifest, max_error)
+
+
+@dataclass(frozen=True)
 class Measured:
     """A compiled op checked against numpy and timed on a device."""
 
     max_error: float
     """Largest difference from numpy over random inputs and ties."""
-    ms: float
-    """Median milliseconds per call."""
+    runs: tuple[float, ...]
+    """Milliseconds per call of each timed run."""
+
+    @property
+    def ms(self) -> float:
+        """Median milliseconds per call."""
+        return statistics.median(self.runs)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the runs (ms): how far apart the middle half of them lie."""
+        if len(self.runs) < 2:
+            return 0.0
+        low, _, high = statistics.quantiles(self.runs, n=4, method="inclusive")
+        return high - low
+
+    def beats(self, other: Measured) -> bool:
+        """Faster than `other` by more than the spread of either: a win that noise does not explain."""
+        return other.ms - self.ms > max(self.spread, other.spread)
 
 
-def check_and_time(
-    session: Session, compiled: Compiled, workdir: Path, repeat: int = REPEAT
-) -> Measured:
-    """Export `compiled` into a directory under `workdir`, check it against numpy on the session
-    (a DeployError says how it differs), then time it on seeded random inputs: the median over
-    `repeat` runs. Tuning, its report and the roofline all measure this way."""
-    name = f"{compiled.schedule.replace('/', '-')}-{compiled.tuning_record or 'build'}-"
-    directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
-    manifest = export(compiled, directory)
-    max_error = check_artifact(session, compiled.bound, directory, manifest)
-    inputs = [random_input(t, np.random.default_rng(0)) for t in compiled.bound.inputs]
-    return Measured(max_error, artifact_ms(session, directory, manifest, inputs, repeat))
+def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> list[Measured]:
+    """Time every checked artifact on seeded random inputs, one run of each per round, so that
+    drift of the device (bandwidth, clocks, other load) falls on all of them alike."""
+    timers = []
+    for item in checked:
+        inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.bound.inputs]
+        timers.append(_Timer(session, item.directory, item.manifest, inputs))
+    runs: list[list[float]] = [[] for _ in checked]
+    for _ in range(rounds):
+        for timer, times in zip(timers, runs, strict=True):
+            times += timer.runs(1)
+    return [Measured(item.max_error, tuple(times)) for item, times in zip(checked, runs, strict=True)]
+
+
+def check_and_time(session: Session, compiled: Compiled, workdir: Path, repeat: int = REPEAT) -> Measured:
+    """Export `compiled` under `workdir`, check it against numpy on the session (a DeployError
+    says how it differs), then time it: `repeat` runs. Tuning, its report and the roofline all
+    measure this way (`time_interleaved` when variants are compared)."""
+    return time_interleaved(session, [check(session, compiled, workdir)], repeat)[0]

@@ -58,4 +58,4 @@ def verify(
     actual = run_artifact(session, directory, manifest, inputs)
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
         expected = bound.op.reference(bound.attrs, *inputs)
-    return compare(np.asarray(expected), actual, bound.op.exact), manifest.schedule
+    return compare(np.asarray(expected), actual, bound.op.exact), manifest.built_with
