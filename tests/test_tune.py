@@ -126,7 +126,7 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     assert verdict["best_tuned_ms"] >= verdict["hand_ms"] * 0.9
 
     out = tmp_path / "art"
-    built = run_deploy("build", *args[:5], "--target", "x86", "--tuned", str(db), "-o", str(out))
+    built = run_deploy("build", *args[:6], "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert built.returncode == 0, built.stderr
     assert "hand, tuning found nothing faster" in built.stdout
     assert_built_as_judged(out, verdict)

@@ -151,7 +151,7 @@ def _print_result(console: Console, result: TuneResult, trials: int) -> None:
         console.print(f"[yellow]rejected[/yellow] record {line}", highlight=False)
     entry = result.accepted
     if entry is None:
-        console.print("no record passed verification: builds keep the hand schedule", highlight=False)
+        console.print("no candidate ran: builds keep the hand schedule", highlight=False)
     elif not entry["record"]:
         best = f"{entry['best_tuned_ms']:.4g} ms" if entry.get("best_tuned_ms") is not None else "none"
         console.print(

@@ -3,9 +3,11 @@ run it.
 
 Records go to a task directory under the database root (`records.py`) after every
 batch of trials, so an interrupted run keeps what it measured; the same command again counts the
-records already there and runs only the trials still missing. When the search ends, the fastest
-records are verified against numpy on the device and the first that passes is accepted: only an
-accepted record is ever built by `--tuned`.
+records already there and runs only the trials still missing. The space searched is the target's
+own schedule for the op with its choices sampled (`schedules/space.py`). When the search ends, the
+fastest records are checked against numpy and timed against the hand schedule on the device
+(`tuner.decide`): one is accepted only if it beats the hand schedule by more than the spread, and
+only an accepted record is ever built by `--tuned` (else the build keeps the hand schedule).
 """
 
 from __future__ import annotations
@@ -20,17 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError
 from devices import Device
 from ops.spec import BoundOp
 from schedules import find_schedule
 from schedules.space import design_spaces
-from toolchain.build.compile import compile_scheduled, context, hand_schedule, prim_module
+from toolchain.build.compile import Compiled, compile_scheduled, context, prim_module
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.runner import builder, local_runner, session_runner
-from toolchain.tune.tuner import Progress, TuneResult, judge
-from toolchain.verify.measure import Checked, check
+from toolchain.tune.tuner import Progress, TuneResult, decide
 from toolchain.verify.run import for_device
 
 BATCH = 8
@@ -103,7 +103,7 @@ class MetaScheduleTuner:
                 _search(mod, target, space, directory, runner, missing, done, progress)
                 missing -= len(db.TaskRecords.load(directory, mod).records) - done
             records = db.TaskRecords.load(directory, mod)
-            entry, rejected = _accept(bound, target, records, open_verify, device.name)
+            entry = _accept(bound, target, records, open_verify, device.name)
         valid = records.valid()
         return TuneResult(
             directory,
@@ -112,7 +112,7 @@ class MetaScheduleTuner:
             len(valid),
             db.mean_secs(valid[0]) * 1e3 if valid else None,
             entry,
-            rejected,
+            entry.get("rejected", []) if entry else [],
         )
 
     def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
@@ -242,31 +242,23 @@ def _accept(
     records: db.TaskRecords,
     open_session: Callable[[], Any],
     device: str,
-) -> tuple[dict[str, Any] | None, list[str]]:
+) -> dict[str, Any] | None:
     """The task's verdict, written to accepted.json: the fastest records are built as `deploy
-    build --tuned` builds them, checked against numpy and timed against the hand schedule,
-    interleaved in one session; the fastest that beats the hand schedule by more than the spread
-    is accepted, else the hand schedule stays. Kept while no new record was measured. Returns
-    (verdict, records rejected now)."""
+    build --tuned` builds them and judged against the hand schedule on the device (`decide`).
+    An earlier verdict stands while no new record was measured and the device is the same."""
     current = db.verdict(records.directory)
-    if current is not None and current.get("records") == len(records.records):
-        return current, []
+    if db.still_stands(current, len(records.records), device):
+        return current
     ranked = records.valid()[:ACCEPT_TOP]
     if not ranked:
-        return None, []
-    rejected: list[str] = []
+        return None
+
+    def build(record: Any) -> Callable[[], Compiled]:
+        mod = lambda: db.apply_record(prim_module(bound, target), record)  # noqa: E731
+        return lambda: compile_scheduled(bound, target, mod(), "tuned", db.record_id(record))
+
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-        hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), Path(tmp))
-        contenders: dict[str, Checked] = {}
-        for record in ranked:
-            rid = db.record_id(record)
-            mod = db.apply_record(prim_module(bound, target), record)
-            try:
-                tuned = compile_scheduled(bound, target, mod, "tuned", rid)
-                contenders[rid] = check(session, tuned, Path(tmp))
-            except DeployError as exc:
-                rejected.append(f"{rid}: {exc}")
-        entry = judge(session, hand, contenders)
-    entry |= {"device": device, "records": len(records.records), "rejected": rejected}
+        entry = decide(session, bound, target, {db.record_id(r): build(r) for r in ranked}, Path(tmp))
+    entry |= {"device": device, "records": len(records.records)}
     db.write_json(records.directory / db.ACCEPTED, entry)
-    return entry, rejected
+    return entry

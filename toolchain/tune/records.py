@@ -98,6 +98,11 @@ def verdict(directory: Path) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and ("record" in body) else None
 
 
+def still_stands(verdict: dict[str, Any] | None, records: int, device: str) -> bool:
+    """Whether an earlier verdict holds: it judged as many records, on the same device."""
+    return verdict is not None and (verdict.get("records"), verdict.get("device")) == (records, device)
+
+
 def accepted(directory: Path) -> dict[str, Any] | None:
     """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
     body = verdict(directory)

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from base.errors import first_line
 from devices import Device, Session
 from ops.spec import BoundOp
+from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
-from toolchain.verify.measure import Checked, time_interleaved
+from toolchain.verify.measure import Checked, check, time_interleaved
 
 ACCEPT_ROUNDS = 9
 """Interleaved timed runs of the hand schedule and each contender when a search ends."""
@@ -49,7 +51,7 @@ class Tuner(Protocol):
         self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
         timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
-        """Measure until the task holds `trials` records, then accept the fastest that matches numpy."""
+        """Measure until the task holds `trials` records, then judge the fastest (`decide`)."""
         ...
 
     def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
@@ -76,3 +78,24 @@ def judge(session: Session, hand: Checked, contenders: dict[str, Checked]) -> di
         return {"record": name, "ms": best.ms, "spread_ms": best.spread, "max_error": best.max_error} | common
     fastest = min((m.ms for m in times.values()), default=None)
     return {"record": None, "kept": "hand", "best_tuned_ms": fastest, **common}
+
+
+def decide(
+    session: Session,
+    bound: BoundOp,
+    target: Target,
+    contenders: dict[str, Callable[[], Compiled]],
+    workdir: Path,
+) -> dict[str, Any]:
+    """The verdict on a search's best finds (name -> how to build it as `--tuned` builds): each is
+    built and checked against numpy (one that fails is rejected, with why, in "rejected"), then
+    the rest are judged against the hand schedule (`judge`)."""
+    hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), workdir)
+    checked: dict[str, Checked] = {}
+    rejected: list[str] = []
+    for name, build in contenders.items():
+        try:
+            checked[name] = check(session, build(), workdir)
+        except Exception as exc:  # a mismatch (DeployError) or a record TVM cannot apply or build
+            rejected.append(f"{name}: {first_line(str(exc)) or type(exc).__name__}")
+    return judge(session, hand, checked) | {"rejected": rejected}

@@ -37,7 +37,7 @@ def tune(
     progress: Progress = Progress(),  # noqa: B008  (frozen: shared safely)
 ) -> TuneResult:  # fmt: skip
     """Tune `bound` for `target` on `device` until its task under `root` holds `trials` records,
-    then accept the fastest record that matches numpy."""
+    then accept the fastest record only if it matches numpy and beats the hand schedule."""
     if trials < 1:
         raise UsageError(f"--trials {trials}: expected a positive number of trials")
     tuner = tuner_for(target)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,11 @@ from typing import Any
 from base.errors import DeployError, first_line
 from devices import Device
 from ops.spec import BoundOp
-from toolchain.build.compile import compile_scheduled, hand_schedule
+from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
-from toolchain.tune.tuner import Progress, TuneResult, judge
-from toolchain.verify.measure import check, check_and_time
+from toolchain.tune.tuner import Progress, TuneResult, decide
+from toolchain.verify.measure import check_and_time
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
 """Sizes in the order they are tried: the default first, then outward."""
@@ -49,23 +50,15 @@ def scheduled(bound: BoundOp, target: Target, work_group: int) -> Any:
     return mod
 
 
+def _builder(bound: BoundOp, target: Target, work_group: int) -> Callable[[], Compiled]:
+    """How to build the op with `work_group` work-items per work-group, as `--tuned` builds do."""
+    return lambda: compile_scheduled(
+        bound, target, scheduled(bound, target, work_group), "tuned", record_name(work_group)
+    )
+
+
 def _fastest(done: list[dict[str, Any]]) -> float | None:
     return min((m["ms"] for m in done if "ms" in m), default=None)
-
-
-def _decide(
-    bound: BoundOp, target: Target, session: Any, workdir: Path, valid: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The verdict on the fastest size (`valid`: measured sizes, fastest first): accepted if it
-    beats the target's default size by more than the spread; else the default stays."""
-    fastest = valid[0]["work_group"]
-    if fastest == target.work_group:
-        return {"record": None, "kept": "hand", "hand_ms": valid[0]["ms"], "best_tuned_ms": valid[0]["ms"]}
-    hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), workdir)
-    size = record_name(fastest)
-    tried = compile_scheduled(bound, target, scheduled(bound, target, fastest), "tuned", size)
-    verdict = judge(session, hand, {size: check(session, tried, workdir)})
-    return verdict | ({"work_group": fastest} if verdict["record"] else {})
 
 
 class WorkGroupTuner:
@@ -76,7 +69,8 @@ class WorkGroupTuner:
         timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
         """Try sizes not yet measured until `trials` sizes are (at most every size); accept the
-        fastest. A size the device rejects (CL_INVALID_WORK_GROUP_SIZE) fails alone."""
+        fastest only if it beats the default size (`decide`). A size the device rejects
+        (CL_INVALID_WORK_GROUP_SIZE) fails alone."""
         done = measurements(directory)
         before = len(done)
         best = _fastest(done)
@@ -98,9 +92,16 @@ class WorkGroupTuner:
                 db.write_json(directory / RECORDS, {"trials": done})
                 progress.trial(entry["ms"] / 1e3 if "ms" in entry else None)
             valid = sorted((m for m in done if "ms" in m), key=lambda m: m["ms"])
-            if valid and (verdict is None or verdict.get("records") != len(done)):
-                verdict = _decide(bound, target, session, Path(tmp), valid)
+            if valid and not db.still_stands(verdict, len(done), device.name):
+                fastest = valid[0]["work_group"]
+                contenders = (
+                    {}
+                    if fastest == target.work_group
+                    else {record_name(fastest): _builder(bound, target, fastest)}
+                )
+                verdict = decide(session, bound, target, contenders, Path(tmp))
                 verdict |= {"device": device.name, "records": len(done)}
+                verdict |= {"work_group": fastest} if verdict["record"] else {}
                 db.write_json(directory / db.ACCEPTED, verdict)
         rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[before:] if "error" in m]
         new = len(done) - before

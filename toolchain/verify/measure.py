@@ -51,7 +51,9 @@ class _Timer:
     """Times one artifact on a session: a first untimed call loads it and sets how many calls
     one timed run averages (enough to last about TARGET_SECONDS)."""
 
-    def __init__(self, session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]):
+    def __init__(
+        self, session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
+    ) -> None:
         start = time.perf_counter()
         run_artifact(session, directory, manifest, inputs)
         once = time.perf_counter() - start
