@@ -12,6 +12,7 @@ only an accepted record is ever built by `--tuned` (else the build keeps the han
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -93,15 +94,8 @@ class MetaScheduleTuner:
             if target.cores is None:
                 with open_verify() as session:
                     target = for_device(target, session)
-            ours, phases = search_spaces(bound, target, mod)
-            if missing > 0 and not before.records and ours is not None:
-                missing -= _seed(mod, target, ours, directory, runner, min(missing, SEEDS), progress)
-            for space in phases:
-                if missing <= 0:
-                    break
-                done = len(db.TaskRecords.load(directory, mod).records)
-                _search(mod, target, space, directory, runner, missing, done, progress)
-                missing -= len(db.TaskRecords.load(directory, mod).records) - done
+            if missing > 0:
+                _search_phases(bound, target, mod, directory, runner, missing, len(before.records), progress)
             records = db.TaskRecords.load(directory, mod)
             entry = _accept(bound, target, records, open_verify, device.name)
         valid = records.valid()
@@ -141,6 +135,24 @@ def search_spaces(bound: BoundOp, target: Target, mod: Any) -> tuple[Any | None,
     if not any(len(space.trace.decisions) for space in probe.generate_design_space()):
         return ours, [ours]
     return ours, [ours, ms.space_generator.SpaceGeneratorUnion([ours, default])]
+
+
+def _search_phases(
+    bound: BoundOp, target: Target, mod: Any, directory: Path, runner: Any, missing: int, done: int,
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Add `missing` trials to a task holding `done` records: seed an empty task with our design
+    spaces, then search each space of `search_spaces` in turn while trials are left."""
+    ours, phases = search_spaces(bound, target, mod)
+    if not done and ours is not None:
+        seeded = _seed(mod, target, ours, directory, runner, min(missing, SEEDS), progress)
+        missing, done = missing - seeded, done + seeded
+    for space in phases:
+        if missing <= 0:
+            return
+        _search(mod, target, space, directory, runner, missing, done, progress)
+        now = len(db.TaskRecords.load(directory, mod).records)
+        missing, done = missing - (now - done), now
 
 
 def _tvm_target(target: Target) -> Any:
@@ -253,12 +265,13 @@ def _accept(
     if not ranked:
         return None
 
-    def build(record: Any) -> Callable[[], Compiled]:
-        mod = lambda: db.apply_record(prim_module(bound, target), record)  # noqa: E731
-        return lambda: compile_scheduled(bound, target, mod(), "tuned", db.record_id(record))
-
+    contenders = {db.record_id(r): functools.partial(_build_record, bound, target, r) for r in ranked}
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-        entry = decide(session, bound, target, {db.record_id(r): build(r) for r in ranked}, Path(tmp))
-    entry |= {"device": device, "records": len(records.records)}
-    db.write_json(records.directory / db.ACCEPTED, entry)
-    return entry
+        entry = decide(session, bound, target, contenders, Path(tmp))
+    return db.write_verdict(records.directory, entry, len(records.records), device)
+
+
+def _build_record(bound: BoundOp, target: Target, record: Any) -> Compiled:
+    """The op scheduled by a tuning record and compiled as `deploy build --tuned` compiles it."""
+    mod = db.apply_record(prim_module(bound, target), record)
+    return compile_scheduled(bound, target, mod, "tuned", db.record_id(record))

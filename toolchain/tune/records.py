@@ -103,6 +103,13 @@ def still_stands(verdict: dict[str, Any] | None, records: int, device: str) -> b
     return verdict is not None and (verdict.get("records"), verdict.get("device")) == (records, device)
 
 
+def write_verdict(directory: Path, verdict: dict[str, Any], records: int, device: str) -> dict[str, Any]:
+    """Write the task's verdict, noting what it judged (for `still_stands`); the verdict written."""
+    written = verdict | {"device": device, "records": records}
+    write_json(directory / ACCEPTED, written)
+    return written
+
+
 def accepted(directory: Path) -> dict[str, Any] | None:
     """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
     body = verdict(directory)

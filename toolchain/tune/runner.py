@@ -23,6 +23,7 @@ from ops.spec import BoundOp
 from toolchain.build.shared_object import compile_cpu, export_module
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
+from toolchain.verify.measure import calls_lasting
 
 MIN_REPEAT_S = 0.05
 """One measurement averages enough calls to last this long (a few calls of a fast kernel are
@@ -95,7 +96,7 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> A
                 with endpoint.session(timeout_s) as session:
                     opened = True
                     once = session.time(module, self.inputs, out.shape, out.dtype, 1, 1)[0]
-                    number = max(1, int(MIN_REPEAT_S / max(once, 1e-6)))
+                    number = calls_lasting(MIN_REPEAT_S, once)
                     runs = session.time(module, self.inputs, out.shape, out.dtype, number, REPEAT)
             except DeployError as exc:
                 if not opened:  # the device itself is gone: stop tuning, keep the records

@@ -100,9 +100,8 @@ class WorkGroupTuner:
                     else {record_name(fastest): _builder(bound, target, fastest)}
                 )
                 verdict = decide(session, bound, target, contenders, Path(tmp))
-                verdict |= {"device": device.name, "records": len(done)}
                 verdict |= {"work_group": fastest} if verdict["record"] else {}
-                db.write_json(directory / db.ACCEPTED, verdict)
+                verdict = db.write_verdict(directory, verdict, len(done), device.name)
         rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[before:] if "error" in m]
         new = len(done) - before
         return TuneResult(directory, len(done), new, len(valid), _fastest(done), verdict, rejected)

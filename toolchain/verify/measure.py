@@ -47,6 +47,11 @@ def artifact_ms(
     return statistics.median(_Timer(session, directory, manifest, inputs).runs(repeat))
 
 
+def calls_lasting(seconds: float, once: float) -> int:
+    """How many calls of something that took `once` seconds make a timed run of about `seconds`."""
+    return max(1, int(seconds / max(once, 1e-6)))
+
+
 class _Timer:
     """Times one artifact on a session: a first untimed call loads it and sets how many calls
     one timed run averages (enough to last about TARGET_SECONDS)."""
@@ -57,7 +62,7 @@ class _Timer:
         start = time.perf_counter()
         run_artifact(session, directory, manifest, inputs)
         once = time.perf_counter() - start
-        self.number = max(1, int(TARGET_SECONDS / max(once, 1e-6)))
+        self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
         self.out = manifest.output
