@@ -33,7 +33,7 @@ class MaxPool2d(Op):
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
         pool = Pool2d.from_attrs(attrs)
-        return te.compute(out.shape, lambda n, c, h, w: pool.window_max(x, n, c, h, w), name="out")
+        return te.compute(out.shape, pool.windows(x), name="out")
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return Pool2d.from_attrs(attrs).reference(x)

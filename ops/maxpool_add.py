@@ -42,10 +42,11 @@ class MaxPoolAdd(Op):
         pool = Pool2d.from_attrs(attrs)
         pooled_shape = pool.output_shape("a", tuple(int(d) for d in a.shape))
         b_shape = tuple(int(d) for d in b.shape)
+        window_max = pool.windows(a)
 
         def body(*i: Any) -> Any:
             n, c, h, w = broadcast_index(pooled_shape, i)
-            return pool.window_max(a, n, c, h, w) + b[broadcast_index(b_shape, i)]
+            return window_max(n, c, h, w) + b[broadcast_index(b_shape, i)]
 
         return te.compute(out.shape, body, name="out")
 

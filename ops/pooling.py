@@ -90,8 +90,15 @@ class Pool2d:
                 )
         return (*shape[:2], self.out_size(0, shape[2]), self.out_size(1, shape[3]))
 
-    def window_max(self, data: te.Tensor, n: Any, c: Any, oh: Any, ow: Any) -> Any:
-        """TE expression: the max of the window at output (n, c, oh, ow), taps written out.
+    def windows(self, data: te.Tensor) -> Callable[..., Any]:
+        """(n, c, oh, ow) -> TE expression: the max of the window at that output of NCHW `data`.
+
+        Plainly every tap of the window at once: along W each tap is strided by the stride (a
+        gather of every other element at stride 2). Within `columns_maxed_first()`, a stage
+        `column_max` [N, C, OH, W] first maxes the kernel's rows at every input column, reading W
+        contiguously, and each output then maxes its window's kw columns of that stage (a row
+        that stays in L1): the same result (max is associative; NaN propagates through both
+        stages), with kh * sw + kw taps per output instead of kh * kw, most of them contiguous.
 
         A tap in the padding reads the nearest input element instead (its index clamped): that
         element is in the same window — padding is at most kernel/2 and every window starts inside
@@ -100,15 +107,25 @@ class Pool2d:
         interior off, the clamps simplify away and the loads are plain vector loads."""
         height, width = int(data.shape[2]), int(data.shape[3])
         dtype = str(data.dtype)
-        taps = []
-        for dh in range(self.kernel[0]):
-            h = clamp(oh * self.stride[0] + (dh - self.padding[0]), height)
-            for dw in range(self.kernel[1]):
-                w = clamp(ow * self.stride[1] + (dw - self.padding[1]), width)
-                taps.append(data[n, c, h, w])
-        if not dtype.startswith("float"):
-            return functools.reduce(te.max, taps)
-        return _WINDOW_MAX.get()(taps, dtype)
+
+        def row(oh: Any, dh: int) -> Any:
+            return clamp(oh * self.stride[0] + (dh - self.padding[0]), height)
+
+        def col(ow: Any, dw: int) -> Any:
+            return clamp(ow * self.stride[1] + (dw - self.padding[1]), width)
+
+        rows, cols = range(self.kernel[0]), range(self.kernel[1])
+        if not _COLUMNS_FIRST.get():
+            return lambda n, c, oh, ow: max_of(
+                [data[n, c, row(oh, dh), col(ow, dw)] for dh in rows for dw in cols], dtype
+            )
+        shape = (*data.shape[:2], self.out_size(0, height), width)
+        columns = te.compute(
+            shape,
+            lambda n, c, oh, w: max_of([data[n, c, row(oh, dh), w] for dh in rows], dtype),
+            name="column_max",
+        )
+        return lambda n, c, oh, ow: max_of([columns[n, c, oh, col(ow, dw)] for dw in cols], dtype)
 
     def interior(self, axis: int, size: int) -> tuple[int, int]:
         """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
@@ -154,6 +171,15 @@ def nan_test_max(values: list[Any], dtype: str) -> Any:
 
 
 _WINDOW_MAX: ContextVar[WindowMax] = ContextVar("window_max", default=nan_test_max)
+_COLUMNS_FIRST: ContextVar[bool] = ContextVar("columns_first", default=False)
+
+
+def max_of(values: list[Any], dtype: str) -> Any:
+    """TE expression: the max of pooling taps — floats by the window max in effect (NaN when any
+    is NaN), integers by a max chain."""
+    if not dtype.startswith("float"):
+        return functools.reduce(te.max, values)
+    return _WINDOW_MAX.get()(values, dtype)
 
 
 @contextmanager
@@ -165,6 +191,17 @@ def windows_maxed_by(window_max: WindowMax) -> Iterator[None]:
         yield
     finally:
         _WINDOW_MAX.reset(token)
+
+
+@contextmanager
+def columns_maxed_first(staged: bool) -> Iterator[None]:
+    """Within the block (when `staged`), pooling computations max each window column in a stage
+    of their own first (`Pool2d.windows`): a structure CPU schedules may pick."""
+    token = _COLUMNS_FIRST.set(staged)
+    try:
+        yield
+    finally:
+        _COLUMNS_FIRST.reset(token)
 
 
 def clamp(index: Any, size: int) -> Any:

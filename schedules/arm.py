@@ -2,7 +2,8 @@
 
 AArch64 has a NaN-propagating max in one NEON instruction (`fmax`); LLVM emits it for
 `llvm.maximum` and TVM vectorizes the call. The pooling ops are paired with that compute variant
-and scheduled as on every CPU (`cpu.nchw_window`).
+(with the CPU's structures, `cpu.pooling_structure`) and scheduled as on every CPU
+(`cpu.nchw_window`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ops.pooling import windows_maxed_by
-from schedules.cpu import nchw_window
+from schedules.cpu import nchw_window, pooling_structure
 from schedules.registry import own_compute_within, register_schedule
 
 
@@ -22,6 +22,6 @@ def fmax(values: list[Any], dtype: str) -> Any:
     return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
 
 
-pooling_with_fmax = own_compute_within(lambda: windows_maxed_by(fmax))
+pooling_with_fmax = own_compute_within(lambda ctx: pooling_structure(ctx, fmax))
 for _op in ("max_pool2d", "maxpool_add"):
     register_schedule("arm", _op, compute=pooling_with_fmax)(nchw_window)

@@ -5,9 +5,12 @@ generic schedule an op gets when no family has a hand schedule for it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from schedules.registry import HAND, Choices, ScheduleContext, register_schedule
+from ops.pooling import Pool2d, WindowMax, columns_maxed_first, nan_test_max, windows_maxed_by
+from schedules.registry import HAND, Choices, ScheduleContext, own_compute_within, register_schedule
 
 SPATIAL, REDUCE = 0, 2
 MIN_PARALLEL_WORK = 4096
@@ -108,35 +111,60 @@ def partition(sch: Any, loop: Any, lo: int, hi: int) -> list[Any]:
     return list(sch.loop_partition(loop, [*sizes, None]))
 
 
-@register_schedule("cpu", "maxpool_add")
-@register_schedule("cpu", "max_pool2d")
+COLUMNS_FIRST = "max columns first"
+"""The pick of the pooling structure (`ops.pooling.columns_maxed_first`): the hand schedule maxes
+every tap of a window at once; a search also tries a column stage per row or per plane."""
+
+
+@contextmanager
+def pooling_structure(ctx: ScheduleContext, window_max: WindowMax = nan_test_max) -> Iterator[None]:
+    """The pooling computation as CPUs build it: windows maxed by `window_max`, their columns
+    first where `ctx.choices` picks it."""
+    staged = ctx.choices.pick(COLUMNS_FIRST, (False, True), False)
+    with windows_maxed_by(window_max), columns_maxed_first(staged):
+        yield
+
+
+pooling_on_cpus = own_compute_within(pooling_structure)
+
+
+@register_schedule("cpu", "maxpool_add", compute=pooling_on_cpus)
+@register_schedule("cpu", "max_pool2d", compute=pooling_on_cpus)
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
     order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector.
 
     The border rows and the border vector of each row are split off from the interior, so
-    that in the interior the taps' clamped indices (see `Pool2d.window_max`) simplify to plain
+    that in the interior the taps' clamped indices (see `Pool2d.windows`) simplify to plain
     strided vector loads; the borders stay vectorized with gathered edge taps. A search also
-    tries half-width vectors, one loop without border splits, and unrolling inside each plane."""
-    from ops.pooling import Pool2d
-
-    block = blocks(sch)[0]
+    tries half-width vectors, one loop without border splits, unrolling inside each plane and
+    the column stage (`COLUMNS_FIRST`: a block before the output's, computed per output row or
+    per plane, vectorized along W; its row clamps are per row, so the output splits W only)."""
+    *stages, block = blocks(sch)
     *outer, height, width = sch.get_loops(block)
     full = ctx.lanes(ctx.bound.output.dtype)
     lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
     borders = ctx.choices.pick("split borders", (True, False), True)
     work = math.prod(ctx.bound.output.shape)
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
-    if lanes > 1:
-        sch.split(width, factors=[None, lanes])
     pool = Pool2d.from_attrs(ctx.bound.attrs)
     in_h, in_w = ctx.bound.inputs[0].shape[2:]
-    rows = partition(sch, height, *pool.interior(0, in_h)) if borders else [height]
+    for stage in stages:
+        per = ctx.choices.pick("column stage per", ("row", "plane"), "row")
+        sch.compute_at(stage, height if per == "row" or fused is None else fused)
+        if lanes > 1:
+            chunks, _ = sch.split(sch.get_loops(stage)[-1], factors=[None, lanes])
+            for part in partition(sch, chunks, 0, in_w // lanes):  # whole vectors, then the rest
+                (part_block,) = sch.get_child_blocks(part)
+                sch.vectorize(sch.get_loops(part_block)[-1])
+    if lanes > 1:
+        sch.split(width, factors=[None, lanes])
+    rows = partition(sch, height, *pool.interior(0, in_h)) if borders and not stages else [height]
     if lanes > 1:
         lo, hi = pool.interior(1, in_w)
         first, last = -(-lo // lanes), hi // lanes
         for row_loop in rows:
-            (row_block,) = sch.get_child_blocks(row_loop)
+            row_block = sch.get_child_blocks(row_loop)[-1]
             chunk_loop = sch.get_loops(row_block)[-2]
             for part in partition(sch, chunk_loop, first, max(first, last)) if borders else [chunk_loop]:
                 (part_block,) = sch.get_child_blocks(part)

@@ -54,7 +54,7 @@ def branch_max(values: list[Any], dtype: str) -> Any:
     return tirx.if_then_else(any_nan_bits(values, dtype), nan, functools.reduce(te.max, values))
 
 
-pooling_with_branch_max = own_compute_within(lambda: windows_maxed_by(branch_max))
+pooling_with_branch_max = own_compute_within(lambda ctx: windows_maxed_by(branch_max))
 for _op in ("max_pool2d", "maxpool_add"):
     register_schedule("gpu", _op, compute=pooling_with_branch_max)(generic_gpu)
 

@@ -6,9 +6,10 @@ A target lists its families in lookup order (x86: "x86", then "cpu"); an op with
 schedule in any of them gets the family's generic schedule, registered under op name "*".
 
 A schedule makes its choices (split factors, unroll depth, which structure) through
-`ctx.choices`: the hand schedule takes each default (`Choices`), a tuner's search space samples
-them (`schedules/space.py`), so every schedule is also the search space `deploy tune` explores,
-with the hand schedule as one point of it.
+`ctx.choices`, and so may a family's computation (which structure): the hand schedule takes each
+default (`Choices`), a tuner's search space samples them (`schedules/space.py`) and enumerates
+every structure (`every_structure`), so every strategy is also the search space `deploy tune`
+explores, with the hand schedule as one point of it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ops.spec import BoundOp
 
 GENERIC = "*"
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Choices:
@@ -45,11 +47,48 @@ class Choices:
 
     def pick(self, name: str, options: Sequence[T], default: T) -> T:
         """A choice the schedule's structure depends on (Python branches on it): `default` here;
-        in a search every option is a design space of its own."""
+        in a search every option is tried (a design space of its own; for a pick the
+        computation makes, a MetaSchedule task of its own)."""
         return default
 
 
 HAND = Choices()
+
+
+class Picked(Choices):
+    """The hand's choices except the structural picks named in `picks`; every pick made is
+    recorded in `seen` as (name, options, value taken), so a caller can enumerate the others."""
+
+    def __init__(self, picks: dict[str, Any] | None = None) -> None:
+        self.picks = dict(picks or {})
+        self.seen: list[tuple[str, tuple[Any, ...], Any]] = []
+
+    def pick(self, name: str, options: Sequence[T], default: T) -> T:
+        taken = self.picks.get(name, default)
+        if not any(name == seen for seen, _, _ in self.seen):
+            self.seen.append((name, tuple(options), taken))
+        return taken
+
+
+def every_structure(
+    run: Callable[[dict[str, Any]], tuple[Picked, R]], most: int = 64
+) -> list[tuple[dict[str, Any], R]]:
+    """`run(picks)` once per combination of the structural picks it makes (at most `most`), the
+    defaults first; `run` returns the Picked choices it made them with, and its result. A pick
+    made only under some earlier one (a stage's placement, when the stage exists) is enumerated
+    only there. Returns (every pick taken, result) per run."""
+    done: list[tuple[dict[str, Any], R]] = []
+    todo: list[dict[str, Any]] = [{}]
+    while todo and len(done) < most:
+        picks = todo.pop(0)
+        choices, result = run(picks)
+        done.append(({name: taken for name, _, taken in choices.seen}, result))
+        for i, (name, options, taken) in enumerate(choices.seen):
+            if name in picks:
+                continue
+            before = {earlier: value for earlier, _, value in choices.seen[:i]}
+            todo += [{**before, name: option} for option in options if option != taken]
+    return done
 
 
 @dataclass(frozen=True)
@@ -76,12 +115,12 @@ ComputeFn = Callable[..., Any]
 """compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op."""
 
 
-def own_compute_within(scope: Callable[[], AbstractContextManager[Any]]) -> ComputeFn:
-    """A compute variant: the op's own computation, built inside `scope()` — how a family swaps a
-    building block the op is made of (pooling's window max: `ops.pooling.windows_maxed_by`)."""
+def own_compute_within(scope: Callable[[ScheduleContext], AbstractContextManager[Any]]) -> ComputeFn:
+    """A compute variant: the op's own computation, built inside `scope(ctx)` — how a family swaps
+    a building block the op is made of (pooling's window max: `ops.pooling.windows_maxed_by`)."""
 
     def compute(ctx: ScheduleContext, *inputs: Any) -> Any:
-        with scope():
+        with scope(ctx):
             return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
 
     return compute

@@ -9,11 +9,11 @@ is the hand schedule itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from schedules.registry import Choices, ScheduleContext, ScheduleFn, T
+from schedules.registry import Picked, ScheduleContext, ScheduleFn, every_structure
 
 UNROLL_STEPS = (0, 16, 64, 512)
 """Unroll depths a search tries (`pragma_auto_unroll_max_step`), as MetaSchedule's CPU rules do."""
@@ -21,13 +21,9 @@ MAX_SPACES = 16
 """Design spaces one schedule may enumerate: its structural picks multiply."""
 
 
-class SampledChoices(Choices):
+class SampledChoices(Picked):
     """Choices sampled into the schedule's trace; structural picks taken from `picks` (the
-    defaults otherwise), each recorded in `seen` as (name, options, value taken)."""
-
-    def __init__(self, picks: dict[str, Any]) -> None:
-        self.picks = picks
-        self.seen: list[tuple[str, tuple[Any, ...], Any]] = []
+    defaults otherwise), each recorded in `seen`."""
 
     def split(self, sch: Any, loop: Any, default: int, most: int) -> tuple[Any, Any | None]:
         extent = int(sch.get(loop).extent)
@@ -44,31 +40,17 @@ class SampledChoices(Choices):
         chosen = sch.sample_categorical(steps, [1 / len(steps)] * len(steps), decision=steps.index(default))
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", chosen)
 
-    def pick(self, name: str, options: Sequence[T], default: T) -> T:
-        taken = self.picks.get(name, default)
-        if not any(name == seen for seen, _, _ in self.seen):
-            self.seen.append((name, tuple(options), taken))
-        return taken
-
 
 def design_spaces(schedule: ScheduleFn, ctx: ScheduleContext) -> Callable[[Any], list[Any]]:
     """MetaSchedule's space function for `schedule`: given the traced schedule of the op's
     PrimFunc, one scheduled copy per combination of structural picks, the hand one first."""
 
     def generate(sch: Any) -> list[Any]:
-        spaces: list[Any] = []
-        todo: list[dict[str, Any]] = [{}]
-        while todo and len(spaces) < MAX_SPACES:
-            picks = todo.pop(0)
-            space = sch.copy()
-            choices = SampledChoices(picks)
+        def run(picks: dict[str, Any]) -> tuple[Picked, Any]:
+            space, choices = sch.copy(), SampledChoices(picks)
             schedule(space, replace(ctx, choices=choices))
-            spaces.append(space)
-            for i, (name, options, taken) in enumerate(choices.seen):
-                if name in picks:
-                    continue
-                before = {earlier: value for earlier, _, value in choices.seen[:i]}
-                todo += [{**before, name: option} for option in options if option != taken]
-        return spaces
+            return choices, space
+
+        return [space for _, space in every_structure(run, MAX_SPACES)]
 
     return generate

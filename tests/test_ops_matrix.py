@@ -7,6 +7,7 @@ specials through add and leaky_relu. A target that cannot run here is skipped wi
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -20,9 +21,13 @@ from base.errors import DeployError
 from devices import Device, Session, get_device
 from devices.platforms import get_platform
 from ops import TensorType, all_ops, bind, get_op
+from ops.spec import BoundOp
+from schedules.registry import Picked, every_structure
+from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target, all_targets
 from toolchain.verify.compare import Comparison
 from toolchain.verify.matrix import PlannedCase, plan, verify_case
+from toolchain.verify.measure import check
 from toolchain.verify.run import verify
 
 ONLY_DTYPES = {"arm-fp16": ("float16",)}
@@ -227,3 +232,38 @@ def test_ieee_specials_through_add_and_leaky_relu(target, dtype, sessions):
     for alpha in (0.0, -1.5):
         comparison = on.check("leaky_relu", {"alpha": alpha}, a)
         assert comparison.ok, f"leaky_relu alpha={alpha}: {comparison.detail}"
+
+
+STRUCTURE_DTYPES = ("float32", "float16", "int8")
+STRUCTURE_CASE_MOST = 1 << 20
+"""Input elements of the largest case checked in every structure: a bigger case is a smaller
+one's structure with more rows, and takes a minute per op on the emulator."""
+STRUCTURE_CASES = [
+    (c,)
+    for c in plan(all_ops(), STRUCTURE_DTYPES)
+    if sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
+]
+
+
+@pytest.mark.slow
+@on_every_target("planned", STRUCTURE_CASES)
+def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessions, tmp_path):
+    """The case built as each combination of the structural picks its target's strategy makes
+    (pooling: the column stage per row or per plane, vector width, border splits; generic: rows
+    fused), against numpy on random data, ties, NaN and infinities (a tuner's acceptance check)."""
+    on = sessions.on(target)
+    on.require(planned.dtype)
+    bound = planned.bind()
+    structures = every_structure(lambda picks: hand_built(bound, target, Picked(picks)))
+    if len(structures) == 1:
+        pytest.skip(f"{target.name}'s strategy for {planned.op.name} makes no structural pick")
+    for picks, compiled in structures[1:]:
+        try:
+            check(on.session, compiled, tmp_path)
+        except DeployError as exc:
+            pytest.fail(f"{picks}: {exc}")
+
+
+def hand_built(bound: BoundOp, target: Target, choices: Picked) -> tuple[Picked, Compiled]:
+    """`bound` built by `target`'s strategy making its structural picks with `choices`."""
+    return choices, compile_scheduled(bound, target, *hand_schedule(bound, target, choices))

@@ -8,17 +8,20 @@ from typing import Any
 
 from ops.spec import BoundOp
 from schedules import ScheduleContext, find_schedule
+from schedules.registry import HAND, Choices
 from toolchain.build.targets import KEPT_HAND, Target
 
 
-def context(bound: BoundOp, target: Target) -> ScheduleContext:
-    """What the target's strategy sees: the op, vector width, the device's cores, work-group size."""
-    return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group)
+def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
+    """What the target's strategy sees: the op, vector width, the device's cores, work-group size,
+    and how it makes its choices (the hand's defaults unless a tuner's or a test's)."""
+    return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group, choices)
 
 
-def prim_module(bound: BoundOp, target: Target) -> Any:
+def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
     """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
-    strategy pairs with its schedule (the op's own unless the family has a variant)."""
+    strategy pairs with its schedule (the op's own unless the family has a variant; `choices`
+    picks among the variant's structures)."""
     import tvm
     from tvm import te
 
@@ -28,21 +31,22 @@ def prim_module(bound: BoundOp, target: Target) -> Any:
     ]
     strategy = find_schedule(target.schedules, bound.op.name)
     if strategy is not None and strategy.compute is not None:
-        out = strategy.compute(context(bound, target), *placeholders)
+        out = strategy.compute(context(bound, target, choices), *placeholders)
     else:
         out = bound.op.compute(bound.attrs, bound.output, *placeholders)
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
-def hand_schedule(bound: BoundOp, target: Target) -> tuple[Any, str]:
-    """The op scheduled by the target's strategy (or left as is: "default"), with its label."""
+def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
+    """The op computed and scheduled by the target's strategy (or left as is: "default"), with
+    its label; `choices` other than the hand's make the strategy take other structures."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(prim_module(bound, target))
+    sch = tvm.s_tir.Schedule(prim_module(bound, target, choices))
     strategy = find_schedule(target.schedules, bound.op.name)
     if strategy is None:
         return sch.mod, "default"
-    strategy.schedule(sch, context(bound, target))
+    strategy.schedule(sch, context(bound, target, choices))
     return sch.mod, strategy.label
 
 
