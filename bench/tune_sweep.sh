@@ -12,8 +12,10 @@ for n in 8 16; do
   tune --op add --shape "${n}x64x${size}x${size}" --shape "${n}x64x${size}x${size}"
   tune --op leaky_relu --shape "${n}x64x${size}x${size}"
 done
-tune --op max_pool2d --shape 4x64x56x56
-tune --op max_pool2d --shape 16x64x112x112
+for shape in 4x64x56x56 16x64x112x112; do
+  tune --op max_pool2d --shape "$shape" -a kernel=3 -a stride=2 -a padding=1
+  tune --op max_pool2d --shape "$shape"   # the op's default window: 2x2, stride 2
+done
 tune --op maxpool_add --shape 1x64x112x112 --shape 1x1x56x56
 tune --op maxpool_add --shape 16x64x112x112 --shape 16x1x56x56
 tune --op argmax --shape 256x4096

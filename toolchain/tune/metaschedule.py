@@ -20,12 +20,14 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from devices import Device
 from ops.spec import BoundOp
 from schedules import find_schedule
+from schedules.registry import Picked, every_structure
 from schedules.space import design_spaces
 from toolchain.build.compile import Compiled, compile_scheduled, context, prim_module
 from toolchain.build.targets import Target
@@ -77,27 +79,51 @@ def _progress_callback(on_trial: Callable[[float | None], None], interrupted: li
     return Progress()
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One computation of the op that the target's strategy may build: the structural picks its
+    compute made (`{}` for most ops) and its PrimFunc, a MetaSchedule task of its own."""
+
+    picks: dict[str, Any]
+    mod: Any
+
+
+def compute_variants(bound: BoundOp, target: Target) -> list[Variant]:
+    """Every computation the target's strategy builds the op as (pooling on CPUs: without and with
+    a column stage), the hand's first."""
+
+    def run(picks: dict[str, Any]) -> tuple[Picked, Any]:
+        choices = Picked(picks)
+        return choices, prim_module(bound, target, choices)
+
+    return [Variant(picks, mod) for picks, mod in every_structure(run)]
+
+
 class MetaScheduleTuner:
-    """MetaSchedule's search over the op's PrimFunc, measured on the device."""
+    """MetaSchedule's search over the op's PrimFuncs, measured on the device."""
 
     def search(
         self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
         timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
         db.drop_partial_lines(directory)
-        mod = prim_module(bound, target)
-        before = db.TaskRecords.load(directory, mod)
-        valid = before.valid()
-        progress.started(len(before.records), db.mean_secs(valid[0]) if valid else None)
+        variants = compute_variants(bound, target)
+        mods = [v.mod for v in variants]
+        before = db.TaskRecords.load(directory, *mods)
+        best = before.valid()
+        progress.started(len(before.records), db.mean_secs(best[0]) if best else None)
         missing = trials - len(before.records)
         with _measuring(device, bound, timeout_s) as (runner, open_verify):
             if target.cores is None:
                 with open_verify() as session:
                     target = for_device(target, session)
-            if missing > 0:
-                _search_phases(bound, target, mod, directory, runner, missing, len(before.records), progress)
-            records = db.TaskRecords.load(directory, mod)
-            entry = _accept(bound, target, records, open_verify, device.name)
+            for index, variant in enumerate(variants):
+                share = -(-missing // (len(variants) - index))  # what one leaves goes to the next
+                if share <= 0:
+                    break
+                missing -= _search_phases(bound, target, variant, directory, runner, share, progress)
+            records = db.TaskRecords.load(directory, *mods)
+            entry = _accept(bound, target, variants, records, open_verify, device.name)
         valid = records.valid()
         return TuneResult(
             directory,
@@ -110,14 +136,18 @@ class MetaScheduleTuner:
         )
 
     def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
-        records = db.TaskRecords.load(directory, prim_module(bound, target)).records
+        mods = [v.mod for v in compute_variants(bound, target)]
+        records = db.TaskRecords.load(directory, *mods).records
         return [s * 1e3 if (s := db.mean_secs(r)) < db.FAILED_SECS else None for r in records]
 
     def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
-        return db.tuned_module(directory, entry["record"], prim_module(bound, target))
+        """The accepted record applied to the computation of its structure; None when either no
+        longer matches (the op or strategy changed since: the build keeps the hand schedule)."""
+        mod = prim_module(bound, target, Picked(entry.get("compute", {})))
+        return db.tuned_module(directory, entry["record"], mod)
 
 
-def search_spaces(bound: BoundOp, target: Target, mod: Any) -> tuple[Any | None, list[Any]]:
+def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any | None, list[Any]]:
     """(our space, the spaces searched one after the other). Ours is the target's strategy for
     the op with its choices sampled (`schedules/space.py`) and is searched first, until it has
     no untried candidate left or the trials are used up; then, where MetaSchedule's default
@@ -130,29 +160,34 @@ def search_spaces(bound: BoundOp, target: Target, mod: Any) -> tuple[Any | None,
     strategy = find_schedule(target.schedules, bound.op.name)
     if strategy is None:
         return None, [default]
-    ours = ms.space_generator.ScheduleFn(design_spaces(strategy.schedule, context(bound, target)))
-    probe = ms.TuneContext(mod=mod, target=_tvm_target(target), space_generator=default)
+    spaces = design_spaces(strategy.schedule, context(bound, target))
+    ours = ms.space_generator.ScheduleFn(spaces)
+    probe = ms.TuneContext(mod=variant.mod, target=_tvm_target(target), space_generator=default)
     if not any(len(space.trace.decisions) for space in probe.generate_design_space()):
         return ours, [ours]
     return ours, [ours, ms.space_generator.SpaceGeneratorUnion([ours, default])]
 
 
 def _search_phases(
-    bound: BoundOp, target: Target, mod: Any, directory: Path, runner: Any, missing: int, done: int,
+    bound: BoundOp, target: Target, variant: Variant, directory: Path, runner: Any, missing: int,
     progress: Progress,
-) -> None:  # fmt: skip
-    """Add `missing` trials to a task holding `done` records: seed an empty task with our design
-    spaces, then search each space of `search_spaces` in turn while trials are left."""
-    ours, phases = search_spaces(bound, target, mod)
+) -> int:  # fmt: skip
+    """Add up to `missing` trials to a variant: seed it, when it has no records, with our design
+    spaces, then search each space of `search_spaces` in turn while trials are left; returns
+    how many were added (fewer when the spaces ran out of untried candidates)."""
+    mod = variant.mod
+    start = done = len(db.TaskRecords.load(directory, mod).records)
+    ours, phases = search_spaces(bound, target, variant)
     if not done and ours is not None:
         seeded = _seed(mod, target, ours, directory, runner, min(missing, SEEDS), progress)
         missing, done = missing - seeded, done + seeded
     for space in phases:
         if missing <= 0:
-            return
+            break
         _search(mod, target, space, directory, runner, missing, done, progress)
         now = len(db.TaskRecords.load(directory, mod).records)
         missing, done = missing - (now - done), now
+    return done - start
 
 
 def _tvm_target(target: Target) -> Any:
@@ -251,27 +286,37 @@ def _stopping_on_interrupt(stopping: Callable[[], None]) -> Iterator[list[int]]:
 def _accept(
     bound: BoundOp,
     target: Target,
+    variants: list[Variant],
     records: db.TaskRecords,
     open_session: Callable[[], Any],
     device: str,
 ) -> dict[str, Any] | None:
     """The task's verdict, written to accepted.json: the fastest records are built as `deploy
-    build --tuned` builds them and judged against the hand schedule on the device (`decide`).
-    An earlier verdict stands while no new record was measured and the device is the same."""
+    build --tuned` builds them and judged against the hand schedule on the device (`decide`);
+    an accepted one names the structure of its computation ("compute": its picks). An earlier
+    verdict stands while no new record was measured and the device is the same."""
+    import tvm_ffi
+
     current = db.verdict(records.directory)
     if db.still_stands(current, len(records.records), device):
         return current
-    ranked = records.valid()[:ACCEPT_TOP]
+    ranked = {
+        db.record_id(r): (next(v for v in variants if tvm_ffi.structural_equal(v.mod, r.workload.mod)), r)
+        for r in records.valid()[:ACCEPT_TOP]
+    }
     if not ranked:
         return None
-
-    contenders = {db.record_id(r): functools.partial(_build_record, bound, target, r) for r in ranked}
+    contenders = {
+        name: functools.partial(_build_record, bound, target, *found) for name, found in ranked.items()
+    }
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
         entry = decide(session, bound, target, contenders, Path(tmp))
+    if entry.get("record"):
+        entry["compute"] = ranked[entry["record"]][0].picks
     return db.write_verdict(records.directory, entry, len(records.records), device)
 
 
-def _build_record(bound: BoundOp, target: Target, record: Any) -> Compiled:
+def _build_record(bound: BoundOp, target: Target, variant: Variant, record: Any) -> Compiled:
     """The op scheduled by a tuning record and compiled as `deploy build --tuned` compiles it."""
-    mod = db.apply_record(prim_module(bound, target), record)
+    mod = db.apply_record(variant.mod, record)
     return compile_scheduled(bound, target, mod, "tuned", db.record_id(record))

@@ -7,7 +7,8 @@
         accepted.json                  the verdict: the record that matched numpy and beat the hand
                                        schedule on the device, or that the hand schedule stays
 
-One database per target and task: MetaSchedule's lookup does not check the target.
+One database per target and task: MetaSchedule's lookup does not check the target. It holds one
+workload per structure the op's computation may take (`tune/metaschedule.py` compute_variants).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError
+from base.errors import UsageError, first_line
 from ops.spec import BoundOp
 
 TASK = "task.json"
 ACCEPTED = "accepted.json"
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
 FAILED_SECS = 1e9
 """MetaSchedule stores a failed candidate with run time 1e10 s; anything above this is a failure."""
 
@@ -61,20 +64,29 @@ class TaskRecords:
     """TuningRecords whose workload is this task's module, oldest first."""
 
     @classmethod
-    def load(cls, directory: Path, mod: Any) -> TaskRecords:
-        """Records of `mod` (an IRModule) in `directory`; none when the directory has no database."""
-        if not (directory / "database_tuning_record.json").exists():
+    def load(cls, directory: Path, *mods: Any) -> TaskRecords:
+        """Records of any of `mods` (IRModules) in `directory`, in the order they were measured;
+        none when the directory has no database."""
+        if not (directory / RECORDS).exists():
             return cls(directory, [])
         import tvm_ffi
         from tvm.s_tir import meta_schedule as ms
 
+        # Read line by line: JSONDatabase.get_all_tuning_records returns them fastest first.
         try:
-            database = ms.database.JSONDatabase(work_dir=str(directory), allow_missing=False)
+            workloads = [
+                ms.database.Workload.from_json(json.loads(line)) for line in _lines(directory / WORKLOADS)
+            ]
+            ours = [any(tvm_ffi.structural_equal(w.mod, mod) for mod in mods) for w in workloads]
+            records = []
+            for line in _lines(directory / RECORDS):
+                index, body = json.loads(line)
+                if ours[index]:
+                    records.append(ms.database.TuningRecord.from_json(body, workloads[index]))
         except Exception as exc:
-            raise UsageError(f"cannot read the tuning database in {directory}: {exc}") from None
-        records = [
-            r for r in database.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, mod)
-        ]
+            raise UsageError(
+                f"cannot read the tuning database in {directory}: {first_line(str(exc))}"
+            ) from None
         return cls(directory, records)
 
     def valid(self) -> list[Any]:
@@ -116,6 +128,11 @@ def accepted(directory: Path) -> dict[str, Any] | None:
     return body if body is not None and body.get("record") else None
 
 
+def _lines(path: Path) -> list[str]:
+    """The non-empty lines of a JSON-lines file (none when it is missing)."""
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def apply_record(mod: Any, record: Any) -> Any:
     """`mod` scheduled by the record's trace (postprocessors included), as an IRModule."""
     import tvm
@@ -136,7 +153,7 @@ def drop_partial_lines(directory: Path) -> int:
     """Cut a half-written last line off the database files (a run killed mid-write); return how
     many files were cut. Every complete line, so every finished record, stays."""
     cut = 0
-    for name in ("database_workload.json", "database_tuning_record.json"):
+    for name in (WORKLOADS, RECORDS):
         path = directory / name
         if not path.exists():
             continue

@@ -75,14 +75,18 @@ class _Timer:
 
 
 def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: Manifest) -> float:
-    """Run the artifact of `bound` on seeded random inputs and on inputs full of ties; the
-    largest error against numpy. A mismatch is a DeployError saying how it differs."""
+    """Run the artifact of `bound` on seeded random inputs, on inputs full of ties and on inputs
+    with NaN, infinities and repeated maxima planted (a tuned schedule must keep numpy's special
+    cases too); the largest error against numpy. A mismatch is a DeployError saying how it
+    differs."""
     worst = 0.0
-    for ties in (False, True):
+    for ties, specials in ((False, False), (True, False), (False, True)):
         rng = np.random.default_rng(1)
-        inputs = [random_input(t, rng, ties=ties) for t in bound.inputs]
+        inputs = [random_input(t, rng, ties=ties, specials=specials) for t in bound.inputs]
         actual = run_artifact(session, directory, manifest, inputs)
-        comparison = compare(np.asarray(bound.op.reference(bound.attrs, *inputs)), actual, bound.op.exact)
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = bound.op.reference(bound.attrs, *inputs)
+        comparison = compare(np.asarray(expected), actual, bound.op.exact)
         if not comparison.ok:
             raise DeployError(f"{manifest.schedule} build differs from numpy: {comparison.detail}")
         worst = max(worst, comparison.max_error)
@@ -97,7 +101,7 @@ class Checked:
     directory: Path
     manifest: Manifest
     max_error: float
-    """Largest difference from numpy over random inputs and ties."""
+    """Largest difference from numpy over random inputs, ties and planted NaN and infinities."""
 
 
 def check(session: Session, compiled: Compiled, workdir: Path) -> Checked:
@@ -115,7 +119,7 @@ class Measured:
     """A compiled op checked against numpy and timed on a device."""
 
     max_error: float
-    """Largest difference from numpy over random inputs and ties."""
+    """Largest difference from numpy over random inputs, ties and planted NaN and infinities."""
     runs: tuple[float, ...]
     """Milliseconds per call of each timed run."""
 
@@ -139,15 +143,18 @@ class Measured:
 
 def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> list[Measured]:
     """Time every checked artifact on seeded random inputs, one run of each per round, so that
-    drift of the device (bandwidth, clocks, other load) falls on all of them alike."""
+    drift of the device (bandwidth, clocks, other load) falls on all of them alike; each round
+    starts one artifact later than the one before, so that none is always first (or always
+    after the same one)."""
     timers = []
     for item in checked:
         inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.bound.inputs]
         timers.append(_Timer(session, item.directory, item.manifest, inputs))
     runs: list[list[float]] = [[] for _ in checked]
-    for _ in range(rounds):
-        for timer, times in zip(timers, runs, strict=True):
-            times += timer.runs(1)
+    for round_ in range(rounds):
+        for index in range(len(timers)):
+            turn = (index + round_) % len(timers)
+            runs[turn] += timers[turn].runs(1)
     return [Measured(item.max_error, tuple(times)) for item, times in zip(checked, runs, strict=True)]
 
 
