@@ -25,6 +25,7 @@ from ops.spec import BoundOp
 from schedules.registry import Picked, every_structure
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target, all_targets
+from toolchain.tune.tuners import tuner_for
 from toolchain.verify.compare import Comparison
 from toolchain.verify.matrix import PlannedCase, plan, verify_case
 from toolchain.verify.measure import check
@@ -118,12 +119,14 @@ def ident(value: Any) -> str:
     return str(value)
 
 
-def on_every_target(argnames: str, values: list[tuple[Any, ...]]) -> pytest.MarkDecorator:
-    """Parametrize `target` and `argnames` with every registered target times each of `values`
-    (a dtype or a planned case first) that the target runs; targets on the emulator are marked
-    `emulator`."""
+def on_every_target(
+    argnames: str, values: list[tuple[Any, ...]], targets: list[Target] | None = None
+) -> pytest.MarkDecorator:
+    """Parametrize `target` and `argnames` with every registered target (or those of `targets`)
+    times each of `values` (a dtype or a planned case first) that the target runs; targets on the
+    emulator are marked `emulator`."""
     params = []
-    for target in all_targets():
+    for target in all_targets() if targets is None else targets:
         marks = [pytest.mark.emulator] if target.default_device == "emulator" else []
         wanted = ONLY_DTYPES.get(target.name)
         for value in values:
@@ -246,18 +249,16 @@ STRUCTURE_CASES = [
 
 
 @pytest.mark.slow
-@on_every_target("planned", STRUCTURE_CASES)
+@on_every_target("planned", STRUCTURE_CASES, [t for t in all_targets() if tuner_for(t).searches_structures])
 def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessions, tmp_path):
     """The case built as each combination of the structural picks its target's strategy makes
     (pooling: the column stage per row or per plane, vector width, border splits; generic: rows
-    fused), against numpy on random data, ties, NaN and infinities (a tuner's acceptance check)."""
+    fused; the hand's alone where it picks nothing), against numpy on random data, ties, NaN and
+    infinities (a tuner's acceptance check), on every target whose tuner searches them."""
     on = sessions.on(target)
     on.require(planned.dtype)
     bound = planned.bind()
-    structures = every_structure(lambda picks: hand_built(bound, target, Picked(picks)))
-    if len(structures) == 1:
-        pytest.skip(f"{target.name}'s strategy for {planned.op.name} makes no structural pick")
-    for picks, compiled in structures[1:]:
+    for picks, compiled in every_structure(lambda picks: hand_built(bound, target, Picked(picks))):
         try:
             check(on.session, compiled, tmp_path)
         except DeployError as exc:

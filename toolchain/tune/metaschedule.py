@@ -102,6 +102,8 @@ def compute_variants(bound: BoundOp, target: Target) -> list[Variant]:
 class MetaScheduleTuner:
     """MetaSchedule's search over the op's PrimFuncs, measured on the device."""
 
+    searches_structures = True
+
     def search(
         self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
         timeout_s: float, progress: Progress,

@@ -47,6 +47,10 @@ class Tuner(Protocol):
     """Searches one artifact kind's schedules for an op on a device, keeping its records in a task
     directory, and rebuilds the schedule it accepted."""
 
+    searches_structures: bool
+    """Whether the search covers every structure the target's strategy may pick
+    (`schedules.registry.every_structure`), not only the hand's."""
+
     def search(
         self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
         timeout_s: float, progress: Progress,

@@ -64,6 +64,8 @@ def _fastest(done: list[dict[str, Any]]) -> float | None:
 class WorkGroupTuner:
     """Every work-group size in WORK_GROUPS, built, checked and timed on the device."""
 
+    searches_structures = False
+
     def search(
         self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
         timeout_s: float, progress: Progress,
