@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -76,13 +79,51 @@ def test_ops_path_not_a_directory(tmp_path):
     assert result.exit_code == 2 and "is not a directory" in result.stderr
 
 
-def test_build_refuses_to_overwrite_a_non_artifact_directory(tmp_path):
-    precious = tmp_path / "precious"
-    precious.mkdir()
-    (precious / "notes.txt").write_text("keep me")
-    result = invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(precious))
-    assert result.exit_code == 1 and "not an artifact" in result.stderr
-    assert (precious / "notes.txt").read_text() == "keep me"
+def _plain_files(out: Path) -> None:
+    (out / "notes.txt").write_text("keep me")
+
+
+def _empty_manifest_and_sources(out: Path) -> None:
+    (out / "manifest.json").write_text("{}")
+    (out / "src").mkdir()
+    (out / "src" / "main.js").write_text("keep me")
+
+
+def _artifact_plus_a_file(out: Path) -> None:
+    assert invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out)).exit_code == 0
+    (out / "notes.txt").write_text("keep me")
+
+
+@pytest.mark.parametrize(
+    "prepare,message",
+    [
+        (_plain_files, "is not an artifact"),
+        (_empty_manifest_and_sources, "is not an artifact"),
+        (_artifact_plus_a_file, "holds notes.txt, which no deploy build wrote"),
+    ],
+)
+def test_build_replaces_only_an_artifact_directory(tmp_path, prepare, message):
+    """Only a directory holding nothing but an earlier artifact's own files is replaced."""
+    out = tmp_path / "out"
+    out.mkdir()
+    prepare(out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left behind
+
+
+def test_build_replaces_an_earlier_artifact_and_refuses_the_current_directory(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    for shape in ("4", "5"):
+        result = invoke(*BUILD, "--op", "leaky_relu", "--shape", shape, "-o", str(out))
+        assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "manifest.json").read_text())["inputs"][0]["shape"] == [5]
+    monkeypatch.chdir(out)
+    result = invoke(*BUILD, "--op", "leaky_relu", "--shape", "6", "-o", ".")
+    assert result.exit_code == 2 and "holds the current directory" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_console_script_prints_no_traceback():

@@ -34,6 +34,10 @@ class ArtifactKind:
 
         return tvm.target.Target(spec)
 
+    def files(self, module: str) -> tuple[str, ...]:
+        """The files `write` puts in an artifact directory, given the module's name."""
+        return (module,)
+
     def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
         """The compiled form of a scheduled IRModule `main(inputs..., out)` with `n_inputs` inputs."""
         raise NotImplementedError

@@ -8,10 +8,11 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from base.errors import DeployError
-from toolchain.build.bundle import write_bundle
+from base.errors import UsageError
+from toolchain.build.bundle import SUMS, write_bundle
 from toolchain.build.compile import Compiled
 from toolchain.build.manifest import MANIFEST, Manifest, sha256_file
+from toolchain.build.targets import get_target
 
 
 def deploy_version() -> str:
@@ -31,8 +32,8 @@ def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifes
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
     `bundle`, also the files that call the module from C (see `bundle.py`)."""
     directory = Path(directory)
-    if directory.exists() and not (directory / MANIFEST).exists() and any(directory.iterdir()):
-        raise DeployError(f"output directory {directory} exists and is not an artifact: not replacing it")
+    _check_replaceable(directory)
+    directory = directory.resolve()
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
@@ -69,11 +70,60 @@ def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifes
     return manifest
 
 
+def _check_replaceable(directory: Path) -> None:
+    """Refuse an output directory deploy may not replace: one holding anything but an earlier
+    artifact's own files (the manifest, the files its artifact kind wrote, a bundle's files as
+    SHA256SUMS lists them), or the current directory or one above it."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise UsageError(f"output {directory} exists and is not a directory: not replacing it")
+    if not directory.exists():
+        return
+    if Path.cwd().resolve().is_relative_to(directory.resolve()):
+        raise UsageError(
+            f"output directory {directory} holds the current directory: give a directory below it"
+        )
+    found = {p.relative_to(directory) for p in directory.rglob("*") if p.is_symlink() or not p.is_dir()}
+    if not found:
+        return
+    owned = artifact_files(directory)
+    stray = sorted(str(p) for p in found - owned) if owned is not None else [MANIFEST]
+    if owned is None or stray:
+        what = f"holds {stray[0]}, which no deploy build wrote" if owned is not None else "is not an artifact"
+        raise UsageError(f"output directory {directory} {what}: not replacing it")
+
+
+def artifact_files(directory: Path) -> set[Path] | None:
+    """The files (relative paths) of the artifact in `directory` as its manifest names them;
+    None when its manifest does not parse or names an unknown target."""
+    try:
+        manifest = Manifest.read(directory)
+        artifact = get_target(str(manifest.target)).artifact
+    except UsageError:
+        return None
+    if not isinstance(manifest.module, str):
+        return None
+    names = {MANIFEST, *artifact.files(manifest.module)}
+    if manifest.bundle:
+        names.add(SUMS)
+        sums = directory / SUMS
+        lines = sums.read_text().splitlines() if sums.is_file() and not sums.is_symlink() else []
+        names |= {line.split("  ", 1)[1] for line in lines if "  " in line}
+    return {Path(name) for name in names}
+
+
 def _replace_dir(staging: Path, directory: Path) -> None:
-    if directory.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+    """Put `staging` where `directory` is; an earlier `directory` is removed only once the new
+    one is in place (and put back if that fails)."""
+    if not directory.exists():
+        os.replace(staging, directory)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+    try:
         os.replace(directory, old / "previous")
-        os.replace(staging, directory)
+        try:
+            os.replace(staging, directory)
+        except BaseException:
+            os.replace(old / "previous", directory)
+            raise
+    finally:
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, directory)

@@ -141,6 +141,9 @@ class OpenClPlan(ArtifactKind):
     def compile(self, mod: Any, target: Target, n_inputs: int) -> OpenClProgram:
         return compile_opencl(mod, target.tvm_target(), n_inputs)
 
+    def files(self, module: str) -> tuple[str, ...]:
+        return (module, SOURCE_FILE)
+
     def write(self, compiled: OpenClProgram, staging: Path, target: Target) -> Path:
         """kernels.cl and launch.json, which pins the source by sha256 (the manifest pins the plan)."""
         source = staging / SOURCE_FILE
