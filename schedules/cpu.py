@@ -154,9 +154,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
         sch.compute_at(stage, height if per == "row" or fused is None else fused)
         if lanes > 1:
             chunks, _ = sch.split(sch.get_loops(stage)[-1], factors=[None, lanes])
-            for part in partition(sch, chunks, 0, in_w // lanes):  # whole vectors, then the rest
-                (part_block,) = sch.get_child_blocks(part)
-                sch.vectorize(sch.get_loops(part_block)[-1])
+            vectorize_parts(sch, partition(sch, chunks, 0, in_w // lanes))  # whole vectors, the rest
     if lanes > 1:
         sch.split(width, factors=[None, lanes])
     rows = partition(sch, height, *pool.interior(0, in_h)) if borders and not stages else [height]
@@ -166,12 +164,20 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
         for row_loop in rows:
             row_block = sch.get_child_blocks(row_loop)[-1]
             chunk_loop = sch.get_loops(row_block)[-2]
-            for part in partition(sch, chunk_loop, first, max(first, last)) if borders else [chunk_loop]:
-                (part_block,) = sch.get_child_blocks(part)
-                sch.vectorize(sch.get_loops(part_block)[-1])
+            vectorize_parts(
+                sch, partition(sch, chunk_loop, first, max(first, last)) if borders else [chunk_loop]
+            )
     if fused is not None:
         ctx.choices.unroll(sch, fused, 0)
     parallel_outer(sch, [fused] if fused is not None else [], work)
+
+
+def vectorize_parts(sch: Any, parts: list[Any]) -> None:
+    """Vectorize the innermost loop (a vector's lanes) under each loop of `parts`, the pieces a
+    loop over vectors was partitioned into."""
+    for part in parts:
+        (part_block,) = sch.get_child_blocks(part)
+        sch.vectorize(sch.get_loops(part_block)[-1])
 
 
 def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:

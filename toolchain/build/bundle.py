@@ -206,3 +206,11 @@ def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) ->
     )
     sums.write_text("".join(f"{sha256_file(staging / name)}  {name}\n" for name in files))
     return {"header": f"{op}.h", "library": library, "runner": RUNNER, "sha256sums": sha256_file(sums)}
+
+
+def bundle_files(directory: Path) -> set[str]:
+    """The files of the bundle in `directory`: SHA256SUMS and those it lists (as `write_bundle`
+    writes it: "SHA256  NAME" per line); SHA256SUMS alone when it is missing or a symlink."""
+    sums = directory / SUMS
+    lines = sums.read_text().splitlines() if sums.is_file() and not sums.is_symlink() else []
+    return {SUMS} | {line.split("  ", 1)[1] for line in lines if "  " in line}

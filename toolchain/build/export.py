@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError
-from toolchain.build.bundle import SUMS, write_bundle
+from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled
 from toolchain.build.manifest import MANIFEST, Manifest, sha256_file
 from toolchain.build.targets import get_target
@@ -86,10 +86,13 @@ def _check_replaceable(directory: Path) -> None:
     if not found:
         return
     owned = artifact_files(directory)
-    stray = sorted(str(p) for p in found - owned) if owned is not None else [MANIFEST]
-    if owned is None or stray:
-        what = f"holds {stray[0]}, which no deploy build wrote" if owned is not None else "is not an artifact"
-        raise UsageError(f"output directory {directory} {what}: not replacing it")
+    if owned is None:
+        raise UsageError(f"output directory {directory} is not an artifact: not replacing it")
+    stray = sorted(str(p) for p in found - owned)
+    if stray:
+        raise UsageError(
+            f"output directory {directory} holds {stray[0]}, which no deploy build wrote: not replacing it"
+        )
 
 
 def artifact_files(directory: Path) -> set[Path] | None:
@@ -104,10 +107,7 @@ def artifact_files(directory: Path) -> set[Path] | None:
         return None
     names = {MANIFEST, *artifact.files(manifest.module)}
     if manifest.bundle:
-        names.add(SUMS)
-        sums = directory / SUMS
-        lines = sums.read_text().splitlines() if sums.is_file() and not sums.is_symlink() else []
-        names |= {line.split("  ", 1)[1] for line in lines if "  " in line}
+        names |= bundle_files(directory)
     return {Path(name) for name in names}
 
 

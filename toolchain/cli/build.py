@@ -134,8 +134,7 @@ def run_command(
     from ops import TensorType
     from toolchain.build.cache import cached_build
     from toolchain.cli.args import load_npy, save_npy
-    from toolchain.verify.compare import compare
-    from toolchain.verify.run import check_device, for_device, run_artifact
+    from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
     target = resolve_target(target_name, tuned, cores)
     arrays = [load_npy(path) for path in inputs]
@@ -148,7 +147,7 @@ def run_command(
     save_npy(output, result)
     click.echo(f"{op_name} on {device.name} ({manifest.built_with}): wrote {output} {bound.output}")
     if check:
-        comparison = compare(bound.op.reference(bound.attrs, *arrays), result, bound.op.exact)
+        comparison = against_reference(bound, arrays, result)
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
         click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy")

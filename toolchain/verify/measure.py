@@ -19,8 +19,8 @@ from ops.spec import BoundOp
 from toolchain.build.compile import Compiled
 from toolchain.build.export import export
 from toolchain.build.manifest import Manifest
-from toolchain.verify.compare import compare, random_input
-from toolchain.verify.run import run_artifact
+from toolchain.verify.compare import random_input
+from toolchain.verify.run import against_reference, run_artifact
 
 TARGET_SECONDS = 0.2
 """Calls per timed run are chosen so one run lasts about this long."""
@@ -83,10 +83,7 @@ def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: 
     for ties, specials in ((False, False), (True, False), (False, True)):
         rng = np.random.default_rng(1)
         inputs = [random_input(t, rng, ties=ties, specials=specials) for t in bound.inputs]
-        actual = run_artifact(session, directory, manifest, inputs)
-        with np.errstate(invalid="ignore", over="ignore"):
-            expected = bound.op.reference(bound.attrs, *inputs)
-        comparison = compare(np.asarray(expected), actual, bound.op.exact)
+        comparison = against_reference(bound, inputs, run_artifact(session, directory, manifest, inputs))
         if not comparison.ok:
             raise DeployError(f"{manifest.schedule} build differs from numpy: {comparison.detail}")
         worst = max(worst, comparison.max_error)
@@ -144,8 +141,7 @@ class Measured:
 def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> list[Measured]:
     """Time every checked artifact on seeded random inputs, one run of each per round, so that
     drift of the device (bandwidth, clocks, other load) falls on all of them alike; each round
-    starts one artifact later than the one before, so that none is always first (or always
-    after the same one)."""
+    starts one artifact later than the one before, so that none is always timed first."""
     timers = []
     for item in checked:
         inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.bound.inputs]

@@ -56,6 +56,11 @@ def verify(
     with the schedule name."""
     directory, manifest = cached_build(bound, for_device(target, session))
     actual = run_artifact(session, directory, manifest, inputs)
+    return against_reference(bound, inputs, actual), manifest.built_with
+
+
+def against_reference(bound: BoundOp, inputs: list[np.ndarray], actual: np.ndarray) -> Comparison:
+    """`actual` (the op's output on `inputs`) compared with the op's numpy reference."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
         expected = bound.op.reference(bound.attrs, *inputs)
-    return compare(np.asarray(expected), actual, bound.op.exact), manifest.built_with
+    return compare(np.asarray(expected), actual, bound.op.exact)
