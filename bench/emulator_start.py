@@ -47,7 +47,7 @@ def python_server(sysroot: Sysroot, tracker: str | None = None, key: str = "") -
     port = free_port()
     log = sysroot.base / f"server-{port}.log"
     proc = spawn(sysroot.server_command(port, tracker, key), log)
-    server = Server(proc.pid, port, str(log))
+    server = Server.of(proc, port, log)
     while not ("bind to" in log.read_text(errors="replace") and accepts(port)):
         if proc.poll() is not None:
             raise SystemExit(f"python server exited: {server.log_tail()}")

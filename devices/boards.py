@@ -7,8 +7,11 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -61,6 +64,17 @@ def _config_file() -> Path:
     return config_dir() / "devices.json"
 
 
+@contextmanager
+def _changing() -> Iterator[None]:
+    """Hold the config's lock (`devices.json.lock`) through a read-modify-write, so concurrent
+    `device add`/`remove` commands each see the others' boards."""
+    path = _config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def load_boards() -> dict[str, Board]:
     path = _config_file()
     if not path.exists():
@@ -95,16 +109,19 @@ def require_board(name: str) -> Board:
 
 
 def add_board(board: Board, replace: bool = False) -> None:
-    boards = load_boards()
-    if board.name in boards and not replace:
-        raise UsageError(f"device {board.name!r} exists: remove it first or replace it")
-    boards[board.name] = board.validate()
-    save_boards(boards)
+    board.validate()
+    with _changing():
+        boards = load_boards()
+        if board.name in boards and not replace:
+            raise UsageError(f"device {board.name!r} exists: remove it first or replace it")
+        boards[board.name] = board
+        save_boards(boards)
 
 
 def remove_board(name: str) -> Board:
-    require_board(name)
-    boards = load_boards()
-    board = boards.pop(name)
-    save_boards(boards)
-    return board
+    with _changing():
+        board = require_board(name)
+        boards = load_boards()
+        del boards[name]
+        save_boards(boards)
+        return board

@@ -75,7 +75,7 @@ class Emulator:
             cmd = [sys.executable, "-m", "devices.registrar", tracker, key, str(key_file), "--", *cmd]
         env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
         proc = spawn(cmd, log, env)
-        server = Server(proc.pid, port, str(log), str(key_file))
+        server = Server.of(proc, port, log, key_file)
         try:
             self._wait_ready(server, proc)
         except BaseException:
@@ -103,10 +103,7 @@ class Emulator:
     def start_detached(
         self, port: int | None = None, tracker: str | None = None, key: str = "emulator"
     ) -> Server:
-        existing = self.running()
-        if existing is not None:
-            return existing
-        return self.state.remember(self.start(port, tracker, key))
+        return self.state.start_once(lambda: self.start(port, tracker, key))
 
     def stop_detached(self) -> Server | None:
         return self.state.stop()

@@ -1,8 +1,14 @@
 """Long-running helper processes we start (RPC servers, the tracker): each leads its own process
-group, so stopping it stops everything it started."""
+group, so stopping it stops everything it started.
+
+A server is known by its pid and the kernel's start time of that pid, so a remembered server whose
+pid now belongs to another process is seen as gone, never signalled. State files are read and
+written under an exclusive lock, so concurrent `start`/`stop` commands agree on one server.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -10,6 +16,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,27 +32,42 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass(frozen=True)
 class Server:
-    """A running RPC server: the leader pid (= process group id), its loopback port, its log and
-    the file holding the session key clients must send (None: no key)."""
+    """A running RPC server: the leader pid (= process group id), the leader's start time (seconds
+    since the epoch, as the kernel reports it: with the pid, what makes it ours), its loopback port,
+    its log and the file holding the session key clients must send (None: no key)."""
 
     pid: int
+    started: float
     port: int
     log: str
     key_file: str | None = None
+
+    @classmethod
+    def of(cls, proc: subprocess.Popen[bytes], port: int, log: Path, key_file: Path | None = None) -> Server:
+        """The server `proc` (just spawned) leads."""
+        try:
+            started = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            started = 0.0
+        return cls(proc.pid, started, port, str(log), str(key_file) if key_file else None)
 
     def session_key(self) -> str:
         return Path(self.key_file).read_text().strip() if self.key_file else ""
 
     def alive(self) -> bool:
-        """The leader runs (a zombie nobody reaped yet counts as dead)."""
+        """Our leader still runs: the pid exists, started when ours did, and is no zombie."""
         try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+            leader = psutil.Process(self.pid)
+            return abs(leader.create_time() - self.started) < 0.01 and leader.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`. A leader that is
+        no longer ours (gone, or its pid reused) is left alone."""
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self.alive():
+                break
             try:
                 os.killpg(self.pid, sig)
             except ProcessLookupError:
@@ -102,31 +125,48 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 class ServerState:
-    """A long-lived server remembered in a JSON file, for start/status/stop across commands."""
+    """A long-lived server remembered in a JSON file, for start/status/stop across commands.
+    `start_once` and `stop` hold an exclusive lock on `<file>.lock` throughout."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def running(self) -> Server | None:
-        """The remembered server if it still runs (a stale file is removed)."""
+        """The remembered server if it is still ours and runs. A file that does not describe a
+        live server of ours (unreadable, an older format, a dead or reused pid) is no server."""
         try:
             server = Server(**json.loads(self.path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        if not server.alive():
-            self.path.unlink(missing_ok=True)
-            return None
-        return server
+        return server if server.alive() else None
 
-    def remember(self, server: Server) -> Server:
-        self.path.write_text(json.dumps(asdict(server)))
-        return server
+    def start_once(self, start: Callable[[], Server]) -> Server:
+        """The running server, else the one `start()` starts, remembered (one of either, however
+        many commands ask at once)."""
+        with self._locked():
+            existing = self.running()
+            if existing is not None:
+                return existing
+            server = start()
+            partial = self.path.with_name(self.path.name + ".partial")
+            partial.write_text(json.dumps(asdict(server)))
+            partial.replace(self.path)
+            return server
 
     def stop(self) -> Server | None:
-        server = self.running()
-        if server is not None:
-            server.stop()
-            if server.key_file:
-                Path(server.key_file).unlink(missing_ok=True)
-        self.path.unlink(missing_ok=True)
-        return server
+        """Stop the remembered server if it is ours and runs; forget the file either way."""
+        with self._locked():
+            server = self.running()
+            if server is not None:
+                server.stop()
+                if server.key_file:
+                    Path(server.key_file).unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
+            return server

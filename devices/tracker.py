@@ -45,9 +45,10 @@ class TrackerProcess:
         return self.state.running()
 
     def start(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> Server:
-        existing = self.running()
-        if existing is not None:
-            return existing
+        """The running tracker, else a new one on host:port (one, however many ask at once)."""
+        return self.state.start_once(lambda: self._start(host, port))
+
+    def _start(self, host: str, port: int) -> Server:
         if accepts(port, host):
             raise DeployError(f"port {host}:{port} is taken: pick another port")
         self.base.mkdir(parents=True, exist_ok=True)
@@ -55,14 +56,14 @@ class TrackerProcess:
         cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
                "--port-end", str(port + 1)]  # fmt: skip
         proc = spawn(cmd, log)
-        server = Server(proc.pid, port, str(log))
+        server = Server.of(proc, port, log)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not accepts(port, host):
             if proc.poll() is not None or time.monotonic() > deadline:
                 server.stop(grace_s=1.0)
                 raise DeployError(f"RPC tracker on {host}:{port} did not start: {server.log_tail()}")
             time.sleep(0.1)
-        return self.state.remember(server)
+        return server
 
     def stop(self) -> Server | None:
         return self.state.stop()

@@ -88,7 +88,9 @@ def test_long_lived_emulator_start_status_stop(tmp_path):
     assert run_deploy("device", "emulator", "status").returncode == 1
 
 
-def test_ctrl_c_stops_the_automatic_server():
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_ctrl_c_term_and_hangup_stop_the_automatic_server(sig: signal.Signals):
+    """Ctrl-C, `kill` and a closed terminal mid-run: the server deploy started goes with it."""
     before = rpc_servers()
     proc = subprocess.Popen([DEPLOY, "test", "--target", "arm", "--op", "maxpool_add"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -96,12 +98,39 @@ def test_ctrl_c_stops_the_automatic_server():
         wait_for(lambda: rpc_servers() - before)
         started = rpc_servers() - before
         time.sleep(2)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode != 0
-    assert gone(started), "Ctrl-C left the emulator running"
+    assert gone(started), f"{sig.name} left the emulator running"
+    if sig != signal.SIGINT:
+        assert proc.returncode == 128 + sig and f"stopped by {sig.name}" in err.splitlines()[-1], err
+
+
+def test_concurrent_starts_run_one_server():
+    """Two `emulator start` at once: both report the same server, and only it runs."""
+    before = rpc_servers()
+    starts = [subprocess.Popen([DEPLOY, "device", "emulator", "start"], stdout=subprocess.PIPE, text=True)
+              for _ in range(2)]  # fmt: skip
+    outs = [proc.communicate(timeout=120)[0] for proc in starts]
+    assert [proc.returncode for proc in starts] == [0, 0], outs
+    server = Emulator().running()
+    assert server is not None
+    assert all(f"pid {server.pid}" in out for out in outs), outs
+    assert rpc_servers() - before == {server.pid}
+
+
+@pytest.mark.parametrize("key", ["", "wrong"], ids=["no key", "wrong key"])
+def test_server_refuses_clients_without_its_key(key: str):
+    """Any local user can reach the port: without the 0600 key file's secret, no session."""
+    assert run_deploy("device", "emulator", "start").returncode == 0
+    server = Emulator().running()
+    assert server is not None and oct(Path(server.key_file).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(DeviceLost, match="cannot reach"):
+        connect("127.0.0.1", server.port, "aarch64", "e", key=key).__enter__()
+    with connect("127.0.0.1", server.port, "aarch64", "e", key=server.session_key()) as session:
+        assert session is not None
 
 
 def test_server_killed_mid_run_is_reported_and_retried():

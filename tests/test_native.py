@@ -50,7 +50,7 @@ def server(runtime: Path, tmp_path: Path) -> Iterator[Server]:
         "--work-dir",
         str(tmp_path),
     ]
-    running = Server(spawn(cmd, tmp_path / "log").pid, port, str(tmp_path / "log"), str(key_file))
+    running = Server.of(spawn(cmd, tmp_path / "log"), port, tmp_path / "log", key_file)
     deadline = time.monotonic() + 10
     while not accepts(port) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -108,7 +108,7 @@ def test_a_stock_python_server_on_the_tracker_still_works(farm, tmp_path: Path):
     at = free_port()
     cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(at),
            "--port-end", str(at + 1), "--tracker", f"127.0.0.1:{port}", "--key", "stock"]  # fmt: skip
-    server = Server(spawn(cmd, tmp_path / "stock.log").pid, at, str(tmp_path / "stock.log"))
+    server = Server.of(spawn(cmd, tmp_path / "stock.log"), at, tmp_path / "stock.log")
     try:
         assert wait_free(port, "stock", 1, timeout=60) == 1, server.log_tail()
         result = run_deploy("test", "--target", "x86", "--tracker", f"127.0.0.1:{port}", "--key", "stock",

@@ -1,12 +1,18 @@
 """The `deploy` command line: the group every command hangs from.
 
 Errors are one line on stderr: exit 2 for bad input, 1 for failures; `--debug` shows tracebacks.
+SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C, so servers and files a command started
+are cleaned up; the exit code is then 128 + the signal's number.
 The commands live one module per job beside this one; this module only assembles them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import click
 
@@ -18,13 +24,66 @@ from toolchain.cli.device import device_group, tracker_group
 from toolchain.cli.test import test_command
 from toolchain.cli.tune import tune_command
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: a KeyboardInterrupt, so every cleanup Ctrl-C runs runs too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _stopping_like_ctrl_c() -> Iterator[None]:
+    """Raise Stopped on SIGTERM/SIGHUP while a command runs (further ones are ignored while it
+    cleans up); the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _one_line_usage(exc: click.UsageError) -> NoReturn:
+    """Click's usage errors as one `error:` line too, instead of its usage, hint and error lines
+    (a bare `deploy` or `deploy device` still prints the help it asks for)."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc
+    command = exc.ctx.command_path if exc.ctx else "deploy"
+    click.echo(f"error: {first_line(exc.format_message())} (see `{command} --help`)", err=True)
+    raise click.exceptions.Exit(exc.exit_code)
+
 
 class DeployGroup(click.Group):
     """Turns DeployError into `error: ...` and exit codes; other exceptions into one line too."""
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            _one_line_usage(exc)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _stopping_like_ctrl_c():
+                return super().invoke(ctx)
+        except Stopped as stopped:
+            click.echo(f"error: stopped by {stopped}", err=True)
+            ctx.exit(128 + stopped.signum)
+        except click.UsageError as exc:
+            _one_line_usage(exc)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except DeployError as exc:

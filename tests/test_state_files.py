@@ -1,0 +1,91 @@
+"""Files deploy keeps between commands (server.json, tracker.json, devices.json) under hostile or
+concurrent use: a stale pid file never makes deploy signal a process it did not start, and
+concurrent commands never lose each other's writes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.synchronize
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from devices.boards import Board, add_board, load_boards
+from tests.conftest import run_deploy
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated process leading its own process group, as a reused pid would be."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _state(pid: int, with_start_time: bool) -> dict[str, object]:
+    state: dict[str, object] = {"pid": pid, "port": 1, "log": "/nonexistent.log", "key_file": None}
+    if with_start_time:
+        state["started"] = psutil.Process(pid).create_time() - 1000.0
+    return state
+
+
+@pytest.mark.parametrize("with_start_time", [True, False], ids=["other start time", "older format"])
+@pytest.mark.parametrize(
+    "command, state_file",
+    [
+        (["device", "emulator", "stop"], "emulator/server.json"),
+        (["device", "emulator", "status"], "emulator/server.json"),
+        (["tracker", "stop"], "tracker.json"),
+        (["tracker", "status"], "tracker.json"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_stale_state_naming_a_live_pid_is_no_server(
+    bystander, tmp_path: Path, command: list[str], state_file: str, with_start_time: bool
+):
+    cache = tmp_path / "cache"
+    path = cache / state_file
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_state(bystander.pid, with_start_time)))
+    env = {"DEPLOY_CACHE_DIR": str(cache), "DEPLOY_EMULATOR_DIR": str(cache / "emulator")}
+    result = run_deploy(*command, env=env)
+    assert "not running" in result.stdout, result.stdout + result.stderr
+    time.sleep(0.2)
+    assert bystander.poll() is None, f"`deploy {' '.join(command)}` signalled a process it did not start"
+
+
+def _add_after(barrier: multiprocessing.synchronize.Barrier, config: str, i: int) -> None:
+    os.environ["XDG_CONFIG_HOME"] = config
+    barrier.wait()
+    add_board(Board(f"b{i}", f"10.0.0.{i}", "pi"))
+
+
+def test_concurrent_device_adds_keep_every_board(tmp_path: Path):
+    """Twelve `device add` at the same moment (released together by a barrier): all twelve stay."""
+    fork = multiprocessing.get_context("fork")
+    barrier = fork.Barrier(12)
+    adds = [fork.Process(target=_add_after, args=(barrier, str(tmp_path), i)) for i in range(12)]
+    for add in adds:
+        add.start()
+    for add in adds:
+        add.join(60)
+    assert [add.exitcode for add in adds] == [0] * 12
+    os.environ["XDG_CONFIG_HOME"], previous = str(tmp_path), os.environ["XDG_CONFIG_HOME"]
+    try:
+        assert sorted(load_boards()) == sorted(f"b{i}" for i in range(12))
+    finally:
+        os.environ["XDG_CONFIG_HOME"] = previous
+
+
+def test_device_add_from_the_cli_is_stored(tmp_path: Path):
+    result = run_deploy("device", "add", "b1", "--host", "10.0.0.1", "--user", "pi",
+                        env={"XDG_CONFIG_HOME": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "deploy" / "devices.json").read_text())["b1"]["host"] == "10.0.0.1"
