@@ -55,6 +55,7 @@ def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: P
     task = task_dir(db, "x86")
     verdict = json.loads((task / "accepted.json").read_text())
     assert verdict["device"] == "local" and verdict["hand_ms"] > 0 and verdict["records"] == 6
+    assert not verdict["record"] or verdict["sha256"][:12] == verdict["record"]  # pinned
     assert ("accepted record" if verdict["record"] else "kept the hand schedule") in tuned.stdout
     assert len(records(task)) == 6
     assert json.loads((task / "task.json").read_text())["op"] == "maxpool_add"
@@ -112,7 +113,8 @@ def assert_a_column_stage_record_builds_as_recorded(
     _, staged = compute_variants(bound, get_target("x86"))
     assert staged.picks == {"max columns first": True}
     record = db_records.TaskRecords.load(task, staged.mod).valid()[0]
-    planted = verdict | {"record": db_records.record_id(record), "compute": staged.picks}
+    pin = db_records.record_sha256(record)
+    planted = verdict | {"record": db_records.record_id(record), "sha256": pin, "compute": staged.picks}
     (task / "accepted.json").write_text(json.dumps(planted))
     out = tmp_path / "staged"
     built = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
@@ -127,6 +129,7 @@ def assert_a_column_stage_record_builds_as_recorded(
     fallback = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert fallback.returncode == 0, fallback.stderr
     assert manifest(out)["schedule"] == "cpu/maxpool_add"
+    assert "warning: " in fallback.stderr and "which the x86 strategy does not build" in fallback.stderr
 
 
 @pytest.mark.slow

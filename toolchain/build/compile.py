@@ -9,7 +9,7 @@ from typing import Any
 from ops.spec import BoundOp
 from schedules import ScheduleContext, find_schedule
 from schedules.registry import HAND, Choices
-from toolchain.build.targets import KEPT_HAND, Target
+from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 
 
 def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
@@ -61,7 +61,8 @@ class Compiled:
     schedule: str
     tuning_record: str | None = None
     tuning: str | None = None
-    """KEPT_HAND when a `--tuned` build uses the hand schedule because tuning found nothing faster."""
+    """Why a `--tuned` build uses the hand schedule: KEPT_HAND (tuning found nothing faster) or
+    REFUSED (the accepted record failed its checks)."""
 
 
 def compile_op(bound: BoundOp, target: Target) -> Compiled:
@@ -72,8 +73,9 @@ def compile_op(bound: BoundOp, target: Target) -> Compiled:
         if tuned is not None:
             return compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
     compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
-    if target.tuned is not None and target.tuned.verdict(bound, target) == KEPT_HAND:
-        compiled.tuning = KEPT_HAND
+    verdict = target.tuned.verdict(bound, target) if target.tuned is not None else None
+    if verdict is not None:  # tuning kept the hand schedule, or its record failed the checks
+        compiled.tuning = KEPT_HAND if verdict == KEPT_HAND else REFUSED
     return compiled
 
 

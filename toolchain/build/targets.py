@@ -18,6 +18,8 @@ from toolchain.build.shared_object import SHARED_OBJECT
 
 KEPT_HAND = "hand, tuning found nothing faster"
 """The verdict of a tuning that measured no record faster than the hand schedule."""
+REFUSED = "hand, the accepted record failed its checks"
+"""Why a `--tuned` build keeps the hand schedule when the records fail a check on reading."""
 
 
 class TunedSchedules(Protocol):
@@ -31,7 +33,8 @@ class TunedSchedules(Protocol):
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
         """Cheap (for the build cache key): the accepted record's id, KEPT_HAND when tuning
-        found nothing faster than the hand schedule, None when the op was not tuned."""
+        found nothing faster than the hand schedule, REFUSED when the verdict cannot be read,
+        None when the op was not tuned."""
         ...
 
 

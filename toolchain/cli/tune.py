@@ -115,13 +115,16 @@ def _tune_with_progress(
         def stopping() -> None:
             click.echo("\nstopping after this batch of trials (Ctrl-C again to stop now)", err=True)
 
+        def waiting(directory: Path) -> None:
+            click.echo(f"waiting: another deploy tune is tuning this task in {directory}", err=True)
+
         def on_trial(secs: float | None) -> None:
             if secs is not None:
                 best.append(secs)
             progress.update(bar, advance=1, description=describe())
 
         try:
-            callbacks = Callbacks(on_start, on_trial, stopping)
+            callbacks = Callbacks(on_start, on_trial, stopping, waiting)
             result = tune(bound, target, device, root, trials, timeout_s, callbacks)
         except KeyboardInterrupt:
             progress.stop()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from base.errors import UsageError
 from devices import Device
 from ops.spec import BoundOp
 from schedules import find_schedule
@@ -142,11 +143,18 @@ class MetaScheduleTuner:
         records = db.TaskRecords.load(directory, *mods).records
         return [s * 1e3 if (s := db.mean_secs(r)) < db.FAILED_SECS else None for r in records]
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
-        """The accepted record applied to the computation of its structure; None when either no
-        longer matches (the op or strategy changed since: the build keeps the hand schedule)."""
-        mod = prim_module(bound, target, Picked(entry.get("compute", {})))
-        return db.tuned_module(directory, entry["record"], mod)
+    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+        """The accepted record applied to the computation of its structure (`"compute"`: one of
+        `compute_variants`); a UsageError when either no longer matches (the op or strategy
+        changed since) or the record fails the checks of `records.tuned_module`."""
+        picks = entry.get("compute", {})
+        variant = next((v for v in compute_variants(bound, target) if v.picks == picks), None)
+        if variant is None:
+            raise UsageError(
+                f"{directory / db.ACCEPTED} names the structure {db.shown(picks)}, which the"
+                f" {target.name} strategy does not build {bound.op.name} as (stale: it changed since)"
+            )
+        return db.tuned_module(directory, entry, variant.mod)
 
 
 def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any | None, list[Any]]:
@@ -295,12 +303,13 @@ def _accept(
 ) -> dict[str, Any] | None:
     """The task's verdict, written to accepted.json: the fastest records are built as `deploy
     build --tuned` builds them and judged against the hand schedule on the device (`decide`);
-    an accepted one names the structure of its computation ("compute": its picks). An earlier
-    verdict stands while no new record was measured and the device is the same."""
+    an accepted one is pinned by its sha256 and names the structure of its computation
+    ("compute": its picks). An earlier verdict stands while no new record was measured and the
+    device is the same (`records.standing_verdict`)."""
     import tvm_ffi
 
-    current = db.verdict(records.directory)
-    if db.still_stands(current, len(records.records), device):
+    current = db.standing_verdict(records.directory, len(records.records), device)
+    if current is not None:
         return current
     ranked = {
         db.record_id(r): (next(v for v in variants if tvm_ffi.structural_equal(v.mod, r.workload.mod)), r)
@@ -314,7 +323,8 @@ def _accept(
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
         entry = decide(session, bound, target, contenders, Path(tmp))
     if entry.get("record"):
-        entry["compute"] = ranked[entry["record"]][0].picks
+        variant, record = ranked[entry["record"]]
+        entry |= {"sha256": db.record_sha256(record), "compute": variant.picks}
     return db.write_verdict(records.directory, entry, len(records.records), device)
 
 

@@ -5,17 +5,28 @@
         database_workload.json         MetaSchedule's JSON database (JSON lines, appended per trial
         database_tuning_record.json    batch, so an interrupted run keeps what it measured)
         accepted.json                  the verdict: the record that matched numpy and beat the hand
-                                       schedule on the device, or that the hand schedule stays
+                                       schedule on the device (pinned by its sha256), or that the
+                                       hand schedule stays
+        tune.lock                      held by the `deploy tune` tuning the task (`tuning`)
 
 One database per target and task: MetaSchedule's lookup does not check the target. It holds one
 workload per structure the op's computation may take (`tune/metaschedule.py` compute_variants).
+
+Records are data read from disk, not code: a record whose trace names a code import
+(`pragma_import_llvm`, `pragma_import_c`: the compiler links the annotation's text into the module)
+or uses a primitive TVM does not check makes its database unreadable (`TaskRecords.load`), and a
+`--tuned` build applies only the record whose sha256 the verdict pins.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +38,12 @@ TASK = "task.json"
 ACCEPTED = "accepted.json"
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+LOCK = "tune.lock"
 FAILED_SECS = 1e9
 """MetaSchedule stores a failed candidate with run time 1e10 s; anything above this is a failure."""
+VERDICT_FORMAT = 2
+"""Increased when verdicts gain what builds check (2: the accepted record's sha256), so that a verdict
+written before is judged again instead of standing."""
 
 
 def task_dir(root: Path, bound: BoundOp, target_name: str) -> Path:
@@ -44,9 +59,46 @@ def write_json(path: Path, body: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+@contextmanager
+def tuning(directory: Path, waiting: Callable[[Path], None]) -> Iterator[None]:
+    """Hold the task's lock while tuning it: a second `deploy tune` of the same task calls
+    `waiting(directory)` and waits for the first, then continues from its records instead of
+    measuring the same trials again and appending them to the same files."""
+    with (directory / LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting(directory)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def shown(value: Any) -> str:
+    """A value read from a records file, as a short line for a message (it may be anything)."""
+    return textwrap.shorten(json.dumps(value, default=str), 60, placeholder="...")
+
+
+def record_sha256(record: Any) -> str:
+    """sha256 of a MetaSchedule tuning record's JSON form: what a verdict pins."""
+    return hashlib.sha256(json.dumps(record.as_json(), sort_keys=True).encode()).hexdigest()
+
+
 def record_id(record: Any) -> str:
-    """A short stable id of a MetaSchedule tuning record: sha256 of its JSON form."""
-    return hashlib.sha256(json.dumps(record.as_json(), sort_keys=True).encode()).hexdigest()[:12]
+    """A short stable id of a MetaSchedule tuning record: the start of its sha256."""
+    return record_sha256(record)[:12]
+
+
+def refused_step(trace: Any) -> str | None:
+    """Why `trace` must not be built, or None: a step names a code import (an annotation key such
+    as `pragma_import_llvm`, whose text the compiler links into the module) or is a primitive
+    that TVM does not check (`unsafe_set_dtype`, `unsafe_hide_buffer_access`)."""
+    for inst in trace.insts:
+        if inst.kind.name.startswith("Unsafe"):
+            return f"uses {inst.kind.name}, which TVM does not check"
+        imported = next((str(a) for a in inst.attrs if isinstance(a, str) and "import" in a.lower()), None)
+        if imported is not None:
+            return f"annotates {shown(imported)}, which imports code"
+    return None
 
 
 def mean_secs(record: Any) -> float:
@@ -66,7 +118,8 @@ class TaskRecords:
     @classmethod
     def load(cls, directory: Path, *mods: Any) -> TaskRecords:
         """Records of any of `mods` (IRModules) in `directory`, in the order they were measured;
-        none when the directory has no database."""
+        none when the directory has no database. A UsageError when a line does not parse or a
+        record of ours has a step that must not be built (`refused_step`)."""
         if not (directory / RECORDS).exists():
             return cls(directory, [])
         import tvm_ffi
@@ -79,10 +132,15 @@ class TaskRecords:
             ]
             ours = [any(tvm_ffi.structural_equal(w.mod, mod) for mod in mods) for w in workloads]
             records = []
-            for line in _lines(directory / RECORDS):
+            for number, line in enumerate(_lines(directory / RECORDS), 1):
                 index, body = json.loads(line)
-                if ours[index]:
-                    records.append(ms.database.TuningRecord.from_json(body, workloads[index]))
+                if not ours[index]:
+                    continue
+                record = ms.database.TuningRecord.from_json(body, workloads[index])
+                refused = refused_step(record.trace)
+                if refused is not None:
+                    raise UsageError(f"record {number} {refused}")
+                records.append(record)
         except Exception as exc:
             raise UsageError(
                 f"cannot read the tuning database in {directory}: {first_line(str(exc))}"
@@ -93,31 +151,42 @@ class TaskRecords:
         """Records that ran, fastest first."""
         return sorted((r for r in self.records if mean_secs(r) < FAILED_SECS), key=mean_secs)
 
-    def by_id(self, wanted: str) -> Any | None:
-        return next((r for r in self.records if record_id(r) == wanted), None)
+    def pinned(self, sha256: str) -> Any | None:
+        """The record whose `record_sha256` is `sha256`, if any."""
+        return next((r for r in self.records if record_sha256(r) == sha256), None)
 
 
 def verdict(directory: Path) -> dict[str, Any] | None:
-    """The task's verdict, if tuned: {"record": ID, "ms", "hand_ms", ...} for an accepted record,
-    {"record": None, "kept": "hand", "hand_ms", ...} when the hand schedule stays."""
+    """The task's verdict, if tuned: {"record": ID, "sha256", "ms", "hand_ms", ...} for an
+    accepted record, {"record": None, "kept": "hand", "hand_ms", ...} when the hand schedule
+    stays. A UsageError when accepted.json is not a verdict."""
     path = directory / ACCEPTED
     if not path.exists():
         return None
     try:
         body = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    return body if isinstance(body, dict) and ("record" in body) else None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("record", 0), str | None):
+        raise UsageError(f"{path} is not a verdict of deploy tune (an object naming a record or null)")
+    return body
 
 
-def still_stands(verdict: dict[str, Any] | None, records: int, device: str) -> bool:
-    """Whether an earlier verdict holds: it judged as many records, on the same device."""
-    return verdict is not None and (verdict.get("records"), verdict.get("device")) == (records, device)
+def standing_verdict(directory: Path, records: int, device: str) -> dict[str, Any] | None:
+    """The task's verdict if it still holds: written in this format, judging as many records, on
+    the same device. None when the task must be judged (again), also when its verdict cannot be
+    read: judging writes a new one."""
+    try:
+        body = verdict(directory)
+    except UsageError:
+        return None
+    judged = (body.get("format"), body.get("records"), body.get("device")) if body is not None else None
+    return body if judged == (VERDICT_FORMAT, records, device) else None
 
 
 def write_verdict(directory: Path, verdict: dict[str, Any], records: int, device: str) -> dict[str, Any]:
-    """Write the task's verdict, noting what it judged (for `still_stands`); the verdict written."""
-    written = verdict | {"device": device, "records": records}
+    """Write the task's verdict, noting what it judged (for `standing_verdict`); the verdict written."""
+    written = verdict | {"device": device, "records": records, "format": VERDICT_FORMAT}
     write_json(directory / ACCEPTED, written)
     return written
 
@@ -129,8 +198,12 @@ def accepted(directory: Path) -> dict[str, Any] | None:
 
 
 def _lines(path: Path) -> list[str]:
-    """The non-empty lines of a JSON-lines file (none when it is missing)."""
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The complete non-empty lines of a JSON-lines file (none when it is missing): a last line
+    without its newline is still being written, or was cut by a kill, and is left out."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def apply_record(mod: Any, record: Any) -> Any:
@@ -142,11 +215,25 @@ def apply_record(mod: Any, record: Any) -> Any:
     return sch.mod
 
 
-def tuned_module(directory: Path, record: str, mod: Any) -> Any | None:
-    """`mod` scheduled by the record with id `record` in the task `directory`; None when it is not
-    there for this module (its records were tuned for another computation)."""
-    found = TaskRecords.load(directory, mod).by_id(record)
-    return apply_record(mod, found) if found is not None else None
+def tuned_module(directory: Path, entry: dict[str, Any], mod: Any) -> Any:
+    """`mod` scheduled by the record that the accepted verdict `entry` of the task `directory`
+    pins. A UsageError says why not: the database cannot be read, the record is not there for
+    this module (tuned for another computation, or changed since), or it no longer applies."""
+    pinned = entry.get("sha256")
+    if not isinstance(pinned, str):
+        raise UsageError(f"{directory / ACCEPTED} pins no record by sha256 (an older deploy tune wrote it)")
+    found = TaskRecords.load(directory, mod).pinned(pinned)
+    if found is None or record_id(found) != entry["record"]:
+        raise UsageError(
+            f"{directory / ACCEPTED} pins record {shown(entry['record'])}, which is not in the database"
+            " for this computation (stale, or changed since it was accepted)"
+        )
+    try:
+        return apply_record(mod, found)
+    except Exception as exc:  # TVM's error for a trace that does not apply
+        raise UsageError(
+            f"{directory / ACCEPTED}: its record does not apply: {first_line(str(exc))}"
+        ) from None
 
 
 def drop_partial_lines(directory: Path) -> int:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError
+from base.errors import UsageError, first_line
 from devices import Device
 from ops import TensorType, bind, get_op
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, prim_module
-from toolchain.build.targets import Target
+from toolchain.build.targets import KEPT_HAND, Target
 from toolchain.tune import records as db
 from toolchain.tune.tuners import AcceptedRecords, tuner_for
 from toolchain.verify.measure import check, time_interleaved
@@ -41,9 +41,13 @@ def task_dirs(root: Path, target: Target) -> list[Path]:
 
 def task_bound(directory: Path) -> BoundOp:
     """The op, attributes and input types a task directory was tuned for."""
-    task = json.loads((directory / db.TASK).read_text())
-    inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
-    return bind(get_op(task["op"]), task["attrs"], inputs)
+    path = directory / db.TASK
+    try:
+        task = json.loads(path.read_text())
+        inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
+        return bind(get_op(task["op"]), task["attrs"], inputs)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"cannot read {path}: {first_line(str(exc)) or type(exc).__name__}") from None
 
 
 def best_so_far(times: list[float | None]) -> list[float | None]:
@@ -94,8 +98,7 @@ def report_target(root: Path, target: Target, device: Device) -> Report:
             variants = _variants(bound, target, root)
             checked = [check(session, compiled, Path(tmp)) for compiled in variants.values()]
             timed = dict(zip(variants, time_interleaved(session, checked, REPEAT), strict=True))
-            verdict = db.verdict(directory)
-            kept_hand = verdict is not None and not verdict["record"]
+            kept_hand = AcceptedRecords(root).verdict(bound, target) == KEPT_HAND
             if kept_hand:
                 timed["tuned"] = timed["hand"]
             rows.append(

@@ -36,11 +36,13 @@ class TuneResult:
 class Progress:
     """Callbacks of a tuning run: `started(records, best_s)` once with what earlier runs left;
     `trial(seconds or None)` after each new trial; `stopping()` when Ctrl-C asked to stop after
-    the running batch."""
+    the running batch; `waiting(task directory)` when another run tunes the task and this one
+    waits for it to finish."""
 
     started: Callable[[int, float | None], None] = lambda records, best_s: None
     trial: Callable[[float | None], None] = lambda secs: None
     stopping: Callable[[], None] = lambda: None
+    waiting: Callable[[Path], None] = lambda directory: None
 
 
 class Tuner(Protocol):
@@ -62,8 +64,9 @@ class Tuner(Protocol):
         """Milliseconds of each trial in the order they ran (None for a failed one)."""
         ...
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
-        """The op's IRModule scheduled as the accepted `entry` says; None when it no longer applies."""
+    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+        """The op's IRModule scheduled as the accepted `entry` says; a UsageError says why not
+        (it no longer applies, or the records fail a check: they are data read from disk)."""
         ...
 
 

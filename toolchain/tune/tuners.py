@@ -6,6 +6,8 @@ A new artifact kind that can be tuned adds one entry to TUNERS; one without is r
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from ops.spec import BoundOp
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
 from toolchain.build.shared_object import SHARED_OBJECT
-from toolchain.build.targets import KEPT_HAND, Target
+from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 from toolchain.tune import records as db
 from toolchain.tune.metaschedule import MetaScheduleTuner
 from toolchain.tune.tuner import Progress, Tuner, TuneResult
@@ -44,26 +46,40 @@ def tune(
     check_device(target, device)
     directory = db.task_dir(root, bound, target.name)
     directory.mkdir(parents=True, exist_ok=True)
-    db.write_json(directory / db.TASK, {**bound.key(), "target": target.name, "device": device.name})
-    return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
+    with db.tuning(directory, progress.waiting):
+        db.write_json(directory / db.TASK, {**bound.key(), "target": target.name, "device": device.name})
+        return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 @dataclass(frozen=True)
 class AcceptedRecords:
-    """The schedules `deploy tune` accepted under a records directory `root`."""
+    """The schedules `deploy tune` accepted under a records directory `root`. Records are data
+    read from disk: one that fails a check (`Tuner.schedule`) is not built; `warn` says why in
+    one line and the build keeps the hand schedule."""
 
     root: Path
+    warn: Callable[[str], None] = _warn
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
         directory = db.task_dir(self.root, bound, target.name)
-        entry = db.accepted(directory)
-        if entry is None:
+        try:
+            entry = db.accepted(directory)
+            if entry is None:
+                return None
+            return tuner_for(target).schedule(directory, entry, bound, target), entry["record"]
+        except UsageError as exc:
+            self.warn(f"--tuned {self.root}: {exc}; building the hand schedule")
             return None
-        mod = tuner_for(target).schedule(directory, entry, bound, target)
-        return (mod, entry["record"]) if mod is not None else None
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
-        entry = db.verdict(db.task_dir(self.root, bound, target.name))
+        try:
+            entry = db.verdict(db.task_dir(self.root, bound, target.name))
+        except UsageError:
+            return REFUSED
         if entry is None:
             return None
         return str(entry["record"]) if entry["record"] else KEPT_HAND

@@ -7,7 +7,8 @@ fails alone); `work_groups.json` in the task directory keeps every measurement, 
 run continues with the sizes not yet tried. The fastest size whose output matches numpy is timed
 against the target's default size, interleaved in one session, and accepted (`accepted.json`
 with `work_group`, which `--tuned` builds use) only if it beats the default by more than the
-spread; otherwise the default size stays.
+spread; otherwise the default size stays. A size read from either file is one of WORK_GROUPS or
+refused (`checked_size`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, UsageError, first_line
 from devices import Device
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
@@ -38,10 +39,31 @@ def record_name(work_group: int) -> str:
     return f"work_group={work_group}"
 
 
+def checked_size(value: Any) -> int:
+    """`value`, read from a records file, as a work-group size: one of WORK_GROUPS (the only sizes
+    deploy tune tries); a UsageError otherwise."""
+    if type(value) is not int or value not in WORK_GROUPS:
+        sizes = ", ".join(map(str, WORK_GROUPS))
+        raise UsageError(f"work_group {db.shown(value)} is not a size deploy tune tries ({sizes})")
+    return value
+
+
 def measurements(directory: Path) -> list[dict[str, Any]]:
-    """Every size tried so far, in order: {"work_group", "ms", "max_error"} or {"work_group", "error"}."""
+    """Every size tried so far, in order: {"work_group", "ms", "max_error"} or {"work_group", "error"};
+    a UsageError when the file holds anything else."""
     path = directory / RECORDS
-    return list(json.loads(path.read_text())["trials"]) if path.exists() else []
+    if not path.exists():
+        return []
+    try:
+        trials = json.loads(path.read_text())["trials"]
+        for trial in trials:
+            checked_size(trial["work_group"])
+            expected = float | int if "ms" in trial else str  # a time, else why the size failed
+            if not isinstance(trial.get("ms", trial.get("error")), expected):
+                raise ValueError(f"trial {db.shown(trial)} has neither a time nor an error")
+    except (UsageError, ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"cannot read {path}: {first_line(str(exc)) or type(exc).__name__}") from None
+    return list(trials)
 
 
 def scheduled(bound: BoundOp, target: Target, work_group: int) -> Any:
@@ -79,7 +101,6 @@ class WorkGroupTuner:
         progress.started(before, best / 1e3 if best is not None else None)
         tried = {m["work_group"] for m in done}
         todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
-        verdict = db.verdict(directory)
         with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
             for size in todo:
                 try:
@@ -94,7 +115,8 @@ class WorkGroupTuner:
                 db.write_json(directory / RECORDS, {"trials": done})
                 progress.trial(entry["ms"] / 1e3 if "ms" in entry else None)
             valid = sorted((m for m in done if "ms" in m), key=lambda m: m["ms"])
-            if valid and not db.still_stands(verdict, len(done), device.name):
+            verdict = db.standing_verdict(directory, len(done), device.name)
+            if valid and verdict is None:
                 fastest = valid[0]["work_group"]
                 contenders = (
                     {}
@@ -111,5 +133,15 @@ class WorkGroupTuner:
     def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
         return [m.get("ms") for m in measurements(directory)]
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any | None:
-        return scheduled(bound, target, int(entry["work_group"]))
+    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+        """The GPU schedule with the accepted size; a UsageError when it is not one tuning tries or
+        not the size the record names."""
+        try:
+            size = checked_size(entry.get("work_group"))
+        except UsageError as exc:
+            raise UsageError(f"{directory / db.ACCEPTED}: {exc}") from None
+        if entry["record"] != record_name(size):
+            raise UsageError(
+                f"{directory / db.ACCEPTED}: record {db.shown(entry['record'])} is not size {size}"
+            )
+        return scheduled(bound, target, size)
