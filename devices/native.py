@@ -30,6 +30,31 @@ SOURCES = Path(__file__).resolve().parent / "native"
 SERVER_SOURCE = SOURCES / "rpc_server.cc"
 SERVER = "deploy-rpc-server"
 WHEELS = {"tvm": "apache-tvm==0.27.0.post1", "tvm_ffi": "apache-tvm-ffi==0.1.14.post1"}
+WHEEL_SHA256 = {
+    "apache_tvm-0.27.0.post1-py3-none-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl":
+        "4acfdb7653e4e1ba7a707bdf2833db72eb8fda7d04d99141f2a4e1da43171fb7",
+    "apache_tvm-0.27.0.post1-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl":
+        "f503fc903b6e16fda5daacac6698ecb8bc38937f57da7aa29f6c7ab169d08657",
+    "apache_tvm_ffi-0.1.14.post1-cp311-cp311-manylinux_2_24_aarch64.manylinux_2_28_aarch64.whl":
+        "c7a759781d4fbf2b99fa12f2741f250b882b06acc2747bb02831d491d1ac7d3c",
+    "apache_tvm_ffi-0.1.14.post1-cp312-cp312-manylinux_2_24_aarch64.manylinux_2_28_aarch64.whl":
+        "3fd2255a2e363a40c51ec1eeedb1110a2c74e443f95ae351ee5a81b5ff6808cf",
+    "apache_tvm_ffi-0.1.14.post1-cp313-cp313-manylinux_2_24_aarch64.manylinux_2_28_aarch64.whl":
+        "d6aebe30f21dcbd9e76c5aab56afe0fe228804a4ad73e413b067ae3d27e02f93",
+    "apache_tvm_ffi-0.1.14.post1-cp314-cp314-manylinux_2_24_aarch64.manylinux_2_28_aarch64.whl":
+        "8d4a0f356bbc89a648841b8a913a98478a65dc006c05017ca80f539c35974d96",
+    "apache_tvm_ffi-0.1.14.post1-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl":
+        "4b01a5a3fa07ed3315d5ef1e05d3542dae57a119ef7e77c54bc062414e242f65",
+    "apache_tvm_ffi-0.1.14.post1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl":
+        "eb759c039866b541ec2cb07d498082f8ba6ded74d58d9196180a5932f365c077",
+    "apache_tvm_ffi-0.1.14.post1-cp313-cp313-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl":
+        "e59657d99d52f83c32ce60db4fdca95f5ca5b73425e33653862d06f7b1feffdc",
+    "apache_tvm_ffi-0.1.14.post1-cp314-cp314-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl":
+        "a22cb9637e49c67837c9705be59d3c9b9a525c12f601f894532a16260612a95a",
+}  # fmt: skip
+"""The sha256 of every wheel file of WHEELS deploy takes runtime libraries from (as PyPI serves
+them; CPython 3.11-3.14): libraries that run on a device are checked, not trusted, whether the
+wheel comes from the index or sits in the cache."""
 LIBRARIES = {"tvm": "libtvm_runtime.so", "tvm_ffi": "libtvm_ffi.so"}
 """The runtime library each wheel contributes (from its `<package>/lib/`)."""
 CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-fPIC")
@@ -85,29 +110,62 @@ def runtime_libraries(target: Platform) -> Path:
 
 
 def _extract_from_wheels(target: Platform, staging: Path) -> None:
-    wheels = cache_root() / "wheels" / target.arch
-    platforms = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
-    cmd = [
-        sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *platforms,
-        "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp",
-        "-d", str(wheels), *WHEELS.values(),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-        raise DeployError(f"pip could not fetch the {target.arch} TVM wheels: {tail}")
-    for package, name in LIBRARIES.items():
-        prefix = WHEELS[package].split("==")[0].replace("-", "_")
-        found = sorted(wheels.glob(f"{prefix}-{WHEELS[package].split('==')[1]}-*.whl"))
-        if not found:
-            raise DeployError(f"no {target.arch} wheel of {WHEELS[package]} in {wheels}")
+    for package, path in _pinned_wheels(target).items():
+        name = LIBRARIES[package]
         with (
-            zipfile.ZipFile(found[-1]) as wheel,
+            zipfile.ZipFile(path) as wheel,
             wheel.open(f"{package}/lib/{name}") as src,
             (staging / name).open("wb") as dst,
         ):
             shutil.copyfileobj(src, dst)
         (staging / name).chmod(0o755)
+
+
+def _wheel_name(package: str, target: Platform) -> str:
+    """The pinned wheel file of `package` for `target` and this Python."""
+    dist, version = WHEELS[package].replace("-", "_").split("==")
+    python = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    for name in WHEEL_SHA256:
+        _, _, python_tag, _, platforms = name.removesuffix(".whl").split("-")
+        if (
+            name.startswith(f"{dist}-{version}-")
+            and python_tag in (python, "py3")
+            and all(tag.endswith(f"_{target.arch}") for tag in platforms.split("."))
+        ):
+            return name
+    raise DeployError(
+        f"no {target.arch} wheel of {WHEELS[package]} for {python} is pinned (devices/native.py WHEEL_SHA256)"
+    )
+
+
+def _pinned_wheels(target: Platform) -> dict[str, Path]:
+    """The wheel of each package of WHEELS for `target`, fetched by pip unless cached, each
+    checked against its pinned sha256 before anything is taken from it."""
+    wheels = cache_root() / "wheels" / target.arch
+    paths = {package: wheels / _wheel_name(package, target) for package in WHEELS}
+    missing = [WHEELS[package] for package, path in paths.items() if not path.is_file()]
+    if missing:
+        platforms = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
+        cmd = [
+            sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *platforms,
+            "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp",
+            "-d", str(wheels), *missing,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+            raise DeployError(f"pip could not fetch the {target.arch} TVM wheels: {tail}")
+    for path in paths.values():
+        if not path.is_file():
+            raise DeployError(f"pip fetched no {path.name} into {wheels}")
+        with path.open("rb") as stream:
+            actual = hashlib.file_digest(stream, "sha256").hexdigest()
+        if actual != WHEEL_SHA256[path.name]:
+            raise DeployError(
+                f"wheel {path} has sha256 {actual[:16]}…, pinned {WHEEL_SHA256[path.name][:16]}…:"
+                " refusing it (delete it to fetch it again)"
+            )
+    return paths
 
 
 def require_compiler(target: Platform) -> None:

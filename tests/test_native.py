@@ -17,7 +17,15 @@ import pytest
 from base.errors import DeployError, UsageError
 from devices.elf import elf_machine, provided_versions, required_versions
 from devices.emulator import Emulator
-from devices.native import RUNTIME_FILES, SERVER, native_runtime
+from devices.native import (
+    RUNTIME_FILES,
+    SERVER,
+    WHEEL_SHA256,
+    WHEELS,
+    _wheel_name,
+    native_runtime,
+    runtime_libraries,
+)
 from devices.platforms import get_platform
 from devices.rpc import connect
 from devices.server_process import Server, accepts, free_port, new_key_file, spawn
@@ -137,3 +145,40 @@ def test_missing_qemu_and_cross_compiler_name_their_packages(tmp_path: Path):
 def test_architecture_without_wheels_is_one_line():
     with pytest.raises(UsageError, match="no native TVM runtime for armv7l"):
         get_platform("armv7l")
+
+
+def test_tampered_wheel_is_refused_before_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The runtime libraries a device runs come from wheels pinned by sha256: a cached (or
+    fetched) wheel with other bytes is refused with one line, and nothing is extracted from it."""
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
+    wheels = tmp_path / "wheels" / "aarch64"
+    wheels.mkdir(parents=True)
+    for name in WHEEL_SHA256:
+        if name.endswith("_aarch64.whl"):
+            (wheels / name).write_bytes(b"not the wheel PyPI serves")
+    with pytest.raises(DeployError, match=r"has sha256 .*, pinned .*: refusing it"):
+        runtime_libraries(get_platform("aarch64"))
+    assert list((tmp_path / "runtime-libs").iterdir()) == []  # no staging, no libraries
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "x86_64"])
+def test_every_wheel_is_pinned_for_this_python(arch: str):
+    for package in WHEELS:
+        assert _wheel_name(package, get_platform(arch)) in WHEEL_SHA256
+
+
+def test_emulator_directory_with_shell_syntax_is_only_a_name(
+    runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """DEPLOY_EMULATOR_DIR reaches the server as arguments, never through a shell (no wrapper
+    script is generated): a `$(...)` in it is part of a name, not a command."""
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "$(touch pwned)`touch pwned2`"
+    monkeypatch.setenv("DEPLOY_EMULATOR_DIR", str(base))
+    server = Emulator(arch=HOST).start()
+    try:
+        assert accepts(server.port)
+    finally:
+        server.stop()
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert (base / "sessions").is_dir()

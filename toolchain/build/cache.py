@@ -20,11 +20,12 @@ from base.paths import cache_root
 from ops.spec import BoundOp
 from toolchain.build.compile import compile_op
 from toolchain.build.export import export, tvm_version
-from toolchain.build.manifest import MANIFEST, Manifest
+from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import Target
 
 _BUILDING = threading.Lock()
-"""One build at a time: workers verifying in parallel share the cache."""
+"""One build at a time: workers verifying in parallel share the cache (other processes sharing
+it take turns through `artifact_lock`)."""
 
 
 @cache
@@ -62,7 +63,9 @@ def build_key(bound: BoundOp, target: Target) -> str:
 def cached_build(bound: BoundOp, target: Target) -> tuple[Path, Manifest]:
     """The artifact directory for (bound, target), building it on a miss."""
     directory = cache_root() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
+    directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
-        if (directory / MANIFEST).exists():
-            return directory, Manifest.read(directory)
-        return directory, export(compile_op(bound, target), directory)
+        with artifact_lock(directory, shared=True):
+            if (directory / MANIFEST).exists():
+                return directory, Manifest.read(directory)
+        return directory, export(compile_op(bound, target), directory, keep_existing=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from base.errors import UsageError
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled
-from toolchain.build.manifest import MANIFEST, Manifest, sha256_file
+from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock, sha256_file
 from toolchain.build.targets import get_target
 
 
@@ -28,60 +28,83 @@ def tvm_version() -> str:
     return str(tvm.__version__)
 
 
-def export(compiled: Compiled, directory: Path, bundle: bool = False) -> Manifest:
+def export(
+    compiled: Compiled, directory: Path, bundle: bool = False, keep_existing: bool = False
+) -> Manifest:
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
-    `bundle`, also the files that call the module from C (see `bundle.py`)."""
-    directory = Path(directory)
-    _check_replaceable(directory)
-    directory = directory.resolve()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        target, bound = compiled.target, compiled.bound
-        module = target.artifact.write(compiled.executable, staging, target)
-        bundled = write_bundle(bound, target, staging, module) if bundle else None
-        key = bound.key()
-        manifest = Manifest(
-            op=bound.op.name,
-            attrs=key["attrs"],
-            inputs=[
-                {"name": spec.name, **t.to_json()}
-                for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
-            ],
-            output=bound.output.to_json(),
-            target=target.name,
-            tvm_target=dict(target.tvm),
-            arch=target.arch,
-            schedule=compiled.schedule,
-            tuning_record=compiled.tuning_record,
-            tuning=compiled.tuning,
-            cores=target.build_cores() if target.artifact.splits_for_cores else None,
-            bundle=bundled,
-            module=module.name,
-            sha256=sha256_file(module),
-            tvm_version=tvm_version(),
-            deploy_version=deploy_version(),
-        )
-        manifest.write(staging)
-        _replace_dir(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    `bundle`, also the files that call the module from C (see `bundle.py`). Concurrent exports
+    into one directory take turns (`artifact_lock`); with `keep_existing`, one that finds an
+    artifact already there (a concurrent build of the same cache entry) keeps it."""
+    directory = _place(Path(directory))
+    with artifact_lock(directory):
+        _check_replaceable(directory)
+        if keep_existing and (directory / MANIFEST).is_file():
+            return Manifest.read(directory)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            manifest = _write_artifact(compiled, staging, bundle)
+            _replace_dir(staging, directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return manifest
+
+
+def _write_artifact(compiled: Compiled, staging: Path, bundle: bool) -> Manifest:
+    """The artifact's files and, last, its manifest, into `staging`."""
+    target, bound = compiled.target, compiled.bound
+    module = target.artifact.write(compiled.executable, staging, target)
+    bundled = write_bundle(bound, target, staging, module) if bundle else None
+    key = bound.key()
+    manifest = Manifest(
+        op=bound.op.name,
+        attrs=key["attrs"],
+        inputs=[
+            {"name": spec.name, **t.to_json()} for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
+        ],
+        output=bound.output.to_json(),
+        target=target.name,
+        tvm_target=dict(target.tvm),
+        arch=target.arch,
+        schedule=compiled.schedule,
+        tuning_record=compiled.tuning_record,
+        tuning=compiled.tuning,
+        cores=target.build_cores() if target.artifact.splits_for_cores else None,
+        bundle=bundled,
+        module=module.name,
+        sha256=sha256_file(module),
+        tvm_version=tvm_version(),
+        deploy_version=deploy_version(),
+    )
+    manifest.write(staging)
+    return manifest
+
+
+def _place(given: Path) -> Path:
+    """`given` resolved, once the directory it goes in exists. Refused as bad input first: a file
+    or symlink where the artifact directory or one above it must be, and the current directory
+    or one above it."""
+    if given.is_symlink() or (given.exists() and not given.is_dir()):
+        raise UsageError(f"output {given} exists and is not a directory: not replacing it")
+    directory = given.resolve()
+    if Path.cwd().resolve().is_relative_to(directory):
+        raise UsageError(f"output directory {given} holds the current directory: give a directory below it")
+    existing = next(parent for parent in directory.parents if parent.exists())
+    if not existing.is_dir():
+        raise UsageError(f"output {given}: {existing} is a file, not a directory")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create output directory {directory.parent}: {exc.strerror}") from None
+    return directory
 
 
 def _check_replaceable(directory: Path) -> None:
     """Refuse an output directory deploy may not replace: one holding anything but an earlier
     artifact's own files (the manifest, the files its artifact kind wrote, a bundle's files as
-    SHA256SUMS lists them), or the current directory or one above it."""
-    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
-        raise UsageError(f"output {directory} exists and is not a directory: not replacing it")
+    SHA256SUMS lists them)."""
     if not directory.exists():
         return
-    if Path.cwd().resolve().is_relative_to(directory.resolve()):
-        raise UsageError(
-            f"output directory {directory} holds the current directory: give a directory below it"
-        )
     found = {p.relative_to(directory) for p in directory.rglob("*") if p.is_symlink() or not p.is_dir()}
     if not found:
         return

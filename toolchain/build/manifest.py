@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,20 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextmanager
+def artifact_lock(directory: Path, shared: bool = False) -> Iterator[None]:
+    """Lock the directory the artifact directory `directory` lives in (it must exist):
+    exclusively while a build checks, writes and swaps one in, shared while one is read, so that
+    concurrent builds take turns and no reader sees one mid-swap. The parent itself is locked, not
+    a lock file beside it: nothing is left next to a user's output."""
+    fd = os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -69,7 +87,17 @@ class Manifest:
         return f"{self.schedule} (tuning kept it)" if self.tuning else self.schedule
 
     def module_path(self, directory: Path) -> Path:
-        return directory / self.module
+        """The module inside `directory`: a manifest is data from disk, so a `module` that is not
+        a plain file name there (`../x.so`, an absolute path, a symlink out) is refused, never
+        loaded."""
+        module = self.module
+        plain = isinstance(module, str) and module not in ("", "..") and "\0" not in module
+        if not plain or Path(module).name != module:
+            raise UsageError(f"artifact {directory}: manifest module {module!r} is not a file name")
+        path = directory / module
+        if path.resolve().parent != directory.resolve():
+            raise UsageError(f"artifact {directory}: module {module} links outside the artifact directory")
+        return path
 
     def check_module(self, directory: Path) -> Path:
         """The module's path after checking its sha256 against the manifest."""

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import secrets
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
+import numpy.lib.format as npy_format
 
-from base.errors import UsageError
+from base.errors import DeployError, UsageError
+
+_DIMS = re.compile(r"[0-9]+(?:x[0-9]+)*")
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """`32x64x112x112` -> (32, 64, 112, 112); `()` or `scalar` -> ()."""
+    """`32x64x112x112` -> (32, 64, 112, 112); `scalar` or `()` -> (), never an empty string.
+
+    Dims are ASCII digits only: int() alone would also take fullwidth digits and `1_000`."""
     cleaned = text.strip().lower()
-    if cleaned in ("", "()", "scalar"):
+    if cleaned in ("()", "scalar"):
         return ()
+    expected = f"--shape {text!r}: expected dims like 32x64x112x112 (or 'scalar' for rank 0)"
+    if not _DIMS.fullmatch(cleaned):
+        raise UsageError(expected)
     try:
         dims = tuple(int(part) for part in cleaned.split("x"))
-    except ValueError:
-        raise UsageError(f"--shape {text!r}: expected dims like 32x64x112x112 (or 'scalar')") from None
+    except ValueError:  # more digits than int() converts
+        raise UsageError(expected) from None
     if any(d < 1 for d in dims):
         raise UsageError(f"--shape {text!r}: every dim must be >= 1")
     return dims
@@ -30,24 +44,99 @@ def parse_attrs(pairs: tuple[str, ...]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise UsageError(f"-a {pair!r}: expected key=value, e.g. -a kernel=3")
+        if name.strip() in attrs:
+            raise UsageError(f"-a {pair!r}: attribute {name.strip()} is given twice")
         attrs[name.strip()] = value.strip()
     return attrs
 
 
+NPY_HEADERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+"""The .npy format versions read (3.0 differs only in allowing utf-8 field names, which no op takes)."""
+ZIP_MAGIC = b"PK\x03\x04"
+
+
 def load_npy(path: str) -> np.ndarray:
+    """One array from a .npy file. The size its header claims is checked against the file's before
+    anything is allocated: a forged header is bad input, not a MemoryError."""
     try:
-        array = np.load(path, allow_pickle=False)
+        with open(path, "rb") as stream:
+            if stream.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
+                raise UsageError(f"input {path!r} holds several arrays (.npz); expected one .npy array")
+            stream.seek(0)
+            version = npy_format.read_magic(stream)
+            if version not in NPY_HEADERS:
+                raise UsageError(
+                    f"input {path!r} is .npy format {version[0]}.{version[1]}; expected 1.0 or 2.0"
+                )
+            shape, _, dtype = NPY_HEADERS[version](stream)
+            claimed = math.prod(shape) * dtype.itemsize
+            held = os.fstat(stream.fileno()).st_size - stream.tell()
+            if claimed > held:
+                raise UsageError(
+                    f"input {path!r}: its header claims a {'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+                    f" array ({claimed} bytes) but the file holds {held} bytes of data"
+                )
+            stream.seek(0)
+            return npy_format.read_array(stream, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise UsageError(f"cannot read input {path!r} as a .npy array: {exc}") from None
-    if not isinstance(array, np.ndarray):
-        raise UsageError(f"input {path!r} holds several arrays (.npz); expected one .npy array")
-    return array
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
-    target = Path(path)
-    if target.parent and not target.parent.exists():
-        raise UsageError(f"cannot write output {path!r}: directory {target.parent} does not exist")
-    tmp = target.with_name(target.name + ".partial.npy")
-    np.save(tmp, array)
-    tmp.replace(target)
+    """Write `array` to `path` as .npy. A regular file, or the file a symlink names (the link
+    stays), is replaced in one rename; a device or FIFO (`/dev/stdout`, `/dev/null`) is written in
+    place; a directory is refused. A path that cannot be written is bad input (exit 2); a write
+    that fails midway (a full disk) is a failure (exit 1) and leaves no partial file."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"output {path!r} is a directory; expected a .npy file path")
+    if mode is not None and not stat.S_ISREG(mode):
+        _write_in_place(path, array)
+        return
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        problem = "is not a directory" if target.parent.exists() else "does not exist"
+        raise UsageError(f"cannot write output {path!r}: {target.parent} {problem}")
+    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial.npy")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise UsageError(f"cannot write output {path!r}: {exc.strerror} in {target.parent}") from None
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            if mode is not None:
+                os.fchmod(stream.fileno(), stat.S_IMODE(mode))  # the file replaced keeps its mode
+            _write_npy(stream, array)
+        os.replace(partial, target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise DeployError(f"cannot write output {path!r}: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _write_in_place(path: str, array: np.ndarray) -> None:
+    """Write to a device or FIFO as it is: renaming over it would replace the node itself."""
+    try:
+        stream = open(path, "wb")  # noqa: SIM115  (closed below: opening and writing fail differently)
+    except OSError as exc:
+        raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
+    try:
+        with stream:
+            _write_npy(stream, array)
+    except OSError as exc:
+        raise DeployError(f"cannot write output {path!r}: {exc.strerror}") from None
+
+
+def _write_npy(stream: BinaryIO, array: np.ndarray) -> None:
+    """What `np.save` writes, with plain writes only: its fast path seeks, which a pipe or a
+    terminal (`-o /dev/stdout`) cannot."""
+    data = np.asarray(array, order="C")
+    npy_format.write_array_header_1_0(stream, npy_format.header_data_from_array_1_0(data))
+    stream.write(data.data)

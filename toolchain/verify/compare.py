@@ -19,6 +19,11 @@ class Comparison:
     detail: str = ""
 
 
+CHUNK = 1 << 18
+"""Elements compared at a time: the float64 copies a comparison makes stay a few MB, however
+large the output."""
+
+
 def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison:
     """Exact equality for exact ops and integers; dtype tolerances for floats. NaN matches NaN."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
@@ -29,21 +34,39 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
         )
     if actual.size == 0:
         return Comparison(True, 0.0)
+    exact = exact or expected.dtype.kind in "iub"
+    rtol, atol = (0.0, 0.0) if exact else TOLERANCES[str(expected.dtype)]
+    flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
+    max_error, agree = 0.0, True
+    for start in range(0, flat_expected.size, CHUNK):
+        part = _compare_chunk(
+            flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
+        )
+        if part is None:
+            return Comparison(False, float("inf"), "NaN in different places")
+        max_error, agree = max(max_error, part[0]), agree and part[1]
+    if exact:
+        return Comparison(agree, max_error, "" if agree else "not bit-exact")
+    return Comparison(agree, max_error, "" if agree else f"beyond rtol={rtol} atol={atol}")
+
+
+def _compare_chunk(
+    expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
+) -> tuple[float, bool] | None:
+    """(max error, whether they agree) of one chunk; None when NaN are in different places."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
-    nan_expected, nan_actual = np.isnan(wide_expected), np.isnan(wide_actual)
-    if not np.array_equal(nan_expected, nan_actual):
-        return Comparison(False, float("inf"), "NaN in different places")
+    nan_expected = np.isnan(wide_expected)
+    if not np.array_equal(nan_expected, np.isnan(wide_actual)):
+        return None
     finite = ~nan_expected
+    wide_expected, wide_actual = wide_expected[finite], wide_actual[finite]
     with np.errstate(invalid="ignore"):  # inf - inf; equal entries are zeroed next
-        diff = np.abs(wide_expected[finite] - wide_actual[finite])
-    diff[wide_expected[finite] == wide_actual[finite]] = 0.0
+        diff = np.abs(wide_expected - wide_actual)
+    diff[wide_expected == wide_actual] = 0.0
     max_error = float(diff.max()) if diff.size else 0.0
-    if exact or expected.dtype.kind in "iub":
-        same = np.array_equal(expected[finite], actual[finite])
-        return Comparison(same, max_error, "" if same else "not bit-exact")
-    rtol, atol = TOLERANCES[str(expected.dtype)]
-    close = bool(np.all(diff <= atol + rtol * np.abs(wide_expected[finite])))
-    return Comparison(close, max_error, "" if close else f"beyond rtol={rtol} atol={atol}")
+    if exact:
+        return max_error, bool(np.array_equal(expected[finite], actual[finite]))
+    return max_error, bool(np.all(diff <= atol + rtol * np.abs(wide_expected)))
 
 
 SPECIAL_EVERY = 2000
