@@ -7,13 +7,19 @@ UsageError naming the attribute, the bad value and what was expected.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from base.errors import UsageError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+# ASCII only: float() and int() alone also take `1_000` and fullwidth or other Unicode digits.
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
 
 
 def _bad(name: str, value: Any, expected: str) -> UsageError:
@@ -31,6 +37,8 @@ class Float:
         return "float"
 
     def normalize(self, name: str, value: Any) -> float:
+        if isinstance(value, str) and not _FLOAT.fullmatch(value.strip()):
+            raise _bad(name, value, "a float")
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -38,6 +46,14 @@ class Float:
         if isinstance(value, bool) or not math.isfinite(number) or not self.lo <= number <= self.hi:
             raise _bad(name, value, f"a finite float in [{self.lo}, {self.hi}]")
         return number
+
+    def check_dtype(self, name: str, value: float, dtype: str) -> None:
+        """A float dtype must hold the value: TVM refuses a constant beyond its range."""
+        if not np.issubdtype(dtype, np.floating):
+            return
+        largest = float(np.finfo(dtype).max)
+        if abs(value) > largest:
+            raise _bad(name, value, f"a float within the range of {dtype} (|x| <= {largest:g})")
 
     def strategy(self, st: Any) -> Any:
         return st.floats(max(self.lo, -4.0), min(self.hi, 4.0), allow_nan=False)
@@ -58,8 +74,10 @@ class Int:
         expected = f"an integer in [{self.lo}, {self.hi}]"
         if isinstance(value, bool):
             raise _bad(name, value, expected)
+        if isinstance(value, str) and not _INT.fullmatch(value.strip()):
+            raise _bad(name, value, expected)
         try:
-            number = int(value, 10) if isinstance(value, str) else int(value)
+            number = int(value)
         except (TypeError, ValueError):
             raise _bad(name, value, expected) from None
         if isinstance(value, float) and value != number:

@@ -19,11 +19,22 @@ from ops.spec import Op
 _OPS: dict[str, Op] = {}
 
 
+def _source(cls: type[Op]) -> str:
+    """The file that defined `cls` (its module's name where there is none: an interactive session)."""
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return str(Path(path).resolve()) if path else cls.__module__
+
+
 def register(cls: type[Op]) -> type[Op]:
-    """Class decorator: instantiate the op and add it under `cls.name`."""
+    """Class decorator: instantiate the op and add it under `cls.name`.
+
+    The same file may register again (it was imported twice); another file using the name is an
+    error naming both, so a user op never silently replaces a built-in one or another user op."""
     existing = _OPS.get(cls.name)
-    if existing is not None and type(existing).__qualname__ != cls.__qualname__:
-        raise UsageError(f"op {cls.name!r} is defined twice ({type(existing).__module__}, {cls.__module__})")
+    if existing is not None and _source(type(existing)) != _source(cls):
+        raise UsageError(
+            f"op {cls.name!r} is defined twice: in {_source(type(existing))} and in {_source(cls)}"
+        )
     _OPS[cls.name] = cls()
     return cls
 
@@ -56,6 +67,7 @@ def load_ops_path(directory: str | Path) -> list[str]:
     folder = Path(directory)
     if not folder.is_dir():
         raise UsageError(f"--ops-path {str(directory)!r} is not a directory")
+    load_builtin()
     before = set(_OPS)
     for path in sorted(folder.glob("*.py")):
         module_name = f"deploy_user_ops.{folder.resolve().name}.{path.stem}"
@@ -68,6 +80,8 @@ def load_ops_path(directory: str | Path) -> list[str]:
             spec.loader.exec_module(module)
         except UsageError:
             raise
+        except SystemExit as exc:
+            raise UsageError(f"op file {path} called exit({exc.code!r}) while being imported") from exc
         except Exception as exc:
             raise UsageError(f"op file {path} failed to import: {type(exc).__name__}: {exc}") from exc
     return sorted(set(_OPS) - before)
@@ -78,5 +92,7 @@ def load_entry_points(group: str = "deploy.ops") -> None:
     for entry in entry_points(group=group):
         try:
             entry.load()
-        except Exception as exc:
-            raise UsageError(f"entry point {entry.name} ({entry.value}) failed: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise UsageError(
+                f"entry point {entry.name} ({entry.value}) failed: {type(exc).__name__}: {exc}"
+            ) from exc

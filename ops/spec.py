@@ -6,16 +6,18 @@ attributes, input count, ranks and dtypes generically, then calls the op's own `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from base.errors import UsageError
-from ops.attrs import Attr
+from ops.attrs import Attr, Float
 
 ALL_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
 FLOAT_DTYPES = ("float32", "float16", "float64")
+MAX_ELEMENTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,24 @@ def bind(op: Op, attrs: dict[str, Any], inputs: list[TensorType]) -> BoundOp:
             raise UsageError(
                 f"input {spec.name} of {op.name} has shape {list(tensor.shape)}: dims must be >= 1"
             )
+        check_size(f"input {spec.name} of {op.name}", tensor.shape)
     dtypes = {t.dtype for t in inputs}
     if len(dtypes) > 1:
         raise UsageError(f"inputs of {op.name} must share one dtype, got {', '.join(sorted(dtypes))}")
-    return BoundOp(op, values, tuple(inputs), op.infer(values, list(inputs)))
+    for attr in op.attrs:
+        if isinstance(attr.kind, Float) and values[attr.name] is not None:
+            attr.kind.check_dtype(attr.name, values[attr.name], inputs[0].dtype)
+    output = op.infer(values, list(inputs))
+    check_size(f"the output of {op.name}", output.shape)
+    return BoundOp(op, values, tuple(inputs), output)
+
+
+def check_size(what: str, shape: tuple[int, ...]) -> None:
+    """At most MAX_ELEMENTS elements: TVM indexes a tensor with int32 and fails deep in lowering
+    beyond it, and the cap keeps a typo like 100000x100000x100 from asking for terabytes."""
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise UsageError(
+            f"{what} has shape {list(shape)}: {count:.3g} elements, more than the {MAX_ELEMENTS}"
+            " (2**31 - 1) one tensor may hold"
+        )

@@ -72,14 +72,27 @@ def test_example_op_from_the_readme():
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
-def test_entry_point_group_loads_installed_ops(tmp_path):
-    site = tmp_path / "site"
-    (site / "cube_pkg").mkdir(parents=True)
-    (site / "cube_pkg" / "__init__.py").write_text(CUBE.format(name="cube_ep", bug=""))
-    dist = site / "cube_pkg-1.0.dist-info"
+def install_entry_point(site, package, entry, source):
+    """A package in `site` whose `deploy.ops` entry point `entry` names its module, `source`."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(source)
+    dist = site / f"{package}-1.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cube-pkg\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[deploy.ops]\ncube = cube_pkg\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[deploy.ops]\n{entry} = {package}\n")
+    return site
+
+
+def test_entry_point_group_loads_installed_ops(tmp_path):
+    site = install_entry_point(tmp_path / "site", "cube_pkg", "cube", CUBE.format(name="cube_ep", bug=""))
     listed = run_deploy("ops", "--json", env={"PYTHONPATH": str(site)})
     assert listed.returncode == 0, listed.stderr
     assert "cube_ep" in {op["name"] for op in json.loads(listed.stdout)}
+
+
+def test_entry_point_that_exits_is_one_line(tmp_path):
+    """An entry point's module calling sys.exit() is an error, not a silent exit 0."""
+    site = install_entry_point(tmp_path / "site", "quits_pkg", "quits", "import sys\nsys.exit(0)\n")
+    proc = run_deploy("ops", env={"PYTHONPATH": str(site)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "error: entry point quits (quits_pkg) failed: SystemExit: 0"

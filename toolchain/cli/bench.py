@@ -47,12 +47,19 @@ def bench_command(
 
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: expected at least 1")
+    if plot and not Path(plot).parent.is_dir():
+        raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
     target = resolve_target(target_name, tuned, cores)
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    unsupported = [op.name for op in ops if dtype not in op.dtypes]
+    if len(unsupported) == len(ops):  # checked before any device is touched
+        raise UsageError(f"no op in the selection supports dtype {dtype} (see `deploy ops`)")
+    if op_names and unsupported:
+        raise UsageError(f"--op {', '.join(unsupported)}: does not support dtype {dtype} (see `deploy ops`)")
     device = where.resolve(target)
-    rows = bench_ops(ops, dtype, target, device, repeat, fresh_roofline)
-    if not rows:
-        raise UsageError(f"no op in the selection supports dtype {dtype}")
+    rows = bench_ops(
+        [op for op in ops if op.name not in unsupported], dtype, target, device, repeat, fresh_roofline
+    )
     if plot:
         plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
     if as_json:

@@ -20,7 +20,10 @@ def resolve_target(name: str, tuned: str | None = None, cores: int | None = None
     from toolchain.build.targets import get_target
 
     if tuned is not None and not Path(tuned).is_dir():
-        raise UsageError(f"--tuned {tuned}: no such directory (write one with `deploy tune --db {tuned}`)")
+        found = "is not a directory" if Path(tuned).exists() else "no such directory"
+        raise UsageError(
+            f"--tuned {tuned}: {found} (expected the records directory of `deploy tune --db DIR`)"
+        )
     if cores is not None and not 1 <= cores <= 4096:
         raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
     target = get_target(name).with_cores(cores)

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 
 PNG = "report.png"
+MAX_TRIALS = 100_000
+MAX_TIMEOUT_S = 86_400.0
 
 
 @click.command("tune")
@@ -66,10 +68,14 @@ def tune_command(
     from ops import TensorType
     from toolchain.cli.args import parse_shape
 
+    if not 1 <= trials <= MAX_TRIALS:
+        raise UsageError(f"--trials {trials}: expected 1..{MAX_TRIALS}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN fails too
+        raise UsageError(f"--timeout {timeout_s}: expected seconds in (0, {MAX_TIMEOUT_S:.0f}]")
+    root = _records_dir(db_dir)
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
     target = resolve_target(target_name, cores=cores)
     device = where.resolve(target)
-    root = Path(db_dir)
     if op_name is not None:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
@@ -84,6 +90,16 @@ def tune_command(
         png = measured.json.with_name(PNG)
         plot_curves(measured.curves, png, f"deploy tune --target {target.name} on {device.name}")
         print_report(measured.rows, target, device, png)
+
+
+def _records_dir(db_dir: str) -> Path:
+    """--db as a directory that is or can be created: no file where a directory must be."""
+    root = Path(db_dir)
+    nearest = next((path for path in (root, *root.parents) if path.exists()), None)
+    if nearest is not None and not nearest.is_dir():
+        where = "is a file" if nearest == root else f"is under {nearest}, a file"
+        raise UsageError(f"--db {db_dir}: {where}; expected a records directory")
+    return root
 
 
 def _tune_with_progress(

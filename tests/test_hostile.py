@@ -1,0 +1,410 @@
+"""The hostile-input table: every bad input is one `error:` line on stderr naming the bad value,
+exit 2 (1 for a failed device), no traceback, nothing written.
+
+Each row is (command line, exit code, a fragment of the message). `TMP/` in a row names the
+files `hostile_files` prepares: bad .npy files, op files, a plain file where a directory belongs.
+The CLI runs in-process, so the whole table takes seconds; rows touch no device (a row naming
+`--device nosuch` checks that the bad value is refused before any device is asked).
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ops import registry
+from tests.conftest import invoke
+
+LR = "build --target x86 --op leaky_relu"
+ADD = "build --target x86 --op add"
+POOL = "build --target x86 --op max_pool2d --shape 1x1x8x8"
+ARGMAX = "build --target x86 --op argmax --shape 3x4"
+RUN = "run --target x86 --op leaky_relu -o out.npy"
+RUN_ADD = "run --target x86 --op add -o out.npy"
+TUNE = "tune --target x86 --op leaky_relu"
+BENCH = "bench --target x86 --device nosuch"
+BOARD = "device add b --host h --user u"
+BIG = "9" * 5000
+
+ROWS: list[tuple[str, int, str]] = [
+    # the group, its options and op files (--ops-path)
+    ("nosuch", 2, "No such command 'nosuch'"),
+    ("--bogus ops", 2, "No such option '--bogus'"),
+    ("--ops-path", 2, "'--ops-path' requires an argument"),
+    ("--ops-path TMP/missing ops", 2, "TMP/missing' is not a directory"),
+    ("--ops-path TMP/afile ops", 2, "TMP/afile' is not a directory"),
+    ("--ops-path TMP/ops_exit ops", 2, "TMP/ops_exit/quit.py called exit(0)"),
+    ("--ops-path TMP/ops_exit_msg ops", 2, "called exit('bye')"),
+    ("--ops-path TMP/ops_import ops", 2, "imports.py failed to import: ModuleNotFoundError"),
+    ("--ops-path TMP/ops_syntax ops", 2, "syntax.py failed to import: SyntaxError"),
+    ("--ops-path TMP/ops_raise ops", 2, "raises.py failed to import: RuntimeError: boom"),
+    ("--ops-path TMP/ops_noname ops", 2, "noname.py failed to import: AttributeError"),
+    ("--ops-path TMP/ops_builtin ops", 2, "ops/leaky_relu.py and in TMP/ops_builtin/lr.py"),
+    ("--ops-path TMP/ops_twins ops", 2, "'hostile_twin' is defined twice: in TMP/ops_twins/a.py and in"),
+    ("--ops-path TMP/ops_exit build --target x86 --op add --shape 4 --shape 4", 2, "called exit(0)"),
+    ("ops --bogus", 2, "No such option '--bogus'"),
+    ("ops extra", 2, "unexpected extra argument (extra)"),
+    ("targets extra", 2, "unexpected extra argument (extra)"),
+    # build: required options, op and target names
+    ("build --target x86 --shape 4", 2, "Missing option '--op'"),
+    ("build --op add --shape 4 --shape 4", 2, "Missing option '--target'"),
+    ("build --op add --target x86", 2, "Missing option '--shape'"),
+    ("build --target x86 --op conv9d --shape 4", 2, "unknown op 'conv9d'"),
+    ("build --target x86 --op '' --shape 4", 2, "unknown op ''"),
+    ("build --target x86 --op ADD --shape 4 --shape 4", 2, "unknown op 'ADD'"),
+    ("build --target x86 --op ' add' --shape 4 --shape 4", 2, "unknown op ' add'"),
+    ("build --target riscv --op add --shape 4 --shape 4", 2, "'riscv'"),
+    ("build --target '' --op add --shape 4 --shape 4", 2, "''"),
+    ("build --target X86 --op add --shape 4 --shape 4", 2, "'X86'"),
+    (f"{LR} --shape 4 --bogus", 2, "No such option '--bogus'"),
+    (f"{LR} --shape 4 extra", 2, "unexpected extra argument (extra)"),
+    (f"{LR} --shape", 2, "'--shape' requires an argument"),
+    # build: shapes
+    (f"{LR} --shape ''", 2, "--shape '': expected dims like 32x64x112x112 (or 'scalar' for rank 0)"),
+    (f"{LR} --shape ' '", 2, "--shape ' ': expected dims"),
+    (f"{LR} --shape \uff14", 2, "--shape '\uff14': expected dims"),
+    (f"{LR} --shape 4x\uff14", 2, "--shape '4x\uff14': expected dims"),
+    (f"{LR} --shape \u0664", 2, "--shape '\u0664': expected dims"),
+    (f"{LR} --shape \u00b2", 2, "--shape '\u00b2': expected dims"),
+    (f"{LR} --shape 1_000", 2, "--shape '1_000': expected dims"),
+    (f"{LR} --shape 3xa", 2, "--shape '3xa'"),
+    (f"{LR} --shape 4x", 2, "--shape '4x'"),
+    (f"{LR} --shape x4", 2, "--shape 'x4'"),
+    (f"{LR} --shape 4xx4", 2, "--shape '4xx4'"),
+    (f"{LR} --shape -4", 2, "--shape '-4'"),
+    (f"{LR} --shape +4", 2, "--shape '+4'"),
+    (f"{LR} --shape 4.0", 2, "--shape '4.0'"),
+    (f"{LR} --shape 4,4", 2, "--shape '4,4'"),
+    (f"{LR} --shape '4 4'", 2, "--shape '4 4'"),
+    (f"{LR} --shape '4 x 4'", 2, "--shape '4 x 4'"),
+    (f"{LR} --shape 1e3", 2, "--shape '1e3'"),
+    (f"{LR} --shape 4*4", 2, "--shape '4*4'"),
+    (f"{LR} --shape '[4, 4]'", 2, "--shape '[4, 4]'"),
+    (f"{LR} --shape '(4,)'", 2, "--shape '(4,)'"),
+    (f"{LR} --shape abc", 2, "--shape 'abc'"),
+    (f"{LR} --shape 0", 2, "--shape '0': every dim must be >= 1"),
+    (f"{LR} --shape 3x0", 2, "--shape '3x0': every dim must be >= 1"),
+    (f"{LR} --shape 0x10", 2, "--shape '0x10': every dim must be >= 1"),
+    (f"{LR} --shape {BIG}", 2, "expected dims like"),
+    (f"{LR} --shape 1000000000x1000000000", 2, "1e+18 elements, more than the 2147483647"),
+    (f"{LR} --shape 9223372036854775808", 2, "[9223372036854775808]: 9.22e+18 elements"),
+    (f"{LR} --shape 100000x100000x100", 2, "[100000, 100000, 100]: 1e+12 elements"),
+    (f"{LR} --shape 46341x46341", 2, "[46341, 46341]: 2.15e+09 elements"),
+    (f"{LR} --shape 2147483648", 2, "[2147483648]: 2.15e+09 elements"),
+    (f"{LR} --shape 1x1x1x1x1x1x1", 2, "has shape [1, 1, 1, 1, 1, 1, 1]: expected rank 0..6"),
+    (f"{ADD} --shape 46341x1 --shape 1x46341", 2, "the output of add has shape [46341, 46341]"),
+    ("build --target x86 --op max_pool2d --shape scalar", 2, "has shape []: expected rank 4..4"),
+    ("build --target x86 --op argmax --shape '()'", 2, "has shape []: expected rank 1..6"),
+    ("build --target x86 --op max_pool2d --shape 8x8", 2, "[8, 8]"),
+    # build: input count and broadcasting
+    ("build --target x86 --op add --shape 4", 2, "takes 2 inputs (a, b), got 1"),
+    ("build --target x86 --op add --shape 4 --shape 4 --shape 4", 2, "takes 2 inputs (a, b), got 3"),
+    (f"{LR} --shape 4 --shape 4", 2, "takes 1 inputs (x), got 2"),
+    (f"{ADD} --shape 3x4 --shape 5", 2, "[5]"),
+    (f"{ADD} --shape 2x3 --shape 3x2", 2, "[3, 2]"),
+    ("build --target x86 --op maxpool_add --shape 1x2x8x8 --shape 1x2x8x8", 2, "[1, 2, 8, 8]"),
+    # build: dtypes
+    (f"{LR} --shape 4 --dtype int8", 2, "does not support dtype int8"),
+    (f"{LR} --shape 4 --dtype int32", 2, "does not support dtype int32"),
+    (f"{ADD} --shape 4 --shape 4 --dtype float128", 2, "float128"),
+    (f"{ADD} --shape 4 --shape 4 --dtype ''", 2, "does not support dtype  for input a"),
+    (f"{ADD} --shape 4 --shape 4 --dtype FLOAT32", 2, "FLOAT32"),
+    (f"{ADD} --shape 4 --shape 4 --dtype float", 2, "dtype float for"),
+    (f"{ADD} --shape 4 --shape 4 --dtype bfloat16", 2, "bfloat16"),
+    (f"{ADD} --shape 4 --shape 4 --dtype uint16", 2, "uint16"),
+    (f"{ADD} --shape 4 --shape 4 --dtype bool", 2, "dtype bool"),
+    (f"{ADD} --shape 4 --shape 4 --dtype complex64", 2, "complex64"),
+    (f"{ADD} --shape 4 --shape 4 --dtype", 2, "'--dtype' requires an argument"),
+    # build: attributes
+    (f"{LR} --shape 4 -a alpha=abc", 2, "alpha='abc'"),
+    (f"{LR} --shape 4 -a alpha=nan", 2, "alpha='nan': expected a finite float"),
+    (f"{LR} --shape 4 -a alpha=inf", 2, "alpha='inf': expected a finite float"),
+    (f"{LR} --shape 4 -a alpha=-inf", 2, "alpha='-inf'"),
+    (f"{LR} --shape 4 -a alpha=1e309", 2, "alpha='1e309'"),
+    (f"{LR} --shape 4 -a alpha=", 2, "alpha='': expected a float"),
+    (f"{LR} --shape 4 -a alpha=1_0", 2, "alpha='1_0': expected a float"),
+    (f"{LR} --shape 4 -a alpha=\uff11", 2, "alpha='\uff11': expected a float"),
+    (f"{LR} --shape 4 -a alpha=0x10", 2, "alpha='0x10'"),
+    (f"{LR} --shape 4 -a alpha=1,2", 2, "alpha='1,2'"),
+    (f"{LR} --shape 4 -a alpha=true", 2, "alpha='true'"),
+    (f"{LR} --shape 4 -a alpha=1e308", 2, "alpha=1e+308: expected a float within the range of float32"),
+    (f"{LR} --shape 4 -a alpha=-1e39", 2, "alpha=-1e+39: expected a float within the range of float32"),
+    (f"{LR} --shape 4 --dtype float16 -a alpha=1e6", 2, "within the range of float16 (|x| <= 65504)"),
+    (f"{LR} --shape 4 --dtype float16 -a alpha=65520", 2, "alpha=65520.0"),
+    (f"{LR} --shape 4 -a alpha", 2, "-a 'alpha': expected key=value"),
+    (f"{LR} --shape 4 -a =3", 2, "-a '=3': expected key=value"),
+    (f"{LR} --shape 4 -a ''", 2, "-a '': expected key=value"),
+    (f"{LR} --shape 4 -a alpha=1 -a alpha=2", 2, "-a 'alpha=2': attribute alpha is given twice"),
+    (f"{LR} --shape 4 -a", 2, "'-a' requires an argument"),
+    (f"{ADD} --shape 4 --shape 4 -a axis=1", 2, "op add has no attribute 'axis' (attributes: none)"),
+    (f"{LR} --shape 4 -a Alpha=1", 2, "has no attribute 'Alpha' (attributes: alpha)"),
+    (f"{POOL} -a kernel=0", 2, "kernel='0'"),
+    (f"{POOL} -a kernel=17", 2, "kernel='17'"),
+    (f"{POOL} -a kernel=-1", 2, "kernel='-1'"),
+    (f"{POOL} -a kernel=3.5", 2, "kernel='3.5'"),
+    (f"{POOL} -a kernel=a", 2, "kernel='a'"),
+    (f"{POOL} -a kernel=1,2,3", 2, "kernel='1,2,3'"),
+    (f"{POOL} -a kernel=", 2, "kernel=''"),
+    (f"{POOL} -a kernel=\uff13", 2, "kernel='\uff13'"),
+    (f"{POOL} -a kernel=1_0", 2, "kernel='1_0'"),
+    (f"{POOL} -a kernel=99999999999999999999999", 2, "kernel='99999999999999999999999'"),
+    (f"{POOL} -a kernel=true", 2, "kernel='true'"),
+    (f"{POOL} -a kernel=2,", 2, "kernel='2,'"),
+    (f"{POOL} -a stride=0", 2, "stride='0'"),
+    (f"{POOL} -a stride=1,0", 2, "stride='1,0'"),
+    (f"{POOL} -a padding=-1", 2, "padding='-1'"),
+    (f"{POOL} -a kernel=2 -a padding=2", 2, "padding [2, 2]"),
+    (f"{POOL} -a ceil_mode=maybe", 2, "ceil_mode='maybe'"),
+    (f"{POOL} -a ceil_mode=", 2, "ceil_mode=''"),
+    ("build --target x86 --op max_pool2d --shape 1x1x2x2 -a kernel=3", 2, "kernel"),
+    (f"{ARGMAX} -a axis=2", 2, "axis=2"),
+    (f"{ARGMAX} -a axis=-7", 2, "axis='-7'"),
+    (f"{ARGMAX} -a axis=x", 2, "axis='x'"),
+    (f"{ARGMAX} -a axis=1.0", 2, "axis='1.0'"),
+    (f"{ARGMAX} -a keepdims=2", 2, "keepdims='2'"),
+    (f"{ARGMAX} -a out_dtype=int16", 2, "out_dtype='int16'"),
+    (f"{ARGMAX} -a out_dtype=INT64", 2, "out_dtype='INT64'"),
+    (f"{ARGMAX} -a out_dtype=", 2, "out_dtype=''"),
+    # build: cores, tuned records, devices
+    (f"{LR} --shape 4 --cores 0", 2, "--cores 0: expected a thread count from 1 to 4096"),
+    (f"{LR} --shape 4 --cores -1", 2, "--cores -1"),
+    (f"{LR} --shape 4 --cores 4097", 2, "--cores 4097"),
+    (f"{LR} --shape 4 --cores abc", 2, "'abc' is not a valid integer"),
+    (f"{LR} --shape 4 --cores 1.5", 2, "'1.5' is not a valid integer"),
+    (f"{LR} --shape 4 --tuned TMP/missing", 2, "--tuned TMP/missing: no such directory"),
+    (f"{LR} --shape 4 --tuned TMP/afile", 2, "--tuned TMP/afile: is not a directory"),
+    (f"{LR} --shape 4 --device nosuch", 2, "unknown device 'nosuch'"),
+    (f"{LR} --shape 4 --device local --cl-device 0:0", 2, "--cl-device goes instead of --device"),
+    (f"{LR} --shape 4 --tracker 127.0.0.1:9190", 2, "--tracker and --key go together"),
+    (f"{LR} --shape 4 --key k", 2, "--tracker and --key go together"),
+    (f"{LR} --shape 4 --device local --tracker 127.0.0.1:9190 --key k", 2, "instead of --device"),
+    (f"{LR} --shape 4 --tracker nocolon --key k", 2, "tracker address 'nocolon'"),
+    (f"{LR} --shape 4 --tracker 127.0.0.1:0 --key k", 2, "tracker address '127.0.0.1:0'"),
+    (f"{LR} --shape 4 --tracker 127.0.0.1:70000 --key k", 2, "tracker address '127.0.0.1:70000'"),
+    (f"{LR} --shape 4 --tracker :9190 --key k", 2, "tracker address ':9190'"),
+    # run: .npy inputs
+    ("run --target x86 --op leaky_relu -i TMP/f32_4.npy", 2, "Missing option '-o'"),
+    ("run --target x86 --op leaky_relu -o out.npy", 2, "Missing option '-i'"),
+    (f"{RUN} -i TMP/missing.npy", 2, "input 'TMP/missing.npy'"),
+    (f"{RUN} -i TMP/text.npy", 2, "input 'TMP/text.npy'"),
+    (f"{RUN} -i TMP/empty.npy", 2, "input 'TMP/empty.npy'"),
+    (f"{RUN} -i TMP/truncated.npy", 2, "input 'TMP/truncated.npy'"),
+    (f"{RUN} -i TMP/bad_header.npy", 2, "input 'TMP/bad_header.npy'"),
+    (f"{RUN} -i TMP/object.npy", 2, "input 'TMP/object.npy'"),
+    (f"{RUN} -i TMP/adir", 2, "input 'TMP/adir'"),
+    (f"{RUN} -i TMP/arrays.npz", 2, "holds several arrays (.npz)"),
+    (f"{RUN} -i TMP/i8_4.npy", 2, "does not support dtype int8"),
+    (f"{RUN} -i TMP/u16_4.npy", 2, "dtype uint16"),
+    (f"{RUN} -i TMP/c64_4.npy", 2, "dtype complex64"),
+    (f"{RUN} -i TMP/bool_4.npy", 2, "dtype bool"),
+    (f"{RUN} -i TMP/str_4.npy", 2, "dtype <U1"),
+    (f"{RUN} -i TMP/datetime.npy", 2, "dtype datetime64[D]"),
+    (f"{RUN} -i TMP/be_f32_4.npy", 2, "dtype >f4"),
+    (f"{RUN} -i TMP/zero_size.npy", 2, "has shape [0]: dims must be >= 1"),
+    (f"{RUN} -i TMP/rank7.npy", 2, "expected rank 0..6"),
+    (f"{RUN} -i TMP/f32_4.npy -i TMP/f32_4.npy", 2, "takes 1 inputs (x), got 2"),
+    (f"{RUN_ADD} -i TMP/f32_4.npy", 2, "takes 2 inputs (a, b), got 1"),
+    (f"{RUN_ADD} -i TMP/f32_3x4.npy -i TMP/f32_5.npy", 2, "[5]"),
+    (f"{RUN_ADD} -i TMP/f32_4.npy -i TMP/f64_4.npy", 2, "must share one dtype, got float32, float64"),
+    (f"{RUN} -i TMP/f32_4.npy -a alpha=1e308", 2, "within the range of float32"),
+    (f"{RUN} -i TMP/f16_4.npy -a alpha=-7e4", 2, "within the range of float16"),
+    (f"{RUN} -i TMP/f32_4.npy -a beta=1", 2, "has no attribute 'beta'"),
+    (f"{RUN} -i TMP/f32_4.npy --cores 0", 2, "--cores 0"),
+    (f"{RUN} -i TMP/f32_4.npy --tuned TMP/afile", 2, "is not a directory"),
+    (f"{RUN} -i TMP/f32_4.npy --device nosuch", 2, "unknown device 'nosuch'"),
+    ("run --target x86 --op nope -o out.npy -i TMP/f32_4.npy", 2, "unknown op 'nope'"),
+    ("run --target arm9 --op leaky_relu -o out.npy -i TMP/f32_4.npy", 2, "'arm9'"),
+    # test
+    ("test", 2, "Missing option '--target'"),
+    ("test --target nosuch", 2, "'nosuch'"),
+    ("test --target x86 --op nosuch", 2, "unknown op 'nosuch'"),
+    ("test --target x86 --dtype float128", 2, "no cases for ops all with dtypes float128"),
+    ("test --target x86 --op leaky_relu --dtype int8", 2, "no cases for ops leaky_relu with dtypes int8"),
+    ("test --target x86 --cores 0", 2, "--cores 0"),
+    ("test --target x86 --tuned TMP/afile", 2, "is not a directory"),
+    ("test --target x86 --device nosuch", 2, "unknown device 'nosuch'"),
+    ("test --target x86 --tracker 127.0.0.1:9190", 2, "--tracker and --key go together"),
+    ("test --target x86 --cl-device 0:0 --device local", 2, "--cl-device goes instead"),
+    ("test --target x86 --shape 4", 2, "No such option '--shape'"),
+    # bench: bad values are refused before any device (nosuch would be refused next)
+    ("bench --target x86 --op leaky_relu --dtype int8", 2, "no op in the selection supports dtype int8"),
+    (f"{BENCH} --op leaky_relu --dtype int8", 2, "no op in the selection supports dtype int8"),
+    (f"{BENCH} --op add --op leaky_relu --dtype int8", 2, "--op leaky_relu: does not support dtype int8"),
+    (f"{BENCH} --dtype float128", 2, "no op in the selection supports dtype float128"),
+    (f"{BENCH} --op nosuch", 2, "unknown op 'nosuch'"),
+    (f"{BENCH} --repeat 0", 2, "--repeat 0: expected at least 1"),
+    (f"{BENCH} --repeat -3", 2, "--repeat -3: expected at least 1"),
+    (f"{BENCH} --repeat abc", 2, "'abc' is not a valid integer"),
+    (f"{BENCH} --plot TMP/missing/bench.png", 2, "TMP/missing is not an existing directory"),
+    (f"{BENCH} --plot TMP/afile/bench.png", 2, "TMP/afile is not an existing directory"),
+    (f"{BENCH} --plot TMP/adir", 2, "'TMP/adir' is a directory"),
+    (f"{BENCH} --cores 0", 2, "--cores 0"),
+    (f"{BENCH} --tuned TMP/afile", 2, "--tuned TMP/afile: is not a directory"),
+    ("bench --target x86 --device nosuch --op add", 2, "unknown device 'nosuch'"),
+    ("bench --target nosuch", 2, "'nosuch'"),
+    # tune: what is checked before a search starts
+    ("tune --target x86", 2, "--op is required"),
+    ("tune --target x86 --op leaky_relu", 2, "--shape is required with --op"),
+    (f"{TUNE} --shape ''", 2, "--shape '': expected dims"),
+    (f"{TUNE} --shape \uff14", 2, "--shape '\uff14': expected dims"),
+    (f"{TUNE} --shape 1000000000x1000000000", 2, "1e+18 elements"),
+    (f"{TUNE} --shape 4 -a alpha=1e308", 2, "within the range of float32"),
+    (f"{TUNE} --shape 4 --dtype int8", 2, "does not support dtype int8"),
+    ("tune --target x86 --op nosuch --shape 4", 2, "unknown op 'nosuch'"),
+    (f"{TUNE} --shape 4 --trials abc", 2, "'abc' is not a valid integer"),
+    (f"{TUNE} --shape 4 --timeout abc", 2, "'abc' is not a valid float"),
+    (f"{TUNE} --shape 4 --cores 0", 2, "--cores 0"),
+    (f"{TUNE} --shape 4 --tuned TMP/adir", 2, "No such option '--tuned'"),
+    (f"{TUNE} --shape 4 --device nosuch", 2, "unknown device 'nosuch'"),
+    ("tune --target x86 --report --db TMP/missing", 2, "TMP/missing"),
+    ("tune --target x86 --report --db TMP/afile", 2, "--db TMP/afile: is a file"),
+    (f"{TUNE} --shape 4 --db TMP/afile/sub", 2, "--db TMP/afile/sub: is under TMP/afile, a file"),
+    (f"{TUNE} --shape 4 --trials 0", 2, "--trials 0: expected 1..100000"),
+    (f"{TUNE} --shape 4 --trials -3", 2, "--trials -3: expected 1..100000"),
+    (f"{TUNE} --shape 4 --trials 10000000", 2, "--trials 10000000: expected 1..100000"),
+    (f"{TUNE} --shape 4 --timeout -1", 2, "--timeout -1.0: expected seconds in (0, 86400]"),
+    (f"{TUNE} --shape 4 --timeout 0", 2, "--timeout 0.0: expected seconds"),
+    (f"{TUNE} --shape 4 --timeout nan", 2, "--timeout nan: expected seconds"),
+    (f"{TUNE} --shape 4 --timeout inf", 2, "--timeout inf: expected seconds"),
+    # run -o and .npy inputs that lie (the op runs first: the output is written after it)
+    (f"{RUN} -i TMP/f32_4.npy -o TMP/adir", 2, "is a directory; expected a .npy file path"),
+    (f"{RUN} -i TMP/f32_4.npy -o TMP/afile/out.npy", 2, "afile is not a directory"),
+    (f"{RUN} -i TMP/forged.npy", 2, "its header claims a 100000x100000 float32 array"),
+    (f"{RUN} -i TMP/v3.npy", 2, "is .npy format 3.0; expected 1.0 or 2.0"),
+    (f"{LR} --shape 4 -o TMP/afile/art", 2, "afile is a file, not a directory"),
+    (f"{LR} --shape 4 -o TMP/afile/deeper/art", 2, "afile is a file, not a directory"),
+    # device and tracker: names and addresses (nothing is started)
+    ("device nosuch", 2, "No such command 'nosuch'"),
+    ("device check nosuch", 2, "no device named 'nosuch'"),
+    ("device setup nosuch", 2, "no device named 'nosuch'"),
+    ("device remove nosuch", 2, "no device named 'nosuch'"),
+    ("device serve nosuch --tracker 127.0.0.1:9190 --key k", 2, "no device named 'nosuch'"),
+    ("device serve b --tracker nocolon --key k", 2, "tracker address 'nocolon'"),
+    ("device serve b --key k", 2, "Missing option '--tracker'"),
+    ("device add", 2, "Missing argument 'NAME'"),
+    ("device add b --user u", 2, "Missing option '--host'"),
+    ("device add 'a b' --host h --user u", 2, "device name 'a b'"),
+    ("device add local --host h --user u", 2, "device name 'local'"),
+    ("device add b --host '' --user u", 2, "board host ''"),
+    ("device add b --host 'h h' --user u", 2, "board host 'h h'"),
+    ("device add b --host h --user ''", 2, "board user ''"),
+    (f"{BOARD} --port 0", 2, "board port 0: expected 1..65535"),
+    (f"{BOARD} --port 70000", 2, "board port 70000"),
+    (f"{BOARD} --port abc", 2, "'abc' is not a valid integer"),
+    (f"{BOARD} --arch sparc", 2, "board arch 'sparc'"),
+    (f"{BOARD} --key TMP/missing_key", 2, "board key 'TMP/missing_key': no such file"),
+    ("device emulator nosuch", 2, "No such command 'nosuch'"),
+    ("device emulator start --tracker nocolon", 2, "tracker address 'nocolon'"),
+    ("device emulator start --port abc", 2, "'abc' is not a valid integer"),
+    ("tracker nosuch", 2, "No such command 'nosuch'"),
+    ("tracker status --tracker nocolon", 2, "tracker address 'nocolon'"),
+    ("tracker start --port abc", 2, "'abc' is not a valid integer"),
+]
+
+OP_FILE = textwrap.dedent(
+    '''
+    """A user op named {name!r}."""
+    from tvm import te
+    from ops import Input, Op, register
+
+    @register
+    class {cls}(Op):
+        """x, copied."""
+        name = "{name}"
+        inputs = (Input("x"),)
+
+        def infer(self, attrs, inputs):
+            return inputs[0]
+
+        def compute(self, attrs, out, x):
+            return te.compute(out.shape, lambda *i: x[i], name="out")
+
+        def reference(self, attrs, x):
+            return x.copy()
+    '''
+)
+
+OP_DIRS = {
+    "ops_exit": {"quit.py": "import sys\nsys.exit(0)\n"},
+    "ops_exit_msg": {"bye.py": "raise SystemExit('bye')\n"},
+    "ops_import": {"imports.py": "import no_such_module_for_deploy\n"},
+    "ops_syntax": {"syntax.py": "def (:\n"},
+    "ops_raise": {"raises.py": "raise RuntimeError('boom')\n"},
+    "ops_noname": {"noname.py": "from ops import Op, register\n\n@register\nclass NoName(Op):\n    pass\n"},
+    "ops_builtin": {"lr.py": OP_FILE.format(name="leaky_relu", cls="LeakyRelu")},
+    "ops_twins": {
+        "a.py": OP_FILE.format(name="hostile_twin", cls="Twin"),
+        "b.py": OP_FILE.format(name="hostile_twin", cls="Twin"),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files the rows name under TMP/."""
+    root = tmp_path_factory.mktemp("hostile").resolve()
+    (root / "afile").write_text("a plain file\n")
+    (root / "adir").mkdir()
+    arrays = {
+        "f32_4": np.ones(4, "float32"),
+        "f32_3x4": np.ones((3, 4), "float32"),
+        "f32_5": np.ones(5, "float32"),
+        "f64_4": np.ones(4, "float64"),
+        "f16_4": np.ones(4, "float16"),
+        "i8_4": np.ones(4, "int8"),
+        "u16_4": np.ones(4, "uint16"),
+        "c64_4": np.ones(4, "complex64"),
+        "bool_4": np.ones(4, "bool"),
+        "str_4": np.array(["a", "b", "c", "d"]),
+        "datetime": np.array(["2020-01-01"], dtype="datetime64[D]"),
+        "be_f32_4": np.ones(4, ">f4"),
+        "zero_size": np.ones(0, "float32"),
+        "rank7": np.ones((1,) * 7, "float32"),
+    }
+    for name, array in arrays.items():
+        np.save(root / f"{name}.npy", array)
+    np.save(root / "object.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.savez(root / "arrays.npz", a=np.ones(4, "float32"), b=np.ones(4, "float32"))
+    (root / "text.npy").write_text("not a numpy file")
+    (root / "empty.npy").write_bytes(b"")
+    whole = (root / "f32_3x4.npy").read_bytes()
+    (root / "truncated.npy").write_bytes(whole[: len(whole) - 8])
+    with open(root / "forged.npy", "wb") as forged:
+        np.lib.format.write_array_header_1_0(
+            forged, {"descr": "<f4", "fortran_order": False, "shape": (100000, 100000)}
+        )
+        forged.write(bytes(64))
+    with open(root / "v3.npy", "wb") as v3:
+        np.lib.format.write_array(v3, np.ones(4, "float32"), version=(3, 0))
+    (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
+    for folder, files in OP_DIRS.items():
+        (root / folder).mkdir()
+        for name, text in files.items():
+            (root / folder / name).write_text(text)
+    return root
+
+
+def test_the_table_holds_150_distinct_inputs():
+    commands = [tuple(shlex.split(command)) for command, _, _ in ROWS]
+    assert len(set(commands)) == len(commands), "a row is repeated"
+    assert len(commands) >= 150
+
+
+@pytest.mark.parametrize("command,code,fragment", ROWS, ids=[row[0][:80] for row in ROWS])
+def test_bad_input_is_one_line(command, code, fragment, hostile_files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    registry.load_builtin()
+    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))  # ops a row's --ops-path adds go after it
+    args = [arg.replace("TMP/", f"{hostile_files}/") for arg in shlex.split(command)]
+    result = invoke(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, result.stdout + result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert fragment.replace("TMP/", f"{hostile_files}/") in lines[0]
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == [], "a refused command wrote nothing"
