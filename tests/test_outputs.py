@@ -86,6 +86,16 @@ def test_output_fifo_is_written_in_place(tmp_path, x):
     assert partial_files(tmp_path) == []
 
 
+def test_output_to_stdout_is_the_array_alone(x):
+    """`-o /dev/stdout | ...`: the array on stdout, what deploy says on stderr."""
+    ran = subprocess.run([DEPLOY, *RUN, "-i", str(x), "-o", "/dev/stdout", "--check"], capture_output=True)
+    assert ran.returncode == 0, ran.stderr
+    stream = io.BytesIO(ran.stdout)
+    np.testing.assert_allclose(np.load(stream), expected_output(x))
+    assert stream.read() == b"", "something besides the array went to stdout"
+    assert b"wrote /dev/stdout" in ran.stderr and b"check passed" in ran.stderr
+
+
 @pytest.mark.parametrize(
     "make,fragment",
     [

@@ -82,11 +82,10 @@ def load_npy(path: str) -> np.ndarray:
         raise UsageError(f"cannot read input {path!r} as a .npy array: {exc}") from None
 
 
-def save_npy(path: str, array: np.ndarray) -> None:
-    """Write `array` to `path` as .npy. A regular file, or the file a symlink names (the link
-    stays), is replaced in one rename; a device or FIFO (`/dev/stdout`, `/dev/null`) is written in
-    place; a directory is refused. A path that cannot be written is bad input (exit 2); a write
-    that fails midway (a full disk) is a failure (exit 1) and leaves no partial file."""
+def output_mode(path: str) -> int | None:
+    """The mode of what `path` names now (None: nothing yet), once it is known that an array can
+    be written there: not a directory, and a file's directory exists. Checked before a command
+    runs anything, and again when it writes."""
     try:
         mode: int | None = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -95,13 +94,24 @@ def save_npy(path: str, array: np.ndarray) -> None:
         raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
     if mode is not None and stat.S_ISDIR(mode):
         raise UsageError(f"output {path!r} is a directory; expected a .npy file path")
+    if mode is None or stat.S_ISREG(mode):
+        parent = Path(os.path.realpath(path)).parent
+        if not parent.is_dir():
+            problem = "is not a directory" if parent.exists() else "does not exist"
+            raise UsageError(f"cannot write output {path!r}: {parent} {problem}")
+    return mode
+
+
+def save_npy(path: str, array: np.ndarray) -> None:
+    """Write `array` to `path` as .npy. A regular file, or the file a symlink names (the link
+    stays), is replaced in one rename; a device or FIFO (`/dev/stdout`, `/dev/null`) is written in
+    place; a directory is refused. A path that cannot be written is bad input (exit 2); a write
+    that fails midway (a full disk) is a failure (exit 1) and leaves no partial file."""
+    mode = output_mode(path)
     if mode is not None and not stat.S_ISREG(mode):
         _write_in_place(path, array)
         return
     target = Path(os.path.realpath(path))
-    if not target.parent.is_dir():
-        problem = "is not a directory" if target.parent.exists() else "does not exist"
-        raise UsageError(f"cannot write output {path!r}: {target.parent} {problem}")
     partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial.npy")
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

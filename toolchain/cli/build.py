@@ -3,6 +3,7 @@ files, optionally checked against numpy)."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import click
@@ -133,10 +134,12 @@ def run_command(
     """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
     from ops import TensorType
     from toolchain.build.cache import cached_build
-    from toolchain.cli.args import load_npy, save_npy
+    from toolchain.cli.args import load_npy, output_mode, save_npy
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
     target = resolve_target(target_name, tuned, cores)
+    mode = output_mode(output)
+    to_stderr = mode is not None and not stat.S_ISREG(mode)  # -o /dev/stdout: the array alone there
     arrays = [load_npy(path) for path in inputs]
     bound = bind_op(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
     device = where.resolve(target)
@@ -145,9 +148,10 @@ def run_command(
         directory, manifest = cached_build(bound, for_device(target, session))
         result = run_artifact(session, directory, manifest, arrays)
     save_npy(output, result)
-    click.echo(f"{op_name} on {device.name} ({manifest.built_with}): wrote {output} {bound.output}")
+    wrote = f"{op_name} on {device.name} ({manifest.built_with}): wrote {output} {bound.output}"
+    click.echo(wrote, err=to_stderr)
     if check:
         comparison = against_reference(bound, arrays, result)
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
-        click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy")
+        click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy", err=to_stderr)
