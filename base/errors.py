@@ -20,3 +20,10 @@ def first_line(text: str) -> str:
     """The first non-blank line of an error message (compiler errors run to pages)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else ""
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (escape sequences, carriage returns,
+    line breaks, bidi overrides) written as a Python escape: what a board or a tracker says is
+    shown on one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -5,7 +5,8 @@ The runtime (`deploy-rpc-server` and the TVM runtime libraries, about 5 MB, buil
 the board's architecture) is pushed over SFTP into `<remote_dir>/runtime.new`, checked with the
 board's own `sha256sum`, and renamed into `<remote_dir>/runtime`, so that directory never holds a
 half-written runtime. The board needs no Python: a POSIX shell with `uname`, `sha256sum`, `rm` and
-`sleep` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir. Before anything is
+`sleep` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir, and a `runtime` there
+that holds none of the runtime's files is left alone (setup refuses). Before anything is
 pushed, the runtime's ELF machine is checked against `uname -m`, and the glibc and libstdc++
 versions the board's libraries define against those the runtime needs.
 """
@@ -16,12 +17,13 @@ import hashlib
 import posixpath
 import re
 import shlex
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
 
-from base.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError, printable
 from devices.boards import Board
 from devices.elf import Version, elf_machine, provided_versions, required_versions, version_text
 from devices.native import RUNTIME_FILES, native_runtime
@@ -38,6 +40,10 @@ LIBRARY_DIRS = (
 LIBRARIES = {"GLIBC": ("glibc", "libc.so.6"), "GLIBCXX": ("libstdc++", "libstdc++.so.6")}
 """Symbol-version family -> (what to call it, the library that defines it)."""
 SHA256_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
+LIBRARY_READ_LIMIT = 32 << 20
+"""The most read of a board's C library (its section table and version sections: kilobytes)."""
+MACHINE = re.compile(r"[A-Za-z0-9_]{1,32}")
+"""What a `uname -m` looks like (anything else a board answers is not shown as its machine)."""
 
 
 def _say_versions(kind: str, version: Version) -> str:
@@ -68,14 +74,15 @@ def _machine(shell: BoardShell) -> str:
     there is missing."""
     name = shell.board.name
     probe = "; ".join(f"command -v {q} >/dev/null || echo missing: {q}" for q in map(shlex.quote, TOOLS))
-    status, out = shell.run(f"uname -m; {probe}")
-    lines = out.splitlines()
-    missing = [line.split(": ", 1)[1] for line in lines if line.startswith("missing: ")]
+    reply = shell.run(f"uname -m; {probe}")
+    lines = reply.out.splitlines()
+    missing = [tool for tool in TOOLS if f"missing: {tool}" in lines]
     if missing:
         raise DeployError(f"{name}: the board has no {', '.join(missing)} (deploy runs {', '.join(TOOLS)})")
-    if status != 0 or len(lines) != 1 or not lines[0].strip():
-        raise DeployError(f"{name}: `uname -m` failed on the board: {out or f'exit status {status}'}")
-    machine = lines[0].strip()
+    machine = lines[0].strip() if len(lines) == 1 else ""
+    if not MACHINE.fullmatch(machine):
+        said = reply.err or printable(" | ".join(lines)) or "no output"
+        raise DeployError(f"{name}: `uname -m` failed on the board: {said}")
     return MACHINE_ALIASES.get(machine, machine)
 
 
@@ -88,21 +95,40 @@ def _board_versions(shell: BoardShell, machine: str) -> dict[str, Version]:
     with shell.files("reading the board's C libraries") as sftp:
         for kind, (_, library) in LIBRARIES.items():
             for directory in directories:
-                version = _defined_version(sftp, posixpath.join(directory, library), kind)
+                version = _defined_version(shell.board.name, sftp, posixpath.join(directory, library), kind)
                 if version is not None:
                     found[kind] = version
                     break
     return found
 
 
-def _defined_version(sftp: paramiko.SFTPClient, path: str, kind: str) -> Version | None:
+class _Capped:
+    """A file on the board of which at most LIBRARY_READ_LIMIT bytes are read in all, whatever
+    sizes its headers claim."""
+
+    def __init__(self, stream: paramiko.SFTPFile) -> None:
+        self._stream, self._left = stream, LIBRARY_READ_LIMIT
+
+    def seek(self, offset: int) -> None:
+        self._stream.seek(offset)
+
+    def read(self, size: int) -> bytes:
+        if size > self._left:
+            raise ValueError(f"its sections would take over {LIBRARY_READ_LIMIT >> 20} MiB")
+        self._left -= size
+        return bytes(self._stream.read(size))
+
+
+def _defined_version(name: str, sftp: paramiko.SFTPClient, path: str, kind: str) -> Version | None:
     try:
         with sftp.open(path, "rb") as stream:
-            return provided_versions(stream, path).get(kind)
+            return provided_versions(_Capped(stream), path).get(kind)  # type: ignore[arg-type]
     except FileNotFoundError:
         return None
     except UsageError:  # not a 64-bit little-endian ELF file (a 32-bit multilib copy)
         return None
+    except (struct.error, LookupError, ValueError) as exc:
+        raise DeployError(f"{name}: {path} is not an ELF library deploy can read: {exc}") from None
 
 
 def _sha256(path: Path) -> str:
@@ -113,9 +139,9 @@ def _board_sha256(shell: BoardShell, directory: str) -> dict[str, str]:
     """The sha256 of each runtime file in `directory`, computed on the board; missing ones (or a
     missing directory) are left out."""
     names = " ".join(shlex.quote(name) for name in RUNTIME_FILES)
-    _, out = shell.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- {names}")
+    reply = shell.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- {names}")
     found = {}
-    for line in out.splitlines():
+    for line in reply.out.splitlines():
         match = SHA256_LINE.match(line.strip())
         if match and match.group(2) in RUNTIME_FILES:
             found[match.group(2)] = match.group(1)
@@ -189,6 +215,8 @@ def setup_board(board: Board, say: Callable[[str], None]) -> None:
         if not stale:
             say(f"{board.name}: runtime in {shell.runtime_dir} matches this host's (sha256); nothing to do")
             return
+        if not on_board:
+            _refuse_foreign(shell)
         size = sum((runtime / name).stat().st_size for name in RUNTIME_FILES) / 1e6
         found = f"differs ({', '.join(stale)})" if on_board else "missing"
         say(f"{board.name}: runtime {found}; pushing {size:.1f} MB to {shell.runtime_dir}")
@@ -198,15 +226,26 @@ def setup_board(board: Board, say: Callable[[str], None]) -> None:
         client.close()
 
 
+def _refuse_foreign(shell: BoardShell) -> None:
+    """Refuse to replace a `runtime` directory that holds none of the runtime's files: deploy
+    did not write it (the remote dir is not deploy's alone)."""
+    with shell.files(f"looking at {shell.runtime_dir}") as sftp:
+        if _exists(sftp, shell.runtime_dir):
+            raise DeployError(
+                f"{shell.board.name}: {shell.runtime_dir} exists and is not a deploy runtime: refusing to"
+                " replace it (move it away, or re-add the board with another --remote-dir)"
+            )
+
+
 def _push(shell: BoardShell, runtime: Path) -> None:
     """Upload into runtime.new, check every file's sha256 on the board, make them executable, then
     rename runtime.new to runtime (the old one is moved aside first and removed after)."""
     name, q = shell.board.name, shlex.quote
     final = shell.runtime_dir
     fresh, old = final + ".new", final + ".old"
-    status, out = shell.run(f"rm -rf -- {q(fresh)} {q(old)}")  # left by an interrupted setup
-    if status != 0:
-        raise DeployError(f"{name}: cannot remove {fresh} or {old}: {out}")
+    removed = shell.run(f"rm -rf -- {q(fresh)} {q(old)}")  # left by an interrupted setup
+    if removed.status != 0:
+        raise DeployError(f"{name}: cannot remove {fresh} or {old}: {removed.err}")
     with shell.files(f"uploading the runtime to {fresh}") as sftp:
         _makedirs(sftp, shell.remote_dir)
         for directory in sorted({posixpath.dirname(posixpath.join(fresh, f)) for f in RUNTIME_FILES}):

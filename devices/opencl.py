@@ -1,9 +1,11 @@
 """OpenCL devices and the runner for `--target opencl` artifacts (pyopencl; never imports TVM).
 
 An artifact is `launch.json` (kernels in order, their arguments by buffer index, global and local
-sizes) next to `kernels.cl`, whose sha256 the plan pins. A board with an OpenCL driver and
-pyopencl runs it with this module alone. The device is `opencl` (platform 0, device 0) or
-`opencl:P:D` (`--cl-device P:D`); `deploy device list` shows the choices.
+sizes, the shape and dtype of each buffer) next to `kernels.cl`, whose sha256 the plan pins. A
+board with an OpenCL driver and pyopencl runs it with this module alone. The plan and the caller's
+arrays are checked before anything is launched: a kernel writes only into buffers of the sizes it
+was built for, and reads its source from the artifact's directory only. The device is `opencl`
+(platform 0, device 0) or `opencl:P:D` (`--cl-device P:D`); `deploy device list` shows the choices.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError, first_line
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
@@ -48,6 +50,80 @@ def opencl_devices() -> list[tuple[int, int, str, bool]]:
     ]
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(dim) is int and dim >= 0 for dim in value):
+        raise ValueError(f"shape {value!r} is not a list of sizes")
+    return tuple(value)
+
+
+def _work_sizes(kernel: dict[str, Any]) -> None:
+    """Global and local sizes of 1 to 3 dimensions, positive, the global whole work-groups."""
+    sizes = [_shape(kernel["global"]), _shape(kernel["local"])]
+    if not 1 <= len(sizes[0]) <= 3 or len(sizes[0]) != len(sizes[1]) or 0 in sizes[1]:
+        raise ValueError(f"kernel {kernel['name']}: work sizes {sizes} are not 1 to 3 positive sizes")
+    if any(g % n for g, n in zip(*sizes, strict=True)):
+        raise ValueError(f"kernel {kernel['name']}: global size {sizes[0]} is not whole work-groups")
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """`launch.json`, checked: its buffers' shapes and dtypes, each kernel argument naming a
+    buffer that exists in its role, work sizes that OpenCL accepts, and a source file inside
+    the artifact's directory. Anything else is a one-line UsageError."""
+    try:
+        plan = json.loads(path.read_text())
+        buffers = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["buffers"]]
+        scratch = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["scratch"]]
+        n_inputs = len(buffers) - 1
+        roles = {
+            "input": range(n_inputs),
+            "output": range(n_inputs, len(buffers)),
+            "scratch": range(len(scratch)),
+        }
+        for kernel in plan["kernels"]:
+            _work_sizes(kernel)
+            for arg in kernel["args"]:
+                if type(arg["index"]) is not int or arg["index"] not in roles[arg["role"]]:
+                    raise ValueError(f"kernel {kernel['name']}: no {arg['role']} buffer {arg['index']}")
+        inside = (path.parent / plan["source"]).resolve().is_relative_to(path.parent.resolve())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        detail = first_line(str(exc)) or type(exc).__name__
+        raise UsageError(
+            f"{path}: not a launch plan of this deploy ({detail}): rebuild the artifact"
+        ) from None
+    if not inside:
+        raise UsageError(f"{path}: source {plan['source']!r} is outside the artifact's directory")
+    plan["buffers"], plan["scratch"] = buffers, scratch
+    return plan
+
+
+def _check_arrays(
+    path: Path, plan: dict[str, Any], inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
+) -> None:
+    """The caller's arrays against the plan's buffers: as many inputs, each of the shape and dtype
+    the kernels were built for, and the output likewise (a one-line UsageError otherwise)."""
+    *expected, (shape, dtype) = plan["buffers"]
+    if len(inputs) != len(expected):
+        raise UsageError(f"{path} takes {len(expected)} input(s), got {len(inputs)}")
+    for number, (array, (shape_in, dtype_in)) in enumerate(zip(inputs, expected, strict=True)):
+        where = f"input {number} of {path}"
+        if not isinstance(array, np.ndarray):
+            raise UsageError(f"{where}: expected a numpy array, got {type(array).__name__}")
+        if (array.shape, array.dtype) != (shape_in, dtype_in):
+            raise UsageError(
+                f"{where}: expected shape {shape_in} {dtype_in}, got shape {array.shape} {array.dtype}"
+            )
+    try:
+        asked = (tuple(out_shape), np.dtype(out_dtype))
+    except TypeError:
+        asked = None
+    if asked != (shape, dtype):
+        raise UsageError(
+            f"output of {path}: its kernels write shape {shape} {dtype}, not {out_shape} {out_dtype}"
+        )
+
+
 class OpenClSession:
     """Runs launch plans on one OpenCL device; programs are built once per artifact."""
 
@@ -68,9 +144,12 @@ class OpenClSession:
     def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any]:
         if plan_path not in self._programs:
             cl = _cl()
-            plan = json.loads(plan_path.read_text())
+            plan = read_plan(plan_path)
             source_path = plan_path.parent / plan["source"]
-            source = source_path.read_bytes()
+            try:
+                source = source_path.read_bytes()
+            except OSError as exc:
+                raise UsageError(f"cannot read {source_path}: {exc.strerror or exc}") from None
             if hashlib.sha256(source).hexdigest() != plan["source_sha256"]:
                 raise UsageError(f"{source_path} does not match the sha256 in {plan_path.name}")
             text = source.decode()
@@ -92,6 +171,7 @@ class OpenClSession:
         """Buffers for the inputs and the output, and a function that enqueues every kernel."""
         cl = _cl()
         plan, program = self._load(plan_path)
+        _check_arrays(plan_path, plan, inputs, out_shape, out_dtype)
         flags = cl.mem_flags
         out = np.empty(out_shape, dtype=out_dtype)
         copy = flags.READ_ONLY | flags.COPY_HOST_PTR
@@ -102,7 +182,7 @@ class OpenClSession:
             for a in inputs
         ]
         buffers.append(cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)))
-        sizes = [int(np.prod(s["shape"])) * np.dtype(s["dtype"]).itemsize for s in plan["scratch"]]
+        sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in plan["scratch"]]
         scratch = [cl.Buffer(self._context, flags.READ_WRITE, max(1, size)) for size in sizes]
         pools = {"input": buffers, "output": buffers, "scratch": scratch}
         kernels = [

@@ -3,29 +3,35 @@ tunnel. The board needs no Python: only a POSIX shell, and the runtime `deploy d
 
 Host keys are checked against `~/.ssh/known_hosts` and deploy's own `known_hosts`; an unknown host
 is refused unless the user accepts it explicitly. Every remote command is built from quoted
-words; nothing the board prints is executed here.
+words; nothing the board prints is executed here. What a board prints is read up to a limit
+(OUTPUT_LIMIT per command, LINE_LIMIT per line of the server's log), replies are taken from stdout
+between random markers (a login shell's start-up files may print anything around them), and any
+text of the board's that reaches the terminal goes through `printable`.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
 import posixpath
 import re
 import secrets
+import select
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 import paramiko
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, UsageError, first_line, printable
 from devices.boards import Board, get_board, known_hosts_file
 from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
@@ -35,11 +41,43 @@ CONNECT_TIMEOUT_S = 15.0
 SERVER_TIMEOUT_S = 120.0
 RPC_PORTS = (9090, 9199)
 READY = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
-PGID = re.compile(r"deploy-server-pgid=(\d+)")
+OUTPUT_LIMIT = 1 << 20
+"""The most a board may print for one command deploy runs there (stdout and stderr together)."""
+LINE_LIMIT = 4096
+"""The most of one line of the server's output that is kept (the end of it)."""
+CHUNK = 1 << 15
+
+
+def check_remote_dir(remote_dir: str) -> str:
+    """A board's `remote_dir` as given, if it names a directory of deploy's own: not empty, not
+    the login's home (`.`) or `/`, no `..` and no control characters (setup replaces
+    `<remote_dir>/runtime`, so the directory must be one nothing else uses)."""
+    parts = [part for part in remote_dir.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts or not remote_dir.isprintable():
+        raise UsageError(
+            f"remote dir '{printable(remote_dir)}': expected a directory for deploy alone, under the"
+            " login's home (e.g. .deploy) or absolute, not '', '.', '/' or a path with '..'"
+        )
+    return remote_dir
 
 
 def _where(board: Board) -> str:
     return f"{board.user}@{board.host}:{board.port}"
+
+
+def _said(exc: BaseException) -> str:
+    """The first line of an error that may carry the board's words, safe to print."""
+    return printable(first_line(str(exc)))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a command on the board gave: its exit status, what it printed on stdout (between the
+    markers), and the last lines of its stderr, printable on one line (for messages only)."""
+
+    status: int
+    out: str
+    err: str
 
 
 def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSHClient:
@@ -72,7 +110,7 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
     except paramiko.AuthenticationException as exc:
         client.close()
         key = board.key or "ssh-agent and ~/.ssh keys"
-        raise DeployError(f"SSH login to {_where(board)} failed with {key}: {first_line(str(exc))}") from None
+        raise DeployError(f"SSH login to {_where(board)} failed with {key}: {_said(exc)}") from None
     except paramiko.SSHException as exc:
         client.close()
         if "not found in known_hosts" in str(exc):
@@ -80,10 +118,10 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
                 f"unknown host key for {board.host}:{board.port}: check it, then rerun with"
                 f" --accept-new-host-key (`deploy device check {board.name} --accept-new-host-key`)"
             ) from None
-        raise DeviceLost(f"SSH to {_where(board)} failed: {first_line(str(exc))}") from None
+        raise DeviceLost(f"SSH to {_where(board)} failed: {_said(exc)}") from None
     except (OSError, EOFError) as exc:
         client.close()
-        raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {exc}") from None
+        raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {_said(exc)}") from None
     if accept_new_host_key:
         ours.parent.mkdir(parents=True, exist_ok=True)
         client.save_host_keys(str(ours))
@@ -99,19 +137,72 @@ class BoardShell:
         self._sftp: paramiko.SFTPClient | None = None
         with self.files("finding the login's home directory") as sftp:
             home = sftp.normalize(".")
-        self.remote_dir = posixpath.join(home, board.remote_dir)
+        self.remote_dir = self._own_dir(home)
         self.runtime_dir = posixpath.join(self.remote_dir, "runtime")
         self.servers_dir = posixpath.join(self.remote_dir, "servers")
 
-    def run(self, command: str, timeout: float = 120.0) -> tuple[int, str]:
-        """Run a shell command on the board; its exit status and its output (stdout + stderr)."""
+    def _own_dir(self, home: str) -> str:
+        """The board's remote dir as an absolute path: refused (one line) where it is the home
+        directory or one above it, or the home is not a plain path."""
+        name = self.board.name
+        if not home.startswith("/") or not home.isprintable():
+            raise DeployError(f"{name}: the login's home directory is not a plain path: '{printable(home)}'")
+        remote = posixpath.normpath(posixpath.join(home, check_remote_dir(self.board.remote_dir)))
+        if f"{home.rstrip('/')}/".startswith(f"{remote.rstrip('/')}/"):
+            raise UsageError(
+                f"{name}: remote dir {remote} is the login's home or above it: re-add the board with"
+                " --remote-dir naming a directory for deploy alone (e.g. .deploy)"
+            )
+        return remote
+
+    def run(self, command: str, timeout: float = 120.0) -> Reply:
+        """Run a shell command on the board. Its reply is what it printed on stdout between two
+        random markers, so whatever the login's shell start-up files print is left out; more
+        than OUTPUT_LIMIT bytes, no reply within `timeout` s, or no markers, is a one-line error."""
+        begin, end = (f"deploy-{word}-{secrets.token_hex(8)}" for word in ("reply", "done"))
+        wrapped = f"echo {begin}; {command}\nstatus=$?; echo; echo {end}; exit $status"
+        name = self.board.name
         try:
-            _, stdout, stderr = self.client.exec_command(command, timeout=timeout)
-            out = stdout.read().decode(errors="replace")
-            err = stderr.read().decode(errors="replace")
-            return stdout.channel.recv_exit_status(), (out + err).strip()
+            channel = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            try:
+                channel.exec_command(wrapped)
+                out, err = self._read(channel, command, timeout)
+                status = channel.recv_exit_status() if channel.status_event.wait(timeout) else -1
+            finally:
+                channel.close()
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise DeviceLost(f"lost SSH connection to {self.board.name}: {first_line(str(exc))}") from None
+            raise DeviceLost(f"lost SSH connection to {name}: {_said(exc)}") from None
+        text = out.decode(errors="replace")
+        start, stop = text.find(f"{begin}\n"), text.rfind(f"\n{end}\n")
+        lines = err.decode(errors="replace").strip().splitlines()
+        said = " | ".join(printable(line.strip()) for line in lines[-3:] if line.strip())
+        if start < 0 or stop < start:
+            raise DeployError(
+                f"{name}: no reply from the board's shell to `{command}`: {said or f'exit status {status}'}"
+            )
+        return Reply(status, text[start + len(begin) + 1 : stop], said)
+
+    def _read(self, channel: paramiko.Channel, command: str, timeout: float) -> tuple[bytes, bytes]:
+        """A command's stdout and stderr, read together until it ends (at most OUTPUT_LIMIT bytes:
+        a board that prints more is cut off)."""
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        while True:
+            if channel.recv_ready():
+                out += channel.recv(CHUNK)
+            elif channel.recv_stderr_ready():
+                err += channel.recv_stderr(CHUNK)
+            elif channel.eof_received or channel.closed:
+                return bytes(out), bytes(err)
+            elif time.monotonic() > deadline:
+                raise DeployError(f"{self.board.name}: `{command}` gave no reply within {timeout:.0f} s")
+            else:
+                select.select([channel], [], [], 0.5)
+            if len(out) + len(err) > OUTPUT_LIMIT:
+                raise DeployError(
+                    f"{self.board.name}: the board printed more than {OUTPUT_LIMIT >> 20} MiB for"
+                    f" `{command}` (its login's start-up files?): stopped reading"
+                )
 
     @contextmanager
     def files(self, what: str) -> Iterator[paramiko.SFTPClient]:
@@ -123,7 +214,7 @@ class BoardShell:
             yield self._sftp
         except (OSError, EOFError, paramiko.SSHException) as exc:
             transport = self.client.get_transport()
-            name, detail = self.board.name, first_line(str(exc))
+            name, detail = self.board.name, _said(exc)
             if transport is None or not transport.is_active():
                 raise DeviceLost(f"lost SSH connection to {name}: {detail}") from None
             raise DeployError(f"{name}: {what} failed: {detail}") from None
@@ -160,6 +251,8 @@ class RemoteServer:
         """Called with each line the server prints once it is ready (session start/end, ...)."""
         self._lines: collections.deque[str] = collections.deque(maxlen=20)
         self._ready = threading.Event()
+        self._marker = f"deploy-server-{secrets.token_hex(8)}-pgid="
+        """Printed with the shell's pid before the server starts: lines before it are the login's."""
         name = shell.board.name
         server = posixpath.join(shell.runtime_dir, SERVER)
         with shell.files(f"looking for {server}") as sftp:
@@ -182,7 +275,7 @@ class RemoteServer:
         low, high = ports
         q = shlex.quote
         command = (
-            f"cd {q(shell.remote_dir)} && echo deploy-server-pgid=$$ && exec {q(server)} --host 127.0.0.1"
+            f"cd {q(shell.remote_dir)} && echo {self._marker}$$ && exec {q(server)} --host 127.0.0.1"
             f" --port {low} --port-end {high} --key-file {q(self._key_file)}"
             f" --work-dir {q(self._dir)} 2>&1"
         )
@@ -190,10 +283,12 @@ class RemoteServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        """Follow the pty: the pid line after the marker, then the server's lines (each kept to
+        its last LINE_LIMIT characters, the last 20 of them for messages)."""
         pending = ""
         while True:
             try:
-                data = self._channel.recv(4096)
+                data = self._channel.recv(CHUNK)
             except (OSError, EOFError, paramiko.SSHException):
                 data = b""
             if not data:
@@ -201,15 +296,21 @@ class RemoteServer:
                 return
             pending += data.decode(errors="replace")
             *lines, pending = pending.replace("\r", "").split("\n")
+            pending = pending[-LINE_LIMIT:]
             for line in lines:
-                self._lines.append(line)
-                if (match := PGID.search(line)) and not self.pgid:
-                    self.pgid = int(match.group(1))
-                elif (match := READY.search(line)) and not self.port:
-                    self.port = int(match.group(1))
-                    self._ready.set()
-                elif self.on_line is not None:
-                    self.on_line(line)
+                self._follow(line[-LINE_LIMIT:])
+
+    def _follow(self, line: str) -> None:
+        self._lines.append(printable(line))
+        if not self.pgid:
+            _, marker, pid = line.rpartition(self._marker)
+            if marker and pid.isdecimal():
+                self.pgid = int(pid)
+        elif (match := READY.search(line)) and not self.port:
+            self.port = int(match.group(1))
+            self._ready.set()
+        elif self.on_line is not None:
+            self.on_line(line)
 
     def wait_ready(self) -> None:
         """Return once the server listens (its key file is then removed); a one-line error if it
@@ -329,8 +430,9 @@ def _link_message(link: subprocess.Popen[str], log: IO[bytes]) -> dict[str, Any]
         message = json.loads(line)
     except ValueError:
         link.wait(timeout=10)
-        log.seek(0)
-        tail = " | ".join(log.read().decode(errors="replace").strip().splitlines()[-3:])
+        log.seek(max(0, log.seek(0, os.SEEK_END) - LINE_LIMIT))
+        lines = log.read().decode(errors="replace").strip().splitlines()[-3:]
+        tail = " | ".join(printable(line) for line in lines)
         raise DeployError(f"SSH helper exited with {link.returncode}: {tail}") from None
     if "lost" in message:
         raise DeviceLost(message["lost"])

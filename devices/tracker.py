@@ -3,10 +3,15 @@
 `deploy tracker start` runs `tvm.exec.rpc_tracker` in its own process group (state in
 `<cache>/tracker.json`); RPC servers register with it under a key (`deploy device emulator start
 --tracker HOST:PORT --key KEY`, or a board's `deploy device serve`); clients ask it for a free one.
+Whoever reaches a tracker can get its servers' sessions, so it listens on loopback unless told
+`public`. deploy talks to a tracker with one try (no retries), short timeouts and a cap on replies.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import socket
 import struct
 import sys
 import threading
@@ -16,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, first_line
+from base.errors import DeployError, UsageError, first_line, printable
 from base.paths import cache_root
 from devices.registry import DeviceLost
 from devices.rpc import EndpointDevice, RpcSession, rpc_session
@@ -24,6 +29,32 @@ from devices.server_process import Server, ServerState, accepts, spawn
 
 DEFAULT_PORT = 9190
 START_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 5.0
+"""How long a tracker has to accept a connection and to answer the handshake."""
+REPLY_TIMEOUT_S = 30.0
+"""How long a tracker has to answer each later message."""
+REPLY_LIMIT = 16 << 20
+"""The largest reply deploy reads from a tracker."""
+
+
+def check_port(port: int, option: str) -> int:
+    """A TCP port given by the user (`option` names where), else a one-line error."""
+    if not 1 <= port <= 65535:
+        raise UsageError(f"{option} {port}: expected a port from 1 to 65535")
+    return port
+
+
+def exposed(host: str) -> bool:
+    """Whether a server listening on `host` is reachable from other machines: some address the
+    name stands for is not loopback (0.0.0.0 and :: are every interface). A name that resolves
+    to nothing is a one-line error."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM) if host.strip() else []
+    except (OSError, UnicodeError):
+        found = []
+    if not found:
+        raise UsageError(f"--host {host!r}: expected an address of this host, e.g. 127.0.0.1")
+    return any(not ipaddress.ip_address(str(entry[4][0]).split("%")[0]).is_loopback for entry in found)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -32,6 +63,40 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
     return host, int(port)
+
+
+def tracker_socket(host: str, port: int) -> socket.socket:
+    """A connection to the RPC tracker at host:port that has answered TVM's handshake, in one try
+    within CONNECT_TIMEOUT_S (TVM's own client retries for a minute); else a one-line DeviceLost."""
+    from tvm.rpc import base
+
+    where = f"{host}:{port}"
+    try:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        raise DeviceLost(f"cannot reach the RPC tracker at {where}: {exc.strerror or exc}") from None
+    try:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        magic = struct.unpack("<i", base.recvall(sock, 4))[0]
+    except OSError as exc:
+        sock.close()
+        raise DeviceLost(f"the RPC tracker at {where} did not answer: {exc.strerror or exc}") from None
+    if magic != base.RPC_TRACKER_MAGIC:
+        sock.close()
+        raise DeviceLost(f"{where} is not an RPC tracker")
+    sock.settimeout(REPLY_TIMEOUT_S)
+    return sock
+
+
+def tracker_call(sock: socket.socket, message: list[Any]) -> Any:
+    """Send one message to a tracker and read its reply (OSError for a reply over REPLY_LIMIT)."""
+    from tvm.rpc import base
+
+    base.sendjson(sock, message)
+    size = struct.unpack("<i", base.recvall(sock, 4))[0]
+    if not 0 <= size <= REPLY_LIMIT:
+        raise OSError(f"the tracker announced a reply of {size} bytes")
+    return json.loads(base.recvall(sock, size))
 
 
 class TrackerProcess:
@@ -69,20 +134,26 @@ class TrackerProcess:
         return self.state.stop()
 
 
-def summary(host: str, port: int) -> dict[str, Any]:
-    """The tracker's queue: {"queue_info": {key: {"free", "pending"}}, "server_info": [...]}."""
-    import tvm.rpc
+def queue(host: str, port: int) -> dict[str, tuple[int, int]]:
+    """The tracker's queue: key -> (free servers, waiting requests). A tracker that cannot be
+    reached, does not answer in time, or answers something else, is a one-line DeviceLost."""
+    from tvm.rpc import base
 
+    sock = tracker_socket(host, port)
     try:
-        return dict(tvm.rpc.connect_tracker(host, port).summary())
-    except Exception as exc:
-        raise DeviceLost(f"cannot reach the RPC tracker at {host}:{port}: {first_line(str(exc))}") from None
+        reply = tracker_call(sock, [base.TrackerCode.SUMMARY])
+        info = reply[1]["queue_info"] if reply[0] == base.TrackerCode.SUCCESS else None
+        return {str(key): (int(entry["free"]), int(entry["pending"])) for key, entry in info.items()}
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        what = printable(first_line(str(exc))) or type(exc).__name__
+        raise DeviceLost(f"the RPC tracker at {host}:{port} gave no queue: {what}") from None
+    finally:
+        sock.close()
 
 
 def free_servers(host: str, port: int, key: str) -> int:
     """How many servers of `key` are free now."""
-    queue = summary(host, port).get("queue_info", {})
-    return int(queue.get(key, {}).get("free", 0))
+    return queue(host, port).get(key, (0, 0))[0]
 
 
 class TrackerRegistration:
@@ -115,23 +186,19 @@ class TrackerRegistration:
         self._where = f"{tracker[0]}:{tracker[1]}"
         self.ended = threading.Event()
         self.reason = ""
+        self._sock = tracker_socket(*tracker)
         try:
-            self._sock = base.connect_with_retry(tracker, timeout=10)
-            self._sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
-            if struct.unpack("<i", base.recvall(self._sock, 4))[0] != base.RPC_TRACKER_MAGIC:
-                raise DeployError(f"{tracker[0]}:{tracker[1]} is not an RPC tracker")
             self._call([base.TrackerCode.UPDATE_INFO, {"key": "server:" + key, "addr": [addr, port]}])
             self._call(self._offer)
-        except (OSError, RuntimeError) as exc:
-            raise DeviceLost(
-                f"cannot register with the RPC tracker at {tracker[0]}:{tracker[1]}: {exc}"
-            ) from None
+        except (OSError, ValueError) as exc:
+            self._sock.close()
+            said = printable(first_line(str(exc))) or type(exc).__name__
+            raise DeviceLost(f"cannot register with the RPC tracker at {self._where}: {said}") from None
         threading.Thread(target=self._keep_offering, daemon=True).start()
 
     def _call(self, message: list[Any]) -> Any:
         with self._lock:
-            self._base.sendjson(self._sock, message)
-            return self._base.recvjson(self._sock)
+            return tracker_call(self._sock, message)
 
     def _claimed(self) -> bool:
         """Whether a client took the offer (it is no longer pending on the tracker)."""
@@ -141,10 +208,9 @@ class TrackerRegistration:
         """Run a tracker conversation; a tracker that went away ends the registration."""
         try:
             call(*args)
-        except (OSError, ValueError, RuntimeError) as exc:
-            self.reason = (
-                f"lost the RPC tracker at {self._where}: {first_line(str(exc)) or type(exc).__name__}"
-            )
+        except (OSError, ValueError, RuntimeError, LookupError, TypeError) as exc:
+            said = printable(first_line(str(exc))) or type(exc).__name__
+            self.reason = f"lost the RPC tracker at {self._where}: {said}"
             self.ended.set()
 
     def _keep_offering(self) -> None:
@@ -206,7 +272,7 @@ class TrackerDevice(EndpointDevice):
         import tvm.rpc
 
         where = f"{self.host}:{self.port}"
-        if self.key not in summary(self.host, self.port).get("queue_info", {}):
+        if self.key not in queue(self.host, self.port):
             raise DeviceLost(f"no server with key {self.key!r} is registered with {where}")
         try:
             remote = tvm.rpc.connect_tracker(self.host, self.port).request(

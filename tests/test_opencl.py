@@ -206,3 +206,93 @@ def test_argmax_kernel_follows_the_work_group_size(work_group, cl_session, tmp_p
 
     export(compiled, tmp_path / "argmax")
     assert check_artifact(cl_session, bound, tmp_path / "argmax", Manifest.read(tmp_path / "argmax")) == 0
+
+
+@pytest.fixture(scope="module")
+def add_artifact(tmp_path_factory):
+    """`add` of a 4x4 and a 4 float32 array, built for OpenCL."""
+    art = tmp_path_factory.mktemp("add") / "art"
+    export(compile_op(bind(get_op("add"), {}, [TensorType((4, 4), "float32"), TensorType((4,), "float32")]),
+                      TARGET), art)  # fmt: skip
+    return art
+
+
+def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
+    """The API the README shows trusts no caller (issue #15, item 11): float64 inputs, an input
+    too many or too few, or an output of another shape or dtype are refused before any launch
+    (they gave garbage, or kernels writing past the output buffer)."""
+    from base.errors import UsageError
+
+    plan_path = add_artifact / "launch.json"
+    a, b = np.arange(16, dtype="float32").reshape(4, 4), np.ones(4, "float32")
+    np.testing.assert_array_equal(cl_session.run(plan_path, [a, b], (4, 4), "float32"), a + b)
+    bad = {
+        r"input 0 of .*: expected shape \(4, 4\) float32, got shape \(4, 4\) float64": (
+            [a.astype("float64"), b], (4, 4), "float32"),
+        r"input 1 of .*: expected shape \(4,\) float32, got shape \(4, 4\) float32": (
+            [a, a], (4, 4), "float32"),
+        r"input 0 of .*: expected a numpy array, got list": ([a.tolist(), b], (4, 4), "float32"),
+        r"takes 2 input\(s\), got 3": ([a, b, b], (4, 4), "float32"),
+        r"takes 2 input\(s\), got 1": ([a], (4, 4), "float32"),
+        r"its kernels write shape \(4, 4\) float32, not \(2, 2\) float32": ([a, b], (2, 2), "float32"),
+        r"its kernels write shape \(4, 4\) float32, not \(4, 4\) float64": ([a, b], (4, 4), "float64"),
+        r"its kernels write shape \(4, 4\) float32, not \(4, 4\) nonsense": ([a, b], (4, 4), "nonsense"),
+    }  # fmt: skip
+    for message, (inputs, shape, dtype) in bad.items():
+        with pytest.raises(UsageError, match=message):
+            cl_session.run(plan_path, inputs, shape, dtype)
+        with pytest.raises(UsageError, match=message):
+            cl_session.time(plan_path, inputs, shape, dtype, 1, 1)
+
+
+def _edited_plan(original, tmp_path, edit):
+    """A copy of the artifact whose launch.json `edit` changed."""
+    import shutil
+
+    art = tmp_path / "edited"
+    shutil.copytree(original, art)
+    plan_ = json.loads((art / "launch.json").read_text())
+    edit(plan_)
+    (art / "launch.json").write_text(json.dumps(plan_))
+    return art / "launch.json"
+
+
+def test_a_plan_source_outside_the_artifact_is_refused(add_artifact, cl_session, tmp_path):
+    """`source` naming ../x.cl or an absolute path was followed (issue #15, item 12): refused."""
+    from base.errors import UsageError
+
+    outside = tmp_path / "x.cl"
+    outside.write_bytes((add_artifact / "kernels.cl").read_bytes())
+    x = np.ones((4, 4), "float32")
+    for source in ("../x.cl", str(outside)):
+
+        def point(plan_, source=source):
+            plan_["source"] = source
+
+        plan_path = _edited_plan(add_artifact, tmp_path / source.replace("/", "_"), point)
+        with pytest.raises(UsageError, match=r"source '.*x\.cl' is outside the artifact's directory"):
+            cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
+
+
+def test_a_malformed_plan_is_one_line(add_artifact, cl_session, tmp_path):
+    from base.errors import UsageError
+
+    def old_format(plan_):
+        plan_["buffers"] = [b["name"] for b in plan_["buffers"]]
+
+    def index_past_the_inputs(plan_):
+        plan_["kernels"][0]["args"][1]["index"] = 5
+
+    def partial_work_group(plan_):
+        plan_["kernels"][0]["global"] = [65, 1, 1]
+
+    x = np.ones((4, 4), "float32")
+    cases = {
+        "string indices": old_format,
+        "no input buffer 5": index_past_the_inputs,
+        r"global size \(65, 1, 1\) is not whole work-groups": partial_work_group,
+    }
+    for number, (message, edit) in enumerate(cases.items()):
+        plan_path = _edited_plan(add_artifact, tmp_path / str(number), edit)
+        with pytest.raises(UsageError, match=f"not a launch plan of this deploy .*{message}.*: rebuild"):
+            cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")

@@ -196,7 +196,7 @@ def test_old_config_with_a_python_entry_still_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     config_dir().mkdir(parents=True)
     old = {"pi": {"name": "pi", "host": "h", "user": "u", "port": 22, "key": None, "arch": "aarch64",
-                  "python": "python3", "remote_dir": ".deploy"}}  # fmt: skip
+                  "python": 'python3 "unterminated', "remote_dir": ".deploy"}}  # fmt: skip
     (config_dir() / "devices.json").write_text(json.dumps(old))
     assert load_boards()["pi"].remote_dir == ".deploy"
 
@@ -403,3 +403,131 @@ def test_board_serves_a_tracker(server, tmp_path):
         if serving is not None and serving.poll() is None:
             serving.kill()
         tracker.stop()
+
+
+@pytest.fixture
+def talkative(tmp_path):
+    """An sshd of its own whose login shell runs `board-home/.bashrc` before each command."""
+    own = sshd.start(tmp_path / "sshd")
+    yield own, own.directory / "board-home" / ".bashrc"
+    sshd.stop(own)
+
+
+def test_a_login_shell_that_prints_does_not_confuse_replies(talkative, tmp_path):
+    """A warning on stderr made a working board fail `device check` (issue #15, item 8): replies
+    are read from stdout between markers, so start-up files may print on either stream."""
+    own, rc = talkative
+    rc.write_text(
+        'echo "Welcome to the board"\necho "warning: setlocale: LC_ALL: cannot change locale" >&2\n'
+    )
+    remote = tmp_path / "board"
+    assert add("chatty", own, remote, "--accept-new-host-key").returncode == 0
+    check = run_deploy("device", "check", "chatty")
+    assert check.returncode == 1 and check.stderr == "", check.stderr
+    assert "chatty: SSH ok, x86_64 (uname -m)" in check.stdout
+    assert f"chatty: no runtime in {remote}/runtime (run `deploy device setup chatty`)" in check.stdout
+    setup = run_deploy("device", "setup", "chatty")
+    assert setup.returncode == 0 and f"runtime installed in {remote}/runtime" in setup.stdout, setup.stderr
+    assert run_deploy("device", "check", "chatty").returncode == 0
+    result = run_deploy("test", "--target", "x86", "--device", "chatty", "--op", "add", "--dtype", "float32")
+    assert result.returncode == 0 and " 0 failed" in result.stdout, result.stdout[-1000:] + result.stderr
+    nothing_left(remote)
+
+
+def test_what_a_board_prints_is_capped_and_inert(talkative, tmp_path):
+    """A board's output was read whole (600 MB -> 3 GB on the host) and reached the terminal raw
+    (an OSC escape set its title) (issue #15, item 9)."""
+    own, rc = talkative
+    assert add("hostile", own, tmp_path / "board", "--accept-new-host-key").returncode == 0
+    rc.write_text("printf '%3000000s\\n' flood\n")
+    start = time.monotonic()
+    flood = run_deploy("device", "check", "hostile")
+    assert flood.returncode == 1 and time.monotonic() - start < 60
+    assert flood.stderr.startswith("error: hostile: the board printed more than 1 MiB for `uname -m;")
+    assert len(flood.stderr.splitlines()) == 1 and len(flood.stderr) < 500
+    for stream in ("", " >&2"):
+        rc.write_text(f"uname() {{ printf '\\033]0;pwned\\007 no machine\\n'{stream}; }}\n")
+        escaped = run_deploy("device", "check", "hostile")
+        assert escaped.returncode == 1 and "\x1b" not in escaped.stderr + escaped.stdout
+        assert (
+            escaped.stderr
+            == "error: hostile: `uname -m` failed on the board: \\x1b]0;pwned\\x07 no machine\n"
+        )
+
+
+def _set_remote_dir(name: str, remote_dir: str) -> None:
+    """Edit a board's entry in devices.json as an older deploy (or a hand) may have left it."""
+    import json
+
+    from devices.boards import _config_file
+
+    entries = json.loads(_config_file().read_text())
+    entries[name]["remote_dir"] = remote_dir
+    _config_file().write_text(json.dumps(entries))
+
+
+def test_a_remote_dir_at_or_above_home_is_refused_before_anything_runs(server, tmp_path):
+    """`--remote-dir .` made setup replace ~/runtime (issue #15, item 10): refused at `device
+    add`, and for entries already in devices.json, once the login's home is known."""
+    import pwd
+
+    home = Path(pwd.getpwnam(server.user).pw_dir)
+    ours = ("runtime", "runtime.new", "runtime.old", "servers")
+    before = [(home / name).exists() for name in ours]
+    assert add("homely", server, tmp_path / "ok", "--accept-new-host-key").returncode == 0
+    for remote_dir, message in {
+        ".": "remote dir '.': expected a directory for deploy alone",
+        "": "remote dir '': expected a directory for deploy alone",
+        "sub/../..": "remote dir 'sub/../..': expected a directory for deploy alone",
+        str(home): f"homely: remote dir {home} is the login's home or above it",
+    }.items():
+        _set_remote_dir("homely", remote_dir)
+        for command in ("check", "setup"):
+            refused = run_deploy("device", command, "homely")
+            assert refused.returncode == 2 and refused.stderr.startswith(f"error: {message}"), refused.stderr
+            assert len(refused.stderr.splitlines()) == 1
+    assert [(home / name).exists() for name in ours] == before
+
+
+def test_setup_leaves_a_runtime_directory_it_did_not_write(server, tmp_path):
+    """A remote dir shared with something else: its `runtime` is not replaced."""
+    remote = tmp_path / "shared"
+    (remote / "runtime").mkdir(parents=True)
+    (remote / "runtime" / "notes.txt").write_text("mine")
+    assert add("shared", server, remote, "--accept-new-host-key").returncode == 0
+    refused = run_deploy("device", "setup", "shared")
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"error: shared: {remote}/runtime exists and is not a deploy runtime: refusing to replace it"
+        " (move it away, or re-add the board with another --remote-dir)\n"
+    )
+    assert (remote / "runtime" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in remote.iterdir()) == ["runtime"]
+
+
+def test_a_board_library_is_read_up_to_a_limit(server, tmp_path):
+    """The board's libc is read over SFTP for its version sections: headers claiming gigabytes
+    (here a sparse 5 GB file whose section table would be 4 GB) stop at LIBRARY_READ_LIMIT."""
+    import struct
+
+    from devices import board_setup
+
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, 64)
+    struct.pack_into("<HH", header, 0x3A, 0xFFFF, 0xFFFF)
+    library = tmp_path / "libc.so.6"
+    with library.open("wb") as stream:
+        stream.write(header)
+        stream.truncate(5 << 30)
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", server.port, server.user, key_filename=str(server.key), look_for_keys=False)
+    try:
+        with client.open_sftp() as sftp, pytest.raises(DeployError) as refused:
+            board_setup._defined_version("pi", sftp, str(library), "GLIBC")
+        assert str(refused.value) == (
+            f"pi: {library} is not an ELF library deploy can read: its sections would take over 32 MiB"
+        )
+    finally:
+        client.close()

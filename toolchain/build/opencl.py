@@ -63,10 +63,15 @@ def _lower(mod: Any, target: Any) -> tuple[Any, dict[Any, Any]]:
 def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> dict[str, Any]:
     """Kernels in launch order, each with its arguments and global/local sizes. An argument is
     main's buffer `index` (role input or output: main's parameters are the inputs, then the
-    output) or `scratch[index]`, an intermediate the runner allocates (role scratch). `mod` is
-    the scheduled module; `host` and `devices` its lowering (`_lower`)."""
+    output) or `scratch[index]`, an intermediate the runner allocates (role scratch). The plan
+    lists main's buffers with their shapes and dtypes, which the runner checks its arrays
+    against. `mod` is the scheduled module; `host` and `devices` its lowering (`_lower`)."""
     main = mod["main"]
     names = [str(param.name) for param in main.params]
+    buffers = [
+        {"name": str(param.name), "shape": [int(dim) for dim in param.ty.shape], "dtype": str(param.ty.dtype)}
+        for param in main.params
+    ]
     order = [
         name
         for name in re.findall(r'call_packed_lowered\("(\w+)"', host.script())
@@ -96,7 +101,7 @@ def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> 
                 "global": [g * item for g, item in zip(groups, local, strict=True)],
                 "local": local,
             }
-    return {"kernels": [kernels[name] for name in order], "buffers": names, "scratch": scratch}
+    return {"kernels": [kernels[name] for name in order], "buffers": buffers, "scratch": scratch}
 
 
 def _scratch_index(

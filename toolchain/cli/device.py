@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from base.errors import DeployError
+from base.errors import DeployError, UsageError, printable
 
 
 @click.group("device")
@@ -36,8 +36,10 @@ def emulator_setup() -> None:
 def emulator_start(port: int | None, tracker: str | None, key: str) -> None:
     """Start a long-lived emulator that later commands use."""
     from devices.emulator import Emulator
-    from devices.tracker import parse_address
+    from devices.tracker import check_port, parse_address
 
+    if port is not None:
+        check_port(port, "--port")
     if tracker:
         parse_address(tracker)
     server = Emulator().start_detached(port, tracker, key)
@@ -97,9 +99,9 @@ def device_add(
 ) -> None:
     """Register a board reached over SSH (no passwords are stored)."""
     from devices.boards import Board, add_board, known_hosts_file
-    from devices.ssh import ssh_connect
+    from devices.ssh import check_remote_dir, ssh_connect
 
-    board = Board(name, host, user, port, key, arch, remote_dir).validate()
+    board = Board(name, host, user, port, key, arch, check_remote_dir(remote_dir)).validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
         click.echo(f"host key of {host}:{port} recorded in {known_hosts_file()}")
@@ -199,10 +201,27 @@ def tracker_group() -> None:
 @tracker_group.command("start")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9190, show_default=True, help="Port to listen on.")
-def tracker_start(host: str, port: int) -> None:
-    """Start a tracker in the background (one per machine)."""
-    from devices.tracker import TrackerProcess
+@click.option(
+    "--public",
+    is_flag=True,
+    help="Allow a --host other machines reach: whoever reaches the tracker gets its servers' sessions.",
+)
+def tracker_start(host: str, port: int, public: bool) -> None:
+    """Start a tracker in the background (one per machine), on this host's loopback unless --public."""
+    from devices.tracker import TrackerProcess, check_port, exposed
 
+    check_port(port, "--port")
+    if exposed(host):
+        if not public:
+            raise UsageError(
+                f"--host {host} is reachable from other machines, and whoever reaches the tracker gets"
+                " sessions on its servers: add --public to mean it"
+            )
+        click.echo(
+            f"warning: the tracker on {host}:{port} is public: anyone who reaches it can run code on the"
+            " servers registered there",
+            err=True,
+        )
     server = TrackerProcess().start(host, port)
     click.echo(f"tracker running: pid {server.pid}, {host}:{server.port}, log {server.log}")
 
@@ -220,7 +239,7 @@ def tracker_stop() -> None:
 @click.option("--tracker", metavar="HOST:PORT", help="Ask this tracker (default: ours).")
 def tracker_status(tracker: str | None) -> None:
     """Servers registered per key, free and in use (exit 1 if no tracker answers)."""
-    from devices.tracker import TrackerProcess, parse_address, summary
+    from devices.tracker import TrackerProcess, parse_address, queue
 
     if tracker:
         host, port = parse_address(tracker)
@@ -230,7 +249,7 @@ def tracker_status(tracker: str | None) -> None:
             click.echo("tracker not running (start one with `deploy tracker start`)")
             sys.exit(1)
         host, port = "127.0.0.1", server.port
-    queue = summary(host, port).get("queue_info", {})
-    click.echo(f"tracker {host}:{port}: {len(queue)} key(s)")
-    for key, info in sorted(queue.items()):
-        click.echo(f"  {key}: {info.get('free', 0)} free, {info.get('pending', 0)} waiting requests")
+    keys = queue(host, port)
+    click.echo(f"tracker {host}:{port}: {len(keys)} key(s)")
+    for key, (free, pending) in sorted(keys.items()):
+        click.echo(f"  {printable(key)}: {free} free, {pending} waiting requests")

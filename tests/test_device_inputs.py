@@ -1,0 +1,99 @@
+"""Bad device and tracker arguments are one line (exit 2) before anything starts, a tracker is
+public only when asked, and a tracker that is not there fails in one line within seconds (issue
+#15, item 10). Boards over SSH are in tests/test_ssh.py."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from devices.server_process import free_port
+from tests.conftest import run_deploy
+
+
+def one_line_error(result, code: int, fragment: str) -> None:
+    assert result.returncode == code, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert fragment in lines[0], lines[0]
+
+
+BAD_REMOTE_DIRS = ["", ".", "./", "/", "//", "..", "../x", "a/../..", "x/..", "x\ny", "x\x1b]0;t\x07"]
+
+
+@pytest.mark.parametrize("remote_dir", BAD_REMOTE_DIRS, ids=repr)
+def test_a_remote_dir_that_is_not_deploys_own_is_refused(remote_dir):
+    """Setup replaces <remote_dir>/runtime: '.' meant ~/runtime, '/' meant /runtime."""
+    result = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
+    one_line_error(result, 2, "remote dir '")
+    assert "\x1b" not in result.stderr
+    assert "b " not in run_deploy("device", "list").stdout
+
+
+@pytest.mark.parametrize("remote_dir", [".deploy", "boards/pi", "/srv/deploy", "~"])
+def test_remote_dirs_of_deploys_own_are_accepted(remote_dir):
+    added = run_deploy("device", "add", "ok", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
+    assert added.returncode == 0, added.stderr
+    assert run_deploy("device", "remove", "ok").returncode == 0
+
+
+BAD_LISTEN = {
+    "tracker port too big": (["tracker", "start", "--port", "70000"], "--port 70000: expected a port from 1"),
+    "tracker port zero": (["tracker", "start", "--port", "0"], "--port 0: expected a port from 1 to 65535"),
+    "tracker port negative": (["tracker", "start", "--port", "-1"], "--port -1: expected a port from 1"),
+    "every interface": (["tracker", "start", "--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other"),
+    "every interface v6": (["tracker", "start", "--host", "::"], "add --public to mean it"),
+    "empty host": (["tracker", "start", "--host", ""], "--host '': expected an address of this host"),
+    "unknown host": (["tracker", "start", "--host", "no-such-host.invalid"], "'no-such-host.invalid'"),
+    "emulator port too big": (["device", "emulator", "start", "--port", "70000"], "--port 70000: expected"),
+    "emulator port zero": (["device", "emulator", "start", "--port", "0"], "--port 0: expected a port"),
+}
+
+
+@pytest.mark.parametrize("argv,fragment", BAD_LISTEN.values(), ids=BAD_LISTEN.keys())
+def test_bad_listen_arguments_start_nothing(argv, fragment):
+    result = run_deploy(*argv)
+    one_line_error(result, 2, fragment)
+    status = run_deploy(*(["tracker"] if argv[0] == "tracker" else ["device", "emulator"]), "status")
+    assert status.returncode == 1 and "not running" in status.stdout
+
+
+def test_a_public_tracker_needs_public_and_says_so(tmp_path):
+    port = str(free_port())
+    started = run_deploy("tracker", "start", "--host", "0.0.0.0", "--port", port, "--public")
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stderr.startswith(f"warning: the tracker on 0.0.0.0:{port} is public: anyone")
+        assert len(started.stderr.splitlines()) == 1
+    finally:
+        assert run_deploy("tracker", "stop").returncode == 0
+    local = run_deploy("tracker", "start", "--host", "localhost", "--port", port)
+    try:
+        assert local.returncode == 0 and local.stderr == "", local.stderr
+    finally:
+        assert run_deploy("tracker", "stop").returncode == 0
+
+
+def test_an_unreachable_tracker_is_one_line_within_seconds():
+    """It took 63 s and a dozen TVM warnings (TVM's client retries for a minute)."""
+    where = f"127.0.0.1:{free_port()}"
+    for argv in (
+        ["tracker", "status", "--tracker", where],
+        ["test", "--target", "x86", "--tracker", where, "--key", "k", "--op", "add"],
+    ):
+        start = time.monotonic()
+        result = run_deploy(*argv)
+        one_line_error(result, 1, f"cannot reach the RPC tracker at {where}: Connection refused")
+        assert time.monotonic() - start < 20
+
+
+def test_a_tracker_that_never_answers_is_one_line_within_seconds():
+    """A port that accepts connections but says nothing: TVM's client waits forever."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        where = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        result = run_deploy("tracker", "status", "--tracker", where)
+        one_line_error(result, 1, f"the RPC tracker at {where} did not answer")
+        assert time.monotonic() - start < 20
