@@ -7,7 +7,6 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from base.errors import DeployError, UsageError
+from base.locks import locked
 from base.paths import config_dir
 
 ARCHES = ("aarch64", "armv7l", "x86_64")
@@ -70,8 +70,7 @@ def _changing() -> Iterator[None]:
     `device add`/`remove` commands each see the others' boards."""
     path = _config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(path.with_name(path.name + ".lock")):
         yield
 
 

@@ -8,7 +8,6 @@ written under an exclusive lock, so concurrent `start`/`stop` commands agree on 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -22,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+from base.locks import locked
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -134,8 +135,7 @@ class ServerState:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(self.path.with_name(self.path.name + ".lock")):
             yield
 
     def running(self) -> Server | None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -13,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError
+from base.locks import locked
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -32,12 +31,8 @@ def artifact_lock(directory: Path, shared: bool = False) -> Iterator[None]:
     exclusively while a build checks, writes and swaps one in, shared while one is read, so that
     concurrent builds take turns and no reader sees one mid-swap. The parent itself is locked, not
     a lock file beside it: nothing is left next to a user's output."""
-    fd = os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+    with locked(directory.parent, shared):
         yield
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

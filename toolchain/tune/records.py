@@ -20,7 +20,6 @@ or uses a primitive TVM does not check makes its database unreadable (`TaskRecor
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError, first_line
+from base.locks import locked
 from ops.spec import BoundOp
 
 TASK = "task.json"
@@ -64,12 +64,7 @@ def tuning(directory: Path, waiting: Callable[[Path], None]) -> Iterator[None]:
     """Hold the task's lock while tuning it: a second `deploy tune` of the same task calls
     `waiting(directory)` and waits for the first, then continues from its records instead of
     measuring the same trials again and appending them to the same files."""
-    with (directory / LOCK).open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waiting(directory)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(directory / LOCK, waiting=lambda: waiting(directory)):
         yield
 
 

@@ -1,0 +1,32 @@
+"""Advisory locks (flock) that serialize deploy's read-modify-write of shared files: the boards
+config, server state files, a task's tuning records, artifact directories. Released when the
+holder exits, however it exits, so a killed command never leaves a stale lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def locked(path: Path, shared: bool = False, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold a lock on `path`, a directory or a lock file (created if missing), exclusive or
+    `shared`; `waiting()` is called once if another holder makes us wait."""
+    if path.is_dir():
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
