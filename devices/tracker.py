@@ -60,7 +60,7 @@ def exposed(host: str) -> bool:
 def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` -> (host, port)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
     return host, int(port)
 

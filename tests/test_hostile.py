@@ -303,6 +303,20 @@ ROWS: list[tuple[str, int, str]] = [
     ("tracker nosuch", 2, "No such command 'nosuch'"),
     ("tracker status --tracker nocolon", 2, "tracker address 'nocolon'"),
     ("tracker start --port abc", 2, "'abc' is not a valid integer"),
+    ("tracker status --tracker 127.0.0.1:\uff19\uff11\uff19\uff10", 2, "tracker address '127.0.0.1:"),
+    # where boards keep our files, and what servers listen on (checked before anything starts)
+    (f"{BOARD} --remote-dir ''", 2, "remote dir ''"),
+    (f"{BOARD} --remote-dir .", 2, "remote dir '.'"),
+    (f"{BOARD} --remote-dir /", 2, "remote dir '/'"),
+    (f"{BOARD} --remote-dir ..", 2, "remote dir '..'"),
+    (f"{BOARD} --remote-dir a/../..", 2, "remote dir 'a/../..'"),
+    ("tracker start --port 70000", 2, "--port 70000: expected a port from 1 to 65535"),
+    ("tracker start --port 0", 2, "--port 0: expected a port from 1 to 65535"),
+    ("tracker start --host 0.0.0.0", 2, "add --public to mean it"),
+    ("tracker start --host ::", 2, "add --public to mean it"),
+    ("tracker start --host ''", 2, "--host '': expected an address of this host"),
+    ("tracker start --host no-such-host.invalid", 2, "expected an address of this host"),
+    ("device emulator start --port 70000", 2, "--port 70000: expected a port from 1 to 65535"),
 ]
 
 OP_FILE = textwrap.dedent(
