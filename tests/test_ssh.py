@@ -531,3 +531,20 @@ def test_a_board_library_is_read_up_to_a_limit(server, tmp_path):
         )
     finally:
         client.close()
+
+
+def test_the_forward_to_a_board_refuses_clients_without_the_key(server, tmp_path):
+    """Any local user can reach the forward's port on this host: the board's server still wants
+    its session key, end to end (none, or a wrong one, gets no session)."""
+    from devices.boards import require_board
+    from devices.rpc import connect
+    from devices.ssh import board_link
+
+    add_ready("locked", server, tmp_path / "remote")
+    with board_link(require_board("locked")) as ready:
+        for key in ("", "wrong"):
+            with pytest.raises(DeployError, match="cannot reach"):
+                connect("127.0.0.1", ready["port"], "x86_64", "board", key=key).__enter__()
+        with connect("127.0.0.1", ready["port"], "x86_64", "board", key=ready["key"]) as session:
+            assert session is not None
+    nothing_left(tmp_path / "remote")
