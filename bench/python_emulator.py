@@ -10,6 +10,7 @@ and archives), the .debs are unpacked with `dpkg -x`, and pip installs the aarch
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -134,7 +135,8 @@ class Sysroot:
         """TVM's Python RPC server under qemu (`-0` makes the emulated Python see the wrapper as its
         executable, so the worker processes it starts run under qemu too)."""
         wrapper = self.base / "python-aarch64"
-        wrapper.write_text(f'#!/bin/sh\nexec qemu-aarch64 -L "{self.root}" -0 "$0" "{self.python}" "$@"\n')
+        root, python = shlex.quote(str(self.root)), shlex.quote(str(self.python))  # paths, never code
+        wrapper.write_text(f'#!/bin/sh\nexec qemu-aarch64 -L {root} -0 "$0" {python} "$@"\n')
         wrapper.chmod(0o755)
         cmd = [str(wrapper), "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
                "--port-end", str(port + 1)]  # fmt: skip

@@ -74,7 +74,8 @@ def _say(message: dict[str, object]) -> int:
 
 
 def main() -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal sends them to its whole group: our
+        signal.signal(sig, signal.SIG_IGN)  # parent stops us (by closing stdin) after its cleanup
     board = Board(**json.loads(sys.argv[1]))
     tracker = tuple(json.loads(sys.argv[2])) if len(sys.argv) > 2 else None
     return serve(board, tracker)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from base.errors import DeployError, UsageError
+from base.files import write_json_atomically
 from base.locks import locked
 from base.paths import config_dir
 
@@ -88,12 +89,7 @@ def load_boards() -> dict[str, Board]:
 
 def save_boards(boards: dict[str, Board]) -> None:
     """Write the config atomically (private: it names hosts, users and key paths)."""
-    path = _config_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps({name: asdict(b) for name, b in sorted(boards.items())}, indent=2) + "\n")
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    write_json_atomically(_config_file(), {name: asdict(b) for name, b in sorted(boards.items())}, 0o600)
 
 
 def get_board(name: str) -> Board | None:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from base.errors import DeployError
+from base.locks import locked
 from base.paths import cache_root
 from devices.elf import elf_machine
 from devices.platforms import Platform
@@ -140,32 +141,49 @@ def _wheel_name(package: str, target: Platform) -> str:
 
 def _pinned_wheels(target: Platform) -> dict[str, Path]:
     """The wheel of each package of WHEELS for `target`, fetched by pip unless cached, each
-    checked against its pinned sha256 before anything is taken from it."""
+    checked against its pinned sha256 before anything is taken from it. pip fetches into a
+    temporary directory, one fetch at a time, and a wheel enters the cache only once checked: a
+    fetch killed midway leaves nothing there."""
     wheels = cache_root() / "wheels" / target.arch
+    wheels.mkdir(parents=True, exist_ok=True)
     paths = {package: wheels / _wheel_name(package, target) for package in WHEELS}
-    missing = [WHEELS[package] for package, path in paths.items() if not path.is_file()]
-    if missing:
-        platforms = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
-        cmd = [
-            sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *platforms,
-            "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp",
-            "-d", str(wheels), *missing,
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-            raise DeployError(f"pip could not fetch the {target.arch} TVM wheels: {tail}")
+    with locked(wheels.with_name(f"{target.arch}.lock")):
+        missing = {package: path for package, path in paths.items() if not path.is_file()}
+        if missing:
+            with tempfile.TemporaryDirectory(dir=wheels.parent, prefix=".fetch-") as fetched:
+                _pip_download(target, [WHEELS[package] for package in missing], Path(fetched))
+                for path in missing.values():
+                    _check_wheel(Path(fetched) / path.name)
+                    os.replace(Path(fetched) / path.name, path)
     for path in paths.values():
-        if not path.is_file():
-            raise DeployError(f"pip fetched no {path.name} into {wheels}")
-        with path.open("rb") as stream:
-            actual = hashlib.file_digest(stream, "sha256").hexdigest()
-        if actual != WHEEL_SHA256[path.name]:
-            raise DeployError(
-                f"wheel {path} has sha256 {actual[:16]}…, pinned {WHEEL_SHA256[path.name][:16]}…:"
-                " refusing it (delete it to fetch it again)"
-            )
+        _check_wheel(path, "delete it to fetch it again")
     return paths
+
+
+def _pip_download(target: Platform, specs: list[str], into: Path) -> None:
+    platforms = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
+    cmd = [
+        sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *platforms,
+        "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp",
+        "-d", str(into), *specs,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+        raise DeployError(f"pip could not fetch the {target.arch} TVM wheels: {tail}")
+
+
+def _check_wheel(path: Path, remedy: str = "the index serves other bytes than were pinned") -> None:
+    """`path` holds exactly the pinned bytes of its wheel (a one-line DeployError otherwise)."""
+    if not path.is_file():
+        raise DeployError(f"pip fetched no {path.name} into {path.parent}")
+    with path.open("rb") as stream:
+        actual = hashlib.file_digest(stream, "sha256").hexdigest()
+    if actual != WHEEL_SHA256[path.name]:
+        raise DeployError(
+            f"wheel {path} has sha256 {actual[:16]}…, pinned {WHEEL_SHA256[path.name][:16]}…: refusing it"
+            f" ({remedy})"
+        )
 
 
 def require_compiler(target: Platform) -> None:

@@ -68,9 +68,18 @@ def _work_sizes(kernel: dict[str, Any]) -> None:
 def read_plan(path: Path) -> dict[str, Any]:
     """`launch.json`, checked: its buffers' shapes and dtypes, each kernel argument naming a
     buffer that exists in its role, work sizes that OpenCL accepts, and a source file inside
-    the artifact's directory. Anything else is a one-line UsageError."""
+    the artifact's directory. Anything else is a one-line UsageError. When the artifact's
+    `manifest.json` is beside it, the plan must be the one it pins (its sha256)."""
     try:
-        plan = json.loads(path.read_text())
+        text = path.read_bytes()
+        manifest = path.with_name("manifest.json")
+        if manifest.is_file():
+            pinned = json.loads(manifest.read_text()).get("sha256")
+            if pinned != hashlib.sha256(text).hexdigest():
+                raise UsageError(f"{path} does not match the sha256 in {manifest}")
+        plan = json.loads(text)
+        if not isinstance(plan["source_sha256"], str):
+            raise ValueError("source_sha256 is not a string")
         buffers = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["buffers"]]
         scratch = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["scratch"]]
         n_inputs = len(buffers) - 1
@@ -152,7 +161,10 @@ class OpenClSession:
                 raise UsageError(f"cannot read {source_path}: {exc.strerror or exc}") from None
             if hashlib.sha256(source).hexdigest() != plan["source_sha256"]:
                 raise UsageError(f"{source_path} does not match the sha256 in {plan_path.name}")
-            text = source.decode()
+            try:
+                text = source.decode()
+            except UnicodeDecodeError:
+                raise UsageError(f"{source_path} is not OpenCL C text") from None
             if "half" in text and not self._fp16:
                 raise DeployError(f"{self.label} does not support fp16 (no cl_khr_fp16)")
             try:

@@ -1,8 +1,9 @@
 """Long-running helper processes we start (RPC servers, the tracker): each leads its own process
 group, so stopping it stops everything it started.
 
-A server is known by its pid and the kernel's start time of that pid, so a remembered server whose
-pid now belongs to another process is seen as gone, never signalled. State files are read and
+A server is known by its pid and the kernel's start time of that pid (clock ticks since boot, which
+setting the clock does not move), so a remembered server whose pid now belongs to another process
+is seen as gone, never signalled. State files are read and
 written under an exclusive lock, so concurrent `start`/`stop` commands agree on one server.
 """
 
@@ -20,9 +21,18 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
-
+from base.files import write_json_atomically
 from base.locks import locked
+
+
+def _process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of `pid` from /proc/PID/stat (fields 3
+    and 22, counted after the command name, which may hold spaces and parentheses); None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -33,35 +43,38 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass(frozen=True)
 class Server:
-    """A running RPC server: the leader pid (= process group id), the leader's start time (seconds
-    since the epoch, as the kernel reports it: with the pid, what makes it ours), its loopback port,
-    its log and the file holding the session key clients must send (None: no key)."""
+    """A running RPC server: the leader pid (= process group id), the leader's start time (clock
+    ticks since boot: with the pid, what makes it ours), its port, its log, the file holding the
+    session key clients must send (None: no key) and the address it listens on."""
 
     pid: int
-    started: float
+    started: int
     port: int
     log: str
     key_file: str | None = None
+    host: str = "127.0.0.1"
 
     @classmethod
-    def of(cls, proc: subprocess.Popen[bytes], port: int, log: Path, key_file: Path | None = None) -> Server:
+    def of(
+        cls,
+        proc: subprocess.Popen[bytes],
+        port: int,
+        log: Path,
+        key_file: Path | None = None,
+        host: str = "127.0.0.1",
+    ) -> Server:
         """The server `proc` (just spawned) leads."""
-        try:
-            started = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:
-            started = 0.0
-        return cls(proc.pid, started, port, str(log), str(key_file) if key_file else None)
+        state = _process_state(proc.pid)
+        started = state[1] if state else -1
+        return cls(proc.pid, started, port, str(log), str(key_file) if key_file else None, host)
 
     def session_key(self) -> str:
         return Path(self.key_file).read_text().strip() if self.key_file else ""
 
     def alive(self) -> bool:
         """Our leader still runs: the pid exists, started when ours did, and is no zombie."""
-        try:
-            leader = psutil.Process(self.pid)
-            return abs(leader.create_time() - self.started) < 0.01 and leader.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        state = _process_state(self.pid)
+        return state is not None and state[0] != "Z" and state[1] == self.started
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `grace_s`. A leader that is
@@ -155,9 +168,11 @@ class ServerState:
             if existing is not None:
                 return existing
             server = start()
-            partial = self.path.with_name(self.path.name + ".partial")
-            partial.write_text(json.dumps(asdict(server)))
-            partial.replace(self.path)
+            try:
+                write_json_atomically(self.path, asdict(server))
+            except BaseException:  # unrecorded, it would run on with nobody to stop it
+                server.stop(grace_s=1.0)
+                raise
             return server
 
     def stop(self) -> Server | None:

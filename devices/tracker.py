@@ -121,7 +121,7 @@ class TrackerProcess:
         cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
                "--port-end", str(port + 1)]  # fmt: skip
         proc = spawn(cmd, log)
-        server = Server.of(proc, port, log)
+        server = Server.of(proc, port, log, host=host)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not accepts(port, host):
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -6,6 +6,7 @@ Built-in ops are every module of this package; user ops come from `--ops-path DI
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import pkgutil
@@ -70,7 +71,10 @@ def load_ops_path(directory: str | Path) -> list[str]:
     load_builtin()
     before = set(_OPS)
     for path in sorted(folder.glob("*.py")):
-        module_name = f"deploy_user_ops.{folder.resolve().name}.{path.stem}"
+        where = folder.resolve()  # two folders named alike (a/ops, b/ops) must not share modules
+        module_name = (
+            f"deploy_user_ops.{where.name}_{hashlib.sha256(str(where).encode()).hexdigest()[:12]}.{path.stem}"
+        )
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise UsageError(f"cannot import op file {path}")

@@ -36,12 +36,29 @@ def _artifact_plus_a_file(out: Path) -> None:
     (out / "notes.txt").write_text("keep me")
 
 
+def _artifact_claiming_a_user_file(out: Path) -> None:
+    """An artifact whose manifest names a user's file as its module (a manifest is data)."""
+    _artifact_plus_a_file(out)
+    (out / "notes.txt").unlink()
+    (out / "src").mkdir()
+    (out / "src" / "main.js").write_text("keep me")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "module": "src/main.js"}))
+
+
+def _artifact_plus_an_empty_directory(out: Path) -> None:
+    assert invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out)).exit_code == 0
+    (out / "photos").mkdir()
+
+
 @pytest.mark.parametrize(
     "prepare,message",
     [
         (_plain_files, "is not an artifact"),
         (_empty_manifest_and_sources, "is not an artifact"),
         (_artifact_plus_a_file, "holds notes.txt, which no deploy build wrote"),
+        (_artifact_claiming_a_user_file, "is not an artifact"),
+        (_artifact_plus_an_empty_directory, "holds photos, which no deploy build wrote"),
     ],
 )
 def test_build_replaces_only_an_artifact_directory(tmp_path, prepare, message):
@@ -53,6 +70,7 @@ def test_build_replaces_only_an_artifact_directory(tmp_path, prepare, message):
     result = invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out))
     assert result.exit_code == 2 and message in result.stderr, result.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert (out / "photos").is_dir() or prepare is not _artifact_plus_an_empty_directory
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left behind
 
 

@@ -45,6 +45,11 @@ ROWS: list[tuple[str, int, str]] = [
     ("--ops-path TMP/ops_noname ops", 2, "noname.py failed to import: AttributeError"),
     ("--ops-path TMP/ops_builtin ops", 2, "ops/leaky_relu.py and in TMP/ops_builtin/lr.py"),
     ("--ops-path TMP/ops_twins ops", 2, "'hostile_twin' is defined twice: in TMP/ops_twins/a.py and in"),
+    (
+        "--ops-path TMP/first/ops --ops-path TMP/second/ops ops",
+        2,
+        "in TMP/first/ops/lr.py and in TMP/second/ops/lr.py",
+    ),
     ("--ops-path TMP/ops_exit build --target x86 --op add --shape 4 --shape 4", 2, "called exit(0)"),
     ("ops --bogus", 2, "No such option '--bogus'"),
     ("ops extra", 2, "unexpected extra argument (extra)"),
@@ -354,6 +359,8 @@ OP_DIRS = {
         "a.py": OP_FILE.format(name="hostile_twin", cls="Twin"),
         "b.py": OP_FILE.format(name="hostile_twin", cls="Twin"),
     },
+    "first/ops": {"lr.py": OP_FILE.format(name="hostile_namesake", cls="Namesake")},
+    "second/ops": {"lr.py": OP_FILE.format(name="hostile_namesake", cls="Namesake")},
 }
 
 
@@ -396,7 +403,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         np.lib.format.write_array(v3, np.ones(4, "float32"), version=(3, 0))
     (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
     for folder, files in OP_DIRS.items():
-        (root / folder).mkdir()
+        (root / folder).mkdir(parents=True)
         for name, text in files.items():
             (root / folder / name).write_text(text)
     return root

@@ -115,6 +115,9 @@ def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
     plan_ = json.loads((art / "launch.json").read_text())
     plan_["source_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
     (art / "launch.json").write_text(json.dumps(plan_))
+    with pytest.raises(UsageError, match=r"launch\.json does not match the sha256 in .*manifest\.json"):
+        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+    (art / "manifest.json").unlink()  # a runner that holds the plan alone builds what it says
     with pytest.raises(DeployError, match=r"OpenCL kernel build failed on .*error"):
         cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
 
@@ -245,12 +248,15 @@ def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
             cl_session.time(plan_path, inputs, shape, dtype, 1, 1)
 
 
-def _edited_plan(original, tmp_path, edit):
-    """A copy of the artifact whose launch.json `edit` changed."""
+def _edited_plan(original, tmp_path, edit, keep_manifest=False):
+    """A copy of the artifact whose launch.json `edit` changed (alone, as a runner may hold just
+    the plan and its source, unless `keep_manifest`)."""
     import shutil
 
     art = tmp_path / "edited"
     shutil.copytree(original, art)
+    if not keep_manifest:
+        (art / "manifest.json").unlink()
     plan_ = json.loads((art / "launch.json").read_text())
     edit(plan_)
     (art / "launch.json").write_text(json.dumps(plan_))
@@ -272,6 +278,20 @@ def test_a_plan_source_outside_the_artifact_is_refused(add_artifact, cl_session,
         plan_path = _edited_plan(add_artifact, tmp_path / source.replace("/", "_"), point)
         with pytest.raises(UsageError, match=r"source '.*x\.cl' is outside the artifact's directory"):
             cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
+
+
+def test_a_plan_edited_beside_its_manifest_is_refused(add_artifact, cl_session, tmp_path):
+    """The manifest pins launch.json: a plan edited next to it (a bigger global size, say) is
+    refused before anything is launched."""
+    from base.errors import UsageError
+
+    def wider(plan_):
+        plan_["kernels"][0]["global"] = [4096, 1, 1]
+
+    x = np.ones((4, 4), "float32")
+    plan_path = _edited_plan(add_artifact, tmp_path, wider, keep_manifest=True)
+    with pytest.raises(UsageError, match="does not match the sha256 in"):
+        cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
 
 
 def test_a_malformed_plan_is_one_line(add_artifact, cl_session, tmp_path):

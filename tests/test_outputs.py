@@ -96,6 +96,22 @@ def test_output_to_stdout_is_the_array_alone(x):
     assert b"wrote /dev/stdout" in ran.stderr and b"check passed" in ran.stderr
 
 
+def test_output_to_stdout_redirected_to_a_file_appends_to_it(tmp_path, x):
+    """`-o /dev/stdout >> log`: the log keeps what it held and gets the array after it (a rename
+    would have replaced the log, a reopen truncated it)."""
+    log = tmp_path / "log"
+    log.write_bytes(b"before\n")
+    with log.open("ab") as appending:
+        ran = subprocess.run(
+            [DEPLOY, *RUN, "-i", str(x), "-o", "/dev/stdout"], stdout=appending, stderr=subprocess.PIPE
+        )
+    assert ran.returncode == 0, ran.stderr
+    data = log.read_bytes()
+    assert data.startswith(b"before\n")
+    np.testing.assert_allclose(np.load(io.BytesIO(data[len(b"before\n") :])), expected_output(x))
+    assert partial_files(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     "make,fragment",
     [

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from base.files import write_json_atomically
 from base.paths import cache_root
 from devices import Device, Session
 from ops.spec import Input, Op, TensorType, bind
@@ -84,8 +85,5 @@ def copy_gbps(session: Session, target: Target, device: Device, fresh: bool = Fa
         return float(cached[key]["gb_per_s"])
     gbps = measure_copy_gbps(session, target, device.emulated)
     cached[key] = {"gb_per_s": gbps, "bytes": COPY_BYTES, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(cached, indent=2) + "\n")
-    partial.replace(path)
+    write_json_atomically(path, cached)
     return gbps

@@ -105,12 +105,13 @@ def _check_replaceable(directory: Path) -> None:
     SHA256SUMS lists them)."""
     if not directory.exists():
         return
-    found = {p.relative_to(directory) for p in directory.rglob("*") if p.is_symlink() or not p.is_dir()}
+    found = {p.relative_to(directory) for p in directory.rglob("*")}
     if not found:
         return
     owned = artifact_files(directory)
     if owned is None:
         raise UsageError(f"output directory {directory} is not an artifact: not replacing it")
+    owned |= {parent for path in owned for parent in path.parents if parent != Path(".")}
     stray = sorted(str(p) for p in found - owned)
     if stray:
         raise UsageError(
@@ -126,12 +127,17 @@ def artifact_files(directory: Path) -> set[Path] | None:
         artifact = get_target(str(manifest.target)).artifact
     except UsageError:
         return None
-    if not isinstance(manifest.module, str):
+    try:
+        manifest.module_path(directory)
+    except UsageError:
         return None
     names = {MANIFEST, *artifact.files(manifest.module)}
     if manifest.bundle:
         names |= bundle_files(directory)
-    return {Path(name) for name in names}
+    paths = {Path(name) for name in names}
+    if any(path.is_absolute() or ".." in path.parts for path in paths):
+        return None
+    return paths
 
 
 def _replace_dir(staging: Path, directory: Path) -> None:

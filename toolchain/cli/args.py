@@ -108,7 +108,7 @@ def save_npy(path: str, array: np.ndarray) -> None:
     place; a directory is refused. A path that cannot be written is bad input (exit 2); a write
     that fails midway (a full disk) is a failure (exit 1) and leaves no partial file."""
     mode = output_mode(path)
-    if mode is not None and not stat.S_ISREG(mode):
+    if written_in_place(path, mode):
         _write_in_place(path, array)
         return
     target = Path(os.path.realpath(path))
@@ -131,10 +131,26 @@ def save_npy(path: str, array: np.ndarray) -> None:
         raise
 
 
-def _write_in_place(path: str, array: np.ndarray) -> None:
-    """Write to a device or FIFO as it is: renaming over it would replace the node itself."""
+def _is_our_stdout(path: str) -> bool:
     try:
-        stream = open(path, "wb")  # noqa: SIM115  (closed below: opening and writing fail differently)
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except OSError:
+        return False
+
+
+def written_in_place(path: str, mode: int | None) -> bool:
+    """Whether the output `path` (of mode `mode`, from output_mode) is written as it is, not
+    replaced: a device or FIFO, whose node a rename would replace, and this process's own stdout
+    even when it is a file (`-o /dev/stdout >> log`: a rename would replace the log, reopening it
+    would truncate it)."""
+    return mode is not None and (not stat.S_ISREG(mode) or _is_our_stdout(path))
+
+
+def _write_in_place(path: str, array: np.ndarray) -> None:
+    """Write to a device, a FIFO or our stdout as it is (stdout through its own descriptor, so its
+    position and append mode hold)."""
+    try:
+        stream = os.fdopen(os.dup(1), "wb") if _is_our_stdout(path) else open(path, "wb")  # noqa: SIM115
     except OSError as exc:
         raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
     try:

@@ -3,7 +3,6 @@ files, optionally checked against numpy)."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 import click
@@ -134,12 +133,11 @@ def run_command(
     """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
     from ops import TensorType
     from toolchain.build.cache import cached_build
-    from toolchain.cli.args import load_npy, output_mode, save_npy
+    from toolchain.cli.args import load_npy, output_mode, save_npy, written_in_place
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
     target = resolve_target(target_name, tuned, cores)
-    mode = output_mode(output)
-    to_stderr = mode is not None and not stat.S_ISREG(mode)  # -o /dev/stdout: the array alone there
+    to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
     arrays = [load_npy(path) for path in inputs]
     bound = bind_op(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
     device = where.resolve(target)

@@ -8,6 +8,7 @@ import sys
 import click
 
 from base.errors import DeployError, UsageError, printable
+from base.stopping import Stopped
 
 
 @click.group("device")
@@ -177,6 +178,9 @@ def device_serve(name: str, tracker: str, key: str) -> None:
         click.echo(f"{name} registered as {key!r} with {tracker} (RPC port {rpc_port}); Ctrl-C stops")
         try:
             reason = link_ended(ready, name)
+        except Stopped:
+            click.echo(f"stopping {name}")
+            raise
         except KeyboardInterrupt:
             click.echo(f"stopping {name}")
             return
@@ -223,7 +227,8 @@ def tracker_start(host: str, port: int, public: bool) -> None:
             err=True,
         )
     server = TrackerProcess().start(host, port)
-    click.echo(f"tracker running: pid {server.pid}, {host}:{server.port}, log {server.log}")
+    already = "already " if (server.host, server.port) != (host, port) else ""
+    click.echo(f"tracker {already}running: pid {server.pid}, {server.host}:{server.port}, log {server.log}")
 
 
 @tracker_group.command("stop")
@@ -248,7 +253,7 @@ def tracker_status(tracker: str | None) -> None:
         if server is None:
             click.echo("tracker not running (start one with `deploy tracker start`)")
             sys.exit(1)
-        host, port = "127.0.0.1", server.port
+        host, port = ("127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host), server.port
     keys = queue(host, port)
     click.echo(f"tracker {host}:{port}: {len(keys)} key(s)")
     for key, (free, pending) in sorted(keys.items()):

@@ -8,52 +8,18 @@ The commands live one module per job beside this one; this module only assembles
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import click
 
 from base.errors import DeployError, first_line
+from base.stopping import Stopped, stopping_like_ctrl_c
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
 from toolchain.cli.describe import ops_command, targets_command
 from toolchain.cli.device import device_group, tracker_group
 from toolchain.cli.test import test_command
 from toolchain.cli.tune import tune_command
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived: a KeyboardInterrupt, so every cleanup Ctrl-C runs runs too."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def _stopping_like_ctrl_c() -> Iterator[None]:
-    """Raise Stopped on SIGTERM/SIGHUP while a command runs (further ones are ignored while it
-    cleans up); the previous handlers come back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _one_line_usage(exc: click.UsageError) -> NoReturn:
@@ -77,7 +43,7 @@ class DeployGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with _stopping_like_ctrl_c():
+            with stopping_like_ctrl_c():
                 return super().invoke(ctx)
         except Stopped as stopped:
             click.echo(f"error: stopped by {stopped}", err=True)

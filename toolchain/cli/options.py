@@ -14,6 +14,11 @@ import click
 from base.errors import UsageError
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (a records directory the build could not use, say)."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def resolve_target(name: str, tuned: str | None = None, cores: int | None = None) -> Any:
     """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
     `cores`, splitting parallel work for that many threads (else for the device's, asked later)."""
@@ -31,7 +36,7 @@ def resolve_target(name: str, tuned: str | None = None, cores: int | None = None
         return target
     from toolchain.tune.tuners import AcceptedRecords  # the tuners only when --tuned asks for them
 
-    return target.with_tuning(AcceptedRecords(Path(tuned)))
+    return target.with_tuning(AcceptedRecords(Path(tuned), warn))
 
 
 def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
+from base.stopping import exit_code
 from toolchain.cli.options import (
     ATTR,
     CORES,
@@ -20,6 +21,7 @@ from toolchain.cli.options import (
     bind_op,
     device_options,
     resolve_target,
+    warn,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ def tune_command(
     if report:
         from toolchain.tune.report import report_target
 
-        measured = report_target(root, target, device)
+        measured = report_target(root, target, device, warn)
         png = measured.json.with_name(PNG)
         plot_curves(measured.curves, png, f"deploy tune --target {target.name} on {device.name}")
         print_report(measured.rows, target, device, png)
@@ -142,7 +144,7 @@ def _tune_with_progress(
         try:
             callbacks = Callbacks(on_start, on_trial, stopping, waiting)
             result = tune(bound, target, device, root, trials, timeout_s, callbacks)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             progress.stop()
             directory = task_dir(root, bound, target.name)
             click.echo(
@@ -150,7 +152,7 @@ def _tune_with_progress(
                 " run the same command to continue",
                 err=True,
             )
-            raise SystemExit(130) from None
+            raise SystemExit(exit_code(interrupt)) from None
     _print_result(console, result, trials)
 
 

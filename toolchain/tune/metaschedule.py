@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError
+from base.stopping import STOP_SIGNALS, handled, interrupt_for
 from devices import Device
 from ops.spec import BoundOp
 from schedules import find_schedule
@@ -260,7 +260,7 @@ def _search(
             )
         except Exception:
             if interrupted:
-                raise KeyboardInterrupt from None
+                raise interrupt_for(interrupted[0]) from None
             fatal = getattr(runner, "fatal", None)
             if fatal is not None:
                 raise fatal from None
@@ -273,24 +273,19 @@ class _Stop(Exception):
 
 @contextmanager
 def _stopping_on_interrupt(stopping: Callable[[], None]) -> Iterator[list[int]]:
-    """The first Ctrl-C lets the running batch finish and be recorded, then stops the search
-    (an exception raised at an arbitrary point inside MetaSchedule's C++ loop can abort the
-    process); a second Ctrl-C interrupts at once."""
+    """The first Ctrl-C (or SIGTERM, SIGHUP) lets the running batch finish and be recorded, then
+    stops the search: an exception raised at an arbitrary point inside MetaSchedule's C++ loop can
+    abort the process. A second one interrupts at once."""
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
 
     def note(signum: int, frame: Any) -> None:
+        if noted:
+            raise interrupt_for(signum)
         noted.append(signum)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         stopping()
 
-    previous = signal.signal(signal.SIGINT, note)
-    try:
+    with handled(note, (signal.SIGINT, *STOP_SIGNALS)):
         yield noted
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _accept(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError, first_line
+from base.files import write_json_atomically
 from base.locks import locked
 from ops.spec import BoundOp
 
@@ -54,9 +54,7 @@ def task_dir(root: Path, bound: BoundOp, target_name: str) -> Path:
 
 def write_json(path: Path, body: dict[str, Any]) -> None:
     """Replace `path` atomically (a reader never sees half a file)."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(body, indent=2) + "\n")
-    os.replace(partial, path)
+    write_json_atomically(path, body)
 
 
 @contextmanager

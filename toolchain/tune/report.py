@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,13 @@ def best_so_far(times: list[float | None]) -> list[float | None]:
     return curve
 
 
-def _variants(bound: BoundOp, target: Target, root: Path) -> dict[str, Compiled]:
+def _variants(bound: BoundOp, target: Target, accepted: AcceptedRecords) -> dict[str, Compiled]:
     """The default build (where the artifact kind builds unscheduled code), the hand and the tuned."""
     variants = {}
     if target.artifact.builds_unscheduled:
         variants["default"] = compile_scheduled(bound, target, prim_module(bound, target), "default")
     variants["hand"] = compile_scheduled(bound, target, *hand_schedule(bound, target))
-    tuned = AcceptedRecords(root).schedule(bound, target)
+    tuned = accepted.schedule(bound, target)
     if tuned is not None:
         variants["tuned"] = compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
     return variants
@@ -83,9 +84,11 @@ class Report:
     """Where the rows were written."""
 
 
-def report_target(root: Path, target: Target, device: Device) -> Report:
-    """Measure every task tuned for `target` under `root` on `device`; write report.json beside them."""
+def report_target(root: Path, target: Target, device: Device, warn: Callable[[str], None]) -> Report:
+    """Measure every task tuned for `target` under `root` on `device`; write report.json beside them.
+    `warn` gets one line per accepted record that fails its checks (the hand schedule is used)."""
     check_device(target, device)
+    accepted = AcceptedRecords(root, warn)
     rows: list[dict[str, Any]] = []
     curves: dict[str, list[float | None]] = {}
     tuner = tuner_for(target)
@@ -95,10 +98,10 @@ def report_target(root: Path, target: Target, device: Device) -> Report:
             times = tuner.trial_ms(directory, bound, target)
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
             curves[label] = best_so_far(times)
-            variants = _variants(bound, target, root)
+            variants = _variants(bound, target, accepted)
             checked = [check(session, compiled, Path(tmp)) for compiled in variants.values()]
             timed = dict(zip(variants, time_interleaved(session, checked, REPEAT), strict=True))
-            kept_hand = AcceptedRecords(root).verdict(bound, target) == KEPT_HAND
+            kept_hand = accepted.verdict(bound, target) == KEPT_HAND
             if kept_hand:
                 timed["tuned"] = timed["hand"]
             rows.append(

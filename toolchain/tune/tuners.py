@@ -6,7 +6,6 @@ A new artifact kind that can be tuned adds one entry to TUNERS; one without is r
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,18 +50,14 @@ def tune(
         return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
 
 
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-
-
 @dataclass(frozen=True)
 class AcceptedRecords:
     """The schedules `deploy tune` accepted under a records directory `root`. Records are data
     read from disk: one that fails a check (`Tuner.schedule`) is not built; `warn` says why in
-    one line and the build keeps the hand schedule."""
+    one line (the caller shows it) and the build keeps the hand schedule."""
 
     root: Path
-    warn: Callable[[str], None] = _warn
+    warn: Callable[[str], None]
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
         directory = db.task_dir(self.root, bound, target.name)

@@ -1,0 +1,65 @@
+"""Stopping a command from outside: Ctrl-C (SIGINT), `kill` (SIGTERM) and a closed terminal
+(SIGHUP) unwind the same way, as a KeyboardInterrupt, so every cleanup written for Ctrl-C (servers
+stopped, temporary files removed, records kept) runs for all three. The exit code tells which."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interrupt_for(signum: int) -> KeyboardInterrupt:
+    """What a stop by `signum` raises: Stopped, or a plain KeyboardInterrupt for Ctrl-C."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+    """128 + the signal's number, as shells report a process a signal ended."""
+    return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
+
+
+@contextmanager
+def handled(handler: Any, signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Run `handler` for `signals` inside the block (main thread only), the previous handlers
+    after it. A signal this process was told to ignore (`nohup`) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig, before in previous.items():
+        if before != signal.SIG_IGN:
+            signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, signal.SIG_DFL if before is None else before)
+
+
+@contextmanager
+def stopping_like_ctrl_c() -> Iterator[None]:
+    """Raise Stopped on SIGTERM/SIGHUP inside the block. Further ones are ignored while the
+    command cleans up (which may take seconds: stopping a server, closing an SSH link); SIGKILL
+    still ends it at once."""
+
+    def stop(signum: int, frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) == stop:
+                signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    with handled(stop):
+        yield
