@@ -17,6 +17,7 @@ import hashlib
 import posixpath
 import re
 import shlex
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -215,8 +216,7 @@ def setup_board(board: Board, say: Callable[[str], None]) -> None:
         if not stale:
             say(f"{board.name}: runtime in {shell.runtime_dir} matches this host's (sha256); nothing to do")
             return
-        if not on_board:
-            _refuse_foreign(shell)
+        _refuse_foreign(shell)
         size = sum((runtime / name).stat().st_size for name in RUNTIME_FILES) / 1e6
         found = f"differs ({', '.join(stale)})" if on_board else "missing"
         say(f"{board.name}: runtime {found}; pushing {size:.1f} MB to {shell.runtime_dir}")
@@ -227,14 +227,39 @@ def setup_board(board: Board, say: Callable[[str], None]) -> None:
 
 
 def _refuse_foreign(shell: BoardShell) -> None:
-    """Refuse to replace a `runtime` directory that holds none of the runtime's files: deploy
-    did not write it (the remote dir is not deploy's alone)."""
+    """Refuse to replace `runtime`, or remove the `runtime.new`/`runtime.old` an interrupted setup
+    leaves, when it holds anything but the runtime's own files: deploy did not write that (the
+    remote dir is not deploy's alone)."""
+    owned = {*RUNTIME_FILES, *(posixpath.dirname(name) for name in RUNTIME_FILES if "/" in name)}
     with shell.files(f"looking at {shell.runtime_dir}") as sftp:
-        if _exists(sftp, shell.runtime_dir):
-            raise DeployError(
-                f"{shell.board.name}: {shell.runtime_dir} exists and is not a deploy runtime: refusing to"
-                " replace it (move it away, or re-add the board with another --remote-dir)"
-            )
+        for top in (shell.runtime_dir, shell.runtime_dir + ".new", shell.runtime_dir + ".old"):
+            stray = _stray(sftp, top, "", owned)
+            if stray is not None:
+                raise DeployError(
+                    f"{shell.board.name}: {top} holds {printable(stray or '(not a directory)')}, which"
+                    " deploy did not write: refusing to replace it (move it away, or re-add the board with"
+                    " another --remote-dir)"
+                )
+
+
+def _stray(sftp: paramiko.SFTPClient, top: str, below: str, owned: set[str]) -> str | None:
+    """The first entry under `top`/`below` that is not in `owned` ("" when `top` is not a
+    directory), None when there is none or `top` does not exist."""
+    try:
+        entries = sftp.listdir_attr(posixpath.join(top, below) if below else top)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return below
+    for entry in entries:
+        name = posixpath.join(below, entry.filename) if below else entry.filename
+        if name not in owned:
+            return name
+        if stat.S_ISDIR(entry.st_mode or 0):
+            found = _stray(sftp, top, name, owned)
+            if found is not None:
+                return found
+    return None
 
 
 def _push(shell: BoardShell, runtime: Path) -> None:

@@ -489,20 +489,25 @@ def test_a_remote_dir_at_or_above_home_is_refused_before_anything_runs(server, t
     assert [(home / name).exists() for name in ours] == before
 
 
-def test_setup_leaves_a_runtime_directory_it_did_not_write(server, tmp_path):
-    """A remote dir shared with something else: its `runtime` is not replaced."""
-    remote = tmp_path / "shared"
-    (remote / "runtime").mkdir(parents=True)
-    (remote / "runtime" / "notes.txt").write_text("mine")
-    assert add("shared", server, remote, "--accept-new-host-key").returncode == 0
-    refused = run_deploy("device", "setup", "shared")
+@pytest.mark.parametrize("where", ["runtime", "runtime/lib", "runtime.old", "runtime.new"])
+def test_setup_leaves_a_runtime_directory_it_did_not_write(server, tmp_path, where: str):
+    """A remote dir shared with something else: a `runtime` (or the `.new`/`.old` an interrupted
+    setup leaves) holding a file deploy did not write is neither replaced nor removed, even beside
+    the runtime's own files."""
+    remote, name = tmp_path / "shared", f"shared-{where.replace('/', '-')}"
+    add_ready(name, server, remote)
+    (remote / "runtime" / SERVER).write_bytes(b"changed on the board")  # so setup wants to push
+    (remote / where).mkdir(parents=True, exist_ok=True)
+    (remote / where / "notes.txt").write_text("mine")
+    refused = run_deploy("device", "setup", name)
     assert refused.returncode == 1
+    stray = "lib/notes.txt" if where == "runtime/lib" else "notes.txt"
+    top = "runtime" if where.startswith("runtime/") else where
     assert refused.stderr == (
-        f"error: shared: {remote}/runtime exists and is not a deploy runtime: refusing to replace it"
-        " (move it away, or re-add the board with another --remote-dir)\n"
+        f"error: {name}: {remote}/{top} holds {stray}, which deploy did not write: refusing to replace"
+        " it (move it away, or re-add the board with another --remote-dir)\n"
     )
-    assert (remote / "runtime" / "notes.txt").read_text() == "mine"
-    assert sorted(p.name for p in remote.iterdir()) == ["runtime"]
+    assert (remote / where / "notes.txt").read_text() == "mine"
 
 
 def test_a_board_library_is_read_up_to_a_limit(server, tmp_path):
