@@ -1,8 +1,10 @@
-"""Replacing a small file deploy owns (JSON state, configs, verdicts) so that a reader sees the
-old or the new content, never half of either, and concurrent writers never share a temporary."""
+"""Files deploy owns: replacing a small one (JSON state, configs, verdicts) so that a reader sees
+the old or the new content, never half of either, and concurrent writers never share a temporary;
+and the sha256 that pins a file (modules, plans, wheels, runtimes)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -23,3 +25,9 @@ def write_json_atomically(path: Path, body: Any, mode: int = 0o644) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file at `path`, read in 1 MiB pieces."""
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()

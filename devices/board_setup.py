@@ -13,7 +13,6 @@ versions the board's libraries define against those the runtime needs.
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 import paramiko
 
 from base.errors import DeployError, UsageError, printable
+from base.files import sha256_file
 from devices.boards import Board
 from devices.elf import Version, elf_machine, provided_versions, required_versions, version_text
 from devices.native import RUNTIME_FILES, native_runtime
@@ -132,10 +132,6 @@ def _defined_version(name: str, sftp: paramiko.SFTPClient, path: str, kind: str)
         raise DeployError(f"{name}: {path} is not an ELF library deploy can read: {exc}") from None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _board_sha256(shell: BoardShell, directory: str) -> dict[str, str]:
     """The sha256 of each runtime file in `directory`, computed on the board; missing ones (or a
     missing directory) are left out."""
@@ -177,7 +173,7 @@ def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[st
 
 def _stale(runtime: Path, on_board: dict[str, str]) -> list[str]:
     """Runtime files that are missing on the board or differ from this host's."""
-    return [name for name in RUNTIME_FILES if on_board.get(name) != _sha256(runtime / name)]
+    return [name for name in RUNTIME_FILES if on_board.get(name) != sha256_file(runtime / name)]
 
 
 def check_board(board: Board, say: Callable[[str], None], accept_new_host_key: bool = False) -> bool:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from base.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError, printable
 from base.files import write_json_atomically
 from base.locks import locked
 from base.paths import config_dir
@@ -23,6 +23,19 @@ ARCHES = ("aarch64", "armv7l", "x86_64")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RESERVED = ("local", "emulator")
 DEFAULT_REMOTE_DIR = ".deploy"
+
+
+def check_remote_dir(remote_dir: str) -> str:
+    """A board's `remote_dir` as given, if it names a directory of deploy's own: not empty, not
+    the login's home (`.`) or `/`, no `..` and no control characters (setup replaces
+    `<remote_dir>/runtime`, so the directory must be one nothing else uses)."""
+    parts = [part for part in remote_dir.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts or not remote_dir.isprintable():
+        raise UsageError(
+            f"remote dir '{printable(remote_dir)}': expected a directory for deploy alone, under the"
+            " login's home (e.g. .deploy) or absolute, not '', '.', '/' or a path with '..'"
+        )
+    return remote_dir
 
 
 def known_hosts_file() -> Path:
@@ -58,6 +71,7 @@ class Board:
             raise UsageError(f"board arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
         if self.key is not None and not Path(self.key).is_file():
             raise UsageError(f"board key {self.key!r}: no such file")
+        check_remote_dir(self.remote_dir)
         return self
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from base.errors import DeployError
+from base.files import sha256_file
 from base.locks import locked
 from base.paths import cache_root
 from devices.elf import elf_machine
@@ -177,8 +178,7 @@ def _check_wheel(path: Path, remedy: str = "the index serves other bytes than we
     """`path` holds exactly the pinned bytes of its wheel (a one-line DeployError otherwise)."""
     if not path.is_file():
         raise DeployError(f"pip fetched no {path.name} into {path.parent}")
-    with path.open("rb") as stream:
-        actual = hashlib.file_digest(stream, "sha256").hexdigest()
+    actual = sha256_file(path)
     if actual != WHEEL_SHA256[path.name]:
         raise DeployError(
             f"wheel {path} has sha256 {actual[:16]}…, pinned {WHEEL_SHA256[path.name][:16]}…: refusing it"

@@ -27,12 +27,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import paramiko
 
 from base.errors import DeployError, UsageError, first_line, printable
-from devices.boards import Board, get_board, known_hosts_file
+from base.locks import locked
+from devices.boards import Board, check_remote_dir, get_board, known_hosts_file
 from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
@@ -46,19 +48,6 @@ OUTPUT_LIMIT = 1 << 20
 LINE_LIMIT = 4096
 """The most of one line of the server's output that is kept (the end of it)."""
 CHUNK = 1 << 15
-
-
-def check_remote_dir(remote_dir: str) -> str:
-    """A board's `remote_dir` as given, if it names a directory of deploy's own: not empty, not
-    the login's home (`.`) or `/`, no `..` and no control characters (setup replaces
-    `<remote_dir>/runtime`, so the directory must be one nothing else uses)."""
-    parts = [part for part in remote_dir.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts or not remote_dir.isprintable():
-        raise UsageError(
-            f"remote dir '{printable(remote_dir)}': expected a directory for deploy alone, under the"
-            " login's home (e.g. .deploy) or absolute, not '', '.', '/' or a path with '..'"
-        )
-    return remote_dir
 
 
 def _where(board: Board) -> str:
@@ -123,9 +112,27 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
         client.close()
         raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {_said(exc)}") from None
     if accept_new_host_key:
-        ours.parent.mkdir(parents=True, exist_ok=True)
-        client.save_host_keys(str(ours))
+        _record_host_keys(client, ours)
     return client
+
+
+def _record_host_keys(client: paramiko.SSHClient, ours: Path) -> None:
+    """Add the keys `client` accepted to deploy's known_hosts: read afresh and replaced under its
+    lock, so concurrent `--accept-new-host-key` commands keep each other's keys."""
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    with locked(ours.with_name(ours.name + ".lock")):
+        merged = paramiko.HostKeys(str(ours)) if ours.exists() else paramiko.HostKeys()
+        for host, keys in client.get_host_keys().items():
+            for kind, key in keys.items():
+                merged.add(host, kind, key)
+        fd, temporary = tempfile.mkstemp(prefix=f".{ours.name}.", suffix=".partial", dir=ours.parent)
+        os.close(fd)
+        try:
+            merged.save(temporary)
+            os.replace(temporary, ours)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
 
 
 class BoardShell:

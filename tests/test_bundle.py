@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from base.files import sha256_file
 from devices import get_device
 from devices.elf import required_versions
 from devices.platforms import get_platform
@@ -25,7 +26,7 @@ from ops.spec import BoundOp, Op
 from tests.conftest import DEPLOY, REPO, invoke
 from toolchain.build.compile import compile_op
 from toolchain.build.export import export
-from toolchain.build.manifest import Manifest, sha256_file
+from toolchain.build.manifest import Manifest
 from toolchain.build.targets import get_target
 from toolchain.verify.compare import compare, random_input
 

@@ -9,9 +9,10 @@ import pytest
 import tvm
 
 from base.errors import UsageError
+from base.files import sha256_file
 from ops import all_ops, get_op
 from tests.conftest import invoke
-from toolchain.build.manifest import Manifest, sha256_file
+from toolchain.build.manifest import Manifest
 
 BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d", "maxpool_add"}
 

@@ -553,3 +553,41 @@ def test_the_forward_to_a_board_refuses_clients_without_the_key(server, tmp_path
         with connect("127.0.0.1", ready["port"], "x86_64", "board", key=ready["key"]) as session:
             assert session is not None
     nothing_left(tmp_path / "remote")
+
+
+def _accept_after(barrier, config: str, board: dict[str, object]) -> None:
+    import os
+
+    from devices.boards import Board
+    from devices.ssh import ssh_connect
+
+    os.environ["XDG_CONFIG_HOME"] = config
+    barrier.wait()
+    ssh_connect(Board(**board), accept_new_host_key=True).close()  # type: ignore[arg-type]
+
+
+def test_concurrent_host_key_acceptances_keep_every_key(tmp_path):
+    """Four boards accepted at the same moment: deploy's known_hosts ends with all four keys."""
+    import multiprocessing
+
+    import paramiko
+
+    servers = [sshd.start(tmp_path / f"sshd{i}") for i in range(4)]
+    try:
+        fork = multiprocessing.get_context("fork")
+        barrier = fork.Barrier(len(servers))
+        boards = [
+            {"name": f"k{i}", "host": "127.0.0.1", "user": s.user, "port": s.port, "key": str(s.key)}
+            for i, s in enumerate(servers)
+        ]
+        accepts = [fork.Process(target=_accept_after, args=(barrier, str(tmp_path), b)) for b in boards]
+        for process in accepts:
+            process.start()
+        for process in accepts:
+            process.join(60)
+        assert [process.exitcode for process in accepts] == [0] * len(servers)
+        known = paramiko.HostKeys(str(tmp_path / "deploy" / "known_hosts"))
+        assert sorted(known.keys()) == sorted(f"[127.0.0.1]:{s.port}" for s in servers)
+    finally:
+        for running in servers:
+            sshd.stop(running)

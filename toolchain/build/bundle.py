@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 from base.errors import UsageError
+from base.files import sha256_file
 from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runtime_libraries
 from devices.platforms import get_platform
 from ops.spec import BoundOp, TensorType
-from toolchain.build.manifest import MANIFEST, sha256_file
+from toolchain.build.manifest import MANIFEST
 from toolchain.build.targets import Target, all_targets
 
 RUNNER = "deploy-run"

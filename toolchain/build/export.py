@@ -9,9 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError
+from base.files import sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled
-from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock, sha256_file
+from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import get_target
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,26 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError
+from base.files import sha256_file
 from base.locks import locked
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @contextmanager
 def artifact_lock(directory: Path, shared: bool = False) -> Iterator[None]:
     """Lock the directory the artifact directory `directory` lives in (it must exist):
-    exclusively while a build checks, writes and swaps one in, shared while one is read, so that
-    concurrent builds take turns and no reader sees one mid-swap. The parent itself is locked, not
-    a lock file beside it: nothing is left next to a user's output."""
+    exclusively while a build checks, writes and swaps one in, shared while the build cache reads
+    one, so that concurrent builds into one place take turns and a cached build is never read
+    mid-swap. (A reader of `-o DIR` outside deploy takes no lock.) The parent itself is locked,
+    not a lock file beside it: nothing is left next to a user's output; builds into other
+    directories of the same parent take turns too."""
     with locked(directory.parent, shared):
         yield
 

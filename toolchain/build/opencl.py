@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import DeployError
+from base.files import sha256_file
 from toolchain.build.artifacts import ArtifactKind
-from toolchain.build.manifest import sha256_file
 
 if TYPE_CHECKING:
     from toolchain.build.targets import Target

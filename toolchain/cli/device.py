@@ -100,9 +100,9 @@ def device_add(
 ) -> None:
     """Register a board reached over SSH (no passwords are stored)."""
     from devices.boards import Board, add_board, known_hosts_file
-    from devices.ssh import check_remote_dir, ssh_connect
+    from devices.ssh import ssh_connect
 
-    board = Board(name, host, user, port, key, arch, check_remote_dir(remote_dir)).validate()
+    board = Board(name, host, user, port, key, arch, remote_dir).validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
         click.echo(f"host key of {host}:{port} recorded in {known_hosts_file()}")
