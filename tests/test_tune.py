@@ -81,7 +81,7 @@ def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: P
                      str(tmp_path / "a.npy"), "-i", str(tmp_path / "b.npy"), "-o", str(tmp_path / "c.npy"),
                      "--check")  # fmt: skip
     assert ran.returncode == 0, ran.stderr
-    assert ("(tuned)" if verdict["record"] else "(tuning kept it)") in ran.stdout
+    assert ("(tuned)" if verdict["record"] else "(hand, tuning found nothing faster)") in ran.stdout
     assert "check passed" in ran.stdout
 
     report = run_deploy("tune", "--report", "--target", "x86", "--db", str(db))
@@ -245,7 +245,7 @@ def test_tune_add_for_arm_on_the_emulator_then_test_uses_the_records(tmp_path: P
 
     tested = run_deploy("test", "--target", "arm", "--op", "add", "--dtype", "float32", "--tuned", str(db))
     assert tested.returncode == 0, tested.stdout
-    used = "tuned" if verdict["record"] else "(tuning kept it)"
+    used = "tuned" if verdict["record"] else "(hand, tuning found nothing faster)"
     assert used in tested.stdout, "the case with the tuned shapes followed the verdict"
 
 

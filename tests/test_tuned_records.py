@@ -186,6 +186,28 @@ def test_unreadable_or_stale_records_build_the_hand_schedule_with_a_warning(
     assert_hand_with_one_warning(build(root, out), root, out, reason)
 
 
+def test_a_cached_hand_build_is_not_reused_once_the_records_are_repaired(tmp_path: Path) -> None:
+    """deploy run caches builds: one that fell back to the hand schedule over a corrupt database
+    line is keyed by the database too, so the repaired records build the tuned schedule."""
+    import numpy as np
+
+    root = tmp_path / "db"
+    task, _ = plant(root, parallel)
+    records = task / "database_tuning_record.json"
+    intact = records.read_text()
+    np.save(tmp_path / "x.npy", np.ones((4, 4), "float32"))
+    run = ["run", *ADD[:2], "--target", "x86", "--tuned", str(root), "-i", str(tmp_path / "x.npy"),
+           "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy")]  # fmt: skip
+    records.write_text("[0, {corrupt\n" + intact)
+    refused = invoke(*run)
+    assert refused.exit_code == 0 and "warning: --tuned" in refused.stderr, refused.output
+    assert "(hand, the accepted record failed its checks)" in refused.stdout
+    records.write_text(intact)
+    repaired = invoke(*run)
+    assert repaired.exit_code == 0 and not repaired.stderr, repaired.output
+    assert "(tuned" in repaired.stdout, repaired.stdout
+
+
 @pytest.mark.parametrize("size", [0, -5, "abc", 3, 1e8, 64.0, True, None])
 def test_an_accepted_work_group_size_is_one_tuning_tries(tmp_path: Path, size: Any) -> None:
     from toolchain.build.targets import get_target

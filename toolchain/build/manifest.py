@@ -71,9 +71,9 @@ class Manifest:
 
     @property
     def built_with(self) -> str:
-        """The schedule as messages name it; a `--tuned` build whose tuning kept the hand
-        schedule says so."""
-        return f"{self.schedule} (tuning kept it)" if self.tuning else self.schedule
+        """The schedule as messages name it; a `--tuned` build on the hand schedule says why
+        (tuning kept it, or the accepted record failed its checks)."""
+        return f"{self.schedule} ({self.tuning})" if self.tuning else self.schedule
 
     def module_path(self, directory: Path) -> Path:
         """The module inside `directory`: a manifest is data from disk, so a `module` that is not

@@ -32,7 +32,8 @@ class TunedSchedules(Protocol):
         ...
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
-        """Cheap (for the build cache key): the accepted record's id, KEPT_HAND when tuning
+        """Cheap (for the build cache key): the accepted record's id with a digest of the records
+        it is read from (what the build depends on), KEPT_HAND when tuning
         found nothing faster than the hand schedule, REFUSED when the verdict cannot be read,
         None when the op was not tuned."""
         ...

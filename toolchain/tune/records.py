@@ -184,6 +184,16 @@ def write_verdict(directory: Path, verdict: dict[str, Any], records: int, device
     return written
 
 
+def records_digest(directory: Path) -> str:
+    """sha256 of the task's database files as they are now: whether the accepted record can be
+    built depends on all of them (a corrupt line anywhere refuses the records)."""
+    digest = hashlib.sha256()
+    for name in (WORKLOADS, RECORDS):
+        path = directory / name
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest.hexdigest()[:16]
+
+
 def accepted(directory: Path) -> dict[str, Any] | None:
     """The accepted record's entry ({"record", "ms", "max_error", "device", ...}), if any."""
     body = verdict(directory)

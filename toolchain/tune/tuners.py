@@ -77,4 +77,6 @@ class AcceptedRecords:
             return REFUSED
         if entry is None:
             return None
-        return str(entry["record"]) if entry["record"] else KEPT_HAND
+        if not entry["record"]:
+            return KEPT_HAND
+        return f"{entry['record']} of records {db.records_digest(db.task_dir(self.root, bound, target.name))}"
