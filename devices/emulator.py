@@ -12,6 +12,7 @@ it when done — on errors and Ctrl-C too, since the whole process group is stop
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -65,8 +66,9 @@ class Emulator:
         `tracker`, once it is registered there under `key`)."""
         runtime = self.provision()
         port = port or free_port()
-        log = self.base / f"server-{port}.log"
-        key_file = new_key_file(self.base / f"server-{port}.key", f"{key}:" if tracker else "")
+        stem = f"server-{port}-{secrets.token_hex(4)}"  # its own files, even if two starts race for a port
+        log = self.base / f"{stem}.log"
+        key_file = new_key_file(self.base / f"{stem}.key", f"{key}:" if tracker else "")
         work = self.base / "sessions"
         work.mkdir(parents=True, exist_ok=True)
         cmd = [*self.platform.emulator_command(), str(runtime / SERVER), "--host", "127.0.0.1",

@@ -105,11 +105,11 @@ class Server:
 
 
 def new_key_file(path: Path, prefix: str = "") -> Path:
-    """A fresh random session key (after `prefix`) in `path`, readable by this user only (0600
-    from creation). A server offered on a tracker needs the prefix "KEY:": TVM's tracker reads
-    the device key back from the match key when it withdraws a server."""
+    """A fresh random session key (after `prefix`) in `path`, which must not exist yet (nothing is
+    overwritten), readable by this user only (0600 from creation). A server offered on a tracker
+    needs the prefix "KEY:": TVM's tracker reads the device key back from the match key when it
+    withdraws a server."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as stream:
         stream.write(prefix + secrets.token_hex(16) + "\n")
