@@ -127,7 +127,8 @@ def test_tune_measures_on_the_farm(farm, tmp_path: Path):
     result = run_deploy("tune", "--op", "add", "--shape", "7x13", "--shape", "7x13", "--target", "arm",
                         *where, "--trials", "2", "--db", str(db))  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert f"vs numpy on {KEY}@127.0.0.1:{port}" in result.stdout.replace("\n", "")
+    # accepted or not (emulated timings decide), the verdict names the farm's device it measured on
+    assert f" on {KEY}@127.0.0.1:{port}" in result.stdout.replace("\n", "")
     assert free_servers("127.0.0.1", port, KEY) == 2, "tuning sessions gave their servers back"
 
 
