@@ -22,6 +22,12 @@ def first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def reason(exc: BaseException) -> str:
+    """Why `exc` was raised, as one line safe to print: the first line of its message (which may
+    quote a board, a tracker or a file) through `printable`, else the name of its type."""
+    return printable(first_line(str(exc))) or type(exc).__name__
+
+
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on (escape sequences, carriage returns,
     line breaks, bidi overrides) written as a Python escape: what a board or a tracker says is

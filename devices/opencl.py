@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import DeployError, UsageError, first_line
+from base.errors import DeployError, UsageError, reason
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
@@ -97,7 +97,7 @@ def read_plan(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        detail = first_line(str(exc)) or type(exc).__name__
+        detail = reason(exc)
         raise UsageError(
             f"{path}: not a launch plan of this deploy ({detail}): rebuild the artifact"
         ) from None

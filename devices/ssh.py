@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import paramiko
 
-from base.errors import DeployError, UsageError, first_line, printable
+from base.errors import DeployError, UsageError, printable, reason
 from base.locks import locked
 from devices.boards import Board, check_remote_dir, get_board, known_hosts_file
 from devices.native import SERVER
@@ -52,11 +52,6 @@ CHUNK = 1 << 15
 
 def _where(board: Board) -> str:
     return f"{board.user}@{board.host}:{board.port}"
-
-
-def _said(exc: BaseException) -> str:
-    """The first line of an error that may carry the board's words, safe to print."""
-    return printable(first_line(str(exc)))
 
 
 @dataclass(frozen=True)
@@ -99,7 +94,7 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
     except paramiko.AuthenticationException as exc:
         client.close()
         key = board.key or "ssh-agent and ~/.ssh keys"
-        raise DeployError(f"SSH login to {_where(board)} failed with {key}: {_said(exc)}") from None
+        raise DeployError(f"SSH login to {_where(board)} failed with {key}: {reason(exc)}") from None
     except paramiko.SSHException as exc:
         client.close()
         if "not found in known_hosts" in str(exc):
@@ -107,10 +102,10 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
                 f"unknown host key for {board.host}:{board.port}: check it, then rerun with"
                 f" --accept-new-host-key (`deploy device check {board.name} --accept-new-host-key`)"
             ) from None
-        raise DeviceLost(f"SSH to {_where(board)} failed: {_said(exc)}") from None
+        raise DeviceLost(f"SSH to {_where(board)} failed: {reason(exc)}") from None
     except (OSError, EOFError) as exc:
         client.close()
-        raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {_said(exc)}") from None
+        raise DeviceLost(f"cannot reach {board.name} at {board.host}:{board.port}: {reason(exc)}") from None
     if accept_new_host_key:
         _record_host_keys(client, ours)
     return client
@@ -178,7 +173,7 @@ class BoardShell:
             finally:
                 channel.close()
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise DeviceLost(f"lost SSH connection to {name}: {_said(exc)}") from None
+            raise DeviceLost(f"lost SSH connection to {name}: {reason(exc)}") from None
         text = out.decode(errors="replace")
         start, stop = text.find(f"{begin}\n"), text.rfind(f"\n{end}\n")
         lines = err.decode(errors="replace").strip().splitlines()
@@ -221,7 +216,7 @@ class BoardShell:
             yield self._sftp
         except (OSError, EOFError, paramiko.SSHException) as exc:
             transport = self.client.get_transport()
-            name, detail = self.board.name, _said(exc)
+            name, detail = self.board.name, reason(exc)
             if transport is None or not transport.is_active():
                 raise DeviceLost(f"lost SSH connection to {name}: {detail}") from None
             raise DeployError(f"{name}: {what} failed: {detail}") from None

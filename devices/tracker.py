@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, first_line, printable
+from base.errors import DeployError, UsageError, first_line, reason
 from base.paths import cache_root
 from devices.registry import DeviceLost
 from devices.rpc import EndpointDevice, RpcSession, rpc_session
@@ -145,8 +145,7 @@ def queue(host: str, port: int) -> dict[str, tuple[int, int]]:
         info = reply[1]["queue_info"] if reply[0] == base.TrackerCode.SUCCESS else None
         return {str(key): (int(entry["free"]), int(entry["pending"])) for key, entry in info.items()}
     except (OSError, ValueError, LookupError, TypeError, AttributeError) as exc:
-        what = printable(first_line(str(exc))) or type(exc).__name__
-        raise DeviceLost(f"the RPC tracker at {host}:{port} gave no queue: {what}") from None
+        raise DeviceLost(f"the RPC tracker at {host}:{port} gave no queue: {reason(exc)}") from None
     finally:
         sock.close()
 
@@ -192,8 +191,8 @@ class TrackerRegistration:
             self._call(self._offer)
         except (OSError, ValueError) as exc:
             self._sock.close()
-            said = printable(first_line(str(exc))) or type(exc).__name__
-            raise DeviceLost(f"cannot register with the RPC tracker at {self._where}: {said}") from None
+            where = self._where
+            raise DeviceLost(f"cannot register with the RPC tracker at {where}: {reason(exc)}") from None
         threading.Thread(target=self._keep_offering, daemon=True).start()
 
     def _call(self, message: list[Any]) -> Any:
@@ -209,8 +208,7 @@ class TrackerRegistration:
         try:
             call(*args)
         except (OSError, ValueError, RuntimeError, LookupError, TypeError) as exc:
-            said = printable(first_line(str(exc))) or type(exc).__name__
-            self.reason = f"lost the RPC tracker at {self._where}: {said}"
+            self.reason = f"lost the RPC tracker at {self._where}: {reason(exc)}"
             self.ended.set()
 
     def _keep_offering(self) -> None:

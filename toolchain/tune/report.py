@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError, first_line
+from base.errors import UsageError, reason
 from devices import Device
 from ops import TensorType, bind, get_op
 from ops.spec import BoundOp
@@ -48,7 +48,7 @@ def task_bound(directory: Path) -> BoundOp:
         inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
         return bind(get_op(task["op"]), task["attrs"], inputs)
     except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"cannot read {path}: {first_line(str(exc)) or type(exc).__name__}") from None
+        raise UsageError(f"cannot read {path}: {reason(exc)}") from None
 
 
 def best_so_far(times: list[float | None]) -> list[float | None]:

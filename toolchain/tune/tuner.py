@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.errors import first_line
+from base.errors import reason
 from devices import Device, Session
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
@@ -104,5 +104,5 @@ def decide(
         try:
             checked[name] = check(session, build(), workdir)
         except Exception as exc:  # a mismatch (DeployError) or a record TVM cannot apply or build
-            rejected.append(f"{name}: {first_line(str(exc)) or type(exc).__name__}")
+            rejected.append(f"{name}: {reason(exc)}")
     return judge(session, hand, checked) | {"rejected": rejected}

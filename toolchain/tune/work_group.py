@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, first_line
+from base.errors import DeployError, UsageError, first_line, reason
 from devices import Device
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
@@ -62,7 +62,7 @@ def measurements(directory: Path) -> list[dict[str, Any]]:
             if not isinstance(trial.get("ms", trial.get("error")), expected):
                 raise ValueError(f"trial {db.shown(trial)} has neither a time nor an error")
     except (UsageError, ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"cannot read {path}: {first_line(str(exc)) or type(exc).__name__}") from None
+        raise UsageError(f"cannot read {path}: {reason(exc)}") from None
     return list(trials)
 
 
