@@ -8,23 +8,34 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def write_json_atomically(path: Path, body: Any, mode: int = 0o644) -> None:
-    """Replace `path` with `body` as indented JSON, with permission bits `mode` from the start
-    (0o600 for files that name hosts or keys)."""
+@contextmanager
+def replacing(path: Path, mode: int = 0o644) -> Iterator[Path]:
+    """A fresh temporary file beside `path`, with permission bits `mode` from the start (0o600
+    for files that name hosts or keys), to write inside the block: it replaces `path` in one
+    rename when the block ends, and is removed if the block fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    temporary = Path(name)
     try:
-        with os.fdopen(fd, "w") as stream:
-            os.fchmod(stream.fileno(), mode)
-            stream.write(json.dumps(body, indent=2) + "\n")
+        os.fchmod(fd, mode)
+        os.close(fd)
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
+
+
+def write_json_atomically(path: Path, body: Any, mode: int = 0o644) -> None:
+    """Replace `path` with `body` as indented JSON (see `replacing`)."""
+    with replacing(path, mode) as temporary:
+        temporary.write_text(json.dumps(body, indent=2) + "\n")
 
 
 def sha256_file(path: Path) -> str:

@@ -12,6 +12,15 @@ from pathlib import Path
 
 
 @contextmanager
+def guarding(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock of a file deploy reads, changes and writes back (`path`): the lock
+    file `<path>.lock` beside it, its directory created if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path.with_name(path.name + ".lock")):
+        yield
+
+
+@contextmanager
 def locked(path: Path, shared: bool = False, waiting: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold a lock on `path`, a directory or a lock file (created if missing), exclusive or
     `shared`; `waiting()` is called once if another holder makes us wait."""

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from base.errors import DeployError, UsageError, printable
 from base.files import write_json_atomically
-from base.locks import locked
+from base.locks import guarding
 from base.paths import config_dir
 
 ARCHES = ("aarch64", "armv7l", "x86_64")
@@ -79,16 +77,6 @@ def _config_file() -> Path:
     return config_dir() / "devices.json"
 
 
-@contextmanager
-def _changing() -> Iterator[None]:
-    """Hold the config's lock (`devices.json.lock`) through a read-modify-write, so concurrent
-    `device add`/`remove` commands each see the others' boards."""
-    path = _config_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(path.with_name(path.name + ".lock")):
-        yield
-
-
 def load_boards() -> dict[str, Board]:
     path = _config_file()
     if not path.exists():
@@ -119,7 +107,7 @@ def require_board(name: str) -> Board:
 
 def add_board(board: Board, replace: bool = False) -> None:
     board.validate()
-    with _changing():
+    with guarding(_config_file()):  # concurrent add/remove each see the others' boards
         boards = load_boards()
         if board.name in boards and not replace:
             raise UsageError(f"device {board.name!r} exists: remove it first or replace it")
@@ -128,7 +116,7 @@ def add_board(board: Board, replace: bool = False) -> None:
 
 
 def remove_board(name: str) -> Board:
-    with _changing():
+    with guarding(_config_file()):
         board = require_board(name)
         boards = load_boards()
         del boards[name]

@@ -3,8 +3,8 @@ group, so stopping it stops everything it started.
 
 A server is known by its pid and the kernel's start time of that pid (clock ticks since boot, which
 setting the clock does not move), so a remembered server whose pid now belongs to another process
-is seen as gone, never signalled. State files are read and
-written under an exclusive lock, so concurrent `start`/`stop` commands agree on one server.
+is seen as gone, never signalled. State files are read and written under an exclusive lock, so
+concurrent `start`/`stop` commands agree on one server.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from base.files import write_json_atomically
-from base.locks import locked
+from base.locks import guarding
 
 
 def _process_state(pid: int) -> tuple[str, int] | None:
@@ -145,12 +144,6 @@ class ServerState:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with locked(self.path.with_name(self.path.name + ".lock")):
-            yield
-
     def running(self) -> Server | None:
         """The remembered server if it is still ours and runs. A file that does not describe a
         live server of ours (unreadable, an older format, a dead or reused pid) is no server."""
@@ -163,7 +156,7 @@ class ServerState:
     def start_once(self, start: Callable[[], Server]) -> Server:
         """The running server, else the one `start()` starts, remembered (one of either, however
         many commands ask at once)."""
-        with self._locked():
+        with guarding(self.path):
             existing = self.running()
             if existing is not None:
                 return existing
@@ -177,7 +170,7 @@ class ServerState:
 
     def stop(self) -> Server | None:
         """Stop the remembered server if it is ours and runs; forget the file either way."""
-        with self._locked():
+        with guarding(self.path):
             server = self.running()
             if server is not None:
                 server.stop()

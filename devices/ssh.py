@@ -33,7 +33,8 @@ from typing import IO, Any
 import paramiko
 
 from base.errors import DeployError, UsageError, printable, reason
-from base.locks import locked
+from base.files import replacing
+from base.locks import guarding
 from devices.boards import Board, check_remote_dir, get_board, known_hosts_file
 from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
@@ -114,20 +115,13 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
 def _record_host_keys(client: paramiko.SSHClient, ours: Path) -> None:
     """Add the keys `client` accepted to deploy's known_hosts: read afresh and replaced under its
     lock, so concurrent `--accept-new-host-key` commands keep each other's keys."""
-    ours.parent.mkdir(parents=True, exist_ok=True)
-    with locked(ours.with_name(ours.name + ".lock")):
+    with guarding(ours):
         merged = paramiko.HostKeys(str(ours)) if ours.exists() else paramiko.HostKeys()
         for host, keys in client.get_host_keys().items():
             for kind, key in keys.items():
                 merged.add(host, kind, key)
-        fd, temporary = tempfile.mkstemp(prefix=f".{ours.name}.", suffix=".partial", dir=ours.parent)
-        os.close(fd)
-        try:
-            merged.save(temporary)
-            os.replace(temporary, ours)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        with replacing(ours, 0o600) as temporary:
+            merged.save(str(temporary))
 
 
 class BoardShell:
