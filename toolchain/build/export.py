@@ -126,10 +126,7 @@ def artifact_files(directory: Path) -> set[Path] | None:
     try:
         manifest = Manifest.read(directory)
         artifact = get_target(str(manifest.target)).artifact
-    except UsageError:
-        return None
-    try:
-        manifest.module_path(directory)
+        manifest.module_path(directory)  # a plain file name inside, or it names nothing of ours
     except UsageError:
         return None
     names = {MANIFEST, *artifact.files(manifest.module)}

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import click
 
 from base.errors import DeployError, first_line
-from base.stopping import Stopped, stopping_like_ctrl_c
+from base.stopping import Stopped, exit_code, stopping_like_ctrl_c
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
 from toolchain.cli.describe import ops_command, targets_command
@@ -47,7 +47,7 @@ class DeployGroup(click.Group):
                 return super().invoke(ctx)
         except Stopped as stopped:
             click.echo(f"error: stopped by {stopped}", err=True)
-            ctx.exit(128 + stopped.signum)
+            ctx.exit(exit_code(stopped))
         except click.UsageError as exc:
             _one_line_usage(exc)
         except (click.exceptions.Exit, click.ClickException, click.Abort):

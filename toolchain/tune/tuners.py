@@ -71,12 +71,13 @@ class AcceptedRecords:
             return None
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
+        directory = db.task_dir(self.root, bound, target.name)
         try:
-            entry = db.verdict(db.task_dir(self.root, bound, target.name))
+            entry = db.verdict(directory)
         except UsageError:
             return REFUSED
         if entry is None:
             return None
         if not entry["record"]:
             return KEPT_HAND
-        return f"{entry['record']} of records {db.records_digest(db.task_dir(self.root, bound, target.name))}"
+        return f"{entry['record']} of records {db.records_digest(directory)}"
