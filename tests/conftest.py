@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,32 @@ def local_session() -> Iterator[object]:
 
     with get_device("local").open() as session:
         yield session
+
+
+def _released(
+    barrier: multiprocessing.synchronize.Barrier,
+    config: str,
+    action: Callable[..., object],
+    args: tuple[object, ...],
+) -> None:
+    os.environ["XDG_CONFIG_HOME"] = config
+    barrier.wait()
+    action(*args)
+
+
+def at_once(
+    config: Path, action: Callable[..., object], arguments: list[tuple[object, ...]]
+) -> list[int | None]:
+    """Run `action(*args)` for each of `arguments` in a forked process of its own, with deploy's
+    config in `config`, all released at one moment by a barrier (what a race needs to show);
+    their exit codes."""
+    fork = multiprocessing.get_context("fork")
+    barrier = fork.Barrier(len(arguments))
+    processes = [
+        fork.Process(target=_released, args=(barrier, str(config), action, args)) for args in arguments
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    return [process.exitcode for process in processes]

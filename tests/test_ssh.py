@@ -27,7 +27,7 @@ from devices.native import RUNTIME_FILES, SERVER, native_runtime
 from devices.platforms import get_platform
 from devices.server_process import free_port
 from tests import sshd
-from tests.conftest import DEPLOY, run_deploy
+from tests.conftest import DEPLOY, at_once, run_deploy
 
 pytestmark = [
     pytest.mark.skipif(not sshd.available(), reason="needs openssh-server (/usr/sbin/sshd) and ssh-keygen"),
@@ -555,37 +555,18 @@ def test_the_forward_to_a_board_refuses_clients_without_the_key(server, tmp_path
     nothing_left(tmp_path / "remote")
 
 
-def _accept_after(barrier, config: str, board: dict[str, object]) -> None:
-    import os
-
+def test_concurrent_host_key_acceptances_keep_every_key(tmp_path):
+    """Four boards accepted at the same moment: deploy's known_hosts ends with all four keys."""
     from devices.boards import Board
     from devices.ssh import ssh_connect
 
-    os.environ["XDG_CONFIG_HOME"] = config
-    barrier.wait()
-    ssh_connect(Board(**board), accept_new_host_key=True).close()  # type: ignore[arg-type]
-
-
-def test_concurrent_host_key_acceptances_keep_every_key(tmp_path):
-    """Four boards accepted at the same moment: deploy's known_hosts ends with all four keys."""
-    import multiprocessing
-
-    import paramiko
+    def accept(board: Board) -> None:
+        ssh_connect(board, accept_new_host_key=True).close()
 
     servers = [sshd.start(tmp_path / f"sshd{i}") for i in range(4)]
     try:
-        fork = multiprocessing.get_context("fork")
-        barrier = fork.Barrier(len(servers))
-        boards = [
-            {"name": f"k{i}", "host": "127.0.0.1", "user": s.user, "port": s.port, "key": str(s.key)}
-            for i, s in enumerate(servers)
-        ]
-        accepts = [fork.Process(target=_accept_after, args=(barrier, str(tmp_path), b)) for b in boards]
-        for process in accepts:
-            process.start()
-        for process in accepts:
-            process.join(60)
-        assert [process.exitcode for process in accepts] == [0] * len(servers)
+        boards = [(Board(f"k{i}", "127.0.0.1", s.user, s.port, str(s.key)),) for i, s in enumerate(servers)]
+        assert at_once(tmp_path, accept, boards) == [0] * len(servers)
         known = paramiko.HostKeys(str(tmp_path / "deploy" / "known_hosts"))
         assert sorted(known.keys()) == sorted(f"[127.0.0.1]:{s.port}" for s in servers)
     finally:

@@ -5,9 +5,6 @@ concurrent commands never lose each other's writes."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.synchronize
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devices.boards import Board, add_board, load_boards
-from tests.conftest import run_deploy
+from tests.conftest import at_once, run_deploy
 
 
 @pytest.fixture
@@ -60,27 +57,12 @@ def test_stale_state_naming_a_live_pid_is_no_server(
     assert bystander.poll() is None, f"`deploy {' '.join(command)}` signalled a process it did not start"
 
 
-def _add_after(barrier: multiprocessing.synchronize.Barrier, config: str, i: int) -> None:
-    os.environ["XDG_CONFIG_HOME"] = config
-    barrier.wait()
-    add_board(Board(f"b{i}", f"10.0.0.{i}", "pi"))
-
-
-def test_concurrent_device_adds_keep_every_board(tmp_path: Path):
+def test_concurrent_device_adds_keep_every_board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Twelve `device add` at the same moment (released together by a barrier): all twelve stay."""
-    fork = multiprocessing.get_context("fork")
-    barrier = fork.Barrier(12)
-    adds = [fork.Process(target=_add_after, args=(barrier, str(tmp_path), i)) for i in range(12)]
-    for add in adds:
-        add.start()
-    for add in adds:
-        add.join(60)
-    assert [add.exitcode for add in adds] == [0] * 12
-    os.environ["XDG_CONFIG_HOME"], previous = str(tmp_path), os.environ["XDG_CONFIG_HOME"]
-    try:
-        assert sorted(load_boards()) == sorted(f"b{i}" for i in range(12))
-    finally:
-        os.environ["XDG_CONFIG_HOME"] = previous
+    boards = [(Board(f"b{i}", f"10.0.0.{i}", "pi"),) for i in range(12)]
+    assert at_once(tmp_path, add_board, boards) == [0] * 12
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert sorted(load_boards()) == sorted(f"b{i}" for i in range(12))
 
 
 def test_device_add_from_the_cli_is_stored(tmp_path: Path):
