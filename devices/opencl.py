@@ -217,8 +217,14 @@ class OpenClSession:
         return enqueue, out, buffers[-1]
 
     def run(
-        self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        entry: str = "function",
     ) -> np.ndarray:
+        """Launch the plan's kernels in order (an op's or a graph's alike: `entry` is not used)."""
         cl = _cl()
         enqueue, out, out_buffer = self._launch(module, inputs, out_shape, out_dtype)
         enqueue()
@@ -235,6 +241,7 @@ class OpenClSession:
         out_dtype: str,
         number: int,
         repeat: int,
+        entry: str = "function",
     ) -> list[float]:
         enqueue, _, _ = self._launch(module, inputs, out_shape, out_dtype)
         enqueue()

@@ -24,9 +24,15 @@ class Session(Protocol):
     label: str
 
     def run(
-        self, module: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        entry: str = "function",
     ) -> np.ndarray:
-        """Load `module` (cached per path), call main(inputs..., out), return out."""
+        """Load `module` (cached per path), call its main through `entry` (`session.ENTRIES`:
+        main(inputs..., out) or a Relax VM's main(inputs...) -> out), return out."""
         ...
 
     def time(
@@ -37,6 +43,7 @@ class Session(Protocol):
         out_dtype: str,
         number: int,
         repeat: int,
+        entry: str = "function",
     ) -> list[float]:
         """Seconds per call of main, one mean over `number` calls for each of `repeat` runs."""
         ...

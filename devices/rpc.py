@@ -28,9 +28,9 @@ class RpcSession(TvmSession):
         self._remote.upload(str(path), target=name)
         return self._remote.load_module(name)
 
-    def _guard(self, fn: Any, *args: Any) -> Any:
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except DeployError:
             raise
         except Exception as exc:
@@ -46,11 +46,11 @@ class RpcSession(TvmSession):
             return False
         return True
 
-    def run(self, *args: Any) -> Any:  # type: ignore[override]
-        return self._guard(super().run, *args)
+    def run(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().run, *args, **kwargs)
 
-    def time(self, *args: Any) -> Any:  # type: ignore[override]
-        return self._guard(super().time, *args)
+    def time(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().time, *args, **kwargs)
 
     def cores(self) -> int:
         return int(self._guard(super().cores))

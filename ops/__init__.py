@@ -1,5 +1,6 @@
 """Op definitions: one file per op, registered with `@register` (see `ops/spec.py`)."""
 
+from ops.onnx_mapping import OnnxOp
 from ops.registry import all_ops, get_op, load_entry_points, load_ops_path, register
 from ops.spec import BoundOp, Case, Input, Op, TensorType, bind
 
@@ -7,6 +8,7 @@ __all__ = [
     "BoundOp",
     "Case",
     "Input",
+    "OnnxOp",
     "Op",
     "TensorType",
     "all_ops",

@@ -8,6 +8,7 @@ import numpy as np
 from tvm import te
 
 from ops.broadcast import broadcast_index, broadcast_shapes
+from ops.onnx_mapping import OnnxOp, same_names
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
 
@@ -18,6 +19,7 @@ class Add(Op):
 
     name = "add"
     inputs = (Input("a", broadcasts=True), Input("b", broadcasts=True))
+    onnx = (OnnxOp("Add", attrs=same_names()),)  # refuses opset-6 `broadcast`/`axis`
     cases = (
         Case(((32, 64, 56, 56), (32, 1, 56, 56))),
         Case(((7, 13), (7, 13))),

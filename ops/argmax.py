@@ -10,6 +10,7 @@ from tvm import te, tirx
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
 from ops.nan import is_nan_bits
+from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
 
@@ -115,6 +116,14 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     return te.compute(out.shape, answer, name="argmax")
 
 
+def from_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any]:
+    """ONNX ArgMax -> argmax: axis (default 0), keepdims (default 1), int64 indices; the first
+    index on ties (select_last_index=1 would take the last)."""
+    check_names(attrs, ("axis", "keepdims", "select_last_index"))
+    require(attrs, "select_last_index", 0, "only 0 (the first index on ties)")
+    return {"axis": attrs.get("axis", 0), "keepdims": attrs.get("keepdims", 1), "out_dtype": "int64"}
+
+
 @register
 class Argmax(Op):
     """Index of the maximum along `axis` (first on ties; NaN counts as the maximum like numpy)."""
@@ -127,6 +136,7 @@ class Argmax(Op):
         Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
     )
     exact = True
+    onnx = (OnnxOp("ArgMax", attrs=from_onnx_argmax),)
     cases = (
         Case(((32, 1000),)),
         Case(((2, 64, 56, 56),), {"axis": 1}),

@@ -9,6 +9,7 @@ from tvm import te, tirx
 
 from ops.attrs import Attr, Float
 from ops.nan import times_zero
+from ops.onnx_mapping import OnnxOp, same_names
 from ops.registry import register
 from ops.spec import FLOAT_DTYPES, Case, Input, Op, TensorType
 
@@ -21,6 +22,7 @@ class LeakyRelu(Op):
     inputs = (Input("x"),)
     attrs = (Attr("alpha", Float(), 0.01, "slope for x <= 0"),)
     dtypes = FLOAT_DTYPES
+    onnx = (OnnxOp("LeakyRelu", attrs=same_names(alpha=0.01)),)
     cases = (
         Case(((32, 64, 56, 56),)),
         Case(((7, 13),), {"alpha": 0.2}),

@@ -7,9 +7,26 @@ from typing import Any
 import numpy as np
 from tvm import te
 
+from ops.onnx_mapping import OnnxOp, check_names, no_dilation, pair, require, symmetric_pads
 from ops.pooling import Pool2d, pool_attrs, pooled_type
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
+
+
+def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
+    """ONNX MaxPool -> max_pool2d: 2-D kernel_shape, strides (ONNX default 1, not the kernel),
+    symmetric pads, ceil_mode; dense windows, and no Indices layout to choose (storage_order)."""
+    check_names(
+        attrs, ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order")
+    )
+    no_dilation(attrs)
+    require(attrs, "storage_order", 0, "only 0 (row-major Indices)")
+    return {
+        "kernel": pair(attrs, "kernel_shape", []),
+        "stride": pair(attrs, "strides", [1, 1]),
+        "padding": symmetric_pads(attrs),
+        "ceil_mode": attrs.get("ceil_mode", 0),
+    }
 
 
 @register
@@ -20,6 +37,7 @@ class MaxPool2d(Op):
     inputs = (Input("x", min_rank=4, max_rank=4),)
     attrs = pool_attrs(kernel=2, stride=None, padding=0)
     exact = True
+    onnx = (OnnxOp("MaxPool", attrs=from_onnx_maxpool),)
     cases = (
         Case(((2, 16, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(((1, 3, 17, 23),), {"kernel": 2}),

@@ -15,9 +15,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from base.errors import UsageError
+from ops.onnx_mapping import domain_key, onnx_label
 from ops.spec import Op
 
 _OPS: dict[str, Op] = {}
+_ONNX: dict[tuple[str, str], Op] = {}
+"""(domain, op_type) -> the op that declares it in `Op.onnx`."""
 
 
 def _source(cls: type[Op]) -> str:
@@ -30,13 +33,24 @@ def register(cls: type[Op]) -> type[Op]:
     """Class decorator: instantiate the op and add it under `cls.name`.
 
     The same file may register again (it was imported twice); another file using the name is an
-    error naming both, so a user op never silently replaces a built-in one or another user op."""
+    error naming both, so a user op never silently replaces a built-in one or another user op.
+    Likewise for the ONNX (domain, op_type) an op declares in `onnx`: one op implements each."""
     existing = _OPS.get(cls.name)
     if existing is not None and _source(type(existing)) != _source(cls):
         raise UsageError(
             f"op {cls.name!r} is defined twice: in {_source(type(existing))} and in {_source(cls)}"
         )
-    _OPS[cls.name] = cls()
+    for mapping in cls.onnx:
+        other = _ONNX.get(mapping.key())
+        if other is not None and (other.name, _source(type(other))) != (cls.name, _source(cls)):
+            raise UsageError(
+                f"ONNX op {onnx_label(mapping.domain, mapping.op_type)} is implemented twice: by op"
+                f" {other.name!r} in {_source(type(other))} and by op {cls.name!r} in {_source(cls)}"
+            )
+    op = cls()
+    _OPS[cls.name] = op
+    for mapping in cls.onnx:
+        _ONNX[mapping.key()] = op
     return cls
 
 
@@ -45,6 +59,12 @@ def get_op(name: str) -> Op:
     if name not in _OPS:
         raise UsageError(f"unknown op {name!r} (known: {', '.join(sorted(_OPS))})")
     return _OPS[name]
+
+
+def op_for_onnx(domain: str, op_type: str) -> Op | None:
+    """The op declaring the ONNX (domain, op_type) in its `onnx` ("" and "ai.onnx" alike), if any."""
+    load_builtin()
+    return _ONNX.get((domain_key(domain), op_type))
 
 
 def all_ops() -> list[Op]:

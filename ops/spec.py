@@ -14,6 +14,7 @@ import numpy as np
 
 from base.errors import UsageError
 from ops.attrs import Attr, Float
+from ops.onnx_mapping import OnnxOp
 
 ALL_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
 FLOAT_DTYPES = ("float32", "float16", "float64")
@@ -68,6 +69,8 @@ class Op:
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
     cases: ClassVar[tuple[Case, ...]] = ()
     """Shapes and attributes that `deploy test` verifies for every dtype."""
+    onnx: ClassVar[tuple[OnnxOp, ...]] = ()
+    """The ONNX nodes this op implements, each with its attribute conversion (`ops/onnx_mapping.py`)."""
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         """Validate shapes (CheckShape) and return the output type (InferShape/InferType)."""
@@ -80,6 +83,11 @@ class Op:
     def reference(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
         """Numpy reference with the same semantics as `compute`."""
         raise NotImplementedError
+
+    def parts(self) -> tuple[Op, ...]:
+        """The ops whose definitions this op's computation is made of: itself (a fused group: its
+        nodes' ops), which is what a build depends on."""
+        return (self,)
 
     @classmethod
     def summary(cls) -> str:
@@ -94,6 +102,22 @@ class BoundOp:
     attrs: dict[str, Any]
     inputs: tuple[TensorType, ...]
     output: TensorType
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def exact(self) -> bool:
+        return self.op.exact
+
+    def ops(self) -> tuple[Op, ...]:
+        """The op definitions the build of this op depends on."""
+        return self.op.parts()
+
+    def reference(self, *arrays: np.ndarray) -> np.ndarray:
+        """The op's numpy reference on `arrays`."""
+        return self.op.reference(self.attrs, *arrays)
 
     def key(self) -> dict[str, Any]:
         return {

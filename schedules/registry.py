@@ -136,6 +136,24 @@ class Strategy:
     compute: ComputeFn | None = None
 
 
+def computed_module(ctx: ScheduleContext, compute: ComputeFn | None) -> Any:
+    """`ctx.bound` as an IRModule with one PrimFunc `main(inputs..., out)`, computed by `compute`
+    (a family's variant; None: the op's own computation)."""
+    import tvm
+    from tvm import te
+
+    bound = ctx.bound
+    placeholders = [
+        te.placeholder(t.shape, t.dtype, name=spec.name)
+        for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
+    ]
+    if compute is not None:
+        out = compute(ctx, *placeholders)
+    else:
+        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+    return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
+
+
 _STRATEGIES: dict[tuple[str, str], tuple[ScheduleFn, ComputeFn | None]] = {}
 
 
@@ -151,9 +169,10 @@ def register_schedule(
     return add
 
 
-def find_schedule(families: tuple[str, ...], op_name: str) -> Strategy | None:
-    """The first hand strategy for `op_name` in `families`, else the first generic one."""
-    for name in (op_name, GENERIC):
+def find_schedule(families: tuple[str, ...], op_name: str, generic: bool = True) -> Strategy | None:
+    """The first hand strategy for `op_name` in `families`, else (with `generic`) the first
+    generic one."""
+    for name in (op_name, GENERIC) if generic else (op_name,):
         for family in families:
             if (family, name) in _STRATEGIES:
                 schedule, compute = _STRATEGIES[(family, name)]

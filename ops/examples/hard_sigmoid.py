@@ -13,6 +13,7 @@ from tvm import te, tirx
 
 from ops import Case, Input, Op, TensorType, register
 from ops.attrs import Attr, Float
+from ops.onnx_mapping import OnnxOp, same_names
 from ops.spec import FLOAT_DTYPES
 
 
@@ -27,6 +28,7 @@ class HardSigmoid(Op):
         Attr("beta", Float(lo=-100.0, hi=100.0), 0.5, "offset"),
     )
     dtypes = FLOAT_DTYPES
+    onnx = (OnnxOp("HardSigmoid", domain="com.example", attrs=same_names(alpha=0.2, beta=0.5)),)
     cases = (
         Case(((2, 16, 28, 28),)),
         Case(((7, 13),), {"alpha": 1 / 6, "beta": 0.5}),
@@ -40,7 +42,13 @@ class HardSigmoid(Op):
         dtype = str(x.dtype)
         alpha, beta = tirx.const(attrs["alpha"], dtype), tirx.const(attrs["beta"], dtype)
         zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
-        return te.compute(out.shape, lambda *i: te.min(te.max(x[i] * alpha + beta, zero), one), name="out")
+
+        def body(*i: Any) -> Any:
+            # compares, not min/max: TVM's float min and max drop NaN, numpy's clip keeps it
+            value = x[i] * alpha + beta
+            return tirx.Select(value < zero, zero, tirx.Select(value > one, one, value))
+
+        return te.compute(out.shape, body, name="out")
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         alpha, beta = x.dtype.type(attrs["alpha"]), x.dtype.type(attrs["beta"])

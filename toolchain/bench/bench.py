@@ -1,17 +1,21 @@
-"""`deploy bench`: median time per op on a device against the device's memory roofline, with
-numpy and (when installed) PyTorch on the host as baselines, all measured in the same run."""
+"""`deploy bench`: median time per op (or per model) on a device against the device's memory
+roofline, with numpy and (when installed) PyTorch on the host as baselines, all measured in the
+same run."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from devices import Device
+from devices import Device, Session
+from ops.graph import BoundGraph
 from ops.spec import Op, TensorType, bind
 from toolchain.bench.roofline import bytes_moved, copy_gbps, roofline_ms
-from toolchain.bench.torch_baseline import torch_ms
-from toolchain.build.cache import cached_build
+from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
+from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
 from toolchain.verify.measure import artifact_ms, host_ms
@@ -21,42 +25,60 @@ from toolchain.verify.run import check_device, for_device
 def bench_ops(
     ops: list[Op], dtype: str, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
 ) -> list[dict[str, Any]]:
-    """One row per op (its first case, in `dtype`): median ms; MB moved (inputs read once, output
-    written once); GB/s; the roofline time (MB at the device's copy bandwidth) and how far from
-    it; numpy and PyTorch ms on this host and our speed-up over each."""
+    """One row per op (its first case, in `dtype`): see `measure_row`."""
     check_device(target, device)
-    rows = []
     with device.open() as session:
         bandwidth = copy_gbps(session, target, device, fresh_roofline)
+        rows = []
         for op in ops:
             case = op.cases[0]
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
-            inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
-            directory, manifest = cached_build(bound, for_device(target, session))
-            median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
-            moved = bytes_moved(inputs, bound.output)
-            best_ms = roofline_ms(moved, bandwidth)
-            numpy = host_ms(
-                lambda op=op, bound=bound, inputs=inputs: op.reference(bound.attrs, *inputs), repeat
-            )
-            torch = torch_ms(op.name, bound.attrs, inputs, repeat)
-            rows.append(
-                {
-                    "op": op.name,
-                    "shapes": case.label(),
-                    "dtype": dtype,
-                    "schedule": manifest.schedule,
-                    "median_ms": median_ms,
-                    "mb_moved": moved / 1e6,
-                    "gb_per_s": moved / (median_ms / 1e3) / 1e9,
-                    "roofline_gb_per_s": bandwidth,
-                    "roofline_ms": best_ms,
-                    "x_roofline": median_ms / best_ms,
-                    "numpy_ms": numpy,
-                    "speedup_vs_numpy": numpy / median_ms,
-                    "torch_ms": torch,
-                    "speedup_vs_torch": torch / median_ms if torch is not None else None,
-                    "emulated": device.emulated,
-                }
-            )
+            torch = functools.partial(torch_ms, op.name, bound.attrs)
+            rows.append(measure_row(session, bound, case.label(), target, device, bandwidth, repeat, torch))
     return rows
+
+
+def bench_model(
+    graph: BoundGraph, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
+) -> list[dict[str, Any]]:
+    """One row for the model's graph as a whole (its kernels run in one call): see `measure_row`;
+    its roofline counts the bytes the fused graph must move, its inputs and its output once."""
+    check_device(target, device)
+    with device.open() as session:
+        bandwidth = copy_gbps(session, target, device, fresh_roofline)
+        label = " ".join(str(t).split(":")[0] for t in graph.inputs)
+        torch = functools.partial(torch_graph_ms, graph)
+        return [measure_row(session, graph, label, target, device, bandwidth, repeat, torch)]
+
+
+def measure_row(
+    session: Session, item: Buildable, label: str, target: Target, device: Device, bandwidth: float,
+    repeat: int, torch: Callable[[list[np.ndarray], int], float | None],
+) -> dict[str, Any]:  # fmt: skip
+    """Median ms of an op or a graph on seeded random inputs; MB moved (inputs read once, output
+    written once); GB/s; the roofline time (MB at the device's copy bandwidth) and how far from
+    it; numpy and PyTorch (`torch(inputs, repeat)`) ms on this host and our speed-up over each."""
+    inputs = [random_input(t, np.random.default_rng(0)) for t in item.inputs]
+    directory, manifest = cached_build(item, for_device(target, session))
+    median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
+    moved = bytes_moved(inputs, item.output)
+    best_ms = roofline_ms(moved, bandwidth)
+    numpy = host_ms(lambda: item.reference(*inputs), repeat)
+    torch_time = torch(inputs, repeat)
+    return {
+        "op": item.name,
+        "shapes": label,
+        "dtype": item.inputs[0].dtype if item.inputs else item.output.dtype,
+        "schedule": manifest.schedule,
+        "median_ms": median_ms,
+        "mb_moved": moved / 1e6,
+        "gb_per_s": moved / (median_ms / 1e3) / 1e9,
+        "roofline_gb_per_s": bandwidth,
+        "roofline_ms": best_ms,
+        "x_roofline": median_ms / best_ms,
+        "numpy_ms": numpy,
+        "speedup_vs_numpy": numpy / median_ms,
+        "torch_ms": torch_time,
+        "speedup_vs_torch": torch_time / median_ms if torch_time is not None else None,
+        "emulated": device.emulated,
+    }

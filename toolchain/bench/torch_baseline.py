@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ops.graph import BoundGraph, BoundNode, flow
 from toolchain.verify.measure import host_ms
 
 
@@ -34,7 +35,6 @@ BASELINES: dict[str, Callable[..., Any]] = {
     "add": lambda attrs, a, b: a + b,
     "leaky_relu": _leaky_relu,
     "max_pool2d": _max_pool,
-    "maxpool_add": lambda attrs, a, b: _max_pool(attrs, a) + b,
     "argmax": lambda attrs, x: x.argmax(dim=attrs["axis"], keepdim=attrs["keepdims"]),
 }
 
@@ -51,7 +51,31 @@ def torch_ms(op: str, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: i
     """Median ms of the op in PyTorch on this host's CPU with as many threads as TVM uses; None
     without torch, without a baseline for the op, or for a dtype torch lacks."""
     fn = BASELINES.get(op)
-    if fn is None or torch_version() is None:
+    if fn is None:
+        return None
+    return _timed(lambda *tensors: fn(attrs, *tensors), inputs, repeat)
+
+
+def torch_graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> float | None:
+    """Median ms of the graph in PyTorch, its ops' baselines composed in data-flow order (eager:
+    one kernel per op); None when an op has none (or as `torch_ms`)."""
+    if any(n.bound.op.name not in BASELINES for n in graph.nodes):
+        return None
+
+    def run(*tensors: Any) -> Any:
+        values = flow(graph.nodes, dict(zip(graph.input_names, tensors, strict=True)), _baseline)
+        return values[graph.graph.output]
+
+    return _timed(run, inputs, repeat)
+
+
+def _baseline(n: BoundNode, tensors: list[Any]) -> Any:
+    return BASELINES[n.bound.op.name](n.bound.attrs, *tensors)
+
+
+def _timed(fn: Callable[..., Any], inputs: list[np.ndarray], repeat: int) -> float | None:
+    """Median ms of `fn(*inputs as torch tensors)`; None without torch or for a dtype it lacks."""
+    if torch_version() is None:
         return None
     import torch
 
@@ -59,6 +83,6 @@ def torch_ms(op: str, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: i
     try:
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
         with torch.no_grad():
-            return host_ms(lambda: fn(attrs, *tensors), repeat)
+            return host_ms(lambda: fn(*tensors), repeat)
     except (TypeError, RuntimeError):
         return None

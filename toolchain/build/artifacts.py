@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ops.graph import BoundGraph
+    from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
 
 
@@ -27,6 +29,9 @@ class ArtifactKind:
     """The op's PrimFunc builds with no schedule at all (GPU code needs its work-items bound first)."""
     bundles: bool
     """`deploy build --bundle` can wrap it in a C library (it is a TVM module a runtime loads)."""
+    graph_entry: str
+    """How a runtime calls the compiled form of a graph (the manifest's `entry`): "vm" (a Relax
+    VM's `main(inputs...) -> out`) or "function" (like an op's: `main(inputs..., out)`)."""
 
     def tvm_target(self, spec: dict[str, Any]) -> Any:
         """The TVM target for the target's `spec` dict."""
@@ -40,6 +45,11 @@ class ArtifactKind:
 
     def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
         """The compiled form of a scheduled IRModule `main(inputs..., out)` with `n_inputs` inputs."""
+        raise NotImplementedError
+
+    def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
+        """The compiled form of a graph whose kernels are scheduled: run in order, each reading the
+        graph tensors its kernel names and writing one."""
         raise NotImplementedError
 
     def write(self, compiled: Any, staging: Path, target: Target) -> Path:

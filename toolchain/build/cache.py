@@ -10,18 +10,25 @@ import hashlib
 import json
 import sys
 import threading
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import ops
 import schedules
 import toolchain
 from base.paths import cache_root
+from ops.graph import BoundGraph
 from ops.spec import BoundOp
-from toolchain.build.compile import compile_op
+from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from toolchain.build.export import export, tvm_version
+from toolchain.build.fusion import kernels
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import Target
+
+Buildable = BoundOp | BoundGraph
+"""What deploy builds: one op, or a graph of them."""
 
 _BUILDING = threading.Lock()
 """One build at a time: workers verifying in parallel share the cache (other processes sharing
@@ -42,30 +49,47 @@ def _package_sources() -> tuple[str, ...]:
     return tuple(sorted(str(path) for root in roots for path in root.rglob("*.py")))
 
 
-def code_fingerprint(bound: BoundOp) -> str:
-    """Hash of the source that decides the module: the packages above and the op's own file (a
-    user op may live anywhere)."""
-    files = {*_package_sources(), sys.modules[type(bound.op).__module__].__file__ or ""}
+def code_fingerprint(item: Buildable) -> str:
+    """Hash of the source that decides the module: the packages above and the files of the ops it
+    is made of (a user op may live anywhere)."""
+    own = {sys.modules[type(op).__module__].__file__ or "" for op in item.ops()}
+    files = {*_package_sources(), *own}
     return hashlib.sha256("".join(_source_digest(f) for f in sorted(files) if f).encode()).hexdigest()
 
 
-def build_key(bound: BoundOp, target: Target) -> str:
+def _tuned(item: Buildable, target: Target) -> Any:
+    """What the records `--tuned` names say for the item: the verdict per kernel of a graph."""
+    if target.tuned is None:
+        return None
+    if isinstance(item, BoundGraph):
+        return [target.tuned.verdict(k.bound, target) for k in kernels(item)]
+    return target.tuned.verdict(item, target)
+
+
+def build_key(item: Buildable, target: Target) -> str:
     key = {
-        **bound.key(),
+        **item.key(),
         "target": json.loads(json.dumps(dataclasses.asdict(target), default=str)),
         "tvm": tvm_version(),
-        "code": code_fingerprint(bound),
-        "tuned": target.tuned.verdict(bound, target) if target.tuned else None,
+        "code": code_fingerprint(item),
+        "tuned": _tuned(item, target),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def cached_build(bound: BoundOp, target: Target) -> tuple[Path, Manifest]:
-    """The artifact directory for (bound, target), building it on a miss."""
-    directory = cache_root() / "builds" / f"{bound.op.name}-{target.name}-{build_key(bound, target)}"
+COMPILERS: dict[type, Callable[[Any, Target], Compiled | CompiledGraph]] = {
+    BoundOp: compile_op,
+    BoundGraph: compile_graph,
+}
+"""How each kind of buildable is compiled: an op, or a graph (fused into kernels)."""
+
+
+def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
+    """The artifact directory for (an op or a graph, target), building it on a miss."""
+    directory = cache_root() / "builds" / f"{item.name}-{target.name}-{build_key(item, target)}"
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
         with artifact_lock(directory, shared=True):
             if (directory / MANIFEST).exists():
                 return directory, Manifest.read(directory)
-        return directory, export(compile_op(bound, target), directory, keep_existing=True)
+        return directory, export(COMPILERS[type(item)](item, target), directory, keep_existing=True)

@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from base.errors import UsageError
+from ops.graph import BoundGraph
 from ops.spec import BoundOp
-from schedules import ScheduleContext, find_schedule
-from schedules.registry import HAND, Choices
+from schedules import ScheduleContext, Strategy, strategy_for
+from schedules.registry import HAND, Choices, computed_module
+from toolchain.build.fusion import Kernel, kernels
 from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 
 
@@ -18,23 +21,17 @@ def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> Schedule
     return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group, choices)
 
 
+def strategy(bound: BoundOp, target: Target) -> Strategy | None:
+    """The target's strategy for the op (a fused group's: composed from its nodes')."""
+    return strategy_for(target.schedules, context(bound, target))
+
+
 def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
     """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
     strategy pairs with its schedule (the op's own unless the family has a variant; `choices`
     picks among the variant's structures)."""
-    import tvm
-    from tvm import te
-
-    placeholders = [
-        te.placeholder(t.shape, t.dtype, name=spec.name)
-        for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
-    ]
-    strategy = find_schedule(target.schedules, bound.op.name)
-    if strategy is not None and strategy.compute is not None:
-        out = strategy.compute(context(bound, target, choices), *placeholders)
-    else:
-        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
-    return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
+    found = strategy(bound, target)
+    return computed_module(context(bound, target, choices), found.compute if found is not None else None)
 
 
 def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
@@ -42,12 +39,13 @@ def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tu
     its label; `choices` other than the hand's make the strategy take other structures."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(prim_module(bound, target, choices))
-    strategy = find_schedule(target.schedules, bound.op.name)
-    if strategy is None:
+    found = strategy(bound, target)
+    ctx = context(bound, target, choices)
+    sch = tvm.s_tir.Schedule(computed_module(ctx, found.compute if found is not None else None))
+    if found is None:
         return sch.mod, "default"
-    strategy.schedule(sch, context(bound, target, choices))
-    return sch.mod, strategy.label
+    found.schedule(sch, ctx)
+    return sch.mod, found.label
 
 
 @dataclass
@@ -64,18 +62,61 @@ class Compiled:
     """Why a `--tuned` build uses the hand schedule: KEPT_HAND (tuning found nothing faster) or
     REFUSED (the accepted record failed its checks)."""
 
+    @property
+    def item(self) -> BoundOp:
+        """What was compiled."""
+        return self.bound
 
-def compile_op(bound: BoundOp, target: Target) -> Compiled:
-    """Schedule (the record tuning accepted for the target, else its strategy) and compile: a
-    TVM executable, or for OpenCL targets the source and launch plan."""
+    def describe(self) -> dict[str, Any]:
+        """The manifest's fields that say what was compiled."""
+        bound = self.bound
+        inputs = zip(bound.op.inputs, bound.inputs, strict=True)
+        return {
+            "op": bound.op.name,
+            "attrs": bound.key()["attrs"],
+            "inputs": [{"name": spec.name, **t.to_json()} for spec, t in inputs],
+            "output": bound.output.to_json(),
+            "schedule": self.schedule,
+            "tuning_record": self.tuning_record,
+            "tuning": self.tuning,
+        }
+
+    def bundled_op(self) -> BoundOp:
+        """The op a C bundle wraps."""
+        return self.bound
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """An op's IRModule scheduled for a target: by the record tuning accepted ("tuned", with the
+    record's id) or by the target's strategy (its label), and for a `--tuned` build on the hand
+    schedule, why (KEPT_HAND or REFUSED)."""
+
+    mod: Any
+    schedule: str
+    tuning_record: str | None = None
+    tuning: str | None = None
+
+
+def schedule_op(bound: BoundOp, target: Target) -> Scheduled:
+    """The record tuning accepted for the target, else the target's strategy."""
     if target.tuned is not None:
         tuned = target.tuned.schedule(bound, target)
         if tuned is not None:
-            return compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
-    compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
+            return Scheduled(tuned[0], "tuned", tuned[1])
+    mod, label = hand_schedule(bound, target)
     verdict = target.tuned.verdict(bound, target) if target.tuned is not None else None
-    if verdict is not None:  # tuning kept the hand schedule, or its record failed the checks
-        compiled.tuning = KEPT_HAND if verdict == KEPT_HAND else REFUSED
+    if verdict is None:
+        return Scheduled(mod, label)
+    return Scheduled(mod, label, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
+
+
+def compile_op(bound: BoundOp, target: Target) -> Compiled:
+    """Schedule (`schedule_op`) and compile: a TVM executable, or for OpenCL targets the source and
+    launch plan."""
+    scheduled = schedule_op(bound, target)
+    compiled = compile_scheduled(bound, target, scheduled.mod, scheduled.schedule, scheduled.tuning_record)
+    compiled.tuning = scheduled.tuning
     return compiled
 
 
@@ -84,3 +125,73 @@ def compile_scheduled(
 ) -> Compiled:
     """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
     return Compiled(bound, target, target.artifact.compile(mod, target, len(bound.inputs)), name, record)
+
+
+@dataclass(frozen=True)
+class ScheduledKernel:
+    """One kernel of a graph (`fusion.Kernel`) with its scheduled IRModule."""
+
+    kernel: Kernel
+    scheduled: Scheduled
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest lists per kernel."""
+        entry = {
+            "name": self.kernel.name,
+            "nodes": list(self.kernel.nodes),
+            "schedule": self.scheduled.schedule,
+        }
+        if self.scheduled.tuning_record:
+            entry["tuning_record"] = self.scheduled.tuning_record
+        if self.scheduled.tuning:
+            entry["tuning"] = self.scheduled.tuning
+        return entry
+
+
+@dataclass
+class CompiledGraph:
+    """A compiled graph: its kernels (fused by `fusion.kernels`, each scheduled like an op) in the
+    artifact kind's compiled form of a graph (a Relax VM executable, an OpenCL plan)."""
+
+    graph: BoundGraph
+    target: Target
+    executable: Any
+    kernels: list[ScheduledKernel]
+
+    @property
+    def schedule(self) -> str:
+        """The kernels' schedules, in order."""
+        return " + ".join(k.scheduled.schedule for k in self.kernels)
+
+    @property
+    def item(self) -> BoundGraph:
+        """What was compiled."""
+        return self.graph
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's fields that say what was compiled: the graph, its nodes and kernels."""
+        graph = self.graph
+        return {
+            "op": graph.name,
+            "attrs": {},
+            "inputs": [{"name": name, **t.to_json()} for name, t in graph.graph.inputs],
+            "output": graph.output.to_json(),
+            "schedule": self.schedule,
+            "entry": self.target.artifact.graph_entry,
+            "graph": {
+                "nodes": graph.key()["nodes"],
+                "output": graph.graph.output,
+                "kernels": [k.describe() for k in self.kernels],
+            },
+        }
+
+    def bundled_op(self) -> BoundOp:
+        """A graph has no C bundle: its executable needs the Relax VM, which a C shim does not run."""
+        raise UsageError("--bundle wraps one op; a graph's executable runs on the Relax VM, not a C shim")
+
+
+def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
+    """Fuse the graph into kernels, schedule each (`schedule_op`: tuned records apply per fused
+    kernel) and compile them together in the artifact kind's way."""
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in kernels(graph)]
+    return CompiledGraph(graph, target, target.artifact.compile_graph(graph, scheduled, target), scheduled)

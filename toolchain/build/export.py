@@ -11,7 +11,7 @@ from pathlib import Path
 from base.errors import UsageError
 from base.files import sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
-from toolchain.build.compile import Compiled
+from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import get_target
 
@@ -30,7 +30,7 @@ def tvm_version() -> str:
 
 
 def export(
-    compiled: Compiled, directory: Path, bundle: bool = False, keep_existing: bool = False
+    compiled: Compiled | CompiledGraph, directory: Path, bundle: bool = False, keep_existing: bool = False
 ) -> Manifest:
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
     `bundle`, also the files that call the module from C (see `bundle.py`). Concurrent exports
@@ -51,25 +51,16 @@ def export(
     return manifest
 
 
-def _write_artifact(compiled: Compiled, staging: Path, bundle: bool) -> Manifest:
+def _write_artifact(compiled: Compiled | CompiledGraph, staging: Path, bundle: bool) -> Manifest:
     """The artifact's files and, last, its manifest, into `staging`."""
-    target, bound = compiled.target, compiled.bound
+    target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target)
-    bundled = write_bundle(bound, target, staging, module) if bundle else None
-    key = bound.key()
+    bundled = write_bundle(compiled.bundled_op(), target, staging, module) if bundle else None
     manifest = Manifest(
-        op=bound.op.name,
-        attrs=key["attrs"],
-        inputs=[
-            {"name": spec.name, **t.to_json()} for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
-        ],
-        output=bound.output.to_json(),
+        **compiled.describe(),
         target=target.name,
         tvm_target=dict(target.tvm),
         arch=target.arch,
-        schedule=compiled.schedule,
-        tuning_record=compiled.tuning_record,
-        tuning=compiled.tuning,
         cores=target.build_cores() if target.artifact.splits_for_cores else None,
         bundle=bundled,
         module=module.name,

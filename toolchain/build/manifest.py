@@ -55,6 +55,12 @@ class Manifest:
     bundle: dict[str, str] | None = None
     """For `deploy build --bundle`: the C header, shim library and runner file names, and the
     sha256 of SHA256SUMS (which pins every other file of the bundle)."""
+    entry: str = "function"
+    """How a runtime calls the module: "function" (`main(inputs..., out)`) or "vm" (a Relax VM's
+    `main(inputs...) -> out`: a graph's executable)."""
+    graph: dict[str, Any] | None = None
+    """For a graph (`op` is its name): its nodes (name, op, attributes, tensors read and written)
+    and its kernels in the order they run, each with the nodes it computes and its schedule."""
     format: int = FORMAT
 
     def write(self, directory: Path) -> None:

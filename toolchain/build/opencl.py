@@ -159,4 +159,6 @@ class OpenClPlan(ArtifactKind):
         return plan
 
 
-OPENCL_PLAN = OpenClPlan("opencl", splits_for_cores=False, builds_unscheduled=False, bundles=False)
+OPENCL_PLAN = OpenClPlan(
+    "opencl", splits_for_cores=False, builds_unscheduled=False, bundles=False, graph_entry="function"
+)

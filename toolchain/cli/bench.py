@@ -12,7 +12,16 @@ from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
-from toolchain.cli.options import CORES, TARGET, TUNED, DeviceChoice, device_options, resolve_target
+from toolchain.cli.options import (
+    CORES,
+    MODEL,
+    TARGET,
+    TUNED,
+    DeviceChoice,
+    device_options,
+    load_graph,
+    resolve_target,
+)
 
 
 @click.command("bench")
@@ -21,7 +30,8 @@ from toolchain.cli.options import CORES, TARGET, TUNED, DeviceChoice, device_opt
 @TUNED
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
-@click.option("--dtype", default="float32", show_default=True, help="Dtype of the inputs.")
+@MODEL
+@click.option("--dtype", help="Dtype of the ops' inputs [default: float32].")
 @click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
@@ -34,32 +44,44 @@ def bench_command(
     tuned: str | None,
     where: DeviceChoice,
     op_names: tuple[str, ...],
-    dtype: str,
+    model: str | None,
+    dtype: str | None,
     repeat: int,
     as_json: bool,
     plot: str | None,
     fresh_roofline: bool,
 ) -> None:
-    """Median time per op (its first verification case) on the target's device, against the
-    device's copy-bandwidth roofline, numpy and (if installed) PyTorch, measured in one run."""
+    """Median time per op (its first verification case), or of a model's graph, on the target's
+    device, against the device's copy-bandwidth roofline, numpy and (if installed) PyTorch,
+    measured in one run."""
     from ops import all_ops, get_op
-    from toolchain.bench.bench import bench_ops
+    from toolchain.bench.bench import bench_model, bench_ops
 
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: expected at least 1")
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
+    if model is not None and (op_names or dtype):
+        raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
     target = resolve_target(target_name, tuned, cores)
-    ops = [get_op(name) for name in op_names] if op_names else all_ops()
-    unsupported = [op.name for op in ops if dtype not in op.dtypes]
-    if len(unsupported) == len(ops):  # checked before any device is touched
-        raise UsageError(f"no op in the selection supports dtype {dtype} (see `deploy ops`)")
-    if op_names and unsupported:
-        raise UsageError(f"--op {', '.join(unsupported)}: does not support dtype {dtype} (see `deploy ops`)")
+    if model is not None:
+        graph = load_graph(model)
+        rows = bench_model(graph, target, where.resolve(target), repeat, fresh_roofline)
+    else:
+        dtype = dtype or "float32"
+        ops = [get_op(name) for name in op_names] if op_names else all_ops()
+        unsupported = [op.name for op in ops if dtype not in op.dtypes]
+        if len(unsupported) == len(ops):  # checked before any device is touched
+            raise UsageError(f"no op in the selection supports dtype {dtype} (see `deploy ops`)")
+        if op_names and unsupported:
+            raise UsageError(
+                f"--op {', '.join(unsupported)}: does not support dtype {dtype} (see `deploy ops`)"
+            )
+        device = where.resolve(target)
+        rows = bench_ops(
+            [op for op in ops if op.name not in unsupported], dtype, target, device, repeat, fresh_roofline
+        )
     device = where.resolve(target)
-    rows = bench_ops(
-        [op for op in ops if op.name not in unsupported], dtype, target, device, repeat, fresh_roofline
-    )
     if plot:
         plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
     if as_json:

@@ -7,22 +7,26 @@ from pathlib import Path
 
 import click
 
-from base.errors import DeployError
+from base.errors import DeployError, UsageError
 from toolchain.cli.options import (
     ATTR,
     CORES,
-    OP,
+    MODEL,
+    OP_OPTIONAL,
     TARGET,
     TUNED,
     DeviceChoice,
     bind_op,
     device_options,
+    load_graph,
+    op_or_model,
     resolve_target,
 )
 
 
 @click.command("build")
-@OP
+@OP_OPTIONAL
+@MODEL
 @TARGET
 @TUNED
 @CORES
@@ -32,16 +36,15 @@ from toolchain.cli.options import (
     "--shape",
     "shapes",
     multiple=True,
-    required=True,
-    help="Input shape, e.g. 32x64x112x112; once per input.",
+    help="Input shape, e.g. 32x64x112x112; once per input (an op's; a model has its own).",
 )
-@click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
+@click.option("--dtype", help="Dtype of every input of the op [default: float32].")
 @click.option(
     "-o",
     "--output",
     "out_dir",
     type=click.Path(),
-    help="Artifact directory [default: ./OP-TARGET].",
+    help="Artifact directory [default: ./OP-TARGET, ./MODEL-TARGET].",
 )
 @click.option(
     "--bundle",
@@ -49,35 +52,46 @@ from toolchain.cli.options import (
     help="Also write OP.h, libOP.so, lib/ and deploy-run: the op callable from C without Python.",
 )
 def build_command(
-    op_name: str,
+    op_name: str | None,
+    model: str | None,
     target_name: str,
     tuned: str | None,
     cores: int | None,
     where: DeviceChoice,
     attrs: tuple[str, ...],
     shapes: tuple[str, ...],
-    dtype: str,
+    dtype: str | None,
     out_dir: str | None,
     bundle: bool,
 ) -> None:
-    """Compile an op for a target into a module and manifest.json (split for --cores, else for the
-    cores of --device or the target's default device)."""
+    """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
+    and manifest.json (split for --cores, else for the cores of --device or the target's default
+    device)."""
     from ops import TensorType
     from toolchain.build.bundle import check_bundle
-    from toolchain.build.compile import compile_op
+    from toolchain.build.compile import compile_graph, compile_op
     from toolchain.build.export import export
     from toolchain.cli.args import parse_shape
     from toolchain.verify.run import for_device
 
+    op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype, "--bundle": bundle})
     target = resolve_target(target_name, tuned, cores)
-    bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
-    if bundle:
-        check_bundle(bound, target)
+    if model is not None:
+        graph = load_graph(model)
+        name, output = graph.name, graph.output
+    else:
+        if not shapes:
+            raise UsageError("--shape is required with --op (once per input)")
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype or "float32") for s in shapes])
+        name, output = bound.op.name, bound.output
+        if bundle:
+            check_bundle(bound, target)
     if target.cores is None and target.artifact.splits_for_cores:
         with where.resolve(target).open() as session:
             target = for_device(target, session)
-    directory = Path(out_dir or f"{op_name}-{target_name}")
-    manifest = export(compile_op(bound, target), directory, bundle=bundle)
+    directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
+    compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
+    manifest = export(compiled, directory, bundle=bundle)
     if tuned is not None and manifest.tuning is not None:
         click.echo(f"tuned in {tuned}: {manifest.tuning}, using the {manifest.schedule} schedule")
     elif tuned is not None and manifest.schedule != "tuned":
@@ -88,8 +102,11 @@ def build_command(
     click.echo(
         f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}"
         f"{f', {manifest.cores} cores' if manifest.cores else ''}):"
-        f" {bound.output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
+        f" {output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
     )
+    for kernel in manifest.graph["kernels"] if manifest.graph else []:
+        nodes = ", ".join(kernel["nodes"])
+        click.echo(f"  kernel {kernel['name']} ({kernel['schedule']} schedule): nodes {nodes}")
     if manifest.bundle is not None:
         from devices.platforms import get_platform
 
@@ -104,7 +121,8 @@ def build_command(
 
 @click.command("run")
 @CORES
-@OP
+@OP_OPTIONAL
+@MODEL
 @TARGET
 @TUNED
 @ATTR
@@ -115,13 +133,14 @@ def build_command(
     "inputs",
     multiple=True,
     required=True,
-    help="Input .npy, once per input in order.",
+    help="Input .npy, once per input in order (a model's: in the order it lists them).",
 )
 @click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
 @click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
 def run_command(
     cores: int | None,
-    op_name: str,
+    op_name: str | None,
+    model: str | None,
     target_name: str,
     tuned: str | None,
     attrs: tuple[str, ...],
@@ -130,26 +149,32 @@ def run_command(
     output: str,
     check: bool,
 ) -> None:
-    """Build (cached) and run an op on .npy inputs; optionally check against numpy."""
+    """Build (cached) and run an op or a model on .npy inputs; optionally check against numpy."""
     from ops import TensorType
     from toolchain.build.cache import cached_build
     from toolchain.cli.args import load_npy, output_mode, save_npy, written_in_place
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
+    op_or_model(op_name, model, **{"-a": attrs})
     target = resolve_target(target_name, tuned, cores)
     to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
     arrays = [load_npy(path) for path in inputs]
-    bound = bind_op(op_name, attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
+    types = [TensorType(a.shape, str(a.dtype)) for a in arrays]
+    if model is not None:
+        item = load_graph(model)
+        item.check_inputs(types, inputs)
+    else:
+        item = bind_op(op_name, attrs, types)
     device = where.resolve(target)
     check_device(target, device)
     with device.open() as session:
-        directory, manifest = cached_build(bound, for_device(target, session))
+        directory, manifest = cached_build(item, for_device(target, session))
         result = run_artifact(session, directory, manifest, arrays)
     save_npy(output, result)
-    wrote = f"{op_name} on {device.name} ({manifest.built_with}): wrote {output} {bound.output}"
+    wrote = f"{item.name} on {device.name} ({manifest.built_with}): wrote {output} {item.output}"
     click.echo(wrote, err=to_stderr)
     if check:
-        comparison = against_reference(bound, arrays, result)
+        comparison = against_reference(item, arrays, result)
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
         click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy", err=to_stderr)

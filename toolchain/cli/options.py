@@ -46,6 +46,27 @@ def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
     return bind(get_op(op_name), parse_attrs(attrs), types)
 
 
+def load_graph(path: str) -> Any:
+    """The model file at `path` (ONNX or a graph file) as a checked graph (`ops.graph.BoundGraph`)."""
+    from ops.graph import bind_graph
+    from toolchain.model import load_model
+
+    return bind_graph(load_model(path))
+
+
+def op_or_model(op_name: str | None, model: str | None, **op_only: Any) -> None:
+    """Exactly one of --op and --model; the options in `op_only` (name -> value given) describe
+    an op's inputs and attributes, which a model file holds itself."""
+    if (op_name is None) == (model is None):
+        raise UsageError("give --op NAME or --model FILE (one of them)")
+    if model is not None:
+        given = [name for name, value in op_only.items() if value]
+        if given:
+            raise UsageError(
+                f"--model {model}: {', '.join(given)} describe an op; the model file gives its own"
+            )
+
+
 @dataclass(frozen=True)
 class DeviceChoice:
     """Where a command runs: `--device NAME`, `--cl-device P:D`, any free server of `--key` on
@@ -98,8 +119,12 @@ def device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return with_choice
 
 
-OP = click.option("--op", "op_name", required=True, help="Op name (see `deploy ops`).")
 OP_OPTIONAL = click.option("--op", "op_name", help="Op name (see `deploy ops`).")
+MODEL = click.option(
+    "--model",
+    type=click.Path(dir_okay=False),
+    help="A model instead of an op: ONNX (.onnx) or a graph file (.yaml/.json), see README.",
+)
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
 CORES = click.option(

@@ -13,7 +13,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from base.errors import DeployError, UsageError
-from toolchain.cli.options import CORES, TARGET, TUNED, DeviceChoice, device_options, resolve_target
+from toolchain.cli.options import (
+    CORES,
+    MODEL,
+    TARGET,
+    TUNED,
+    DeviceChoice,
+    device_options,
+    load_graph,
+    resolve_target,
+)
 
 if TYPE_CHECKING:
     from toolchain.verify.matrix import CaseResult, PlannedCase
@@ -26,6 +35,7 @@ if TYPE_CHECKING:
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
+@MODEL
 def test_command(
     cores: int | None,
     target_name: str,
@@ -33,13 +43,21 @@ def test_command(
     where: DeviceChoice,
     op_names: tuple[str, ...],
     dtypes: tuple[str, ...],
+    model: str | None,
 ) -> None:
     """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
-    every free server of the key at once)."""
+    every free server of the key at once); with --model, the model's graph on random inputs,
+    ties and NaN/inf against numpy and (an ONNX model, onnxruntime installed) onnxruntime."""
     from ops import all_ops, get_op
     from toolchain.verify.matrix import plan
 
     target = resolve_target(target_name, tuned, cores)
+    if model is not None:
+        if op_names or dtypes:
+            raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
+        if not _test_model(model, target, where.resolve(target)):
+            sys.exit(1)
+        return
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     planned = plan(ops, dtypes)
     if not planned:
@@ -55,6 +73,25 @@ def test_command(
     results = run_with_progress(planned, target, device, workers)
     if not all(r.ok for r in results):
         sys.exit(1)
+
+
+def _test_model(model: str, target: Any, device: Any) -> bool:
+    """Verify the model on the device (`matrix.verify_model`), print the table; whether all passed."""
+    from pathlib import Path
+
+    from toolchain.verify.matrix import model_references, verify_model
+    from toolchain.verify.run import check_device
+
+    graph = load_graph(model)
+    check_device(target, device)
+    references = model_references(graph, Path(model))
+    console = Console()
+    with console.status(f"verifying {graph.name} on {device.name}"), device.open() as session:
+        results = verify_model(session, graph, target, references)
+    print_results(console, results, target.name, device)
+    if len(references) == 1 and Path(model).suffix.lower() == ".onnx":
+        console.print("onnxruntime is not installed: compared with numpy only", highlight=False)
+    return all(r.ok for r in results)
 
 
 def run_with_progress(

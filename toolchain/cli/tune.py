@@ -15,11 +15,14 @@ from base.stopping import exit_code
 from toolchain.cli.options import (
     ATTR,
     CORES,
+    MODEL,
     OP_OPTIONAL,
     TARGET,
     DeviceChoice,
     bind_op,
     device_options,
+    load_graph,
+    op_or_model,
     resolve_target,
     warn,
 )
@@ -38,13 +41,16 @@ MAX_TIMEOUT_S = 86_400.0
 
 @click.command("tune")
 @OP_OPTIONAL
+@MODEL
 @TARGET
 @ATTR
 @CORES
 @device_options
 @click.option("--shape", "shapes", multiple=True, help="Input shape, e.g. 32x64x112x112; once per input.")
-@click.option("--dtype", default="float32", show_default=True, help="Dtype of every input.")
-@click.option("--trials", default=64, show_default=True, help="Records to reach for this op and shape.")
+@click.option("--dtype", help="Dtype of every input [default: float32].")
+@click.option(
+    "--trials", default=64, show_default=True, help="Records to reach for this op and shape (per kernel)."
+)
 @click.option(
     "--db", "db_dir", default="tuning", show_default=True, type=click.Path(), help="Records directory."
 )
@@ -52,21 +58,23 @@ MAX_TIMEOUT_S = 86_400.0
 @click.option("--report", is_flag=True, help="Write DB/TARGET/report.png and a default/hand/tuned table.")
 def tune_command(
     op_name: str | None,
+    model: str | None,
     target_name: str,
     attrs: tuple[str, ...],
     cores: int | None,
     where: DeviceChoice,
     shapes: tuple[str, ...],
-    dtype: str,
+    dtype: str | None,
     trials: int,
     db_dir: str,
     timeout_s: float,
     report: bool,
 ) -> None:
-    """Tune an op for input shapes on the target's device with MetaSchedule; records go to --db
-    and the same command again continues from them. Build from them with `--tuned DB`.
+    """Tune an op for input shapes (or each fused kernel of --model) on the target's device with
+    MetaSchedule; records go to --db and the same command again continues from them. Build from
+    them with `--tuned DB`.
 
-    With --report (and no --op): report every op tuned for the target in --db."""
+    With --report (and no --op or --model): report every op and kernel tuned for the target in --db."""
     from ops import TensorType
     from toolchain.cli.args import parse_shape
 
@@ -78,13 +86,21 @@ def tune_command(
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
     target = resolve_target(target_name, cores=cores)
     device = where.resolve(target)
-    if op_name is not None:
+    if op_name is not None or model is not None:
+        op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
+    if model is not None:
+        from toolchain.build.fusion import kernels
+
+        for kernel in kernels(load_graph(model)):
+            Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
+            _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
+    elif op_name is not None:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
-        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype) for s in shapes])
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype or "float32") for s in shapes])
         _tune_with_progress(bound, target, device, root, trials, timeout_s)
     elif not report:
-        raise UsageError("--op is required (or --report alone, to report what --db holds)")
+        raise UsageError("--op or --model is required (or --report alone, to report what --db holds)")
     if report:
         from toolchain.tune.report import report_target
 

@@ -27,10 +27,10 @@ from base.errors import UsageError
 from base.stopping import STOP_SIGNALS, handled, interrupt_for
 from devices import Device
 from ops.spec import BoundOp
-from schedules import find_schedule
 from schedules.registry import Picked, every_structure
 from schedules.space import design_spaces
 from toolchain.build.compile import Compiled, compile_scheduled, context, prim_module
+from toolchain.build.compile import strategy as compiled_strategy
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.runner import builder, local_runner, session_runner
@@ -167,7 +167,7 @@ def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any
     from tvm.s_tir import meta_schedule as ms
 
     default = ms.space_generator.PostOrderApply()
-    strategy = find_schedule(target.schedules, bound.op.name)
+    strategy = compiled_strategy(bound, target)
     if strategy is None:
         return None, [default]
     spaces = design_spaces(strategy.schedule, context(bound, target))

@@ -1,5 +1,6 @@
 """`deploy test`'s matrix: every op x dtype x case verified on a device, on several sessions at
-once when the device serves several (a tracker key)."""
+once when the device serves several (a tracker key); and a model's graph verified on each kind of
+input against each of its references."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from base.errors import DeployError, first_line
 from devices import Device, DeviceLost, Session
+from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, bind
+from toolchain.build.cache import cached_build
 from toolchain.build.targets import Target
-from toolchain.verify.compare import random_input
-from toolchain.verify.run import check_device, verify
+from toolchain.verify.compare import compare, random_input
+from toolchain.verify.run import check_device, for_device, run_artifact, verify
 
 
 @dataclass(frozen=True)
@@ -162,3 +166,79 @@ def run_matrix(
     if len(queue):
         raise losses[-1]
     return [results[index] for index in range(len(planned))]
+
+
+@dataclass(frozen=True)
+class InputSet:
+    """A kind of seeded random input a model is verified on (see `compare.random_input`)."""
+
+    label: str
+    ties: bool = False
+    specials: bool = False
+
+
+MODEL_INPUTS = (InputSet("random"), InputSet("ties", ties=True), InputSet("NaN, inf, ties", specials=True))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a model's output is compared with: `expected(arrays)` (None: not available here),
+    on the input sets `applies` accepts."""
+
+    name: str
+    expected: Callable[[list[np.ndarray]], np.ndarray | None]
+    applies: Callable[[InputSet], bool] = lambda inputs: True
+
+
+def model_references(graph: BoundGraph, model: Path) -> list[Reference]:
+    """The graph's numpy reference (its ops' references composed) and, for an ONNX model with
+    onnxruntime installed, onnxruntime's, on the inputs where their semantics agree
+    (`toolchain/verify/onnx_reference.py`: NaN inputs only where every op treats NaN as numpy)."""
+    references = [Reference("numpy", lambda arrays: graph.reference(*arrays))]
+    if model.suffix.lower() == ".onnx":
+        from toolchain.verify import onnx_reference
+
+        if onnx_reference.onnxruntime is not None:
+            nan_too = onnx_reference.agrees_on_nan(model)
+            references.append(
+                Reference(
+                    "onnxruntime",
+                    lambda arrays: onnx_reference.onnxruntime_reference(model, graph, arrays),
+                    lambda inputs: nan_too or not inputs.specials,
+                )
+            )
+    return references
+
+
+def verify_model(
+    session: Session, graph: BoundGraph, target: Target, references: list[Reference]
+) -> list[CaseResult]:
+    """Build the graph (cached, for the session's device) and run it on each input set; one
+    result per input set and reference that applies to it."""
+    results = []
+    directory, manifest = cached_build(graph, for_device(target, session))
+    dtype = graph.inputs[0].dtype if graph.inputs else graph.output.dtype
+    for index, inputs in enumerate(MODEL_INPUTS):
+        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}".encode()))
+        arrays = [random_input(t, rng, ties=inputs.ties, specials=inputs.specials) for t in graph.inputs]
+        actual = run_artifact(session, directory, manifest, arrays)
+        for reference in references:
+            if not reference.applies(inputs):
+                continue
+            with np.errstate(invalid="ignore", over="ignore"):
+                expected = reference.expected(arrays)
+            if expected is None:
+                continue
+            comparison = compare(np.asarray(expected), actual, graph.exact)
+            results.append(
+                CaseResult(
+                    f"{graph.name} vs {reference.name}",
+                    dtype,
+                    inputs.label,
+                    comparison.ok,
+                    comparison.max_error,
+                    comparison.detail,
+                    manifest.built_with,
+                )
+            )
+    return results

@@ -15,8 +15,8 @@ import numpy as np
 
 from base.errors import DeployError
 from devices import Session
-from ops.spec import BoundOp
-from toolchain.build.compile import Compiled
+from toolchain.build.cache import Buildable
+from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.export import export
 from toolchain.build.manifest import Manifest
 from toolchain.verify.compare import random_input
@@ -65,20 +65,22 @@ class _Timer:
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
-        self.out = manifest.output
+        self.out, self.entry = manifest.output, manifest.entry
 
     def runs(self, repeat: int) -> list[float]:
         """`repeat` timed runs, milliseconds per call."""
         shape, dtype = tuple(self.out["shape"]), self.out["dtype"]
-        runs = self.session.time(self.module, self.inputs, shape, dtype, self.number, repeat)
+        runs = self.session.time(
+            self.module, self.inputs, shape, dtype, self.number, repeat, entry=self.entry
+        )
         return [t * 1e3 for t in runs]
 
 
-def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: Manifest) -> float:
-    """Run the artifact of `bound` on seeded random inputs, on inputs full of ties and on inputs
-    with NaN, infinities and repeated maxima planted (a tuned schedule must keep numpy's special
-    cases too); the largest error against numpy. A mismatch is a DeployError saying how it
-    differs."""
+def check_artifact(session: Session, bound: Buildable, directory: Path, manifest: Manifest) -> float:
+    """Run the artifact of `bound` (an op or a graph) on seeded random inputs, on inputs full of
+    ties and on inputs with NaN, infinities and repeated maxima planted (a tuned schedule must
+    keep numpy's special cases too); the largest error against numpy. A mismatch is a DeployError
+    saying how it differs."""
     worst = 0.0
     for ties, specials in ((False, False), (True, False), (False, True)):
         rng = np.random.default_rng(1)
@@ -94,20 +96,20 @@ def check_artifact(session: Session, bound: BoundOp, directory: Path, manifest: 
 class Checked:
     """A compiled op exported to `directory` and checked against numpy on a session."""
 
-    compiled: Compiled
+    compiled: Compiled | CompiledGraph
     directory: Path
     manifest: Manifest
     max_error: float
     """Largest difference from numpy over random inputs, ties and planted NaN and infinities."""
 
 
-def check(session: Session, compiled: Compiled, workdir: Path) -> Checked:
+def check(session: Session, compiled: Compiled | CompiledGraph, workdir: Path) -> Checked:
     """Export `compiled` into a fresh directory under `workdir` and check it against numpy on the
     session; a DeployError says how it differs."""
-    name = f"{compiled.schedule.replace('/', '-')}-{compiled.tuning_record or 'build'}-"
+    name = f"{compiled.item.name}-{compiled.schedule.replace('/', '-').replace(' ', '')[:80]}-"
     directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
     manifest = export(compiled, directory)
-    max_error = check_artifact(session, compiled.bound, directory, manifest)
+    max_error = check_artifact(session, compiled.item, directory, manifest)
     return Checked(compiled, directory, manifest, max_error)
 
 
@@ -144,7 +146,7 @@ def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> l
     starts one artifact later than the one before, so that none is always timed first."""
     timers = []
     for item in checked:
-        inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.bound.inputs]
+        inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.item.inputs]
         timers.append(_Timer(session, item.directory, item.manifest, inputs))
     runs: list[list[float]] = [[] for _ in checked]
     for round_ in range(rounds):
@@ -154,7 +156,9 @@ def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> l
     return [Measured(item.max_error, tuple(times)) for item, times in zip(checked, runs, strict=True)]
 
 
-def check_and_time(session: Session, compiled: Compiled, workdir: Path, repeat: int = REPEAT) -> Measured:
+def check_and_time(
+    session: Session, compiled: Compiled | CompiledGraph, workdir: Path, repeat: int = REPEAT
+) -> Measured:
     """Export `compiled` under `workdir`, check it against numpy on the session (a DeployError
     says how it differs), then time it: `repeat` runs. Tuning, its report and the roofline all
     measure this way (`time_interleaved` when variants are compared)."""

@@ -10,8 +10,7 @@ import numpy as np
 from base.errors import UsageError
 from devices import Device, Session
 from devices.elf import check_machine
-from ops.spec import BoundOp
-from toolchain.build.cache import cached_build
+from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.manifest import Manifest
 from toolchain.build.targets import Target
 from toolchain.verify.compare import Comparison, compare
@@ -40,7 +39,7 @@ def run_artifact(
     elif manifest.arch != session.arch:
         raise UsageError(f"artifact {directory} is for {manifest.arch}; {session.label} runs {session.arch}")
     out = manifest.output
-    return session.run(module, inputs, tuple(out["shape"]), out["dtype"])
+    return session.run(module, inputs, tuple(out["shape"]), out["dtype"], entry=manifest.entry)
 
 
 def for_device(target: Target, session: Session) -> Target:
@@ -50,17 +49,17 @@ def for_device(target: Target, session: Session) -> Target:
 
 
 def verify(
-    session: Session, bound: BoundOp, target: Target, inputs: list[np.ndarray]
+    session: Session, item: Buildable, target: Target, inputs: list[np.ndarray]
 ) -> tuple[Comparison, str]:
-    """Build (cached, for the session's device), run on the session, compare with the reference;
-    with the schedule name."""
-    directory, manifest = cached_build(bound, for_device(target, session))
+    """Build (cached, for the session's device) an op or a graph, run it on the session, compare
+    with the numpy reference; with the schedule name."""
+    directory, manifest = cached_build(item, for_device(target, session))
     actual = run_artifact(session, directory, manifest, inputs)
-    return against_reference(bound, inputs, actual), manifest.built_with
+    return against_reference(item, inputs, actual), manifest.built_with
 
 
-def against_reference(bound: BoundOp, inputs: list[np.ndarray], actual: np.ndarray) -> Comparison:
-    """`actual` (the op's output on `inputs`) compared with the op's numpy reference."""
+def against_reference(item: Buildable, inputs: list[np.ndarray], actual: np.ndarray) -> Comparison:
+    """`actual` (the output of an op or a graph on `inputs`) compared with its numpy reference."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
-        expected = bound.op.reference(bound.attrs, *inputs)
-    return compare(np.asarray(expected), actual, bound.op.exact)
+        expected = item.reference(*inputs)
+    return compare(np.asarray(expected), actual, item.exact)

@@ -1,0 +1,46 @@
+"""Writes the example ONNX model next to this script: `python examples/make_models.py`.
+
+pool_add_leaky_hsig.onnx: MaxPool(3x3, stride 2, pads 1) on `a` [1, 8, 32, 32], plus `b`
+[1, 1, 16, 16] broadcast over channels, LeakyRelu(0.1), then com.example::HardSigmoid, a custom
+domain that only the example op `ops/examples/hard_sigmoid.py` implements (load it with
+`--ops-path ops/examples`). Opset 17 and com.example opset 1; float32 throughout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+HERE = Path(__file__).resolve().parent
+
+
+def pool_add_leaky_hsig() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node(
+            "MaxPool", ["a"], ["pool"], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4
+        ),
+        helper.make_node("Add", ["pool", "b"], ["sum"], "sum"),
+        helper.make_node("LeakyRelu", ["sum"], ["leaky"], "leaky", alpha=0.1),
+        helper.make_node(
+            "HardSigmoid", ["leaky"], ["out"], "hsig", domain="com.example", alpha=0.25, beta=0.5
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pool_add_leaky_hsig",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 32, 32]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1, 16, 16]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 16, 16])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="examples/make_models.py")
+    onnx.checker.check_model(model)
+    return model
+
+
+if __name__ == "__main__":
+    onnx.save(pool_add_leaky_hsig(), HERE / "pool_add_leaky_hsig.onnx")

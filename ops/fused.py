@@ -1,0 +1,87 @@
+"""A fused group of graph nodes as one op: its inputs are the tensors the group reads from outside,
+its output the last node's, its computation the nodes' computations composed in one TE graph.
+
+Grouping is decided by the build (`toolchain/build/fusion.py`); schedules find the group's anchor
+(`anchor`: the node whose schedule the fused kernel gets, after the others are inlined into it)
+and each node's output by its block name (`block_name`), which the composition sets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tvm import te
+
+from ops.graph import Apply, BoundNode, flow, numpy_reference
+from ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType
+
+
+def _identifier(text: str) -> str:
+    return re.sub(r"\W", "_", text) or "t"
+
+
+def named(tensor: te.Tensor, name: str) -> te.Tensor:
+    """`tensor` computed by an operation called `name` (its block's name in the PrimFunc): the
+    same computation, so that a schedule can find the node's output among same-named blocks
+    (every op calls its output `out`)."""
+    op = tensor.op
+    if not isinstance(op, te.ComputeOp):
+        return tensor
+    renamed = te.ComputeOp(name, op.tag, op.attrs, op.axis, op.reduce_axis, op.body)
+    return renamed.output(tensor.value_index)
+
+
+class FusedOp(Op):
+    """Nodes of one fused group in data-flow order, reading `reads` from outside the group."""
+
+    attrs = ()
+    dtypes = ALL_DTYPES
+    cases = ()
+
+    def __init__(self, nodes: Sequence[BoundNode], reads: Sequence[str], anchor: int) -> None:
+        self.nodes = tuple(nodes)
+        self.reads = tuple(reads)
+        self.anchor = anchor
+        self.name = "fused_" + "_".join(n.bound.op.name for n in self.nodes)
+        self.inputs = tuple(Input(_identifier(name)) for name in self.reads)
+        self.exact = all(n.bound.op.exact for n in self.nodes)
+
+    def parts(self) -> tuple[Op, ...]:
+        return tuple(dict.fromkeys(op for n in self.nodes for op in n.bound.ops()))
+
+    def block_name(self, index: int) -> str:
+        """The block that computes node `index`'s output in the fused PrimFunc."""
+        return f"node{index}_{_identifier(self.nodes[index].node.name)}"
+
+    def bind(self, types: dict[str, TensorType]) -> BoundOp:
+        """The group as a bound op: the input types read from `types` (every tensor's type); its
+        attributes name each node's op, attributes and wiring, so that the bound op's key (build
+        cache, tuning records) tells groups apart."""
+        nodes = [{**n.bound.key(), "reads": list(n.node.inputs), "writes": n.node.output} for n in self.nodes]
+        inputs = tuple(types[name] for name in self.reads)
+        return BoundOp(self, {"nodes": nodes, "anchor": self.anchor}, inputs, self.nodes[-1].bound.output)
+
+    def compose(self, compute: Apply, *tensors: Any) -> Any:
+        """The group's output te.Tensor from its input te.Tensors, each node computed by `compute`
+        and its output block named `block_name`."""
+        blocks = {n.node.name: self.block_name(index) for index, n in enumerate(self.nodes)}
+
+        def node(n: BoundNode, inputs: list[Any]) -> Any:
+            return named(compute(n, inputs), blocks[n.node.name])
+
+        return self._last(flow(self.nodes, dict(zip(self.reads, tensors, strict=True)), node))
+
+    def _last(self, values: dict[str, Any]) -> Any:
+        return values[self.nodes[-1].node.output]
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return self.nodes[-1].bound.output
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, *tensors: Any) -> Any:
+        return self.compose(lambda n, xs: n.bound.op.compute(n.bound.attrs, n.bound.output, *xs), *tensors)
+
+    def reference(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
+        return self._last(flow(self.nodes, dict(zip(self.reads, arrays, strict=True)), numpy_reference))

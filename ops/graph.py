@@ -1,0 +1,221 @@
+"""Graphs of registered ops: named input tensors, nodes (an op, its attributes, the tensors it
+reads) and one output tensor; a model file or an ONNX model becomes one (`toolchain/model`).
+
+`bind_graph` checks a graph the way `bind` checks one op: tensors that exist, no cycle, and each
+node bound with its op's own `infer` in data-flow order, so a bad graph fails with the op's own
+message, prefixed with the node that has the problem. The reference of a graph is its ops'
+numpy references composed in that order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from base.errors import UsageError
+from ops.spec import BoundOp, Op, TensorType, bind
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op application: `op` on the tensors named `inputs`, writing the tensor `output`.
+    `attrs` are as given (a file's values); `bind` normalizes them. `source` says what the node
+    was in its model ("MaxPool" for an ONNX node), for messages."""
+
+    name: str
+    op: Op
+    attrs: dict[str, Any]
+    inputs: tuple[str, ...]
+    output: str
+    source: str = ""
+
+    def label(self) -> str:
+        """The node as messages name it: `node 'pool' (max_pool2d)`, with the ONNX op type."""
+        kind = f"{self.source} -> {self.op.name}" if self.source else self.op.name
+        return f"node {self.name!r} ({kind})"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A graph as read from a model: `inputs` in the order a caller passes arrays, `nodes` in any
+    order, `output` the tensor it returns."""
+
+    name: str
+    inputs: tuple[tuple[str, TensorType], ...]
+    nodes: tuple[Node, ...]
+    output: str
+
+
+@dataclass(frozen=True)
+class BoundNode:
+    """A node with its op bound to the types of the tensors it reads."""
+
+    node: Node
+    bound: BoundOp
+
+
+Apply = Callable[[BoundNode, list[Any]], Any]
+"""(a node, the values of the tensors it reads) -> the value of its output."""
+
+
+@dataclass(frozen=True)
+class BoundGraph:
+    """A checked graph: nodes in data-flow order, each bound, and every tensor's type."""
+
+    graph: Graph
+    nodes: tuple[BoundNode, ...]
+    types: dict[str, TensorType]
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def inputs(self) -> tuple[TensorType, ...]:
+        return tuple(t for _, t in self.graph.inputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.graph.inputs)
+
+    @property
+    def output(self) -> TensorType:
+        return self.types[self.graph.output]
+
+    @property
+    def exact(self) -> bool:
+        """Bit-exact when every op is (max pooling, argmax): else floats get tolerances."""
+        return all(n.bound.op.exact for n in self.nodes)
+
+    def check_inputs(self, given: Sequence[TensorType], sources: Sequence[str]) -> None:
+        """Arrays of types `given` (read from `sources`, for messages) fit the graph's inputs:
+        as many, each of its shape and dtype; else a one-line UsageError naming the input."""
+        names = self.input_names
+        if len(given) != len(names):
+            raise UsageError(
+                f"model {self.name} takes {len(names)} input(s) ({', '.join(names)}), got {len(given)}"
+            )
+        for name, expected, actual, source in zip(names, self.inputs, given, sources, strict=True):
+            if actual != expected:
+                raise UsageError(f"input {name} of model {self.name} is {expected}; {source} holds {actual}")
+
+    def ops(self) -> tuple[Op, ...]:
+        """The op definitions the graph's build depends on."""
+        return tuple(dict.fromkeys(op for n in self.nodes for op in n.bound.ops()))
+
+    def key(self) -> dict[str, Any]:
+        """What decides the compiled graph: inputs, and each node's op, attributes, inputs."""
+        return {
+            "graph": self.name,
+            "inputs": [{"name": n, **t.to_json()} for n, t in self.graph.inputs],
+            "nodes": [
+                {"name": n.node.name, **n.bound.key(), "reads": list(n.node.inputs), "writes": n.node.output}
+                for n in self.nodes
+            ],
+            "output": self.graph.output,
+        }
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()[:24]
+
+    def reference(self, *arrays: np.ndarray) -> np.ndarray:
+        """The ops' numpy references composed in data-flow order."""
+        values = flow(self.nodes, dict(zip(self.input_names, arrays, strict=True)), numpy_reference)
+        return values[self.graph.output]
+
+
+def flow(nodes: Sequence[BoundNode], values: dict[str, Any], apply: Apply) -> dict[str, Any]:
+    """`values` (tensor name -> value) with every node's output added, in data-flow order: what
+    `apply(node, its input values)` returns for it. The one walk over a graph that references,
+    computations and fused groups all take."""
+    values = dict(values)
+    for n in nodes:
+        values[n.node.output] = apply(n, [values[name] for name in n.node.inputs])
+    return values
+
+
+def numpy_reference(n: BoundNode, arrays: list[np.ndarray]) -> np.ndarray:
+    """A node's output by its op's numpy reference."""
+    return n.bound.op.reference(n.bound.attrs, *arrays)
+
+
+def bind_graph(graph: Graph) -> BoundGraph:
+    """Check `graph` and bind every node: tensor names unique, every input a tensor that exists,
+    no cycle, the output written by a node or an input; each node bound by its op (its own
+    messages, prefixed with the node)."""
+    types: dict[str, TensorType] = {}
+    for name, tensor in graph.inputs:
+        if name in types:
+            raise UsageError(f"graph {graph.name}: input {name!r} is declared twice")
+        types[name] = tensor
+    writers: dict[str, Node] = {}
+    names: set[str] = set()
+    for node in graph.nodes:
+        if node.name in names:
+            raise UsageError(f"graph {graph.name}: two nodes are named {node.name!r}")
+        names.add(node.name)
+        if node.output in types or node.output in writers:
+            raise UsageError(
+                f"{node.label()} writes {node.output!r}, which is already an input or another node's"
+            )
+        writers[node.output] = node
+    for node in graph.nodes:
+        for tensor in node.inputs:
+            if tensor not in types and tensor not in writers:
+                raise UsageError(
+                    f"{node.label()} reads {tensor!r}, which is no graph input and no node's output"
+                    f" (inputs: {', '.join(types) or 'none'})"
+                )
+    if graph.output not in types and graph.output not in writers:
+        raise UsageError(f"graph {graph.name}: output {graph.output!r} is no input and no node's output")
+    order = _data_flow_order(graph, writers)
+    bound: list[BoundNode] = []
+    for node in order:
+        try:
+            b = bind(node.op, node.attrs, [types[t] for t in node.inputs])
+        except UsageError as exc:
+            raise UsageError(f"{node.label()}: {exc}") from None
+        types[node.output] = b.output
+        bound.append(BoundNode(node, b))
+    return BoundGraph(graph, tuple(bound), types)
+
+
+def _data_flow_order(graph: Graph, writers: dict[str, Node]) -> list[Node]:
+    """Nodes so that each comes after the nodes whose outputs it reads (their order in the graph
+    where free); a cycle is a UsageError naming a node on it and the path."""
+    done: set[str] = set()
+    order: list[Node] = []
+    for start in graph.nodes:
+        if start.name in done:
+            continue
+        path: list[Node] = []
+        stack: list[tuple[Node, int]] = [(start, 0)]
+        on_path: set[str] = set()
+        while stack:
+            node, index = stack.pop()
+            if index == 0:
+                path.append(node)
+                on_path.add(node.name)
+            producers = [writers[t] for t in node.inputs if t in writers]
+            if index < len(producers):
+                stack.append((node, index + 1))
+                producer = producers[index]
+                if producer.name in on_path:
+                    cycle = [n.name for n in path[[n.name for n in path].index(producer.name) :]]
+                    raise UsageError(
+                        f"{producer.label()} is on a cycle: {' -> '.join([*cycle, producer.name])}"
+                    )
+                if producer.name not in done:
+                    stack.append((producer, 0))
+                continue
+            path.pop()
+            on_path.discard(node.name)
+            if node.name not in done:
+                done.add(node.name)
+                order.append(node)
+    return order

@@ -1,0 +1,107 @@
+"""Which ONNX node an op implements: `Op.onnx = (OnnxOp("MaxPool", attrs=...),)`.
+
+The ONNX reader (`toolchain/model/onnx_import.py`) finds the op for each node by its (domain,
+op_type) through `ops.registry.op_for_onnx` and converts the node's attributes with `attrs`. A
+conversion raises a one-line UsageError naming the ONNX attribute, its value and what is
+supported: a model that needs what an op does not do (asymmetric pads, dilations) is refused,
+never run with other semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from base.errors import UsageError, printable
+
+DEFAULT_DOMAIN = ""
+"""The standard operator set; "ai.onnx" names it too (`domain_key`)."""
+
+
+def passes_through(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The ONNX attributes as the op's own: same names, same values."""
+    return dict(attrs)
+
+
+@dataclass(frozen=True)
+class OnnxOp:
+    """An ONNX (domain, op_type) an op implements, and its attribute conversion: ONNX values
+    (ints, floats, lists of ints, str) -> the op's attribute dict (defaults as ONNX has them)."""
+
+    op_type: str
+    domain: str = DEFAULT_DOMAIN
+    attrs: Callable[[dict[str, Any]], dict[str, Any]] = passes_through
+
+    def key(self) -> tuple[str, str]:
+        return domain_key(self.domain), self.op_type
+
+
+def domain_key(domain: str) -> str:
+    """The key of `domain`: "" and "ai.onnx" are the same default domain."""
+    return DEFAULT_DOMAIN if domain == "ai.onnx" else domain
+
+
+def onnx_label(domain: str, op_type: str) -> str:
+    """How messages name an ONNX op: `MaxPool`, or `com.example::HardSigmoid` outside the standard set."""
+    key = domain_key(domain)
+    return f"{key}::{op_type}" if key else op_type
+
+
+def unsupported(name: str, value: Any, supported: str) -> UsageError:
+    return UsageError(f"ONNX attribute {printable(name)}={value!r} is not supported: {supported}")
+
+
+def check_names(attrs: dict[str, Any], known: tuple[str, ...]) -> None:
+    """Every ONNX attribute one the conversion knows: an unknown one may change the semantics."""
+    for name, value in attrs.items():
+        if name not in known:
+            raise unsupported(name, value, f"the attributes supported are {', '.join(known) or 'none'}")
+
+
+def same_names(**defaults: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A conversion for ops whose attributes ONNX names alike: ONNX's `defaults` filled in (not
+    the op's own, which may differ), any other ONNX attribute refused."""
+
+    def convert(attrs: dict[str, Any]) -> dict[str, Any]:
+        check_names(attrs, tuple(defaults))
+        return {**defaults, **attrs}
+
+    return convert
+
+
+def require(attrs: dict[str, Any], name: str, allowed: Any, supported: str) -> None:
+    """The ONNX attribute `name`, where given, must equal `allowed`."""
+    if name in attrs and attrs[name] != allowed:
+        raise unsupported(name, attrs[name], supported)
+
+
+def pair(attrs: dict[str, Any], name: str, default: list[int]) -> tuple[int, int]:
+    """A 2-D ONNX list attribute (kernel_shape, strides) as (h, w)."""
+    value = attrs.get(name, default)
+    if not isinstance(value, list) or len(value) != 2:
+        raise unsupported(name, value, "only 2-D pooling (two values, H and W)")
+    return value[0], value[1]
+
+
+def symmetric_pads(attrs: dict[str, Any]) -> tuple[int, int]:
+    """ONNX `auto_pad` and `pads` [h_begin, w_begin, h_end, w_end] as the symmetric pair (h, w):
+    auto_pad NOTSET (the pads as given) or VALID (none); SAME_* would pad by the input size."""
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise unsupported("auto_pad", auto_pad, "only NOTSET (explicit pads) or VALID (no padding)")
+    if not isinstance(pads, list) or len(pads) != 4:
+        raise unsupported("pads", pads, "only 2-D pads [h_begin, w_begin, h_end, w_end]")
+    if auto_pad == "VALID" and any(pads):
+        raise unsupported("pads", pads, "pads together with auto_pad=VALID")
+    if pads[:2] != pads[2:]:
+        raise unsupported("pads", pads, "only symmetric pads (begin == end on each axis)")
+    return pads[0], pads[1]
+
+
+def no_dilation(attrs: dict[str, Any]) -> None:
+    """ONNX `dilations`, where given, must be all 1: the ops read dense windows."""
+    dilations = attrs.get("dilations", [])
+    if not isinstance(dilations, list) or any(d != 1 for d in dilations):
+        raise unsupported("dilations", dilations, "only dilations of 1 (dense windows)")

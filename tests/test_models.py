@@ -1,0 +1,674 @@
+"""Model files -> graphs: our graph file (YAML/JSON), ONNX import and its op mappings, and the
+onnxruntime reference against the ops' numpy references. No compilation, no device."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper
+
+from base.errors import UsageError
+from ops import load_ops_path, registry
+from ops.graph import bind_graph
+from ops.onnx_mapping import OnnxOp
+from ops.registry import op_for_onnx
+from tests.conftest import REPO
+from toolchain.model import load_model
+from toolchain.verify.compare import compare
+from toolchain.verify.onnx_reference import AGREES_ON_NAN, agrees_on_nan, onnxruntime_reference
+
+EXAMPLE_YAML = REPO / "examples" / "maxpool_add.yaml"
+EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_hsig.onnx"
+
+
+@pytest.fixture
+def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops a test loads (the example ops, duplicates) leave the registry as it was."""
+    registry.load_builtin()
+    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
+    monkeypatch.setattr(registry, "_ONNX", dict(registry._ONNX))
+
+
+@pytest.fixture
+def example_ops(own_registry: None) -> None:
+    load_ops_path(REPO / "ops" / "examples")
+
+
+def error(path: Path) -> str:
+    """The one-line message loading and binding `path` fails with."""
+    with pytest.raises(UsageError) as caught:
+        bind_graph(load_model(path))
+    message = str(caught.value)
+    assert "\n" not in message, message
+    return message
+
+
+# Graph files
+
+
+def test_example_graph_file_reads_and_binds() -> None:
+    graph = load_model(EXAMPLE_YAML)
+    assert graph.name == "maxpool_add" and graph.output == "sum"
+    assert [(name, t.shape, t.dtype) for name, t in graph.inputs] == [
+        ("a", (32, 64, 112, 112), "float32"),
+        ("b", (32, 1, 56, 56), "float32"),
+    ]
+    assert [(n.name, n.op.name, n.inputs, n.output) for n in graph.nodes] == [
+        ("pool", "max_pool2d", ("a",), "pool"),
+        ("sum", "add", ("pool", "b"), "sum"),
+    ]
+    bound = bind_graph(graph)
+    assert bound.output.shape == (32, 64, 56, 56) and bound.nodes[0].bound.attrs["stride"] == (2, 2)
+
+
+def test_json_graph_file_is_the_same_graph(tmp_path: Path) -> None:
+    document = yaml.safe_load(EXAMPLE_YAML.read_text())
+    (tmp_path / "maxpool_add.json").write_text(json.dumps(document, indent=1))
+    assert load_model(tmp_path / "maxpool_add.json") == load_model(EXAMPLE_YAML)
+
+
+def test_graph_file_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yml"
+    path.write_text(
+        "inputs: {x: {shape: []}}\nnodes: [{name: y, op: leaky_relu, inputs: [x]}]\noutput: [y]\n"
+    )
+    graph = load_model(path)
+    assert graph.name == "tiny" and graph.output == "y" and graph.nodes[0].attrs == {}
+    assert bind_graph(graph).output.dtype == "float32" and graph.inputs[0][1].shape == ()
+
+
+GOOD = {
+    "inputs": {"a": {"shape": [1, 4, 8, 8]}, "b": {"shape": [1, 1, 4, 4]}},
+    "nodes": [
+        {"name": "pool", "op": "max_pool2d", "attrs": {"kernel": 2}, "inputs": ["a"]},
+        {"name": "sum", "op": "add", "inputs": ["pool", "b"]},
+    ],
+    "output": "sum",
+}
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    """GOOD with the value at `path` ("nodes.0.op", "inputs.a"; a None value deletes) replaced."""
+    document = json.loads(json.dumps(GOOD))
+    *parents, last = path.split(".")
+    here: Any = document
+    for key in parents:
+        here = here[int(key)] if isinstance(here, list) else here[key]
+    key: Any = int(last) if isinstance(here, list) else last
+    if value is None:
+        del here[key]
+    else:
+        here[key] = value
+    return document
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (["a"], "the file: expected a mapping with keys name, inputs, nodes, output, got a list"),
+        (changed("outputs", "sum"), "the file: unknown key 'outputs' (allowed: name, inputs, nodes, output)"),
+        (changed("name", 3), "name 3: expected a non-empty string"),
+        (changed("inputs", None), "the file: missing 'inputs'"),
+        (changed("inputs", {}), "inputs: expected a mapping of input names"),
+        (
+            changed("inputs.a", [1, 4, 8, 8]),
+            "input 'a': expected a mapping with keys shape, dtype, got a list",
+        ),
+        (changed("inputs.a.shape", None), "input 'a': missing 'shape'"),
+        (
+            changed("inputs.a.shape", [1, 0, 8]),
+            "input 'a': shape [1, 0, 8]: expected a list of positive ints",
+        ),
+        (changed("inputs.a.shape", "1x4"), "input 'a': shape '1x4': expected a list of positive ints"),
+        (changed("inputs.a.shape", [2.5]), "input 'a': shape [2.5]: expected a list of positive ints"),
+        (changed("inputs.a.shape", [True]), "input 'a': shape [True]: expected a list of positive ints"),
+        (changed("inputs.a.shape", [100000, 100000, 100]), "input 'a' has shape [100000, 100000, 100]"),
+        (changed("inputs.a.dtype", "bfloat16"), "input 'a': dtype 'bfloat16': expected one of float32"),
+        (changed("inputs.a.layout", "NCHW"), "input 'a': unknown key 'layout' (allowed: shape, dtype)"),
+        (changed("nodes", []), "nodes: expected a non-empty list of nodes"),
+        (changed("nodes.1", "add"), "nodes[1]: expected a mapping with keys name, op, attrs, inputs"),
+        (changed("nodes.1.name", None), "nodes[1]: name None: expected a non-empty string"),
+        (changed("nodes.1.atrs", {}), "node 'sum': unknown key 'atrs' (allowed: name, op, attrs, inputs)"),
+        (changed("nodes.1.op", None), "node 'sum': missing 'op' (the name of a registered op)"),
+        (changed("nodes.1.op", ["add"]), "node 'sum': op ['add']: expected the name of a registered op"),
+        (changed("nodes.1.op", "addd"), "node 'sum': unknown op 'addd' (known: "),
+        (changed("nodes.1.inputs", None), "node 'sum': missing 'inputs' (a list of tensor names"),
+        (changed("nodes.1.inputs", "pool"), "node 'sum': inputs 'pool': expected a list of tensor names"),
+        (changed("nodes.1.inputs", ["pool", 2]), "node 'sum': inputs ['pool', 2]: expected a list"),
+        (changed("nodes.0.attrs", [2]), "node 'pool': attrs [2]: expected a mapping of attribute names"),
+        (changed("output", None), "the file: missing 'output' (the tensor it returns)"),
+        (changed("output", ["sum", "pool"]), "output ['sum', 'pool']: a graph has exactly one output"),
+        (changed("output", 7), "output 7: expected the name of the tensor the graph returns"),
+    ],
+)
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_graph_file_structure_errors_are_one_line(
+    tmp_path: Path, document: Any, expected: str, suffix: str
+) -> None:
+    path = tmp_path / f"model{suffix}"
+    path.write_text(yaml.safe_dump(document) if suffix == ".yaml" else json.dumps(document))
+    message = error(path)
+    assert message.startswith(f"model {path}: ") and expected in message, message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (changed("nodes.0.inputs", ["sum"]), "node 'pool' (max_pool2d) is on a cycle: pool -> sum -> pool"),
+        (changed("nodes.1.inputs", ["pool", "c"]), "node 'sum' (add) reads 'c', which is no graph input"),
+        (changed("inputs.b.shape", [1, 3, 4, 4]), "node 'sum' (add): "),
+        (changed("nodes.0.attrs", {"kernel": "big"}), "node 'pool' (max_pool2d): attribute kernel='big'"),
+        (changed("nodes.0.attrs", {"kernal": 2}), "node 'pool' (max_pool2d): op max_pool2d has no attribute"),
+        (changed("nodes.1.inputs", ["pool"]), "node 'sum' (add): op add takes 2 inputs (a, b), got 1"),
+        (changed("output", "c"), "output 'c' is no input and no node's output"),
+    ],
+)
+def test_graph_errors_from_files_name_the_node(tmp_path: Path, change: dict[str, Any], expected: str) -> None:
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(change))
+    message = error(path)
+    assert expected in message, message
+
+
+def test_broadcast_mismatch_names_the_node(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(changed("inputs.b.shape", [1, 3, 4, 4])))
+    assert "node 'sum' (add)" in error(path) and "[1, 3, 4, 4]" in error(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("bad.yaml", "inputs: {a: [1, 2}\n", ":1: not valid YAML: "),
+        ("bad.yaml", "inputs:\n  a: {shape: [1]}\n nodes: []\n", ":3: not valid YAML: "),
+        ("bad.json", '{\n  "inputs": {\n    "a": {"shape": [1,]}\n', ":3: not valid JSON: "),
+        ("bad.yaml", "!!python/object/apply:os.system ['true']\n", ":1: not valid YAML: "),
+        ("bad.yaml", "inputs: \x07\n", ": not valid YAML: unacceptable character #x0007"),
+    ],
+)
+def test_syntax_errors_name_the_file_and_line(tmp_path: Path, name: str, text: str, expected: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    message = error(path)
+    assert message.startswith(f"model {path}") and expected in message, message
+
+
+def test_non_utf8_graph_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    path.write_bytes(b'{"name": "\xff"}')
+    assert "not UTF-8 text" in error(path)
+
+
+def test_unknown_suffix_missing_and_unreadable_files(tmp_path: Path) -> None:
+    assert error(tmp_path / "model.pb").endswith(
+        "unknown model file type '.pb' (known: .onnx, .yaml, .yml, .json)"
+    )
+    assert "unknown model file type '(no suffix)'" in error(tmp_path / "model")
+    assert (
+        error(tmp_path / "absent.yaml")
+        == f"model {tmp_path / 'absent.yaml'}: cannot read it: No such file or directory"
+    )
+    (tmp_path / "folder.onnx").mkdir()
+    assert error(tmp_path / "folder.onnx").endswith("cannot read it: Is a directory")
+
+
+# ONNX import
+
+
+def onnx_file(
+    tmp_path: Path,
+    nodes: list[onnx.NodeProto],
+    inputs: list[tuple[str, int, list[Any]]],
+    output: tuple[str, int, list[int]],
+    **graph: Any,
+) -> Path:
+    """A model of `nodes` (opset 17 and com.example 1) saved in `tmp_path`."""
+    proto = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(*i) for i in inputs],
+        graph.pop("outputs", [helper.make_tensor_value_info(*output)]),
+        **graph,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(proto, opset_imports=opsets), path)
+    return path
+
+
+def one_node(
+    tmp_path: Path,
+    op_type: str,
+    shape: list[int],
+    out: list[int],
+    dtype: int = TensorProto.FLOAT,
+    **attrs: Any,
+) -> Path:
+    """A one-node model reading `x`, writing `y`."""
+    out_type = TensorProto.INT64 if op_type == "ArgMax" else dtype
+    inputs = [("x", dtype, shape)] + ([("b", dtype, attrs.pop("b"))] if op_type == "Add" else [])
+    node = helper.make_node(op_type, [i[0] for i in inputs], ["y"], "n", **attrs)
+    return onnx_file(tmp_path, [node], inputs, ("y", out_type, out))
+
+
+def test_example_onnx_model_maps_every_node(example_ops: None) -> None:
+    graph = load_model(EXAMPLE_ONNX)
+    assert graph.name == "pool_add_leaky_hsig" and graph.output == "out"
+    assert [(name, t.shape, t.dtype) for name, t in graph.inputs] == [
+        ("a", (1, 8, 32, 32), "float32"),
+        ("b", (1, 1, 16, 16), "float32"),
+    ]
+    pool, add, leaky, hsig = graph.nodes
+    assert (pool.op.name, pool.source, pool.inputs, pool.output) == ("max_pool2d", "MaxPool", ("a",), "pool")
+    assert pool.attrs == {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": 0}
+    assert (add.op.name, add.source, add.inputs, add.attrs) == ("add", "Add", ("pool", "b"), {})
+    assert (leaky.op.name, leaky.source) == ("leaky_relu", "LeakyRelu")
+    assert leaky.attrs["alpha"] == pytest.approx(0.1)
+    assert (hsig.op.name, hsig.source, hsig.output) == ("hard_sigmoid", "com.example::HardSigmoid", "out")
+    assert hsig.attrs == {"alpha": 0.25, "beta": 0.5}
+    assert hsig.label() == "node 'hsig' (com.example::HardSigmoid -> hard_sigmoid)"
+    assert bind_graph(graph).output.shape == (1, 8, 16, 16)
+
+
+def test_onnx_defaults_are_onnx_ones(tmp_path: Path) -> None:
+    """MaxPool strides default to 1 (ours to the kernel), ArgMax keeps dims on axis 0."""
+    pool = load_model(one_node(tmp_path, "MaxPool", [1, 1, 6, 6], [1, 1, 4, 4], kernel_shape=[3, 3]))
+    assert pool.nodes[0].attrs == {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0), "ceil_mode": 0}
+    argmax = load_model(one_node(tmp_path, "ArgMax", [3, 5], [1, 5]))
+    assert argmax.nodes[0].attrs == {"axis": 0, "keepdims": 1, "out_dtype": "int64"}
+    assert bind_graph(argmax).output.shape == (1, 5)
+    leaky = load_model(one_node(tmp_path, "LeakyRelu", [4], [4]))
+    assert leaky.nodes[0].attrs == {"alpha": 0.01}
+    valid = load_model(
+        one_node(
+            tmp_path,
+            "MaxPool",
+            [1, 1, 6, 6],
+            [1, 1, 3, 3],
+            kernel_shape=[2, 2],
+            strides=[2, 2],
+            auto_pad="VALID",
+        )
+    )
+    assert valid.nodes[0].attrs["padding"] == (0, 0)
+
+
+def test_op_for_onnx_default_domain_has_two_names() -> None:
+    assert op_for_onnx("", "MaxPool") is op_for_onnx("ai.onnx", "MaxPool") is not None
+    assert op_for_onnx("", "Relu") is None and op_for_onnx("com.example", "MaxPool") is None
+    assert OnnxOp("Custom", domain="my.ops").attrs({"k": [1, 2]}) == {"k": [1, 2]}, "passes through"
+
+
+@pytest.mark.parametrize(
+    ("op_type", "attrs", "expected"),
+    [
+        (
+            "MaxPool",
+            {"pads": [1, 1, 0, 0]},
+            "ONNX attribute pads=[1, 1, 0, 0] is not supported: only symmetric pads",
+        ),
+        (
+            "MaxPool",
+            {"dilations": [2, 2]},
+            "ONNX attribute dilations=[2, 2] is not supported: only dilations of 1",
+        ),
+        (
+            "MaxPool",
+            {"auto_pad": "SAME_UPPER"},
+            "ONNX attribute auto_pad='SAME_UPPER' is not supported: only NOTSET",
+        ),
+        ("MaxPool", {"storage_order": 1}, "ONNX attribute storage_order=1 is not supported: only 0"),
+        (
+            "MaxPool",
+            {"auto_pad": "VALID", "pads": [1, 1, 1, 1]},
+            "ONNX attribute pads=[1, 1, 1, 1] is not supported: pads together with auto_pad=VALID",
+        ),
+        (
+            "MaxPool",
+            {"kernel_shape": [3]},
+            "ONNX attribute kernel_shape=[3] is not supported: only 2-D pooling",
+        ),
+        ("MaxPool", {"strides": [1, 1, 1]}, "ONNX attribute strides=[1, 1, 1] is not supported: only 2-D"),
+        ("ArgMax", {"select_last_index": 1}, "ONNX attribute select_last_index=1 is not supported: only 0"),
+    ],
+)
+def test_unsupported_onnx_attributes_are_refused(
+    tmp_path: Path, op_type: str, attrs: dict[str, Any], expected: str
+) -> None:
+    shape = [1, 1, 5, 5] if attrs.get("kernel_shape") != [3] else [1, 1, 5]
+    if op_type == "MaxPool":
+        attrs = {"kernel_shape": [3, 3], **attrs}
+    message = error(one_node(tmp_path, op_type, shape, [1], **attrs))
+    assert f"node 'n' ({op_type} -> " in message and expected in message, message
+
+
+def test_custom_domain_attributes_are_checked_by_the_mapping(tmp_path: Path, example_ops: None) -> None:
+    """The checker knows no com.example schema: the mapping refuses unknown attributes itself."""
+    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", gamma=1.0)
+    message = error(
+        onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert message.endswith(
+        "node 'hs' (com.example::HardSigmoid -> hard_sigmoid): ONNX attribute gamma=1.0 is not supported:"
+        " the attributes supported are alpha, beta"
+    )
+    tensor = helper.make_tensor("t", TensorProto.FLOAT, [1], [1.0])
+    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", alpha=tensor)
+    message = error(
+        onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert "ONNX attribute alpha is a TENSOR: only ints, floats, strings and lists of them" in message
+    node = helper.make_node("HardSigmoid", ["x", ""], ["y"], "hs", domain="com.example")
+    message = error(
+        onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert "input 1 is omitted (an empty optional input): op hard_sigmoid takes no optional inputs" in message
+    nodes = [
+        helper.make_node("HardSigmoid", ["x"], ["", "z"], "hs", domain="com.example"),
+        helper.make_node("Add", ["z", "z"], ["y"], "sum"),
+    ]
+    message = error(
+        onnx_file(tmp_path, nodes, [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert message.endswith("its first output is omitted: op hard_sigmoid computes that one")
+
+
+@pytest.mark.parametrize(
+    ("op_type", "domain", "declaration"),
+    [("Relu", "", 'OnnxOp("Relu")'), ("Swish", "com.example", 'OnnxOp("Swish", domain="com.example")')],
+)
+def test_unknown_onnx_op_says_how_to_add_it(
+    tmp_path: Path, op_type: str, domain: str, declaration: str
+) -> None:
+    node = helper.make_node(op_type, ["x"], ["y"], domain=domain)
+    path = onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    label = f"{domain}::{op_type}" if domain else op_type
+    assert error(path) == (
+        f"model {path}: node '{op_type}_0' ({label}): no registered op implements it; add an op file"
+        f' declaring onnx = ({declaration},) and pass --ops-path (see README "Add your own op")'
+    )
+
+
+FLOAT4 = ("x", TensorProto.FLOAT, [4])
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (
+            {"inputs": [("x", TensorProto.BFLOAT16, [4])]},
+            "input 'x' has element type BFLOAT16: expected one of float32, float16, float64, int8, uint8,"
+            " int32, int64",
+        ),
+        (
+            {"inputs": [("x", TensorProto.FLOAT, ["N", 4])]},
+            "input 'x' dim 0 is symbolic ('N'): symbolic dims are not supported yet (#16)",
+        ),
+        (
+            {"inputs": [("x", TensorProto.FLOAT, [4, None])]},
+            "input 'x' dim 1 is unknown: expected a positive size",
+        ),
+        (
+            {"inputs": [("x", TensorProto.FLOAT, None)]},
+            "not a valid ONNX model: Field 'shape' of 'type' is required but missing.",
+        ),
+        (
+            {"inputs": [FLOAT4, ("w", TensorProto.FLOAT, [4])], "initializer": ["w"]},
+            "input 'w' is an initializer: constant tensors are not supported yet",
+        ),
+        ({"initializer": ["w"]}, "initializer 'w': constant tensors are not supported yet"),
+        (
+            {"outputs": ["y", "x"]},
+            "the graph has 2 outputs ('y', 'x'): a graph has exactly one output",
+        ),
+    ],
+)
+def test_unsupported_onnx_graphs_are_one_line(tmp_path: Path, model: dict[str, Any], expected: str) -> None:
+    inputs = model.get("inputs", [FLOAT4])
+    second = inputs[1][0] if len(inputs) > 1 else "x"
+    node = helper.make_node("Add", ["x", second], ["y"], "n")
+    extra: dict[str, Any] = {}
+    if "initializer" in model:
+        extra["initializer"] = [
+            helper.make_tensor(n, TensorProto.FLOAT, [4], [1.0] * 4) for n in model["initializer"]
+        ]
+    if "outputs" in model:
+        extra["outputs"] = [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in model["outputs"]
+        ]
+    path = onnx_file(tmp_path, [node], inputs, ("y", TensorProto.FLOAT, [4]), **extra)
+    message = error(path)
+    assert message == f"model {path}: {expected}", message
+
+
+def test_a_sequence_input_is_refused(tmp_path: Path) -> None:
+    node = helper.make_node("Add", ["x", "x"], ["y"], "n")
+    sequence = helper.make_tensor_sequence_value_info("x", TensorProto.FLOAT, [4])
+    path = onnx_file(tmp_path, [node], [], ("y", TensorProto.FLOAT, [4]))
+    model = onnx.load(path)
+    model.graph.input.append(sequence)
+    onnx.save(model, path)
+    assert error(path).endswith("input 'x' is a sequence_type: expected a tensor")
+
+
+def test_a_node_output_we_do_not_compute_is_refused(tmp_path: Path) -> None:
+    node = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
+    path = onnx_file(
+        tmp_path,
+        [node],
+        [("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        ("indices", TensorProto.INT64, [1, 1, 3, 3]),
+    )
+    assert error(path).endswith(
+        "node 'pool' (MaxPool -> max_pool2d): output 1 ('indices') is read, but op max_pool2d computes only"
+        " the first output"
+    )
+    unused = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
+    path = onnx_file(
+        tmp_path, [unused], [("x", TensorProto.FLOAT, [1, 1, 4, 4])], ("y", TensorProto.FLOAT, [1, 1, 3, 3])
+    )
+    assert bind_graph(load_model(path)).output.shape == (1, 1, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [(b"\x07not protobuf", "not an ONNX model: "), (b"", "not a valid ONNX model: ")],
+)
+def test_files_that_are_no_onnx_model(tmp_path: Path, data: bytes, expected: str) -> None:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    assert expected in error(path)
+
+
+def test_bind_errors_in_onnx_models_name_the_node(tmp_path: Path) -> None:
+    """A kernel larger than twice the padding allows: the op's own message, after the ONNX node."""
+    path = one_node(tmp_path, "MaxPool", [1, 1, 5, 5], [1, 1, 5, 5], kernel_shape=[2, 2], pads=[2, 2, 2, 2])
+    assert "node 'n' (MaxPool -> max_pool2d): padding [2, 2]: expected at most half the kernel" in error(path)
+
+
+# Duplicate ONNX declarations
+
+POOL_OP = textwrap.dedent(
+    '''
+    """A second max pooling that claims ONNX {op_type}."""
+    from ops import Input, Op, register
+    from ops.onnx_mapping import OnnxOp
+
+    @register
+    class Pool(Op):
+        """max pooling again."""
+        name = "{name}"
+        inputs = (Input("x"),)
+        onnx = (OnnxOp("{op_type}", domain="{domain}"),)
+    '''
+)
+
+
+def test_an_onnx_op_implemented_twice_names_both_files(tmp_path: Path, own_registry: None) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "my_pool.py").write_text(POOL_OP.format(name="my_pool", op_type="MaxPool", domain="ai.onnx"))
+    with pytest.raises(UsageError) as caught:
+        load_ops_path(folder)
+    assert str(caught.value) == (
+        f"ONNX op MaxPool is implemented twice: by op 'max_pool2d' in {REPO / 'ops' / 'max_pool2d.py'}"
+        f" and by op 'my_pool' in {(folder / 'my_pool.py').resolve()}"
+    )
+    assert op_for_onnx("", "MaxPool") is registry.get_op("max_pool2d")
+
+
+def test_two_user_ops_claiming_one_custom_onnx_op(tmp_path: Path, own_registry: None) -> None:
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.py").write_text(
+            POOL_OP.format(name=name, op_type="Pool", domain="my.ops")
+        )
+    assert load_ops_path(tmp_path / "one") == ["one"]
+    with pytest.raises(
+        UsageError,
+        match=r"ONNX op my\.ops::Pool is implemented twice: by op 'one' in .*one\.py and by op 'two' in"
+        r" .*two\.py$",
+    ):
+        load_ops_path(tmp_path / "two")
+    assert load_ops_path(tmp_path / "one") == [], "the same file loading again is no duplicate"
+
+
+# onnxruntime as a second reference
+
+
+def random_inputs(graph: Any, seed: int = 0) -> list[np.ndarray]:
+    """Finite inputs of the graph's types: normal floats, integers over the type's range."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for t in graph.inputs:
+        if np.issubdtype(t.dtype, np.integer):
+            info = np.iinfo(t.dtype)
+            arrays.append(rng.integers(info.min, info.max, t.shape, dtype=t.dtype, endpoint=True))
+        else:
+            arrays.append((rng.standard_normal(t.shape) * 4).astype(t.dtype))
+    return arrays
+
+
+def assert_references_agree(path: Path, arrays: list[np.ndarray] | None = None) -> np.ndarray:
+    bound = bind_graph(load_model(path))
+    arrays = random_inputs(bound) if arrays is None else arrays
+    ours = bound.reference(*arrays)
+    theirs = onnxruntime_reference(path, bound, arrays)
+    assert theirs is not None, "onnxruntime is a test dependency"
+    result = compare(ours, theirs, bound.exact)
+    assert result.ok, result.detail or result.max_error
+    return theirs
+
+
+F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
+
+
+@pytest.mark.parametrize(
+    ("op_type", "dtype", "shape", "attrs"),
+    [
+        ("MaxPool", F32, [2, 3, 9, 11], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ("MaxPool", F32, [1, 2, 7, 8], {"kernel_shape": [2, 2]}),
+        ("MaxPool", F64, [1, 2, 8, 7], {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 0]}),
+        (
+            "MaxPool",
+            F16,
+            [2, 5, 9, 11],
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+        ),
+        (
+            "MaxPool",
+            F32,
+            [1, 1, 4, 4],
+            {"kernel_shape": [2, 2], "strides": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+        ),
+        (
+            "MaxPool",
+            F32,
+            [1, 1, 5, 5],
+            {"kernel_shape": [5, 5], "strides": [3, 3], "pads": [2, 2, 2, 2], "ceil_mode": 1},
+        ),
+        ("MaxPool", F32, [1, 3, 10, 10], {"kernel_shape": [3, 3], "strides": [3, 3], "auto_pad": "VALID"}),
+        (
+            "MaxPool",
+            TensorProto.INT8,
+            [1, 2, 6, 6],
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        ),
+        ("MaxPool", TensorProto.UINT8, [1, 2, 6, 6], {"kernel_shape": [2, 2]}),
+        ("Add", F32, [2, 3, 4, 5], {"b": [3, 1, 5]}),
+        ("Add", F16, [7, 13], {"b": [7, 13]}),
+        ("Add", TensorProto.INT32, [1001], {"b": [1]}),
+        ("Add", TensorProto.INT8, [3, 4], {"b": [4]}),
+        ("LeakyRelu", F32, [3, 17], {}),
+        ("LeakyRelu", F32, [3, 17], {"alpha": 0.1}),
+        ("LeakyRelu", F64, [3, 17], {"alpha": -1.5}),
+        ("ArgMax", F32, [4, 7, 5], {}),
+        ("ArgMax", F32, [4, 7, 5], {"axis": -1, "keepdims": 0}),
+        ("ArgMax", TensorProto.INT8, [4, 50], {"axis": 1}),
+    ],
+)
+def test_onnxruntime_agrees_with_numpy_on_finite_inputs(
+    tmp_path: Path, op_type: str, dtype: int, shape: list[int], attrs: dict[str, Any]
+) -> None:
+    out = [1] * len(shape)  # the checker wants a shape; binding infers the real one
+    assert_references_agree(one_node(tmp_path, op_type, shape, out, dtype, **attrs))
+
+
+def test_onnxruntime_agrees_on_the_example_model(example_ops: None) -> None:
+    out = assert_references_agree(EXAMPLE_ONNX)
+    assert out.shape == (1, 8, 16, 16) and ((out > 0) & (out < 1)).any(), "not all clipped"
+    assert not agrees_on_nan(EXAMPLE_ONNX), "it has a MaxPool"
+
+
+def test_onnxruntime_maxpool_and_argmax_differ_from_numpy_on_nan(tmp_path: Path) -> None:
+    """Why a graph with MaxPool or ArgMax compares on finite inputs only (the module's docstring)."""
+    window = np.array([1, np.nan, 4, 5], np.float32).reshape(1, 1, 2, 2)
+    first = np.array([np.nan, 1, 4, 5], np.float32).reshape(1, 1, 2, 2)
+    pool = one_node(tmp_path / "pool", "MaxPool", [1, 1, 2, 2], [1, 1, 1, 1], kernel_shape=[2, 2])
+    bound = bind_graph(load_model(pool))
+    assert np.isnan(bound.reference(first)).all() and np.isnan(bound.reference(window)).all()
+    assert onnxruntime_reference(pool, bound, [first]).item() == 5.0, "a NaN first in its window is dropped"
+    float64 = one_node(tmp_path / "f64", "MaxPool", [1, 1, 2, 2], [1, 1, 1, 1], F64, kernel_shape=[2, 2])
+    bound64 = bind_graph(load_model(float64))
+    assert onnxruntime_reference(float64, bound64, [window.astype(np.float64)]).item() == 5.0
+    argmax = one_node(tmp_path / "argmax", "ArgMax", [4], [1])
+    row = np.array([1, np.nan, 3, 2], np.float32)
+    bound_argmax = bind_graph(load_model(argmax))
+    assert (
+        bound_argmax.reference(row).item() == 1
+        and onnxruntime_reference(argmax, bound_argmax, [row]).item() == 2
+    )
+    assert not agrees_on_nan(pool) and not agrees_on_nan(argmax) and {"Add", "LeakyRelu"} == AGREES_ON_NAN
+
+
+@pytest.mark.parametrize(
+    ("op_type", "attrs"), [("Add", {"b": [6]}), ("LeakyRelu", {}), ("LeakyRelu", {"alpha": 0.0})]
+)
+def test_onnxruntime_agrees_on_nan_where_it_says_so(
+    tmp_path: Path, op_type: str, attrs: dict[str, Any]
+) -> None:
+    special = np.array([np.nan, -np.inf, np.inf, -0.0, -1.5, 2.0], np.float32)
+    path = one_node(tmp_path, op_type, [6], [6], **attrs)
+    arrays = [special, special[::-1].copy()] if op_type == "Add" else [special]
+    assert agrees_on_nan(path)
+    with np.errstate(invalid="ignore"):  # -inf * 0 is NaN in numpy too, and says so
+        assert_references_agree(path, arrays)
+
+
+def test_a_node_onnxruntime_cannot_run_is_one_line(tmp_path: Path) -> None:
+    """ONNX defines MaxPool on floats and 8-bit integers; ours pools int32 too."""
+    path = one_node(tmp_path, "MaxPool", [1, 1, 4, 4], [1, 1, 3, 3], TensorProto.INT32, kernel_shape=[2, 2])
+    bound = bind_graph(load_model(path))
+    with pytest.raises(
+        UsageError, match=r"^node 'n' \(MaxPool -> max_pool2d\): onnxruntime cannot run it: "
+    ) as caught:
+        onnxruntime_reference(path, bound, random_inputs(bound))
+    assert "\n" not in str(caught.value)

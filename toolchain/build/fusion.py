@@ -1,0 +1,128 @@
+"""Which nodes of a graph become one kernel: TVM Relax's own fusion decides.
+
+Each node's plain computation becomes a PrimFunc in a Relax module whose `main` calls them in
+data-flow order; `AnnotateTIROpPattern` classifies each (elementwise, broadcast, injective,
+reduction, ...) and `FuseOps` groups them as TVM fuses any model (injective chains into one
+kernel, injective producers into a reduction, never two reductions). The groups are read back
+from the fused module; each becomes a `Kernel`: a single node's op, or a `FusedOp` whose anchor
+is the node of the highest pattern (the last of them: its loops are the group's output's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ops.fused import FusedOp
+from ops.graph import BoundGraph, BoundNode
+from ops.spec import BoundOp
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a compiled graph: `bound` (a node's op or a fused group) reading the graph's
+    tensors `reads` in order and writing `writes`; `nodes` names the graph nodes it computes."""
+
+    bound: BoundOp
+    reads: tuple[str, ...]
+    writes: str
+    nodes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.bound.op.name
+
+
+def _relax_of(graph: BoundGraph) -> Any:
+    """A Relax module: PrimFunc `n<index>` per node (its op's own computation), called in order."""
+    import tvm
+    from tvm import relax, te
+
+    def tensor_type(name: str) -> Any:
+        t = graph.types[name]
+        return relax.TensorType(t.shape, t.dtype)
+
+    builder = relax.BlockBuilder()
+    params = [relax.Var(name, tensor_type(name)) for name in graph.input_names]
+    values: dict[str, Any] = dict(zip(graph.input_names, params, strict=True))
+    with builder.function("main", params):
+        with builder.dataflow():
+            for index, n in enumerate(graph.nodes):
+                placeholders = [
+                    te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
+                    for i, t in enumerate(n.node.inputs)
+                ]
+                out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
+                func = te.create_prim_func([*placeholders, out])
+                gvar = builder.add_func(func, f"n{index}")
+                call = relax.call_tir(gvar, [values[t] for t in n.node.inputs], tensor_type(n.node.output))
+                values[n.node.output] = builder.emit(call)
+            output = builder.emit_output(values[graph.graph.output])
+        builder.emit_func_output(output)
+    return tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()])(
+        builder.get()
+    )
+
+
+def _groups(fused: Any) -> list[list[int]]:
+    """Node indices per kernel, in the order `main` calls them: a `call_tir` of node PrimFunc
+    `n<index>`, or a call of a function FuseOps made, whose body calls several."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    def nodes_called(func: Any) -> list[list[int]]:
+        found = []
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if not isinstance(call, relax.Call):
+                    continue
+                if call.op.same_as(call_tir):
+                    found.append([int(call.args[0].name_hint[1:])])
+                elif isinstance(call.op, relax.GlobalVar):
+                    found.append([i for group in nodes_called(fused[call.op]) for i in group])
+        return found
+
+    return nodes_called(fused["main"])
+
+
+def _patterns(fused: Any) -> dict[int, int]:
+    """Node index -> TVM's op pattern of its PrimFunc (0 elementwise ... 3 reduction, 8 opaque)."""
+    from tvm import tirx
+
+    return {
+        int(gvar.name_hint[1:]): int(func.attrs["op_pattern"])
+        for gvar, func in fused.functions.items()
+        if isinstance(func, tirx.PrimFunc) and func.attrs and "op_pattern" in func.attrs
+    }
+
+
+def kernels(graph: BoundGraph) -> list[Kernel]:
+    """The graph's kernels in the order they run. A group whose inner tensors are read outside
+    it (by another kernel or as the graph's output) is split into one kernel per node."""
+    fused = _relax_of(graph)
+    patterns = _patterns(fused)
+    result: list[Kernel] = []
+    for group in _groups(fused):
+        nodes = [graph.nodes[i] for i in group]
+        inner = {n.node.output for n in nodes[:-1]}
+        outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | {graph.graph.output}
+        if len(nodes) > 1 and not inner & outside:
+            anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], 8), i))
+            result.append(_fused_kernel(graph, nodes, anchor))
+        else:
+            result += [Kernel(n.bound, n.node.inputs, n.node.output, (n.node.name,)) for n in nodes]
+    return result
+
+
+def _fused_kernel(graph: BoundGraph, nodes: list[BoundNode], anchor: int) -> Kernel:
+    written = {n.node.output for n in nodes}
+    reads: list[str] = []
+    for n in nodes:
+        reads += [t for t in n.node.inputs if t not in written and t not in reads]
+    op = FusedOp(nodes, reads, anchor)
+    return Kernel(
+        op.bind(graph.types), tuple(reads), nodes[-1].node.output, tuple(n.node.name for n in nodes)
+    )

@@ -1,0 +1,183 @@
+"""Our declarative graph file, YAML or JSON with one structure:
+
+    name: maxpool_add            # optional, default: the file's stem
+    inputs:                      # in the order a caller passes arrays
+      a: {shape: [32, 64, 112, 112], dtype: float32}
+      b: {shape: [32, 1, 56, 56]}                    # dtype optional, default float32
+    nodes:
+      - name: pool               # the node's output tensor is named like the node
+        op: max_pool2d
+        attrs: {kernel: 3, stride: 2, padding: 1}   # optional, as `-a` gives them
+        inputs: [a]
+      - {name: sum, op: add, inputs: [pool, b]}
+    output: sum
+
+Structure only is checked here, each problem one line naming the node (by name, or as
+`nodes[2]` where it has none); tensors, cycles and the ops' own checks are `ops.graph.bind_graph`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from base.errors import UsageError, printable, reason
+from ops.graph import Graph, Node
+from ops.registry import get_op
+from ops.spec import ALL_DTYPES, TensorType, check_size
+
+TOP_KEYS = ("name", "inputs", "nodes", "output")
+INPUT_KEYS = ("shape", "dtype")
+NODE_KEYS = ("name", "op", "attrs", "inputs")
+DEFAULT_DTYPE = "float32"
+
+
+def read_yaml(path: Path, data: bytes) -> Graph:
+    """A graph file in YAML (`yaml.safe_load`: plain data, no Python objects)."""
+    try:
+        document = yaml.safe_load(_text(path, data))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise UsageError(
+            f"model {where}: not valid YAML: {printable(str(exc.problem or exc.context))}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"model {path}: not valid YAML: {reason(exc)}") from None
+    return _graph(path, document)
+
+
+def read_json(path: Path, data: bytes) -> Graph:
+    """A graph file in JSON."""
+    try:
+        document = json.loads(_text(path, data))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"model {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    return _graph(path, document)
+
+
+def _text(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"model {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _graph(path: Path, document: Any) -> Graph:
+    try:
+        return graph_from_document(document, default_name=path.stem)
+    except UsageError as exc:
+        raise UsageError(f"model {path}: {exc}") from None
+
+
+def graph_from_document(document: Any, default_name: str) -> Graph:
+    """The Graph a parsed file describes; every structural problem a one-line UsageError."""
+    top = _mapping("the file", document, TOP_KEYS, "a mapping")
+    name = top.get("name", default_name)
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise UsageError(f"name {name!r}: expected a non-empty string of printable characters")
+    inputs = _inputs(_required("the file", top, "inputs", "a mapping of input names to {shape, dtype}"))
+    nodes = _nodes(_required("the file", top, "nodes", "a list of nodes"))
+    return Graph(name, inputs, nodes, _output(_required("the file", top, "output", "the tensor it returns")))
+
+
+def _mapping(where: str, value: Any, keys: tuple[str, ...], expected: str) -> dict[str, Any]:
+    """`value` as a mapping whose keys are all among `keys` (required ones are checked by the caller)."""
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: expected {expected} with keys {', '.join(keys)}, got {_kind(value)}")
+    unknown = [k for k in value if k not in keys]
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            f" (allowed: {', '.join(keys)})"
+        )
+    return value
+
+
+def _kind(value: Any) -> str:
+    """How a message names a parsed value's type: `a list`, `a string 'x'`, `nothing`."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, str):
+        return f"a string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _inputs(value: Any) -> tuple[tuple[str, TensorType], ...]:
+    if not isinstance(value, dict) or not value:
+        raise UsageError(
+            "inputs: expected a mapping of input names to {shape, dtype}, in the order a caller"
+            f" passes arrays, got {_kind(value)}"
+        )
+    return tuple(_input(name, spec) for name, spec in value.items())
+
+
+def _input(name: Any, spec: Any) -> tuple[str, TensorType]:
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"inputs: input name {name!r}: expected a non-empty string")
+    where = f"input {name!r}"
+    fields = _mapping(where, spec, INPUT_KEYS, "a mapping")
+    shape = _required(where, fields, "shape", "a list of positive ints")
+    if not isinstance(shape, list) or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape
+    ):
+        raise UsageError(f"{where}: shape {shape!r}: expected a list of positive ints ([] for a scalar)")
+    check_size(where, tuple(shape))
+    dtype = fields.get("dtype", DEFAULT_DTYPE)
+    if dtype not in ALL_DTYPES:
+        raise UsageError(f"{where}: dtype {dtype!r}: expected one of {', '.join(ALL_DTYPES)}")
+    return name, TensorType(tuple(shape), dtype)
+
+
+def _nodes(value: Any) -> tuple[Node, ...]:
+    if not isinstance(value, list) or not value:
+        raise UsageError(
+            f"nodes: expected a non-empty list of nodes ({', '.join(NODE_KEYS)}), got {_kind(value)}"
+        )
+    return tuple(_node(index, item) for index, item in enumerate(value))
+
+
+def _node(index: int, item: Any) -> Node:
+    name = item.get("name") if isinstance(item, dict) else None
+    where = f"node {name!r}" if isinstance(name, str) and name else f"nodes[{index}]"
+    fields = _mapping(where, item, NODE_KEYS, "a mapping")
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{where}: name {name!r}: expected a non-empty string (it names the node's output)")
+    op_name = _required(where, fields, "op", "the name of a registered op")
+    if not isinstance(op_name, str):
+        raise UsageError(f"{where}: op {op_name!r}: expected the name of a registered op")
+    try:
+        op = get_op(op_name)
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    attrs = fields.get("attrs", {})
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        raise UsageError(f"{where}: attrs {attrs!r}: expected a mapping of attribute names to values")
+    expected = "a list of tensor names (graph inputs or nodes)"
+    inputs = _required(where, fields, "inputs", expected)
+    if not isinstance(inputs, list) or not all(isinstance(t, str) and t for t in inputs):
+        raise UsageError(f"{where}: inputs {inputs!r}: expected {expected}")
+    return Node(name, op, attrs, tuple(inputs), output=name)
+
+
+def _required(where: str, fields: dict[str, Any], key: str, expected: str) -> Any:
+    if key not in fields:
+        raise UsageError(f"{where}: missing {key!r} ({expected})")
+    return fields[key]
+
+
+def _output(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, list):
+        raise UsageError(f"output {value!r}: a graph has exactly one output")
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"output {value!r}: expected the name of the tensor the graph returns")
+    return value

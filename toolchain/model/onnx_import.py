@@ -1,0 +1,172 @@
+"""ONNX models -> Graph: each node becomes the registered op declaring its (domain, op_type) in
+`Op.onnx`, its attributes converted by that declaration (`ops/onnx_mapping.py`).
+
+What the graphs cannot hold yet is refused in one line, never approximated: constant tensors
+(initializers), symbolic dims (`input_dim`), a node's second output that something reads, several
+graph outputs, and ONNX ops no registered op implements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, TensorProto, helper
+
+from base.errors import UsageError, printable, reason
+from ops.graph import Graph, Node
+from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
+from ops.registry import op_for_onnx
+from ops.spec import ALL_DTYPES, TensorType, check_size
+
+DTYPES: dict[int, str] = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.DOUBLE: "float64",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.INT32: "int32",
+    TensorProto.INT64: "int64",
+}
+"""ONNX element types -> our dtype names (ops.spec.ALL_DTYPES)."""
+
+ATTRIBUTE_TYPES = (
+    AttributeProto.INT,
+    AttributeProto.FLOAT,
+    AttributeProto.STRING,
+    AttributeProto.INTS,
+    AttributeProto.FLOATS,
+    AttributeProto.STRINGS,
+)
+"""Attribute types a conversion may receive: tensors and subgraphs have no op attribute to become."""
+
+
+def read_onnx(path: Path, data: bytes) -> Graph:
+    """The Graph of the ONNX model in `data` (the bytes of `path`), checked by onnx's checker."""
+    try:
+        model = onnx.load_model_from_string(data)
+    except DecodeError as exc:
+        raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise UsageError(f"model {path}: not a valid ONNX model: {reason(exc)}") from None
+    try:
+        return graph_from_onnx(model.graph, default_name=path.stem)
+    except UsageError as exc:
+        raise UsageError(f"model {path}: {exc}") from None
+
+
+def graph_from_onnx(graph: onnx.GraphProto, default_name: str) -> Graph:
+    """`graph` as a Graph named `default_name` (ONNX graph names are mostly `main_graph`)."""
+    constants = [t.name for t in graph.initializer] + [t.values.name for t in graph.sparse_initializer]
+    for value in graph.input:
+        if value.name in constants:
+            raise UsageError(
+                f"input {value.name!r} is an initializer: constant tensors are not supported yet"
+            )
+    if constants:
+        raise UsageError(f"initializer {constants[0]!r}: constant tensors are not supported yet")
+    if len(graph.output) != 1:
+        names = ", ".join(repr(v.name) for v in graph.output)
+        raise UsageError(
+            f"the graph has {len(graph.output)} outputs ({names}): a graph has exactly one output"
+        )
+    read = {t for node in graph.node for t in node.input} | {graph.output[0].name}
+    return Graph(
+        default_name,
+        tuple((v.name, input_type(v)) for v in graph.input),
+        tuple(_node(index, node, read) for index, node in enumerate(graph.node)),
+        graph.output[0].name,
+    )
+
+
+def input_type(value: onnx.ValueInfoProto) -> TensorType:
+    """The TensorType of a graph input: one of our dtypes, every dim a size (`input_dim`)."""
+    where = f"input {value.name!r}"
+    if value.type.WhichOneof("value") != "tensor_type":
+        raise UsageError(f"{where} is a {value.type.WhichOneof('value')}: expected a tensor")
+    tensor = value.type.tensor_type
+    if tensor.elem_type not in DTYPES:
+        names = {number: name for name, number in TensorProto.DataType.items()}
+        name = names.get(tensor.elem_type, tensor.elem_type)
+        raise UsageError(f"{where} has element type {name}: expected one of {', '.join(ALL_DTYPES)}")
+    # onnx's checker refuses a graph input without a shape: no unknown rank reads as a scalar
+    shape = tuple(input_dim(value.name, axis, dim) for axis, dim in enumerate(tensor.shape.dim))
+    check_size(where, shape)
+    return TensorType(shape, DTYPES[tensor.elem_type])
+
+
+def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int:
+    """The size of dim `axis` of input `name`: a `dim_value`. A `dim_param` (a symbolic dim such as
+    `batch`) is refused: graphs have static shapes until #16 lets a caller bind them."""
+    if dim.HasField("dim_param"):
+        raise UsageError(
+            f"input {name!r} dim {axis} is symbolic ({dim.dim_param!r}): symbolic dims are not"
+            " supported yet (#16)"
+        )
+    if not dim.HasField("dim_value") or dim.dim_value < 1:
+        size = dim.dim_value if dim.HasField("dim_value") else "unknown"
+        raise UsageError(f"input {name!r} dim {axis} is {size}: expected a positive size")
+    return dim.dim_value
+
+
+def _node(index: int, node: onnx.NodeProto, read: set[str]) -> Node:
+    """The Node of ONNX `node` (the `index`th); `read`: every tensor a node or the graph output reads."""
+    name = node.name or f"{node.op_type}_{index}"
+    source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
+    op = op_for_onnx(node.domain, node.op_type)
+    if op is None:
+        domain = f', domain="{printable(node.domain)}"' if domain_key(node.domain) else ""
+        raise UsageError(
+            f"node {name!r} ({source}): no registered op implements it; add an op file declaring"
+            f' onnx = (OnnxOp("{printable(node.op_type)}"{domain}),) and pass --ops-path'
+            ' (see README "Add your own op")'
+        )
+    outputs = list(node.output)
+    shell = Node(name, op, {}, tuple(node.input), outputs[0] if outputs else "", source)
+    for position, tensor in enumerate(node.input):
+        if not tensor:
+            raise UsageError(
+                f"{shell.label()}: input {position} is omitted (an empty optional input):"
+                f" op {op.name} takes no optional inputs"
+            )
+    if not shell.output:
+        raise UsageError(f"{shell.label()}: its first output is omitted: op {op.name} computes that one")
+    for position, tensor in enumerate(outputs[1:], start=1):
+        if tensor in read:
+            raise UsageError(
+                f"{shell.label()}: output {position} ({tensor!r}) is read, but op {op.name}"
+                " computes only the first output"
+            )
+    mapping = _mapping(op.onnx, node.domain, node.op_type)
+    try:
+        attrs = mapping.attrs({a.name: _attribute(a) for a in node.attribute})
+    except UsageError as exc:
+        raise UsageError(f"{shell.label()}: {exc}") from None
+    return replace(shell, attrs=attrs)
+
+
+def _mapping(declared: tuple[OnnxOp, ...], domain: str, op_type: str) -> OnnxOp:
+    """The declaration among an op's `onnx` that `op_for_onnx` found it by."""
+    key = (domain_key(domain), op_type)
+    return next(m for m in declared if m.key() == key)
+
+
+def _attribute(attribute: onnx.AttributeProto) -> Any:
+    """An ONNX attribute as a Python value: int, float, str, or a list of one of them."""
+    if attribute.type not in ATTRIBUTE_TYPES:
+        kind = AttributeProto.AttributeType.Name(attribute.type)
+        raise UsageError(
+            f"ONNX attribute {printable(attribute.name)} is a {kind}: only ints, floats, strings and lists of"
+            " them are supported"
+        )
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    return value
