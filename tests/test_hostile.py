@@ -29,6 +29,63 @@ TUNE = "tune --target x86 --op leaky_relu"
 BENCH = "bench --target x86 --device nosuch"
 BOARD = "device add b --host h --user u"
 BIG = "9" * 5000
+MODEL = "build --target x86 --model"
+GOOD = "--model TMP/good.yaml"
+
+MODEL_ROWS: list[tuple[str, int, str]] = [
+    # models (--model): the file, its graph, and options that only describe an op
+    (f"{MODEL} TMP/missing.yaml", 2, "cannot read it: No such file"),
+    (f"{MODEL} TMP/adir", 2, "is a directory"),
+    (f"{MODEL} TMP/model.txt", 2, "unknown model file type '.txt'"),
+    (f"{MODEL} TMP/syntax.yaml", 2, "TMP/syntax.yaml"),
+    (f"{MODEL} TMP/cycle.yaml", 2, "node 'p' (max_pool2d) is on a cycle: p -> s -> p"),
+    (f"{MODEL} TMP/unknown_op.yaml", 2, "node 'c'"),
+    (f"{MODEL} TMP/bad_attr.yaml", 2, "node 'p' (max_pool2d): attribute kernel='abc'"),
+    (f"{MODEL} TMP/mismatch.yaml", 2, "node 's' (add): cannot broadcast"),
+    (f"{MODEL} TMP/missing_input.yaml", 2, "node 's' (add) reads 'q', which is no graph input"),
+    (f"{MODEL} TMP/custom.onnx", 2, "(com.example::HardSigmoid): no registered op implements it"),
+    (f"{MODEL} TMP/good.yaml --op add", 2, "give --op NAME or --model FILE (one of them)"),
+    (f"{MODEL} TMP/good.yaml --shape 4", 2, "--shape describe an op; the model file gives its own"),
+    (f"{MODEL} TMP/good.yaml --dtype ''", 2, "--dtype describe an op"),
+    (f"{MODEL} TMP/good.yaml -a alpha=1", 2, "-a describe an op"),
+    (f"{MODEL} TMP/good.yaml --bundle", 2, "--bundle wraps one op"),
+    (f"run --target x86 {GOOD} -i TMP/f32_4.npy -o out.npy", 2, "input x of model good is 3x4:float32"),
+    (f"run --target x86 {GOOD} -i TMP/f32_3x4.npy -i TMP/f32_3x4.npy -o out.npy", 2, "takes 1 input(s) (x)"),
+    (f"run --target x86 {GOOD} -i TMP/f64_4.npy -o out.npy", 2, "TMP/f64_4.npy holds 4:float64"),
+    (f"run --target x86 {GOOD} -a alpha=1 -i TMP/f32_3x4.npy -o out.npy", 2, "-a describe an op"),
+    (f"test --target x86 {GOOD} --op add", 2, "--op and --dtype select ops"),
+    ("test --target x86 --model TMP/cycle.yaml", 2, "is on a cycle"),
+    (f"bench --target x86 {GOOD} --dtype float16", 2, "--op and --dtype select ops"),
+    ("bench --target x86 --model TMP/unknown_op.yaml", 2, "node 'c'"),
+    (f"tune --target x86 {GOOD} --shape 4", 2, "--shape describe an op"),
+    ("tune --target x86 --model TMP/bad_attr.yaml", 2, "attribute kernel='abc'"),
+]
+
+MODEL_FILES = {
+    "good.yaml": (
+        "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
+    "model.txt": "not a model\n",
+    "syntax.yaml": "inputs: {x: [\n",
+    "cycle.yaml": (
+        "inputs: {a: {shape: [1, 1, 8, 8]}}\nnodes:\n"
+        "  - {name: p, op: max_pool2d, inputs: [s]}\n  - {name: s, op: add, inputs: [p, a]}\noutput: s\n"
+    ),
+    "unknown_op.yaml": "inputs: {x: {shape: [4]}}\nnodes: [{name: c, op: conv9d, inputs: [x]}]\noutput: c\n",
+    "bad_attr.yaml": (
+        "inputs: {a: {shape: [1, 1, 8, 8]}}\n"
+        "nodes: [{name: p, op: max_pool2d, attrs: {kernel: abc}, inputs: [a]}]\noutput: p\n"
+    ),
+    "mismatch.yaml": (
+        "inputs: {a: {shape: [3, 4]}, b: {shape: [5]}}\n"
+        "nodes: [{name: s, op: add, inputs: [a, b]}]\noutput: s\n"
+    ),
+    "missing_input.yaml": (
+        "inputs: {a: {shape: [3, 4]}}\nnodes: [{name: s, op: add, inputs: [a, q]}]\noutput: s\n"
+    ),
+}
+"""Model files the MODEL_ROWS name under TMP/ (`custom.onnx` is the ONNX example, whose custom op
+is not loaded)."""
 
 ROWS: list[tuple[str, int, str]] = [
     # the group, its options and op files (--ops-path)
@@ -55,9 +112,9 @@ ROWS: list[tuple[str, int, str]] = [
     ("ops extra", 2, "unexpected extra argument (extra)"),
     ("targets extra", 2, "unexpected extra argument (extra)"),
     # build: required options, op and target names
-    ("build --target x86 --shape 4", 2, "Missing option '--op'"),
+    ("build --target x86 --shape 4", 2, "give --op NAME or --model FILE (one of them)"),
     ("build --op add --shape 4 --shape 4", 2, "Missing option '--target'"),
-    ("build --op add --target x86", 2, "Missing option '--shape'"),
+    ("build --op add --target x86", 2, "--shape is required with --op"),
     ("build --target x86 --op conv9d --shape 4", 2, "unknown op 'conv9d'"),
     ("build --target x86 --op '' --shape 4", 2, "unknown op ''"),
     ("build --target x86 --op ADD --shape 4 --shape 4", 2, "unknown op 'ADD'"),
@@ -111,7 +168,6 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{LR} --shape 4 --shape 4", 2, "takes 1 inputs (x), got 2"),
     (f"{ADD} --shape 3x4 --shape 5", 2, "[5]"),
     (f"{ADD} --shape 2x3 --shape 3x2", 2, "[3, 2]"),
-    ("build --target x86 --op maxpool_add --shape 1x2x8x8 --shape 1x2x8x8", 2, "[1, 2, 8, 8]"),
     # build: dtypes
     (f"{LR} --shape 4 --dtype int8", 2, "does not support dtype int8"),
     (f"{LR} --shape 4 --dtype int32", 2, "does not support dtype int32"),
@@ -252,7 +308,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("bench --target x86 --device nosuch --op add", 2, "unknown device 'nosuch'"),
     ("bench --target nosuch", 2, "'nosuch'"),
     # tune: what is checked before a search starts
-    ("tune --target x86", 2, "--op is required"),
+    ("tune --target x86", 2, "--op or --model is required"),
     ("tune --target x86 --op leaky_relu", 2, "--shape is required with --op"),
     (f"{TUNE} --shape ''", 2, "--shape '': expected dims"),
     (f"{TUNE} --shape \uff14", 2, "--shape '\uff14': expected dims"),
@@ -322,6 +378,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("tracker start --host ''", 2, "--host '': expected an address of this host"),
     ("tracker start --host no-such-host.invalid", 2, "expected an address of this host"),
     ("device emulator start --port 70000", 2, "--port 70000: expected a port from 1 to 65535"),
+    *MODEL_ROWS,
 ]
 
 OP_FILE = textwrap.dedent(
@@ -402,6 +459,11 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(root / "v3.npy", "wb") as v3:
         np.lib.format.write_array(v3, np.ones(4, "float32"), version=(3, 0))
     (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
+    for name, text in MODEL_FILES.items():
+        (root / name).write_text(text)
+    (root / "custom.onnx").write_bytes(
+        (Path(__file__).parent.parent / "examples/pool_add_leaky_hsig.onnx").read_bytes()
+    )
     for folder, files in OP_DIRS.items():
         (root / folder).mkdir(parents=True)
         for name, text in files.items():

@@ -68,7 +68,7 @@ def bench_command(
         graph = load_graph(model)
         rows = bench_model(graph, target, where.resolve(target), repeat, fresh_roofline)
     else:
-        dtype = dtype or "float32"
+        dtype = "float32" if dtype is None else dtype
         ops = [get_op(name) for name in op_names] if op_names else all_ops()
         unsupported = [op.name for op in ops if dtype not in op.dtypes]
         if len(unsupported) == len(ops):  # checked before any device is touched

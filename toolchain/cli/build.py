@@ -74,7 +74,9 @@ def build_command(
     from toolchain.cli.args import parse_shape
     from toolchain.verify.run import for_device
 
-    op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype, "--bundle": bundle})
+    op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
+    if model is not None and bundle:
+        raise UsageError("--bundle wraps one op; a model's executable runs on the Relax VM, not a C shim")
     target = resolve_target(target_name, tuned, cores)
     if model is not None:
         graph = load_graph(model)
@@ -82,7 +84,8 @@ def build_command(
     else:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
-        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype or "float32") for s in shapes])
+        each = "float32" if dtype is None else dtype
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
         name, output = bound.op.name, bound.output
         if bundle:
             check_bundle(bound, target)

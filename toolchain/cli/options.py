@@ -60,7 +60,7 @@ def op_or_model(op_name: str | None, model: str | None, **op_only: Any) -> None:
     if (op_name is None) == (model is None):
         raise UsageError("give --op NAME or --model FILE (one of them)")
     if model is not None:
-        given = [name for name, value in op_only.items() if value]
+        given = [name for name, value in op_only.items() if value not in (None, (), False)]
         if given:
             raise UsageError(
                 f"--model {model}: {', '.join(given)} describe an op; the model file gives its own"

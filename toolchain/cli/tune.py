@@ -97,7 +97,8 @@ def tune_command(
     elif op_name is not None:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
-        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), dtype or "float32") for s in shapes])
+        each = "float32" if dtype is None else dtype
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
         _tune_with_progress(bound, target, device, root, trials, timeout_s)
     elif not report:
         raise UsageError("--op or --model is required (or --report alone, to report what --db holds)")

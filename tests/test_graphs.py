@@ -1,0 +1,234 @@
+"""Graphs of registered ops on every target: fused by TVM's FuseOps, each fused kernel scheduled by
+its anchor op, compiled into one artifact, run on the target's device and compared with the ops'
+numpy references composed (NaN, infinities and ties planted in every case). Then the CLI with
+`--model`: a graph file and the ONNX example (max pooling -> add -> leaky_relu -> a custom-domain
+HardSigmoid), against numpy and onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import invoke
+from test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
+
+from ops import TensorType, get_op, load_ops_path
+from ops.graph import Graph, Node, bind_graph
+from schedules import find_schedule
+from toolchain.build.cache import cached_build
+from toolchain.build.fusion import kernels
+from toolchain.build.targets import get_target
+from toolchain.verify.compare import random_input
+from toolchain.verify.run import for_device, verify
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_hsig.onnx"
+EXAMPLE_YAML = REPO / "examples" / "maxpool_add.yaml"
+POOL = {"kernel": 3, "stride": 2, "padding": 1}
+
+
+def graph(
+    inputs: dict[str, tuple[int, ...]], dtype: str, *nodes: tuple[str, str, dict[str, Any], tuple[str, ...]]
+):
+    """A bound graph: `inputs` name -> shape (all `dtype`), nodes (name, op, attrs, inputs); the
+    last node's output is the graph's."""
+    built = tuple(Node(name, get_op(op), attrs, reads, name) for name, op, attrs, reads in nodes)
+    types = tuple((name, TensorType(shape, dtype)) for name, shape in inputs.items())
+    return bind_graph(Graph("g", types, built, built[-1].output))
+
+
+POOL_ADD_CASES = [
+    ((4, 64, 112, 112), (4, 1, 56, 56), POOL),
+    ((2, 8, 17, 23), (2, 8, 9, 12), POOL),
+    ((1, 3, 9, 9), (5,), POOL),
+    ((2, 1, 10, 10), (2, 4, 5, 5), POOL),
+    ((1, 2, 7, 8), (), {"kernel": 2, "stride": 1, "padding": 0, "ceil_mode": True}),
+    ((1, 2, 11, 11), (1, 2, 1, 1), {**POOL, "ceil_mode": True}),
+]
+"""max pooling -> add (b broadcast numpy-style), as the retired hand-fused maxpool_add was tested."""
+
+
+def check(on: Any, g: Any, index: int) -> tuple[Any, str]:
+    on.require(g.inputs[0].dtype)
+    rng = np.random.default_rng(zlib.crc32(f"{g.key()}".encode()))
+    arrays = [random_input(t, rng, ties=index % 2 == 1, specials=True) for t in g.inputs]
+    return verify(on.session, g, on.target, arrays)
+
+
+@on_every_target(
+    "dtype,case",
+    [(d, i) for d in ("float32", "float16", "int8") for i in range(len(POOL_ADD_CASES))],
+)
+def test_pool_then_add_is_one_kernel_like_numpy(target, dtype, case, sessions):  # noqa: F811
+    a, b, attrs = POOL_ADD_CASES[case]
+    g = graph(
+        {"a": a, "b": b}, dtype, ("pool", "max_pool2d", attrs, ("a",)), ("sum", "add", {}, ("pool", "b"))
+    )
+    assert [k.nodes for k in kernels(g)] == [("pool", "sum")]
+    comparison, schedule = check(sessions.on(target), g, case)
+    assert comparison.ok, f"{comparison.detail} (max error {comparison.max_error})"
+    assert schedule == find_schedule(target.schedules, "max_pool2d").label  # the anchor's
+
+
+CHAINS = {
+    "pool-add-leaky": (
+        {"a": (2, 8, 17, 23), "b": (2, 1, 9, 12)},
+        [("pool", "max_pool2d", POOL, ("a",)), ("sum", "add", {}, ("pool", "b")),
+         ("act", "leaky_relu", {"alpha": 0.1}, ("sum",))],
+        [("pool", "sum", "act")],
+    ),
+    "add-then-pool": (
+        {"a": (1, 4, 12, 12), "b": (1, 4, 1, 12)},
+        [("sum", "add", {}, ("a", "b")), ("pool", "max_pool2d", POOL, ("sum",))],
+        [("sum", "pool")],
+    ),
+    "leaky-argmax": (
+        {"x": (4, 100)},
+        [("act", "leaky_relu", {"alpha": 0.0}, ("x",)), ("best", "argmax", {"axis": 1}, ("act",))],
+        [("act", "best")],
+    ),
+    "pool-argmax": (
+        {"a": (2, 8, 17, 23), "b": (2, 1, 9, 12)},
+        [("pool", "max_pool2d", POOL, ("a",)), ("sum", "add", {}, ("pool", "b")),
+         ("best", "argmax", {"axis": 1}, ("sum",))],
+        [("pool",), ("sum", "best")],
+    ),
+    "diamond": (
+        {"a": (1, 4, 10, 10)},
+        [("pool", "max_pool2d", POOL, ("a",)), ("act", "leaky_relu", {}, ("pool",)),
+         ("sum", "add", {}, ("pool", "act"))],
+        [("pool", "act", "sum")],
+    ),
+}  # fmt: skip
+"""Graphs whose fusion takes each path: an injective anchor first or last, a reduction anchor with
+an injective producer, a reduction that cuts the graph in two kernels, a tensor read twice."""
+
+
+@on_every_target("dtype,chain", [(d, c) for d in ("float32", "float16") for c in CHAINS])
+def test_chains_fuse_and_match_numpy(target, dtype, chain, sessions):  # noqa: F811
+    inputs, nodes, expected_kernels = CHAINS[chain]
+    g = graph(inputs, dtype, *nodes)
+    assert [k.nodes for k in kernels(g)] == expected_kernels
+    for index in (0, 1):
+        comparison, _ = check(sessions.on(target), g, index)
+        assert comparison.ok, f"{comparison.detail} (max error {comparison.max_error})"
+
+
+def test_the_artifact_lists_its_kernels_and_schedules(tmp_path):
+    out = tmp_path / "art"
+    result = invoke("build", "--model", str(EXAMPLE_YAML), "--target", "x86", "--cores", "2", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["entry"] == "vm" and manifest["op"] == "maxpool_add"
+    assert [i["name"] for i in manifest["inputs"]] == ["a", "b"]
+    assert manifest["graph"]["kernels"] == [
+        {"name": "fused_max_pool2d_add", "nodes": ["pool", "sum"], "schedule": "cpu/max_pool2d"}
+    ]
+    assert [n["op"] for n in manifest["graph"]["nodes"]] == ["max_pool2d", "add"]
+    assert "kernel fused_max_pool2d_add (cpu/max_pool2d schedule): nodes pool, sum" in result.output
+
+
+def test_opencl_graphs_are_one_plan(tmp_path, sessions):  # noqa: F811
+    sessions.on(get_target("opencl"))  # skips without an OpenCL platform
+    g = graph({"a": (2, 8, 17, 23), "b": (2, 1, 9, 12)}, "float32", *CHAINS["pool-argmax"][1])
+    directory, _ = cached_build(g, get_target("opencl"))
+    plan = json.loads((directory / "launch.json").read_text())
+    assert [k["name"] for k in plan["kernels"]] == ["k0_max_pool2d_kernel", "k1_fused_add_argmax_kernel"]
+    assert [b["name"] for b in plan["buffers"]] == ["a", "b", "best"]
+    assert plan["scratch"][0] == {"buffer": "tensor pool", "dtype": "float32", "shape": [2, 8, 9, 12]}
+
+
+@pytest.fixture
+def example_ops(monkeypatch):
+    """The hard_sigmoid example op registered for one test (the registry is restored after)."""
+    from ops import registry
+
+    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
+    monkeypatch.setattr(registry, "_ONNX", dict(registry._ONNX))
+    load_ops_path(REPO / "ops" / "examples")
+
+
+def test_run_model_checks_inputs_and_result(tmp_path, example_ops):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((1, 8, 32, 32), "float32"), rng.standard_normal((1, 1, 16, 16), "float32")
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "out.npy"
+    model = str(EXAMPLE_ONNX)
+    ran = invoke("run", "--model", model, "--target", "x86", "-i", str(tmp_path / "a.npy"),
+                 "-i", str(tmp_path / "b.npy"), "-o", str(out), "--check")  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    assert "check passed" in ran.output
+    pooled = get_op("max_pool2d").reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1),
+                                             "ceil_mode": False}, a) + b  # fmt: skip
+    expected = np.clip(
+        np.where(pooled > 0, pooled, pooled * np.float32(0.1)) * np.float32(0.25) + np.float32(0.5), 0, 1
+    )
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-6)
+    swapped = invoke("run", "--model", model, "--target", "x86", "-i", str(tmp_path / "b.npy"),
+                     "-i", str(tmp_path / "a.npy"), "-o", str(out))  # fmt: skip
+    assert swapped.exit_code == 2
+    assert "input a of model pool_add_leaky_hsig is 1x8x32x32:float32" in swapped.output
+
+
+def test_test_model_compares_with_numpy_and_onnxruntime(example_ops):
+    pytest.importorskip("onnxruntime")
+    result = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "x86")
+    assert result.exit_code == 0, result.output
+    assert "vs onnxruntime" in result.output and "vs numpy" in result.output
+    assert "5 cases passed, 0 failed" in result.output  # numpy on 3 input sets, onnxruntime on 2 (no NaN)
+
+
+def test_bench_model_reports_the_graph_against_the_roofline():
+    result = invoke("bench", "--model", str(EXAMPLE_YAML), "--target", "x86", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["op"] == "maxpool_add" and row["schedule"] == "cpu/max_pool2d"
+    assert row["mb_moved"] == pytest.approx(
+        (32 * 64 * 112 * 112 + 32 * 56 * 56 + 32 * 64 * 56 * 56) * 4 / 1e6
+    )
+
+
+@pytest.mark.emulator
+def test_onnx_model_with_a_custom_op_on_the_emulator(example_ops):
+    """Done-when of #16: MaxPool -> Add -> LeakyRelu -> com.example::HardSigmoid, one fused kernel,
+    cross-compiled for arm, verified on the emulator against onnxruntime and numpy."""
+    pytest.importorskip("onnxruntime")
+    result = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "arm")
+    assert result.exit_code == 0, result.output
+    assert "arm/max_pool2d" in result.output and "5 cases passed, 0 failed" in result.output
+
+
+@pytest.mark.slow
+def test_tune_model_tunes_the_fused_kernel(tmp_path):
+    model = tmp_path / "small.yaml"
+    model.write_text(
+        "inputs: {a: {shape: [1, 16, 28, 28]}, b: {shape: [1, 1, 14, 14]}}\n"
+        "nodes:\n"
+        "  - {name: pool, op: max_pool2d, attrs: {kernel: 3, stride: 2, padding: 1}, inputs: [a]}\n"
+        "  - {name: sum, op: add, inputs: [pool, b]}\n"
+        "output: sum\n"
+    )
+    db = tmp_path / "db"
+    tuned = invoke("tune", "--model", str(model), "--target", "x86", "--trials", "4", "--db", str(db))
+    assert tuned.exit_code == 0, tuned.output
+    assert "kernel fused_max_pool2d_add: nodes pool, sum" in tuned.output
+    (task,) = (db / "x86").iterdir()
+    assert task.name.startswith("fused_max_pool2d_add-")
+    out = tmp_path / "art"
+    built = invoke("build", "--model", str(model), "--target", "x86", "--tuned", str(db), "-o", str(out))
+    assert built.exit_code == 0, built.output
+    (kernel,) = json.loads((out / "manifest.json").read_text())["graph"]["kernels"]
+    assert kernel["schedule"] == "tuned" or kernel.get("tuning") == "hand, tuning found nothing faster"
+
+
+def test_a_graph_build_is_cached_by_its_nodes(local_session):
+    x86 = for_device(get_target("x86"), local_session)
+    one = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.1}, ("x",)))
+    two = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.2}, ("x",)))
+    assert cached_build(one, x86)[0] != cached_build(two, x86)[0]
+    assert cached_build(one, x86)[0] == cached_build(one, x86)[0]
