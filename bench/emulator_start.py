@@ -4,7 +4,7 @@
 
 Prints, for each server, the cold start (server process start to the first case verified against
 numpy: start, connect, upload, load, run, compare) and the wall time of
-`deploy test --target arm --op maxpool_add --dtype float32` (builds cached by an untimed first
+`deploy test --target arm --op max_pool2d --dtype float32` (builds cached by an untimed first
 run). The Python server runs TVM's `tvm.exec.rpc_server` on Debian's arm64 python3.11 under
 qemu-aarch64 (`bench/python_emulator.py` provisions that sysroot once, ~1 minute); deploy reaches
 it through an RPC tracker, so its test time is its start-up until registered plus the test run.
@@ -39,7 +39,7 @@ from toolchain.build.targets import get_target
 from toolchain.verify.measure import check_artifact
 
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
-TEST = ["test", "--target", "arm", "--op", "maxpool_add", "--dtype", "float32"]
+TEST = ["test", "--target", "arm", "--op", "max_pool2d", "--dtype", "float32"]
 
 
 def python_server(sysroot: Sysroot, tracker: str | None = None, key: str = "") -> Server:
@@ -123,7 +123,7 @@ def main() -> None:
 
     print(f"\n{'':34} {'native':>22} {'Python server':>22} {'Python/native':>14}")
     rows = [("cold start to first verified case", native_start, python_start),
-            ("deploy test maxpool_add float32", native_test, python_runs)]  # fmt: skip
+            ("deploy test max_pool2d float32", native_test, python_runs)]  # fmt: skip
     for label, native, python in rows:
         ratio = statistics.median(python) / statistics.median(native)
         print(f"{label:34} {spread(native):>22} {spread(python):>22} {ratio:13.1f}x")

@@ -25,7 +25,6 @@ from toolchain.verify.compare import random_input
 from toolchain.verify.measure import check_and_time, host_ms
 
 WORKLOADS = [
-    ("maxpool_add", {}, [(32, 64, 112, 112), (32, 1, 56, 56)]),
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(32, 64, 112, 112)]),
     ("argmax", {"axis": 1}, [(2, 64, 56, 56)]),
     ("argmax", {"axis": -1}, [(8, 256, 1024)]),

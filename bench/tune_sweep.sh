@@ -16,8 +16,7 @@ for shape in 4x64x56x56 16x64x112x112; do
   tune --op max_pool2d --shape "$shape" -a kernel=3 -a stride=2 -a padding=1
   tune --op max_pool2d --shape "$shape"   # the op's default window: 2x2, stride 2
 done
-tune --op maxpool_add --shape 1x64x112x112 --shape 1x1x56x56
-tune --op maxpool_add --shape 16x64x112x112 --shape 16x1x56x56
+tune --op max_pool2d --shape 1x64x112x112 -a kernel=3 -a stride=2 -a padding=1
 tune --op argmax --shape 256x4096
 tune --op argmax --shape 4096x4096
 deploy tune --report --target x86 --db "$DB"

@@ -1,4 +1,5 @@
-"""2-D max pooling over NCHW shared by `max_pool2d` and `maxpool_add`.
+"""2-D max pooling over NCHW: `max_pool2d`'s windows, output size and reference, and the window-max
+variants schedules pick.
 
 Output size follows PyTorch: floor((H + 2p - k) / s) + 1, or ceil with `ceil_mode`, where the last
 window must start inside the input or its left padding. Padding never wins the max: padded taps

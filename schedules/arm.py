@@ -1,7 +1,7 @@
 """What ARM targets build differently from other CPUs: pooling windows maxed with `llvm.maximum`.
 
 AArch64 has a NaN-propagating max in one NEON instruction (`fmax`); LLVM emits it for
-`llvm.maximum` and TVM vectorizes the call. The pooling ops are paired with that compute variant
+`llvm.maximum` and TVM vectorizes the call. `max_pool2d` is paired with that compute variant
 (with the CPU's structures, `cpu.pooling_structure`) and scheduled as on every CPU
 (`cpu.nchw_window`).
 """
@@ -23,5 +23,4 @@ def fmax(values: list[Any], dtype: str) -> Any:
 
 
 pooling_with_fmax = own_compute_within(lambda ctx: pooling_structure(ctx, fmax))
-for _op in ("max_pool2d", "maxpool_add"):
-    register_schedule("arm", _op, compute=pooling_with_fmax)(nchw_window)
+register_schedule("arm", "max_pool2d", compute=pooling_with_fmax)(nchw_window)

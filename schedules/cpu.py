@@ -128,7 +128,6 @@ def pooling_structure(ctx: ScheduleContext, window_max: WindowMax = nan_test_max
 pooling_on_cpus = own_compute_within(pooling_structure)
 
 
-@register_schedule("cpu", "maxpool_add", compute=pooling_on_cpus)
 @register_schedule("cpu", "max_pool2d", compute=pooling_on_cpus)
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in

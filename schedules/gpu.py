@@ -55,8 +55,7 @@ def branch_max(values: list[Any], dtype: str) -> Any:
 
 
 pooling_with_branch_max = own_compute_within(lambda ctx: windows_maxed_by(branch_max))
-for _op in ("max_pool2d", "maxpool_add"):
-    register_schedule("gpu", _op, compute=pooling_with_branch_max)(generic_gpu)
+register_schedule("gpu", "max_pool2d", compute=pooling_with_branch_max)(generic_gpu)
 
 
 def strided_argmax_gpu(ctx: ScheduleContext, x: Any) -> Any:

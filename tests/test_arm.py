@@ -26,10 +26,7 @@ needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="ne
 # (target, op, attrs, shapes, dtype, instruction pattern that must appear)
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 NEON = [
-    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "int32", r"smax\s+v\d+\.4s"),
-    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "int32", r"add\s+v\d+\.4s"),
     ("arm", "max_pool2d", POOL, [(1, 8, 32, 32)], "int32", r"smax\s+v\d+\.4s"),
-    ("arm", "maxpool_add", {}, [(1, 8, 32, 32), (1, 1, 16, 16)], "float32", r"fmax\s+v\d+\.4s"),
     ("arm", "max_pool2d", POOL, [(1, 8, 32, 32)], "float32", r"fmax\s+v\d+\.4s"),
     ("arm", "add", {}, [(8, 64), (8, 64)], "float32", r"fadd\s+v\d+\.4s"),
     ("arm", "add", {}, [(8, 64), (1, 64)], "int8", r"add\s+v\d+\.16b"),

@@ -240,7 +240,7 @@ def test_c_caller_matches_numpy(arm_bundle, op_name: str, dtype: str, tmp_path: 
     check_against_numpy(bound, arrays, run_c_caller(program, arrays, bound.output, tmp_path))
 
 
-@pytest.mark.parametrize("op_name", ["add", "maxpool_add"])
+@pytest.mark.parametrize("op_name", ["add", "max_pool2d"])
 def test_x86_bundle_runs_natively(op_name: str, tmp_path: Path) -> None:
     target = get_target("x86")
     if missing := get_device("local").missing_cpu_flags(target.cpu_flags):

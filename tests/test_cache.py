@@ -13,9 +13,8 @@ import toolchain.build.cache as cache
 from ops import TensorType, bind, get_op
 from toolchain.build.targets import get_target
 
-BOUND = bind(
-    get_op("maxpool_add"), {}, [TensorType((1, 4, 8, 8), "float32"), TensorType((1, 1, 4, 4), "float32")]
-)
+POOL = {"kernel": 3, "stride": 2, "padding": 1}
+BOUND = bind(get_op("max_pool2d"), POOL, [TensorType((1, 4, 8, 8), "float32")])
 CODE_SHAPING = [
     "toolchain/build/shared_object.py",
     "toolchain/build/targets.py",

@@ -14,7 +14,8 @@ from ops import all_ops, get_op
 from tests.conftest import invoke
 from toolchain.build.manifest import Manifest
 
-BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d", "maxpool_add"}
+BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d"}
+POOL = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}
 
 
 def test_ops_json_lists_every_builtin_op():
@@ -22,10 +23,10 @@ def test_ops_json_lists_every_builtin_op():
     assert result.exit_code == 0
     ops = {op["name"]: op for op in json.loads(result.stdout)}
     assert set(ops) >= BUILTIN
-    pool = ops["maxpool_add"]
-    assert [i["name"] for i in pool["inputs"]] == ["a", "b"]
+    pool = ops["max_pool2d"]
+    assert [i["name"] for i in pool["inputs"]] == ["x"]
     attrs = {a["name"]: a for a in pool["attrs"]}
-    assert attrs["kernel"] == {"name": "kernel", "type": "int,int", "default": [3, 3], "doc": "window H,W"}
+    assert attrs["kernel"] == {"name": "kernel", "type": "int,int", "default": [2, 2], "doc": "window H,W"}
     assert attrs["ceil_mode"]["default"] is False
     assert ops["leaky_relu"]["dtypes"] == ["float32", "float16", "float64"]
     assert ops["argmax"]["targets"]["x86"] == "cpu/argmax"
@@ -33,7 +34,7 @@ def test_ops_json_lists_every_builtin_op():
 
 
 def test_ops_table_and_targets():
-    assert "maxpool_add" in invoke("ops").stdout
+    assert "max_pool2d" in invoke("ops").stdout
     targets = {t["name"]: t for t in json.loads(invoke("targets", "--json").stdout)}
     assert targets["x86"]["tvm"] == {"kind": "llvm", "mcpu": "core-avx2"}
 
@@ -41,32 +42,26 @@ def test_ops_table_and_targets():
 def test_build_writes_module_and_manifest(tmp_path):
     out = tmp_path / "mp"
     result = invoke(
-        "build", "--op", "maxpool_add", "--target", "x86", "--shape", "2x4x16x16", "--shape", "2x1x8x8",
-        "-a", "kernel=3", "-o", str(out),
+        "build", "--op", "max_pool2d", "--target", "x86", "--shape", "2x4x16x16",
+        "-a", "kernel=3", "-a", "stride=2", "-a", "padding=1", "-o", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     manifest = Manifest.read(out)
-    assert manifest.op == "maxpool_add" and manifest.target == "x86"
+    assert manifest.op == "max_pool2d" and manifest.target == "x86"
     assert manifest.attrs == {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False}
-    assert manifest.inputs == [
-        {"name": "a", "shape": [2, 4, 16, 16], "dtype": "float32"},
-        {"name": "b", "shape": [2, 1, 8, 8], "dtype": "float32"},
-    ]
+    assert manifest.inputs == [{"name": "x", "shape": [2, 4, 16, 16], "dtype": "float32"}]
     assert manifest.output == {"shape": [2, 4, 8, 8], "dtype": "float32"}
-    assert manifest.schedule == "cpu/maxpool_add"
+    assert manifest.schedule == "cpu/max_pool2d"
     assert manifest.tvm_version == tvm.__version__
     assert manifest.sha256 == sha256_file(out / manifest.module)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mp"], "no staging leftovers"
 
     module = tvm.runtime.load_module(str(out / manifest.module))
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((2, 4, 16, 16)).astype("float32")
-    b = rng.standard_normal((2, 1, 8, 8)).astype("float32")
+    x = rng.standard_normal((2, 4, 16, 16)).astype("float32")
     dst = tvm.runtime.empty((2, 4, 8, 8), "float32", tvm.cpu())
-    module["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), dst)
-    op = get_op("maxpool_add")
-    ref = op.reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}, a, b)
-    np.testing.assert_allclose(dst.numpy(), ref, rtol=1e-6)
+    module["main"](tvm.runtime.tensor(x), dst)
+    np.testing.assert_array_equal(dst.numpy(), get_op("max_pool2d").reference(POOL, x))
 
 
 def test_rebuild_replaces_artifact(tmp_path):
@@ -94,20 +89,16 @@ def test_tampered_module_is_rejected(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_run_writes_output_and_checks(tmp_path, dtype):
     rng = np.random.default_rng(2)
-    a = (rng.standard_normal((1, 3, 9, 9)) * 50).astype(dtype)
-    b = (rng.standard_normal((3, 1, 1)) * 50).astype(dtype)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
+    x = (rng.standard_normal((1, 3, 9, 9)) * 50).astype(dtype)
+    np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out.npy"
     result = invoke(
-        "run", "--op", "maxpool_add", "--target", "x86", "-i", str(tmp_path / "a.npy"),
-        "-i", str(tmp_path / "b.npy"), "-o", str(out), "--check",
+        "run", "--op", "max_pool2d", "--target", "x86", "-a", "kernel=3", "-a", "stride=2", "-a", "padding=1",
+        "-i", str(tmp_path / "x.npy"), "-o", str(out), "--check",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "check passed" in result.stdout
-    op = get_op("maxpool_add")
-    ref = op.reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}, a, b)
-    np.testing.assert_array_equal(np.load(out), ref)
+    np.testing.assert_array_equal(np.load(out), get_op("max_pool2d").reference(POOL, x))
 
 
 def test_test_command_subset_passes():

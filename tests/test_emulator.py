@@ -92,7 +92,7 @@ def test_long_lived_emulator_start_status_stop(tmp_path):
 def test_ctrl_c_term_and_hangup_stop_the_automatic_server(sig: signal.Signals):
     """Ctrl-C, `kill` and a closed terminal mid-run: the server deploy started goes with it."""
     before = rpc_servers()
-    proc = subprocess.Popen([DEPLOY, "test", "--target", "arm", "--op", "maxpool_add"],
+    proc = subprocess.Popen([DEPLOY, "test", "--target", "arm", "--op", "max_pool2d"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         wait_for(lambda: rpc_servers() - before)

@@ -20,7 +20,8 @@ from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from tests.test_opencl import DEVICES as OPENCL_DEVICES
 
-MAXPOOL_ADD = ["--op", "maxpool_add", "--shape", "1x16x28x28", "--shape", "1x1x14x14"]
+MAX_POOL_OP = ["--op", "max_pool2d", "-a", "kernel=3", "-a", "stride=2", "-a", "padding=1"]
+MAX_POOL = [*MAX_POOL_OP, "--shape", "1x16x28x28"]
 
 
 def task_dir(db: Path, target: str) -> Path:
@@ -50,7 +51,7 @@ def assert_built_as_judged(out: Path, verdict: dict) -> None:
 @pytest.mark.slow
 def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    tuned = run_deploy("tune", *MAXPOOL_ADD, "--target", "x86", "--trials", "6", "--db", str(db))
+    tuned = run_deploy("tune", *MAX_POOL, "--target", "x86", "--trials", "6", "--db", str(db))
     assert tuned.returncode == 0, tuned.stderr
     task = task_dir(db, "x86")
     verdict = json.loads((task / "accepted.json").read_text())
@@ -58,28 +59,25 @@ def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: P
     assert not verdict["record"] or verdict["sha256"][:12] == verdict["record"]  # pinned
     assert ("accepted record" if verdict["record"] else "kept the hand schedule") in tuned.stdout
     assert len(records(task)) == 6
-    assert json.loads((task / "task.json").read_text())["op"] == "maxpool_add"
+    assert json.loads((task / "task.json").read_text())["op"] == "max_pool2d"
     assert {json.loads(line)[0] for line in records(task)} == {0, 1}  # both structures measured
 
     out = tmp_path / "art"
-    built = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
+    built = run_deploy("build", *MAX_POOL, "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert built.returncode == 0, built.stderr
     assert_built_as_judged(out, verdict)
 
     other = tmp_path / "other"
-    shapes = ["--shape", "1x16x30x30", "--shape", "1x1x15x15"]
-    fallback = run_deploy("build", "--op", "maxpool_add", *shapes, "--target", "x86", "--tuned", str(db),
-                          "-o", str(other))  # fmt: skip
+    fallback = run_deploy("build", *MAX_POOL_OP, "--shape", "1x16x30x30", "--target", "x86",
+                          "--tuned", str(db), "-o", str(other))  # fmt: skip
     assert fallback.returncode == 0, fallback.stderr
     assert "were not tuned in" in fallback.stdout
-    assert manifest(other)["schedule"] == "cpu/maxpool_add" and manifest(other)["tuning"] is None
+    assert manifest(other)["schedule"] == "cpu/max_pool2d" and manifest(other)["tuning"] is None
 
     rng = np.random.default_rng(0)
-    np.save(tmp_path / "a.npy", rng.standard_normal((1, 16, 28, 28)).astype("float32"))
-    np.save(tmp_path / "b.npy", rng.standard_normal((1, 1, 14, 14)).astype("float32"))
-    ran = run_deploy("run", "--op", "maxpool_add", "--target", "x86", "--tuned", str(db), "-i",
-                     str(tmp_path / "a.npy"), "-i", str(tmp_path / "b.npy"), "-o", str(tmp_path / "c.npy"),
-                     "--check")  # fmt: skip
+    np.save(tmp_path / "x.npy", rng.standard_normal((1, 16, 28, 28)).astype("float32"))
+    ran = run_deploy("run", *MAX_POOL_OP, "--target", "x86", "--tuned", str(db),
+                     "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "c.npy"), "--check")  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert ("(tuned)" if verdict["record"] else "(hand, tuning found nothing faster)") in ran.stdout
     assert "check passed" in ran.stdout
@@ -105,11 +103,8 @@ def assert_a_column_stage_record_builds_as_recorded(
     from toolchain.tune import records as db_records
     from toolchain.tune.metaschedule import compute_variants
 
-    bound = bind(
-        get_op("maxpool_add"),
-        {},
-        [TensorType((1, 16, 28, 28), "float32"), TensorType((1, 1, 14, 14), "float32")],
-    )
+    pool = {"kernel": 3, "stride": 2, "padding": 1}
+    bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 16, 28, 28), "float32")])
     _, staged = compute_variants(bound, get_target("x86"))
     assert staged.picks == {"max columns first": True}
     record = db_records.TaskRecords.load(task, staged.mod).valid()[0]
@@ -117,18 +112,17 @@ def assert_a_column_stage_record_builds_as_recorded(
     planted = verdict | {"record": db_records.record_id(record), "sha256": pin, "compute": staged.picks}
     (task / "accepted.json").write_text(json.dumps(planted))
     out = tmp_path / "staged"
-    built = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
+    built = run_deploy("build", *MAX_POOL, "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert built.returncode == 0, built.stderr
     assert manifest(out)["schedule"] == "tuned" and manifest(out)["tuning_record"] == planted["record"]
-    ran = run_deploy("run", *MAXPOOL_ADD[:2], "--target", "x86", "--tuned", str(db), "-i",
-                     str(tmp_path / "a.npy"), "-i", str(tmp_path / "b.npy"), "-o", str(tmp_path / "d.npy"),
-                     "--check")  # fmt: skip
+    ran = run_deploy("run", *MAX_POOL_OP, "--target", "x86", "--tuned", str(db),
+                     "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "d.npy"), "--check")  # fmt: skip
     assert ran.returncode == 0 and "check passed" in ran.stdout, ran.stderr
     without = planted | {"compute": {}}  # the same record against the plain computation: no match
     (task / "accepted.json").write_text(json.dumps(without))
-    fallback = run_deploy("build", *MAXPOOL_ADD, "--target", "x86", "--tuned", str(db), "-o", str(out))
+    fallback = run_deploy("build", *MAX_POOL, "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert fallback.returncode == 0, fallback.stderr
-    assert manifest(out)["schedule"] == "cpu/maxpool_add"
+    assert manifest(out)["schedule"] == "cpu/max_pool2d"
     assert "warning: " in fallback.stderr and "which the x86 strategy does not build" in fallback.stderr
 
 
@@ -295,7 +289,7 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
 @pytest.mark.skipif(not OPENCL_DEVICES, reason="needs pyopencl and an OpenCL platform (pocl-opencl-icd)")
 def test_tune_opencl_work_group_then_build_and_continue(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    args = [*MAXPOOL_ADD, "--target", "opencl", "--db", str(db)]
+    args = [*MAX_POOL, "--target", "opencl", "--db", str(db)]
     first = run_deploy("tune", *args, "--trials", "2")
     assert first.returncode == 0, first.stderr
     task = task_dir(db, "opencl")
@@ -311,7 +305,7 @@ def test_tune_opencl_work_group_then_build_and_continue(tmp_path: Path) -> None:
         assert verdict["work_group"] == fastest != 64 and verdict["record"] == f"work_group={fastest}"
 
     out = tmp_path / "art"
-    built = run_deploy("build", *MAXPOOL_ADD, "--target", "opencl", "--tuned", str(db), "-o", str(out))
+    built = run_deploy("build", *MAX_POOL, "--target", "opencl", "--tuned", str(db), "-o", str(out))
     assert built.returncode == 0, built.stderr
     assert_built_as_judged(out, verdict)
     (kernel,) = json.loads((out / "launch.json").read_text())["kernels"]
