@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's first command: set everything up, then verify every op cross-compiled for ARM on the emulator.
+# The README's first command: set everything up, then verify every op cross-compiled for ARM on the emulator,
+# and an ONNX model with a custom op (fused into one kernel) against numpy and onnxruntime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/deploy test --target arm
+.venv/bin/deploy --ops-path ops/examples test --model examples/pool_add_leaky_hsig.onnx --target arm
