@@ -320,7 +320,7 @@ def test_tune_opencl_work_group_then_build_and_continue(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--target", "x86"], "--op is required"),
+        (["--target", "x86"], "--op or --model is required"),
         (["--target", "x86", "--op", "add"], "--shape is required"),
         (["--target", "x86", "--op", "add", "--shape", "4", "--shape", "4", "--trials", "0"], "--trials 0"),
         (["--target", "x86", "--report", "--db", "/nonexistent/db"], "nothing tuned for target x86"),
