@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from tvm import te
 
-from ops.graph import Apply, BoundNode, flow, numpy_reference
+from ops.graph import Apply, BoundNode, flow, numpy_reference, ops_of
 from ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType
 
 
@@ -50,7 +50,7 @@ class FusedOp(Op):
         self.exact = all(n.bound.op.exact for n in self.nodes)
 
     def parts(self) -> tuple[Op, ...]:
-        return tuple(dict.fromkeys(op for n in self.nodes for op in n.bound.ops()))
+        return ops_of(self.nodes)
 
     def block_name(self, index: int) -> str:
         """The block that computes node `index`'s output in the fused PrimFunc."""

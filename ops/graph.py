@@ -106,7 +106,7 @@ class BoundGraph:
 
     def ops(self) -> tuple[Op, ...]:
         """The op definitions the graph's build depends on."""
-        return tuple(dict.fromkeys(op for n in self.nodes for op in n.bound.ops()))
+        return ops_of(self.nodes)
 
     def key(self) -> dict[str, Any]:
         """What decides the compiled graph: inputs, and each node's op, attributes, inputs."""
@@ -127,6 +127,11 @@ class BoundGraph:
         """The ops' numpy references composed in data-flow order."""
         values = flow(self.nodes, dict(zip(self.input_names, arrays, strict=True)), numpy_reference)
         return values[self.graph.output]
+
+
+def ops_of(nodes: Sequence[BoundNode]) -> tuple[Op, ...]:
+    """The op definitions `nodes` are made of, each once, in order."""
+    return tuple(dict.fromkeys(op for n in nodes for op in n.bound.ops()))
 
 
 def flow(nodes: Sequence[BoundNode], values: dict[str, Any], apply: Apply) -> dict[str, Any]:

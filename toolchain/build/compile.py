@@ -134,6 +134,12 @@ class ScheduledKernel:
     kernel: Kernel
     scheduled: Scheduled
 
+    def function(self, index: int) -> tuple[str, Any]:
+        """(name, scheduled PrimFunc named so) of the kernel at `index` of a graph's kernels: the
+        name is unique among them, and OpenCL kernels and VM functions are called by it."""
+        symbol = f"k{index}_{self.kernel.name}"
+        return symbol, self.scheduled.mod["main"].with_attr("global_symbol", symbol)
+
     def describe(self) -> dict[str, Any]:
         """What the manifest lists per kernel."""
         entry = {

@@ -33,35 +33,50 @@ class Kernel:
         return self.bound.op.name
 
 
-def _relax_of(graph: BoundGraph) -> Any:
-    """A Relax module: PrimFunc `n<index>` per node (its op's own computation), called in order."""
+Call = tuple[str, Any, tuple[str, ...], str]
+"""A PrimFunc `main` calls: (its name, the PrimFunc, the graph tensors it reads, the one it writes)."""
+
+
+def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
+    """A Relax module whose `main(graph inputs...)` calls each PrimFunc in order (`call_tir`: the
+    VM allocates the tensors between them) and returns the graph's output."""
     import tvm
-    from tvm import relax, te
+    from tvm import relax
 
     def tensor_type(name: str) -> Any:
         t = graph.types[name]
         return relax.TensorType(t.shape, t.dtype)
 
     builder = relax.BlockBuilder()
-    params = [relax.Var(name, tensor_type(name)) for name in graph.input_names]
+    params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(graph.input_names)]
     values: dict[str, Any] = dict(zip(graph.input_names, params, strict=True))
     with builder.function("main", params):
         with builder.dataflow():
-            for index, n in enumerate(graph.nodes):
-                placeholders = [
-                    te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
-                    for i, t in enumerate(n.node.inputs)
-                ]
-                out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
-                func = te.create_prim_func([*placeholders, out])
-                gvar = builder.add_func(func, f"n{index}")
-                call = relax.call_tir(gvar, [values[t] for t in n.node.inputs], tensor_type(n.node.output))
-                values[n.node.output] = builder.emit(call)
+            for name, func, reads, writes in calls:
+                gvar = builder.add_func(func, name)
+                call = relax.call_tir(gvar, [values[t] for t in reads], tensor_type(writes))
+                values[writes] = builder.emit(call)
             output = builder.emit_output(values[graph.graph.output])
         builder.emit_func_output(output)
-    return tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()])(
-        builder.get()
-    )
+    return tvm.IRModule(builder.get().functions)
+
+
+def _relax_of(graph: BoundGraph) -> Any:
+    """`relax_main` over PrimFunc `n<index>` per node (its op's own computation), its functions
+    classified and grouped by FuseOps."""
+    import tvm
+    from tvm import relax, te
+
+    calls: list[Call] = []
+    for index, n in enumerate(graph.nodes):
+        placeholders = [
+            te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
+            for i, t in enumerate(n.node.inputs)
+        ]
+        out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
+        calls.append((f"n{index}", te.create_prim_func([*placeholders, out]), n.node.inputs, n.node.output))
+    passes = [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
+    return tvm.transform.Sequential(passes)(relax_main(graph, calls))
 
 
 def _groups(fused: Any) -> list[list[int]]:

@@ -198,18 +198,11 @@ def compile_opencl(mod: Any, target: Any, n_inputs: int) -> OpenClProgram:
 
 
 def compile_opencl_graph(graph: BoundGraph, kernels: list[ScheduledKernel], target: Any) -> OpenClProgram:
-    """OpenCL C of every kernel of a graph (each scheduled PrimFunc renamed `k<index>_<name>`,
+    """OpenCL C of every kernel of a graph (each scheduled PrimFunc named by `ScheduledKernel.function`,
     lowered together) and one plan that launches them in order."""
     import tvm
 
-    functions = [
-        (
-            f"k{i}_{k.kernel.name}",
-            k.scheduled.mod["main"].with_attr("global_symbol", f"k{i}_{k.kernel.name}"),
-            k,
-        )
-        for i, k in enumerate(kernels)
-    ]
+    functions = [(*k.function(i), k) for i, k in enumerate(kernels)]
     mod = tvm.IRModule({symbol: func for symbol, func, _ in functions})
     host, devices, source = _source(mod, target)
     return OpenClProgram(source, graph_plan(graph, functions, host, devices))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import DeployError
 from toolchain.build.artifacts import ArtifactKind
+from toolchain.build.fusion import relax_main
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
@@ -111,34 +112,6 @@ def export_module(executable: Any, path: Path, target: Target) -> None:
         executable.export_library(str(path), fcompile=fcompile)
 
 
-def relax_program(graph: BoundGraph, kernels: list[ScheduledKernel]) -> Any:
-    """A Relax module whose `main(graph inputs...)` calls each kernel's scheduled PrimFunc in
-    order (`call_tir`: the VM allocates the tensors between them) and returns the output."""
-    import tvm
-    from tvm import relax
-
-    def tensor_type(name: str) -> Any:
-        t = graph.types[name]
-        return relax.TensorType(t.shape, t.dtype)
-
-    builder = relax.BlockBuilder()
-    params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(graph.input_names)]
-    values: dict[str, Any] = dict(zip(graph.input_names, params, strict=True))
-    with builder.function("main", params):
-        with builder.dataflow():
-            for index, item in enumerate(kernels):
-                symbol = f"k{index}_{item.kernel.name}"
-                func = item.scheduled.mod["main"].with_attr("global_symbol", symbol)
-                gvar = builder.add_func(func, symbol)
-                call = relax.call_tir(
-                    gvar, [values[t] for t in item.kernel.reads], tensor_type(item.kernel.writes)
-                )
-                values[item.kernel.writes] = builder.emit(call)
-            output = builder.emit_output(values[graph.graph.output])
-        builder.emit_func_output(output)
-    return tvm.IRModule(builder.get().functions)
-
-
 @dataclass(frozen=True)
 class SharedObject(ArtifactKind):
     """A TVM module as a shared object a TVM runtime loads (CPU targets); a graph's is a Relax VM
@@ -148,7 +121,8 @@ class SharedObject(ArtifactKind):
         return compile_cpu(mod, target.tvm_target())
 
     def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
-        return compile_cpu(relax_program(graph, kernels), target.tvm_target())
+        calls = [(*k.function(i), k.kernel.reads, k.kernel.writes) for i, k in enumerate(kernels)]
+        return compile_cpu(relax_main(graph, calls), target.tvm_target())
 
     def write(self, compiled: Any, staging: Path, target: Target) -> Path:
         module = staging / MODULE_FILE
