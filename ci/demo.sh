@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's first command: set everything up, then verify every op cross-compiled for ARM on the emulator,
-# and an ONNX model with a custom op (fused into one kernel) against numpy and onnxruntime.
+# and an ONNX model with a custom op (fused into one kernel) against numpy and onnxruntime, its batch symbolic
+# (one module run at N = 1, 3 and 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/deploy test --target arm
-.venv/bin/deploy --ops-path ops/examples test --model examples/pool_add_leaky_hsig.onnx --target arm
+.venv/bin/deploy --ops-path ops/examples test --model examples/pool_add_leaky_hsig_n.onnx --target arm

@@ -4,6 +4,9 @@ pool_add_leaky_hsig.onnx: MaxPool(3x3, stride 2, pads 1) on `a` [1, 8, 32, 32], 
 [1, 1, 16, 16] broadcast over channels, LeakyRelu(0.1), then com.example::HardSigmoid, a custom
 domain that only the example op `ops/examples/hard_sigmoid.py` implements (load it with
 `--ops-path ops/examples`). Opset 17 and com.example opset 1; float32 throughout.
+
+pool_add_leaky_hsig_n.onnx: the same with a symbolic batch, `dim_param` N: a [N, 8, 32, 32], b
+[N, 1, 16, 16] (one module for every N).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from onnx import TensorProto, helper
 HERE = Path(__file__).resolve().parent
 
 
-def pool_add_leaky_hsig() -> onnx.ModelProto:
+def pool_add_leaky_hsig(batch: int | str = 1) -> onnx.ModelProto:
+    """The model with inputs of batch `batch` (a str: a symbolic batch of that name)."""
     nodes = [
         helper.make_node(
             "MaxPool", ["a"], ["pool"], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4
@@ -29,12 +33,12 @@ def pool_add_leaky_hsig() -> onnx.ModelProto:
     ]
     graph = helper.make_graph(
         nodes,
-        "pool_add_leaky_hsig",
+        "pool_add_leaky_hsig" if batch == 1 else f"pool_add_leaky_hsig_{str(batch).lower()}",
         [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 32, 32]),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1, 16, 16]),
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [batch, 8, 32, 32]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [batch, 1, 16, 16]),
         ],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, 8, 16, 16])],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="examples/make_models.py")
@@ -44,3 +48,4 @@ def pool_add_leaky_hsig() -> onnx.ModelProto:
 
 if __name__ == "__main__":
     onnx.save(pool_add_leaky_hsig(), HERE / "pool_add_leaky_hsig.onnx")
+    onnx.save(pool_add_leaky_hsig("N"), HERE / "pool_add_leaky_hsig_n.onnx")

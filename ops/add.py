@@ -28,6 +28,8 @@ class Add(Op):
         Case(((), (17,))),
         Case(((1, 2, 1, 3, 1, 2), (2, 1, 3, 1, 5, 1))),
         Case(((1001,), (1,))),
+        Case((("N", 8, 9, 10), ("N", 1, 9, 10))),
+        Case((("N", 3, 5), (1, 3, 5))),
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
@@ -35,10 +37,9 @@ class Add(Op):
         return TensorType(broadcast_shapes([("a", a.shape), ("b", b.shape)]), a.dtype)
 
     def compute(self, attrs: dict[str, Any], out: TensorType, a: te.Tensor, b: te.Tensor) -> te.Tensor:
-        a_shape, b_shape = (tuple(int(d) for d in t.shape) for t in (a, b))
         return te.compute(
             out.shape,
-            lambda *i: a[broadcast_index(a_shape, i)] + b[broadcast_index(b_shape, i)],
+            lambda *i: a[broadcast_index(a.shape, i)] + b[broadcast_index(b.shape, i)],
             name="out",
         )
 

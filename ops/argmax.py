@@ -12,7 +12,7 @@ from ops.attrs import Attr, Bool, Choice, Int
 from ops.nan import is_nan_bits
 from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
-from ops.spec import Case, Input, Op, TensorType
+from ops.spec import Case, Input, Op, TensorType, is_symbolic
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -70,7 +70,8 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     greatest value's first position. A lane that never moves off the identity reports (minimum,
     0), which only wins when the whole row is the minimum, where 0 is the answer. Past the end
     a lane re-reads the last element under a position past the end, which loses every tie."""
-    *rows, extent = (int(d) for d in x.shape)
+    *rows, last = x.shape
+    extent = int(last)
     dtype = str(x.dtype)
     floating = dtype.startswith("float")
     far = tirx.const(extent, "int32")
@@ -144,6 +145,7 @@ class Argmax(Op):
         Case(((1001,),), {"axis": 0}),
         Case(((3, 4, 1, 6, 2, 3),), {"axis": -4, "keepdims": True}),
         Case(((5, 1),), {"axis": 1, "out_dtype": "int32"}),
+        Case((("N", 3, 40),), {"axis": -1}),
     )
 
     def _axis(self, attrs: dict[str, Any], rank: int) -> int:
@@ -157,6 +159,11 @@ class Argmax(Op):
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         shape = inputs[0].shape
         axis = self._axis(attrs, len(shape))
+        if is_symbolic(shape[axis]):
+            raise UsageError(
+                f"attribute axis={attrs['axis']} reduces the symbolic batch {shape[axis]}:"
+                " expected a static axis"
+            )
         kept = (1,) if attrs["keepdims"] else ()
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 

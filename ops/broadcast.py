@@ -6,18 +6,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from base.errors import UsageError
+from ops.spec import Dim
 
 
-def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
-    """Numpy broadcast of several (name, shape); a mismatch names both shapes."""
+def broadcast_shapes(named: Sequence[tuple[str, tuple[Dim, ...]]]) -> tuple[Dim, ...]:
+    """Numpy broadcast of several (name, shape); a mismatch names both shapes. A symbolic dim
+    (a batch) matches itself and 1 only: whether N is 1 or 64 is known only at run time."""
     rank = max(len(shape) for _, shape in named)
-    out = [1] * rank
+    out: list[Dim] = [1] * rank
     owner = [""] * rank
     for name, shape in named:
         for axis, dim in enumerate(shape, start=rank - len(shape)):
-            if dim == out[axis] or dim == 1:
+            if dim is out[axis] or is_one(dim):
                 continue
-            if out[axis] != 1:
+            if not is_one(out[axis]):
                 raise UsageError(
                     f"cannot broadcast {name} shape {list(shape)} with {owner[axis]}: dim"
                     f" {axis - (rank - len(shape))} is {dim}, expected {out[axis]} or 1"
@@ -27,7 +29,14 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int,
     return tuple(out)
 
 
-def broadcast_index(shape: tuple[int, ...], out_index: Sequence[Any]) -> tuple[Any, ...]:
-    """Index into a tensor of `shape` for an output index of higher or equal rank."""
+def is_one(dim: Any) -> bool:
+    """A static dim of size 1 (an int, or TVM's IntImm in a placeholder's shape)."""
+    if isinstance(dim, int):
+        return dim == 1
+    return getattr(dim, "value", None) == 1  # a symbolic dim (a tirx.Var) has no value
+
+
+def broadcast_index(shape: Sequence[Any], out_index: Sequence[Any]) -> tuple[Any, ...]:
+    """Index into a tensor of `shape` (its te.Tensor's) for an output index of higher or equal rank."""
     tail = out_index[len(out_index) - len(shape) :]
-    return tuple(0 if dim == 1 else i for dim, i in zip(shape, tail, strict=True))
+    return tuple(0 if is_one(dim) else i for dim, i in zip(shape, tail, strict=True))

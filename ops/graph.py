@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from base.errors import UsageError
-from ops.spec import BoundOp, Op, TensorType, bind
+from ops.spec import BoundOp, Op, TensorType, bind, sizes_of
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,9 @@ class BoundGraph:
                 f"model {self.name} takes {len(names)} input(s) ({', '.join(names)}), got {len(given)}"
             )
         for name, expected, actual, source in zip(names, self.inputs, given, sources, strict=True):
-            if actual != expected:
+            if actual.dtype != expected.dtype or not expected.fits(actual.shape):
                 raise UsageError(f"input {name} of model {self.name} is {expected}; {source} holds {actual}")
+        sizes_of(list(zip(names, self.inputs, strict=True)), [t.shape for t in given])
 
     def ops(self) -> tuple[Op, ...]:
         """The op definitions the graph's build depends on."""

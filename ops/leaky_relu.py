@@ -29,6 +29,7 @@ class LeakyRelu(Op):
         Case(((1001,),), {"alpha": -1.5}),
         Case(((),)),
         Case(((2, 3, 1, 5, 1, 3),), {"alpha": 0.0}),
+        Case((("N", 3, 37),), {"alpha": 0.1}),
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

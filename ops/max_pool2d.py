@@ -44,6 +44,7 @@ class MaxPool2d(Op):
         Case(((2, 5, 9, 11),), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
         Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
         Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
+        Case((("N", 5, 17, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

@@ -7,6 +7,8 @@ attributes, input count, ranks and dtypes generically, then calls the op's own `
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,18 +23,110 @@ FLOAT_DTYPES = ("float32", "float16", "float64")
 MAX_ELEMENTS = 2**31 - 1
 
 
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SYMBOLS: dict[str, Any] = {}
+
+Dim = Any
+"""A dim: an int, or a symbolic batch dim, the tirx.Var `symbol(name)` (from its name as a str)."""
+
+
+def symbol(name: str) -> Any:
+    """The symbolic dim `name`: one int64 tirx.Var per name in the process, so that every tensor
+    of a computation that says N means the same N (one TVM shape variable, checked equal across
+    inputs by the runtime)."""
+    if not SYMBOL.fullmatch(name):
+        raise UsageError(f"symbolic dim {name!r}: expected a name like N or batch (letters, digits, _)")
+    if name not in _SYMBOLS:
+        from tvm import tirx
+
+        _SYMBOLS[name] = tirx.Var(name, "int64")
+    return _SYMBOLS[name]
+
+
+def is_symbolic(dim: Dim) -> bool:
+    return not isinstance(dim, int)
+
+
+def dim_json(dim: Dim) -> int | str:
+    """A dim as JSON and messages write it: its size, or a symbolic dim's name."""
+    return dim if isinstance(dim, int) else str(dim.name)
+
+
 @dataclass(frozen=True)
 class TensorType:
-    """Shape (tuple of dims, row-major) and dtype name of one tensor."""
+    """Shape (tuple of dims, row-major) and dtype name of one tensor. A dim given as a str is a
+    symbolic batch dim (`symbol`): the tensor is any size along it, known when a module runs."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: str
 
+    def __post_init__(self) -> None:
+        dims = tuple(symbol(d) if isinstance(d, str) else d for d in self.shape)
+        object.__setattr__(self, "shape", tuple(d if is_symbolic(d) else int(d) for d in dims))
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The names of the symbolic dims, in order."""
+        return tuple(str(d.name) for d in self.shape if is_symbolic(d))
+
+    def dims(self) -> list[int | str]:
+        return [dim_json(d) for d in self.shape]
+
+    def elements(self) -> int:
+        """Elements of one batch item (every symbolic dim counted as 1): what a schedule sizes its
+        work by, and all of it for a static shape."""
+        return math.prod(d for d in self.shape if not is_symbolic(d))
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        """An array of `shape` can be this tensor: same rank, same size on every static dim."""
+        return len(shape) == len(self.shape) and all(
+            is_symbolic(d) or d == s for d, s in zip(self.shape, shape, strict=True)
+        )
+
+    def at(self, sizes: dict[str, int]) -> TensorType:
+        """This type with each symbolic dim replaced by its size in `sizes`."""
+        return TensorType(tuple(sizes[str(d.name)] if is_symbolic(d) else d for d in self.shape), self.dtype)
+
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype}
+        return {"shape": self.dims(), "dtype": self.dtype}
 
     def __str__(self) -> str:
-        return "x".join(map(str, self.shape)) + ":" + self.dtype if self.shape else f"():{self.dtype}"
+        return "x".join(map(str, self.dims())) + ":" + self.dtype if self.shape else f"():{self.dtype}"
+
+
+def symbols_of(types: Sequence[TensorType]) -> tuple[str, ...]:
+    """The symbolic dims of `types`, each once, in order of appearance."""
+    return tuple(dict.fromkeys(name for t in types for name in t.symbols))
+
+
+def index_dtype(types: Sequence[TensorType]) -> str | None:
+    """The index type of a PrimFunc over tensors of `types` (`te.create_prim_func`'s override):
+    int64 when a dim is symbolic, whose Var is int64, so that no loop mixes with it through a
+    cast (a block binding with a cast is not affine, and vectorize refuses it); else TVM's own."""
+    return "int64" if symbols_of(types) else None
+
+
+def sizes_of(named: Sequence[tuple[str, TensorType]], shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
+    """The size of each symbolic dim, read from the arrays' `shapes` that the inputs `named`
+    (name, declared type) are called with; a rank or static dim that differs, or two inputs that
+    disagree on a symbolic dim, is a one-line error naming the input."""
+    sizes: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    for (name, declared), shape in zip(named, shapes, strict=True):
+        if not declared.fits(shape):
+            raise UsageError(f"input {name} has shape {list(shape)}: expected {list(declared.shape)}")
+        for dim, size in zip(declared.shape, shape, strict=True):
+            if not is_symbolic(dim):
+                continue
+            symbolic = str(dim.name)
+            if symbolic in sizes and sizes[symbolic] != size:
+                raise UsageError(
+                    f"input {name} has {symbolic}={size} (shape {list(shape)}) but input"
+                    f" {seen[symbolic]} has {symbolic}={sizes[symbolic]}: the inputs must agree on {symbolic}"
+                )
+            sizes.setdefault(symbolic, size)
+            seen.setdefault(symbolic, name)
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -49,7 +143,8 @@ class Input:
 class Case:
     """One verification case: attributes and input shapes (dtype is chosen per run)."""
 
-    shapes: tuple[tuple[int, ...], ...]
+    shapes: tuple[tuple[int | str, ...], ...]
+    """A str dim is a symbolic batch dim: one module verified at every size of SYMBOLIC_SIZES."""
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def label(self) -> str:
@@ -154,11 +249,16 @@ def bind(op: Op, attrs: dict[str, Any], inputs: list[TensorType]) -> BoundOp:
                 f"input {spec.name} of {op.name} has shape {list(tensor.shape)}: expected rank"
                 f" {spec.min_rank}..{spec.max_rank}"
             )
-        if any(d < 1 for d in tensor.shape):
+        if any(not is_symbolic(d) and d < 1 for d in tensor.shape):
             raise UsageError(
                 f"input {spec.name} of {op.name} has shape {list(tensor.shape)}: dims must be >= 1"
             )
-        check_size(f"input {spec.name} of {op.name}", tensor.shape)
+        if any(is_symbolic(d) for d in tensor.shape[1:]):
+            raise UsageError(
+                f"input {spec.name} of {op.name} has shape {list(tensor.shape)}: only the first dim (the"
+                " batch) may be symbolic"
+            )
+        check_size(f"input {spec.name} of {op.name}", tensor)
     dtypes = {t.dtype for t in inputs}
     if len(dtypes) > 1:
         raise UsageError(f"inputs of {op.name} must share one dtype, got {', '.join(sorted(dtypes))}")
@@ -166,16 +266,18 @@ def bind(op: Op, attrs: dict[str, Any], inputs: list[TensorType]) -> BoundOp:
         if isinstance(attr.kind, Float) and values[attr.name] is not None:
             attr.kind.check_dtype(attr.name, values[attr.name], inputs[0].dtype)
     output = op.infer(values, list(inputs))
-    check_size(f"the output of {op.name}", output.shape)
+    check_size(f"the output of {op.name}", output)
     return BoundOp(op, values, tuple(inputs), output)
 
 
-def check_size(what: str, shape: tuple[int, ...]) -> None:
-    """At most MAX_ELEMENTS elements: TVM indexes a tensor with int32 and fails deep in lowering
-    beyond it, and the cap keeps a typo like 100000x100000x100 from asking for terabytes."""
-    count = math.prod(shape)
+def check_size(what: str, tensor: TensorType) -> None:
+    """At most MAX_ELEMENTS elements (per batch item: a symbolic dim counts as 1): TVM indexes a
+    tensor with int32 and fails deep in lowering beyond it, and the cap keeps a typo like
+    100000x100000x100 from asking for terabytes."""
+    count = tensor.elements()
     if count > MAX_ELEMENTS:
+        per = " per batch item" if tensor.symbols else ""
         raise UsageError(
-            f"{what} has shape {list(shape)}: {count:.3g} elements, more than the {MAX_ELEMENTS}"
-            " (2**31 - 1) one tensor may hold"
+            f"{what} has shape {list(tensor.shape)}: {count:.3g} elements{per}, more than the"
+            f" {MAX_ELEMENTS} (2**31 - 1) one tensor may hold"
         )

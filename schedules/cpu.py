@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from tvm import tirx
+
 from ops.pooling import Pool2d, WindowMax, columns_maxed_first, nan_test_max, windows_maxed_by
 from schedules.registry import HAND, Choices, ScheduleContext, own_compute_within, register_schedule
 
@@ -22,8 +24,16 @@ def blocks(sch: Any) -> list[Any]:
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
-def extents(sch: Any, loops: list[Any]) -> list[int]:
-    return [int(sch.get(loop).extent) for loop in loops]
+def extent(sch: Any, loop: Any) -> int | None:
+    """The loop's extent; None for a symbolic one (a batch, known when the module runs)."""
+    value = sch.get(loop).extent
+    return int(value) if isinstance(value, tirx.IntImm) else None
+
+
+def work_of(sizes: list[int | None]) -> int:
+    """Iterations of loops of extents `sizes` for one batch item (a symbolic extent counts as 1):
+    what deciding on threads goes by, so a batch-1 call does not pay for a launch it cannot use."""
+    return math.prod(size or 1 for size in sizes)
 
 
 def is_spatial(sch: Any, block: Any) -> bool:
@@ -40,8 +50,10 @@ def parallel_outer(sch: Any, loops: list[Any], work: int) -> Any | None:
 
 
 def parallel_if_worth(sch: Any, loop: Any, work: int) -> None:
-    """Mark `loop` parallel when `work` elements justify threads and it has more than one step."""
-    if work >= MIN_PARALLEL_WORK and int(sch.get(loop).extent) > 1:
+    """Mark `loop` parallel when `work` elements justify threads and it may have more than one
+    step (a symbolic extent may)."""
+    steps = extent(sch, loop)
+    if work >= MIN_PARALLEL_WORK and (steps is None or steps > 1):
         sch.parallel(loop)
 
 
@@ -52,20 +64,24 @@ VECTORS_PER_STEP = 8
 def vectorize_parallelize(sch: Any, block: Any, lanes: int, choices: Choices = HAND) -> None:
     """Injective block: vectorize the innermost loop by `lanes`, parallelize the loops outside.
 
-    When the innermost extent is shorter than a vector, all loops are fused first so the vector
-    runs across rows (contiguous for the output; broadcast inputs become gathers). A search
-    also tries fusing when rows are long, and several vectors per step of the parallel loop.
+    When the innermost extent is shorter than a vector, the loops inside the batch are fused
+    first so the vector runs across rows (contiguous for the output; broadcast inputs become
+    gathers). A search also tries fusing when rows are long, and several vectors per step of the
+    parallel loop. A loop of symbolic extent (a batch) stays outside the vectors: a vector needs
+    a static extent.
     """
     loops = sch.get_loops(block)
     if not loops:
         return
-    sizes = extents(sch, loops)
-    work = math.prod(sizes)
-    if len(loops) > 1 and choices.pick("fuse rows", (False, True), sizes[-1] < lanes):
-        loops = [sch.fuse(*loops)]
-        sizes = [work]
+    sizes = [extent(sch, loop) for loop in loops]
+    work = work_of(sizes)
+    batch = max((i + 1 for i, size in enumerate(sizes) if size is None), default=0)
+    rows, row_sizes = loops[batch:], sizes[batch:]
+    if len(rows) > 1 and choices.pick("fuse rows", (False, True), row_sizes[-1] < lanes):
+        loops = [*loops[:batch], sch.fuse(*rows)]
+        sizes = [*sizes[:batch], work_of(row_sizes)]
     inner = loops[-1]
-    if lanes > 1 and sizes[-1] > 1:
+    if lanes > 1 and sizes[-1] is not None and sizes[-1] > 1:
         outer, inner = sch.split(inner, factors=[None, lanes])
         sch.vectorize(inner)
         loops = [*loops[:-1], outer]
@@ -86,7 +102,7 @@ def parallelize_reduction(sch: Any, block: Any) -> None:
     spatial = [
         loop for loop, iv in zip(loops, sch.get(block).iter_vars, strict=True) if int(iv.iter_type) == SPATIAL
     ]
-    parallel_outer(sch, spatial, math.prod(extents(sch, loops)))
+    parallel_outer(sch, spatial, work_of([extent(sch, loop) for loop in loops]))
 
 
 @register_schedule("cpu")
@@ -103,8 +119,8 @@ def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
 def partition(sch: Any, loop: Any, lo: int, hi: int) -> list[Any]:
     """Split `loop` (extent n) into the loops of [0, lo), [lo, hi) and [hi, n), leaving out
     empty ones."""
-    extent = int(sch.get(loop).extent)
-    bounds = sorted({b for b in (lo, hi) if 0 < b < extent})
+    size = extent(sch, loop)
+    bounds = sorted({b for b in (lo, hi) if size is not None and 0 < b < size})
     if not bounds:
         return [loop]
     sizes = [b - a for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
@@ -144,7 +160,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     full = ctx.lanes(ctx.bound.output.dtype)
     lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
     borders = ctx.choices.pick("split borders", (True, False), True)
-    work = math.prod(ctx.bound.output.shape)
+    work = ctx.bound.output.elements()
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     pool = Pool2d.from_attrs(ctx.bound.attrs)
     in_h, in_w = ctx.bound.inputs[0].shape[2:]
@@ -191,10 +207,10 @@ def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None
         parallelize_reduction(sch, block)
         return
     tasks = ctx.choices.pick("tasks per core", (1, 2, 4), 1)
-    chunks = min(ctx.cores * tasks, int(sch.get(after[0]).extent))
+    chunks = min(ctx.cores * tasks, extent(sch, after[0]) or 1)
     chunk, rest = sch.split(after[0], factors=[chunks, None])
     sch.reorder(*before, chunk, reduce, rest, *after[1:])
-    parallel_outer(sch, [*before, chunk], math.prod(ctx.bound.inputs[0].shape))
+    parallel_outer(sch, [*before, chunk], ctx.bound.inputs[0].elements())
     sch.decompose_reduction(block, reduce)
 
 
@@ -221,8 +237,7 @@ def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
             sch.reorder(step, lane)
             sch.vectorize(lane)
             vector_stages.append((stage, step))
-    if math.prod(ctx.bound.inputs[0].shape) >= MIN_PARALLEL_WORK * 16 and int(sch.get(outer).extent) > 1:
-        sch.parallel(outer)
+    parallel_if_worth(sch, outer, ctx.bound.inputs[0].elements() // 16)
     for stage, step in vector_stages:
         sch.decompose_reduction(stage, step)
         _, unrolled = ctx.choices.split(sch, step, 1, STEPS_UNROLLED)

@@ -75,3 +75,21 @@ def at_once(
     for process in processes:
         process.join(60)
     return [process.exitcode for process in processes]
+
+
+@pytest.fixture
+def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops a test loads (the example ops, duplicates) leave the registry as it was."""
+    from ops import registry
+
+    registry.load_builtin()
+    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
+    monkeypatch.setattr(registry, "_ONNX", dict(registry._ONNX))
+
+
+@pytest.fixture
+def example_ops(own_registry: None) -> None:
+    """The example ops (`ops/examples`: hard_sigmoid) registered for one test."""
+    from ops import load_ops_path
+
+    load_ops_path(Path(__file__).resolve().parent.parent / "ops" / "examples")

@@ -16,7 +16,7 @@ import pytest
 from conftest import invoke
 from test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
-from ops import TensorType, get_op, load_ops_path
+from ops import TensorType, get_op
 from ops.graph import Graph, Node, bind_graph
 from schedules import find_schedule
 from toolchain.build.cache import cached_build
@@ -140,16 +140,6 @@ def test_opencl_graphs_are_one_plan(tmp_path, sessions):  # noqa: F811
     assert [k["name"] for k in plan["kernels"]] == ["k0_max_pool2d_kernel", "k1_fused_add_argmax_kernel"]
     assert [b["name"] for b in plan["buffers"]] == ["a", "b", "best"]
     assert plan["scratch"][0] == {"buffer": "tensor pool", "dtype": "float32", "shape": [2, 8, 9, 12]}
-
-
-@pytest.fixture
-def example_ops(monkeypatch):
-    """The hard_sigmoid example op registered for one test (the registry is restored after)."""
-    from ops import registry
-
-    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
-    monkeypatch.setattr(registry, "_ONNX", dict(registry._ONNX))
-    load_ops_path(REPO / "ops" / "examples")
 
 
 def test_run_model_checks_inputs_and_result(tmp_path, example_ops):

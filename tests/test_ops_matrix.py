@@ -123,15 +123,16 @@ def on_every_target(
     argnames: str, values: list[tuple[Any, ...]], targets: list[Target] | None = None
 ) -> pytest.MarkDecorator:
     """Parametrize `target` and `argnames` with every registered target (or those of `targets`)
-    times each of `values` (a dtype or a planned case first) that the target runs; targets on the
-    emulator are marked `emulator`."""
+    times each of `values` (a dtype or a planned case first) that the target runs (its dtypes, a
+    symbolic batch where its artifact takes one); targets on the emulator are marked `emulator`."""
     params = []
     for target in all_targets() if targets is None else targets:
         marks = [pytest.mark.emulator] if target.default_device == "emulator" else []
         wanted = ONLY_DTYPES.get(target.name)
         for value in values:
-            dtype = value[0].dtype if isinstance(value[0], PlannedCase) else value[0]
-            if wanted is None or dtype in wanted:
+            planned = isinstance(value[0], PlannedCase)
+            dtype = value[0].dtype if planned else value[0]
+            if (wanted is None or dtype in wanted) and (not planned or value[0].runs_on(target)):
                 name = "-".join(ident(v) for v in (target.name, *value))
                 params.append(pytest.param(target, *value, marks=marks, id=name))
     return pytest.mark.parametrize(f"target,{argnames}", params)
@@ -241,8 +242,9 @@ one's structure with more rows, and takes a minute per op on the emulator."""
 STRUCTURE_CASES = [
     (c,)
     for c in plan(all_ops(), STRUCTURE_DTYPES)
-    if sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
+    if not c.symbolic and sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
 ]
+"""Static cases only: tuning takes static shapes, so a symbolic batch is only ever built by hand."""
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import numpy as np
 
 from devices import Device, Session
 from ops.graph import BoundGraph
-from ops.spec import Op, TensorType, bind
+from ops.spec import Op, TensorType, bind, symbols_of
 from toolchain.bench.roofline import bytes_moved, copy_gbps, roofline_ms
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
@@ -38,30 +38,44 @@ def bench_ops(
     return rows
 
 
+BENCH_BATCHES = (1, 32)
+"""The sizes a symbolic batch is timed at, each from the same module: one row per size."""
+
+
 def bench_model(
     graph: BoundGraph, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
 ) -> list[dict[str, Any]]:
-    """One row for the model's graph as a whole (its kernels run in one call): see `measure_row`;
-    its roofline counts the bytes the fused graph must move, its inputs and its output once."""
+    """One row for the model's graph as a whole (its kernels run in one call), one per size of
+    BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
+    fused graph must move, its inputs and its output once."""
     check_device(target, device)
+    symbols = symbols_of(graph.inputs)
     with device.open() as session:
         bandwidth = copy_gbps(session, target, device, fresh_roofline)
-        label = " ".join(str(t).split(":")[0] for t in graph.inputs)
         torch = functools.partial(torch_graph_ms, graph)
-        return [measure_row(session, graph, label, target, device, bandwidth, repeat, torch)]
+        rows = []
+        for size in BENCH_BATCHES if symbols else (None,):
+            sizes = dict.fromkeys(symbols, size)
+            label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs)
+            if symbols:
+                label += f" ({', '.join(symbols)}={size})"
+            rows.append(measure_row(session, graph, label, target, device, bandwidth, repeat, torch, sizes))
+        return rows
 
 
 def measure_row(
     session: Session, item: Buildable, label: str, target: Target, device: Device, bandwidth: float,
-    repeat: int, torch: Callable[[list[np.ndarray], int], float | None],
+    repeat: int, torch: Callable[[list[np.ndarray], int], float | None], sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Median ms of an op or a graph on seeded random inputs; MB moved (inputs read once, output
-    written once); GB/s; the roofline time (MB at the device's copy bandwidth) and how far from
-    it; numpy and PyTorch (`torch(inputs, repeat)`) ms on this host and our speed-up over each."""
-    inputs = [random_input(t, np.random.default_rng(0)) for t in item.inputs]
+    """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
+    `sizes`); MB moved (inputs read once, output written once); GB/s; the roofline time (MB at
+    the device's copy bandwidth) and how far from it; numpy and PyTorch (`torch(inputs,
+    repeat)`) ms on this host and our speed-up over each."""
+    sizes = sizes or {}
+    inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
     median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
-    moved = bytes_moved(inputs, item.output)
+    moved = bytes_moved(inputs, item.output.at(sizes))
     best_ms = roofline_ms(moved, bandwidth)
     numpy = host_ms(lambda: item.reference(*inputs), repeat)
     torch_time = torch(inputs, repeat)

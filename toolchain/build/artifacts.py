@@ -32,6 +32,9 @@ class ArtifactKind:
     graph_entry: str
     """How a runtime calls the compiled form of a graph (the manifest's `entry`): "vm" (a Relax
     VM's `main(inputs...) -> out`) or "function" (like an op's: `main(inputs..., out)`)."""
+    symbolic_batch: bool
+    """One module runs every size of a symbolic batch (the runtime reads N from the arrays); an
+    OpenCL plan's launch sizes are numbers, fixed when it is built."""
 
     def tvm_target(self, spec: dict[str, Any]) -> Any:
         """The TVM target for the target's `spec` dict."""

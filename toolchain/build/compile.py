@@ -8,7 +8,7 @@ from typing import Any
 
 from base.errors import UsageError
 from ops.graph import BoundGraph
-from ops.spec import BoundOp
+from ops.spec import BoundOp, TensorType, symbols_of
 from schedules import ScheduleContext, Strategy, strategy_for
 from schedules.registry import HAND, Choices, computed_module
 from toolchain.build.fusion import Kernel, kernels
@@ -111,9 +111,20 @@ def schedule_op(bound: BoundOp, target: Target) -> Scheduled:
     return Scheduled(mod, label, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
 
 
+def check_symbolic(inputs: tuple[TensorType, ...], target: Target) -> None:
+    """A symbolic batch only for a target whose artifact runs every size from one module."""
+    symbols = symbols_of(inputs)
+    if symbols and not target.artifact.symbolic_batch:
+        raise UsageError(
+            f"symbolic batch {', '.join(symbols)}: target {target.name} writes {target.artifact.name}"
+            " kernels, whose launch sizes are fixed when built; give the batch as a number"
+        )
+
+
 def compile_op(bound: BoundOp, target: Target) -> Compiled:
     """Schedule (`schedule_op`) and compile: a TVM executable, or for OpenCL targets the source and
     launch plan."""
+    check_symbolic(bound.inputs, target)
     scheduled = schedule_op(bound, target)
     compiled = compile_scheduled(bound, target, scheduled.mod, scheduled.schedule, scheduled.tuning_record)
     compiled.tuning = scheduled.tuning
@@ -199,5 +210,6 @@ class CompiledGraph:
 def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
     """Fuse the graph into kernels, schedule each (`schedule_op`: tuned records apply per fused
     kernel) and compile them together in the artifact kind's way."""
+    check_symbolic(graph.inputs, target)
     scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in kernels(graph)]
     return CompiledGraph(graph, target, target.artifact.compile_graph(graph, scheduled, target), scheduled)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ops.fused import FusedOp
 from ops.graph import BoundGraph, BoundNode
-from ops.spec import BoundOp
+from ops.spec import BoundOp, index_dtype
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def _relax_of(graph: BoundGraph) -> Any:
             for i, t in enumerate(n.node.inputs)
         ]
         out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
-        calls.append((f"n{index}", te.create_prim_func([*placeholders, out]), n.node.inputs, n.node.output))
+        func = te.create_prim_func([*placeholders, out], index_dtype(graph.inputs))
+        calls.append((f"n{index}", func, n.node.inputs, n.node.output))
     passes = [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
     return tvm.transform.Sequential(passes)(relax_main(graph, calls))
 

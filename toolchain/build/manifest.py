@@ -12,6 +12,7 @@ from typing import Any
 from base.errors import UsageError
 from base.files import sha256_file
 from base.locks import locked
+from ops.spec import TensorType, sizes_of
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -74,6 +75,22 @@ class Manifest:
             return cls(**data)
         except (OSError, ValueError, TypeError) as exc:
             raise UsageError(f"cannot read artifact manifest {path}: {exc}") from None
+
+    def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
+        """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)
+        sized as the inputs give it, once they are checked against the manifest's inputs (each
+        static dim as built, every symbolic dim the same in all of them)."""
+        try:
+            declared = [(str(i["name"]), TensorType(tuple(i["shape"]), i["dtype"])) for i in self.inputs]
+            output = TensorType(tuple(self.output["shape"]), self.output["dtype"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"artifact manifest of {self.op}: malformed inputs or output ({exc})") from None
+        if len(shapes) != len(declared):
+            raise UsageError(f"{self.op} takes {len(declared)} input(s), got {len(shapes)}")
+        sizes = sizes_of(declared, shapes)
+        if set(output.symbols) - set(sizes):
+            raise UsageError(f"artifact manifest of {self.op}: output {output} has a dim no input gives")
+        return output.at(sizes)
 
     @property
     def built_with(self) -> str:

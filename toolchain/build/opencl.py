@@ -239,5 +239,10 @@ class OpenClPlan(ArtifactKind):
 
 
 OPENCL_PLAN = OpenClPlan(
-    "opencl", splits_for_cores=False, builds_unscheduled=False, bundles=False, graph_entry="function"
+    "opencl",
+    splits_for_cores=False,
+    builds_unscheduled=False,
+    bundles=False,
+    graph_entry="function",
+    symbolic_batch=False,
 )

@@ -131,5 +131,10 @@ class SharedObject(ArtifactKind):
 
 
 SHARED_OBJECT = SharedObject(
-    "shared-object", splits_for_cores=True, builds_unscheduled=True, bundles=True, graph_entry="vm"
+    "shared-object",
+    splits_for_cores=True,
+    builds_unscheduled=True,
+    bundles=True,
+    graph_entry="vm",
+    symbolic_batch=True,
 )

@@ -15,26 +15,34 @@ import numpy.lib.format as npy_format
 
 from base.errors import DeployError, UsageError
 
-_DIMS = re.compile(r"[0-9]+(?:x[0-9]+)*")
+_DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-Za-wyzA-WYZ_][A-Za-wyzA-WYZ0-9_]*(?:[xX][0-9]+)+")
+"""Sizes, or a symbolic batch's name first and at least one size after it (a lone name is more
+likely a typo than a rank-1 batch)."""
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """`32x64x112x112` -> (32, 64, 112, 112); `scalar` or `()` -> (), never an empty string.
+def parse_shape(text: str) -> tuple[int | str, ...]:
+    """`32x64x112x112` -> (32, 64, 112, 112); `Nx64x112x112` -> ("N", 64, 112, 112), a symbolic
+    batch (a name without x in it, sizes after it); `scalar` or `()` -> (), never an empty string.
 
     Dims are ASCII digits only: int() alone would also take fullwidth digits and `1_000`."""
-    cleaned = text.strip().lower()
-    if cleaned in ("()", "scalar"):
+    cleaned = text.strip()
+    if cleaned.lower() in ("()", "scalar"):
         return ()
-    expected = f"--shape {text!r}: expected dims like 32x64x112x112 (or 'scalar' for rank 0)"
+    expected = (
+        f"--shape {text!r}: expected dims like 32x64x112x112 (or 'scalar' for rank 0; a symbolic"
+        " batch first: Nx64x112x112)"
+    )
     if not _DIMS.fullmatch(cleaned):
         raise UsageError(expected)
+    first, *rest = re.split("[xX]", cleaned)
     try:
-        dims = tuple(int(part) for part in cleaned.split("x"))
+        dims = tuple(int(part) for part in rest)
+        batch: int | str = first if not first.isdigit() else int(first)
     except ValueError:  # more digits than int() converts
         raise UsageError(expected) from None
-    if any(d < 1 for d in dims):
+    if any(d < 1 for d in dims) or batch == 0:
         raise UsageError(f"--shape {text!r}: every dim must be >= 1")
-    return dims
+    return (batch, *dims)
 
 
 def parse_attrs(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -139,6 +139,12 @@ def build_command(
     help="Input .npy, once per input in order (a model's: in the order it lists them).",
 )
 @click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    help="Build the op for these shapes, once per input (Nx64x112x112: any batch) [default: the arrays'].",
+)
 @click.option("--check", is_flag=True, help="Compare with the numpy reference; exit 1 on mismatch.")
 def run_command(
     cores: int | None,
@@ -150,31 +156,42 @@ def run_command(
     where: DeviceChoice,
     inputs: tuple[str, ...],
     output: str,
+    shapes: tuple[str, ...],
     check: bool,
 ) -> None:
-    """Build (cached) and run an op or a model on .npy inputs; optionally check against numpy."""
+    """Build (cached) and run an op or a model on .npy inputs; optionally check against numpy.
+    A symbolic batch (a model's, or an op's --shape Nx...) is read from the arrays."""
     from ops import TensorType
+    from ops.spec import sizes_of
     from toolchain.build.cache import cached_build
-    from toolchain.cli.args import load_npy, output_mode, save_npy, written_in_place
+    from toolchain.cli.args import load_npy, output_mode, parse_shape, save_npy, written_in_place
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
-    op_or_model(op_name, model, **{"-a": attrs})
+    op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes})
     target = resolve_target(target_name, tuned, cores)
     to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
+    if shapes and len(shapes) != len(inputs):
+        raise UsageError(f"--shape: give one per -i input ({len(inputs)}), got {len(shapes)}")
+    declared = [parse_shape(s) for s in shapes]
     arrays = [load_npy(path) for path in inputs]
     types = [TensorType(a.shape, str(a.dtype)) for a in arrays]
     if model is not None:
         item = load_graph(model)
         item.check_inputs(types, inputs)
     else:
-        item = bind_op(op_name, attrs, types)
+        built = [TensorType(s, t.dtype) for s, t in zip(declared, types, strict=True)] if shapes else types
+        item = bind_op(op_name, attrs, built)
+        sizes_of(
+            [(spec.name, t) for spec, t in zip(item.op.inputs, built, strict=True)], [t.shape for t in types]
+        )
     device = where.resolve(target)
     check_device(target, device)
     with device.open() as session:
         directory, manifest = cached_build(item, for_device(target, session))
         result = run_artifact(session, directory, manifest, arrays)
     save_npy(output, result)
-    wrote = f"{item.name} on {device.name} ({manifest.built_with}): wrote {output} {item.output}"
+    written = TensorType(result.shape, str(result.dtype))
+    wrote = f"{item.name} on {device.name} ({manifest.built_with}): wrote {output} {written}"
     click.echo(wrote, err=to_stderr)
     if check:
         comparison = against_reference(item, arrays, result)

@@ -63,6 +63,12 @@ def test_command(
     if not planned:
         raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
     device = where.resolve(target)
+    if any(not case.runs_on(target) for case in planned):
+        click.echo(
+            f"skipping symbolic-batch cases: target {target.name} writes {target.artifact.name} kernels,"
+            " built for one batch size"
+        )
+        planned = [case for case in planned if case.runs_on(target)]
     if not dtypes:
         for dtype, reason in device.unsupported_dtypes().items():
             click.echo(f"skipping {dtype} cases: {reason} (ask for them with --dtype {dtype})")

@@ -77,6 +77,7 @@ def tune_command(
     With --report (and no --op or --model): report every op and kernel tuned for the target in --db."""
     from ops import TensorType
     from toolchain.cli.args import parse_shape
+    from toolchain.tune.tuner import check_static
 
     if not 1 <= trials <= MAX_TRIALS:
         raise UsageError(f"--trials {trials}: expected 1..{MAX_TRIALS}")
@@ -91,7 +92,9 @@ def tune_command(
     if model is not None:
         from toolchain.build.fusion import kernels
 
-        for kernel in kernels(load_graph(model)):
+        graph = load_graph(model)
+        check_static(f"--model {model}", graph.inputs)
+        for kernel in kernels(graph):
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
     elif op_name is not None:
@@ -99,6 +102,7 @@ def tune_command(
             raise UsageError("--shape is required with --op (once per input)")
         each = "float32" if dtype is None else dtype
         bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
+        check_static(f"--op {op_name}", bound.inputs)
         _tune_with_progress(bound, target, device, root, trials, timeout_s)
     elif not report:
         raise UsageError("--op or --model is required (or --report alone, to report what --db holds)")

@@ -4,6 +4,7 @@
     inputs:                      # in the order a caller passes arrays
       a: {shape: [32, 64, 112, 112], dtype: float32}
       b: {shape: [32, 1, 56, 56]}                    # dtype optional, default float32
+                                 # a first dim like N: a symbolic batch, any size at run time
     nodes:
       - name: pool               # the node's output tensor is named like the node
         op: max_pool2d
@@ -27,7 +28,7 @@ import yaml
 from base.errors import UsageError, printable, reason
 from ops.graph import Graph, Node
 from ops.registry import get_op
-from ops.spec import ALL_DTYPES, TensorType, check_size
+from ops.spec import ALL_DTYPES, SYMBOL, TensorType, check_size
 
 TOP_KEYS = ("name", "inputs", "nodes", "output")
 INPUT_KEYS = ("shape", "dtype")
@@ -125,15 +126,24 @@ def _input(name: Any, spec: Any) -> tuple[str, TensorType]:
     where = f"input {name!r}"
     fields = _mapping(where, spec, INPUT_KEYS, "a mapping")
     shape = _required(where, fields, "shape", "a list of positive ints")
-    if not isinstance(shape, list) or any(
-        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape
-    ):
-        raise UsageError(f"{where}: shape {shape!r}: expected a list of positive ints ([] for a scalar)")
-    check_size(where, tuple(shape))
+    if not isinstance(shape, list) or any(not _dim(d, first=axis == 0) for axis, d in enumerate(shape)):
+        raise UsageError(
+            f"{where}: shape {shape!r}: expected a list of positive ints, the first of them may be a"
+            " symbolic batch like N ([] for a scalar)"
+        )
     dtype = fields.get("dtype", DEFAULT_DTYPE)
     if dtype not in ALL_DTYPES:
         raise UsageError(f"{where}: dtype {dtype!r}: expected one of {', '.join(ALL_DTYPES)}")
-    return name, TensorType(tuple(shape), dtype)
+    result = TensorType(tuple(shape), dtype)
+    check_size(where, result)
+    return name, result
+
+
+def _dim(value: Any, first: bool) -> bool:
+    """A size, or (the first dim) a symbolic batch's name."""
+    if isinstance(value, str):
+        return first and SYMBOL.fullmatch(value) is not None
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _nodes(value: Any) -> tuple[Node, ...]:

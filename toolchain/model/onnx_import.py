@@ -20,7 +20,7 @@ from base.errors import UsageError, printable, reason
 from ops.graph import Graph, Node
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
 from ops.registry import op_for_onnx
-from ops.spec import ALL_DTYPES, TensorType, check_size
+from ops.spec import ALL_DTYPES, SYMBOL, TensorType, check_size
 
 DTYPES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
@@ -96,18 +96,26 @@ def input_type(value: onnx.ValueInfoProto) -> TensorType:
         raise UsageError(f"{where} has element type {name}: expected one of {', '.join(ALL_DTYPES)}")
     # onnx's checker refuses a graph input without a shape: no unknown rank reads as a scalar
     shape = tuple(input_dim(value.name, axis, dim) for axis, dim in enumerate(tensor.shape.dim))
-    check_size(where, shape)
-    return TensorType(shape, DTYPES[tensor.elem_type])
+    result = TensorType(shape, DTYPES[tensor.elem_type])
+    check_size(where, result)
+    return result
 
 
-def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int:
-    """The size of dim `axis` of input `name`: a `dim_value`. A `dim_param` (a symbolic dim such as
-    `batch`) is refused: graphs have static shapes until #16 lets a caller bind them."""
+def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int | str:
+    """Dim `axis` of input `name`: a `dim_value`, or on the first axis a `dim_param` (a symbolic
+    batch such as `N`: one module for every batch, `ops.spec.symbol`)."""
     if dim.HasField("dim_param"):
-        raise UsageError(
-            f"input {name!r} dim {axis} is symbolic ({dim.dim_param!r}): symbolic dims are not"
-            " supported yet (#16)"
-        )
+        if axis != 0:
+            raise UsageError(
+                f"input {name!r} dim {axis} is symbolic ({dim.dim_param!r}): only the first dim (the"
+                " batch) may be symbolic"
+            )
+        if not SYMBOL.fullmatch(dim.dim_param):
+            raise UsageError(
+                f"input {name!r} dim 0 is symbolic ({dim.dim_param!r}): expected a name like N or"
+                " batch (letters, digits, _)"
+            )
+        return dim.dim_param
     if not dim.HasField("dim_value") or dim.dim_value < 1:
         size = dim.dim_value if dim.HasField("dim_value") else "unknown"
         raise UsageError(f"input {name!r} dim {axis} is {size}: expected a positive size")

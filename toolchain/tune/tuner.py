@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.errors import reason
+from base.errors import UsageError, reason
 from devices import Device, Session
-from ops.spec import BoundOp
+from ops.spec import BoundOp, TensorType, symbols_of
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.verify.measure import Checked, check, time_interleaved
@@ -68,6 +68,17 @@ class Tuner(Protocol):
         """The op's IRModule scheduled as the accepted `entry` says; a UsageError says why not
         (it no longer applies, or the records fail a check: they are data read from disk)."""
         ...
+
+
+def check_static(name: str, types: tuple[TensorType, ...]) -> None:
+    """Tuning needs static shapes: MetaSchedule refuses loops of symbolic extent
+    (`DisallowDynamicLoop`), and a record is kept per shape."""
+    symbols = symbols_of(types)
+    if symbols:
+        raise UsageError(
+            f"{name}: the batch {', '.join(symbols)} is symbolic; tuning measures one shape (MetaSchedule"
+            " tunes no loop of symbolic extent): tune with the batch you deploy as a number"
+        )
 
 
 def judge(session: Session, hand: Checked, contenders: dict[str, Checked]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ input against each of its references."""
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import zlib
 from collections.abc import Callable, Iterable
@@ -16,10 +17,10 @@ import numpy as np
 from base.errors import DeployError, first_line
 from devices import Device, DeviceLost, Session
 from ops.graph import BoundGraph
-from ops.spec import BoundOp, Case, Op, TensorType, bind
+from ops.spec import BoundOp, Case, Op, TensorType, bind, symbols_of
 from toolchain.build.cache import cached_build
 from toolchain.build.targets import Target
-from toolchain.verify.compare import compare, random_input
+from toolchain.verify.compare import Comparison, compare, random_input
 from toolchain.verify.run import check_device, for_device, run_artifact, verify
 
 
@@ -44,6 +45,19 @@ class PlannedCase:
     def bind(self) -> BoundOp:
         return bind(self.op, self.case.attrs, [TensorType(s, self.dtype) for s in self.case.shapes])
 
+    @property
+    def symbolic(self) -> bool:
+        """Its batch is symbolic: one module, run at every size of SYMBOLIC_SIZES."""
+        return any(isinstance(d, str) for shape in self.case.shapes for d in shape)
+
+    def runs_on(self, target: Target) -> bool:
+        """The target builds this case: a symbolic batch needs an artifact that runs every size."""
+        return target.artifact.symbolic_batch or not self.symbolic
+
+
+SYMBOLIC_SIZES = (1, 3, 32)
+"""The sizes a symbolic batch is verified at, every one from the same module."""
+
 
 def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[PlannedCase]:
     """Every (op, dtype, case) to verify; `dtypes` limits the dtypes."""
@@ -65,8 +79,17 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
     label = planned.case.label()
     try:
         bound = planned.bind()
-        inputs = [random_input(t, rng, ties=planned.index % 2 == 1, specials=specials) for t in bound.inputs]
-        comparison, schedule = verify(session, bound, target, inputs)
+        symbols = symbols_of(bound.inputs)
+        if symbols:
+            label += f" at {', '.join(symbols)}={','.join(map(str, SYMBOLIC_SIZES))}"
+        comparisons = []
+        for size in SYMBOLIC_SIZES if symbols else (None,):
+            sizes = dict.fromkeys(symbols, size)
+            ties = planned.index % 2 == 1
+            inputs = [random_input(t.at(sizes), rng, ties=ties, specials=specials) for t in bound.inputs]
+            comparison, schedule = verify(session, bound, target, inputs)
+            comparisons.append((size, comparison))
+        comparison = worst_of(comparisons, symbols)
     except DeviceLost:
         raise
     except DeployError as exc:
@@ -83,6 +106,16 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
         comparison.detail,
         schedule,
     )
+
+
+def worst_of(comparisons: list[tuple[int | None, Comparison]], symbols: tuple[str, ...]) -> Comparison:
+    """One comparison for the runs of one case (one per batch size): the first failure, its
+    detail naming the size, else the largest error."""
+    for size, comparison in comparisons:
+        if not comparison.ok:
+            where = f"{', '.join(symbols)}={size}: " if symbols else ""
+            return Comparison(False, comparison.max_error, where + comparison.detail)
+    return max((c for _, c in comparisons), key=lambda c: c.max_error)
 
 
 class _Queue:
@@ -213,14 +246,22 @@ def model_references(graph: BoundGraph, model: Path) -> list[Reference]:
 def verify_model(
     session: Session, graph: BoundGraph, target: Target, references: list[Reference]
 ) -> list[CaseResult]:
-    """Build the graph (cached, for the session's device) and run it on each input set; one
-    result per input set and reference that applies to it."""
+    """Build the graph (cached, for the session's device) and run it on each input set (at each
+    size of SYMBOLIC_SIZES when its batch is symbolic, all from the one module); one result per
+    input set, size and reference that applies to it."""
     results = []
     directory, manifest = cached_build(graph, for_device(target, session))
     dtype = graph.inputs[0].dtype if graph.inputs else graph.output.dtype
-    for index, inputs in enumerate(MODEL_INPUTS):
-        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}".encode()))
-        arrays = [random_input(t, rng, ties=inputs.ties, specials=inputs.specials) for t in graph.inputs]
+    symbols = symbols_of(graph.inputs)
+    for (index, inputs), size in itertools.product(
+        enumerate(MODEL_INPUTS), SYMBOLIC_SIZES if symbols else (None,)
+    ):
+        sizes = dict.fromkeys(symbols, size)
+        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}/{size}".encode()))
+        arrays = [
+            random_input(t.at(sizes), rng, ties=inputs.ties, specials=inputs.specials) for t in graph.inputs
+        ]
+        label = f"{inputs.label} at {', '.join(symbols)}={size}" if symbols else inputs.label
         actual = run_artifact(session, directory, manifest, arrays)
         for reference in references:
             if not reference.applies(inputs):
@@ -234,7 +275,7 @@ def verify_model(
                 CaseResult(
                     f"{graph.name} vs {reference.name}",
                     dtype,
-                    inputs.label,
+                    label,
                     comparison.ok,
                     comparison.max_error,
                     comparison.detail,

@@ -65,13 +65,12 @@ class _Timer:
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
-        self.out, self.entry = manifest.output, manifest.entry
+        self.out, self.entry = manifest.output_type([a.shape for a in inputs]), manifest.entry
 
     def runs(self, repeat: int) -> list[float]:
         """`repeat` timed runs, milliseconds per call."""
-        shape, dtype = tuple(self.out["shape"]), self.out["dtype"]
         runs = self.session.time(
-            self.module, self.inputs, shape, dtype, self.number, repeat, entry=self.entry
+            self.module, self.inputs, self.out.shape, self.out.dtype, self.number, repeat, entry=self.entry
         )
         return [t * 1e3 for t in runs]
 

@@ -83,7 +83,7 @@ def _run_node(
 
     def value_info(name: str) -> onnx.ValueInfoProto:
         elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(types[name].dtype))
-        return helper.make_tensor_value_info(name, elem_type, list(types[name].shape))
+        return helper.make_tensor_value_info(name, elem_type, types[name].dims())
 
     feeds = dict(zip(node.input, arrays, strict=True))
     graph = helper.make_graph(
