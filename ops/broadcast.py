@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tvm import tirx
+
 from base.errors import UsageError
-from ops.spec import Dim
+from ops.spec import Dim, is_symbolic
 
 
 def broadcast_shapes(named: Sequence[tuple[str, tuple[Dim, ...]]]) -> tuple[Dim, ...]:
@@ -17,7 +19,7 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[Dim, ...]]]) -> tuple[Dim,
     owner = [""] * rank
     for name, shape in named:
         for axis, dim in enumerate(shape, start=rank - len(shape)):
-            if dim is out[axis] or is_one(dim):
+            if same(dim, out[axis]) or is_one(dim):
                 continue
             if not is_one(out[axis]):
                 raise UsageError(
@@ -29,11 +31,16 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[Dim, ...]]]) -> tuple[Dim,
     return tuple(out)
 
 
+def same(a: Dim, b: Dim) -> bool:
+    """Equal sizes, or one symbolic batch (one Var per name: `ops.spec.symbol`)."""
+    return a is b if is_symbolic(a) or is_symbolic(b) else a == b
+
+
 def is_one(dim: Any) -> bool:
     """A static dim of size 1 (an int, or TVM's IntImm in a placeholder's shape)."""
-    if isinstance(dim, int):
-        return dim == 1
-    return getattr(dim, "value", None) == 1  # a symbolic dim (a tirx.Var) has no value
+    if isinstance(dim, tirx.IntImm):
+        return int(dim) == 1
+    return isinstance(dim, int) and dim == 1
 
 
 def broadcast_index(shape: Sequence[Any], out_index: Sequence[Any]) -> tuple[Any, ...]:

@@ -7,7 +7,9 @@ attributes, input count, ranks and dtypes generically, then calls the op's own `
 from __future__ import annotations
 
 import math
+import operator
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -25,9 +27,10 @@ MAX_ELEMENTS = 2**31 - 1
 
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYMBOLS: dict[str, Any] = {}
+_SYMBOLS_LOCK = threading.Lock()  # `deploy test` binds cases in worker threads
 
 Dim = Any
-"""A dim: an int, or a symbolic batch dim, the tirx.Var `symbol(name)` (from its name as a str)."""
+"""A dim: an int, or a symbolic batch dim, the tirx.Var `symbol(name)` (given by its name, a str)."""
 
 
 def symbol(name: str) -> Any:
@@ -36,14 +39,30 @@ def symbol(name: str) -> Any:
     inputs by the runtime)."""
     if not SYMBOL.fullmatch(name):
         raise UsageError(f"symbolic dim {name!r}: expected a name like N or batch (letters, digits, _)")
-    if name not in _SYMBOLS:
-        from tvm import tirx
+    with _SYMBOLS_LOCK:
+        if name not in _SYMBOLS:
+            from tvm import tirx
 
-        _SYMBOLS[name] = tirx.Var(name, "int64")
-    return _SYMBOLS[name]
+            _SYMBOLS[name] = tirx.Var(name, "int64")
+        return _SYMBOLS[name]
+
+
+def _dim(value: Any) -> Dim:
+    """`value` as a dim: an int (any integer type but bool), a name's `symbol`, or a symbol."""
+    if isinstance(value, str):
+        return symbol(value)
+    if any(value is known for known in _SYMBOLS.values()):
+        return value
+    if isinstance(value, bool):
+        raise UsageError(f"dim {value!r}: expected a size or a batch name")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise UsageError(f"dim {value!r}: expected a size or a batch name") from None
 
 
 def is_symbolic(dim: Dim) -> bool:
+    """Whether `dim` is a symbolic batch (TensorType makes every other dim an int)."""
     return not isinstance(dim, int)
 
 
@@ -61,8 +80,7 @@ class TensorType:
     dtype: str
 
     def __post_init__(self) -> None:
-        dims = tuple(symbol(d) if isinstance(d, str) else d for d in self.shape)
-        object.__setattr__(self, "shape", tuple(d if is_symbolic(d) else int(d) for d in dims))
+        object.__setattr__(self, "shape", tuple(_dim(d) for d in self.shape))
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -70,6 +88,7 @@ class TensorType:
         return tuple(str(d.name) for d in self.shape if is_symbolic(d))
 
     def dims(self) -> list[int | str]:
+        """The shape as JSON writes it: sizes, and a symbolic batch's name."""
         return [dim_json(d) for d in self.shape]
 
     def elements(self) -> int:
@@ -85,6 +104,9 @@ class TensorType:
 
     def at(self, sizes: dict[str, int]) -> TensorType:
         """This type with each symbolic dim replaced by its size in `sizes`."""
+        missing = [name for name in self.symbols if name not in sizes]
+        if missing:
+            raise UsageError(f"{self}: no size given for the symbolic batch {', '.join(missing)}")
         return TensorType(tuple(sizes[str(d.name)] if is_symbolic(d) else d for d in self.shape), self.dtype)
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +119,16 @@ class TensorType:
 def symbols_of(types: Sequence[TensorType]) -> tuple[str, ...]:
     """The symbolic dims of `types`, each once, in order of appearance."""
     return tuple(dict.fromkeys(name for t in types for name in t.symbols))
+
+
+def require_static(types: Sequence[TensorType], what: str, why: str) -> None:
+    """A one-line error when `types` have a symbolic batch: `what` needs static shapes (`why`)."""
+    symbols = symbols_of(types)
+    if symbols:
+        raise UsageError(
+            f"{what} needs static shapes: the batch {', '.join(symbols)} is symbolic ({why}); give it"
+            " as a number"
+        )
 
 
 def index_dtype(types: Sequence[TensorType]) -> str | None:
@@ -119,6 +151,8 @@ def sizes_of(named: Sequence[tuple[str, TensorType]], shapes: Sequence[tuple[int
             if not is_symbolic(dim):
                 continue
             symbolic = str(dim.name)
+            if size < 1:
+                raise UsageError(f"input {name} has {symbolic}={size} (shape {list(shape)}): expected >= 1")
             if symbolic in sizes and sizes[symbolic] != size:
                 raise UsageError(
                     f"input {name} has {symbolic}={size} (shape {list(shape)}) but input"
@@ -144,8 +178,13 @@ class Case:
     """One verification case: attributes and input shapes (dtype is chosen per run)."""
 
     shapes: tuple[tuple[int | str, ...], ...]
-    """A str dim is a symbolic batch dim: one module verified at every size of SYMBOLIC_SIZES."""
+    """A str dim is a symbolic batch: `deploy test` runs one module at several batch sizes."""
     attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def symbolic(self) -> bool:
+        """Its batch is symbolic."""
+        return any(isinstance(d, str) for shape in self.shapes for d in shape)
 
     def label(self) -> str:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in self.shapes)
@@ -266,6 +305,11 @@ def bind(op: Op, attrs: dict[str, Any], inputs: list[TensorType]) -> BoundOp:
         if isinstance(attr.kind, Float) and values[attr.name] is not None:
             attr.kind.check_dtype(attr.name, values[attr.name], inputs[0].dtype)
     output = op.infer(values, list(inputs))
+    if any(is_symbolic(d) for d in output.shape[1:]):
+        raise UsageError(
+            f"the output of {op.name} has shape {list(output.shape)}: only the first dim (the batch)"
+            " may be symbolic"
+        )
     check_size(f"the output of {op.name}", output)
     return BoundOp(op, values, tuple(inputs), output)
 

@@ -59,6 +59,13 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     ("bench --target x86 --model TMP/unknown_op.yaml", 2, "node 'c'"),
     (f"tune --target x86 {GOOD} --shape 4", 2, "--shape describe an op"),
     ("tune --target x86 --model TMP/bad_attr.yaml", 2, "attribute kernel='abc'"),
+    ("tune --target x86 --model TMP/batch.yaml", 2, "tuning batch needs static shapes: the batch N is"),
+    ("build --target opencl --model TMP/batch.yaml", 2, "target opencl needs static shapes"),
+    (
+        f"run --target x86 {GOOD.replace('good', 'batch')} -i TMP/f32_4.npy -o out.npy",
+        2,
+        "input x of model batch is Nx4",
+    ),
 ]
 
 MODEL_FILES = {
@@ -66,6 +73,9 @@ MODEL_FILES = {
         "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
     ),
     "model.txt": "not a model\n",
+    "batch.yaml": (
+        "inputs: {x: {shape: [N, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
     "syntax.yaml": "inputs: {x: [\n",
     "cycle.yaml": (
         "inputs: {a: {shape: [1, 1, 8, 8]}}\nnodes:\n"
@@ -273,9 +283,11 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{RUN_ADD} -i TMP/f32_4.npy -i TMP/f64_4.npy", 2, "must share one dtype, got float32, float64"),
     # a symbolic batch: where a name may go, what takes static shapes only, arrays against it
     (f"{ADD} --shape 3xN --shape 4", 2, "--shape '3xN': expected dims like 32x64x112x112"),
-    (f"{LR} --shape Nx4 --target opencl", 2, "symbolic batch N: target opencl writes opencl kernels"),
+    (f"{LR} --shape Nx4 --target opencl", 2, "target opencl needs static shapes: the batch N is symbolic"),
     (f"{LR} --shape Nx4 --bundle", 2, "--bundle needs static shapes: the batch N is symbolic"),
-    (f"{TUNE} --shape Nx4", 2, "--op leaky_relu: the batch N is symbolic; tuning measures one shape"),
+    (f"{TUNE} --shape Nx4", 2, "tuning leaky_relu needs static shapes: the batch N is symbolic"),
+    (f"{LR} --shape maxx4", 2, "--shape 'maxx4': expected dims like"),
+    (f"{ADD} --shape Nx1x3 --shape 2x1x1x3", 2, "the output of add has shape [2, N, 1, 3]: only the first"),
     (f"{ARGMAX.replace('3x4', 'Nx4')} -a axis=0", 2, "axis=0 reduces the symbolic batch N"),
     (f"{RUN_ADD} --shape Nx4 --shape Nx4 -i TMP/f32_3x4.npy -i TMP/f32_4.npy", 2, "input b has shape [4]"),
     (f"{RUN_ADD} --shape Nx4 -i TMP/f32_3x4.npy -i TMP/f32_3x4.npy", 2, "give one per -i input (2), got 1"),

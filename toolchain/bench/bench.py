@@ -34,12 +34,25 @@ def bench_ops(
             case = op.cases[0]
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
             torch = functools.partial(torch_ms, op.name, bound.attrs)
-            rows.append(measure_row(session, bound, case.label(), target, device, bandwidth, repeat, torch))
+            for sizes, at in batches(bound.inputs):
+                label = case.label() + at
+                rows.append(
+                    measure_row(session, bound, label, target, device, bandwidth, repeat, torch, sizes)
+                )
     return rows
 
 
 BENCH_BATCHES = (1, 32)
 """The sizes a symbolic batch is timed at, each from the same module: one row per size."""
+
+
+def batches(types: tuple[TensorType, ...]) -> list[tuple[dict[str, int], str]]:
+    """(sizes of the symbolic batch, how a row's label says it) per row: one row for static
+    shapes, one per size of BENCH_BATCHES for a symbolic batch."""
+    symbols = symbols_of(types)
+    if not symbols:
+        return [({}, "")]
+    return [(dict.fromkeys(symbols, size), f" ({', '.join(symbols)}={size})") for size in BENCH_BATCHES]
 
 
 def bench_model(
@@ -49,16 +62,12 @@ def bench_model(
     BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
-    symbols = symbols_of(graph.inputs)
     with device.open() as session:
         bandwidth = copy_gbps(session, target, device, fresh_roofline)
         torch = functools.partial(torch_graph_ms, graph)
         rows = []
-        for size in BENCH_BATCHES if symbols else (None,):
-            sizes = dict.fromkeys(symbols, size)
-            label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs)
-            if symbols:
-                label += f" ({', '.join(symbols)}={size})"
+        for sizes, at in batches(graph.inputs):
+            label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
             rows.append(measure_row(session, graph, label, target, device, bandwidth, repeat, torch, sizes))
         return rows
 

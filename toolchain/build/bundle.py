@@ -19,7 +19,7 @@ from base.errors import UsageError
 from base.files import sha256_file
 from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runtime_libraries
 from devices.platforms import get_platform
-from ops.spec import BoundOp, TensorType, symbols_of
+from ops.spec import BoundOp, TensorType, require_static
 from toolchain.build.manifest import MANIFEST
 from toolchain.build.targets import Target, all_targets
 
@@ -50,12 +50,7 @@ def check_bundle(bound: BoundOp, target: Target) -> None:
             f"--bundle needs a target whose module C can call ({able}): {target.name}"
             f" writes {target.artifact.name} kernels"
         )
-    symbols = symbols_of([*bound.inputs, bound.output])
-    if symbols:
-        raise UsageError(
-            f"--bundle needs static shapes: the batch {', '.join(symbols)} is symbolic (a bundle's C"
-            " signature checks exact shapes); give it as a number"
-        )
+    require_static(bound.inputs, "--bundle", "a bundle's C signature checks exact shapes")
     _identifier(bound.op.name, "op name")
     param_names(bound)
 

@@ -74,7 +74,7 @@ def _relax_of(graph: BoundGraph) -> Any:
             for i, t in enumerate(n.node.inputs)
         ]
         out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
-        func = te.create_prim_func([*placeholders, out], index_dtype(graph.inputs))
+        func = te.create_prim_func([*placeholders, out], index_dtype([graph.types[t] for t in n.node.inputs]))
         calls.append((f"n{index}", func, n.node.inputs, n.node.output))
     passes = [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
     return tvm.transform.Sequential(passes)(relax_main(graph, calls))

@@ -15,7 +15,7 @@ import numpy.lib.format as npy_format
 
 from base.errors import DeployError, UsageError
 
-_DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-Za-wyzA-WYZ_][A-Za-wyzA-WYZ0-9_]*(?:[xX][0-9]+)+")
+_DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-WYZa-wyz_][A-WYZa-wyz0-9_]*(?:[xX][0-9]+)+")
 """Sizes, or a symbolic batch's name first and at least one size after it (a lone name is more
 likely a typo than a rank-1 batch)."""
 

@@ -93,7 +93,7 @@ def tune_command(
         from toolchain.build.fusion import kernels
 
         graph = load_graph(model)
-        check_static(f"--model {model}", graph.inputs)
+        check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
         for kernel in kernels(graph):
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
@@ -102,7 +102,7 @@ def tune_command(
             raise UsageError("--shape is required with --op (once per input)")
         each = "float32" if dtype is None else dtype
         bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
-        check_static(f"--op {op_name}", bound.inputs)
+        check_static(f"tuning {bound.name}", bound.inputs)  # before the progress display starts
         _tune_with_progress(bound, target, device, root, trials, timeout_s)
     elif not report:
         raise UsageError("--op or --model is required (or --report alone, to report what --db holds)")

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.errors import UsageError, reason
+from base.errors import reason
 from devices import Device, Session
-from ops.spec import BoundOp, TensorType, symbols_of
+from ops.spec import BoundOp, TensorType, require_static
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.verify.measure import Checked, check, time_interleaved
@@ -70,15 +70,10 @@ class Tuner(Protocol):
         ...
 
 
-def check_static(name: str, types: tuple[TensorType, ...]) -> None:
+def check_static(what: str, types: tuple[TensorType, ...]) -> None:
     """Tuning needs static shapes: MetaSchedule refuses loops of symbolic extent
     (`DisallowDynamicLoop`), and a record is kept per shape."""
-    symbols = symbols_of(types)
-    if symbols:
-        raise UsageError(
-            f"{name}: the batch {', '.join(symbols)} is symbolic; tuning measures one shape (MetaSchedule"
-            " tunes no loop of symbolic extent): tune with the batch you deploy as a number"
-        )
+    require_static(types, what, "MetaSchedule tunes no loop of symbolic extent: tune the batch you deploy")
 
 
 def judge(session: Session, hand: Checked, contenders: dict[str, Checked]) -> dict[str, Any]:

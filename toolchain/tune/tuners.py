@@ -20,7 +20,7 @@ from toolchain.build.shared_object import SHARED_OBJECT
 from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 from toolchain.tune import records as db
 from toolchain.tune.metaschedule import MetaScheduleTuner
-from toolchain.tune.tuner import Progress, Tuner, TuneResult
+from toolchain.tune.tuner import Progress, Tuner, TuneResult, check_static
 from toolchain.tune.work_group import WorkGroupTuner
 from toolchain.verify.run import check_device
 
@@ -41,6 +41,7 @@ def tune(
     then accept the fastest record only if it matches numpy and beats the hand schedule."""
     if trials < 1:
         raise UsageError(f"--trials {trials}: expected a positive number of trials")
+    check_static(f"tuning {bound.name}", bound.inputs)
     tuner = tuner_for(target)
     check_device(target, device)
     directory = db.task_dir(root, bound, target.name)

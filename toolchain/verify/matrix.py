@@ -48,7 +48,7 @@ class PlannedCase:
     @property
     def symbolic(self) -> bool:
         """Its batch is symbolic: one module, run at every size of SYMBOLIC_SIZES."""
-        return any(isinstance(d, str) for shape in self.case.shapes for d in shape)
+        return self.case.symbolic
 
     def runs_on(self, target: Target) -> bool:
         """The target builds this case: a symbolic batch needs an artifact that runs every size."""

@@ -1,0 +1,90 @@
+"""One module for a symbolic batch N against a module built for each fixed batch, measured in one run.
+
+    TVM_NUM_THREADS=2 .venv/bin/python bench/symbolic_vs_static.py [--target x86] [--rounds 9]
+
+For each workload and batch size, the symbolic module (built once) and the module built for that
+batch are checked against numpy, then timed in interleaved rounds (one run of each per round, so
+drift falls on both). Prints the medians, the interquartile spread and the ratio symbolic/static.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devices import get_device
+from ops import TensorType, bind, get_op
+from toolchain.build.compile import compile_op
+from toolchain.build.export import export
+from toolchain.build.targets import get_target
+from toolchain.verify.compare import random_input
+from toolchain.verify.measure import artifact_ms
+from toolchain.verify.run import against_reference, for_device, run_artifact
+
+WORKLOADS = [
+    ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(64, 112, 112)]),
+    ("add", {}, [(64, 56, 56), (1, 56, 56)]),
+    ("leaky_relu", {}, [(64, 56, 56)]),
+    ("argmax", {"axis": -1}, [(256, 1024)]),
+]
+"""(op, attributes, input shapes after the batch dim)."""
+BATCHES = (1, 32)
+
+
+def spread(runs: list[float]) -> float:
+    low, _, high = statistics.quantiles(runs, n=4, method="inclusive")
+    return high - low
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="x86")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
+    print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
+    print(f"{'workload':34} {'N':>3} {'static ms':>14} {'symbolic ms':>14} {'sym/static':>10}")
+    with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
+        target = for_device(get_target(args.target), session)
+
+        def built(
+            shapes: list[tuple[int | str, ...]], op_name: str, attrs: dict[str, Any]
+        ) -> tuple[Any, ...]:
+            """The op bound to `shapes`, compiled and exported: (bound op, directory, manifest)."""
+            bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
+            directory = Path(tempfile.mkdtemp(dir=tmp))
+            return bound, directory, export(compile_op(bound, target), directory)
+
+        for op_name, attrs, tails in WORKLOADS:
+            symbolic = built([("N", *t) for t in tails], op_name, attrs)
+            for n in BATCHES:
+                static = built([(n, *t) for t in tails], op_name, attrs)
+                rng = np.random.default_rng(0)
+                inputs = [random_input(TensorType((n, *t), "float32"), rng) for t in tails]
+                runs: dict[str, list[float]] = {"static": [], "symbolic": []}
+                for bound, directory, manifest in (static, symbolic):
+                    comparison = against_reference(
+                        bound, inputs, run_artifact(session, directory, manifest, inputs)
+                    )
+                    assert comparison.ok, comparison.detail
+                for round_ in range(args.rounds):
+                    order = ("static", "symbolic") if round_ % 2 == 0 else ("symbolic", "static")
+                    for label in order:
+                        _, directory, manifest = static if label == "static" else symbolic
+                        runs[label].append(artifact_ms(session, directory, manifest, inputs, 1))
+                s, y = (statistics.median(runs[k]) for k in ("static", "symbolic"))
+                shapes = " ".join("x".join(map(str, t)) for t in tails)
+                print(
+                    f"{op_name + ' Nx' + shapes:34} {n:3} {s:8.3f} ±{spread(runs['static']):5.3f}"
+                    f" {y:8.3f} ±{spread(runs['symbolic']):5.3f} {y / s:10.3f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
