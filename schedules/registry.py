@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ops.spec import BoundOp, index_dtype
+from ops.spec import BoundOp
 
 GENERIC = "*"
 T = TypeVar("T")
@@ -151,8 +151,7 @@ def computed_module(ctx: ScheduleContext, compute: ComputeFn | None) -> Any:
         out = compute(ctx, *placeholders)
     else:
         out = bound.op.compute(bound.attrs, bound.output, *placeholders)
-    func = te.create_prim_func([*placeholders, out], index_dtype(bound.inputs))
-    return tvm.IRModule({"main": func})
+    return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 
 _STRATEGIES: dict[tuple[str, str], tuple[ScheduleFn, ComputeFn | None]] = {}

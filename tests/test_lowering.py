@@ -15,7 +15,7 @@ from toolchain.build.export import export
 from toolchain.build.targets import get_target
 
 
-def _load(extent: int, base: object, stride: int = 2):
+def _load(extent: object, base: object, stride: int = 2):
     from tvm import tirx
 
     buffer = tirx.decl_buffer((extent,), "float32", name="a")
@@ -32,6 +32,9 @@ def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, fir
     i = tirx.Var("i", "int32")
     rewritten = _stride2_to_shuffle(_load(64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
     assert isinstance(rewritten, tirx.Shuffle)
+    n = tirx.Var("N", "int32")  # a symbolic batch of even planes: the length is even too
+    rewritten = _stride2_to_shuffle(_load(n * 64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
+    assert isinstance(rewritten, tirx.Shuffle)
     assert [int(k) for k in rewritten.indices] == [first + 2 * lane for lane in range(8)]
     low, high = rewritten.vectors
     assert str(low.indices[0].stride) == "1" and str(high.indices[0].stride) == "1"
@@ -41,6 +44,7 @@ def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, fir
     "load",
     [
         lambda tirx: _load(63, tirx.Var("i", "int32") * 16),  # odd length: a pair could cross the end
+        lambda tirx: _load(tirx.Var("N", "int32") * 63, tirx.Var("i", "int32") * 16),  # N odd planes
         lambda tirx: _load(64, tirx.Var("i", "int32") * 3),  # parity unknown
         lambda tirx: _load(64, tirx.Var("i", "int32") * 16, stride=3),
     ],
@@ -56,9 +60,10 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
-def test_x86_max_pooling_is_vector_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [2, "N"])
+def test_x86_max_pooling_is_vector_code(tmp_path: Path, batch: int | str) -> None:
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
-    bound = bind(get_op("max_pool2d"), attrs, [TensorType((2, 8, 32, 32), "float32")])
+    bound = bind(get_op("max_pool2d"), attrs, [TensorType((batch, 8, 32, 32), "float32")])
     manifest = export(compile_op(bound, get_target("x86")), tmp_path / "art")
     text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
                           text=True, check=True).stdout  # fmt: skip

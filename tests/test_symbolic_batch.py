@@ -90,6 +90,10 @@ def test_call_time_sizes_come_from_the_arrays_and_must_agree():
         sizes_of(named, [(3, 9), (3, 1)])
     with pytest.raises(UsageError, match=r"input a has N=0 \(shape \[0, 8\]\): expected >= 1"):
         sizes_of(named, [(0, 8), (0, 1)])
+    with pytest.raises(
+        UsageError, match=r"input a at N=300000000 has shape \[300000000, 8\]: 2.4e\+09 elements"
+    ):
+        sizes_of(named, [(300_000_000, 8), (300_000_000, 1)])  # int32 indexing: the whole tensor counts
 
 
 @pytest.mark.parametrize("dim", [2.5, True, None, [3]])

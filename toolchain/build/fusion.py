@@ -15,7 +15,7 @@ from typing import Any
 
 from ops.fused import FusedOp
 from ops.graph import BoundGraph, BoundNode
-from ops.spec import BoundOp, index_dtype
+from ops.spec import BoundOp, is_symbolic, symbols_of
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,15 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
     """A Relax module whose `main(graph inputs...)` calls each PrimFunc in order (`call_tir`: the
     VM allocates the tensors between them) and returns the graph's output."""
     import tvm
-    from tvm import relax
+    from tvm import relax, tirx
+
+    batch = {name: tirx.Var(name, "int64") for name in symbols_of(graph.inputs)}
 
     def tensor_type(name: str) -> Any:
+        """Relax shapes are int64: a symbolic batch is an int64 Var of its own here (the kernels
+        take the int32 one of `ops.spec.symbol`, bound from the same array's shape)."""
         t = graph.types[name]
-        return relax.TensorType(t.shape, t.dtype)
+        return relax.TensorType([batch.get(str(d), d) if is_symbolic(d) else d for d in t.shape], t.dtype)
 
     builder = relax.BlockBuilder()
     params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(graph.input_names)]
@@ -74,8 +78,7 @@ def _relax_of(graph: BoundGraph) -> Any:
             for i, t in enumerate(n.node.inputs)
         ]
         out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
-        func = te.create_prim_func([*placeholders, out], index_dtype([graph.types[t] for t in n.node.inputs]))
-        calls.append((f"n{index}", func, n.node.inputs, n.node.output))
+        calls.append((f"n{index}", te.create_prim_func([*placeholders, out]), n.node.inputs, n.node.output))
     passes = [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
     return tvm.transform.Sequential(passes)(relax_main(graph, calls))
 

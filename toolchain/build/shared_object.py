@@ -33,7 +33,8 @@ rewrite cannot see; it runs after the rewrite instead (see `_pipeline`)."""
 def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
     """`a[ramp(b, 2, n)]` -> `shuffle(a[ramp(b', 1, n)], a[ramp(b' + n, 1, n)])` with b' = b
     rounded down to even. Reads the aligned pairs holding the wanted elements, so it stays inside
-    the buffer when the buffer's length is even; other loads are returned unchanged."""
+    the buffer when the buffer's length is even (for a symbolic batch: a multiple of an even
+    size); other loads are returned unchanged."""
     from tvm import tirx
 
     (index,) = load.indices if len(load.indices) == 1 else (None,)
@@ -42,7 +43,8 @@ def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
     stride, lanes, extent = index.stride, index.lanes, load.source.shape
     if not (isinstance(stride, tirx.IntImm) and int(stride) == 2 and isinstance(lanes, tirx.IntImm)):
         return load
-    if len(extent) != 1 or not isinstance(extent[0], tirx.IntImm) or int(extent[0]) % 2:
+    size = analyzer.modular_set(extent[0]) if len(extent) == 1 else None  # N * plane: even if the plane is
+    if size is None or size.coeff % 2 or size.base % 2:
         return load
     parity = analyzer.modular_set(index.base)
     if parity.coeff % 2:
