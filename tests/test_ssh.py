@@ -31,6 +31,8 @@ from tests import sshd
 from tests.conftest import DEPLOY, at_once, run_deploy
 from toolchain.verify.matrix import plan
 
+REPO = Path(__file__).resolve().parent.parent
+
 pytestmark = [
     pytest.mark.skipif(not sshd.available(), reason="needs openssh-server (/usr/sbin/sshd) and ssh-keygen"),
     pytest.mark.skipif(shutil.which("x86_64-linux-gnu-g++") is None, reason="needs g++ (x86_64)"),
@@ -311,6 +313,10 @@ def test_whole_matrix_on_an_ssh_board_and_nothing_left_running(server, tmp_path)
     result = run_deploy("test", "--target", "x86", "--device", "board")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert f"{len(plan(all_ops()))} cases passed, 0 failed" in result.stdout
+    model = run_deploy("--ops-path", str(REPO / "ops" / "examples"), "test", "--target", "x86", "--device",
+                       "board", "--model", str(REPO / "examples" / "pool_add_leaky_hsig_n.onnx"))  # fmt: skip
+    assert model.returncode == 0, model.stdout[-2000:] + model.stderr
+    assert "cpu/max_pool2d" in model.stdout and " 0 failed" in model.stdout  # the Relax VM over the tunnel
     nothing_left(remote)
 
 

@@ -84,6 +84,17 @@ def test_matrix_spreads_over_both_servers(farm):
         assert "load_module" in Path(server.log).read_text(), f"server on {server.port} got no work"
 
 
+def test_a_symbolic_model_on_the_farm(farm):
+    """A model's Relax VM executable on a tracker's server, its batch N run at 1, 3 and 32."""
+    port, _ = farm
+    repo = Path(__file__).resolve().parent.parent
+    result = run_deploy("--ops-path", str(repo / "ops" / "examples"), "test", "--target", "arm", "--tracker",
+                        f"127.0.0.1:{port}", "--key", KEY, "--model",
+                        str(repo / "examples" / "pool_add_leaky_hsig_n.onnx"))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "arm/max_pool2d" in result.stdout and " 0 failed" in result.stdout
+
+
 def wait_free(port: int, key: str, count: int, timeout: float = 30.0) -> int:
     deadline = time.monotonic() + timeout
     while (free := free_servers("127.0.0.1", port, key)) < count and time.monotonic() < deadline:
