@@ -20,7 +20,7 @@ import numpy as np
 
 from devices import get_device
 from ops import TensorType, bind, get_op
-from toolchain.bench.roofline import bytes_moved, measure_copy_gbps, roofline_ms
+from toolchain.bench.roofline import measure_bandwidth, read_bytes, written_bytes
 from toolchain.bench.torch_baseline import torch_ms, torch_version
 from toolchain.build.compile import compile_op
 from toolchain.build.targets import get_target
@@ -46,19 +46,22 @@ def main() -> None:
     device = get_device("local")
     with device.open() as session, tempfile.TemporaryDirectory() as tmp:
         print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
-              f" medians of {args.repeat}; the copy roofline is measured right before each workload"
-              " (this machine's bandwidth drifts between minutes)")  # fmt: skip
+              f" medians of {args.repeat}; read, write and copy bandwidth are measured right before each"
+              " workload (this machine's bandwidth drifts between minutes)")  # fmt: skip
         header = f"{'workload':38} {'MB':>6} {'copy GB/s':>9} {'ms':>7} {'roof ms':>7} {'x roof':>6}"
-        header += f" {'numpy':>8} {'torch':>7}"
+        header += f" {'x floor':>7} {'numpy':>8} {'torch':>7}"
         print(f"{header} {'vs torch':>8}  targets")
         for name, attrs, shapes, roof_goal, torch_goal in WORKLOADS:
             bound = bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes])
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
             compiled = compile_op(bound, target)
-            bandwidth = measure_copy_gbps(session, target, emulated=False)
+            roof = measure_bandwidth(session, target, emulated=False)
+            bandwidth = roof.copy
             ms = check_and_time(session, compiled, Path(tmp), args.repeat).ms
-            moved = bytes_moved(inputs, bound.output)
-            roof_ms = roofline_ms(moved, bandwidth)
+            read, written = read_bytes(inputs), written_bytes(bound.output)
+            moved = read + written
+            roof_ms = roof.copy_ms(moved)
+            floor = ms / roof.floor_ms(read, written)
             numpy_ms = host_ms(
                 functools.partial(bound.op.reference, bound.attrs, *inputs), max(3, args.repeat // 3)
             )
@@ -69,7 +72,7 @@ def main() -> None:
             label = f"{name} {' '.join('x'.join(map(str, s)) for s in shapes)}"
             torch_text = f"{torch:7.2f} {torch / ms:7.2f}x" if torch is not None else f"{'-':>7} {'-':>8}"
             figures = f"{moved / 1e6:6.1f} {bandwidth:9.1f} {ms:7.2f} {roof_ms:7.2f} {ms / roof_ms:6.2f}"
-            figures += f" {numpy_ms:8.2f}"
+            figures += f" {floor:7.2f} {numpy_ms:8.2f}"
             print(f"{label:38} {figures} {torch_text}  {', '.join(met)}")
 
 

@@ -147,6 +147,7 @@ class Argmax(Op):
         Case(((5, 1),), {"axis": 1, "out_dtype": "int32"}),
         Case((("N", 3, 40),), {"axis": -1}),
     )
+    bench = Case(((256, 100_000),), {"axis": -1})  # 102 MB read
 
     def _axis(self, attrs: dict[str, Any], rank: int) -> int:
         axis = attrs["axis"]

@@ -200,6 +200,9 @@ class Op:
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
     cases: ClassVar[tuple[Case, ...]] = ()
     """Shapes and attributes that `deploy test` verifies for every dtype."""
+    bench: ClassVar[Case | None] = None
+    """The case `deploy bench` times: one well past the last-level cache, so that its ratio to the
+    memory floor measures memory, not cache (None: the first of `cases`)."""
     onnx: ClassVar[tuple[OnnxOp, ...]] = ()
     """The ONNX nodes this op implements, each with its attribute conversion (`ops/onnx_mapping.py`)."""
 
@@ -219,6 +222,10 @@ class Op:
         """The ops whose definitions this op's computation is made of: itself (a fused group: its
         nodes' ops), which is what a build depends on."""
         return (self,)
+
+    def bench_case(self) -> Case:
+        """The case `deploy bench` times."""
+        return self.bench or self.cases[0]
 
     @classmethod
     def summary(cls) -> str:

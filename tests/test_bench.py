@@ -1,4 +1,4 @@
-"""`deploy bench`: the roofline (measured once, then cached), baselines, --json and --plot."""
+"""`deploy bench`: the floor and copy roofline (measured once, then cached), baselines, --json and --plot."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pytest
 
 from tests.conftest import run_deploy
 
-ADD_BYTES = 4 * (2 * 32 * 64 * 56 * 56 + 32 * 1 * 56 * 56)
-"""add's first case in float32: a and the output 32x64x56x56, b 32x1x56x56."""
-ARGMAX_BYTES = 4 * 32 * 1000 + 8 * 32
-"""argmax's first case in float32: 32x1000 read, 32 int64 indices written."""
+ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
+ADD_BYTES = 3 * ADD_WRITTEN
+"""add's bench case in float32: a, b and the output 32x64x112x112 (past the last-level cache)."""
+ARGMAX_BYTES = 4 * 256 * 100_000 + 8 * 256
+"""argmax's bench case in float32: 256x100000 read, 256 int64 indices written."""
 
 
 def test_bench_reports_the_roofline_and_baselines(tmp_path: Path) -> None:
@@ -24,7 +25,10 @@ def test_bench_reports_the_roofline_and_baselines(tmp_path: Path) -> None:
     rows = json.loads(first.stdout)
     assert [r["op"] for r in rows] == ["add", "argmax"]
     measured = rows[0]["roofline_gb_per_s"]
-    assert measured > 0 and rows[1]["roofline_gb_per_s"] == measured, "one copy measurement per run"
+    assert measured > 0 and rows[1]["roofline_gb_per_s"] == measured, "one bandwidth measurement per run"
+    for row in rows:
+        assert row["read_gb_per_s"] > 0 and row["write_gb_per_s"] > 0
+        assert row["x_floor"] == pytest.approx(row["median_ms"] / row["floor_ms"])
     for row, moved in zip(rows, (ADD_BYTES, ARGMAX_BYTES), strict=True):
         assert row["mb_moved"] * 1e6 == pytest.approx(moved)
         assert row["gb_per_s"] == pytest.approx(moved / 1e6 / row["median_ms"])
@@ -33,21 +37,26 @@ def test_bench_reports_the_roofline_and_baselines(tmp_path: Path) -> None:
     assert plot.read_bytes()[:4] == b"\x89PNG"
     cache_file = Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json"
     cache = json.loads(cache_file.read_text())
-    assert cache["x86@local"]["gb_per_s"] == measured
+    assert cache["x86@local"]["copy_gb_per_s"] == measured
 
-    cache["x86@local"]["gb_per_s"] = 2.0  # no copy runs at 2 GB/s here: only the cache says so
+    # no device runs at these speeds here: only the cache says so
+    cache["x86@local"].update(read_gb_per_s=4.0, write_gb_per_s=1.0, copy_gb_per_s=2.0)
     cache_file.write_text(json.dumps(cache))
     again = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1", "--json")
     (row,) = json.loads(again.stdout)
-    best_ms = ADD_BYTES / 2e9 * 1e3
-    assert row["roofline_gb_per_s"] == 2.0, "the cached roofline is used"
-    assert row["roofline_ms"] == pytest.approx(best_ms)
-    assert row["x_roofline"] == pytest.approx(row["median_ms"] / best_ms)
+    assert row["roofline_gb_per_s"] == 2.0, "the cached bandwidth is used"
+    assert row["roofline_ms"] == pytest.approx(ADD_BYTES / 2e9 * 1e3)
+    assert row["floor_ms"] == pytest.approx(((ADD_BYTES - ADD_WRITTEN) / 4e9 + ADD_WRITTEN / 1e9) * 1e3)
+    assert row["x_roofline"] == pytest.approx(row["median_ms"] / row["roofline_ms"])
 
+    cache["x86@local"] = {"gb_per_s": 2.0}  # an older deploy's entry: copy only
+    cache_file.write_text(json.dumps(cache))
+    table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1")
+    assert "copy roofline" in table.stdout and "x floor" in table.stdout
+    assert json.loads(cache_file.read_text())["x86@local"]["read_gb_per_s"] > 0, "measured again"
     table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1", "--fresh-roofline")
-    assert "copy roofline" in table.stdout and "x roofline" in table.stdout
-    fresh = json.loads(cache_file.read_text())["x86@local"]["gb_per_s"]
-    assert fresh > 0 and fresh != 2.0, "--fresh-roofline measures again"
+    fresh = json.loads(cache_file.read_text())["x86@local"]["copy_gb_per_s"]
+    assert table.returncode == 0 and fresh > 0 and fresh != 2.0, "--fresh-roofline measures again"
 
 
 def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:

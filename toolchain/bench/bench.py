@@ -13,7 +13,7 @@ import numpy as np
 from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.spec import Op, TensorType, bind, symbols_of
-from toolchain.bench.roofline import bytes_moved, copy_gbps, roofline_ms
+from toolchain.bench.roofline import Bandwidth, bandwidth, read_bytes, written_bytes
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.targets import Target
@@ -25,20 +25,19 @@ from toolchain.verify.run import check_device, for_device
 def bench_ops(
     ops: list[Op], dtype: str, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
 ) -> list[dict[str, Any]]:
-    """One row per op (its first case, in `dtype`): see `measure_row`."""
+    """One row per op (its bench case, in `dtype`; on an emulator its first, small case): see
+    `measure_row`."""
     check_device(target, device)
     with device.open() as session:
-        bandwidth = copy_gbps(session, target, device, fresh_roofline)
+        roof = bandwidth(session, target, device, fresh_roofline)
         rows = []
         for op in ops:
-            case = op.cases[0]
+            case = op.cases[0] if device.emulated else op.bench_case()  # emulated: not speed anyway
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
             torch = functools.partial(torch_ms, op.name, bound.attrs)
             for sizes, at in batches(bound.inputs):
                 label = case.label() + at
-                rows.append(
-                    measure_row(session, bound, label, target, device, bandwidth, repeat, torch, sizes)
-                )
+                rows.append(measure_row(session, bound, label, target, device, roof, repeat, torch, sizes))
     return rows
 
 
@@ -63,29 +62,32 @@ def bench_model(
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
     with device.open() as session:
-        bandwidth = copy_gbps(session, target, device, fresh_roofline)
+        roof = bandwidth(session, target, device, fresh_roofline)
         torch = functools.partial(torch_graph_ms, graph)
         rows = []
         for sizes, at in batches(graph.inputs):
             label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
-            rows.append(measure_row(session, graph, label, target, device, bandwidth, repeat, torch, sizes))
+            rows.append(measure_row(session, graph, label, target, device, roof, repeat, torch, sizes))
         return rows
 
 
 def measure_row(
-    session: Session, item: Buildable, label: str, target: Target, device: Device, bandwidth: float,
+    session: Session, item: Buildable, label: str, target: Target, device: Device, roof: Bandwidth,
     repeat: int, torch: Callable[[list[np.ndarray], int], float | None], sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
-    `sizes`); MB moved (inputs read once, output written once); GB/s; the roofline time (MB at
-    the device's copy bandwidth) and how far from it; numpy and PyTorch (`torch(inputs,
-    repeat)`) ms on this host and our speed-up over each."""
+    `sizes`); MB moved (inputs read once, output written once); GB/s; the floor (bytes read at
+    the device's read bandwidth plus bytes written at its write bandwidth) and how far from it,
+    and the same against the copy bandwidth alone; numpy and PyTorch (`torch(inputs, repeat)`) ms
+    on this host and our speed-up over each."""
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
     median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
-    moved = bytes_moved(inputs, item.output.at(sizes))
-    best_ms = roofline_ms(moved, bandwidth)
+    read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
+    moved = read + written
+    floor_ms = roof.floor_ms(read, written)
+    copy_ms = roof.copy_ms(moved)
     numpy = host_ms(lambda: item.reference(*inputs), repeat)
     torch_time = torch(inputs, repeat)
     return {
@@ -96,9 +98,13 @@ def measure_row(
         "median_ms": median_ms,
         "mb_moved": moved / 1e6,
         "gb_per_s": moved / (median_ms / 1e3) / 1e9,
-        "roofline_gb_per_s": bandwidth,
-        "roofline_ms": best_ms,
-        "x_roofline": median_ms / best_ms,
+        "read_gb_per_s": roof.read,
+        "write_gb_per_s": roof.write,
+        "floor_ms": floor_ms,
+        "x_floor": median_ms / floor_ms,
+        "roofline_gb_per_s": roof.copy,
+        "roofline_ms": copy_ms,
+        "x_roofline": median_ms / copy_ms,
         "numpy_ms": numpy,
         "speedup_vs_numpy": numpy / median_ms,
         "torch_ms": torch_time,

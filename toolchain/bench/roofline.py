@@ -1,9 +1,16 @@
-"""The memory-bandwidth roofline of a device: how fast it copies, measured with our own build.
+"""The memory-bandwidth roofline of a device: how fast it reads, writes and copies, measured with
+our own builds.
 
-A copy of COPY_BYTES (well beyond the last-level cache) is built for the target with its generic
-schedule, checked, and timed on the device; bandwidth = bytes read + bytes written per second. A
-memory-bound op can at best move its bytes at that rate. The figure is cached per target and
-device in `roofline.json` of the cache root (`--fresh-roofline` measures again).
+Three kernels over BYTES (well beyond the last-level cache), each built for the target with its
+generic schedule, checked against numpy and timed on the device, best of REPEAT runs after a
+warm-up call (the best run is the one the rest of the machine disturbed least):
+- write: a fill, `out[i] = x[0]`: BYTES written;
+- read: a fold of FOLD rows, `out[j] = x[0, j] + ... + x[FOLD-1, j]`: BYTES read, BYTES/FOLD
+  written (its write time at the write bandwidth is taken off);
+- copy: `out = x`, BYTES read and written, the yardstick before the split.
+An op's floor is bytes read / read bandwidth + bytes written / write bandwidth. The figures are
+cached per target and device in `roofline.json` of the cache root (`--fresh-roofline` measures
+again).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +32,12 @@ from toolchain.build.compile import compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.verify.measure import check_and_time
 
-COPY_BYTES = 64 << 20
+BYTES = 64 << 20
+EMULATED_BYTES = 4 << 20
+"""qemu: keep it short (its figures say nothing about speed)."""
 REPEAT = 7
+FOLD = 16
+"""Rows the read kernel sums: it writes 1/FOLD of what it reads, each row a contiguous stream."""
 
 
 class Copy(Op):
@@ -48,42 +60,126 @@ class Copy(Op):
         return x.copy()
 
 
-def bytes_moved(inputs: list[np.ndarray], out: TensorType) -> int:
-    """Bytes a memory-bound op must move at least: every input read once, the output written once."""
-    return sum(a.nbytes for a in inputs) + int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
+class Fill(Op):
+    """out[i] = x[0] for `size` elements: writes only (not a registered op)."""
+
+    name = "fill"
+    inputs = (Input("x"),)
+    dtypes = ("float32",)
+    exact = True
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return TensorType((self.size,), inputs[0].dtype)
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: Any) -> Any:
+        from tvm import te
+
+        return te.compute(out.shape, lambda i: x[0], name="out")
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        return np.full(self.size, x[0], dtype=x.dtype)
 
 
-def roofline_ms(moved: int, gb_per_s: float) -> float:
-    """Milliseconds `moved` bytes take at the copy bandwidth `gb_per_s`."""
-    return moved / (gb_per_s * 1e9) * 1e3
+class Fold(Op):
+    """out[j] = the sum over rows of x[:, j], left to right: reads all of x [rows, n], writes n
+    (not a registered op)."""
+
+    name = "fold"
+    inputs = (Input("x", min_rank=2, max_rank=2),)
+    dtypes = ("float32",)
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return TensorType(inputs[0].shape[1:], inputs[0].dtype)
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: Any) -> Any:
+        from tvm import te
+
+        rows = int(x.shape[0])
+        return te.compute(out.shape, lambda j: sum((x[r, j] for r in range(1, rows)), x[0, j]), name="out")
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        total = x[0].copy()
+        for row in x[1:]:
+            total += row
+        return total
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A device's read, write and copy bandwidth (GB/s; copy counts the bytes read and written)."""
+
+    read: float
+    write: float
+    copy: float
+
+    def floor_ms(self, read_bytes: int, written_bytes: int) -> float:
+        """Milliseconds an op that reads and writes these bytes takes at best."""
+        return (read_bytes / self.read + written_bytes / self.write) / 1e6
+
+    def copy_ms(self, moved: int) -> float:
+        """Milliseconds `moved` bytes take at the copy bandwidth (the copy-only yardstick)."""
+        return moved / self.copy / 1e6
+
+
+def read_bytes(inputs: list[np.ndarray]) -> int:
+    """Bytes a memory-bound op must read at least: every input once."""
+    return sum(a.nbytes for a in inputs)
+
+
+def written_bytes(out: TensorType) -> int:
+    """Bytes a memory-bound op must write at least: its output once."""
+    return int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
 
 
 def _cache_file() -> Path:
     return cache_root() / "roofline.json"
 
 
-def measure_copy_gbps(session: Session, target: Target, emulated: bool) -> float:
-    """GB/s of a COPY_BYTES copy on the session (read + write bytes over the median time), after
-    checking the copy returns its input."""
-    size = (COPY_BYTES // 4) if not emulated else (4 << 20) // 4  # qemu: keep it short
-    bound = bind(Copy(), {}, [TensorType((size,), "float32")])
+def _best_ms(session: Session, target: Target, op: Op, shape: tuple[int, ...], workdir: Path) -> float:
+    """The best of REPEAT timed runs (ms per call) of `op` on float32 `shape`, built with the
+    target's generic schedule and checked against numpy first."""
+    bound = bind(op, {}, [TensorType(shape, "float32")])
     compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
+    return min(check_and_time(session, compiled, workdir, REPEAT).runs)
+
+
+def measure_bandwidth(session: Session, target: Target, emulated: bool) -> Bandwidth:
+    """Read, write and copy bandwidth of the session's device for `target` modules."""
+    size = (EMULATED_BYTES if emulated else BYTES) // 4
     with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
-        ms = check_and_time(session, compiled, Path(tmp), REPEAT).ms
-    return 2 * size * 4 / (ms / 1e3) / 1e9
+        fill_ms = _best_ms(session, target, Fill(size), (1,), Path(tmp))
+        fold_ms = _best_ms(session, target, Fold(), (FOLD, size // FOLD), Path(tmp))
+        copy_ms = _best_ms(session, target, Copy(), (size,), Path(tmp))
+    total = size * 4
+    write = total / fill_ms / 1e6
+    reading_ms = fold_ms - total / FOLD / write / 1e6  # the fold's own writes at the write bandwidth
+    read = total / (reading_ms if reading_ms > fold_ms / 2 else fold_ms) / 1e6
+    return Bandwidth(read=read, write=write, copy=2 * total / copy_ms / 1e6)
 
 
-def copy_gbps(session: Session, target: Target, device: Device, fresh: bool = False) -> float:
-    """The device's copy bandwidth for `target` modules, from the cache unless `fresh`."""
+def bandwidth(session: Session, target: Target, device: Device, fresh: bool = False) -> Bandwidth:
+    """The device's bandwidth for `target` modules, from the cache unless `fresh` (an entry
+    without all three figures, as older deploys wrote, is measured again)."""
     path = _cache_file()
     key = f"{target.name}@{device.name}"
     try:
         cached = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
         cached = {}
-    if not fresh and key in cached:
-        return float(cached[key]["gb_per_s"])
-    gbps = measure_copy_gbps(session, target, device.emulated)
-    cached[key] = {"gb_per_s": gbps, "bytes": COPY_BYTES, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entry = cached.get(key)
+    if not fresh and isinstance(entry, dict):
+        try:
+            return Bandwidth(**{k: float(entry[f"{k}_gb_per_s"]) for k in ("read", "write", "copy")})
+        except (KeyError, TypeError, ValueError):
+            pass
+    measured = measure_bandwidth(session, target, device.emulated)
+    cached[key] = {
+        **{f"{k}_gb_per_s": v for k, v in asdict(measured).items()},
+        "bytes": EMULATED_BYTES if device.emulated else BYTES,
+        "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     write_json_atomically(path, cached)
-    return gbps
+    return measured
