@@ -123,6 +123,18 @@ def symbols_of(types: Sequence[TensorType]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for t in types for name in t.symbols))
 
 
+def batch_sizes(types: Sequence[TensorType], sizes: Sequence[int]) -> list[dict[str, int]]:
+    """What to run tensors of `types` at: every symbolic dim at each of `sizes` in turn, or once
+    (an empty dict) when all dims are static."""
+    symbols = symbols_of(types)
+    return [dict.fromkeys(symbols, size) for size in sizes] if symbols else [{}]
+
+
+def sizes_text(sizes: dict[str, int]) -> str:
+    """`N=3` (the symbolic dims' sizes as labels and messages say them; "" for none)."""
+    return ", ".join(f"{name}={size}" for name, size in sizes.items())
+
+
 def require_static(types: Sequence[TensorType], what: str, why: str) -> None:
     """A one-line error when `types` have a symbolic batch: `what` needs static shapes (`why`)."""
     symbols = symbols_of(types)
@@ -156,7 +168,7 @@ def sizes_of(named: Sequence[tuple[str, TensorType]], shapes: Sequence[tuple[int
             sizes.setdefault(symbolic, size)
             seen.setdefault(symbolic, name)
     for name, declared in named:
-        check_size(f"input {name} at {', '.join(f'{k}={v}' for k, v in sizes.items())}", declared.at(sizes))
+        check_size(f"input {name} at {sizes_text(sizes)}", declared.at(sizes))
     return sizes
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from devices import Device, Session
 from ops.graph import BoundGraph
-from ops.spec import Op, TensorType, bind, symbols_of
+from ops.spec import Op, TensorType, batch_sizes, bind, sizes_text
 from toolchain.bench.roofline import Bandwidth, bandwidth, read_bytes, written_bytes
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
@@ -48,10 +48,9 @@ BENCH_BATCHES = (1, 32)
 def batches(types: tuple[TensorType, ...]) -> list[tuple[dict[str, int], str]]:
     """(sizes of the symbolic batch, how a row's label says it) per row: one row for static
     shapes, one per size of BENCH_BATCHES for a symbolic batch."""
-    symbols = symbols_of(types)
-    if not symbols:
-        return [({}, "")]
-    return [(dict.fromkeys(symbols, size), f" ({', '.join(symbols)}={size})") for size in BENCH_BATCHES]
+    return [
+        (sizes, f" ({sizes_text(sizes)})" if sizes else "") for sizes in batch_sizes(types, BENCH_BATCHES)
+    ]
 
 
 def bench_model(

@@ -49,7 +49,7 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
         """Relax shapes are int64: a symbolic batch is an int64 Var of its own here (the kernels
         take the int32 one of `ops.spec.symbol`, bound from the same array's shape)."""
         t = graph.types[name]
-        return relax.TensorType([batch.get(str(d), d) if is_symbolic(d) else d for d in t.shape], t.dtype)
+        return relax.TensorType([batch[str(d.name)] if is_symbolic(d) else d for d in t.shape], t.dtype)
 
     builder = relax.BlockBuilder()
     params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(graph.input_names)]

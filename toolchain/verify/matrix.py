@@ -17,7 +17,7 @@ import numpy as np
 from base.errors import DeployError, first_line
 from devices import Device, DeviceLost, Session
 from ops.graph import BoundGraph
-from ops.spec import BoundOp, Case, Op, TensorType, bind, symbols_of
+from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from toolchain.build.cache import cached_build
 from toolchain.build.targets import Target
 from toolchain.verify.compare import Comparison, compare, random_input
@@ -82,14 +82,13 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
         symbols = symbols_of(bound.inputs)
         if symbols:
             label += f" at {', '.join(symbols)}={','.join(map(str, SYMBOLIC_SIZES))}"
+        ties = planned.index % 2 == 1
         comparisons = []
-        for size in SYMBOLIC_SIZES if symbols else (None,):
-            sizes = dict.fromkeys(symbols, size)
-            ties = planned.index % 2 == 1
+        for sizes in batch_sizes(bound.inputs, SYMBOLIC_SIZES):
             inputs = [random_input(t.at(sizes), rng, ties=ties, specials=specials) for t in bound.inputs]
             comparison, schedule = verify(session, bound, target, inputs)
-            comparisons.append((size, comparison))
-        comparison = worst_of(comparisons, symbols)
+            comparisons.append((sizes, comparison))
+        comparison = worst_of(comparisons)
     except DeviceLost:
         raise
     except DeployError as exc:
@@ -108,12 +107,12 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
     )
 
 
-def worst_of(comparisons: list[tuple[int | None, Comparison]], symbols: tuple[str, ...]) -> Comparison:
-    """One comparison for the runs of one case (one per batch size): the first failure, its
-    detail naming the size, else the largest error."""
-    for size, comparison in comparisons:
+def worst_of(comparisons: list[tuple[dict[str, int], Comparison]]) -> Comparison:
+    """One comparison for the runs of one case (one per batch size, `batch_sizes`): the first
+    failure, its detail naming the size, else the largest error."""
+    for sizes, comparison in comparisons:
         if not comparison.ok:
-            where = f"{', '.join(symbols)}={size}: " if symbols else ""
+            where = f"{sizes_text(sizes)}: " if sizes else ""
             return Comparison(False, comparison.max_error, where + comparison.detail)
     return max((c for _, c in comparisons), key=lambda c: c.max_error)
 
@@ -252,16 +251,14 @@ def verify_model(
     results = []
     directory, manifest = cached_build(graph, for_device(target, session))
     dtype = graph.inputs[0].dtype if graph.inputs else graph.output.dtype
-    symbols = symbols_of(graph.inputs)
-    for (index, inputs), size in itertools.product(
-        enumerate(MODEL_INPUTS), SYMBOLIC_SIZES if symbols else (None,)
+    for (index, inputs), sizes in itertools.product(
+        enumerate(MODEL_INPUTS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)
     ):
-        sizes = dict.fromkeys(symbols, size)
-        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}/{size}".encode()))
+        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}/{sizes_text(sizes)}".encode()))
         arrays = [
             random_input(t.at(sizes), rng, ties=inputs.ties, specials=inputs.specials) for t in graph.inputs
         ]
-        label = f"{inputs.label} at {', '.join(symbols)}={size}" if symbols else inputs.label
+        label = f"{inputs.label} at {sizes_text(sizes)}" if sizes else inputs.label
         actual = run_artifact(session, directory, manifest, arrays)
         for reference in references:
             if not reference.applies(inputs):
