@@ -195,6 +195,14 @@ class Case:
         """Its batch is symbolic."""
         return any(isinstance(d, str) for shape in self.shapes for d in shape)
 
+    def batched(self, factor: int) -> Case:
+        """This case with `factor` times the leading dim of each input whose leading dim is not 1
+        (a broadcast 1 and a symbolic batch stay): the same workload, `factor` times the memory."""
+        grown = tuple(
+            (s[0] * factor, *s[1:]) if s and isinstance(s[0], int) and s[0] != 1 else s for s in self.shapes
+        )
+        return Case(grown, self.attrs)
+
     def label(self) -> str:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in self.shapes)
         attrs = " ".join(f"{k}={v}" for k, v in self.attrs.items())

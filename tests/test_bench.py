@@ -64,3 +64,41 @@ def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:
     assert zero.returncode == 2 and zero.stderr.strip() == "error: --repeat 0: expected at least 1"
     none = run_deploy("bench", "--target", "x86", "--op", "leaky_relu", "--dtype", "int8")
     assert none.returncode == 2 and "no op in the selection supports dtype int8" in none.stderr
+
+
+def test_min_mb_grows_the_case_and_the_roofline(tmp_path: Path) -> None:
+    """A device whose cache holds a case (a GPU's L2, a server's 300 MB L3) times a grown one:
+    --min-mb multiplies the leading dims, and a roofline measured over fewer bytes is measured
+    again over as many. --no-baselines leaves numpy and PyTorch out (seconds a call at GB sizes)."""
+    from toolchain.bench.roofline import roofline_bytes
+
+    env = {"DEPLOY_CACHE_DIR": str(tmp_path)}
+    cache_file = tmp_path / "roofline.json"
+    entry = {"read_gb_per_s": 4.0, "write_gb_per_s": 1.0, "copy_gb_per_s": 2.0, "bytes": 300_000_000}
+    cache_file.write_text(json.dumps({"x86@local": entry}))  # only the cache runs at these speeds
+    grown = run_deploy("bench", "--target", "x86", "--op", "argmax", "--min-mb", "250", "--no-baselines",
+                       "--repeat", "1", "--json", env=env)  # fmt: skip
+    assert grown.returncode == 0, grown.stderr
+    (row,) = json.loads(grown.stdout)
+    assert row["shapes"] == "768x100000 axis=-1", "256 rows times 3: 307 MB, past 250"
+    assert row["mb_moved"] * 1e6 == pytest.approx(3 * ARGMAX_BYTES)
+    assert row["roofline_gb_per_s"] == 2.0, "an entry over 300 MB serves a 250 MB bench"
+    assert row["numpy_ms"] is None and row["torch_ms"] is None and row["speedup_vs_numpy"] is None
+
+    entry["bytes"] = 64 << 20
+    cache_file.write_text(json.dumps({"x86@local": entry}))
+    table = run_deploy("bench", "--target", "x86", "--op", "argmax", "--min-mb", "70", "--no-baselines",
+                       "--repeat", "1", env=env)  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    measured = json.loads(cache_file.read_text())["x86@local"]
+    assert measured["bytes"] == roofline_bytes(False, 70_000_000) >= 70_000_000
+    assert measured["copy_gb_per_s"] != 2.0, "measured again over 70 MB"
+    assert "256x100000" in table.stdout, "a case past 70 MB stays as it is"
+
+
+def test_a_case_grows_along_its_batch() -> None:
+    from ops.spec import Case
+
+    case = Case(((32, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1})
+    assert case.batched(3) == Case(((96, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1}), "a broadcast 1 stays"
+    assert Case((("N", 4),)).batched(3).shapes == (("N", 4),), "a symbolic batch stays"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +33,14 @@ def test_ops_json_lists_every_builtin_op():
     assert ops["leaky_relu"]["dtypes"] == ["float32", "float16", "float64"]
     assert ops["argmax"]["targets"]["x86"] == "cpu/argmax"
     assert ops["add"]["targets"]["x86"] == "cpu/generic"
+
+
+def test_python_m_toolchain_cli_is_deploy():
+    """From a checkout without the console script (a bench script's subprocess, a device)."""
+    done = subprocess.run([sys.executable, "-m", "toolchain.cli", "ops", "--json"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {op["name"] for op in json.loads(done.stdout)} >= {"add", "argmax"}
 
 
 def test_ops_table_and_targets():

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from devices import Device, Session
 from ops.graph import BoundGraph
-from ops.spec import Op, TensorType, batch_sizes, bind, sizes_text
+from ops.spec import Case, Op, TensorType, batch_sizes, bind, sizes_text
 from toolchain.bench.roofline import Bandwidth, bandwidth, read_bytes, written_bytes
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
@@ -22,23 +23,48 @@ from toolchain.verify.measure import artifact_ms, host_ms
 from toolchain.verify.run import check_device, for_device
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """How `deploy bench` measures."""
+
+    repeat: int = 5
+    """Timed runs; rows give the median."""
+    fresh_roofline: bool = False
+    min_bytes: int = 0
+    """Bench cases grow until they move this many bytes, and the roofline streams as many."""
+    baselines: bool = True
+    """Time numpy and PyTorch on the host too (at GB sizes numpy takes seconds a call)."""
+
+
 def bench_ops(
-    ops: list[Op], dtype: str, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
+    ops: list[Op], dtype: str, target: Target, device: Device, options: BenchOptions
 ) -> list[dict[str, Any]]:
-    """One row per op (its bench case, in `dtype`; on an emulator its first, small case): see
-    `measure_row`."""
+    """One row per op (its bench case, in `dtype`, grown to move at least `options.min_bytes`; on
+    an emulator its first, small case): see `measure_row`."""
     check_device(target, device)
     with device.open() as session:
-        roof = bandwidth(session, target, device, fresh_roofline)
+        roof = bandwidth(session, target, device, options.fresh_roofline, options.min_bytes)
         rows = []
         for op in ops:
-            case = op.cases[0] if device.emulated else op.bench_case()  # emulated: not speed anyway
+            case = bench_case(op, dtype, options.min_bytes, device.emulated)
             bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
             torch = functools.partial(torch_ms, op.name, bound.attrs)
             for sizes, at in batches(bound.inputs):
                 label = case.label() + at
-                rows.append(measure_row(session, bound, label, target, device, roof, repeat, torch, sizes))
+                rows.append(measure_row(session, bound, label, target, device, roof, options, torch, sizes))
     return rows
+
+
+def bench_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> Case:
+    """The op's bench case (an emulator: its first case, speed is not the point there), its
+    leading dims multiplied until it moves at least `min_bytes` in `dtype` (a device whose
+    last-level cache holds the case would otherwise time its cache)."""
+    if emulated:
+        return op.cases[0]
+    case = op.bench_case()
+    bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
+    moved = sum(t.elements() * np.dtype(t.dtype).itemsize for t in (*bound.inputs, bound.output))
+    return case if case.symbolic or moved >= min_bytes else case.batched(-(-min_bytes // moved))
 
 
 BENCH_BATCHES = (1, 32)
@@ -54,25 +80,26 @@ def batches(types: tuple[TensorType, ...]) -> list[tuple[dict[str, int], str]]:
 
 
 def bench_model(
-    graph: BoundGraph, target: Target, device: Device, repeat: int, fresh_roofline: bool = False
+    graph: BoundGraph, target: Target, device: Device, options: BenchOptions
 ) -> list[dict[str, Any]]:
     """One row for the model's graph as a whole (its kernels run in one call), one per size of
     BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
     with device.open() as session:
-        roof = bandwidth(session, target, device, fresh_roofline)
+        roof = bandwidth(session, target, device, options.fresh_roofline, options.min_bytes)
         torch = functools.partial(torch_graph_ms, graph)
         rows = []
         for sizes, at in batches(graph.inputs):
             label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
-            rows.append(measure_row(session, graph, label, target, device, roof, repeat, torch, sizes))
+            rows.append(measure_row(session, graph, label, target, device, roof, options, torch, sizes))
         return rows
 
 
 def measure_row(
     session: Session, item: Buildable, label: str, target: Target, device: Device, roof: Bandwidth,
-    repeat: int, torch: Callable[[list[np.ndarray], int], float | None], sizes: dict[str, int] | None = None,
+    options: BenchOptions, torch: Callable[[list[np.ndarray], int], float | None],
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
     `sizes`); MB moved (inputs read once, output written once); GB/s; the floor (bytes read at
@@ -82,13 +109,13 @@ def measure_row(
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    median_ms = artifact_ms(session, directory, manifest, inputs, repeat)
+    median_ms = artifact_ms(session, directory, manifest, inputs, options.repeat)
     read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
     moved = read + written
     floor_ms = roof.floor_ms(read, written)
     copy_ms = roof.copy_ms(moved)
-    numpy = host_ms(lambda: item.reference(*inputs), repeat)
-    torch_time = torch(inputs, repeat)
+    numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
+    torch_time = torch(inputs, options.repeat) if options.baselines else None
     return {
         "op": item.name,
         "shapes": label,
@@ -105,7 +132,7 @@ def measure_row(
         "roofline_ms": copy_ms,
         "x_roofline": median_ms / copy_ms,
         "numpy_ms": numpy,
-        "speedup_vs_numpy": numpy / median_ms,
+        "speedup_vs_numpy": numpy / median_ms if numpy is not None else None,
         "torch_ms": torch_time,
         "speedup_vs_torch": torch_time / median_ms if torch_time is not None else None,
         "emulated": device.emulated,

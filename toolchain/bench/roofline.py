@@ -146,9 +146,18 @@ def _best_ms(session: Session, target: Target, op: Op, shape: tuple[int, ...], w
     return min(check_and_time(session, compiled, workdir, REPEAT).runs)
 
 
-def measure_bandwidth(session: Session, target: Target, emulated: bool) -> Bandwidth:
-    """Read, write and copy bandwidth of the session's device for `target` modules."""
-    size = (EMULATED_BYTES if emulated else BYTES) // 4
+def roofline_bytes(emulated: bool, min_bytes: int = 0) -> int:
+    """Bytes each bandwidth kernel streams: BYTES, or `min_bytes` when larger (a GPU's L2 holds
+    tens of MB), a multiple of 4 * FOLD; EMULATED_BYTES on an emulator."""
+    if emulated:
+        return EMULATED_BYTES
+    return max(BYTES, -(-min_bytes // (4 * FOLD)) * 4 * FOLD)
+
+
+def measure_bandwidth(session: Session, target: Target, emulated: bool, min_bytes: int = 0) -> Bandwidth:
+    """Read, write and copy bandwidth of the session's device for `target` modules, each kernel
+    streaming `roofline_bytes`."""
+    size = roofline_bytes(emulated, min_bytes) // 4
     with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
         fill_ms = _best_ms(session, target, Fill(size), (1,), Path(tmp))
         fold_ms = _best_ms(session, target, Fold(), (FOLD, size // FOLD), Path(tmp))
@@ -160,9 +169,18 @@ def measure_bandwidth(session: Session, target: Target, emulated: bool) -> Bandw
     return Bandwidth(read=read, write=write, copy=2 * total / copy_ms / 1e6)
 
 
-def bandwidth(session: Session, target: Target, device: Device, fresh: bool = False) -> Bandwidth:
+def _entry_bytes(entry: dict[str, Any]) -> int:
+    value = entry.get("bytes")
+    return value if type(value) is int else 0
+
+
+def bandwidth(
+    session: Session, target: Target, device: Device, fresh: bool = False, min_bytes: int = 0
+) -> Bandwidth:
     """The device's bandwidth for `target` modules, from the cache unless `fresh` (an entry
-    without all three figures, as older deploys wrote, is measured again)."""
+    without all three figures, as older deploys wrote, or measured over fewer bytes than
+    `roofline_bytes` asks for now, is measured again)."""
+    size = roofline_bytes(device.emulated, min_bytes)
     path = _cache_file()
     key = f"{target.name}@{device.name}"
     try:
@@ -170,15 +188,15 @@ def bandwidth(session: Session, target: Target, device: Device, fresh: bool = Fa
     except ValueError:
         cached = {}
     entry = cached.get(key)
-    if not fresh and isinstance(entry, dict):
+    if not fresh and isinstance(entry, dict) and _entry_bytes(entry) >= size:
         try:
             return Bandwidth(**{k: float(entry[f"{k}_gb_per_s"]) for k in ("read", "write", "copy")})
         except (KeyError, TypeError, ValueError):
             pass
-    measured = measure_bandwidth(session, target, device.emulated)
+    measured = measure_bandwidth(session, target, device.emulated, min_bytes)
     cached[key] = {
         **{f"{k}_gb_per_s": v for k, v in asdict(measured).items()},
-        "bytes": EMULATED_BYTES if device.emulated else BYTES,
+        "bytes": size,
         "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     write_json_atomically(path, cached)

@@ -23,6 +23,9 @@ from toolchain.cli.options import (
     resolve_target,
 )
 
+MAX_MB = 8000
+"""--min-mb's bound: a 32-bit index reaches 2**31 elements, 8.6 GB of float32."""
+
 
 @click.command("bench")
 @CORES
@@ -40,6 +43,19 @@ from toolchain.cli.options import (
 @click.option(
     "--fresh-roofline", is_flag=True, help="Measure the device's read, write and copy bandwidth again."
 )
+@click.option(
+    "--min-mb",
+    type=int,
+    help="Grow each bench case along its leading dim until it moves at least this many MB, and"
+    " measure the roofline over as many (a GPU whose L2 holds the cases) [default: the ops' cases,"
+    " a 64 MiB roofline].",
+)
+@click.option(
+    "--baselines/--no-baselines",
+    default=True,
+    show_default=True,
+    help="Time numpy and PyTorch on this host beside the device.",
+)
 def bench_command(
     cores: int | None,
     target_name: str,
@@ -52,16 +68,21 @@ def bench_command(
     as_json: bool,
     plot: str | None,
     fresh_roofline: bool,
+    min_mb: int | None,
+    baselines: bool,
 ) -> None:
     """Median time per op (its bench case, well past the last-level cache), or of a model's graph,
     on the target's device, against its floor (bytes read at the device's read bandwidth + bytes
     written at its write bandwidth) and its copy bandwidth, numpy and (if installed) PyTorch,
     measured in one run."""
     from ops import all_ops, get_op
-    from toolchain.bench.bench import bench_model, bench_ops
+    from toolchain.bench.bench import BenchOptions, bench_model, bench_ops
 
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: expected at least 1")
+    if min_mb is not None and not 1 <= min_mb <= MAX_MB:
+        raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
+    options = BenchOptions(repeat, fresh_roofline, (min_mb or 0) * 10**6, baselines)
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
     if model is not None and (op_names or dtype):
@@ -69,7 +90,7 @@ def bench_command(
     target = resolve_target(target_name, tuned, cores)
     if model is not None:
         graph = load_graph(model)
-        rows = bench_model(graph, target, where.resolve(target), repeat, fresh_roofline)
+        rows = bench_model(graph, target, where.resolve(target), options)
     else:
         dtype = "float32" if dtype is None else dtype
         ops = [get_op(name) for name in op_names] if op_names else all_ops()
@@ -81,9 +102,7 @@ def bench_command(
                 f"--op {', '.join(unsupported)}: does not support dtype {dtype} (see `deploy ops`)"
             )
         device = where.resolve(target)
-        rows = bench_ops(
-            [op for op in ops if op.name not in unsupported], dtype, target, device, repeat, fresh_roofline
-        )
+        rows = bench_ops([op for op in ops if op.name not in unsupported], dtype, target, device, options)
     device = where.resolve(target)
     if plot:
         plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
@@ -109,14 +128,18 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
     for column in columns:
         table.add_column(column)
     for r in rows:
-        torch = r["torch_ms"]
         table.add_row(
             r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
-            f"{r['gb_per_s']:.1f}", f"{r['x_floor']:.2f}", f"{r['x_roofline']:.2f}", f"{r['numpy_ms']:.3f}",
-            f"{r['speedup_vs_numpy']:.1f}x", f"{torch:.3f}" if torch is not None else "-",
-            f"{r['speedup_vs_torch']:.2f}x" if torch is not None else "-",
+            f"{r['gb_per_s']:.1f}", f"{r['x_floor']:.2f}", f"{r['x_roofline']:.2f}",
+            _or_dash(r["numpy_ms"], ".3f"), _or_dash(r["speedup_vs_numpy"], ".1f", "x"),
+            _or_dash(r["torch_ms"], ".3f"), _or_dash(r["speedup_vs_torch"], ".2f", "x"),
         )  # fmt: skip
     Console(width=max(Console().width, 150)).print(table)
+
+
+def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
+    """A baseline's figure, or '-' where it was not measured (not installed, --no-baselines)."""
+    return "-" if value is None else f"{value:{spec}}{unit}"
 
 
 def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:

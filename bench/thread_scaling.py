@@ -1,0 +1,69 @@
+"""How the CPU kernels scale with threads: `deploy bench` at 1, 2, 4, ... threads, each run with
+its own roofline measured at that thread count (one thread cannot draw the bandwidth sixteen can),
+so every ratio is against what that many threads can move.
+
+    .venv/bin/python bench/thread_scaling.py [--target x86] [--threads 1,2,4,8,16] [--repeat 9]
+
+Each count is one `deploy bench --json --fresh-roofline` in a process of its own with
+TVM_NUM_THREADS set (TVM sizes its thread pool once per process), in a cache directory of its own
+so the counts do not share roofline entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_at(
+    deploy: list[str], threads: int, target: str, repeat: int, min_mb: int | None
+) -> list[dict[str, Any]]:
+    """`deploy bench`'s JSON rows (run by the `deploy` command line) with TVM_NUM_THREADS=threads."""
+    with tempfile.TemporaryDirectory(prefix="deploy-scaling-") as cache:
+        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "DEPLOY_CACHE_DIR": cache}
+        command = [*deploy, "bench", "--target", target, "--json",
+                   "--fresh-roofline", "--no-baselines", "--repeat", str(repeat)]  # fmt: skip
+        if min_mb is not None:
+            command += ["--min-mb", str(min_mb)]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"deploy bench at {threads} threads failed (exit {done.returncode}): {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="x86")
+    parser.add_argument("--threads", default="1,2,4,8,16", help="comma-separated thread counts")
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--min-mb", type=int, help="passed to deploy bench")
+    parser.add_argument(
+        "--deploy", default=f"{sys.executable} -m toolchain.cli", help="the deploy command [this Python's]"
+    )
+    args = parser.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
+    print(f"target {args.target} on {os.cpu_count()} CPUs; medians of {args.repeat}; x floor = time"
+          " / (bytes read / read GB/s + bytes written / write GB/s), each at that thread count")  # fmt: skip
+    print(f"{'threads':>7} {'read':>6} {'write':>6} {'copy':>6} {'op':>10} {'ms':>8} {'x floor':>7}"
+          f" {'x copy':>6}  vs {counts[0]} thread(s)")  # fmt: skip
+    first: dict[str, float] = {}
+    for threads in counts:
+        for row in bench_at(shlex.split(args.deploy), threads, args.target, args.repeat, args.min_mb):
+            ms = row["median_ms"]
+            base = first.setdefault(f"{row['op']} {row['shapes']}", ms)
+            print(f"{threads:>7} {row['read_gb_per_s']:>6.1f} {row['write_gb_per_s']:>6.1f}"
+                  f" {row['roofline_gb_per_s']:>6.1f} {row['op']:>10} {ms:>8.3f} {row['x_floor']:>7.2f}"
+                  f" {row['x_roofline']:>6.2f}  {base / ms:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
