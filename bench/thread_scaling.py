@@ -40,17 +40,28 @@ def bench_at(
     return json.loads(done.stdout)
 
 
+def thread_counts(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; anything but positive integers is argparse's one-line error."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive thread counts like 1,2,4")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="x86")
-    parser.add_argument("--threads", default="1,2,4,8,16", help="comma-separated thread counts")
+    parser.add_argument("--threads", type=thread_counts, default="1,2,4,8,16", help="comma-separated counts")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--min-mb", type=int, help="passed to deploy bench")
     parser.add_argument(
         "--deploy", default=f"{sys.executable} -m toolchain.cli", help="the deploy command [this Python's]"
     )
     args = parser.parse_args()
-    counts = [int(t) for t in args.threads.split(",")]
+    counts = args.threads
     print(f"target {args.target} on {os.cpu_count()} CPUs; medians of {args.repeat}; x floor = time"
           " / (bytes read / read GB/s + bytes written / write GB/s), each at that thread count")  # fmt: skip
     print(f"{'threads':>7} {'read':>6} {'write':>6} {'copy':>6} {'op':>10} {'ms':>8} {'x floor':>7}"

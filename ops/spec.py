@@ -98,6 +98,10 @@ class TensorType:
         work by, and all of it for a static shape."""
         return math.prod(d for d in self.shape if not is_symbolic(d))
 
+    def nbytes(self) -> int:
+        """Bytes of one batch item (every symbolic dim counted as 1): all of a static tensor."""
+        return self.elements() * np.dtype(self.dtype).itemsize
+
     def fits(self, shape: tuple[int, ...]) -> bool:
         """An array of `shape` can be this tensor: same rank, same size on every static dim."""
         return len(shape) == len(self.shape) and all(
@@ -196,10 +200,13 @@ class Case:
         return any(isinstance(d, str) for shape in self.shapes for d in shape)
 
     def batched(self, factor: int) -> Case:
-        """This case with `factor` times the leading dim of each input whose leading dim is not 1
-        (a broadcast 1 and a symbolic batch stay): the same workload, `factor` times the memory."""
+        """This case with `factor` times the leading dim of each input of the highest rank whose
+        leading dim is a size other than 1 (a lower-rank operand, a broadcast 1 and a symbolic
+        batch stay): the same workload, up to `factor` times the memory."""
+        rank = max((len(s) for s in self.shapes), default=0)
         grown = tuple(
-            (s[0] * factor, *s[1:]) if s and isinstance(s[0], int) and s[0] != 1 else s for s in self.shapes
+            (s[0] * factor, *s[1:]) if len(s) == rank and s and isinstance(s[0], int) and s[0] != 1 else s
+            for s in self.shapes
         )
         return Case(grown, self.attrs)
 

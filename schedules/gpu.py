@@ -33,8 +33,9 @@ def make_private(sch: Any, block: Any) -> None:
 def vector_lanes(sch: Any, block: Any, loops: list[Any], leading: int, ctx: ScheduleContext) -> int:
     """Outputs per work-item: `ctx.lanes` of the block's dtype when every loop is spatial and the
     innermost extent is whole vectors of them (so a vector never crosses a row), else 1."""
-    lanes = ctx.lanes(str(sch.get(block).writes[0].source.dtype))
-    if lanes == 1 or not loops or leading != len(loops):
+    dtype = str(sch.get(block).writes[0].source.dtype)
+    lanes = ctx.lanes(dtype)
+    if dtype == "bool" or lanes == 1 or not loops or leading != len(loops):  # OpenCL has no bool4
         return 1
     innermost = extent(sch, loops[-1])
     return lanes if innermost is not None and innermost % lanes == 0 else 1
@@ -126,7 +127,7 @@ def argmax_gpu(sch: Any, ctx: ScheduleContext) -> None:
     lane, *step = sch.get_loops(partial)[1:]
     sch.bind(lane, "threadIdx.x")
     steps = extent(sch, step[0]) if step else None
-    if steps is not None and steps >= 2 * UNROLL:
+    if steps is not None and steps >= 2 * UNROLL:  # fewer: the split's remainder test costs more
         _, unrolled = sch.split(step[0], factors=[None, UNROLL])
         sch.unroll(unrolled)
     for copy in copies:

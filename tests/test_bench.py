@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import UsageError
 from tests.conftest import run_deploy
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
@@ -102,3 +103,24 @@ def test_a_case_grows_along_its_batch() -> None:
     case = Case(((32, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1})
     assert case.batched(3) == Case(((96, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1}), "a broadcast 1 stays"
     assert Case((("N", 4),)).batched(3).shapes == (("N", 4),), "a symbolic batch stays"
+    assert Case(((2, 3, 4, 5), (5,))).batched(2).shapes == ((4, 3, 4, 5), (5,)), "a lower-rank operand stays"
+
+
+def test_a_grown_case_moves_at_least_what_was_asked() -> None:
+    """Bytes that do not grow (a broadcast operand) are counted: the case reaches the size; one
+    with nothing to grow is refused before any device is touched."""
+    from ops.add import Add
+    from ops.spec import Case
+    from toolchain.bench.bench import moved_bytes, sized_case
+
+    class Broadcast(Add):
+        bench = Case(((4, 64, 32, 32), (1, 64, 32, 32)))
+
+    class Unbatched(Add):
+        bench = Case(((1, 64, 32, 32), (1, 64, 32, 32)))
+
+    case, bound = sized_case(Broadcast(), "float32", 10**7, emulated=False)
+    assert case.shapes[1] == (1, 64, 32, 32) and moved_bytes(bound) >= 10**7
+    assert sized_case(Unbatched(), "float32", 1000, emulated=False)[0] == Unbatched.bench, "already past"
+    with pytest.raises(UsageError, match=r"--min-mb 10: add's bench case 1x64x32x32 1x64x32x32 has no batch"):
+        sized_case(Unbatched(), "float32", 10**7, emulated=False)

@@ -325,6 +325,8 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{BENCH} --min-mb 0", 2, "--min-mb 0: expected 1 to 8000"),
     (f"{BENCH} --min-mb 8001", 2, "--min-mb 8001: expected 1 to 8000"),
     (f"{BENCH} --min-mb 1.5", 2, "'1.5' is not a valid integer"),
+    ("bench --target x86 --op add --dtype int8 --min-mb 8000", 2, "--min-mb 8000: add grown to 3328x64x"),
+    (f"bench --target x86 {GOOD} --min-mb 100", 2, "a model's shapes are its own"),
     (f"{BENCH} --plot TMP/missing/bench.png", 2, "TMP/missing is not an existing directory"),
     (f"{BENCH} --plot TMP/afile/bench.png", 2, "TMP/afile is not an existing directory"),
     (f"{BENCH} --plot TMP/adir", 2, "'TMP/adir' is a directory"),

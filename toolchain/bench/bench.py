@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from base.errors import UsageError
 from devices import Device, Session
 from ops.graph import BoundGraph
-from ops.spec import Case, Op, TensorType, batch_sizes, bind, sizes_text
+from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
 from toolchain.bench.roofline import Bandwidth, bandwidth, read_bytes, written_bytes
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
@@ -30,6 +31,7 @@ class BenchOptions:
     repeat: int = 5
     """Timed runs; rows give the median."""
     fresh_roofline: bool = False
+    """Measure the device's bandwidth again rather than read it from the cache."""
     min_bytes: int = 0
     """Bench cases grow until they move this many bytes, and the roofline streams as many."""
     baselines: bool = True
@@ -40,31 +42,55 @@ def bench_ops(
     ops: list[Op], dtype: str, target: Target, device: Device, options: BenchOptions
 ) -> list[dict[str, Any]]:
     """One row per op (its bench case, in `dtype`, grown to move at least `options.min_bytes`; on
-    an emulator its first, small case): see `measure_row`."""
+    an emulator its first, small case): see `measure_row`. Every case is bound before the device
+    is touched, so a case that cannot grow is refused first."""
     check_device(target, device)
+    cases = [sized_case(op, dtype, options.min_bytes, device.emulated) for op in ops]
     with device.open() as session:
         roof = bandwidth(session, target, device, options.fresh_roofline, options.min_bytes)
         rows = []
-        for op in ops:
-            case = bench_case(op, dtype, options.min_bytes, device.emulated)
-            bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
-            torch = functools.partial(torch_ms, op.name, bound.attrs)
+        for case, bound in cases:
+            torch = functools.partial(torch_ms, bound.op.name, bound.attrs)
             for sizes, at in batches(bound.inputs):
                 label = case.label() + at
                 rows.append(measure_row(session, bound, label, target, device, roof, options, torch, sizes))
     return rows
 
 
-def bench_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> Case:
-    """The op's bench case (an emulator: its first case, speed is not the point there), its
-    leading dims multiplied until it moves at least `min_bytes` in `dtype` (a device whose
-    last-level cache holds the case would otherwise time its cache)."""
-    if emulated:
-        return op.cases[0]
-    case = op.bench_case()
-    bound = bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
-    moved = sum(t.elements() * np.dtype(t.dtype).itemsize for t in (*bound.inputs, bound.output))
-    return case if case.symbolic or moved >= min_bytes else case.batched(-(-min_bytes // moved))
+def sized_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> tuple[Case, BoundOp]:
+    """The op's bench case, bound in `dtype` (an emulator: its first case, speed is not the point
+    there), grown by `Case.batched` until it moves at least `min_bytes` (a device whose last-level
+    cache holds the case would otherwise time its cache); a case that cannot grow that far is a
+    UsageError."""
+    base = op.cases[0] if emulated else op.bench_case()
+    case, bound = base, bind_case(op, base, dtype)
+    if emulated or base.symbolic:
+        return case, bound
+    factor = 1
+    while moved_bytes(bound) < min_bytes:  # each round at least doubles the factor
+        factor *= -(-min_bytes // moved_bytes(bound))
+        case = base.batched(factor)
+        if case == base:
+            raise UsageError(
+                f"--min-mb {min_bytes // 10**6}: {op.name}'s bench case {base.label()} has no batch dim"
+                " to grow (its inputs' leading dims are 1)"
+            )
+        try:
+            bound = bind_case(op, case, dtype)
+        except UsageError as error:
+            raise UsageError(
+                f"--min-mb {min_bytes // 10**6}: {op.name} grown to {case.label()}: {error}"
+            ) from None
+    return case, bound
+
+
+def bind_case(op: Op, case: Case, dtype: str) -> BoundOp:
+    return bind(op, case.attrs, [TensorType(s, dtype) for s in case.shapes])
+
+
+def moved_bytes(bound: BoundOp) -> int:
+    """Bytes an op moves at least: every input read once and its output written once."""
+    return sum(t.nbytes() for t in bound.inputs) + written_bytes(bound.output)
 
 
 BENCH_BATCHES = (1, 32)

@@ -131,7 +131,7 @@ def read_bytes(inputs: list[np.ndarray]) -> int:
 
 def written_bytes(out: TensorType) -> int:
     """Bytes a memory-bound op must write at least: its output once."""
-    return int(np.prod(out.shape)) * np.dtype(out.dtype).itemsize
+    return out.nbytes()
 
 
 def _cache_file() -> Path:
@@ -170,6 +170,7 @@ def measure_bandwidth(session: Session, target: Target, emulated: bool, min_byte
 
 
 def _entry_bytes(entry: dict[str, Any]) -> int:
+    """Bytes a cached entry was measured over (0 when it does not say, as older deploys wrote)."""
     value = entry.get("bytes")
     return value if type(value) is int else 0
 

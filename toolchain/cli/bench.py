@@ -82,9 +82,13 @@ def bench_command(
         raise UsageError(f"--repeat {repeat}: expected at least 1")
     if min_mb is not None and not 1 <= min_mb <= MAX_MB:
         raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
-    options = BenchOptions(repeat, fresh_roofline, (min_mb or 0) * 10**6, baselines)
+    options = BenchOptions(
+        repeat=repeat, fresh_roofline=fresh_roofline, min_bytes=(min_mb or 0) * 10**6, baselines=baselines
+    )
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
+    if model is not None and min_mb is not None:
+        raise UsageError(f"--min-mb {min_mb}: grows the ops' bench cases; a model's shapes are its own")
     if model is not None and (op_names or dtype):
         raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
     target = resolve_target(target_name, tuned, cores)
