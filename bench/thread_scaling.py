@@ -4,9 +4,9 @@ so every ratio is against what that many threads can move.
 
     .venv/bin/python bench/thread_scaling.py [--target x86] [--threads 1,2,4,8,16] [--repeat 9]
 
-Each count is one `deploy bench --json --fresh-roofline` in a process of its own with
-TVM_NUM_THREADS set (TVM sizes its thread pool once per process), in a cache directory of its own
-so the counts do not share roofline entries.
+Each count is one `deploy bench --json --no-baselines` in a process of its own with
+TVM_NUM_THREADS set (TVM sizes its thread pool once per process); the bench times each op
+interleaved with the bandwidth kernels, so the ratios hold at every count.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,11 @@ def bench_at(
     deploy: list[str], threads: int, target: str, repeat: int, min_mb: int | None
 ) -> list[dict[str, Any]]:
     """`deploy bench`'s JSON rows (run by the `deploy` command line) with TVM_NUM_THREADS=threads."""
-    with tempfile.TemporaryDirectory(prefix="deploy-scaling-") as cache:
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "DEPLOY_CACHE_DIR": cache}
-        command = [*deploy, "bench", "--target", target, "--json",
-                   "--fresh-roofline", "--no-baselines", "--repeat", str(repeat)]  # fmt: skip
-        if min_mb is not None:
-            command += ["--min-mb", str(min_mb)]
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    command = [*deploy, "bench", "--target", target, "--json", "--no-baselines", "--repeat", str(repeat)]
+    if min_mb is not None:
+        command += ["--min-mb", str(min_mb)]
+    env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"deploy bench at {threads} threads failed (exit {done.returncode}): {done.stderr.strip()}")
     return json.loads(done.stdout)

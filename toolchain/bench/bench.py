@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +16,12 @@ from base.errors import UsageError
 from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
-from toolchain.bench.roofline import Bandwidth, bandwidth, read_bytes, written_bytes
+from toolchain.bench.roofline import Yardstick, read_bytes, written_bytes, yardstick
 from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
-from toolchain.verify.measure import artifact_ms, host_ms
+from toolchain.verify.measure import Timer, host_ms
 from toolchain.verify.run import check_device, for_device
 
 
@@ -29,9 +30,7 @@ class BenchOptions:
     """How `deploy bench` measures."""
 
     repeat: int = 5
-    """Timed runs; rows give the median."""
-    fresh_roofline: bool = False
-    """Measure the device's bandwidth again rather than read it from the cache."""
+    """Rounds: a timed run of the op and one of each bandwidth kernel; rows give medians."""
     min_bytes: int = 0
     """Bench cases grow until they move this many bytes, and the roofline streams as many."""
     baselines: bool = True
@@ -46,15 +45,20 @@ def bench_ops(
     is touched, so a case that cannot grow is refused first."""
     check_device(target, device)
     cases = [sized_case(op, dtype, options.min_bytes, device.emulated) for op in ops]
-    with device.open() as session:
-        roof = bandwidth(session, target, device, options.fresh_roofline, options.min_bytes)
+    with device.open() as session, _yardstick(session, target, device, options) as stick:
         rows = []
         for case, bound in cases:
             torch = functools.partial(torch_ms, bound.op.name, bound.attrs)
             for sizes, at in batches(bound.inputs):
                 label = case.label() + at
-                rows.append(measure_row(session, bound, label, target, device, roof, options, torch, sizes))
+                rows.append(measure_row(session, bound, label, target, device, stick, options, torch, sizes))
     return rows
+
+
+def _yardstick(
+    session: Session, target: Target, device: Device, options: BenchOptions
+) -> AbstractContextManager[Yardstick]:
+    return yardstick(session, for_device(target, session), device.emulated, options.min_bytes)
 
 
 def sized_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> tuple[Case, BoundOp]:
@@ -112,34 +116,33 @@ def bench_model(
     BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
-    with device.open() as session:
-        roof = bandwidth(session, target, device, options.fresh_roofline, options.min_bytes)
+    with device.open() as session, _yardstick(session, target, device, options) as stick:
         torch = functools.partial(torch_graph_ms, graph)
         rows = []
         for sizes, at in batches(graph.inputs):
             label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
-            rows.append(measure_row(session, graph, label, target, device, roof, options, torch, sizes))
+            rows.append(measure_row(session, graph, label, target, device, stick, options, torch, sizes))
         return rows
 
 
 def measure_row(
-    session: Session, item: Buildable, label: str, target: Target, device: Device, roof: Bandwidth,
+    session: Session, item: Buildable, label: str, target: Target, device: Device, stick: Yardstick,
     options: BenchOptions, torch: Callable[[list[np.ndarray], int], float | None],
     sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
-    `sizes`); MB moved (inputs read once, output written once); GB/s; the floor (bytes read at
-    the device's read bandwidth plus bytes written at its write bandwidth) and how far from it,
-    and the same against the copy bandwidth alone; numpy and PyTorch (`torch(inputs, repeat)`) ms
-    on this host and our speed-up over each."""
+    `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs read
+    once, output written once); GB/s; the median bandwidths; the floor (bytes read at the read
+    bandwidth plus bytes written at the write bandwidth) and the median over rounds of the time
+    over it, and the same against the copy bandwidth alone; numpy and PyTorch
+    (`torch(inputs, repeat)`) ms on this host and our speed-up over each."""
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    median_ms = artifact_ms(session, directory, manifest, inputs, options.repeat)
+    beside = stick.beside(Timer(session, directory, manifest, inputs), options.repeat)
+    median_ms, roof = beside.ms, beside.bandwidth()
     read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
     moved = read + written
-    floor_ms = roof.floor_ms(read, written)
-    copy_ms = roof.copy_ms(moved)
     numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
     torch_time = torch(inputs, options.repeat) if options.baselines else None
     return {
@@ -152,11 +155,11 @@ def measure_row(
         "gb_per_s": moved / (median_ms / 1e3) / 1e9,
         "read_gb_per_s": roof.read,
         "write_gb_per_s": roof.write,
-        "floor_ms": floor_ms,
-        "x_floor": median_ms / floor_ms,
+        "floor_ms": roof.floor_ms(read, written),
+        "x_floor": beside.x_floor(read, written),
         "roofline_gb_per_s": roof.copy,
-        "roofline_ms": copy_ms,
-        "x_roofline": median_ms / copy_ms,
+        "roofline_ms": roof.copy_ms(moved),
+        "x_roofline": beside.x_copy(moved),
         "numpy_ms": numpy,
         "speedup_vs_numpy": numpy / median_ms if numpy is not None else None,
         "torch_ms": torch_time,

@@ -2,40 +2,38 @@
 our own builds.
 
 Three kernels over BYTES (well beyond the last-level cache), each built for the target with its
-generic schedule, checked against numpy and timed on the device, best of REPEAT runs after a
-warm-up call (the best run is the one the rest of the machine disturbed least):
+generic schedule, checked against numpy and timed on the device:
 - write: a fill, `out[i] = x[0]`: BYTES written;
 - read: a fold of FOLD rows, `out[j] = x[0, j] + ... + x[FOLD-1, j]`: BYTES read, BYTES/FOLD
   written (its write time at the write bandwidth is taken off);
 - copy: `out = x`, BYTES read and written, the yardstick before the split.
-An op's floor is bytes read / read bandwidth + bytes written / write bandwidth. The figures are
-cached per target and device in `roofline.json` of the cache root (`--fresh-roofline` measures
-again).
+An op's floor is bytes read / read bandwidth + bytes written / write bandwidth. `deploy bench` times each
+op interleaved with the three kernels, one run of each per round, and takes the median of the
+per-round ratios: this shared machine's bandwidth drifts between minutes, and a yardstick measured
+minutes before the op could not follow it.
 """
 
 from __future__ import annotations
 
-import json
+import statistics
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from base.files import write_json_atomically
-from base.paths import cache_root
-from devices import Device, Session
+from devices import Session
 from ops.spec import Input, Op, TensorType, bind
 from toolchain.build.compile import compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
-from toolchain.verify.measure import check_and_time
+from toolchain.verify.measure import Timer, check, interleaved_runs, seeded_timer
 
 BYTES = 64 << 20
 EMULATED_BYTES = 4 << 20
 """qemu: keep it short (its figures say nothing about speed)."""
-REPEAT = 7
 FOLD = 16
 """Rows the read kernel sums: it writes 1/FOLD of what it reads, each row a contiguous stream."""
 
@@ -134,18 +132,6 @@ def written_bytes(out: TensorType) -> int:
     return out.nbytes()
 
 
-def _cache_file() -> Path:
-    return cache_root() / "roofline.json"
-
-
-def _best_ms(session: Session, target: Target, op: Op, shape: tuple[int, ...], workdir: Path) -> float:
-    """The best of REPEAT timed runs (ms per call) of `op` on float32 `shape`, built with the
-    target's generic schedule and checked against numpy first."""
-    bound = bind(op, {}, [TensorType(shape, "float32")])
-    compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
-    return min(check_and_time(session, compiled, workdir, REPEAT).runs)
-
-
 def roofline_bytes(emulated: bool, min_bytes: int = 0) -> int:
     """Bytes each bandwidth kernel streams: BYTES, or `min_bytes` when larger (a GPU's L2 holds
     tens of MB), a multiple of 4 * FOLD; EMULATED_BYTES on an emulator."""
@@ -154,51 +140,77 @@ def roofline_bytes(emulated: bool, min_bytes: int = 0) -> int:
     return max(BYTES, -(-min_bytes // (4 * FOLD)) * 4 * FOLD)
 
 
-def measure_bandwidth(session: Session, target: Target, emulated: bool, min_bytes: int = 0) -> Bandwidth:
-    """Read, write and copy bandwidth of the session's device for `target` modules, each kernel
-    streaming `roofline_bytes`."""
-    size = roofline_bytes(emulated, min_bytes) // 4
-    with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
-        fill_ms = _best_ms(session, target, Fill(size), (1,), Path(tmp))
-        fold_ms = _best_ms(session, target, Fold(), (FOLD, size // FOLD), Path(tmp))
-        copy_ms = _best_ms(session, target, Copy(), (size,), Path(tmp))
-    total = size * 4
+def bandwidth_from(total: int, fill_ms: float, fold_ms: float, copy_ms: float) -> Bandwidth:
+    """Read, write and copy bandwidth from one run of each kernel over `total` bytes (ms per
+    call); the fold's own writes are taken off its time at the fill's write bandwidth."""
     write = total / fill_ms / 1e6
-    reading_ms = fold_ms - total / FOLD / write / 1e6  # the fold's own writes at the write bandwidth
+    reading_ms = fold_ms - total / FOLD / write / 1e6
     read = total / (reading_ms if reading_ms > fold_ms / 2 else fold_ms) / 1e6
     return Bandwidth(read=read, write=write, copy=2 * total / copy_ms / 1e6)
 
 
-def _entry_bytes(entry: dict[str, Any]) -> int:
-    """Bytes a cached entry was measured over (0 when it does not say, as older deploys wrote)."""
-    value = entry.get("bytes")
-    return value if type(value) is int else 0
+@dataclass(frozen=True)
+class Beside:
+    """An op's timed runs, each in the same round as one run of each bandwidth kernel, so that
+    a ratio compares the op with the bandwidth of the same moment."""
+
+    runs: tuple[float, ...]
+    """Milliseconds per call of the op, one per round."""
+    bandwidths: tuple[Bandwidth, ...]
+    """The device's bandwidth in each round."""
+
+    @property
+    def ms(self) -> float:
+        """Median milliseconds per call of the op."""
+        return statistics.median(self.runs)
+
+    def bandwidth(self) -> Bandwidth:
+        """The median of each figure over the rounds."""
+        return Bandwidth(
+            *(statistics.median(getattr(b, k) for b in self.bandwidths) for k in ("read", "write", "copy"))
+        )
+
+    def x_floor(self, read: int, written: int) -> float:
+        """Median over the rounds of the op's time over its floor in that round."""
+        pairs = zip(self.runs, self.bandwidths, strict=True)
+        return statistics.median(ms / b.floor_ms(read, written) for ms, b in pairs)
+
+    def x_copy(self, moved: int) -> float:
+        """Median over the rounds of the op's time over `moved` bytes at that round's copy speed."""
+        pairs = zip(self.runs, self.bandwidths, strict=True)
+        return statistics.median(ms / b.copy_ms(moved) for ms, b in pairs)
 
 
-def bandwidth(
-    session: Session, target: Target, device: Device, fresh: bool = False, min_bytes: int = 0
-) -> Bandwidth:
-    """The device's bandwidth for `target` modules, from the cache unless `fresh` (an entry
-    without all three figures, as older deploys wrote, or measured over fewer bytes than
-    `roofline_bytes` asks for now, is measured again)."""
-    size = roofline_bytes(device.emulated, min_bytes)
-    path = _cache_file()
-    key = f"{target.name}@{device.name}"
-    try:
-        cached = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
-        cached = {}
-    entry = cached.get(key)
-    if not fresh and isinstance(entry, dict) and _entry_bytes(entry) >= size:
-        try:
-            return Bandwidth(**{k: float(entry[f"{k}_gb_per_s"]) for k in ("read", "write", "copy")})
-        except (KeyError, TypeError, ValueError):
-            pass
-    measured = measure_bandwidth(session, target, device.emulated, min_bytes)
-    cached[key] = {
-        **{f"{k}_gb_per_s": v for k, v in asdict(measured).items()},
-        "bytes": size,
-        "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-    write_json_atomically(path, cached)
-    return measured
+@dataclass(frozen=True)
+class Yardstick:
+    """The fill, fold and copy kernels, built for a target, checked against numpy and loaded on a
+    session, each streaming `total` bytes."""
+
+    timers: tuple[Timer, Timer, Timer]
+    total: int
+
+    def beside(self, op: Timer, rounds: int) -> Beside:
+        """`rounds` runs of `op`, interleaved with one run of each kernel per round."""
+        *kernels, runs = interleaved_runs([*self.timers, op], rounds)
+        return Beside(tuple(runs), tuple(bandwidth_from(self.total, *t) for t in zip(*kernels, strict=True)))
+
+    def best(self, rounds: int) -> Bandwidth:
+        """The bandwidth from the best of `rounds` runs of each kernel (the runs the rest of the
+        machine disturbed least), for a figure of the device rather than a ratio."""
+        return bandwidth_from(self.total, *(min(t) for t in interleaved_runs(list(self.timers), rounds)))
+
+
+@contextmanager
+def yardstick(session: Session, target: Target, emulated: bool, min_bytes: int = 0) -> Iterator[Yardstick]:
+    """The three kernels over `roofline_bytes`, built with the target's generic schedule and checked
+    against numpy on the session, for as long as the context lasts."""
+    size = roofline_bytes(emulated, min_bytes) // 4
+    kernels = ((Fill(size), (1,)), (Fold(), (FOLD, size // FOLD)), (Copy(), (size,)))
+    with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
+        timers = []
+        for op, shape in kernels:
+            bound = bind(op, {}, [TensorType(shape, "float32")])
+            compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
+            timers.append(seeded_timer(session, check(session, compiled, Path(tmp))))
+        fill, fold, copy = timers
+        yield Yardstick((fill, fold, copy), size * 4)

@@ -4,6 +4,7 @@ roofline."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,15 @@ MAX_MB = 8000
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @MODEL
 @click.option("--dtype", help="Dtype of the ops' inputs [default: float32].")
-@click.option("--repeat", default=5, show_default=True, help="Timed runs; the median is reported.")
+@click.option(
+    "--repeat",
+    default=5,
+    show_default=True,
+    help="Rounds: one timed run of the op and one of each bandwidth kernel; medians are reported.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
     "--plot", type=click.Path(dir_okay=False), help="Write a PNG of GB/s per op against the copy roofline."
-)
-@click.option(
-    "--fresh-roofline", is_flag=True, help="Measure the device's read, write and copy bandwidth again."
 )
 @click.option(
     "--min-mb",
@@ -67,14 +70,13 @@ def bench_command(
     repeat: int,
     as_json: bool,
     plot: str | None,
-    fresh_roofline: bool,
     min_mb: int | None,
     baselines: bool,
 ) -> None:
     """Median time per op (its bench case, well past the last-level cache), or of a model's graph,
     on the target's device, against its floor (bytes read at the device's read bandwidth + bytes
-    written at its write bandwidth) and its copy bandwidth, numpy and (if installed) PyTorch,
-    measured in one run."""
+    written at its write bandwidth, both timed in the same rounds as the op) and its copy
+    bandwidth, numpy and (if installed) PyTorch, measured in one run."""
     from ops import all_ops, get_op
     from toolchain.bench.bench import BenchOptions, bench_model, bench_ops
 
@@ -82,9 +84,7 @@ def bench_command(
         raise UsageError(f"--repeat {repeat}: expected at least 1")
     if min_mb is not None and not 1 <= min_mb <= MAX_MB:
         raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
-    options = BenchOptions(
-        repeat=repeat, fresh_roofline=fresh_roofline, min_bytes=(min_mb or 0) * 10**6, baselines=baselines
-    )
+    options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines)
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
     if model is not None and min_mb is not None:
@@ -121,8 +121,8 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
     if device.emulated:
         where += " (emulated: timings show correctness, not speed)"
     roof = (
-        f"floor: read {rows[0]['read_gb_per_s']:.1f} GB/s, write {rows[0]['write_gb_per_s']:.1f} GB/s;"
-        f" copy roofline {rows[0]['roofline_gb_per_s']:.1f} GB/s"
+        f"bandwidth beside each op: read {_span(rows, 'read_gb_per_s')},"
+        f" write {_span(rows, 'write_gb_per_s')}, copy {_span(rows, 'roofline_gb_per_s')} GB/s"
         if rows
         else "-"
     )
@@ -141,6 +141,12 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
     Console(width=max(Console().width, 150)).print(table)
 
 
+def _span(rows: list[dict[str, Any]], key: str) -> str:
+    """'low-high' of a bandwidth over the rows (each measured beside its op), or the one value."""
+    low, high = min(r[key] for r in rows), max(r[key] for r in rows)
+    return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
+
+
 def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
     """A baseline's figure, or '-' where it was not measured (not installed, --no-baselines)."""
     return "-" if value is None else f"{value:{spec}}{unit}"
@@ -157,7 +163,8 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     labels = [r["op"] for r in rows]
     axes.bar(labels, [r["gb_per_s"] for r in rows], color="tab:blue", label="achieved")
     if rows:
-        axes.axhline(rows[0]["roofline_gb_per_s"], color="tab:red", linestyle="--", label="copy roofline")
+        copy = statistics.median(r["roofline_gb_per_s"] for r in rows)
+        axes.axhline(copy, color="tab:red", linestyle="--", label="copy roofline (median)")
     for index, r in enumerate(rows):
         axes.annotate(f"{r['x_floor']:.2f}x floor", (index, r["gb_per_s"]), ha="center", va="bottom")
     axes.set_ylabel("GB/s (bytes moved / median time)")

@@ -44,7 +44,7 @@ def artifact_ms(
 ) -> float:
     """Median milliseconds per call of the artifact on the session over `repeat` timed runs, each
     averaging enough calls to last about TARGET_SECONDS (the first, untimed call loads it)."""
-    return statistics.median(_Timer(session, directory, manifest, inputs).runs(repeat))
+    return statistics.median(Timer(session, directory, manifest, inputs).runs(repeat))
 
 
 def calls_lasting(seconds: float, once: float) -> int:
@@ -52,7 +52,7 @@ def calls_lasting(seconds: float, once: float) -> int:
     return max(1, int(seconds / max(once, 1e-6)))
 
 
-class _Timer:
+class Timer:
     """Times one artifact on a session: a first untimed call loads it and sets how many calls
     one timed run averages (enough to last about TARGET_SECONDS)."""
 
@@ -139,19 +139,27 @@ class Measured:
         return other.ms - self.ms > max(self.spread, other.spread)
 
 
-def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> list[Measured]:
-    """Time every checked artifact on seeded random inputs, one run of each per round, so that
-    drift of the device (bandwidth, clocks, other load) falls on all of them alike; each round
-    starts one artifact later than the one before, so that none is always timed first."""
-    timers = []
-    for item in checked:
-        inputs = [random_input(t, np.random.default_rng(0)) for t in item.compiled.item.inputs]
-        timers.append(_Timer(session, item.directory, item.manifest, inputs))
-    runs: list[list[float]] = [[] for _ in checked]
+def interleaved_runs(timers: list[Timer], rounds: int) -> list[list[float]]:
+    """Milliseconds per call of one run of each timer per round, per timer in round order, so
+    that drift of the device (bandwidth, clocks, other load) falls on all of them alike; each
+    round starts one timer later than the one before, so that none is always timed first."""
+    runs: list[list[float]] = [[] for _ in timers]
     for round_ in range(rounds):
         for index in range(len(timers)):
             turn = (index + round_) % len(timers)
             runs[turn] += timers[turn].runs(1)
+    return runs
+
+
+def seeded_timer(session: Session, checked: Checked) -> Timer:
+    """A timer of a checked artifact on seeded random inputs."""
+    inputs = [random_input(t, np.random.default_rng(0)) for t in checked.compiled.item.inputs]
+    return Timer(session, checked.directory, checked.manifest, inputs)
+
+
+def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> list[Measured]:
+    """Time every checked artifact on seeded random inputs, interleaved (`interleaved_runs`)."""
+    runs = interleaved_runs([seeded_timer(session, item) for item in checked], rounds)
     return [Measured(item.max_error, tuple(times)) for item, times in zip(checked, runs, strict=True)]
 
 
