@@ -20,6 +20,7 @@ from toolchain.bench.torch_baseline import torch_version
 from toolchain.build.targets import get_target
 
 ROOF_GOAL = 1.5
+"""Times the copy roofline every op may take (issue #7)."""
 TORCH_GOALS = {"max_pool2d": 2.0}
 """Times faster than PyTorch an op must be, where issue #7 set a goal."""
 
@@ -29,10 +30,12 @@ def main() -> None:
     parser.add_argument("--target", default="x86")
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: expected at least 1")
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     target, device = get_target(args.target), get_device("local")
     rows = bench_ops(all_ops(), "float32", target, device, BenchOptions(repeat=args.repeat))
-    print(f"target {args.target}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
+    print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
           f" medians of {args.repeat} rounds, each op beside the bandwidth kernels")  # fmt: skip
     print(f"{'workload':44} {'MB':>6} {'copy GB/s':>9} {'ms':>7} {'x copy':>6} {'x floor':>7} {'numpy':>8}"
           f" {'torch':>7} {'vs torch':>8}  targets")  # fmt: skip

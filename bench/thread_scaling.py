@@ -58,6 +58,8 @@ def main() -> None:
         "--deploy", default=f"{sys.executable} -m toolchain.cli", help="the deploy command [this Python's]"
     )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: expected at least 1")
     counts = args.threads
     print(f"target {args.target} on {os.cpu_count()} CPUs; medians of {args.repeat}; x floor = time"
           " / (bytes read / read GB/s + bytes written / write GB/s), each at that thread count")  # fmt: skip

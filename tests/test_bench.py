@@ -57,7 +57,7 @@ def test_ratios_are_per_round_so_drift_cancels() -> None:
     assert beside.ms == 3.0
     assert beside.x_floor(2 * total, total) == pytest.approx(1.0), "3 ms against a 3 ms floor, every round"
     assert beside.x_copy(3 * total) == pytest.approx(1.0)
-    assert beside.bandwidth().write == 1000.0
+    assert beside.bandwidth.write == 1000.0
 
 
 def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:
@@ -79,6 +79,7 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
     (row,) = json.loads(grown.stdout)
     assert row["shapes"] == "512x100000 axis=-1", "256 rows times 2: 205 MB, past 150"
     assert row["mb_moved"] * 1e6 == pytest.approx(2 * ARGMAX_BYTES)
+    assert row["yardstick_mb"] * 1e6 == roofline_bytes(False, 150_000_000), "the kernels stream 150 MB"
     assert row["numpy_ms"] is None and row["torch_ms"] is None and row["speedup_vs_numpy"] is None
     assert roofline_bytes(False, 150_000_000) >= 150_000_000 > roofline_bytes(False) == BYTES
     assert roofline_bytes(True, 150_000_000) < BYTES, "an emulator streams little whatever is asked"

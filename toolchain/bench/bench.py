@@ -58,6 +58,7 @@ def bench_ops(
 def _yardstick(
     session: Session, target: Target, device: Device, options: BenchOptions
 ) -> AbstractContextManager[Yardstick]:
+    """The bandwidth kernels for the session's device (built for its cores, as the ops are)."""
     return yardstick(session, for_device(target, session), device.emulated, options.min_bytes)
 
 
@@ -140,7 +141,7 @@ def measure_row(
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
     beside = stick.beside(Timer(session, directory, manifest, inputs), options.repeat)
-    median_ms, roof = beside.ms, beside.bandwidth()
+    median_ms, roof = beside.ms, beside.bandwidth
     read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
     moved = read + written
     numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
@@ -153,6 +154,7 @@ def measure_row(
         "median_ms": median_ms,
         "mb_moved": moved / 1e6,
         "gb_per_s": moved / (median_ms / 1e3) / 1e9,
+        "yardstick_mb": stick.total / 1e6,
         "read_gb_per_s": roof.read,
         "write_gb_per_s": roof.write,
         "floor_ms": roof.floor_ms(read, written),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +164,7 @@ class Beside:
         """Median milliseconds per call of the op."""
         return statistics.median(self.runs)
 
+    @property
     def bandwidth(self) -> Bandwidth:
         """The median of each figure over the rounds."""
         return Bandwidth(
@@ -172,13 +173,16 @@ class Beside:
 
     def x_floor(self, read: int, written: int) -> float:
         """Median over the rounds of the op's time over its floor in that round."""
-        pairs = zip(self.runs, self.bandwidths, strict=True)
-        return statistics.median(ms / b.floor_ms(read, written) for ms, b in pairs)
+        return self._per_round(lambda b: b.floor_ms(read, written))
 
     def x_copy(self, moved: int) -> float:
         """Median over the rounds of the op's time over `moved` bytes at that round's copy speed."""
-        pairs = zip(self.runs, self.bandwidths, strict=True)
-        return statistics.median(ms / b.copy_ms(moved) for ms, b in pairs)
+        return self._per_round(lambda b: b.copy_ms(moved))
+
+    def _per_round(self, yardstick_ms: Callable[[Bandwidth], float]) -> float:
+        return statistics.median(
+            ms / yardstick_ms(b) for ms, b in zip(self.runs, self.bandwidths, strict=True)
+        )
 
 
 @dataclass(frozen=True)
@@ -193,11 +197,6 @@ class Yardstick:
         """`rounds` runs of `op`, interleaved with one run of each kernel per round."""
         *kernels, runs = interleaved_runs([*self.timers, op], rounds)
         return Beside(tuple(runs), tuple(bandwidth_from(self.total, *t) for t in zip(*kernels, strict=True)))
-
-    def best(self, rounds: int) -> Bandwidth:
-        """The bandwidth from the best of `rounds` runs of each kernel (the runs the rest of the
-        machine disturbed least), for a figure of the device rather than a ratio."""
-        return bandwidth_from(self.total, *(min(t) for t in interleaved_runs(list(self.timers), rounds)))
 
 
 @contextmanager

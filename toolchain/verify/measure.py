@@ -167,6 +167,6 @@ def check_and_time(
     session: Session, compiled: Compiled | CompiledGraph, workdir: Path, repeat: int = REPEAT
 ) -> Measured:
     """Export `compiled` under `workdir`, check it against numpy on the session (a DeployError
-    says how it differs), then time it: `repeat` runs. Tuning, its report and the roofline all
+    says how it differs), then time it: `repeat` runs. Work-group tuning and the bench scripts
     measure this way (`time_interleaved` when variants are compared)."""
     return time_interleaved(session, [check(session, compiled, workdir)], repeat)[0]
