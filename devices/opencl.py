@@ -25,6 +25,10 @@ from base.errors import DeployError, UsageError, reason
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
+HALF_ARITHMETIC = "cl_khr_fp16"
+"""What OpenCL C computing in half names (the extension's pragma); kernels that keep half in
+memory only (vload_half/vstore_half, OpenCL 1.2 core) do not."""
+
 
 def _cl() -> Any:
     """pyopencl, with PoCL's kernel cache in deploy's cache dir."""
@@ -150,6 +154,11 @@ class OpenClSession:
         """Not a CPU: kernels are spread by work-groups, not split for cores."""
         return None
 
+    def fp16_arithmetic(self) -> bool:
+        """Half arithmetic needs cl_khr_fp16; without it, builds store float16 as half and compute
+        in float32 (`Target.fp16_storage`)."""
+        return self._fp16
+
     def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any]:
         if plan_path not in self._programs:
             cl = _cl()
@@ -165,8 +174,11 @@ class OpenClSession:
                 text = source.decode()
             except UnicodeDecodeError:
                 raise UsageError(f"{source_path} is not OpenCL C text") from None
-            if "half" in text and not self._fp16:
-                raise DeployError(f"{self.label} does not support fp16 (no cl_khr_fp16)")
+            if HALF_ARITHMETIC in text and not self._fp16:
+                raise DeployError(
+                    f"{self.label} has no cl_khr_fp16, which {source_path} computes in (build for this"
+                    " device: it keeps float16 in memory only)"
+                )
             try:
                 program = cl.Program(self._context, text).build()
             except cl.RuntimeError as exc:
@@ -264,13 +276,6 @@ class OpenClDevice(Device):
     def __init__(self, platform: int = 0, device: int = 0) -> None:
         self.platform, self.device = platform, device
         self.name = "opencl" if (platform, device) == (0, 0) else f"opencl:{platform}:{device}"
-
-    def unsupported_dtypes(self) -> dict[str, str]:
-        """Dtypes this device cannot run, with the reason (fp16 needs cl_khr_fp16)."""
-        for platform, device, label, fp16 in opencl_devices():
-            if (platform, device) == (self.platform, self.device) and not fp16:
-                return {"float16": f"{label} has no cl_khr_fp16"}
-        return {}
 
     @contextmanager
     def open(self) -> Iterator[OpenClSession]:

@@ -53,6 +53,11 @@ class Session(Protocol):
         builds for it split work for."""
         ...
 
+    def fp16_arithmetic(self) -> bool:
+        """It computes in float16 (else builds for it keep float16 in memory only and compute in
+        float32)."""
+        ...
+
 
 class Device:
     """A place to run modules: a name, the ELF machine it runs (`arch`), whether it is emulated,
@@ -75,7 +80,7 @@ class Device:
         return 1
 
     def unsupported_dtypes(self) -> dict[str, str]:
-        """Dtypes it cannot run, each with the reason (an OpenCL device without cl_khr_fp16)."""
+        """Dtypes it cannot run, each with the reason."""
         return {}
 
     def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:

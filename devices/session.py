@@ -69,6 +69,10 @@ class TvmSession:
             self._cores = max(1, int(self._function_of("runtime.NumThreads")()))
         return self._cores
 
+    def fp16_arithmetic(self) -> bool:
+        """LLVM builds compute float16 on any CPU (natively with +fullfp16, else by conversion)."""
+        return True
+
     def close(self) -> None:
         """Drop the loaded modules and the device; for RPC this ends the connection, which frees
         the server (a tracker hands it out again)."""

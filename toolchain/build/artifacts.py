@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
+    from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
 
@@ -46,8 +47,10 @@ class ArtifactKind:
         """The files `write` puts in an artifact directory, given the module's name."""
         return (module,)
 
-    def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
-        """The compiled form of a scheduled IRModule `main(inputs..., out)` with `n_inputs` inputs."""
+    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
+        """The compiled form of a scheduled IRModule `main(inputs..., out)`, whose parameters are
+        `stored` in memory (inputs, then the output; float16 even where `main` computes them as
+        float32, `Target.fp16_storage`)."""
         raise NotImplementedError
 
     def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:

@@ -3,12 +3,12 @@ tuning record) -> the compiled form of the target's artifact kind."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from base.errors import UsageError
-from ops.graph import BoundGraph
-from ops.spec import BoundOp, TensorType, require_static
+from ops.graph import BoundGraph, bind_graph
+from ops.spec import BoundOp, TensorType, bind, require_static
 from schedules import ScheduleContext, Strategy, strategy_for
 from schedules.registry import HAND, Choices, computed_module
 from toolchain.build.fusion import Kernel, kernels
@@ -34,11 +34,33 @@ def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
     return computed_module(context(bound, target, choices), found.compute if found is not None else None)
 
 
+def as_computed(bound: BoundOp, target: Target) -> BoundOp:
+    """The op as the target computes it: its float16 tensors as float32 where the target keeps
+    float16 in memory only (`Target.fp16_storage`; the artifact loads and stores them as half)."""
+    types = (*bound.inputs, bound.output)
+    if not target.fp16_storage or all(t.dtype != "float16" for t in types) or bound.op.parts() != (bound.op,):
+        return bound  # a fused group is widened with its graph (`compile_graph`)
+    return bind(bound.op, bound.attrs, [_wide(t) for t in bound.inputs])
+
+
+def _wide(t: TensorType) -> TensorType:
+    return TensorType(t.shape, "float32") if t.dtype == "float16" else t
+
+
+def as_computed_graph(graph: BoundGraph, target: Target) -> BoundGraph:
+    """The graph as the target computes it (`as_computed`): its float16 inputs as float32."""
+    if not target.fp16_storage or all(t.dtype != "float16" for t in graph.types.values()):
+        return graph
+    inputs = tuple((name, _wide(t)) for name, t in graph.graph.inputs)
+    return bind_graph(replace(graph.graph, inputs=inputs))
+
+
 def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
     """The op computed and scheduled by the target's strategy (or left as is: "default"), with
     its label; `choices` other than the hand's make the strategy take other structures."""
     import tvm
 
+    bound = as_computed(bound, target)
     found = strategy(bound, target)
     ctx = context(bound, target, choices)
     sch = tvm.s_tir.Schedule(computed_module(ctx, found.compute if found is not None else None))
@@ -132,7 +154,8 @@ def compile_scheduled(
     bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
 ) -> Compiled:
     """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
-    return Compiled(bound, target, target.artifact.compile(mod, target, len(bound.inputs)), name, record)
+    stored = (*bound.inputs, bound.output)
+    return Compiled(bound, target, target.artifact.compile(mod, target, stored), name, record)
 
 
 @dataclass(frozen=True)
@@ -208,5 +231,6 @@ def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
     """Fuse the graph into kernels, schedule each (`schedule_op`: tuned records apply per fused
     kernel) and compile them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in kernels(graph)]
+    computed = as_computed_graph(graph, target)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in kernels(computed)]
     return CompiledGraph(graph, target, target.artifact.compile_graph(graph, scheduled, target), scheduled)

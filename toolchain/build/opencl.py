@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from toolchain.build.artifacts import ArtifactKind
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
+    from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
 
@@ -107,14 +108,16 @@ def _scratch_index(entry: dict[str, Any], scratch: list[dict[str, Any]]) -> int:
     return len(scratch) - 1
 
 
+def _launched(host: Any, symbol: str) -> list[str]:
+    """The device kernels host function `symbol` launches, in order."""
+    calls = re.findall(r'call_packed_lowered\("(\w+)"', host[symbol].script())
+    return [name for name in calls if not name.startswith("__tvm")]
+
+
 def _kernels(host: Any, devices: dict[Any, Any], symbol: str, resolve: Resolve) -> list[dict[str, Any]]:
     """The kernels host function `symbol` launches, in order, each with its arguments (`resolve`)
     and global/local sizes."""
-    order = [
-        name
-        for name in re.findall(r'call_packed_lowered\("(\w+)"', host[symbol].script())
-        if not name.startswith("__tvm")
-    ]
+    order = _launched(host, symbol)
     found = {gvar.name_hint: func for m in devices.values() for gvar, func in m.functions.items()}
     kernels = []
     for name in order:
@@ -132,6 +135,96 @@ def _kernels(host: Any, devices: dict[Any, Any], symbol: str, resolve: Resolve) 
             }
         )
     return kernels
+
+
+def _half_storage(func: Any, halves: set[str]) -> Any:
+    """Device kernel `func` with its parameters named in `halves` (by buffer name) taken as half
+    pointers: each load becomes `vload_half` (a float) and each store `vstore_half`, OpenCL 1.2
+    core, so the kernel computes in float32 and needs no cl_khr_fp16."""
+    import tvm
+    import tvm.sym.analyzer
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.tirx import stmt
+
+    analyzer = tvm.sym.analyzer.Analyzer()
+    params = []
+    for param in func.params:
+        if str(param.name).removesuffix("_ptr") in halves:
+            param = tirx.Var(str(param.name), tvm.ir.PointerType(tvm.ir.PrimType("float16"), "global"))
+        params.append(param)
+    by_name = {str(p.name): p for p in params}
+    pointers: dict[str, Any] = {}  # buffer name -> its half pointer
+
+    def declared(node: Any) -> Any:
+        data = getattr(node.data, "name", None)
+        if data is not None and str(data).removesuffix("_ptr") in halves:
+            pointers[str(node.buffer.name)] = by_name[str(data)]
+        return node
+
+    tvm_ffi.structural_map(func.body, [(stmt.DeclBuffer, declared)])
+
+    def load(node: Any) -> Any:
+        pointer = pointers.get(str(node.source.name))
+        if pointer is None:
+            return node
+        name, lanes, offset = _half_access(node.indices, analyzer)
+        return tirx.call_pure_extern(
+            f"float32x{lanes}" if lanes > 1 else "float32", f"vload_{name}", offset, pointer
+        )
+
+    def store(node: Any) -> Any:
+        pointer = pointers.get(str(node.buffer.name))
+        if pointer is None:
+            return node
+        name, _, offset = _half_access(node.indices, analyzer)
+        return tirx.Evaluate(tirx.call_extern("void", f"vstore_{name}", node.value, offset, pointer))
+
+    def undeclared(node: Any) -> Any:
+        return tirx.Evaluate(0) if str(node.buffer.name) in pointers else node
+
+    rules = [(tvm.ir.TensorLoad, load), (stmt.BufferStore, store), (stmt.DeclBuffer, undeclared)]
+    return tirx.PrimFunc(params, tvm_ffi.structural_map(func.body, rules), func.ret_type, func.attrs)
+
+
+def _half_access(indices: Any, analyzer: Any) -> tuple[str, int, Any]:
+    """(`half` or `halfN`, lanes, offset) of a half load or store at a flat index: a scalar at
+    element i is `vload_half(i, p)`; a vector of N contiguous elements from i is
+    `vload_halfN(i / N, p)`, which needs i a multiple of N (the GPU schedule's vectors start at
+    multiples of their lanes)."""
+    from tvm import tirx
+
+    (index,) = indices
+    if not isinstance(index, tirx.Ramp):
+        return "half", 1, index
+    lanes = int(index.lanes)
+    aligned = analyzer.modular_set(index.base)
+    if int(index.stride) != 1 or aligned.coeff % lanes or aligned.base % lanes:
+        raise DeployError(
+            f"a half vector of {lanes} at {index.base} is not contiguous from a multiple of {lanes}"
+        )
+    offset = analyzer.simplify(tirx.truncdiv(index.base, lanes))  # i >= 0: truncation is floor
+    return f"half{lanes}", lanes, offset
+
+
+HALF_PREAMBLE = re.compile(r"#ifdef cl_khr_fp16\n.*?#endif\n", re.S)
+"""What TVM's OpenCL C starts with once a half type appears: enable cl_khr_fp16, else #error. A
+kernel that keeps half in memory only needs neither."""
+
+
+def _stored_half(func: Any, stored: Sequence[TensorType]) -> set[str]:
+    """Parameters of PrimFunc `func` that are float16 in memory (`stored`, in parameter order)
+    but computed as another dtype (`Target.fp16_storage`): the kernels load and store them as half."""
+    pairs = zip(func.params, stored, strict=True)
+    return {str(p.name) for p, t in pairs if t.dtype == "float16" and str(p.ty.dtype) != "float16"}
+
+
+def _float16(source: str, plan: dict[str, Any]) -> dict[str, str]:
+    """How a plan with float16 buffers computes them, for whoever reads launch.json: in half
+    (`native`: the device needs cl_khr_fp16) or in float32 with half in memory (`storage`)."""
+    if all(b["dtype"] != "float16" for b in (*plan["buffers"], *plan["scratch"])):
+        return {}
+    return {"float16": "native" if "cl_khr_fp16" in source else "storage"}
 
 
 def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> dict[str, Any]:
@@ -176,8 +269,10 @@ def graph_plan(
     return {"kernels": kernels, "buffers": buffers, "scratch": scratch}
 
 
-def _source(mod: Any, target: Any) -> tuple[Any, dict[Any, Any], str]:
-    """Lowered host module, device modules and the OpenCL C of every kernel of `mod`."""
+def _source(mod: Any, target: Any, halves: dict[str, set[str]]) -> tuple[Any, dict[Any, Any], str]:
+    """Lowered host module, device modules and the OpenCL C of every kernel of `mod`; the
+    kernels each host function launches take its buffers named in `halves` as half storage
+    (`_half_storage`)."""
     import tvm
     from tvm.tirx.build import codegen_build
 
@@ -186,15 +281,33 @@ def _source(mod: Any, target: Any) -> tuple[Any, dict[Any, Any], str]:
         devices = {t: m for t, m in devices.items() if len(m.functions)}
         if not devices:
             raise DeployError("the schedule bound no work-items: TVM produced no OpenCL kernel")
+        stored = {
+            kernel: names for symbol, names in halves.items() if names for kernel in _launched(host, symbol)
+        }
+        if stored:
+            devices = {
+                t: tvm.IRModule(
+                    {
+                        g: _half_storage(f, stored[g.name_hint]) if g.name_hint in stored else f
+                        for g, f in m.functions.items()
+                    }
+                )
+                for t, m in devices.items()
+            }
         source = "\n".join(str(codegen_build(m, t).inspect_source()) for t, m in devices.items())
-    return host, devices, source
+    return host, devices, HALF_PREAMBLE.sub("", source) if stored else source
 
 
-def compile_opencl(mod: Any, target: Any, n_inputs: int) -> OpenClProgram:
+def compile_opencl(mod: Any, target: Any, stored: tuple[TensorType, ...]) -> OpenClProgram:
     """OpenCL C and launch plan for a scheduled IRModule (work-items bound to threads), both from
-    one lowering, so the plan describes exactly the kernels in the source."""
-    host, devices, source = _source(mod, target)
-    return OpenClProgram(source, launch_plan(mod, host, devices, n_inputs))
+    one lowering, so the plan describes exactly the kernels in the source. `main`'s parameters
+    are `stored` so in memory: one `main` computes as float32 and the plan says float16 is
+    loaded and stored as half."""
+    host, devices, source = _source(mod, target, {"main": _stored_half(mod["main"], stored)})
+    plan = launch_plan(mod, host, devices, len(stored) - 1)
+    for buffer, t in zip(plan["buffers"], stored, strict=True):
+        buffer["dtype"] = t.dtype
+    return OpenClProgram(source, {**plan, **_float16(source, plan)})
 
 
 def compile_opencl_graph(graph: BoundGraph, kernels: list[ScheduledKernel], target: Any) -> OpenClProgram:
@@ -204,8 +317,13 @@ def compile_opencl_graph(graph: BoundGraph, kernels: list[ScheduledKernel], targ
 
     functions = [(*k.function(i), k) for i, k in enumerate(kernels)]
     mod = tvm.IRModule({symbol: func for symbol, func, _ in functions})
-    host, devices, source = _source(mod, target)
-    return OpenClProgram(source, graph_plan(graph, functions, host, devices))
+    halves = {
+        symbol: _stored_half(func, [graph.types[t] for t in (*k.kernel.reads, k.kernel.writes)])
+        for symbol, func, k in functions
+    }
+    host, devices, source = _source(mod, target, halves)
+    plan = graph_plan(graph, functions, host, devices)
+    return OpenClProgram(source, {**plan, **_float16(source, plan)})
 
 
 @dataclass(frozen=True)
@@ -217,8 +335,8 @@ class OpenClPlan(ArtifactKind):
 
         return tvm.target.Target(spec, host={"kind": "llvm"})
 
-    def compile(self, mod: Any, target: Target, n_inputs: int) -> OpenClProgram:
-        return compile_opencl(mod, target.tvm_target(), n_inputs)
+    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> OpenClProgram:
+        return compile_opencl(mod, target.tvm_target(), stored)
 
     def compile_graph(
         self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target

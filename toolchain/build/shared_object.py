@@ -20,6 +20,7 @@ from toolchain.build.fusion import relax_main
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
+    from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
 
@@ -119,7 +120,7 @@ class SharedObject(ArtifactKind):
     """A TVM module as a shared object a TVM runtime loads (CPU targets); a graph's is a Relax VM
     executable with its kernels."""
 
-    def compile(self, mod: Any, target: Target, n_inputs: int) -> Any:
+    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
         return compile_cpu(mod, target.tvm_target())
 
     def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:

@@ -66,6 +66,10 @@ class Target:
     cores: int | None = None
     """Threads the device runs parallel loops on, which the schedules split work for: asked from
     the device or given with --cores (None: this host's count, for library callers)."""
+    fp16_storage: bool = False
+    """float16 tensors stay half in memory but are computed in float32: for a device without
+    half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
+    1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
 
     def with_tuning(self, tuned: TunedSchedules | None) -> Target:
         """This target, building from `tuned` where it has a schedule (None: hand schedules)."""
@@ -74,6 +78,10 @@ class Target:
     def with_cores(self, cores: int | None) -> Target:
         """This target, splitting parallel work for `cores` threads (None: leave as is)."""
         return self if cores is None else replace(self, cores=cores)
+
+    def with_fp16_storage(self, storage: bool) -> Target:
+        """This target, computing float16 in float32 with half storage (True) or natively."""
+        return replace(self, fp16_storage=storage)
 
     def build_cores(self) -> int:
         """The core count builds split work for."""

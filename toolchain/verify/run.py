@@ -43,9 +43,10 @@ def run_artifact(
 
 
 def for_device(target: Target, session: Session) -> Target:
-    """`target` building for the session's device: split for its cores, unless --cores said."""
+    """`target` building for the session's device: split for its cores, unless --cores said, and
+    float16 computed in float32 where the device has no half arithmetic."""
     cores = session.cores() if target.cores is None else None
-    return target.with_cores(cores)
+    return target.with_cores(cores).with_fp16_storage(not session.fp16_arithmetic())
 
 
 def verify(
