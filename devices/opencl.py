@@ -25,10 +25,6 @@ from base.errors import DeployError, UsageError, reason
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
-HALF_ARITHMETIC = "cl_khr_fp16"
-"""What OpenCL C computing in half names (the extension's pragma); kernels that keep half in
-memory only (vload_half/vstore_half, OpenCL 1.2 core) do not."""
-
 
 def _cl() -> Any:
     """pyopencl, with PoCL's kernel cache in deploy's cache dir."""
@@ -174,10 +170,10 @@ class OpenClSession:
                 text = source.decode()
             except UnicodeDecodeError:
                 raise UsageError(f"{source_path} is not OpenCL C text") from None
-            if HALF_ARITHMETIC in text and not self._fp16:
+            if plan.get("float16") == "native" and not self._fp16:
                 raise DeployError(
-                    f"{self.label} has no cl_khr_fp16, which {source_path} computes in (build for this"
-                    " device: it keeps float16 in memory only)"
+                    f"{source_path} computes in half, which needs cl_khr_fp16 and {self.label} has none:"
+                    " deploy run, test and bench build float16 for this device as half storage"
                 )
             try:
                 program = cl.Program(self._context, text).build()

@@ -79,10 +79,6 @@ class Device:
         """Sessions it serves at once now (a tracker key: its free servers)."""
         return 1
 
-    def unsupported_dtypes(self) -> dict[str, str]:
-        """Dtypes it cannot run, each with the reason."""
-        return {}
-
     def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:
         """Which of the CPU `flags` (as /proc/cpuinfo names them) it is known to lack."""
         return []

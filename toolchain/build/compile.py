@@ -38,12 +38,18 @@ def as_computed(bound: BoundOp, target: Target) -> BoundOp:
     """The op as the target computes it: its float16 tensors as float32 where the target keeps
     float16 in memory only (`Target.fp16_storage`; the artifact loads and stores them as half)."""
     types = (*bound.inputs, bound.output)
-    if not target.fp16_storage or all(t.dtype != "float16" for t in types) or bound.op.parts() != (bound.op,):
-        return bound  # a fused group is widened with its graph (`compile_graph`)
+    if not target.fp16_storage or all(t.dtype != "float16" for t in types):
+        return bound
+    if bound.op.parts() != (bound.op,):  # a fused group is widened with its graph (`compile_graph`)
+        raise UsageError(
+            f"kernel {bound.name}: float16 on a device without half arithmetic is computed in float32;"
+            " tune the model with float32 inputs, whose records its float16 build uses"
+        )
     return bind(bound.op, bound.attrs, [_wide(t) for t in bound.inputs])
 
 
 def _wide(t: TensorType) -> TensorType:
+    """`t` as computed under `Target.fp16_storage`: float16 as float32."""
     return TensorType(t.shape, "float32") if t.dtype == "float16" else t
 
 

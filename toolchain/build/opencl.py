@@ -196,10 +196,17 @@ def _half_access(indices: Any, analyzer: Any) -> tuple[str, int, Any]:
 
     (index,) = indices
     if not isinstance(index, tirx.Ramp):
+        if index.ty.dtype.lanes != 1:
+            raise DeployError(f"a half vector at {index} is not a contiguous run of elements")
         return "half", 1, index
     lanes = int(index.lanes)
     aligned = analyzer.modular_set(index.base)
-    if int(index.stride) != 1 or aligned.coeff % lanes or aligned.base % lanes:
+    if (
+        lanes not in (2, 3, 4, 8, 16)
+        or int(index.stride) != 1
+        or aligned.coeff % lanes
+        or aligned.base % lanes
+    ):
         raise DeployError(
             f"a half vector of {lanes} at {index.base} is not contiguous from a multiple of {lanes}"
         )
@@ -219,12 +226,13 @@ def _stored_half(func: Any, stored: Sequence[TensorType]) -> set[str]:
     return {str(p.name) for p, t in pairs if t.dtype == "float16" and str(p.ty.dtype) != "float16"}
 
 
-def _float16(source: str, plan: dict[str, Any]) -> dict[str, str]:
-    """How a plan with float16 buffers computes them, for whoever reads launch.json: in half
-    (`native`: the device needs cl_khr_fp16) or in float32 with half in memory (`storage`)."""
+def _float16(plan: dict[str, Any], halves: dict[str, set[str]]) -> dict[str, str]:
+    """How a plan with float16 buffers computes them, for the runner and whoever reads
+    launch.json: in half (`native`: the device needs cl_khr_fp16) or in float32 with the buffers
+    `halves` names kept half in memory (`storage`)."""
     if all(b["dtype"] != "float16" for b in (*plan["buffers"], *plan["scratch"])):
         return {}
-    return {"float16": "native" if "cl_khr_fp16" in source else "storage"}
+    return {"float16": "storage" if any(halves.values()) else "native"}
 
 
 def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> dict[str, Any]:
@@ -303,11 +311,12 @@ def compile_opencl(mod: Any, target: Any, stored: tuple[TensorType, ...]) -> Ope
     one lowering, so the plan describes exactly the kernels in the source. `main`'s parameters
     are `stored` so in memory: one `main` computes as float32 and the plan says float16 is
     loaded and stored as half."""
-    host, devices, source = _source(mod, target, {"main": _stored_half(mod["main"], stored)})
+    halves = {"main": _stored_half(mod["main"], stored)}
+    host, devices, source = _source(mod, target, halves)
     plan = launch_plan(mod, host, devices, len(stored) - 1)
     for buffer, t in zip(plan["buffers"], stored, strict=True):
         buffer["dtype"] = t.dtype
-    return OpenClProgram(source, {**plan, **_float16(source, plan)})
+    return OpenClProgram(source, {**plan, **_float16(plan, halves)})
 
 
 def compile_opencl_graph(graph: BoundGraph, kernels: list[ScheduledKernel], target: Any) -> OpenClProgram:
@@ -323,7 +332,7 @@ def compile_opencl_graph(graph: BoundGraph, kernels: list[ScheduledKernel], targ
     }
     host, devices, source = _source(mod, target, halves)
     plan = graph_plan(graph, functions, host, devices)
-    return OpenClProgram(source, {**plan, **_float16(source, plan)})
+    return OpenClProgram(source, {**plan, **_float16(plan, halves)})
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,6 @@ def test_command(
             " built for one batch size"
         )
         planned = [case for case in planned if case.runs_on(target)]
-    if not dtypes:
-        for dtype, reason in device.unsupported_dtypes().items():
-            click.echo(f"skipping {dtype} cases: {reason} (ask for them with --dtype {dtype})")
-            planned = [case for case in planned if case.dtype != dtype]
     workers = device.capacity()
     if workers < 1:
         raise DeployError(f"no free server with key {where.key!r} on the tracker {where.tracker}")

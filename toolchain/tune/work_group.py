@@ -28,6 +28,7 @@ from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.tuner import Progress, TuneResult, decide
 from toolchain.verify.measure import check_and_time
+from toolchain.verify.run import for_device
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
 """Sizes in the order they are tried: the default first, then outward."""
@@ -102,6 +103,7 @@ class WorkGroupTuner:
         tried = {m["work_group"] for m in done}
         todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
         with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
+            target = for_device(target, session)  # float16 as this device computes it
             for size in todo:
                 try:
                     compiled = compile_scheduled(bound, target, scheduled(bound, target, size), "tuned")
