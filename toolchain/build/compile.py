@@ -29,9 +29,18 @@ def strategy(bound: BoundOp, target: Target) -> Strategy | None:
 def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
     """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
     strategy pairs with its schedule (the op's own unless the family has a variant; `choices`
-    picks among the variant's structures)."""
+    picks among the variant's structures), over the types the target computes in (`as_computed`)."""
+    return _computed(bound, target, choices)[0]
+
+
+def _computed(
+    bound: BoundOp, target: Target, choices: Choices
+) -> tuple[Any, ScheduleContext, Strategy | None]:
+    """`prim_module`, with the context and strategy that schedule it."""
+    bound = as_computed(bound, target)
     found = strategy(bound, target)
-    return computed_module(context(bound, target, choices), found.compute if found is not None else None)
+    ctx = context(bound, target, choices)
+    return computed_module(ctx, found.compute if found is not None else None), ctx, found
 
 
 def as_computed(bound: BoundOp, target: Target) -> BoundOp:
@@ -66,10 +75,8 @@ def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tu
     its label; `choices` other than the hand's make the strategy take other structures."""
     import tvm
 
-    bound = as_computed(bound, target)
-    found = strategy(bound, target)
-    ctx = context(bound, target, choices)
-    sch = tvm.s_tir.Schedule(computed_module(ctx, found.compute if found is not None else None))
+    mod, ctx, found = _computed(bound, target, choices)
+    sch = tvm.s_tir.Schedule(mod)
     if found is None:
         return sch.mod, "default"
     found.schedule(sch, ctx)
