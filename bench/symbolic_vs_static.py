@@ -3,15 +3,15 @@
     TVM_NUM_THREADS=2 .venv/bin/python bench/symbolic_vs_static.py [--target x86] [--rounds 9]
 
 For each workload and batch size, the symbolic module (built once) and the module built for that
-batch are checked against numpy, then timed in interleaved rounds (one run of each per round, so
-drift falls on both). Prints the medians, the interquartile spread and the ratio symbolic/static.
+batch are checked against numpy, then timed in interleaved rounds (`measure.interleaved_runs`: one
+run of each per round, so drift falls on both). Prints the medians, the interquartile spread and
+the ratio symbolic/static.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from toolchain.build.compile import compile_op
 from toolchain.build.export import export
 from toolchain.build.targets import get_target
 from toolchain.verify.compare import random_input
-from toolchain.verify.measure import artifact_ms
+from toolchain.verify.measure import Measured, Timer, interleaved_runs
 from toolchain.verify.run import against_reference, for_device, run_artifact
 
 WORKLOADS = [
@@ -35,11 +35,6 @@ WORKLOADS = [
 ]
 """(op, attributes, input shapes after the batch dim)."""
 BATCHES = (1, 32)
-
-
-def spread(runs: list[float]) -> float:
-    low, _, high = statistics.quantiles(runs, n=4, method="inclusive")
-    return high - low
 
 
 def main() -> None:
@@ -67,22 +62,22 @@ def main() -> None:
                 static = built([(n, *t) for t in tails], op_name, attrs)
                 rng = np.random.default_rng(0)
                 inputs = [random_input(TensorType((n, *t), "float32"), rng) for t in tails]
-                runs: dict[str, list[float]] = {"static": [], "symbolic": []}
+                errors, timers = [], []
                 for bound, directory, manifest in (static, symbolic):
                     comparison = against_reference(
                         bound, inputs, run_artifact(session, directory, manifest, inputs)
                     )
                     assert comparison.ok, comparison.detail
-                for round_ in range(args.rounds):
-                    order = ("static", "symbolic") if round_ % 2 == 0 else ("symbolic", "static")
-                    for label in order:
-                        _, directory, manifest = static if label == "static" else symbolic
-                        runs[label].append(artifact_ms(session, directory, manifest, inputs, 1))
-                s, y = (statistics.median(runs[k]) for k in ("static", "symbolic"))
+                    errors.append(comparison.max_error)
+                    timers.append(Timer(session, directory, manifest, inputs))
+                s, y = (
+                    Measured(error, tuple(runs))
+                    for error, runs in zip(errors, interleaved_runs(timers, args.rounds), strict=True)
+                )
                 shapes = " ".join("x".join(map(str, t)) for t in tails)
                 print(
-                    f"{op_name + ' Nx' + shapes:34} {n:3} {s:8.3f} ±{spread(runs['static']):5.3f}"
-                    f" {y:8.3f} ±{spread(runs['symbolic']):5.3f} {y / s:10.3f}"
+                    f"{op_name + ' Nx' + shapes:34} {n:3} {s.ms:8.3f} ±{s.spread:5.3f}"
+                    f" {y.ms:8.3f} ±{y.spread:5.3f} {y.ms / s.ms:10.3f}"
                 )
 
 

@@ -39,14 +39,6 @@ def host_ms(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def artifact_ms(
-    session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray], repeat: int
-) -> float:
-    """Median milliseconds per call of the artifact on the session over `repeat` timed runs, each
-    averaging enough calls to last about TARGET_SECONDS (the first, untimed call loads it)."""
-    return statistics.median(Timer(session, directory, manifest, inputs).runs(repeat))
-
-
 def calls_lasting(seconds: float, once: float) -> int:
     """How many calls of something that took `once` seconds make a timed run of about `seconds`."""
     return max(1, int(seconds / max(once, 1e-6)))
