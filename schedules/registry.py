@@ -45,6 +45,12 @@ class Choices:
             sch.annotate(loop, "pragma_auto_unroll_max_step", default)
             sch.annotate(loop, "pragma_unroll_explicit", 1)
 
+    def annotate(self, sch: Any, loops: list[Any], key: str, default: int, options: Sequence[int]) -> None:
+        """Annotate each of `loops` with `key`: `default` here, one of `options` in a search (a
+        value the lowering reads, so one design space holds every option)."""
+        for loop in loops:
+            sch.annotate(loop, key, default)
+
     def pick(self, name: str, options: Sequence[T], default: T) -> T:
         """A choice the schedule's structure depends on (Python branches on it): `default` here;
         in a search every option is tried (a design space of its own; for a pick the

@@ -2,14 +2,14 @@
 
 `design_spaces` runs a strategy's schedule once per combination of its structural picks (each
 run a MetaSchedule design space: a trace whose sampling instructions the search re-samples and
-mutates); split factors become `sample_perfect_tile` and unroll depths `sample_categorical`,
-each with the hand value as its recorded decision. The first design space, every default taken,
-is the hand schedule itself.
+mutates); split factors become `sample_perfect_tile`, unroll depths and annotated values (how
+far ahead to prefetch) `sample_categorical`, each with the hand value as its recorded decision.
+The first design space, every default taken, is the hand schedule itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +39,14 @@ class SampledChoices(Picked):
         steps = sorted({*UNROLL_STEPS, default})
         chosen = sch.sample_categorical(steps, [1 / len(steps)] * len(steps), decision=steps.index(default))
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", chosen)
+
+    def annotate(self, sch: Any, loops: list[Any], key: str, default: int, options: Sequence[int]) -> None:
+        values = sorted({*options, default})
+        chosen = sch.sample_categorical(
+            values, [1 / len(values)] * len(values), decision=values.index(default)
+        )
+        for loop in loops:
+            sch.annotate(loop, key, chosen)
 
 
 def design_spaces(schedule: ScheduleFn, ctx: ScheduleContext) -> Callable[[Any], list[Any]]:

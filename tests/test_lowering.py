@@ -1,5 +1,6 @@
-"""The deploy-cpu lowering: stride-2 vector loads become contiguous loads and a shuffle, and the
-x86 max pooling kernels it produces are vector code."""
+"""The deploy-cpu lowering: stride-2 vector loads become contiguous loads and a shuffle, annotated
+loops prefetch their input a line at a time, and the max pooling kernels it produces are vector
+code that prefetches."""
 
 from __future__ import annotations
 
@@ -59,13 +60,73 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
     assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
+DISASSEMBLY = {
+    "x86": ("objdump", "binutils", ("vmaxps",), ("vshufps", "vpermps"), "prefetcht0"),
+    "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", ("fmax\tv",), ("uzp", "ld2"), "prfm"),
+}
+"""target -> (disassembler, its Debian package, a vector max, deinterleaves, a prefetch)."""
+
+
+@pytest.mark.parametrize("target", sorted(DISASSEMBLY))
 @pytest.mark.parametrize("batch", [2, "N"])
-def test_x86_max_pooling_is_vector_code(tmp_path: Path, batch: int | str) -> None:
+def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str, batch: int | str) -> None:
+    tool, package, vector_max, deinterleaves, prefetch = DISASSEMBLY[target]
+    if shutil.which(tool) is None:
+        pytest.skip(f"needs {tool} (Debian package {package})")
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((batch, 8, 32, 32), "float32")])
-    manifest = export(compile_op(bound, get_target("x86")), tmp_path / "art")
-    text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
+    manifest = export(compile_op(bound, get_target(target)), tmp_path / "art")
+    text = subprocess.run([tool, "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
-    assert "vmaxps" in text, "the max is computed 8 lanes at a time"
-    assert "vshufps" in text or "vpermps" in text, "stride-2 taps are deinterleaved with shuffles"
+    assert any(m in text for m in vector_max), "the max is computed a vector at a time"
+    assert any(d in text for d in deinterleaves), "stride-2 taps are deinterleaved with shuffles"
+    assert prefetch in text, "the column stage prefetches its input rows"
+
+
+def _streaming_loop(ahead: int):
+    """A loop over lines of 16 floats whose step loads three rows of an input `x` (two vectors
+    each, a line apart by less than 64 bytes), a row of a local stage, and a value indexed by a
+    loop inside the step; annotated to prefetch `ahead` bytes ahead."""
+    from tvm import tirx
+
+    from schedules.cpu import PREFETCH
+
+    x = tirx.decl_buffer((4096,), "float32", name="x")
+    stage = tirx.decl_buffer((112,), "float32", name="stage")
+    out = tirx.decl_buffer((4096,), "float32", name="out")
+    line, k = tirx.Var("line", "int32"), tirx.Var("k", "int32")
+    rows = [tirx.BufferLoad(x, [tirx.Ramp(line * 16 + row * 112 + half * 8, 1, 8)])
+            for row in range(3) for half in range(2)]  # fmt: skip
+    total = rows[0]
+    for other in [*rows[1:], tirx.BufferLoad(stage, [tirx.Ramp(line * 16, 1, 8)])]:
+        total = total + other
+    store = tirx.BufferStore(out, total, [tirx.Ramp(line * 16, 1, 8)])
+    inner = tirx.For(k, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(out, tirx.BufferLoad(x, [k * 64]), [k]))
+    body = tirx.SeqStmt([store, inner])
+    return tirx.For(line, 0, 7, tirx.ForKind.SERIAL, body, annotations={PREFETCH: ahead}), stage
+
+
+def _prefetched_offsets(loop, line) -> list[int]:
+    """Elements past `line * 16` of each prefetch leading the loop's body, in order."""
+    import tvm.sym.analyzer
+    from tvm import tirx
+
+    assert isinstance(loop.body, tirx.SeqStmt)
+    calls = [s.value for s in loop.body.seq if isinstance(s, tirx.Evaluate)]
+    assert all("llvm.prefetch" in str(call) for call in calls)
+    analyzer = tvm.sym.analyzer.Analyzer()
+    addresses = [call.args[1] for call in calls]  # args[0]: the intrinsic's id
+    return [int(analyzer.simplify(a.args[0].indices[0] - line * 16)) for a in addresses]
+
+
+def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
+    from schedules.cpu import PREFETCH
+    from toolchain.build.shared_object import _prefetched
+
+    loop, stage = _streaming_loop(16384)
+    lowered = _prefetched(loop, [stage])
+    # one per row of x, 4096 floats ahead: not one per vector, none for the stage or the inner loop
+    assert _prefetched_offsets(lowered, loop.loop_var) == [4096, 4096 + 112, 4096 + 224]
+    assert PREFETCH not in lowered.annotations
+    unannotated, _ = _streaming_loop(0)
+    assert _prefetched(unannotated, [stage]).body.same_as(unannotated.body)  # 0: none

@@ -105,7 +105,7 @@ def assert_a_column_stage_record_builds_as_recorded(
 
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 16, 28, 28), "float32")])
-    _, staged = compute_variants(bound, get_target("x86"))
+    staged, _ = compute_variants(bound, get_target("x86"))  # the hand structure, first
     assert staged.picks == {"max columns first": True}
     record = db_records.TaskRecords.load(task, staged.mod).valid()[0]
     pin = db_records.record_sha256(record)

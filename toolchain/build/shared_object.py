@@ -1,10 +1,12 @@
 """Shared objects (`module.so`): CPU code through TVM's default TIR pipeline plus strided vector
-loads made contiguous, linked with the target's (cross) compiler.
+loads made contiguous and the schedules' software prefetches, linked with the target's (cross)
+compiler.
 
 TVM turns a vector load with stride 2 (a stride-2 pooling window along W) into one scalar load
 and insert per lane. `deinterleave_stride2` loads the 2*lanes elements those lanes span as two
 contiguous vectors and picks every other lane with a shuffle, which LLVM lowers to vector loads
-plus shuffles (`vshufps`/`vpermpd` on x86, `uzp` on AArch64).
+plus shuffles (`vshufps`/`vpermpd` on x86, `uzp` on AArch64). `software_prefetch` lowers the
+loops a schedule annotated with `schedules.cpu.PREFETCH` (TVM has no prefetch step for them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import DeployError
+from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.fusion import relax_main
 
@@ -73,12 +76,100 @@ def deinterleave_stride2() -> Any:
     return rewrite
 
 
+def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
+    """(buffer, flat index) where the loads in `body` of a function's inputs start (a vector's
+    first element), one per cache line: an index a constant less than a line from one kept is
+    left out. Buffers in `local` (stages the function allocates, in cache already) and indices
+    that use a variable bound inside `body` are left out too."""
+    import tvm
+    import tvm.sym.analyzer
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.tirx.analysis import undefined_vars
+
+    analyzer = tvm.sym.analyzer.Analyzer()
+    inner: list[Any] = []
+    starts: list[tuple[Any, Any]] = []
+
+    def bound(node: Any) -> Any:
+        inner.append(node.loop_var if isinstance(node, tirx.For) else node.var)
+        return node
+
+    def near(start: Any, other: Any, bits: int) -> bool:
+        apart = analyzer.simplify(start - other)
+        return isinstance(apart, tirx.IntImm) and abs(int(apart)) * bits < CACHE_LINE * 8
+
+    def same_line(buffer: Any, start: Any) -> bool:
+        return any(kept.same_as(buffer) and near(start, other, buffer.dtype.bits) for kept, other in starts)
+
+    def load(node: Any) -> Any:
+        index = node.indices[0] if len(node.indices) == 1 else None
+        start = index.base if isinstance(index, tirx.Ramp) else index
+        if (
+            start is not None
+            and start.ty.dtype.lanes == 1
+            and not any(node.source.same_as(b) for b in local)
+            and not any(v.same_as(w) for v in undefined_vars(start, []) for w in inner)
+            and not same_line(node.source, start)
+        ):
+            starts.append((node.source, start))
+        return node
+
+    tvm_ffi.structural_map(body, [(tirx.For, bound), (tirx.Bind, bound)])
+    tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load)])
+    return starts
+
+
+def _prefetched(loop: Any, local: list[Any]) -> Any:
+    """`loop` (annotated PREFETCH: bytes ahead, 0: none) with its body led by one `llvm.prefetch`
+    (a read, kept in every cache level) of that many bytes past each of `_line_starts`. Near the
+    end of a buffer the address lies past it: a prefetch never faults (x86 `prefetcht0`, AArch64
+    `prfm`), and LLVM's takes any address (its pointer is not `noundef`)."""
+    from tvm import tirx
+
+    ahead = int(loop.annotations[PREFETCH])
+    fetches = []
+    for buffer, start in _line_starts(loop.body, local) if ahead > 0 else []:
+        elements = max(1, ahead * 8 // buffer.dtype.bits)
+        address = tirx.address_of(tirx.BufferLoad(buffer, [start + elements]))
+        read, keep, data = (tirx.const(v, "int32") for v in (0, 3, 1))
+        fetches.append(
+            tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, read, keep, data))
+        )
+    body = tirx.SeqStmt([*fetches, loop.body]) if fetches else loop.body
+    annotations = {k: v for k, v in loop.annotations.items() if k != PREFETCH}
+    return tirx.For(
+        loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations, loop.step
+    )
+
+
+def software_prefetch() -> Any:
+    """A PrimFunc pass applying `_prefetched` to every loop annotated PREFETCH. It runs after
+    the loops are vectorized (a step is then a vector or more) and before common subexpressions
+    are bound (they would hide the indices behind variables bound inside the body)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")
+    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
+        local: list[Any] = []
+        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, lambda a: local.append(a.buffer) or a)])
+
+        def lower(loop: Any) -> Any:
+            return _prefetched(loop, local) if PREFETCH in loop.annotations else loop
+
+        return tvm_ffi.structural_map(func, [(tirx.For, lower)])
+
+    return rewrite
+
+
 def _pipeline(**kwargs: Any) -> tuple[Any, Any, Any]:
     import tvm
     from tvm.tirx import compilation_pipeline
 
     default, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default", **kwargs)
-    passes = [default, deinterleave_stride2(), tvm.tirx.transform.CommonSubexprElim()]
+    passes = [default, deinterleave_stride2(), software_prefetch(), tvm.tirx.transform.CommonSubexprElim()]
     return tvm.transform.Sequential(passes, name="deploy_cpu"), finalize_host, finalize_device
 
 
