@@ -1,4 +1,4 @@
-"""`deploy bench`: the floor and copy roofline (measured once, then cached), baselines, --json and --plot."""
+"""`deploy bench`: the floor and copy roofline timed beside each op, baselines, --json and --plot."""
 
 from __future__ import annotations
 

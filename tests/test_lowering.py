@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,14 @@ def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
     assert PREFETCH not in lowered.annotations
     unannotated, _ = _streaming_loop(0)
     assert _prefetched(unannotated, [stage]).body.same_as(unannotated.body)  # 0: none
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
+def test_inner_loops_shows_the_pooling_rows_loop_with_its_prefetches() -> None:
+    script = Path(__file__).parents[1] / "bench" / "inner_loops.py"
+    pool = ["-a", "kernel=3", "-a", "stride=2", "-a", "padding=1"]
+    shown = subprocess.run([sys.executable, str(script), "--target", "x86", "--shape", "1x8x32x32", *pool],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert shown.startswith("max_pool2d 1x8x32x32:float32 for x86 (cpu/max_pool2d), objdump:")
+    loops = [line for line in shown.splitlines() if line.startswith("  loop ")]
+    assert any("vmaxps" in line and "prefetcht0" in line for line in loops), shown
