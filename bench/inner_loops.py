@@ -4,7 +4,8 @@ loop body holds and which. It compares schedules where no board runs the code (N
     .venv/bin/python bench/inner_loops.py --target arm [--op max_pool2d --shape 32x64x112x112
         -a kernel=3 -a stride=2 -a padding=1]
 
-Builds the op (by default its bench case) for the target as `deploy build` does, disassembles
+Builds the op (by default its bench case; `-a` overrides its attributes, `--shape` replaces the
+case) for the target as `deploy build` does, disassembles
 its module.so with the target's objdump and prints every loop (a branch back to an earlier
 address) of at least --min instructions, by address: its static instruction count and its
 mnemonics, most frequent first. A loop that holds another runs the inner one many times per
@@ -15,17 +16,24 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
 
+from base.errors import DeployError, UsageError, reason
 from ops import TensorType, bind, get_op
 from toolchain.build.compile import compile_op
 from toolchain.build.export import export
 from toolchain.build.targets import get_target
+from toolchain.cli.args import parse_attrs, parse_shape
 
-OBJDUMP = {"x86_64": "objdump", "aarch64": "aarch64-linux-gnu-objdump"}
+OBJDUMP = {
+    "x86_64": ("objdump", "binutils"),
+    "aarch64": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu"),
+}
+"""Machine -> the objdump that disassembles it, and its Debian package."""
 INSTRUCTION = re.compile(r"\s+([0-9a-f]+):\s+(\S+)\s*(.*)")
 DIRECT_TARGET = re.compile(r"([0-9a-f]+)\s")
 
@@ -54,35 +62,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="arm")
     parser.add_argument("--op", default="max_pool2d")
-    parser.add_argument(
-        "--shape", action="append", help="one per input, e.g. 32x64x112x112 (default: the bench case)"
-    )
-    parser.add_argument("-a", dest="attrs", action="append", default=[], help="attribute key=value")
+    parser.add_argument("--shape", action="append", help="one per input (default: the bench case's)")
+    parser.add_argument("-a", dest="attrs", action="append", default=[], help="key=value over the case's")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--min", type=int, default=8, help="leave out loops with fewer instructions")
     args = parser.parse_args()
-    target, op = get_target(args.target), get_op(args.op)
-    case = op.bench_case()
-    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shape] if args.shape else case.shapes
-    attrs = dict(item.split("=", 1) for item in args.attrs) if args.attrs or args.shape else case.attrs
-    types = [TensorType(shape, args.dtype) for shape in shapes]
-    bound = bind(op, attrs, types)
-    with tempfile.TemporaryDirectory() as tmp:
-        compiled = compile_op(bound, target)
-        manifest = export(compiled, Path(tmp))
-        tool = OBJDUMP[target.arch]
-        listing = subprocess.run(
-            [tool, "-d", "--no-show-raw-insn", str(Path(tmp) / manifest.module)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    print(f"{bound.name} {' '.join(map(str, types))} for {target.name} ({compiled.schedule}), {tool}:")
+    try:
+        listing, title = disassembled(args)
+    except DeployError as exc:
+        parser.error(reason(exc))
+    print(title)
     for start, end, body in loops(listing):
         count = sum(body.values())
         if count >= args.min:
             mix = ", ".join(f"{m} {n}" for m, n in body.most_common())
             print(f"  loop {start:x}-{end:x}: {count} instructions: {mix}")
+
+
+def disassembled(args: argparse.Namespace) -> tuple[str, str]:
+    """The objdump listing of the op built as `args` say, and a line saying what it is."""
+    target, op = get_target(args.target), get_op(args.op)
+    tool, package = OBJDUMP.get(target.arch, (None, None))
+    if tool is None or shutil.which(tool) is None:
+        raise UsageError(
+            f"target {target.name} builds {target.arch} code: needs "
+            + (f"{tool} (Debian package {package})" if tool else "a CPU target (x86*, arm*)")
+        )
+    case = op.bench_case()
+    shapes = [parse_shape(s) for s in args.shape] if args.shape else case.shapes
+    attrs = {**(case.attrs if not args.shape else {}), **parse_attrs(tuple(args.attrs))}
+    bound = bind(op, attrs, [TensorType(shape, args.dtype) for shape in shapes])
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_op(bound, target)
+        manifest = export(compiled, Path(tmp))
+        command = [tool, "-d", "--no-show-raw-insn", str(Path(tmp) / manifest.module)]
+        listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    types = " ".join(map(str, bound.inputs))
+    return listing, f"{bound.name} {types} for {target.name} ({compiled.schedule}), {tool}:"
 
 
 if __name__ == "__main__":

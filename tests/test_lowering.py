@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,10 +85,10 @@ def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str,
     assert prefetch in text, "the column stage prefetches its input rows"
 
 
-def _streaming_loop(ahead: int):
+def _streaming_loop(ahead: int) -> tuple[Any, Any]:
     """A loop over lines of 16 floats whose step loads three rows of an input `x` (two vectors
     each, a line apart by less than 64 bytes), a row of a local stage, and a value indexed by a
-    loop inside the step; annotated to prefetch `ahead` bytes ahead."""
+    loop inside the step; annotated to prefetch `ahead` bytes ahead. With the stage's buffer."""
     from tvm import tirx
 
     from schedules.cpu import PREFETCH
@@ -107,7 +108,7 @@ def _streaming_loop(ahead: int):
     return tirx.For(line, 0, 7, tirx.ForKind.SERIAL, body, annotations={PREFETCH: ahead}), stage
 
 
-def _prefetched_offsets(loop, line) -> list[int]:
+def _prefetched_offsets(loop: Any, line: Any) -> list[int]:
     """Elements past `line * 16` of each prefetch leading the loop's body, in order."""
     import tvm.sym.analyzer
     from tvm import tirx
@@ -142,3 +143,49 @@ def test_inner_loops_shows_the_pooling_rows_loop_with_its_prefetches() -> None:
     assert shown.startswith("max_pool2d 1x8x32x32:float32 for x86 (cpu/max_pool2d), objdump:")
     loops = [line for line in shown.splitlines() if line.startswith("  loop ")]
     assert any("vmaxps" in line and "prefetcht0" in line for line in loops), shown
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
+@pytest.mark.parametrize("depth", [16, 512])
+def test_a_searched_unroll_depth_keeps_the_prefetches(tmp_path: Path, depth: int) -> None:
+    """Lowering unrolls before it prefetches: a search's unroll depth on the plane loop must not
+    unroll the annotated stage loop away with its annotation."""
+    from schedules.registry import Choices
+    from toolchain.build.compile import compile_scheduled, hand_schedule
+
+    class Unrolled(Choices):
+        def unroll(self, sch: Any, loop: Any, default: int) -> None:
+            super().unroll(sch, loop, depth)
+
+    attrs = {"kernel": 3, "stride": 2, "padding": 1}
+    bound = bind(get_op("max_pool2d"), attrs, [TensorType((1, 8, 32, 32), "float32")])
+    target = get_target("x86")
+    mod, name = hand_schedule(bound, target, Unrolled())
+    manifest = export(compile_scheduled(bound, target, mod, name), tmp_path / "art")
+    text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    assert "prefetcht0" in text
+
+
+EDGES = [
+    ((1, 4, 1, 1), {"kernel": 1}),  # a row of one element: the stage has no W loop (found by fuzzing)
+    ((1, 2, 5, 1), {"kernel": 3, "stride": 2, "padding": 1}),
+    ((1, 3, 4, 3), {"kernel": 2, "ceil_mode": True}),  # W shorter than a vector
+]
+
+
+@pytest.mark.parametrize(("shape", "attrs"), EDGES, ids=lambda v: str(v))
+@pytest.mark.parametrize("per", ["row", "plane"])
+def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attrs: dict, per: str) -> None:
+    """Rows of one element or shorter than a vector, the stage per row or per plane, build and
+    match numpy on random data, ties, NaN and infinities."""
+    from devices import get_device
+    from schedules.registry import Picked
+    from toolchain.build.compile import compile_scheduled, hand_schedule
+    from toolchain.verify.measure import check
+
+    bound = bind(get_op("max_pool2d"), attrs, [TensorType(shape, "float32")])
+    target = get_target("x86")
+    mod, name = hand_schedule(bound, target, Picked({"column stage per": per}))
+    with get_device("local").open() as session:
+        check(session, compile_scheduled(bound, target, mod, name), tmp_path)

@@ -79,8 +79,9 @@ def deinterleave_stride2() -> Any:
 def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
     """(buffer, flat index) where the loads in `body` of a function's inputs start (a vector's
     first element), one per cache line: an index a constant less than a line from one kept is
-    left out. Buffers in `local` (stages the function allocates, in cache already) and indices
-    that use a variable bound inside `body` are left out too."""
+    left out. So are buffers in `local` (stages the function allocates, in cache already), an
+    index with a variable bound inside `body` or a load in it (it would be read outside its
+    guard), and what is only addressed (an inner loop's own prefetches)."""
     import tvm
     import tvm.sym.analyzer
     import tvm_ffi
@@ -88,12 +89,22 @@ def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
     from tvm.tirx.analysis import undefined_vars
 
     analyzer = tvm.sym.analyzer.Analyzer()
-    inner: list[Any] = []
+    outside = undefined_vars(body, [])
+    address_of = tvm.ir.Op.get("tirx.address_of")
+    addressed: list[Any] = []
     starts: list[tuple[Any, Any]] = []
 
-    def bound(node: Any) -> Any:
-        inner.append(node.loop_var if isinstance(node, tirx.For) else node.var)
-        return node
+    def note_addressed(call: Any) -> Any:
+        if call.op.same_as(address_of):
+            addressed.append(call.args[0])
+        return call
+
+    def plain(start: Any) -> bool:
+        """Only variables from outside `body`, no loads."""
+        loads: list[Any] = []
+        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, lambda inner: loads.append(inner) or inner)])
+        free = undefined_vars(start, [])
+        return not loads and all(any(v.same_as(o) for o in outside) for v in free)
 
     def near(start: Any, other: Any, bits: int) -> bool:
         apart = analyzer.simplify(start - other)
@@ -108,14 +119,15 @@ def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
         if (
             start is not None
             and start.ty.dtype.lanes == 1
+            and not any(node.same_as(a) for a in addressed)
             and not any(node.source.same_as(b) for b in local)
-            and not any(v.same_as(w) for v in undefined_vars(start, []) for w in inner)
+            and plain(start)
             and not same_line(node.source, start)
         ):
             starts.append((node.source, start))
         return node
 
-    tvm_ffi.structural_map(body, [(tirx.For, bound), (tirx.Bind, bound)])
+    tvm_ffi.structural_map(body, [(tvm.ir.Call, note_addressed)])
     tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load)])
     return starts
 
