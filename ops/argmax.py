@@ -1,4 +1,5 @@
-"""argmax: index of the maximum along one axis; ties and NaNs pick the first index like numpy."""
+"""argmax: index of the maximum along one axis; ties and NaNs pick the first index like numpy. In
+NHWC or a packed layout (ops/layouts.py) it reduces the channel axis, skipping padding lanes."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
+from ops.layouts import NCHW, layout_attr, layout_of, real_channels
 from ops.nan import is_nan_bits
 from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
-from ops.spec import Case, Input, Op, TensorType, is_symbolic
+from ops.spec import MAX_ELEMENTS, Case, Input, Op, TensorType, is_symbolic
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -117,6 +119,12 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     return te.compute(out.shape, answer, name="argmax")
 
 
+def along_one_axis(attrs: dict[str, Any]) -> bool:
+    """Whether argmax with these attributes reduces one axis of its input (NCHW, any rank): the
+    form the targets' variants take; in other layouts it reduces the channels (the op's own)."""
+    return layout_of(attrs) is NCHW
+
+
 def from_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any]:
     """ONNX ArgMax -> argmax: axis (default 0), keepdims (default 1), int64 indices; the first
     index on ties (select_last_index=1 would take the last)."""
@@ -135,6 +143,14 @@ class Argmax(Op):
         Attr("axis", Int(-6, 5), -1, "axis to reduce, negative counts from the end"),
         Attr("keepdims", Bool(), False, "keep the reduced axis with size 1"),
         Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
+        layout_attr(doc="layout of the input; other than NCHW, axis=1 (channels) is reduced"),
+        Attr(
+            "channels",
+            Int(1, MAX_ELEMENTS, fuzz_hi=16),
+            None,
+            "real channels of a packed input (default: every lane)",
+            optional=True,
+        ),
     )
     exact = True
     onnx = (OnnxOp("ArgMax", attrs=from_onnx_argmax),)
@@ -146,6 +162,8 @@ class Argmax(Op):
         Case(((3, 4, 1, 6, 2, 3),), {"axis": -4, "keepdims": True}),
         Case(((5, 1),), {"axis": 1, "out_dtype": "int32"}),
         Case((("N", 3, 40),), {"axis": -1}),
+        Case(((2, 2, 5, 6, 4),), {"axis": 1, "layout": "NCHW4c", "channels": 7}),
+        Case(((1, 5, 3, 9),), {"axis": 1, "layout": "NHWC", "keepdims": True}),
     )
     bench = Case(((256, 100_000),), {"axis": -1})  # 102 MB read
 
@@ -157,8 +175,26 @@ class Argmax(Op):
             )
         return axis % rank
 
+    def _channels(self, attrs: dict[str, Any], shape: tuple[Any, ...]) -> int:
+        """The channels reduced in a layout other than NCHW; a one-line error for another axis."""
+        layout = layout_of(attrs)
+        layout.check("x", shape)
+        if attrs["axis"] not in (1, -3):
+            raise UsageError(
+                f"attribute axis={attrs['axis']}: in {layout.name} argmax reduces the channels,"
+                " expected axis=1 (NCHW's C)"
+            )
+        return real_channels(layout, shape, attrs["channels"], "input x")
+
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         shape = inputs[0].shape
+        layout = layout_of(attrs)
+        if layout is not NCHW:
+            self._channels(attrs, shape)
+            n, _, h, w = (shape[axis] for axis in layout.axes)
+            return TensorType((n, 1, h, w) if attrs["keepdims"] else (n, h, w), attrs["out_dtype"])
+        if attrs["channels"] is not None:
+            raise UsageError(f"attribute channels={attrs['channels']}: expected it only with a packed layout")
         axis = self._axis(attrs, len(shape))
         if is_symbolic(shape[axis]):
             raise UsageError(
@@ -169,23 +205,38 @@ class Argmax(Op):
         return TensorType((*shape[:axis], *kept, *shape[axis + 1 :]), attrs["out_dtype"])
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        """One reduction along the axis. Targets pair their schedules with forms that vectorize or
-        spread better (`strided_argmax`, `max_then_find`: see schedules/cpu.py and gpu.py)."""
+        """One reduction along the axis (in NCHW; else over the channels, wherever the layout
+        keeps channel k). Targets pair their schedules with forms that vectorize or spread better
+        along one axis of NCHW (`strided_argmax`, `max_then_find`: see schedules/cpu.py and
+        gpu.py; `along_one_axis`)."""
         rank = len(x.shape)
-        axis = self._axis(attrs, rank)
-        extent = int(x.shape[axis])
+        layout = layout_of(attrs)
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
-        k = te.reduce_axis((0, extent), name="k")
+        if layout is not NCHW:  # the channels, out (n, [0,] h, w): k's element is wherever c=k is
+            shape = tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in x.shape)
+            k = te.reduce_axis((0, self._channels(attrs, shape)), name="k")
+
+            def at(*i: Any) -> tuple[Any, ...]:
+                return layout.index(i[0], k, i[1 + keep], i[2 + keep])
+        else:
+            axis = self._axis(attrs, rank)
+            k = te.reduce_axis((0, int(x.shape[axis])), name="k")
+
+            def at(*i: Any) -> tuple[Any, ...]:
+                return (*i[:axis], k, *i[axis + keep :])
 
         def body(*i: Any) -> Any:
-            index = (*i[:axis], k, *i[axis + keep :])
-            return reducer((k.var.astype(out.dtype), x[index]), axis=k)
+            return reducer((k.var.astype(out.dtype), x[at(*i)]), axis=k)
 
         index, _value = te.compute(out.shape, body, name="argmax")
         return index
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        axis = self._axis(attrs, x.ndim)
+        layout = layout_of(attrs)
+        if layout is not NCHW:
+            x, axis = layout.to_nchw(x, self._channels(attrs, x.shape)), 1
+        else:
+            axis = self._axis(attrs, x.ndim)
         result = np.argmax(x, axis=axis, keepdims=attrs["keepdims"])
         return result.astype(attrs["out_dtype"])

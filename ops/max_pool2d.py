@@ -1,4 +1,5 @@
-"""max_pool2d: 2-D max pooling over NCHW (kernel, stride, padding, ceil_mode)."""
+"""max_pool2d: 2-D max pooling (kernel, stride, padding, ceil_mode) in any layout (NCHW, NHWC,
+NCHW4c, NCHW8c: see ops/layouts.py)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
 
 @register
 class MaxPool2d(Op):
-    """2-D max pooling over NCHW; padding is -inf (floats) or the type minimum (integers)."""
+    """2-D max pooling (NCHW, or `layout`); padding is -inf (floats) or the type minimum (integers)."""
 
     name = "max_pool2d"
-    inputs = (Input("x", min_rank=4, max_rank=4),)
+    inputs = (Input("x", min_rank=4, max_rank=5),)  # 5: a packed layout
     attrs = pool_attrs(kernel=2, stride=None, padding=0)
     exact = True
     onnx = (OnnxOp("MaxPool", attrs=from_onnx_maxpool),)
@@ -45,6 +46,12 @@ class MaxPool2d(Op):
         Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
         Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
         Case((("N", 5, 17, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
+        Case(((1, 2, 9, 9, 4),), {"kernel": 3, "stride": 2, "padding": 1, "layout": "NCHW4c"}),
+        Case(
+            ((2, 2, 11, 10, 8),),
+            {"kernel": 3, "stride": 2, "padding": 1, "layout": "NCHW8c", "ceil_mode": True},
+        ),
+        Case(((2, 9, 11, 7),), {"kernel": "3,2", "stride": "2,1", "padding": "1,0", "layout": "NHWC"}),
     )
     bench = Case(((32, 64, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1})  # 128 MB moved
 

@@ -1,4 +1,5 @@
-"""2-D max pooling over NCHW: `max_pool2d`'s windows, output size and reference, and the window-max
+"""2-D max pooling: `max_pool2d`'s windows, output size and reference in any layout
+(`ops/layouts.py`: the window slides over the layout's H and W axes), and the window-max
 variants schedules pick.
 
 Output size follows PyTorch: floor((H + 2p - k) / s) + 1, or ceil with `ceil_mode`, where the last
@@ -21,6 +22,7 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, IntPair
+from ops.layouts import LAYOUTS, Layout, layout_attr
 from ops.nan import any_nan_bits
 from ops.spec import TensorType
 
@@ -45,17 +47,20 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
             "implicit border H,W, at most kernel/2",
         ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
+        layout_attr(),
     )
 
 
 @dataclass(frozen=True)
 class Pool2d:
-    """Kernel, stride and padding as (h, w) pairs, and the rounding mode."""
+    """Kernel, stride and padding as (h, w) pairs, the rounding mode, and the layout of the input
+    and output."""
 
     kernel: tuple[int, int]
     stride: tuple[int, int]
     padding: tuple[int, int]
     ceil_mode: bool
+    layout: Layout = LAYOUTS["NCHW"]
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
@@ -64,6 +69,7 @@ class Pool2d:
             attrs["stride"] or attrs["kernel"],
             attrs["padding"],
             attrs["ceil_mode"],
+            LAYOUTS[attrs.get("layout", "NCHW")],
         )
 
     def out_size(self, axis: int, size: int) -> int:
@@ -75,39 +81,47 @@ class Pool2d:
         return out
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """NCHW output shape; checks the kernel fits the padded input and padding <= kernel/2."""
-        if len(shape) != 4:
-            raise UsageError(f"input {name} has shape {list(shape)}: expected NCHW (rank 4)")
-        for axis, label in enumerate("HW"):
+        """The output shape, in the input's layout; checks the layout's rank and pack, that the
+        kernel fits the padded input and padding <= kernel/2."""
+        self.layout.check(name, shape)
+        out = list(shape)
+        for axis, (label, position) in enumerate(zip("HW", self.layout.spatial, strict=True)):
             k, p = self.kernel[axis], self.padding[axis]
             if 2 * p > k:
                 raise UsageError(
                     f"padding {list(self.padding)}: expected at most half the kernel {list(self.kernel)}"
                 )
-            if shape[2 + axis] + 2 * p < k:
+            if shape[position] + 2 * p < k:
                 raise UsageError(
-                    f"input {name} has shape {list(shape)}: {label}={shape[2 + axis]} plus padding is"
+                    f"input {name} has shape {list(shape)}: {label}={shape[position]} plus padding is"
                     f" smaller than the kernel {list(self.kernel)}"
                 )
-        return (*shape[:2], self.out_size(0, shape[2]), self.out_size(1, shape[3]))
+            out[position] = self.out_size(axis, shape[position])
+        return tuple(out)
 
     def windows(self, data: te.Tensor) -> Callable[..., Any]:
-        """(n, c, oh, ow) -> TE expression: the max of the window at that output of NCHW `data`.
+        """(output index...) -> TE expression: the max of the window at that output of `data`
+        (in this pool's layout: the window slides over its H and W axes).
 
         Plainly every tap of the window at once: along W each tap is strided by the stride (a
-        gather of every other element at stride 2). Within `columns_maxed_first()`, a stage
-        `column_max` [N, C, OH, W] first maxes the kernel's rows at every input column, reading W
-        contiguously, and each output then maxes its window's kw columns of that stage (a row
-        that stays in L1): the same result (max is associative; NaN propagates through both
-        stages), with kh * sw + kw taps per output instead of kh * kw, most of them contiguous.
+        gather of every other element at stride 2 in NCHW). Within `columns_maxed_first()`, a
+        stage `column_max` (the output's shape with W as in the input) first maxes the kernel's
+        rows at every input column, reading W contiguously, and each output then maxes its
+        window's kw columns of that stage (a row that stays in L1): the same result (max is
+        associative; NaN propagates through both stages), with kh * sw + kw taps per output
+        instead of kh * kw, most of them contiguous.
 
         A tap in the padding reads the nearest input element instead (its index clamped): that
         element is in the same window — padding is at most kernel/2 and every window starts inside
         the input or its left padding — so the max, NaN included, is unchanged, and the taps need
         no condition (which would keep the loop from vectorizing). Where a schedule splits the
         interior off, the clamps simplify away and the loads are plain vector loads."""
-        height, width = int(data.shape[2]), int(data.shape[3])
+        h_axis, w_axis = self.layout.spatial
+        height, width = int(data.shape[h_axis]), int(data.shape[w_axis])
         dtype = str(data.dtype)
+
+        def at(index: tuple[Any, ...], axis: int, value: Any) -> tuple[Any, ...]:
+            return (*index[:axis], value, *index[axis + 1 :])
 
         def row(oh: Any, dh: int) -> Any:
             return clamp(oh * self.stride[0] + (dh - self.padding[0]), height)
@@ -117,16 +131,21 @@ class Pool2d:
 
         rows, cols = range(self.kernel[0]), range(self.kernel[1])
         if not _COLUMNS_FIRST.get():
-            return lambda n, c, oh, ow: max_of(
-                [data[n, c, row(oh, dh), col(ow, dw)] for dh in rows for dw in cols], dtype
+            return lambda *i: max_of(
+                [
+                    data[at(at(i, h_axis, row(i[h_axis], dh)), w_axis, col(i[w_axis], dw))]
+                    for dh in rows
+                    for dw in cols
+                ],
+                dtype,
             )
-        shape = (*data.shape[:2], self.out_size(0, height), width)
+        shape = at(tuple(data.shape), h_axis, self.out_size(0, height))
         columns = te.compute(
             shape,
-            lambda n, c, oh, w: max_of([data[n, c, row(oh, dh), w] for dh in rows], dtype),
+            lambda *i: max_of([data[at(i, h_axis, row(i[h_axis], dh))] for dh in rows], dtype),
             name="column_max",
         )
-        return lambda n, c, oh, ow: max_of([columns[n, c, oh, col(ow, dw)] for dw in cols], dtype)
+        return lambda *i: max_of([columns[at(i, w_axis, col(i[w_axis], dw))] for dw in cols], dtype)
 
     def interior(self, axis: int, size: int) -> tuple[int, int]:
         """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
@@ -136,6 +155,11 @@ class Pool2d:
         return lo, max(lo, min(out, (size - k + p) // s + 1))
 
     def reference(self, data: np.ndarray) -> np.ndarray:
+        """Numpy max pooling of an array in this pool's layout (via NCHW; a packed layout's
+        padding lanes pooled like channels)."""
+        return self.layout.from_nchw(self._pool_nchw(self.layout.to_nchw(data)))
+
+    def _pool_nchw(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an NCHW array."""
         oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
         extra = [

@@ -3,7 +3,7 @@
 AArch64 has a NaN-propagating max in one NEON instruction (`fmax`); LLVM emits it for
 `llvm.maximum` and TVM vectorizes the call. `max_pool2d` is paired with that compute variant
 (with the CPU's structures, `cpu.pooling_structure`) and scheduled as on every CPU
-(`cpu.nchw_window`).
+(`cpu.pool_window`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from schedules.cpu import nchw_window, pooling_structure
+from schedules.cpu import pool_window, pooling_structure
 from schedules.registry import own_compute_within, register_schedule
 
 
@@ -23,4 +23,4 @@ def fmax(values: list[Any], dtype: str) -> Any:
 
 
 pooling_with_fmax = own_compute_within(lambda ctx: pooling_structure(ctx, fmax))
-register_schedule("arm", "max_pool2d", compute=pooling_with_fmax)(nchw_window)
+register_schedule("arm", "max_pool2d", compute=pooling_with_fmax)(pool_window)

@@ -176,10 +176,12 @@ def prefetch_ahead(sch: Any, ctx: ScheduleContext, loops: list[Any]) -> None:
 @contextmanager
 def pooling_structure(ctx: ScheduleContext, window_max: WindowMax = nan_test_max) -> Iterator[None]:
     """The pooling computation as CPUs build it: windows maxed by `window_max`, their columns
-    first where the windows' rows overlap (kernel > stride: the stage saves taps; 32x64x112x112
-    k2 s2 measured 3.45 ms with the stage, 3.41 without), unless `ctx.choices` picks otherwise."""
+    first where a vector holds a row of pixels (NCHW) and the windows' rows overlap (kernel >
+    stride: the stage saves taps; 32x64x112x112 k2 s2 measured 3.45 ms with the stage, 3.41
+    without), every tap at once where channels are innermost (a vector holds a pixel's
+    channels: its taps are contiguous already), unless `ctx.choices` picks otherwise."""
     pool = Pool2d.from_attrs(ctx.bound.attrs)
-    by_rows = pool.kernel[0] > pool.stride[0]
+    by_rows = not pool.layout.channels_inner and pool.kernel[0] > pool.stride[0]
     staged = ctx.choices.pick(COLUMNS_FIRST, (by_rows, not by_rows), by_rows)
     with windows_maxed_by(window_max), columns_maxed_first(staged):
         yield
@@ -189,6 +191,47 @@ pooling_on_cpus = own_compute_within(pooling_structure)
 
 
 @register_schedule("cpu", "max_pool2d", compute=pooling_on_cpus)
+def pool_window(sch: Any, ctx: ScheduleContext) -> None:
+    """Pooling in the op's layout: `channels_inner_window` where a vector holds a pixel's
+    channels (NHWC, NCHW4c, NCHW8c), `nchw_window` where it holds a row of pixels (NCHW)."""
+    if Pool2d.from_attrs(ctx.bound.attrs).layout.channels_inner:
+        channels_inner_window(sch, ctx)
+    else:
+        nchw_window(sch, ctx)
+
+
+def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
+    """Pooling where channels are the innermost axis: each step is a vector of one output pixel's
+    channels (a packed layout's p lanes: one NEON fp32 vector for NCHW4c, one AVX2 vector for
+    NCHW8c), every tap a contiguous vector load of the same channels at a clamped pixel (the
+    clamps are scalars: no gathers at all); output rows run in parallel, the input prefetched
+    PREFETCH_BYTES ahead per pixel. A search also tries half-width vectors and the column stage
+    (computed per row, vectorized alike)."""
+    *stages, block = blocks(sch)
+    h_axis = Pool2d.from_attrs(ctx.bound.attrs).layout.spatial[0]
+    loops = sch.get_loops(block)
+    rows, pixels = loops[h_axis], loops[-2]
+    full = ctx.lanes(ctx.bound.output.dtype)
+    lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
+    for stage in stages:
+        sch.compute_at(stage, rows)
+        vectorize_channels(sch, sch.get_loops(stage)[-1], lanes)
+    vectorize_channels(sch, loops[-1], lanes)
+    prefetch_ahead(sch, ctx, [pixels])
+    parallel_outer(sch, loops[: h_axis + 1], ctx.bound.output.elements())
+
+
+def vectorize_channels(sch: Any, loop: Any, lanes: int) -> None:
+    """Vectorize `loop` (the innermost, over channels): whole when it fits `lanes` (a packed
+    layout's p), else as vectors of `lanes` and a remainder."""
+    size = extent(sch, loop) or 1
+    if size <= lanes:
+        sch.vectorize(loop)
+        return
+    chunks, _ = sch.split(loop, factors=[None, lanes])
+    vectorize_parts(sch, partition(sch, chunks, 0, size // lanes))
+
+
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
     order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector.
@@ -317,12 +360,13 @@ many when that divides the axis and this does not (a ragged end re-reads with ga
 def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
     """Argmax over the innermost axis as max-then-find (one vector pass, see `max_then_find`)
     when the axis is long enough; otherwise the op's plain reduction."""
-    from ops.argmax import max_then_find
+    from ops.argmax import along_one_axis, max_then_find
 
     bound = ctx.bound
     rank = len(bound.inputs[0].shape)
     extent = bound.inputs[0].shape[-1]
-    if bound.attrs["axis"] % rank == rank - 1 and extent >= 2 * CPU_LANES:
+    innermost = along_one_axis(bound.attrs) and bound.attrs["axis"] % rank == rank - 1
+    if innermost and extent >= 2 * CPU_LANES:
         exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
         return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES)
     return bound.op.compute(bound.attrs, bound.output, x)

@@ -90,14 +90,14 @@ def max_pool2d_gpu(sch: Any, ctx: ScheduleContext) -> None:
 def strided_argmax_gpu(ctx: ScheduleContext, x: Any) -> Any:
     """Argmax as `ctx.threads` strided partials per output (one per work-item of a work-group, so
     a tuned work-group size changes the kernel), then their argmax; the plain reduction when the
-    axis has a single element."""
-    from ops.argmax import strided_argmax
+    axis has a single element or the channels of another layout are reduced."""
+    from ops.argmax import along_one_axis, strided_argmax
 
     bound = ctx.bound
     rank = len(bound.inputs[0].shape)
     axis = bound.attrs["axis"] % rank
     extent = bound.inputs[0].shape[axis]
-    if extent < 2:
+    if extent < 2 or not along_one_axis(bound.attrs):
         return bound.op.compute(bound.attrs, bound.output, x)
     return strided_argmax(x, bound.output, axis, bound.attrs["keepdims"], min(ctx.threads, extent))
 

@@ -14,6 +14,7 @@ from base.errors import UsageError
 from base.files import sha256_file
 from ops import all_ops, get_op
 from tests.conftest import invoke
+from tests.test_arm import needs_cross, needs_qemu
 from toolchain.build.manifest import Manifest
 
 BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d"}
@@ -58,7 +59,8 @@ def test_build_writes_module_and_manifest(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = Manifest.read(out)
     assert manifest.op == "max_pool2d" and manifest.target == "x86"
-    assert manifest.attrs == {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False}
+    pool = {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False, "layout": "NCHW"}
+    assert manifest.attrs == pool
     assert manifest.inputs == [{"name": "x", "shape": [2, 4, 16, 16], "dtype": "float32"}]
     assert manifest.output == {"shape": [2, 4, 8, 8], "dtype": "float32"}
     assert manifest.schedule == "cpu/max_pool2d"
@@ -109,6 +111,27 @@ def test_run_writes_output_and_checks(tmp_path, dtype):
     assert result.exit_code == 0, result.output
     assert "check passed" in result.stdout
     np.testing.assert_array_equal(np.load(out), get_op("max_pool2d").reference(POOL, x))
+
+
+@pytest.mark.parametrize(
+    "target", ["x86", pytest.param("arm", marks=[pytest.mark.emulator, needs_qemu, needs_cross])]
+)
+def test_run_pools_a_packed_input(tmp_path, target):
+    """`deploy run -a layout=NCHW4c` on [1, 2, 9, 9, 4] (8 channels packed by 4) matches numpy's
+    NCHW pooling of the same channels, packed."""
+    from ops.layouts import LAYOUTS
+
+    nchw = np.random.default_rng(4).standard_normal((1, 8, 9, 9)).astype("float32")
+    np.save(tmp_path / "x.npy", LAYOUTS["NCHW4c"].from_nchw(nchw))
+    out = tmp_path / "out.npy"
+    result = invoke(
+        "run", "--op", "max_pool2d", "--target", target, "-a", "kernel=3", "-a", "stride=2",
+        "-a", "padding=1", "-a", "layout=NCHW4c", "-i", str(tmp_path / "x.npy"), "-o", str(out), "--check",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "check passed: max error 0" in result.stdout
+    expected = get_op("max_pool2d").reference(POOL, nchw)
+    np.testing.assert_array_equal(np.load(out), LAYOUTS["NCHW4c"].from_nchw(expected))
 
 
 def test_test_command_subset_passes():

@@ -21,15 +21,17 @@ from base.errors import DeployError
 from devices import Device, Session, get_device
 from devices.platforms import get_platform
 from ops import TensorType, all_ops, bind, get_op
+from ops.layouts import LAYOUTS, NCHW
 from ops.spec import BoundOp
 from schedules.registry import Picked, every_structure
+from toolchain.build.cache import cached_build
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target, all_targets
 from toolchain.tune.tuners import tuner_for
-from toolchain.verify.compare import Comparison
+from toolchain.verify.compare import Comparison, random_input
 from toolchain.verify.matrix import PlannedCase, plan, verify_case
 from toolchain.verify.measure import check
-from toolchain.verify.run import verify
+from toolchain.verify.run import for_device, run_artifact, verify
 
 ONLY_DTYPES = {"arm-fp16": ("float16",)}
 """Targets that differ from another only for some dtypes run just those: arm-fp16 is arm plus fp16
@@ -67,9 +69,18 @@ class OnTarget:
 
     def check(self, op_name: str, attrs: dict[str, Any], *arrays: np.ndarray) -> Comparison:
         """Build `op_name` for these arrays, run it on them, compare with numpy."""
-        bound = bind(get_op(op_name), attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
-        comparison, _ = verify(self.session, bound, self.target, list(arrays))
+        comparison, _ = verify(self.session, self.bound(op_name, attrs, arrays), self.target, list(arrays))
         return comparison
+
+    def run(self, op_name: str, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
+        """Build `op_name` for these arrays and run it on them: its output."""
+        target = for_device(self.target, self.session)
+        directory, manifest = cached_build(self.bound(op_name, attrs, arrays), target)
+        return run_artifact(self.session, directory, manifest, list(arrays))
+
+    @staticmethod
+    def bound(op_name: str, attrs: dict[str, Any], arrays: tuple[np.ndarray, ...]) -> BoundOp:
+        return bind(get_op(op_name), attrs, [TensorType(a.shape, str(a.dtype)) for a in arrays])
 
 
 class Sessions:
@@ -224,6 +235,52 @@ def test_ieee_specials_through_add_and_leaky_relu(target, dtype, sessions):
     for alpha in (0.0, -1.5):
         comparison = on.check("leaky_relu", {"alpha": alpha}, a)
         assert comparison.ok, f"leaky_relu alpha={alpha}: {comparison.detail}"
+
+
+LAYOUT_CHANNELS = (1, 2, 3, 4, 7, 8, 15, 16)
+"""Channel counts straddling every packing, as ncnn sweeps its layers' channels across elempack 4
+and 8: packed layouts pad 1-3 or 1-7 lanes, or none."""
+OTHER_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout is not NCHW)
+LAYOUT_SWEEP = [("float32", layout, c) for layout in OTHER_LAYOUTS for c in LAYOUT_CHANNELS] + [
+    (dtype, layout, 7) for dtype in ("float16", "int8") for layout in OTHER_LAYOUTS
+]
+POOL = {"kernel": 3, "stride": 2, "padding": 1}
+
+
+def nchw_input(dtype: str, channels: int) -> np.ndarray:
+    """A [2, channels, 9, 9] NCHW input with NaN, infinities and repeated maxima planted."""
+    return random_input(
+        TensorType((2, channels, 9, 9), dtype), np.random.default_rng(channels), specials=True
+    )
+
+
+@on_every_target("dtype,layout,channels", LAYOUT_SWEEP)
+def test_pooling_in_a_layout_is_the_nchw_reference_transformed(target, dtype, layout, channels, sessions):
+    """max_pool2d in `layout` on an NCHW input packed by numpy (padding lanes 0) is numpy's NCHW
+    pooling transformed the same way, bit for bit; `layout_transform` back to NCHW (dropping the
+    padding) is numpy's NCHW pooling itself."""
+    on, into = sessions.on(target), LAYOUTS[layout]
+    x = nchw_input(dtype, channels)
+    expected = OnTarget.bound("max_pool2d", POOL, (x,)).reference(x)
+    pooled = on.run("max_pool2d", {**POOL, "layout": layout}, into.from_nchw(x))
+    np.testing.assert_array_equal(pooled, into.from_nchw(expected))
+    unpacked = on.run("layout_transform", {"src": layout, "dst": "NCHW", "channels": channels}, pooled)
+    np.testing.assert_array_equal(unpacked, expected)
+
+
+@on_every_target("layout,channels", [(layout, c) for layout in OTHER_LAYOUTS for c in (3, 8, 15)])
+def test_argmax_and_add_in_a_layout_are_the_nchw_reference_transformed(target, layout, channels, sessions):
+    """Argmax over the channels of a packed input skips its padding lanes (0 there would win over
+    the negative values of real channels); add broadcasts a one-channel operand over them."""
+    on, into = sessions.on(target), LAYOUTS[layout]
+    x = nchw_input("float32", channels)
+    x[:, :, :4] = -np.abs(x[:, :, :4]) - 1  # rows where every real channel is below the padding's 0
+    indices = on.run("argmax", {"axis": 1, "layout": layout, "channels": channels}, into.from_nchw(x))
+    np.testing.assert_array_equal(indices, np.argmax(x, axis=1))
+    bias = np.random.default_rng(1).standard_normal((2, 1, 9, 9)).astype("float32")
+    operand = bias.transpose(0, 2, 3, 1) if not into.packed else bias  # NHWC broadcasts as NHWC
+    summed = on.run("add", {"layout": layout}, into.from_nchw(x), np.ascontiguousarray(operand))
+    np.testing.assert_array_equal(into.to_nchw(summed, channels), x + bias)
 
 
 STRUCTURE_DTYPES = ("float32", "float16", "int8")

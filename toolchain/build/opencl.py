@@ -168,6 +168,9 @@ def _half_storage(func: Any, halves: set[str]) -> Any:
         pointer = pointers.get(str(node.source.name))
         if pointer is None:
             return node
+        (index,) = node.indices
+        if index.ty.dtype.lanes > 1 and not _contiguous(index, analyzer):
+            return _gathered(index, pointer)
         name, lanes, offset = _half_access(node.indices, analyzer)
         return tirx.call_pure_extern(
             f"float32x{lanes}" if lanes > 1 else "float32", f"vload_{name}", offset, pointer
@@ -187,29 +190,64 @@ def _half_storage(func: Any, halves: set[str]) -> Any:
     return tirx.PrimFunc(params, tvm_ffi.structural_map(func.body, rules), func.ret_type, func.attrs)
 
 
+def _contiguous(index: Any, analyzer: Any) -> bool:
+    """Whether a vector index is N contiguous elements from a multiple of N (N = 2, 3, 4, 8, 16):
+    what `vload_halfN` / `vstore_halfN` take."""
+    from tvm import tirx
+
+    if not isinstance(index, tirx.Ramp):
+        return False
+    lanes = int(index.lanes)
+    aligned = analyzer.modular_set(index.base)
+    return (
+        lanes in (2, 3, 4, 8, 16)
+        and isinstance(index.stride, tirx.IntImm)
+        and int(index.stride) == 1
+        and aligned.coeff % lanes == 0
+        and aligned.base % lanes == 0
+    )
+
+
+def _gathered(index: Any, pointer: Any) -> Any:
+    """A float vector of half elements at a vector index that is not contiguous (a broadcast
+    operand, a layout's transpose): one `vload_half` per lane, put in place by vector selects
+    (TVM prints a vector built of scalars as `float4(...)`, which OpenCL C rejects)."""
+    from tvm import tirx
+
+    count = index.ty.dtype.lanes
+    scalars = [
+        tirx.call_pure_extern("float32", "vload_half", _lane(index, lane), pointer) for lane in range(count)
+    ]
+    lanes = tirx.Ramp(tirx.const(0, "int32"), tirx.const(1, "int32"), count)
+    vector = tirx.Broadcast(scalars[-1], count)
+    for lane in reversed(range(count - 1)):
+        chosen = tirx.EQ(lanes, tirx.Broadcast(tirx.const(lane, "int32"), count))
+        vector = tirx.Select(chosen, tirx.Broadcast(scalars[lane], count), vector)
+    return vector
+
+
+def _lane(index: Any, lane: int) -> Any:
+    """The element index of one lane of a vector index (a gather's)."""
+    from tvm import tirx
+
+    if isinstance(index, tirx.Ramp):
+        return index.base + index.stride * lane
+    return tirx.Shuffle([index], [tirx.IntImm("int32", lane)])
+
+
 def _half_access(indices: Any, analyzer: Any) -> tuple[str, int, Any]:
     """(`half` or `halfN`, lanes, offset) of a half load or store at a flat index: a scalar at
     element i is `vload_half(i, p)`; a vector of N contiguous elements from i is
     `vload_halfN(i / N, p)`, which needs i a multiple of N (the GPU schedule's vectors start at
-    multiples of their lanes)."""
+    multiples of their lanes; a load that gathers is read lane by lane before it gets here)."""
     from tvm import tirx
 
     (index,) = indices
-    if not isinstance(index, tirx.Ramp):
-        if index.ty.dtype.lanes != 1:
-            raise DeployError(f"a half vector at {index} is not a contiguous run of elements")
+    if index.ty.dtype.lanes == 1:
         return "half", 1, index
+    if not _contiguous(index, analyzer):
+        raise DeployError(f"a half vector stored at {index} is not contiguous from a multiple of its lanes")
     lanes = int(index.lanes)
-    aligned = analyzer.modular_set(index.base)
-    if (
-        lanes not in (2, 3, 4, 8, 16)
-        or int(index.stride) != 1
-        or aligned.coeff % lanes
-        or aligned.base % lanes
-    ):
-        raise DeployError(
-            f"a half vector of {lanes} at {index.base} is not contiguous from a multiple of {lanes}"
-        )
     offset = analyzer.simplify(tirx.truncdiv(index.base, lanes))  # i >= 0: truncation is floor
     return f"half{lanes}", lanes, offset
 
