@@ -42,7 +42,10 @@ class Add(Op):
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         layout = layout_of(attrs)
         shapes = [(name, as_broadcast(layout, name, t.shape)) for name, t in zip("ab", inputs, strict=True)]
-        return TensorType(broadcast_shapes(shapes), inputs[0].dtype)
+        out = broadcast_shapes(shapes)
+        if layout.packed:
+            layout.check("of add", out, what="the output")
+        return TensorType(out, inputs[0].dtype)
 
     def compute(self, attrs: dict[str, Any], out: TensorType, a: te.Tensor, b: te.Tensor) -> te.Tensor:
         """An operand of lower rank than a packed output is NCHW with one channel: it is indexed

@@ -10,7 +10,7 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
-from ops.layouts import NCHW, layout_attr, layout_of, real_channels
+from ops.layouts import NCHW, layout_attr, layout_of, real_channels, static_shape
 from ops.nan import is_nan_bits
 from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
@@ -143,7 +143,7 @@ class Argmax(Op):
         Attr("axis", Int(-6, 5), -1, "axis to reduce, negative counts from the end"),
         Attr("keepdims", Bool(), False, "keep the reduced axis with size 1"),
         Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
-        layout_attr(doc="layout of the input; other than NCHW, axis=1 (channels) is reduced"),
+        layout_attr(doc="layout of the input; other than NCHW, axis=1 (NCHW's C) is reduced"),
         Attr(
             "channels",
             Int(1, MAX_ELEMENTS, fuzz_hi=16),
@@ -194,7 +194,9 @@ class Argmax(Op):
             n, _, h, w = (shape[axis] for axis in layout.axes)
             return TensorType((n, 1, h, w) if attrs["keepdims"] else (n, h, w), attrs["out_dtype"])
         if attrs["channels"] is not None:
-            raise UsageError(f"attribute channels={attrs['channels']}: expected it only with a packed layout")
+            raise UsageError(
+                f"attribute channels={attrs['channels']}: expected it only with a layout other than NCHW"
+            )
         axis = self._axis(attrs, len(shape))
         if is_symbolic(shape[axis]):
             raise UsageError(
@@ -214,8 +216,7 @@ class Argmax(Op):
         reducer = _argmax_reducer(str(x.dtype), out.dtype)
         keep = 1 if attrs["keepdims"] else 0
         if layout is not NCHW:  # the channels, out (n, [0,] h, w): k's element is wherever c=k is
-            shape = tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in x.shape)
-            k = te.reduce_axis((0, self._channels(attrs, shape)), name="k")
+            k = te.reduce_axis((0, self._channels(attrs, static_shape(x))), name="k")
 
             def at(*i: Any) -> tuple[Any, ...]:
                 return layout.index(i[0], k, i[1 + keep], i[2 + keep])

@@ -10,7 +10,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ops.attrs import Attr, Int
-from ops.layouts import layout_attr, layout_of, real_channels
+from ops.layouts import layout_attr, layout_of, real_channels, static_shape
 from ops.registry import register
 from ops.spec import MAX_ELEMENTS, Case, Input, Op, TensorType
 
@@ -57,7 +57,7 @@ class LayoutTransform(Op):
         """Each output element reads its logical (n, c, h, w) from the input; a padding lane past
         the last channel reads the last channel (no condition on the load) and is written 0."""
         src, dst = layout_of(attrs, "src"), layout_of(attrs, "dst")
-        channels = self._channels(attrs, tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in x.shape))
+        channels = self._channels(attrs, static_shape(x))
         padded = dst.packed and channels % dst.pack != 0
 
         def body(*index: Any) -> Any:
@@ -75,12 +75,12 @@ class LayoutTransform(Op):
 
 def zero_from(value: Any, c: Any, channels: int) -> Any:
     """TE expression: `value` for channel c < `channels`, else 0, by a bit mask (the sign of
-    c - channels, shifted down) rather than a select: OpenCL C types a vector condition by the
-    index's width, which a select of 64-bit (or 16-bit) values does not take."""
+    c - channels, shifted down: -1 below, else 0) in the signed integer of `value`'s width. A
+    plain definition with no select: a vector select of 64- or 16-bit values on an index-wide
+    condition is mistyped in OpenCL C, and a bit AND vectorizes everywhere."""
     dtype = str(value.dtype)
-    bits = np.dtype(dtype).itemsize * 8
-    itype = f"int{bits}" if dtype.startswith("float") else dtype
-    mask = tirx.Cast(itype, tirx.shift_right(c - channels, tirx.const(31, "int32")))  # -1 below, else 0
-    if dtype.startswith("float"):
-        return tirx.reinterpret(dtype, tirx.bitwise_and(tirx.reinterpret(itype, value), mask))
-    return tirx.bitwise_and(value, mask)
+    itype = f"int{np.dtype(dtype).itemsize * 8}"
+    mask = tirx.Cast(itype, tirx.shift_right(c - channels, tirx.const(31, "int32")))
+    bits = value if dtype == itype else tirx.reinterpret(itype, value)
+    kept = tirx.bitwise_and(bits, mask)
+    return kept if dtype == itype else tirx.reinterpret(dtype, kept)

@@ -58,16 +58,16 @@ class Layout:
         """The axis of C (for a packed layout: its blocks)."""
         return self.axes[1]
 
-    def check(self, name: str, shape: tuple[Any, ...]) -> None:
+    def check(self, name: str, shape: tuple[Any, ...], what: str = "input") -> None:
         """A one-line error unless `shape` is a tensor in this layout (rank; the pack axis = p)."""
         if len(shape) != self.rank:
             dims = "N, C/p, H, W, p" if self.packed else ", ".join(LOGICAL[axis] for axis in self.order())
             raise UsageError(
-                f"input {name} has shape {list(shape)}: expected {self.name} (rank {self.rank}: {dims})"
+                f"{what} {name} has shape {list(shape)}: expected {self.name} (rank {self.rank}: {dims})"
             )
         if self.packed and shape[-1] != self.pack:
             raise UsageError(
-                f"input {name} has shape {list(shape)}: expected {self.name}, whose last dim is"
+                f"{what} {name} has shape {list(shape)}: expected {self.name}, whose last dim is"
                 f" {self.pack} (channels packed by {self.pack})"
             )
 
@@ -142,6 +142,13 @@ def layout_attr(name: str = "layout", doc: str = "data layout of the input and o
 def layout_of(attrs: dict[str, Any], name: str = "layout") -> Layout:
     """The layout an op's attributes name."""
     return LAYOUTS[attrs[name]]
+
+
+def static_shape(tensor: Any) -> tuple[Any, ...]:
+    """A te.Tensor's shape with its static dims as ints (a symbolic batch stays a variable)."""
+    from tvm import tirx
+
+    return tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in tensor.shape)
 
 
 def real_channels(layout: Layout, shape: tuple[Any, ...], channels: int | None, what: str) -> int:

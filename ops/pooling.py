@@ -22,7 +22,7 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, IntPair
-from ops.layouts import LAYOUTS, Layout, layout_attr
+from ops.layouts import NCHW, Layout, layout_attr, layout_of
 from ops.nan import any_nan_bits
 from ops.spec import TensorType
 
@@ -60,7 +60,7 @@ class Pool2d:
     stride: tuple[int, int]
     padding: tuple[int, int]
     ceil_mode: bool
-    layout: Layout = LAYOUTS["NCHW"]
+    layout: Layout = NCHW
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
@@ -69,7 +69,7 @@ class Pool2d:
             attrs["stride"] or attrs["kernel"],
             attrs["padding"],
             attrs["ceil_mode"],
-            LAYOUTS[attrs.get("layout", "NCHW")],
+            layout_of(attrs),
         )
 
     def out_size(self, axis: int, size: int) -> int:

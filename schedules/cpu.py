@@ -322,7 +322,9 @@ def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
     """Multi-stage reduction whose stages each hold a few values per output (e.g. argmax's
     vector partials, row max, partial first index): every stage is computed per output, inside
     the last stage's loop over outputs (in parallel); a stage over (lane, step) steps through
-    the input a vector at a time, one lane each (a search also unrolls its steps)."""
+    the input a vector at a time, one lane each, prefetching PREFETCH_BYTES ahead (argmax over
+    256x100000: 2.95 -> 2.43 ms, 1.20 -> 0.88x floor, one thread); a search also unrolls its
+    steps."""
     *stages, final = blocks(sch)
     loops = sch.get_loops(final)
     spatial = loops if is_spatial(sch, final) else loops[:-1]
@@ -340,9 +342,10 @@ def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
     parallel_if_worth(sch, outer, ctx.bound.inputs[0].elements() // 16)
     for stage, step in vector_stages:
         sch.decompose_reduction(stage, step)
-        _, unrolled = ctx.choices.split(sch, step, 1, STEPS_UNROLLED)
+        steps, unrolled = ctx.choices.split(sch, step, 1, STEPS_UNROLLED)
         if unrolled is not None:
             sch.unroll(unrolled)
+        prefetch_ahead(sch, ctx, [steps])
 
 
 def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
@@ -375,14 +378,16 @@ def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
 @register_schedule("cpu", "argmax", compute=argmax_cpu)
 def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
     """Single-input reduction over attribute `axis` (argmax): a multi-stage form -> per-output
-    stages; innermost axis -> parallel rows, sequential scan; another axis -> reduce outside the
-    contiguous axes."""
+    stages; innermost axis (or the channels of a layout that keeps them innermost) -> parallel
+    outputs, sequential scan; another axis -> reduce outside the contiguous axes."""
     if len(blocks(sch)) > 1:
         per_output_stages(sch, ctx)
         return
+    from ops.argmax import along_one_axis
+
     rank = len(ctx.bound.inputs[0].shape)
     axis = ctx.bound.attrs["axis"] % rank
-    if axis == rank - 1:
+    if axis == rank - 1 or not along_one_axis(ctx.bound.attrs):  # channels of NHWC or packed input
         parallelize_reduction(sch, blocks(sch)[0])
     else:
         reduce_outside_contiguous(sch, ctx, axis)

@@ -67,7 +67,9 @@ def anchored(schedule: ScheduleFn, op: FusedOp) -> ScheduleFn:
 
 def fused_strategy(families: tuple[str, ...], ctx: ScheduleContext) -> Strategy | None:
     """The strategy of the fused group `ctx.bound.op`: its nodes' computations composed; the
-    anchor's hand schedule where it applies (tried once on the hand's choices), else the generic."""
+    anchor's hand schedule where it applies (the group writes the anchor's output shape, or a
+    broadcast of it: the loops that schedule was written for, which a layout_transform after the
+    anchor changes; and TVM takes every step on the hand's choices), else the generic."""
     op = ctx.bound.op
     assert isinstance(op, FusedOp)
 
@@ -75,7 +77,13 @@ def fused_strategy(families: tuple[str, ...], ctx: ScheduleContext) -> Strategy 
         return op.compose(node_compute(families, c), *inputs)
 
     anchor = find_schedule(families, op.nodes[op.anchor].bound.op.name, generic=False)
-    if anchor is not None and _applies(anchored(anchor.schedule, op), compute, replace(ctx, choices=HAND)):
+    own, written = op.nodes[op.anchor].bound.output.shape, ctx.bound.output.shape
+    same_loops = len(own) == len(written) and all(a in (b, 1) for a, b in zip(own, written, strict=True))
+    if (
+        anchor is not None
+        and same_loops
+        and _applies(anchored(anchor.schedule, op), compute, replace(ctx, choices=HAND))
+    ):
         return Strategy(anchor.label, anchored(anchor.schedule, op), compute)
     generic = find_schedule(families, GENERIC)
     return None if generic is None else Strategy(generic.label, anchored(generic.schedule, op), compute)

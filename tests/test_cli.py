@@ -17,8 +17,8 @@ from tests.conftest import invoke
 from tests.test_arm import needs_cross, needs_qemu
 from toolchain.build.manifest import Manifest
 
-BUILTIN = {"add", "argmax", "leaky_relu", "max_pool2d"}
-POOL = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False}
+BUILTIN = {"add", "argmax", "layout_transform", "leaky_relu", "max_pool2d"}
+POOL = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False, "layout": "NCHW"}
 
 
 def test_ops_json_lists_every_builtin_op():

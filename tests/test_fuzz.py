@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from base.errors import UsageError
 from ops import TensorType, all_ops, bind
+from ops.layouts import LAYOUTS
 from toolchain.build.targets import get_target
 from toolchain.verify.compare import compare, random_input
 from toolchain.verify.run import verify
@@ -34,7 +35,12 @@ def draw_attrs(data: st.DataObject, op: Any) -> dict[str, Any]:
     return attrs
 
 
-def draw_shape(data: st.DataObject, spec: Any) -> tuple[int, ...]:
+def draw_shape(data: st.DataObject, spec: Any, attrs: dict[str, Any]) -> tuple[int, ...]:
+    """Up to rank 4; a tensor in a packed layout (an op's `layout` or `src` attribute) is four
+    dims and the pack width."""
+    packs = [LAYOUTS[attrs[k]].pack for k in ("layout", "src") if k in attrs and LAYOUTS[attrs[k]].packed]
+    if packs and spec.max_rank >= 5:
+        return (*data.draw(st.lists(st.integers(1, MAX_DIM), min_size=4, max_size=4)), packs[0])
     rank = data.draw(st.integers(spec.min_rank, min(spec.max_rank, 4)), label=f"rank {spec.name}")
     return tuple(data.draw(st.lists(st.integers(1, MAX_DIM), min_size=rank, max_size=rank)))
 
@@ -47,10 +53,10 @@ def derive_broadcast(data: st.DataObject, spec: Any, shape: tuple[int, ...]) -> 
 
 def draw_shapes(data: st.DataObject, op: Any, attrs: dict[str, Any], dtype: str) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...] | None] = [
-        None if spec.broadcasts else draw_shape(data, spec) for spec in op.inputs
+        None if spec.broadcasts else draw_shape(data, spec, attrs) for spec in op.inputs
     ]
     if all(s is None for s in shapes):
-        out_shape = draw_shape(data, op.inputs[0])
+        out_shape = draw_shape(data, op.inputs[0], attrs)
     else:
         ones = [s if s is not None else () for s in shapes]
         out_shape = bind(op, attrs, [TensorType(s, dtype) for s in ones]).output.shape

@@ -153,7 +153,7 @@ def test_run_model_checks_inputs_and_result(tmp_path, example_ops):
     assert ran.exit_code == 0, ran.output
     assert "check passed" in ran.output
     pooled = get_op("max_pool2d").reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1),
-                                             "ceil_mode": False}, a) + b  # fmt: skip
+                                             "ceil_mode": False, "layout": "NCHW"}, a) + b  # fmt: skip
     expected = np.clip(
         np.where(pooled > 0, pooled, pooled * np.float32(0.1)) * np.float32(0.25) + np.float32(0.5), 0, 1
     )

@@ -245,7 +245,7 @@ ROWS: list[tuple[str, int, str]] = [
         2,
         "channels=4: input x of shape [1, 2, 9, 9, 4] in NCHW4c holds 5..8 channels",
     ),
-    (f"{ARGMAX} -a channels=3", 2, "channels=3: expected it only with a packed layout"),
+    (f"{ARGMAX} -a channels=3", 2, "channels=3: expected it only with a layout other than NCHW"),
     (f"{ADD} --shape 1x2x9x9x4 --shape 1x2x9x9 -a layout=NCHW4c", 2, "or NCHW with one channel [N, 1, H, W]"),
     (f"{ADD} --shape 1x2x9x9x4 --shape 9 -a layout=NCHW4c", 2, "input b has shape [9]"),
     (

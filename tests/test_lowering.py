@@ -189,3 +189,12 @@ def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attr
     mod, name = hand_schedule(bound, target, Picked({"column stage per": per}))
     with get_device("local").open() as session:
         check(session, compile_scheduled(bound, target, mod, name), tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
+def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
+    bound = bind(get_op("argmax"), {"axis": -1}, [TensorType((8, 1024), "float32")])
+    manifest = export(compile_op(bound, get_target("x86")), tmp_path / "art")
+    text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    assert "prefetcht0" in text

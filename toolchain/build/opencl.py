@@ -210,19 +210,23 @@ def _contiguous(index: Any, analyzer: Any) -> bool:
 
 def _gathered(index: Any, pointer: Any) -> Any:
     """A float vector of half elements at a vector index that is not contiguous (a broadcast
-    operand, a layout's transpose): one `vload_half` per lane, put in place by vector selects
-    (TVM prints a vector built of scalars as `float4(...)`, which OpenCL C rejects)."""
+    operand, a layout's transpose): one `vload_half` per lane, each bound to a name once, put in
+    place by vector selects (TVM prints a vector built of scalars as `float4(...)`, which OpenCL
+    C rejects); a broadcast index is one load, broadcast."""
     from tvm import tirx
 
     count = index.ty.dtype.lanes
-    scalars = [
-        tirx.call_pure_extern("float32", "vload_half", _lane(index, lane), pointer) for lane in range(count)
-    ]
+    if isinstance(index, tirx.Broadcast):
+        return tirx.Broadcast(tirx.call_pure_extern("float32", "vload_half", index.value, pointer), count)
+    names = [tirx.Var(f"lane{lane}", "float32") for lane in range(count)]
     lanes = tirx.Ramp(tirx.const(0, "int32"), tirx.const(1, "int32"), count)
-    vector = tirx.Broadcast(scalars[-1], count)
+    vector = tirx.Broadcast(names[-1], count)
     for lane in reversed(range(count - 1)):
         chosen = tirx.EQ(lanes, tirx.Broadcast(tirx.const(lane, "int32"), count))
-        vector = tirx.Select(chosen, tirx.Broadcast(scalars[lane], count), vector)
+        vector = tirx.Select(chosen, tirx.Broadcast(names[lane], count), vector)
+    for lane in reversed(range(count)):
+        loaded = tirx.call_pure_extern("float32", "vload_half", _lane(index, lane), pointer)
+        vector = tirx.Let(names[lane], loaded, vector)
     return vector
 
 
