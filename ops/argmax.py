@@ -10,11 +10,11 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
-from ops.layouts import NCHW, layout_attr, layout_of, real_channels, static_shape
+from ops.layouts import NCHW, channels_attr, layout_attr, layout_of, real_channels, static_shape
 from ops.nan import is_nan_bits
 from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
-from ops.spec import MAX_ELEMENTS, Case, Input, Op, TensorType, is_symbolic
+from ops.spec import Case, Input, Op, TensorType, is_symbolic
 
 
 def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
@@ -144,13 +144,7 @@ class Argmax(Op):
         Attr("keepdims", Bool(), False, "keep the reduced axis with size 1"),
         Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
         layout_attr(doc="layout of the input; other than NCHW, axis=1 (NCHW's C) is reduced"),
-        Attr(
-            "channels",
-            Int(1, MAX_ELEMENTS, fuzz_hi=16),
-            None,
-            "real channels of a packed input (default: every lane)",
-            optional=True,
-        ),
+        channels_attr(),
     )
     exact = True
     onnx = (OnnxOp("ArgMax", attrs=from_onnx_argmax),)

@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
-from ops.attrs import Attr, Int
-from ops.layouts import layout_attr, layout_of, real_channels, static_shape
+from ops.layouts import channels_attr, layout_attr, layout_of, real_channels, static_shape
 from ops.registry import register
-from ops.spec import MAX_ELEMENTS, Case, Input, Op, TensorType
+from ops.spec import Case, Input, Op, TensorType
 
 
 @register
@@ -24,13 +23,7 @@ class LayoutTransform(Op):
     attrs = (
         layout_attr("src", "layout of the input"),
         layout_attr("dst", "layout of the output"),
-        Attr(
-            "channels",
-            Int(1, MAX_ELEMENTS, fuzz_hi=16),
-            None,
-            "real channels of a packed input (default: every lane)",
-            optional=True,
-        ),
+        channels_attr(),
     )
     exact = True
     cases = (

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from base.errors import UsageError
-from ops.attrs import Attr, Choice
+from ops.attrs import Attr, Choice, Int
+from ops.spec import MAX_ELEMENTS
 
 LOGICAL = "NCHW"
 
@@ -137,6 +138,17 @@ NCHW = LAYOUTS[LOGICAL]
 def layout_attr(name: str = "layout", doc: str = "data layout of the input and output") -> Attr:
     """The attribute naming a layout (default NCHW)."""
     return Attr(name, Choice(tuple(LAYOUTS)), LOGICAL, doc)
+
+
+def channels_attr() -> Attr:
+    """The attribute giving a packed input's real channel count (default: every lane)."""
+    return Attr(
+        "channels",
+        Int(1, MAX_ELEMENTS, fuzz_hi=16),
+        None,
+        "real channels of a packed input (default: every lane)",
+        optional=True,
+    )
 
 
 def layout_of(attrs: dict[str, Any], name: str = "layout") -> Layout:

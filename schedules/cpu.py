@@ -204,11 +204,13 @@ def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     """Pooling where channels are the innermost axis: each step is a vector of one output pixel's
     channels (a packed layout's p lanes: one NEON fp32 vector for NCHW4c, one AVX2 vector for
     NCHW8c), every tap a contiguous vector load of the same channels at a clamped pixel (the
-    clamps are scalars: no gathers at all); output rows run in parallel, the input prefetched
-    PREFETCH_BYTES ahead per pixel. A search also tries half-width vectors and the column stage
-    (computed per row, vectorized alike)."""
+    clamps are scalars: no gathers at all; the border pixels of each row are split off, so the
+    interior's taps are plain loads, a row's taps one prefetch stream); output rows run in
+    parallel, the input prefetched PREFETCH_BYTES ahead per pixel. A search also tries
+    half-width vectors and the column stage (computed per row, vectorized alike)."""
     *stages, block = blocks(sch)
-    h_axis = Pool2d.from_attrs(ctx.bound.attrs).layout.spatial[0]
+    pool = Pool2d.from_attrs(ctx.bound.attrs)
+    h_axis, w_axis = pool.layout.spatial
     loops = sch.get_loops(block)
     rows, pixels = loops[h_axis], loops[-2]
     full = ctx.lanes(ctx.bound.output.dtype)
@@ -216,8 +218,11 @@ def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     for stage in stages:
         sch.compute_at(stage, rows)
         vectorize_channels(sch, sch.get_loops(stage)[-1], lanes)
-    vectorize_channels(sch, loops[-1], lanes)
-    prefetch_ahead(sch, ctx, [pixels])
+    parts = partition(sch, pixels, *pool.interior(1, ctx.bound.inputs[0].shape[w_axis]))
+    for part in parts:  # the border pixels, and the interior's with plain indices
+        (part_block,) = sch.get_child_blocks(part)
+        vectorize_channels(sch, sch.get_loops(part_block)[-1], lanes)
+    prefetch_ahead(sch, ctx, parts)
     parallel_outer(sch, loops[: h_axis + 1], ctx.bound.output.elements())
 
 

@@ -108,8 +108,8 @@ def _streaming_loop(ahead: int) -> tuple[Any, Any]:
     return tirx.For(line, 0, 7, tirx.ForKind.SERIAL, body, annotations={PREFETCH: ahead}), stage
 
 
-def _prefetched_offsets(loop: Any, line: Any) -> list[int]:
-    """Elements past `line * 16` of each prefetch leading the loop's body, in order."""
+def _prefetched_offsets(loop: Any, line: Any, per_step: int = 16) -> list[int]:
+    """Elements past `line * per_step` of each prefetch leading the loop's body, in order."""
     import tvm.sym.analyzer
     from tvm import tirx
 
@@ -118,7 +118,7 @@ def _prefetched_offsets(loop: Any, line: Any) -> list[int]:
     assert all("llvm.prefetch" in str(call) for call in calls)
     analyzer = tvm.sym.analyzer.Analyzer()
     addresses = [call.args[1] for call in calls]  # args[0]: the intrinsic's id
-    return [int(analyzer.simplify(a.args[0].indices[0] - line * 16)) for a in addresses]
+    return [int(analyzer.simplify(a.args[0].indices[0] - line * per_step)) for a in addresses]
 
 
 def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
@@ -198,3 +198,21 @@ def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
     text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
     assert "prefetcht0" in text
+
+
+def test_a_sliding_window_is_one_stream() -> None:
+    """A packed pooling row: taps one pixel (8 floats) before, at and after 2 * ow; a step
+    advances two pixels, so the tap after is the tap before one step later, and the one at is
+    on its line: one prefetch serves all three."""
+    from tvm import tirx
+
+    from schedules.cpu import PREFETCH
+    from toolchain.build.shared_object import _prefetched
+
+    x = tirx.decl_buffer((1 << 20,), "float32", name="x")
+    out = tirx.decl_buffer((1 << 20,), "float32", name="out")
+    ow = tirx.Var("ow", "int32")
+    taps = [tirx.BufferLoad(x, [tirx.Ramp(ow * 16 + offset, 1, 8)]) for offset in (-8, 0, 8)]
+    store = tirx.BufferStore(out, taps[0] + taps[1] + taps[2], [tirx.Ramp(ow * 8, 1, 8)])
+    loop = tirx.For(ow, 0, 56, tirx.ForKind.SERIAL, store, annotations={PREFETCH: 16384})
+    assert len(_prefetched_offsets(_prefetched(loop, []), ow, per_step=16)) == 1

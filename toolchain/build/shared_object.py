@@ -76,12 +76,19 @@ def deinterleave_stride2() -> Any:
     return rewrite
 
 
-def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
-    """(buffer, flat index) where the loads in `body` of a function's inputs start (a vector's
-    first element), one per cache line: an index a constant less than a line from one kept is
-    left out. So are buffers in `local` (stages the function allocates, in cache already), an
-    index with a variable bound inside `body` or a load in it (it would be read outside its
-    guard), and what is only addressed (an inner loop's own prefetches)."""
+WINDOW_STEPS = 4
+"""Most steps apart two loads of one stream may be for one prefetch to serve both (a pooling
+window's taps along the loop: 1 or 2 steps)."""
+
+
+def _line_starts(loop: Any, local: list[Any]) -> list[tuple[Any, Any]]:
+    """(buffer, flat index) where the loads in the body of `loop` of a function's inputs start (a
+    vector's first element), one per stream: an index a constant less than a line from one kept
+    is left out, and so is one a few whole steps of the loop from it (a sliding window's next
+    tap: the kept one's prefetch reaches it that many steps later). So are buffers in `local`
+    (stages the function allocates, in cache already), an index with a variable bound inside
+    the body or a load in it (it would be read outside its guard), and what is only addressed
+    (an inner loop's own prefetches)."""
     import tvm
     import tvm.sym.analyzer
     import tvm_ffi
@@ -89,6 +96,7 @@ def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
     from tvm.tirx.analysis import undefined_vars
 
     analyzer = tvm.sym.analyzer.Analyzer()
+    body, var = loop.body, loop.loop_var
     outside = undefined_vars(body, [])
     address_of = tvm.ir.Op.get("tirx.address_of")
     addressed: list[Any] = []
@@ -106,9 +114,20 @@ def _line_starts(body: Any, local: list[Any]) -> list[tuple[Any, Any]]:
         free = undefined_vars(start, [])
         return not loads and all(any(v.same_as(o) for o in outside) for v in free)
 
+    steps = loop.extent if isinstance(loop.extent, tirx.IntImm) else None
+
     def near(start: Any, other: Any, bits: int) -> bool:
         apart = analyzer.simplify(start - other)
-        return isinstance(apart, tirx.IntImm) and abs(int(apart)) * bits < CACHE_LINE * 8
+        if not isinstance(apart, tirx.IntImm):
+            return False
+        if abs(int(apart)) * bits < CACHE_LINE * 8:
+            return True
+        advanced = tvm_ffi.structural_map(start, [(tirx.Var, lambda v: v + 1 if v.same_as(var) else v)])
+        step = analyzer.simplify(advanced - start)
+        if not isinstance(step, tirx.IntImm) or int(step) <= 0 or steps is None:
+            return False
+        behind, rest = divmod(abs(int(apart)), int(step))
+        return rest == 0 and behind < min(WINDOW_STEPS, int(steps))
 
     def same_line(buffer: Any, start: Any) -> bool:
         return any(kept.same_as(buffer) and near(start, other, buffer.dtype.bits) for kept, other in starts)
@@ -141,7 +160,7 @@ def _prefetched(loop: Any, local: list[Any]) -> Any:
 
     ahead = int(loop.annotations[PREFETCH])
     fetches = []
-    for buffer, start in _line_starts(loop.body, local) if ahead > 0 else []:
+    for buffer, start in _line_starts(loop, local) if ahead > 0 else []:
         elements = max(1, ahead * 8 // buffer.dtype.bits)
         address = tirx.address_of(tirx.BufferLoad(buffer, [start + elements]))
         read, keep, data = (tirx.const(v, "int32") for v in (0, 3, 1))
