@@ -200,6 +200,13 @@ def pool_window(sch: Any, ctx: ScheduleContext) -> None:
         nchw_window(sch, ctx)
 
 
+def pooling_lanes(ctx: ScheduleContext) -> int:
+    """Lanes per vector of a pooling schedule: the target's full width for the output dtype; a
+    search also tries half (from 4 lanes up)."""
+    full = ctx.lanes(ctx.bound.output.dtype)
+    return ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
+
+
 def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     """Pooling where channels are the innermost axis: each step is a vector of one output pixel's
     channels (a packed layout's p lanes: one NEON fp32 vector for NCHW4c, one AVX2 vector for
@@ -213,8 +220,7 @@ def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     h_axis, w_axis = pool.layout.spatial
     loops = sch.get_loops(block)
     rows, pixels = loops[h_axis], loops[-2]
-    full = ctx.lanes(ctx.bound.output.dtype)
-    lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
+    lanes = pooling_lanes(ctx)
     for stage in stages:
         sch.compute_at(stage, rows)
         vectorize_channels(sch, sch.get_loops(stage)[-1], lanes)
@@ -251,8 +257,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     other prefetch distances, and every tap at once (no stage; the border rows split off too)."""
     *stages, block = blocks(sch)
     *outer, height, width = sch.get_loops(block)
-    full = ctx.lanes(ctx.bound.output.dtype)
-    lanes = ctx.choices.pick("lanes", (full, full // 2) if full >= 4 else (full,), full)
+    lanes = pooling_lanes(ctx)
     borders = ctx.choices.pick("split borders", (True, False), True)
     work = ctx.bound.output.elements()
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)

@@ -36,17 +36,19 @@ class SampledChoices(Picked):
         """As MetaSchedule's own rules ask for it (an annotation of the root block, which its
         postprocessor turns into the pragma on each block's outermost loop: `loop` here), so
         that its unroll mutator explores the depth."""
-        steps = sorted({*UNROLL_STEPS, default})
-        chosen = sch.sample_categorical(steps, [1 / len(steps)] * len(steps), decision=steps.index(default))
+        chosen = sampled(sch, UNROLL_STEPS, default)
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", chosen)
 
     def annotate(self, sch: Any, loops: list[Any], key: str, default: int, options: Sequence[int]) -> None:
-        values = sorted({*options, default})
-        chosen = sch.sample_categorical(
-            values, [1 / len(values)] * len(values), decision=values.index(default)
-        )
+        chosen = sampled(sch, options, default)
         for loop in loops:
             sch.annotate(loop, key, chosen)
+
+
+def sampled(sch: Any, options: Sequence[int], default: int) -> Any:
+    """A `sample_categorical` over `options` and `default`, uniform, `default` its decision."""
+    values = sorted({*options, default})
+    return sch.sample_categorical(values, [1 / len(values)] * len(values), decision=values.index(default))
 
 
 def design_spaces(schedule: ScheduleFn, ctx: ScheduleContext) -> Callable[[Any], list[Any]]:

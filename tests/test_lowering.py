@@ -69,6 +69,13 @@ DISASSEMBLY = {
 """target -> (disassembler, its Debian package, a vector max, deinterleaves, a prefetch)."""
 
 
+def disassembled(compiled: Any, tmp_path: Path, tool: str = "objdump") -> str:
+    """The `tool -d` listing of `compiled` exported under `tmp_path`."""
+    manifest = export(compiled, tmp_path / "art")
+    command = [tool, "-d", str(tmp_path / "art" / manifest.module)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.parametrize("target", sorted(DISASSEMBLY))
 @pytest.mark.parametrize("batch", [2, "N"])
 def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str, batch: int | str) -> None:
@@ -77,9 +84,7 @@ def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str,
         pytest.skip(f"needs {tool} (Debian package {package})")
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((batch, 8, 32, 32), "float32")])
-    manifest = export(compile_op(bound, get_target(target)), tmp_path / "art")
-    text = subprocess.run([tool, "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
+    text = disassembled(compile_op(bound, get_target(target)), tmp_path, tool)
     assert any(m in text for m in vector_max), "the max is computed a vector at a time"
     assert any(d in text for d in deinterleaves), "stride-2 taps are deinterleaved with shuffles"
     assert prefetch in text, "the column stage prefetches its input rows"
@@ -161,10 +166,7 @@ def test_a_searched_unroll_depth_keeps_the_prefetches(tmp_path: Path, depth: int
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((1, 8, 32, 32), "float32")])
     target = get_target("x86")
     mod, name = hand_schedule(bound, target, Unrolled())
-    manifest = export(compile_scheduled(bound, target, mod, name), tmp_path / "art")
-    text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
-    assert "prefetcht0" in text
+    assert "prefetcht0" in disassembled(compile_scheduled(bound, target, mod, name), tmp_path)
 
 
 EDGES = [
@@ -194,10 +196,7 @@ def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attr
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
 def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
     bound = bind(get_op("argmax"), {"axis": -1}, [TensorType((8, 1024), "float32")])
-    manifest = export(compile_op(bound, get_target("x86")), tmp_path / "art")
-    text = subprocess.run(["objdump", "-d", str(tmp_path / "art" / manifest.module)], capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
-    assert "prefetcht0" in text
+    assert "prefetcht0" in disassembled(compile_op(bound, get_target("x86")), tmp_path)
 
 
 def test_a_sliding_window_is_one_stream() -> None:
