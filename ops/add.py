@@ -10,7 +10,7 @@ from tvm import te
 
 from base.errors import UsageError
 from ops.broadcast import broadcast_index, broadcast_shapes
-from ops.layouts import Layout, layout_attr, layout_of
+from ops.layouts import NCHW, Layout, Relayout, layout_attr, layout_of
 from ops.onnx_mapping import OnnxOp, same_names
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
@@ -62,6 +62,18 @@ class Add(Op):
         layout = layout_of(attrs)
         a, b = (x.reshape(as_broadcast(layout, "x", x.shape)) for x in (a, b))
         return np.add(a, b, dtype=a.dtype)
+
+    def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
+        """Image operands (rank 4) of which one at least has more than one channel: those move
+        to `layout`; in a packed one, an operand of one channel stays NCHW, which broadcasts
+        over every lane (`as_broadcast`)."""
+        if layout_of(attrs) is not NCHW or any(len(t.shape) != 4 for t in inputs):
+            return None
+        many = [t.shape[1] != 1 for t in inputs]
+        if not any(many):
+            return None
+        operands = tuple(layout if m or not layout.packed else NCHW for m in many)
+        return Relayout({**attrs, "layout": layout.name}, operands, layout)
 
 
 def as_broadcast(layout: Layout, name: str, shape: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -10,7 +10,16 @@ from tvm import te, tirx
 
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, Choice, Int
-from ops.layouts import NCHW, channels_attr, layout_attr, layout_of, real_channels, static_shape
+from ops.layouts import (
+    NCHW,
+    Layout,
+    Relayout,
+    channels_attr,
+    layout_attr,
+    layout_of,
+    real_channels,
+    static_shape,
+)
 from ops.nan import is_nan_bits
 from ops.onnx_mapping import OnnxOp, check_names, require
 from ops.registry import register
@@ -235,3 +244,11 @@ class Argmax(Op):
             axis = self._axis(attrs, x.ndim)
         result = np.argmax(x, axis=axis, keepdims=attrs["keepdims"])
         return result.astype(attrs["out_dtype"])
+
+    def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
+        """Argmax over an image's channels reads them in any layout, the padding lanes skipped
+        (`channels`); its output has no channels, NCHW's `[N, H, W]` or `[N, 1, H, W]`."""
+        if layout_of(attrs) is not NCHW or len(inputs[0].shape) != 4 or attrs["axis"] not in (1, -3):
+            return None
+        channels = inputs[0].shape[1] if layout.packed else None
+        return Relayout({**attrs, "layout": layout.name, "channels": channels}, (layout,), NCHW)

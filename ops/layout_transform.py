@@ -26,6 +26,9 @@ class LayoutTransform(Op):
         channels_attr(),
     )
     exact = True
+    fuses = False
+    """A kernel of its own: fused, its neighbour's loops would run one layout and read or write the
+    other, under the generic schedule (README, Layouts)."""
     cases = (
         Case(((2, 7, 5, 6),), {"src": "NCHW", "dst": "NCHW4c"}),
         Case(((2, 2, 5, 6, 8),), {"src": "NCHW8c", "dst": "NCHW", "channels": 13}),
@@ -60,6 +63,9 @@ class LayoutTransform(Op):
             return zero_from(x[src.index(n, tirx.min(c, channels - 1), h, w)], c, channels)
 
         return te.compute(out.shape, body, name="out")
+
+    def layout_label(self, attrs: dict[str, Any]) -> str | None:
+        return f"{attrs['src']} -> {attrs['dst']}"
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         src, dst = layout_of(attrs, "src"), layout_of(attrs, "dst")

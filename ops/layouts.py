@@ -135,6 +135,20 @@ LAYOUTS: dict[str, Layout] = {
 NCHW = LAYOUTS[LOGICAL]
 
 
+@dataclass(frozen=True)
+class Relayout:
+    """How one node of an NCHW graph runs in another layout (`Op.relayout`, the graph pass in
+    `ops/relayout.py`): its attributes there, the layout each input must arrive in and the
+    layout its output leaves in. `spatial`: the node is one a target's layout is chosen for (it
+    slides a window over H and W), which moves to the layout on its own; the others join the
+    layout an input of theirs already arrives in."""
+
+    attrs: dict[str, Any]
+    inputs: tuple[Layout, ...]
+    output: Layout
+    spatial: bool = False
+
+
 def layout_attr(name: str = "layout", doc: str = "data layout of the input and output") -> Attr:
     """The attribute naming a layout (default NCHW)."""
     return Attr(name, Choice(tuple(LAYOUTS)), LOGICAL, doc)

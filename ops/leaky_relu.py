@@ -8,6 +8,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ops.attrs import Attr, Float
+from ops.layouts import Layout, Relayout
 from ops.nan import times_zero
 from ops.onnx_mapping import OnnxOp, same_names
 from ops.registry import register
@@ -50,3 +51,7 @@ class LeakyRelu(Op):
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         alpha = x.dtype.type(attrs["alpha"])
         return np.where(x > 0, x, x * alpha).astype(x.dtype)
+
+    def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
+        """Elementwise: an image (rank 4) computes the same in any layout."""
+        return Relayout(attrs, (layout,), layout) if len(inputs[0].shape) == 4 else None

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from tvm import te
 
+from ops.layouts import NCHW, Layout, Relayout, layout_of
 from ops.onnx_mapping import OnnxOp, check_names, no_dilation, pair, require, symmetric_pads
 from ops.pooling import Pool2d, pool_attrs, pooled_type
 from ops.registry import register
@@ -64,3 +65,9 @@ class MaxPool2d(Op):
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return Pool2d.from_attrs(attrs).reference(x)
+
+    def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
+        """Pooling is what a target's layout is chosen for: it moves to any layout."""
+        if layout_of(attrs) is not NCHW:
+            return None
+        return Relayout({**attrs, "layout": layout.name}, (layout,), layout, spatial=True)

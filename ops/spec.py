@@ -12,13 +12,16 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from base.errors import UsageError
 from ops.attrs import Attr, Float
 from ops.onnx_mapping import OnnxOp
+
+if TYPE_CHECKING:
+    from ops.layouts import Layout, Relayout
 
 ALL_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
 FLOAT_DTYPES = ("float32", "float16", "float64")
@@ -230,6 +233,9 @@ class Op:
     bench: ClassVar[Case | None] = None
     """The case `deploy bench` times: one well past the last-level cache, so that its ratio to the
     memory floor measures memory, not cache (None: the first of `cases`)."""
+    fuses: ClassVar[bool] = True
+    """Whether a graph's fusion may put this op in one kernel with its neighbours (False: it is
+    always a kernel of its own)."""
     onnx: ClassVar[tuple[OnnxOp, ...]] = ()
     """The ONNX nodes this op implements, each with its attribute conversion (`ops/onnx_mapping.py`)."""
 
@@ -244,6 +250,17 @@ class Op:
     def reference(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
         """Numpy reference with the same semantics as `compute`."""
         raise NotImplementedError
+
+    def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
+        """How this node (NCHW `attrs`, bound to `inputs`) runs in `layout`; None: it runs only as
+        it is (the default), and a graph pass converts its inputs back to what it reads."""
+        return None
+
+    def layout_label(self, attrs: dict[str, Any]) -> str | None:
+        """The layout this node computes in, as a manifest names it: its `layout` attribute
+        (None: it has none, and computes in the layout of what it reads)."""
+        layout = attrs.get("layout")
+        return None if layout is None else str(layout)
 
     def parts(self) -> tuple[Op, ...]:
         """The ops whose definitions this op's computation is made of: itself (a fused group: its

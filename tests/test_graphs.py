@@ -125,10 +125,16 @@ def test_the_artifact_lists_its_kernels_and_schedules(tmp_path):
     assert manifest["entry"] == "vm" and manifest["op"] == "maxpool_add"
     assert [i["name"] for i in manifest["inputs"]] == ["a", "b"]
     assert manifest["graph"]["kernels"] == [
-        {"name": "fused_max_pool2d_add", "nodes": ["pool", "sum"], "schedule": "cpu/max_pool2d"}
+        {
+            "name": "fused_max_pool2d_add",
+            "nodes": ["pool", "sum"],
+            "schedule": "cpu/max_pool2d",
+            "layout": "NCHW",
+        }
     ]
+    assert manifest["graph"]["layout"] == "NCHW"
     assert [n["op"] for n in manifest["graph"]["nodes"]] == ["max_pool2d", "add"]
-    assert "kernel fused_max_pool2d_add (cpu/max_pool2d schedule): nodes pool, sum" in result.output
+    assert "kernel fused_max_pool2d_add in NCHW (cpu/max_pool2d schedule): nodes pool, sum" in result.output
 
 
 def test_opencl_graphs_are_one_plan(tmp_path, sessions):  # noqa: F811
@@ -238,3 +244,139 @@ def test_float16_kernels_of_a_storage_target_come_from_the_float32_graph():
     (kernel,) = kernels(g)
     with pytest.raises(UsageError, match="tune the model with float32 inputs"):
         hand_schedule(kernel.bound, target)
+
+
+LAID_OUT = {
+    "chain": (
+        {"a": (2, 7, 13, 11), "b": (2, 1, 7, 6), "c": (2, 7, 7, 6)},
+        [("pool", "max_pool2d", POOL, ("a",)), ("act", "leaky_relu", {"alpha": 0.1}, ("pool",)),
+         ("sum", "add", {}, ("act", "b")), ("both", "add", {}, ("sum", "c")),
+         ("pool2", "max_pool2d", {"kernel": 2}, ("both",)), ("best", "argmax", {"axis": 1}, ("pool2",))],
+        ["a>", "pool", "act", "b>*", "sum", "c>", "both", "pool2", "best"],
+    ),
+    "disagree": (
+        {"a": (1, 7, 9, 10), "v": (5,), "w": (1,)},
+        [("pool", "max_pool2d", POOL, ("a",)), ("row", "add", {}, ("pool", "v")),
+         ("col", "add", {}, ("pool", "w")), ("both", "add", {}, ("row", "col")),
+         ("pool2", "max_pool2d", {"kernel": 2}, ("both",))],
+        ["a>", "pool", "pool<", "row", "col", "both", "both>", "pool2", "pool2<"],
+    ),
+}  # fmt: skip
+"""Graphs for the layout pass, each with the nodes it expects after it (`x>`: a conversion of x
+into the layout, `x<`: back to NCHW; `x>*`: in NHWC only, as a packed layout broadcasts a
+one-channel NCHW operand as it is). In "chain" every node runs in the layout once its input is
+packed (pooling, leaky_relu, add with a one-channel and a full operand, argmax over channels,
+whose output has no channels), so a and c are converted on the way in and nothing on the way
+out. In "disagree" `row` and `col` add a vector along W and a scalar-like [1], which a layout
+other than NCHW does not broadcast: pool is converted back once for both, `both` (reading no
+moved tensor) stays NCHW, and its result is converted for pool2."""
+
+PACKED = ("NHWC", "NCHW4c", "NCHW8c")
+
+
+def laid_out_names(g: Any) -> list[str]:
+    """The node names of a laid-out graph, conversions written `x>` (into a layout) or `x<`."""
+    return [
+        f"{n.node.inputs[0]}{'<' if n.bound.attrs['dst'] == 'NCHW' else '>'}"
+        if n.bound.op.name == "layout_transform"
+        else n.node.name
+        for n in g.nodes
+    ]
+
+
+@pytest.mark.parametrize("layout", PACKED)
+@pytest.mark.parametrize("name", list(LAID_OUT))
+def test_the_layout_pass_converts_only_where_neighbours_disagree(name, layout):
+    from ops.layouts import LAYOUTS
+    from ops.relayout import relayout
+
+    inputs, nodes, expected = LAID_OUT[name]
+    g = graph(inputs, "float32", *nodes)
+    laid = relayout(g, LAYOUTS[layout])
+    packed = LAYOUTS[layout].packed
+    assert laid_out_names(laid) == [e.rstrip("*") for e in expected if not (packed and e.endswith("*"))]
+    assert laid.inputs == g.inputs and laid.output == g.output
+    moved = {n.node.name: n.bound.attrs.get("layout") for n in laid.nodes}
+    assert moved["pool"] == moved["pool2"] == layout
+    rng = np.random.default_rng(3)
+    arrays = [random_input(t, rng, specials=True) for t in g.inputs]
+    np.testing.assert_array_equal(laid.reference(*arrays), g.reference(*arrays))  # NaN where NaN
+    assert relayout(g, LAYOUTS["NCHW"]) is g
+
+
+def test_the_layout_pass_leaves_graphs_without_pooling_and_explicit_layouts_alone():
+    from ops.layouts import LAYOUTS
+    from ops.relayout import relayout
+
+    elementwise = graph({"a": (1, 8, 4, 4), "b": (1, 8, 4, 4)}, "float32", ("s", "add", {}, ("a", "b")))
+    assert relayout(elementwise, LAYOUTS["NCHW4c"]) is elementwise
+    explicit = graph(
+        {"a": (1, 2, 6, 6, 4)}, "float32", ("p", "max_pool2d", {**POOL, "layout": "NCHW4c"}, ("a",))
+    )
+    assert relayout(explicit, LAYOUTS["NCHW8c"]) is explicit
+
+
+def test_a_conversion_is_a_kernel_of_its_own():
+    """Fused into its neighbour, a conversion makes that kernel's loops one layout and its reads
+    the other, under the generic schedule; on its own each kernel keeps its layout's schedule."""
+    from ops.layouts import LAYOUTS
+    from ops.relayout import relayout
+
+    inputs, nodes, _ = LAID_OUT["chain"]
+    laid = relayout(graph(inputs, "float32", *nodes), LAYOUTS["NCHW4c"])
+    found = kernels(laid)
+    assert [k.nodes for k in found] == [
+        ("a_NCHW4c",),
+        ("c_NCHW4c",),
+        ("pool", "act", "sum", "both", "pool2"),
+        ("best",),
+    ]
+    assert [k.layouts for k in found] == [("NCHW -> NCHW4c",), ("NCHW -> NCHW4c",), ("NCHW4c",), ("NCHW4c",)]
+
+
+@on_every_target(
+    "dtype,layout,name",
+    [("float32", layout, name) for layout in PACKED for name in LAID_OUT]
+    + [("float16", "NCHW8c", "chain"), ("int8", "NCHW4c", "disagree")],
+)
+def test_laid_out_graphs_match_numpy(target, dtype, layout, name, sessions):  # noqa: F811
+    """The ncnn way: each graph laid out in each layout (7 channels: padding lanes in both
+    packings), built and run on every target, against the NCHW graph's numpy reference."""
+    inputs, nodes, _ = LAID_OUT[name]
+    g = graph(inputs, dtype, *nodes)
+    on = sessions.on(target)
+    rng = np.random.default_rng(zlib.crc32(f"{name}{layout}{dtype}".encode()))
+    for ties in (False, True):
+        arrays = [random_input(t, rng, ties=ties, specials=True) for t in g.inputs]
+        comparison, _ = verify(on.session, g, on.target.with_layout(layout), arrays)
+        assert comparison.ok, f"{comparison.detail} (max error {comparison.max_error})"
+
+
+def test_build_layout_puts_conversions_at_the_boundaries(tmp_path):
+    out = tmp_path / "art"
+    result = invoke("build", "--model", str(EXAMPLE_YAML), "--target", "x86", "--cores", "2",
+                    "--layout", "NCHW8c", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["graph"]["layout"] == "NCHW8c"
+    assert [(k["nodes"], k["layout"], k["schedule"]) for k in manifest["graph"]["kernels"]] == [
+        (["a_NCHW8c"], "NCHW -> NCHW8c", "cpu/generic"),
+        (["pool", "sum"], "NCHW8c", "cpu/max_pool2d"),
+        (["sum_NCHW"], "NCHW8c -> NCHW", "cpu/generic"),
+    ]
+    assert manifest["inputs"][0]["shape"] == [32, 64, 112, 112] and manifest["output"]["shape"] == [
+        32,
+        64,
+        56,
+        56,
+    ]
+    assert "kernel fused_max_pool2d_add in NCHW8c (cpu/max_pool2d schedule): nodes pool, sum" in result.output
+
+
+def test_a_layout_is_part_of_the_build_key():
+    from toolchain.build.cache import build_key
+
+    g = graph({"a": (1, 8, 8, 8)}, "float32", ("p", "max_pool2d", POOL, ("a",)))
+    x86 = get_target("x86")
+    assert build_key(g, x86) != build_key(g, x86.with_layout("NCHW8c"))
+    assert build_key(g, x86) == build_key(g, x86.with_layout("NCHW"))

@@ -21,9 +21,8 @@ import toolchain
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
-from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op
+from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op, graph_kernels
 from toolchain.build.export import export, tvm_version
-from toolchain.build.fusion import kernels
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import Target
 
@@ -62,7 +61,7 @@ def _tuned(item: Buildable, target: Target) -> Any:
     if target.tuned is None:
         return None
     if isinstance(item, BoundGraph):
-        return [target.tuned.verdict(k.bound, target) for k in kernels(item)]
+        return [target.tuned.verdict(k.bound, target) for k in graph_kernels(item, target)[1]]
     return target.tuned.verdict(item, target)
 
 

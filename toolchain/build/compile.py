@@ -8,6 +8,7 @@ from typing import Any
 
 from base.errors import UsageError
 from ops.graph import BoundGraph, bind_graph
+from ops.relayout import relayout
 from ops.spec import BoundOp, TensorType, bind, require_static
 from schedules import ScheduleContext, Strategy, strategy_for
 from schedules.registry import HAND, Choices, computed_module
@@ -191,6 +192,8 @@ class ScheduledKernel:
             "nodes": list(self.kernel.nodes),
             "schedule": self.scheduled.schedule,
         }
+        if self.kernel.layouts:
+            entry["layout"] = ", ".join(self.kernel.layouts)
         if self.scheduled.tuning_record:
             entry["tuning_record"] = self.scheduled.tuning_record
         if self.scheduled.tuning:
@@ -219,7 +222,8 @@ class CompiledGraph:
         return self.graph
 
     def describe(self) -> dict[str, Any]:
-        """The manifest's fields that say what was compiled: the graph, its nodes and kernels."""
+        """The manifest's fields that say what was compiled: the graph as laid out (`--layout`,
+        its conversions among its nodes), its nodes and kernels."""
         graph = self.graph
         return {
             "op": graph.name,
@@ -229,6 +233,7 @@ class CompiledGraph:
             "schedule": self.schedule,
             "entry": self.target.artifact.graph_entry,
             "graph": {
+                "layout": self.target.layout,
                 "nodes": graph.key()["nodes"],
                 "output": graph.graph.output,
                 "kernels": [k.describe() for k in self.kernels],
@@ -240,10 +245,22 @@ class CompiledGraph:
         raise UsageError("--bundle wraps one op; a graph's executable runs on the Relax VM, not a C shim")
 
 
+def laid_out(graph: BoundGraph, target: Target) -> BoundGraph:
+    """The graph as the target runs it: its spatial nodes in the target's layout (`relayout`)."""
+    return relayout(graph, target.graph_layout)
+
+
+def graph_kernels(graph: BoundGraph, target: Target) -> tuple[BoundGraph, list[Kernel]]:
+    """The graph laid out for the target (`laid_out`) and its kernels as the target computes
+    them (`as_computed_graph`, `fusion.kernels`): what a build compiles and a tuner tunes."""
+    graph = laid_out(graph, target)
+    return graph, kernels(as_computed_graph(graph, target))
+
+
 def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
-    """Fuse the graph into kernels, schedule each (`schedule_op`: tuned records apply per fused
-    kernel) and compile them together in the artifact kind's way."""
+    """Lay the graph out for the target, fuse it into kernels, schedule each (`schedule_op`:
+    tuned records apply per fused kernel) and compile them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    computed = as_computed_graph(graph, target)
-    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in kernels(computed)]
+    graph, found = graph_kernels(graph, target)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in found]
     return CompiledGraph(graph, target, target.artifact.compile_graph(graph, scheduled, target), scheduled)

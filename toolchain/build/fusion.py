@@ -3,7 +3,8 @@
 Each node's plain computation becomes a PrimFunc in a Relax module whose `main` calls them in
 data-flow order; `AnnotateTIROpPattern` classifies each (elementwise, broadcast, injective,
 reduction, ...) and `FuseOps` groups them as TVM fuses any model (injective chains into one
-kernel, injective producers into a reduction, never two reductions). The groups are read back
+kernel, injective producers into a reduction, never two reductions); an op that says it does not
+fuse (`Op.fuses`: a layout conversion) stays a kernel of its own. The groups are read back
 from the fused module; each becomes a `Kernel`: a single node's op, or a `FusedOp` whose anchor
 is the node of the highest pattern (the last of them: its loops are the group's output's).
 """
@@ -27,11 +28,17 @@ class Kernel:
     reads: tuple[str, ...]
     writes: str
     nodes: tuple[str, ...]
+    layouts: tuple[str, ...] = ()
+    """The layouts its nodes compute in, each once (`Op.layout_label`: "NCHW8c", or "NCHW ->
+    NCHW8c" for a conversion); empty when none of them names one."""
 
     @property
     def name(self) -> str:
         return self.bound.op.name
 
+
+OPAQUE = 8
+"""TVM's op pattern that FuseOps fuses with nothing (`kOpaque`)."""
 
 Call = tuple[str, Any, tuple[str, ...], str]
 """A PrimFunc `main` calls: (its name, the PrimFunc, the graph tensors it reads, the one it writes)."""
@@ -67,8 +74,8 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
 
 def _relax_of(graph: BoundGraph) -> Any:
     """`relax_main` over PrimFunc `n<index>` per node (its op's own computation), its functions
-    classified and grouped by FuseOps."""
-    import tvm
+    classified and grouped by FuseOps; a node whose op does not fuse (`Op.fuses`) is classified
+    opaque, which FuseOps leaves alone."""
     from tvm import relax, te
 
     calls: list[Call] = []
@@ -79,8 +86,12 @@ def _relax_of(graph: BoundGraph) -> Any:
         ]
         out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
         calls.append((f"n{index}", te.create_prim_func([*placeholders, out]), n.node.inputs, n.node.output))
-    passes = [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
-    return tvm.transform.Sequential(passes)(relax_main(graph, calls))
+    annotated = relax.transform.AnnotateTIROpPattern()(relax_main(graph, calls))
+    for index, n in enumerate(graph.nodes):
+        if not n.bound.op.fuses:
+            gvar = annotated.get_global_var(f"n{index}")
+            annotated[gvar] = annotated[gvar].with_attr("op_pattern", OPAQUE)
+    return relax.transform.FuseOps()(annotated)
 
 
 def _groups(fused: Any) -> list[list[int]]:
@@ -132,8 +143,15 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
             anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], 8), i))
             result.append(_fused_kernel(graph, nodes, anchor))
         else:
-            result += [Kernel(n.bound, n.node.inputs, n.node.output, (n.node.name,)) for n in nodes]
+            result += [
+                Kernel(n.bound, n.node.inputs, n.node.output, (n.node.name,), _layouts([n])) for n in nodes
+            ]
     return result
+
+
+def _layouts(nodes: list[BoundNode]) -> tuple[str, ...]:
+    labels = (n.bound.op.layout_label(n.bound.attrs) for n in nodes)
+    return tuple(dict.fromkeys(label for label in labels if label is not None))
 
 
 def _fused_kernel(graph: BoundGraph, nodes: list[BoundNode], anchor: int) -> Kernel:
@@ -142,6 +160,5 @@ def _fused_kernel(graph: BoundGraph, nodes: list[BoundNode], anchor: int) -> Ker
     for n in nodes:
         reads += [t for t in n.node.inputs if t not in written and t not in reads]
     op = FusedOp(nodes, reads, anchor)
-    return Kernel(
-        op.bind(graph.types), tuple(reads), nodes[-1].node.output, tuple(n.node.name for n in nodes)
-    )
+    names = tuple(n.node.name for n in nodes)
+    return Kernel(op.bind(graph.types), tuple(reads), nodes[-1].node.output, names, _layouts(nodes))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from base.errors import UsageError
+from ops.layouts import LAYOUTS, LOGICAL, Layout
 from ops.spec import BoundOp
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
@@ -66,6 +67,10 @@ class Target:
     cores: int | None = None
     """Threads the device runs parallel loops on, which the schedules split work for: asked from
     the device or given with --cores (None: this host's count, for library callers)."""
+    layout: str = LOGICAL
+    """The layout a graph's spatial nodes run in (`ops/relayout.py`, `--layout`). NCHW on every
+    target by default: moving a graph of today's ops into a packed layout costs more in the
+    conversions at its boundaries than its kernels gain (README, Layouts)."""
     fp16_storage: bool = False
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
@@ -82,6 +87,19 @@ class Target:
     def with_fp16_storage(self, storage: bool) -> Target:
         """This target, computing float16 in float32 with half storage (True) or natively."""
         return replace(self, fp16_storage=storage)
+
+    def with_layout(self, layout: str | None) -> Target:
+        """This target, running graphs' spatial nodes in `layout` (None: leave as is)."""
+        if layout is None:
+            return self
+        if layout not in LAYOUTS:
+            raise UsageError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+        return replace(self, layout=layout)
+
+    @property
+    def graph_layout(self) -> Layout:
+        """The layout a graph's spatial nodes run in for this target."""
+        return LAYOUTS[self.layout]
 
     def build_cores(self) -> int:
         """The core count builds split work for."""

@@ -15,6 +15,7 @@ from rich.table import Table
 from base.errors import UsageError
 from toolchain.cli.options import (
     CORES,
+    LAYOUT,
     MODEL,
     TARGET,
     TUNED,
@@ -35,6 +36,7 @@ MAX_MB = 8000
 @device_options
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @MODEL
+@LAYOUT
 @click.option("--dtype", help="Dtype of the ops' inputs [default: float32].")
 @click.option(
     "--repeat",
@@ -66,6 +68,7 @@ def bench_command(
     where: DeviceChoice,
     op_names: tuple[str, ...],
     model: str | None,
+    layout: str | None,
     dtype: str | None,
     repeat: int,
     as_json: bool,
@@ -91,7 +94,7 @@ def bench_command(
         raise UsageError(f"--min-mb {min_mb}: grows the ops' bench cases; a model's shapes are its own")
     if model is not None and (op_names or dtype):
         raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
-    target = resolve_target(target_name, tuned, cores)
+    target = resolve_target(target_name, tuned, cores, layout, model)
     if model is not None:
         graph = load_graph(model)
         rows = bench_model(graph, target, where.resolve(target), options)

@@ -11,6 +11,7 @@ from base.errors import DeployError, UsageError
 from toolchain.cli.options import (
     ATTR,
     CORES,
+    LAYOUT,
     MODEL,
     OP_OPTIONAL,
     TARGET,
@@ -27,6 +28,7 @@ from toolchain.cli.options import (
 @click.command("build")
 @OP_OPTIONAL
 @MODEL
+@LAYOUT
 @TARGET
 @TUNED
 @CORES
@@ -54,6 +56,7 @@ from toolchain.cli.options import (
 def build_command(
     op_name: str | None,
     model: str | None,
+    layout: str | None,
     target_name: str,
     tuned: str | None,
     cores: int | None,
@@ -77,7 +80,7 @@ def build_command(
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None and bundle:
         raise UsageError("--bundle wraps one op; a model's executable runs on the Relax VM, not a C shim")
-    target = resolve_target(target_name, tuned, cores)
+    target = resolve_target(target_name, tuned, cores, layout, model)
     if model is not None:
         graph = load_graph(model)
         name, output = graph.name, graph.output
@@ -109,7 +112,8 @@ def build_command(
     )
     for kernel in manifest.graph["kernels"] if manifest.graph else []:
         nodes = ", ".join(kernel["nodes"])
-        click.echo(f"  kernel {kernel['name']} ({kernel['schedule']} schedule): nodes {nodes}")
+        laid = f" in {kernel['layout']}" if "layout" in kernel else ""
+        click.echo(f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule): nodes {nodes}")
     if manifest.bundle is not None:
         from devices.platforms import get_platform
 
@@ -126,6 +130,7 @@ def build_command(
 @CORES
 @OP_OPTIONAL
 @MODEL
+@LAYOUT
 @TARGET
 @TUNED
 @ATTR
@@ -150,6 +155,7 @@ def run_command(
     cores: int | None,
     op_name: str | None,
     model: str | None,
+    layout: str | None,
     target_name: str,
     tuned: str | None,
     attrs: tuple[str, ...],
@@ -168,7 +174,7 @@ def run_command(
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes})
-    target = resolve_target(target_name, tuned, cores)
+    target = resolve_target(target_name, tuned, cores, layout, model)
     to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
     if shapes and len(shapes) != len(inputs):
         raise UsageError(f"--shape: give one per -i input ({len(inputs)}), got {len(shapes)}")

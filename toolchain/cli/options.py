@@ -19,9 +19,16 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
-def resolve_target(name: str, tuned: str | None = None, cores: int | None = None) -> Any:
+def resolve_target(
+    name: str,
+    tuned: str | None = None,
+    cores: int | None = None,
+    layout: str | None = None,
+    model: str | None = None,
+) -> Any:
     """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
-    `cores`, splitting parallel work for that many threads (else for the device's, asked later)."""
+    `cores`, splitting parallel work for that many threads (else for the device's, asked later);
+    with `layout`, running the graph of `model` in that layout."""
     from toolchain.build.targets import get_target
 
     if tuned is not None and not Path(tuned).is_dir():
@@ -31,7 +38,9 @@ def resolve_target(name: str, tuned: str | None = None, cores: int | None = None
         )
     if cores is not None and not 1 <= cores <= 4096:
         raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
-    target = get_target(name).with_cores(cores)
+    if layout is not None and model is None:
+        raise UsageError(f"--layout {layout}: lays out a model's graph (--model); an op takes -a layout=")
+    target = get_target(name).with_cores(cores).with_layout(layout)
     if tuned is None:
         return target
     from toolchain.tune.tuners import AcceptedRecords  # the tuners only when --tuned asks for them
@@ -132,6 +141,12 @@ CORES = click.option(
     type=int,
     metavar="N",
     help="Split parallel loops for N threads [default: ask the device: its runtime's thread count].",
+)
+LAYOUT = click.option(
+    "--layout",
+    metavar="LAYOUT",
+    help="With --model: run the graph's pooling (and what joins it) in NCHW, NHWC, NCHW4c or NCHW8c,"
+    " converting only at the graph's boundaries and where neighbours disagree [default: NCHW].",
 )
 TUNED = click.option(
     "--tuned",

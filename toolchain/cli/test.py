@@ -15,6 +15,7 @@ from rich.table import Table
 from base.errors import DeployError, UsageError
 from toolchain.cli.options import (
     CORES,
+    LAYOUT,
     MODEL,
     TARGET,
     TUNED,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 @click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 @MODEL
+@LAYOUT
 def test_command(
     cores: int | None,
     target_name: str,
@@ -44,6 +46,7 @@ def test_command(
     op_names: tuple[str, ...],
     dtypes: tuple[str, ...],
     model: str | None,
+    layout: str | None,
 ) -> None:
     """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
     every free server of the key at once); with --model, the model's graph on random inputs,
@@ -51,7 +54,7 @@ def test_command(
     from ops import all_ops, get_op
     from toolchain.verify.matrix import plan
 
-    target = resolve_target(target_name, tuned, cores)
+    target = resolve_target(target_name, tuned, cores, layout, model)
     if model is not None:
         if op_names or dtypes:
             raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")

@@ -15,6 +15,7 @@ from base.stopping import exit_code
 from toolchain.cli.options import (
     ATTR,
     CORES,
+    LAYOUT,
     MODEL,
     OP_OPTIONAL,
     TARGET,
@@ -42,6 +43,7 @@ MAX_TIMEOUT_S = 86_400.0
 @click.command("tune")
 @OP_OPTIONAL
 @MODEL
+@LAYOUT
 @TARGET
 @ATTR
 @CORES
@@ -59,6 +61,7 @@ MAX_TIMEOUT_S = 86_400.0
 def tune_command(
     op_name: str | None,
     model: str | None,
+    layout: str | None,
     target_name: str,
     attrs: tuple[str, ...],
     cores: int | None,
@@ -85,16 +88,16 @@ def tune_command(
         raise UsageError(f"--timeout {timeout_s}: expected seconds in (0, {MAX_TIMEOUT_S:.0f}]")
     root = _records_dir(db_dir)
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
-    target = resolve_target(target_name, cores=cores)
+    target = resolve_target(target_name, cores=cores, layout=layout, model=model)
     device = where.resolve(target)
     if op_name is not None or model is not None:
         op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None:
-        from toolchain.build.fusion import kernels
+        from toolchain.build.compile import graph_kernels
 
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
-        for kernel in kernels(graph):
+        for kernel in graph_kernels(graph, target)[1]:
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
     elif op_name is not None:

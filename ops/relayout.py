@@ -1,0 +1,77 @@
+"""The graph pass that moves an NCHW graph's spatial nodes into a target's layout (ops/layouts.py)
+and converts tensors only where it must.
+
+Each spatial node (pooling: `Relayout.spatial`) moves to the layout the target runs graphs in
+(`--layout`); a node that can run in a layout (`Op.relayout`) joins it when one of its inputs arrives in
+it, so a chain of such nodes stays in the layout with no conversion between them. A
+`layout_transform` is inserted only where a node reads a tensor in another layout than it needs:
+the graph's inputs entering the first moved node, a node that cannot move reading a moved
+tensor, and the graph's output, which leaves in NCHW as the model declares it. One conversion
+of a tensor serves all its readers. The rewritten graph takes and returns the same arrays as
+the original, and its reference computes the same values bit for bit (padding lanes are never
+read into a real channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ops.graph import BoundGraph, Node, bind_graph
+from ops.layout_transform import LayoutTransform
+from ops.layouts import NCHW, Layout
+from ops.registry import get_op
+
+
+def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
+    """`graph` with its spatial nodes in `layout` and the conversions that needs; `graph` itself
+    when nothing moves (NCHW, or no node can)."""
+    moved: dict[str, Layout] = {}
+    """Tensor -> the layout it is in, for each tensor the pass put in another layout than NCHW."""
+    nodes: list[Node] = []
+    taken = {n.node.name for n in graph.nodes} | set(graph.types)
+    conversions: dict[tuple[str, str], str] = {}
+
+    def read(tensor: str, layout: Layout) -> str:
+        """The tensor holding `tensor` in `layout`: itself, or a conversion (made once)."""
+        have = moved.get(tensor, NCHW)
+        if have is layout:
+            return tensor
+        key = (tensor, layout.name)
+        if key not in conversions:
+            name = _fresh(f"{tensor}_{layout.name}", taken)
+            attrs: dict[str, Any] = {"src": have.name, "dst": layout.name}
+            if have.packed:
+                attrs["channels"] = graph.types[tensor].shape[1]
+            nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (tensor,), name, "layout"))
+            if layout is not NCHW:
+                moved[name] = layout
+            conversions[key] = name
+        return conversions[key]
+
+    if layout is NCHW:
+        return graph
+    for n in graph.nodes:
+        arrived = any(t in moved for t in n.node.inputs)
+        found = n.bound.op.relayout(n.bound.attrs, list(n.bound.inputs), layout)
+        if found is None or not (found.spatial or arrived):
+            nodes.append(replace(n.node, inputs=tuple(read(t, NCHW) for t in n.node.inputs)))
+            continue
+        reads = tuple(read(t, need) for t, need in zip(n.node.inputs, found.inputs, strict=True))
+        nodes.append(replace(n.node, attrs=found.attrs, inputs=reads))
+        if found.output is not NCHW:
+            moved[n.node.output] = found.output
+    if not moved:
+        return graph
+    output = read(graph.graph.output, NCHW)
+    return bind_graph(replace(graph.graph, nodes=tuple(nodes), output=output))
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or `name_2`, `name_3`, ...: the first not in `taken`, which it is added to."""
+    fresh, count = name, 1
+    while fresh in taken:
+        count += 1
+        fresh = f"{name}_{count}"
+    taken.add(fresh)
+    return fresh
