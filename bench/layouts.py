@@ -1,13 +1,14 @@
-"""max_pool2d + add in NCHW against NCHW8c, with and without the layout conversions, in one run.
+"""max_pool2d + add in NCHW against a packed layout, with and without the conversions, per shape.
 
-    .venv/bin/python bench/layouts.py [--target x86] [--layout NCHW8c] [--rounds 9]
+    .venv/bin/python bench/layouts.py [--target x86] [--layout NCHW8c] [--rounds 9] [--shape 1x512x7x7 ...]
 
-Three graphs over a[32, 64, 112, 112] + b[32, 1, 56, 56] fp32 (k3 s2 p1): NCHW as
+For each input shape `a[N, C, H, W]` (with `b[N, 1, H/2, W/2]`, fp32, k3 s2 p1; default: the
+memory-bound 32x64x112x112 and batch-1 maps from 56x56 down to 7x7), three graphs: NCHW as
 `examples/maxpool_add.yaml`; the same two nodes in the packed layout on an input already packed
-(`[32, 8, 112, 112, 8]`, no conversion counted); and the NCHW graph built with `--layout`, which
-converts its input and output around them (both conversions counted, each a kernel of its own).
-Each is checked against numpy, then timed in interleaved rounds (`measure.interleaved_runs`).
-Prints median ms, the interquartile spread and the ratio to NCHW.
+(no conversion counted); and the NCHW graph built with `--layout`, which converts its input and
+output around them (both counted, each a kernel of its own). Each is checked against numpy,
+then the three are timed in interleaved rounds (`measure.interleaved_runs`). Prints median ms,
+the interquartile spread and the ratio to NCHW.
 """
 
 from __future__ import annotations
@@ -29,18 +30,34 @@ from toolchain.model.graph_file import graph_from_document
 from toolchain.verify.measure import check, time_interleaved
 from toolchain.verify.run import for_device
 
-A, B = [32, 64, 112, 112], [32, 1, 56, 56]
+SHAPES = ("32x64x112x112", "1x64x56x56", "1x256x14x14", "1x512x7x7", "1x1024x7x7")
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 
 
-def document(name: str, layout: str) -> dict[str, Any]:
-    """A graph file's content: pool then add in `layout`, its input given in it."""
+def document(shape: tuple[int, ...], layout: str) -> dict[str, Any]:
+    """A graph file's content: pool then add in `layout` over an input of NCHW `shape`, given in
+    that layout."""
+    n, _, h, w = shape
     nodes = [
         {"name": "pool", "op": "max_pool2d", "attrs": {**POOL, "layout": layout}, "inputs": ["a"]},
         {"name": "sum", "op": "add", "attrs": {"layout": layout}, "inputs": ["pool", "b"]},
     ]
-    inputs = {"a": {"shape": list(LAYOUTS[layout].shape(tuple(A)))}, "b": {"shape": B}}
-    return {"name": name, "inputs": inputs, "nodes": nodes, "output": "sum"}
+    inputs = {
+        "a": {"shape": list(LAYOUTS[layout].shape(shape))},
+        "b": {"shape": [n, 1, (h + 1) // 2, (w + 1) // 2]},
+    }
+    return {"name": layout, "inputs": inputs, "nodes": nodes, "output": "sum"}
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """An NCHW shape like 1x512x7x7 (argparse's type: a bad one is a usage error)."""
+    try:
+        shape = tuple(int(d) for d in text.split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NxCxHxW, four sizes >= 1")
+    return shape
 
 
 def main() -> None:
@@ -48,36 +65,40 @@ def main() -> None:
     parser.add_argument("--target", default="x86")
     parser.add_argument("--layout", default="NCHW8c", choices=[n for n in LAYOUTS if LAYOUTS[n].packed])
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument(
+        "--shape", dest="shapes", type=parse_shape, action="append", help="NxCxHxW, repeatable"
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: expected at least 1")
-    nchw = document("NCHW", "NCHW")
-    graphs = [  # (label, graph file, the layout the build lays it out in)
-        ("NCHW", nchw, "NCHW"),
-        (f"{args.layout}, input packed", document(args.layout, args.layout), "NCHW"),
-        (f"NCHW, --layout {args.layout}", nchw, args.layout),
-    ]
+    shapes = args.shapes or [parse_shape(s) for s in SHAPES]
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
+    print(f"{'input':16} {'NCHW ms':>9} {'spread':>7} {'packed input':>13} {'--layout ' + args.layout:>16}")
     try:
         with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
             target = for_device(get_target(args.target), session)
-            checked = [
-                check(
-                    session,
-                    compile_graph(bind_graph(graph_from_document(d, d["name"])), target.with_layout(layout)),
-                    Path(tmp),
+            for shape in shapes:
+                nchw = document(shape, "NCHW")
+                graphs = [(nchw, "NCHW"), (document(shape, args.layout), "NCHW"), (nchw, args.layout)]
+                checked = [
+                    check(
+                        session,
+                        compile_graph(
+                            bind_graph(graph_from_document(d, d["name"])), target.with_layout(layout)
+                        ),
+                        Path(tmp),
+                    )
+                    for d, layout in graphs
+                ]
+                base, packed, converted = time_interleaved(session, checked, args.rounds)
+                label = "x".join(map(str, shape))
+                print(
+                    f"{label:16} {base.ms:9.4f} {base.spread:7.4f} {packed.ms / base.ms:13.2f}"
+                    f" {converted.ms / base.ms:16.2f}"
                 )
-                for _, d, layout in graphs
-            ]
-            measured = time_interleaved(session, checked, args.rounds)
     except DeployError as exc:
         sys.exit(f"error: {reason(exc)}")
-    base = measured[0].ms
-    print(f"{'graph':36} {'kernels':>7} {'ms':>8} {'spread':>7} {'vs NCHW':>8}")
-    for (label, _, _), item, m in zip(graphs, checked, measured, strict=True):
-        kernels = len(item.compiled.kernels)
-        print(f"{label:36} {kernels:7} {m.ms:8.3f} {m.spread:7.3f} {m.ms / base:8.2f}")
 
 
 if __name__ == "__main__":

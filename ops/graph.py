@@ -33,6 +33,8 @@ class Node:
     inputs: tuple[str, ...]
     output: str
     source: str = ""
+    layout: str | None = None
+    """The layout the layout pass moved the node to (`ops/relayout.py`; None: as written)."""
 
     def label(self) -> str:
         """The node as messages name it: `node 'pool' (max_pool2d)`, with the ONNX op type."""

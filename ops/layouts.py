@@ -139,14 +139,14 @@ NCHW = LAYOUTS[LOGICAL]
 class Relayout:
     """How one node of an NCHW graph runs in another layout (`Op.relayout`, the graph pass in
     `ops/relayout.py`): its attributes there, the layout each input must arrive in and the
-    layout its output leaves in. `spatial`: the node is one a target's layout is chosen for (it
-    slides a window over H and W), which moves to the layout on its own; the others join the
-    layout an input of theirs already arrives in."""
+    layout its output leaves in. `starts`: the node is one a layout is chosen for (it slides a
+    window over H and W), which moves to the layout on its own; the others join the layout an
+    input of theirs already arrives in."""
 
     attrs: dict[str, Any]
     inputs: tuple[Layout, ...]
     output: Layout
-    spatial: bool = False
+    starts: bool = False
 
 
 def layout_attr(name: str = "layout", doc: str = "data layout of the input and output") -> Attr:

@@ -67,7 +67,8 @@ class MaxPool2d(Op):
         return Pool2d.from_attrs(attrs).reference(x)
 
     def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
-        """Pooling is what a target's layout is chosen for: it moves to any layout."""
-        if layout_of(attrs) is not NCHW:
+        """Pooling is what a layout is chosen for: it moves to any layout, unless its input has
+        one channel (nothing to pack)."""
+        if layout_of(attrs) is not NCHW or inputs[0].shape[1] == 1:
             return None
-        return Relayout({**attrs, "layout": layout.name}, (layout,), layout, spatial=True)
+        return Relayout({**attrs, "layout": layout.name}, (layout,), layout, starts=True)

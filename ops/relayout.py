@@ -1,7 +1,7 @@
 """The graph pass that moves an NCHW graph's spatial nodes into a target's layout (ops/layouts.py)
 and converts tensors only where it must.
 
-Each spatial node (pooling: `Relayout.spatial`) moves to the layout the target runs graphs in
+Each spatial node (pooling: `Relayout.starts`) moves to the layout the target runs graphs in
 (`--layout`); a node that can run in a layout (`Op.relayout`) joins it when one of its inputs arrives in
 it, so a chain of such nodes stays in the layout with no conversion between them. A
 `layout_transform` is inserted only where a node reads a tensor in another layout than it needs:
@@ -26,8 +26,7 @@ from ops.registry import get_op
 def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
     """`graph` with its spatial nodes in `layout` and the conversions that needs; `graph` itself
     when nothing moves (NCHW, or no node can)."""
-    moved: dict[str, Layout] = {}
-    """Tensor -> the layout it is in, for each tensor the pass put in another layout than NCHW."""
+    moved: dict[str, Layout] = {}  # tensor -> its layout, for each the pass put in another than NCHW
     nodes: list[Node] = []
     taken = {n.node.name for n in graph.nodes} | set(graph.types)
     conversions: dict[tuple[str, str], str] = {}
@@ -43,9 +42,7 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
             attrs: dict[str, Any] = {"src": have.name, "dst": layout.name}
             if have.packed:
                 attrs["channels"] = graph.types[tensor].shape[1]
-            nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (tensor,), name, "layout"))
-            if layout is not NCHW:
-                moved[name] = layout
+            nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (tensor,), name))
             conversions[key] = name
         return conversions[key]
 
@@ -54,11 +51,11 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
     for n in graph.nodes:
         arrived = any(t in moved for t in n.node.inputs)
         found = n.bound.op.relayout(n.bound.attrs, list(n.bound.inputs), layout)
-        if found is None or not (found.spatial or arrived):
+        if found is None or not (found.starts or arrived):
             nodes.append(replace(n.node, inputs=tuple(read(t, NCHW) for t in n.node.inputs)))
             continue
         reads = tuple(read(t, need) for t, need in zip(n.node.inputs, found.inputs, strict=True))
-        nodes.append(replace(n.node, attrs=found.attrs, inputs=reads))
+        nodes.append(replace(n.node, attrs=found.attrs, inputs=reads, layout=layout.name))
         if found.output is not NCHW:
             moved[n.node.output] = found.output
     if not moved:

@@ -58,7 +58,7 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (
         "build --target x86 --op leaky_relu --shape 4 --layout NCHW4c",
         2,
-        "--layout NCHW4c: lays out a model's graph",
+        "--layout 'NCHW4c': lays out a model's graph",
     ),
     (f"test --target x86 {GOOD} --layout nchw", 2, "--layout 'nchw'"),
     (f"bench --target x86 {GOOD} --layout NCHW16c", 2, "--layout 'NCHW16c'"),

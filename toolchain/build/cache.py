@@ -57,11 +57,13 @@ def code_fingerprint(item: Buildable) -> str:
 
 
 def _tuned(item: Buildable, target: Target) -> Any:
-    """What the records `--tuned` names say for the item: the verdict per kernel of a graph."""
+    """What the records `--tuned` names say for the item: for a graph, the layout tuning accepted
+    and the verdict per kernel."""
     if target.tuned is None:
         return None
     if isinstance(item, BoundGraph):
-        return [target.tuned.verdict(k.bound, target) for k in graph_kernels(item, target)[1]]
+        kernels = [target.tuned.verdict(k.bound, target) for k in graph_kernels(item, target)[1]]
+        return {"layout": target.tuned.layout(item, target), "kernels": kernels}
     return target.tuned.verdict(item, target)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from base.errors import UsageError
 from ops.graph import BoundGraph, bind_graph
+from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
 from ops.spec import BoundOp, TensorType, bind, require_static
 from schedules import ScheduleContext, Strategy, strategy_for
@@ -207,9 +208,12 @@ class CompiledGraph:
     artifact kind's compiled form of a graph (a Relax VM executable, an OpenCL plan)."""
 
     graph: BoundGraph
+    """As laid out (`layout`): its conversions among its nodes."""
     target: Target
     executable: Any
     kernels: list[ScheduledKernel]
+    layout: str
+    """The layout the layout pass moved its pooling to (`layout_for`; NCHW: none, as written)."""
 
     @property
     def schedule(self) -> str:
@@ -233,7 +237,7 @@ class CompiledGraph:
             "schedule": self.schedule,
             "entry": self.target.artifact.graph_entry,
             "graph": {
-                "layout": self.target.layout,
+                "layout": self.layout,
                 "nodes": graph.key()["nodes"],
                 "output": graph.graph.output,
                 "kernels": [k.describe() for k in self.kernels],
@@ -245,15 +249,17 @@ class CompiledGraph:
         raise UsageError("--bundle wraps one op; a graph's executable runs on the Relax VM, not a C shim")
 
 
-def laid_out(graph: BoundGraph, target: Target) -> BoundGraph:
-    """The graph as the target runs it: its spatial nodes in the target's layout (`relayout`)."""
-    return relayout(graph, target.graph_layout)
+def layout_for(graph: BoundGraph, target: Target) -> Layout:
+    """The layout the graph's pooling runs in on the target: `--layout`, else the one tuning
+    measured fastest for it (`--tuned`), else NCHW."""
+    name = target.layout or (target.tuned.layout(graph, target) if target.tuned is not None else None)
+    return LAYOUTS[name] if name else NCHW
 
 
 def graph_kernels(graph: BoundGraph, target: Target) -> tuple[BoundGraph, list[Kernel]]:
-    """The graph laid out for the target (`laid_out`) and its kernels as the target computes
-    them (`as_computed_graph`, `fusion.kernels`): what a build compiles and a tuner tunes."""
-    graph = laid_out(graph, target)
+    """The graph laid out for the target (`layout_for`, `relayout`) and its kernels as the target
+    computes them (`as_computed_graph`, `fusion.kernels`): what a build compiles and a tuner tunes."""
+    graph = relayout(graph, layout_for(graph, target))
     return graph, kernels(as_computed_graph(graph, target))
 
 
@@ -261,6 +267,8 @@ def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
     """Lay the graph out for the target, fuse it into kernels, schedule each (`schedule_op`:
     tuned records apply per fused kernel) and compile them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    graph, found = graph_kernels(graph, target)
+    laid, found = graph_kernels(graph, target)
     scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in found]
-    return CompiledGraph(graph, target, target.artifact.compile_graph(graph, scheduled, target), scheduled)
+    executable = target.artifact.compile_graph(laid, scheduled, target)
+    layout = layout_for(graph, target) if laid is not graph else NCHW
+    return CompiledGraph(laid, target, executable, scheduled, layout.name)

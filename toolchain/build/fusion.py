@@ -85,7 +85,9 @@ def _relax_of(graph: BoundGraph) -> Any:
             for i, t in enumerate(n.node.inputs)
         ]
         out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
-        calls.append((f"n{index}", te.create_prim_func([*placeholders, out]), n.node.inputs, n.node.output))
+        name = f"n{index}"  # its own symbol, or BlockBuilder merges equal PrimFuncs of two nodes
+        func = te.create_prim_func([*placeholders, out]).with_attr("global_symbol", name)
+        calls.append((name, func, n.node.inputs, n.node.output))
     annotated = relax.transform.AnnotateTIROpPattern()(relax_main(graph, calls))
     for index, n in enumerate(graph.nodes):
         if not n.bound.op.fuses:
@@ -140,7 +142,7 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
         inner = {n.node.output for n in nodes[:-1]}
         outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | {graph.graph.output}
         if len(nodes) > 1 and not inner & outside:
-            anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], 8), i))
+            anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], OPAQUE), i))
             result.append(_fused_kernel(graph, nodes, anchor))
         else:
             result += [
@@ -150,7 +152,8 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
 
 
 def _layouts(nodes: list[BoundNode]) -> tuple[str, ...]:
-    labels = (n.bound.op.layout_label(n.bound.attrs) for n in nodes)
+    """The layouts `nodes` compute in (`Kernel.layouts`)."""
+    labels = (n.node.layout or n.bound.op.layout_label(n.bound.attrs) for n in nodes)
     return tuple(dict.fromkeys(label for label in labels if label is not None))
 
 

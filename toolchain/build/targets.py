@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from base.errors import UsageError
-from ops.layouts import LAYOUTS, LOGICAL, Layout
+from ops.graph import BoundGraph
+from ops.layouts import LAYOUTS, Layout
 from ops.spec import BoundOp
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
@@ -37,6 +38,11 @@ class TunedSchedules(Protocol):
         it is read from (what the build depends on), KEPT_HAND when tuning
         found nothing faster than the hand schedule, REFUSED when the verdict cannot be read,
         None when the op was not tuned."""
+        ...
+
+    def layout(self, graph: BoundGraph, target: Target) -> str | None:
+        """The layout tuning measured the graph fastest in on the device (its verdict read
+        cheaply: the build cache key holds it); None when it was not measured or NCHW won."""
         ...
 
 
@@ -67,10 +73,14 @@ class Target:
     cores: int | None = None
     """Threads the device runs parallel loops on, which the schedules split work for: asked from
     the device or given with --cores (None: this host's count, for library callers)."""
-    layout: str = LOGICAL
-    """The layout a graph's spatial nodes run in (`ops/relayout.py`, `--layout`). NCHW on every
-    target by default: moving a graph of today's ops into a packed layout costs more in the
-    conversions at its boundaries than its kernels gain (README, Layouts)."""
+    layouts: tuple[tuple[str, str], ...] = ()
+    """(dtype, layout): the layout this target's vectors hold a pixel's channels in for a dtype
+    (PPL.NN's N4CX for NEON fp32, N8CX for fp16 and AVX2 fp32), which `deploy tune --model`
+    measures a graph in against NCHW (`toolchain/tune/layouts.py`)."""
+    layout: str | None = None
+    """The layout a graph's pooling runs in (`ops/relayout.py`), from `--layout`. None: the
+    layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
+    graph is faster only at some shapes (README, Layouts)."""
     fp16_storage: bool = False
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
@@ -89,17 +99,14 @@ class Target:
         return replace(self, fp16_storage=storage)
 
     def with_layout(self, layout: str | None) -> Target:
-        """This target, running graphs' spatial nodes in `layout` (None: leave as is)."""
-        if layout is None:
-            return self
-        if layout not in LAYOUTS:
-            raise UsageError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-        return replace(self, layout=layout)
+        """This target, running graphs' pooling in `layout` (a name of `ops.layouts.LAYOUTS`;
+        None: leave as is)."""
+        return self if layout is None else replace(self, layout=layout)
 
-    @property
-    def graph_layout(self) -> Layout:
-        """The layout a graph's spatial nodes run in for this target."""
-        return LAYOUTS[self.layout]
+    def packed_layout(self, dtype: str) -> Layout | None:
+        """The layout `layouts` declares for `dtype` (None: none)."""
+        name = dict(self.layouts).get(dtype)
+        return LAYOUTS[name] if name else None
 
     def build_cores(self) -> int:
         """The core count builds split work for."""
@@ -139,6 +146,7 @@ X86 = register_target(
         vector_bits=256,
         schedules=("x86", "cpu"),
         cpu_flags=("avx2", "fma"),
+        layouts=(("float32", "NCHW8c"),),
     )
 )
 register_target(
@@ -159,6 +167,7 @@ ARM = register_target(
         arch="aarch64",
         vector_bits=128,
         schedules=("arm", "cpu"),
+        layouts=(("float32", "NCHW4c"),),
         cross_compiler="aarch64-linux-gnu-gcc",
         cross_package="gcc-aarch64-linux-gnu",
         default_device="emulator",
@@ -171,6 +180,7 @@ register_target(
         description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
         tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
         cpu_flags=("fphp", "asimdhp"),
+        layouts=(("float32", "NCHW4c"), ("float16", "NCHW8c")),
     )
 )
 register_target(
@@ -181,6 +191,7 @@ register_target(
         arch="opencl",
         vector_bits=128,
         schedules=("gpu",),
+        layouts=(("float32", "NHWC"), ("float16", "NHWC")),  # MindSpore Lite's GPU kernels read NHWC
         default_device="opencl",
         artifact=OPENCL_PLAN,
     )

@@ -29,6 +29,7 @@ def resolve_target(
     """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
     `cores`, splitting parallel work for that many threads (else for the device's, asked later);
     with `layout`, running the graph of `model` in that layout."""
+    from ops.layouts import LAYOUTS
     from toolchain.build.targets import get_target
 
     if tuned is not None and not Path(tuned).is_dir():
@@ -39,7 +40,12 @@ def resolve_target(
     if cores is not None and not 1 <= cores <= 4096:
         raise UsageError(f"--cores {cores}: expected a thread count from 1 to 4096")
     if layout is not None and model is None:
-        raise UsageError(f"--layout {layout}: lays out a model's graph (--model); an op takes -a layout=")
+        raise UsageError(
+            f"--layout {layout!r}: lays out a model's graph (--model); an op's layout is its -a layout="
+            " attribute, where it has one"
+        )
+    if layout is not None and layout not in LAYOUTS:
+        raise UsageError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     target = get_target(name).with_cores(cores).with_layout(layout)
     if tuned is None:
         return target

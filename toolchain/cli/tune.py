@@ -94,9 +94,15 @@ def tune_command(
         op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None:
         from toolchain.build.compile import graph_kernels
+        from toolchain.tune.layouts import choose_layout
 
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
+        if layout is None:  # measure the target's layout first: the kernels to tune are its graph's
+            chosen = choose_layout(graph, target, device, root)
+            if chosen is not None:
+                _print_layout(chosen)
+                target = target.with_layout(chosen["layout"])
         for kernel in graph_kernels(graph, target)[1]:
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
@@ -178,6 +184,21 @@ def _tune_with_progress(
             )
             raise SystemExit(exit_code(interrupt)) from None
     _print_result(console, result, trials)
+
+
+def _print_layout(verdict: dict[str, Any]) -> None:
+    """One line: the layout `choose_layout` measured against NCHW, and which one builds use."""
+    candidate, nchw = verdict["candidate"], verdict["hand_ms"]
+    if verdict["layout"] is not None:
+        ms = verdict["ms"]
+        click.echo(
+            f"layout {candidate}: {ms:.4g} ms against {nchw:.4g} ms in NCHW ({ms / nchw:.2f}x);"
+            f" --tuned builds run the graph in {candidate}"
+        )
+        return
+    packed = verdict["best_tuned_ms"]
+    shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "no valid run"
+    click.echo(f"layout NCHW stays: {nchw:.4g} ms, {candidate} {shown} with its conversions")
 
 
 def _print_result(console: Console, result: TuneResult, trials: int) -> None:

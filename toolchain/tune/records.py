@@ -8,6 +8,7 @@
                                        schedule on the device (pinned by its sha256), or that the
                                        hand schedule stays
         tune.lock                      held by the `deploy tune` tuning the task (`tuning`)
+    DIR/<target>/graph-<name>-<key>/layout.json    a model's layout verdict (`tune/layouts.py`)
 
 One database per target and task: MetaSchedule's lookup does not check the target. It holds one
 workload per structure the op's computation may take (`tune/metaschedule.py` compute_variants).

@@ -13,12 +13,14 @@ from typing import Any
 
 from base.errors import UsageError
 from devices import Device
+from ops.graph import BoundGraph
 from ops.spec import BoundOp
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.opencl import OPENCL_PLAN
 from toolchain.build.shared_object import SHARED_OBJECT
 from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 from toolchain.tune import records as db
+from toolchain.tune.layouts import read_layout
 from toolchain.tune.metaschedule import MetaScheduleTuner
 from toolchain.tune.tuner import Progress, Tuner, TuneResult, check_static
 from toolchain.tune.work_group import WorkGroupTuner
@@ -82,3 +84,10 @@ class AcceptedRecords:
         if not entry["record"]:
             return KEPT_HAND
         return f"{entry['record']} of records {db.records_digest(directory)}"
+
+    def layout(self, graph: BoundGraph, target: Target) -> str | None:
+        try:
+            return read_layout(self.root, graph, target.name)
+        except UsageError as exc:
+            self.warn(f"--tuned {self.root}: {exc}; building the graph in NCHW")
+            return None

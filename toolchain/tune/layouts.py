@@ -1,0 +1,81 @@
+"""Which layout a graph runs fastest in on a device: `deploy tune --model` builds the graph with
+its pooling in NCHW and in the layout its target declares for the graph's dtype
+(`Target.layouts`), conversions included (`ops/relayout.py`), checks both against numpy and
+times them interleaved on the device. The packed layout is accepted only when it beats NCHW by
+more than the spread of either (`tuner.judge`, as a tuned schedule must beat the hand one), and
+`--tuned` builds then lay the graph out in it.
+
+    DIR/<target>/graph-<name>-<key>/layout.json    the verdict: {"layout": "NCHW8c" or null, ...}
+
+Whether packing pays depends on the shapes: packed pooling is several times faster than NCHW's
+on small maps, and the conversions at the graph's boundaries cost more than it saves on large
+ones (README, Layouts). So it is measured per graph and device, never assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from base.errors import UsageError, first_line
+from devices import Device
+from ops.graph import BoundGraph
+from ops.layouts import LAYOUTS, NCHW
+from ops.relayout import relayout
+from toolchain.build.compile import compile_graph
+from toolchain.build.targets import Target
+from toolchain.tune import records as db
+from toolchain.tune.tuner import judge
+from toolchain.verify.measure import check
+from toolchain.verify.run import check_device, for_device
+
+LAYOUT = "layout.json"
+
+
+def layout_path(root: Path, graph: BoundGraph, target_name: str) -> Path:
+    """Where the layout verdict of `graph` on `target_name` lives under `root`."""
+    return Path(root) / target_name / f"graph-{graph.name}-{graph.digest()[:12]}" / LAYOUT
+
+
+def read_layout(root: Path, graph: BoundGraph, target_name: str) -> str | None:
+    """The layout tuning accepted for the graph (None: not measured, or NCHW stays); a
+    UsageError when the file is not such a verdict (records are data read from disk)."""
+    path = layout_path(root, graph, target_name)
+    if not path.exists():
+        return None
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
+    layout = body.get("layout") if isinstance(body, dict) else 0
+    if layout is not None and layout not in LAYOUTS:
+        raise UsageError(
+            f"{path} is not a layout verdict of deploy tune (an object whose layout is null or one of"
+            f" {', '.join(LAYOUTS)})"
+        )
+    return layout
+
+
+def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path) -> dict[str, Any] | None:
+    """Measure the graph in NCHW and in the target's layout for its dtype on `device` and write
+    the verdict (`judge`'s, with "layout": the winner, or None when NCHW stays, and
+    "candidate"); None when there is nothing to choose: no layout declared for the dtype, or no
+    node of the graph that would move to it."""
+    candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
+    if candidate is None or relayout(graph, candidate) is graph:
+        return None
+    check_device(target, device)
+    with device.open() as session, tempfile.TemporaryDirectory() as tmp:
+        target = for_device(target, session)
+        nchw, packed = (
+            check(session, compile_graph(graph, target.with_layout(layout.name)), Path(tmp))
+            for layout in (NCHW, candidate)
+        )
+        verdict = judge(session, nchw, {candidate.name: packed})
+    body = {"layout": verdict.pop("record"), "candidate": candidate.name, **verdict, "device": device.name}
+    path = layout_path(root, graph, target.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db.write_json(path, body)
+    return body
