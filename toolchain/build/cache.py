@@ -21,7 +21,14 @@ import toolchain
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
-from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op, graph_kernels
+from toolchain.build.compile import (
+    Compiled,
+    CompiledGraph,
+    compile_graph,
+    compile_op,
+    graph_kernels,
+    layout_for,
+)
 from toolchain.build.export import export, tvm_version
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import Target
@@ -63,7 +70,7 @@ def _tuned(item: Buildable, target: Target) -> Any:
         return None
     if isinstance(item, BoundGraph):
         kernels = [target.tuned.verdict(k.bound, target) for k in graph_kernels(item, target)[1]]
-        return {"layout": target.tuned.layout(item, target), "kernels": kernels}
+        return {"layout": layout_for(item, target).name, "kernels": kernels}
     return target.tuned.verdict(item, target)
 
 

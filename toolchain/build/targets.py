@@ -74,9 +74,9 @@ class Target:
     """Threads the device runs parallel loops on, which the schedules split work for: asked from
     the device or given with --cores (None: this host's count, for library callers)."""
     layouts: tuple[tuple[str, str], ...] = ()
-    """(dtype, layout): the layout this target's vectors hold a pixel's channels in for a dtype
-    (PPL.NN's N4CX for NEON fp32, N8CX for fp16 and AVX2 fp32), which `deploy tune --model`
-    measures a graph in against NCHW (`toolchain/tune/layouts.py`)."""
+    """(dtype, layout): the layout this target's pooling would run packed in for a dtype (by the
+    vector: PPL.NN's N4CX for NEON fp32, N8CX for fp16 and AVX2 fp32; a GPU's NHWC), which
+    `deploy tune --model` measures a graph in against NCHW (`toolchain/tune/layouts.py`)."""
     layout: str | None = None
     """The layout a graph's pooling runs in (`ops/relayout.py`), from `--layout`. None: the
     layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
@@ -101,7 +101,7 @@ class Target:
     def with_layout(self, layout: str | None) -> Target:
         """This target, running graphs' pooling in `layout` (a name of `ops.layouts.LAYOUTS`;
         None: leave as is)."""
-        return self if layout is None else replace(self, layout=layout)
+        return self if layout is None else replace(self, layout=LAYOUTS[layout].name)
 
     def packed_layout(self, dtype: str) -> Layout | None:
         """The layout `layouts` declares for `dtype` (None: none)."""

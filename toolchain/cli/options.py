@@ -152,7 +152,8 @@ LAYOUT = click.option(
     "--layout",
     metavar="LAYOUT",
     help="With --model: run the graph's pooling (and what joins it) in NCHW, NHWC, NCHW4c or NCHW8c,"
-    " converting only at the graph's boundaries and where neighbours disagree [default: NCHW].",
+    " converting only at the graph's boundaries and where neighbours disagree [default: NCHW, or"
+    " with --tuned what `deploy tune --model` measured fastest].",
 )
 TUNED = click.option(
     "--tuned",

@@ -94,11 +94,13 @@ def tune_command(
         op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None:
         from toolchain.build.compile import graph_kernels
-        from toolchain.tune.layouts import choose_layout
+        from toolchain.tune.layouts import choose_layout, write_layout
 
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
-        if layout is None:  # measure the target's layout first: the kernels to tune are its graph's
+        if layout is not None:  # the kernels tuned are this layout's: --tuned builds follow it
+            write_layout(root, graph, target.name, {"layout": layout, "given": "--layout"})
+        else:  # measure the target's layout first: the kernels to tune are its graph's
             chosen = choose_layout(graph, target, device, root)
             if chosen is not None:
                 _print_layout(chosen)
@@ -188,16 +190,16 @@ def _tune_with_progress(
 
 def _print_layout(verdict: dict[str, Any]) -> None:
     """One line: the layout `choose_layout` measured against NCHW, and which one builds use."""
-    candidate, nchw = verdict["candidate"], verdict["hand_ms"]
+    candidate, nchw, packed = verdict["candidate"], verdict["nchw_ms"], verdict["packed_ms"]
     if verdict["layout"] is not None:
-        ms = verdict["ms"]
         click.echo(
-            f"layout {candidate}: {ms:.4g} ms against {nchw:.4g} ms in NCHW ({ms / nchw:.2f}x);"
+            f"layout {candidate}: {packed:.4g} ms against {nchw:.4g} ms in NCHW ({packed / nchw:.2f}x);"
             f" --tuned builds run the graph in {candidate}"
         )
         return
-    packed = verdict["best_tuned_ms"]
-    shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "no valid run"
+    for line in verdict["rejected"]:
+        click.echo(f"warning: rejected layout {line}", err=True)
+    shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "failed its check"
     click.echo(f"layout NCHW stays: {nchw:.4g} ms, {candidate} {shown} with its conversions")
 
 

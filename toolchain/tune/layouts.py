@@ -7,6 +7,9 @@ more than the spread of either (`tuner.judge`, as a tuned schedule must beat the
 
     DIR/<target>/graph-<name>-<key>/layout.json    the verdict: {"layout": "NCHW8c" or null, ...}
 
+`deploy tune --model --layout L` writes L as the verdict instead of measuring, so that `--tuned`
+builds lay the graph out as its kernels were tuned.
+
 Whether packing pays depends on the shapes: packed pooling is several times faster than NCHW's
 on small maps, and the conversions at the graph's boundaries cost more than it saves on large
 ones (README, Layouts). So it is measured per graph and device, never assumed.
@@ -14,12 +17,12 @@ ones (README, Layouts). So it is measured per graph and device, never assumed.
 
 from __future__ import annotations
 
-import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError, first_line
+from base.errors import DeployError, UsageError, reason
 from devices import Device
 from ops.graph import BoundGraph
 from ops.layouts import LAYOUTS, NCHW
@@ -28,15 +31,17 @@ from toolchain.build.compile import compile_graph
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.tuner import judge
-from toolchain.verify.measure import check
+from toolchain.verify.measure import Checked, check
 from toolchain.verify.run import check_device, for_device
 
 LAYOUT = "layout.json"
 
 
 def layout_path(root: Path, graph: BoundGraph, target_name: str) -> Path:
-    """Where the layout verdict of `graph` on `target_name` lives under `root`."""
-    return Path(root) / target_name / f"graph-{graph.name}-{graph.digest()[:12]}" / LAYOUT
+    """Where the layout verdict of `graph` on `target_name` lives under `root` (the graph's name
+    only as far as it is a plain file name: a model file may name its graph anything)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", graph.name)[:64].lstrip(".")
+    return Path(root) / target_name / f"graph-{name}-{graph.digest()[:12]}" / LAYOUT
 
 
 def read_layout(root: Path, graph: BoundGraph, target_name: str) -> str | None:
@@ -45,37 +50,54 @@ def read_layout(root: Path, graph: BoundGraph, target_name: str) -> str | None:
     path = layout_path(root, graph, target_name)
     if not path.exists():
         return None
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
-    layout = body.get("layout") if isinstance(body, dict) else 0
-    if layout is not None and layout not in LAYOUTS:
+    body = db.read_json(path)
+    layout = body.get("layout", 0) if isinstance(body, dict) else 0
+    if layout is not None and not (isinstance(layout, str) and layout in LAYOUTS):
         raise UsageError(
             f"{path} is not a layout verdict of deploy tune (an object whose layout is null or one of"
             f" {', '.join(LAYOUTS)})"
         )
-    return layout
+    return None if layout == NCHW.name else layout
+
+
+def write_layout(root: Path, graph: BoundGraph, target_name: str, verdict: dict[str, Any]) -> None:
+    """Write the graph's layout verdict ({"layout": a name or None, ...})."""
+    path = layout_path(root, graph, target_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db.write_json(path, verdict)
 
 
 def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path) -> dict[str, Any] | None:
     """Measure the graph in NCHW and in the target's layout for its dtype on `device` and write
-    the verdict (`judge`'s, with "layout": the winner, or None when NCHW stays, and
-    "candidate"); None when there is nothing to choose: no layout declared for the dtype, or no
-    node of the graph that would move to it."""
+    the verdict: {"layout": the winner, None when NCHW stays, "candidate", "nchw_ms",
+    "packed_ms" (None when the packed build failed its check: "rejected" says why), ...}.
+    None when there is nothing to choose: no layout declared for the dtype, or no node of the
+    graph that would move to it."""
     candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
     if candidate is None or relayout(graph, candidate) is graph:
         return None
     check_device(target, device)
     with device.open() as session, tempfile.TemporaryDirectory() as tmp:
         target = for_device(target, session)
-        nchw, packed = (
-            check(session, compile_graph(graph, target.with_layout(layout.name)), Path(tmp))
-            for layout in (NCHW, candidate)
-        )
-        verdict = judge(session, nchw, {candidate.name: packed})
-    body = {"layout": verdict.pop("record"), "candidate": candidate.name, **verdict, "device": device.name}
-    path = layout_path(root, graph, target.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db.write_json(path, body)
-    return body
+
+        def built(layout: str) -> Checked:
+            return check(session, compile_graph(graph, target.with_layout(layout)), Path(tmp))
+
+        nchw = built(NCHW.name)
+        try:
+            packed = {candidate.name: built(candidate.name)}
+            rejected = []
+        except DeployError as exc:  # a mismatch against numpy: a bug, never a layout to build
+            packed, rejected = {}, [f"{candidate.name}: {reason(exc)}"]
+        judged = judge(session, nchw, packed)
+    verdict = {
+        "layout": judged["record"],
+        "candidate": candidate.name,
+        "nchw_ms": judged["hand_ms"],
+        "nchw_spread_ms": judged["hand_spread_ms"],
+        "packed_ms": judged["ms"] if judged["record"] else judged["best_tuned_ms"],
+        "rejected": rejected,
+        "device": device.name,
+    }
+    write_layout(root, graph, target.name, verdict)
+    return verdict

@@ -150,6 +150,15 @@ class TaskRecords:
         return next((r for r in self.records if record_sha256(r) == sha256), None)
 
 
+def read_json(path: Path) -> Any:
+    """The JSON value the file `path` holds; a UsageError naming it when it cannot be read or
+    parsed (records are data read from disk)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
+
+
 def verdict(directory: Path) -> dict[str, Any] | None:
     """The task's verdict, if tuned: {"record": ID, "sha256", "ms", "hand_ms", ...} for an
     accepted record, {"record": None, "kept": "hand", "hand_ms", ...} when the hand schedule
@@ -157,10 +166,7 @@ def verdict(directory: Path) -> dict[str, Any] | None:
     path = directory / ACCEPTED
     if not path.exists():
         return None
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
+    body = read_json(path)
     if not isinstance(body, dict) or not isinstance(body.get("record", 0), str | None):
         raise UsageError(f"{path} is not a verdict of deploy tune (an object naming a record or null)")
     return body
