@@ -230,6 +230,10 @@ def test_tune_model_tunes_the_fused_kernel(tmp_path):
     assert built.exit_code == 0, built.output
     (kernel,) = json.loads((out / "manifest.json").read_text())["graph"]["kernels"]
     assert kernel["schedule"] == "tuned" or kernel.get("tuning") == "hand, tuning found nothing faster"
+    report = invoke("tune", "--report", "--target", "x86", "--db", str(db))  # rebuilds registered ops only
+    assert report.exit_code == 2, report.output
+    assert f"task {task.name} is not in the report: unknown op 'fused_max_pool2d_add'" in report.stderr
+    assert "no task tuned for target x86" in report.stderr
 
 
 def test_a_graph_build_is_cached_by_its_nodes(local_session):

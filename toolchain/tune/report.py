@@ -86,7 +86,8 @@ class Report:
 
 def report_target(root: Path, target: Target, device: Device, warn: Callable[[str], None]) -> Report:
     """Measure every task tuned for `target` under `root` on `device`; write report.json beside them.
-    `warn` gets one line per accepted record that fails its checks (the hand schedule is used)."""
+    `warn` gets one line per accepted record that fails its checks (the hand schedule is used) and
+    per task it cannot rebuild (a model's fused kernel: the report rebuilds registered ops)."""
     check_device(target, device)
     accepted = AcceptedRecords(root, warn)
     rows: list[dict[str, Any]] = []
@@ -94,7 +95,11 @@ def report_target(root: Path, target: Target, device: Device, warn: Callable[[st
     tuner = tuner_for(target)
     with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-report-") as tmp:
         for directory in task_dirs(root, target):
-            bound = task_bound(directory)
+            try:
+                bound = task_bound(directory)
+            except UsageError as exc:  # a model's fused kernel: its op is no registered one
+                warn(f"task {directory.name} is not in the report: {exc}")
+                continue
             times = tuner.trial_ms(directory, bound, target)
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
             curves[label] = best_so_far(times)
@@ -121,6 +126,8 @@ def report_target(root: Path, target: Target, device: Device, warn: Callable[[st
                     "verdict": "hand kept" if kept_hand else ("tuned" if "tuned" in variants else "none"),
                 }
             )
+    if not rows:
+        raise UsageError(f"no task tuned for target {target.name} in {root} can be reported (see warnings)")
     path = Path(root) / target.name / JSON
     db.write_json(path, {"target": target.name, "device": device.name, "rows": rows})
     return Report(rows, curves, path)
