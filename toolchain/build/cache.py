@@ -26,8 +26,7 @@ from toolchain.build.compile import (
     CompiledGraph,
     compile_graph,
     compile_op,
-    graph_kernels,
-    layout_for,
+    lay_out,
 )
 from toolchain.build.export import export, tvm_version
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
@@ -69,8 +68,11 @@ def _tuned(item: Buildable, target: Target) -> Any:
     if target.tuned is None:
         return None
     if isinstance(item, BoundGraph):
-        kernels = [target.tuned.verdict(k.bound, target) for k in graph_kernels(item, target)[1]]
-        return {"layout": layout_for(item, target).name, "kernels": kernels}
+        laid = lay_out(item, target)
+        return {
+            "layout": laid.layout.name,
+            "kernels": [target.tuned.verdict(k.bound, target) for k in laid.kernels],
+        }
     return target.tuned.verdict(item, target)
 
 

@@ -213,7 +213,7 @@ class CompiledGraph:
     executable: Any
     kernels: list[ScheduledKernel]
     layout: str
-    """The layout the layout pass moved its pooling to (`layout_for`; NCHW: none, as written)."""
+    """The layout the layout pass moved its pooling to (`LaidOut.layout`)."""
 
     @property
     def schedule(self) -> str:
@@ -249,26 +249,32 @@ class CompiledGraph:
         raise UsageError("--bundle wraps one op; a graph's executable runs on the Relax VM, not a C shim")
 
 
-def layout_for(graph: BoundGraph, target: Target) -> Layout:
-    """The layout the graph's pooling runs in on the target: `--layout`, else the one tuning
-    measured fastest for it (`--tuned`), else NCHW."""
+@dataclass(frozen=True)
+class LaidOut:
+    """A graph as the target runs it: what a build compiles, its cache key holds and a tuner tunes."""
+
+    graph: BoundGraph
+    """With its pooling in `layout` and the conversions that needs (`relayout`)."""
+    layout: Layout
+    """The layout its pooling moved to: `--layout`, else the one tuning measured fastest for the
+    graph (`--tuned`); NCHW when nothing moved."""
+    kernels: list[Kernel]
+    """Its kernels as the target computes them (`as_computed_graph`, `fusion.kernels`)."""
+
+
+def lay_out(graph: BoundGraph, target: Target) -> LaidOut:
+    """`graph` laid out for `target` and fused into kernels (the tuned verdict read once)."""
     name = target.layout or (target.tuned.layout(graph, target) if target.tuned is not None else None)
-    return LAYOUTS[name] if name else NCHW
-
-
-def graph_kernels(graph: BoundGraph, target: Target) -> tuple[BoundGraph, list[Kernel]]:
-    """The graph laid out for the target (`layout_for`, `relayout`) and its kernels as the target
-    computes them (`as_computed_graph`, `fusion.kernels`): what a build compiles and a tuner tunes."""
-    graph = relayout(graph, layout_for(graph, target))
-    return graph, kernels(as_computed_graph(graph, target))
+    laid = relayout(graph, LAYOUTS[name] if name else NCHW)
+    layout = LAYOUTS[name] if name and laid is not graph else NCHW
+    return LaidOut(laid, layout, kernels(as_computed_graph(laid, target)))
 
 
 def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
     """Lay the graph out for the target, fuse it into kernels, schedule each (`schedule_op`:
     tuned records apply per fused kernel) and compile them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    laid, found = graph_kernels(graph, target)
-    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in found]
-    executable = target.artifact.compile_graph(laid, scheduled, target)
-    layout = layout_for(graph, target) if laid is not graph else NCHW
-    return CompiledGraph(laid, target, executable, scheduled, layout.name)
+    laid = lay_out(graph, target)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
+    executable = target.artifact.compile_graph(laid.graph, scheduled, target)
+    return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name)

@@ -93,7 +93,7 @@ def tune_command(
     if op_name is not None or model is not None:
         op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None:
-        from toolchain.build.compile import graph_kernels
+        from toolchain.build.compile import lay_out
         from toolchain.tune.layouts import choose_layout, write_layout
 
         graph = load_graph(model)
@@ -105,7 +105,7 @@ def tune_command(
             if chosen is not None:
                 _print_layout(chosen)
                 target = target.with_layout(chosen["layout"])
-        for kernel in graph_kernels(graph, target)[1]:
+        for kernel in lay_out(graph, target).kernels:
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
     elif op_name is not None:
@@ -199,7 +199,7 @@ def _print_layout(verdict: dict[str, Any]) -> None:
         return
     for line in verdict["rejected"]:
         click.echo(f"warning: rejected layout {line}", err=True)
-    shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "failed its check"
+    shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "rejected"
     click.echo(f"layout NCHW stays: {nchw:.4g} ms, {candidate} {shown} with its conversions")
 
 

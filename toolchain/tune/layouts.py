@@ -22,16 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, reason
+from base.errors import UsageError
 from devices import Device
 from ops.graph import BoundGraph
-from ops.layouts import LAYOUTS, NCHW
+from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
-from toolchain.build.compile import compile_graph
+from toolchain.build.compile import CompiledGraph, compile_graph
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
-from toolchain.tune.tuner import judge
-from toolchain.verify.measure import Checked, check
+from toolchain.tune.tuner import judge_built
+from toolchain.verify.measure import check
 from toolchain.verify.run import check_device, for_device
 
 LAYOUT = "layout.json"
@@ -70,7 +70,8 @@ def write_layout(root: Path, graph: BoundGraph, target_name: str, verdict: dict[
 def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path) -> dict[str, Any] | None:
     """Measure the graph in NCHW and in the target's layout for its dtype on `device` and write
     the verdict: {"layout": the winner, None when NCHW stays, "candidate", "nchw_ms",
-    "packed_ms" (None when the packed build failed its check: "rejected" says why), ...}.
+    "packed_ms" (None when the packed build failed to build or its check against numpy, as a
+    tuned record would: "rejected" says why), ...}.
     None when there is nothing to choose: no layout declared for the dtype, or no node of the
     graph that would move to it."""
     candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
@@ -80,23 +81,18 @@ def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path)
     with device.open() as session, tempfile.TemporaryDirectory() as tmp:
         target = for_device(target, session)
 
-        def built(layout: str) -> Checked:
-            return check(session, compile_graph(graph, target.with_layout(layout)), Path(tmp))
+        def built(layout: Layout) -> CompiledGraph:
+            return compile_graph(graph, target.with_layout(layout.name))
 
-        nchw = built(NCHW.name)
-        try:
-            packed = {candidate.name: built(candidate.name)}
-            rejected = []
-        except DeployError as exc:  # a mismatch against numpy: a bug, never a layout to build
-            packed, rejected = {}, [f"{candidate.name}: {reason(exc)}"]
-        judged = judge(session, nchw, packed)
+        nchw = check(session, built(NCHW), Path(tmp))
+        judged = judge_built(session, nchw, {candidate.name: lambda: built(candidate)}, Path(tmp))
     verdict = {
         "layout": judged["record"],
         "candidate": candidate.name,
         "nchw_ms": judged["hand_ms"],
         "nchw_spread_ms": judged["hand_spread_ms"],
         "packed_ms": judged["ms"] if judged["record"] else judged["best_tuned_ms"],
-        "rejected": rejected,
+        "rejected": judged["rejected"],
         "device": device.name,
     }
     write_layout(root, graph, target.name, verdict)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from base.errors import reason
 from devices import Device, Session
 from ops.spec import BoundOp, TensorType, require_static
-from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
+from toolchain.build.compile import Compiled, CompiledGraph, compile_scheduled, hand_schedule
 from toolchain.build.targets import Target
 from toolchain.verify.measure import Checked, check, time_interleaved
 
@@ -100,10 +100,20 @@ def decide(
     contenders: dict[str, Callable[[], Compiled]],
     workdir: Path,
 ) -> dict[str, Any]:
-    """The verdict on a search's best finds (name -> how to build it as `--tuned` builds): each is
-    built and checked against numpy (one that fails is rejected, with why, in "rejected"), then
-    the rest are judged against the hand schedule (`judge`)."""
+    """The verdict on a search's best finds (name -> how to build it as `--tuned` builds) against
+    the hand schedule (`judge_built`)."""
     hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), workdir)
+    return judge_built(session, hand, contenders, workdir)
+
+
+def judge_built(
+    session: Session,
+    hand: Checked,
+    contenders: dict[str, Callable[[], Compiled | CompiledGraph]],
+    workdir: Path,
+) -> dict[str, Any]:
+    """Each contender (name -> how to build it) built and checked against numpy (one that fails
+    is rejected, with why, in "rejected"), then the rest judged against `hand` (`judge`)."""
     checked: dict[str, Checked] = {}
     rejected: list[str] = []
     for name, build in contenders.items():
