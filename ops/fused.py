@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 from tvm import te
 
-from ops.graph import Apply, BoundNode, flow, numpy_reference, ops_of
-from ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType
+from base.errors import UsageError, reason
+from ops.graph import Apply, BoundNode, Node, flow, numpy_reference, ops_of
+from ops.registry import get_op
+from ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType, bind
 
 
 def _identifier(text: str) -> str:
@@ -53,8 +55,10 @@ class FusedOp(Op):
         return ops_of(self.nodes)
 
     def block_name(self, index: int) -> str:
-        """The block that computes node `index`'s output in the fused PrimFunc."""
-        return f"node{index}_{_identifier(self.nodes[index].node.name)}"
+        """The block that computes node `index`'s output in the fused PrimFunc, named after the
+        tensor it writes (which the group's key holds, unlike node names: a tuned trace found by
+        the key finds its blocks)."""
+        return f"node{index}_{_identifier(self.nodes[index].node.output)}"
 
     def bind(self, types: dict[str, TensorType]) -> BoundOp:
         """The group as a bound op: the input types read from `types` (every tensor's type); its
@@ -63,6 +67,33 @@ class FusedOp(Op):
         nodes = [{**n.bound.key(), "reads": list(n.node.inputs), "writes": n.node.output} for n in self.nodes]
         inputs = tuple(types[name] for name in self.reads)
         return BoundOp(self, {"nodes": nodes, "anchor": self.anchor}, inputs, self.nodes[-1].bound.output)
+
+    @classmethod
+    def bind_key(cls, attrs: Any, inputs: Sequence[TensorType]) -> BoundOp:
+        """The group bound again from its key's attributes and input types (`bind`; a tuning
+        task's task.json): each node by its op, attributes and wiring, named after the tensor
+        it writes. A UsageError when they do not describe a group."""
+        try:
+            nodes = [
+                Node(n["writes"], get_op(n["op"]), n["attrs"], tuple(n["reads"]), n["writes"])
+                for n in attrs["nodes"]
+            ]
+            written = {n.output for n in nodes}
+            reads = list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in written))
+            if len(reads) != len(inputs):
+                raise ValueError(f"its nodes read {len(reads)} tensor(s) from outside, given {len(inputs)}")
+            types = dict(zip(reads, inputs, strict=True))
+            bound = []
+            for n in nodes:
+                b = bind(n.op, n.attrs, [types[t] for t in n.inputs])
+                types[n.output] = b.output
+                bound.append(BoundNode(n, b))
+            anchor = attrs["anchor"]
+            if type(anchor) is not int or not 0 <= anchor < len(bound):
+                raise ValueError(f"anchor {anchor!r} is no node's index")
+            return cls(bound, reads, anchor).bind(types)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"not the attributes of a fused group and its inputs ({reason(exc)})") from None
 
     def compose(self, compute: Apply, *tensors: Any) -> Any:
         """The group's output te.Tensor from its input te.Tensors, each node computed by `compute`

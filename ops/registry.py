@@ -55,10 +55,16 @@ def register(cls: type[Op]) -> type[Op]:
 
 
 def get_op(name: str) -> Op:
-    load_builtin()
-    if name not in _OPS:
+    op = find_op(name)
+    if op is None:
         raise UsageError(f"unknown op {name!r} (known: {', '.join(sorted(_OPS))})")
-    return _OPS[name]
+    return op
+
+
+def find_op(name: str) -> Op | None:
+    """The op registered as `name`, or None."""
+    load_builtin()
+    return _OPS.get(name)
 
 
 def op_for_onnx(domain: str, op_type: str) -> Op | None:

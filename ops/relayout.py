@@ -6,10 +6,10 @@ Each spatial node (pooling: `Relayout.starts`) moves to the layout the target ru
 it, so a chain of such nodes stays in the layout with no conversion between them. A
 `layout_transform` is inserted only where a node reads a tensor in another layout than it needs:
 the graph's inputs entering the first moved node, a node that cannot move reading a moved
-tensor, and the graph's output, which leaves in NCHW as the model declares it. One conversion
-of a tensor serves all its readers. The rewritten graph takes and returns the same arrays as
-the original, and its reference computes the same values bit for bit (padding lanes are never
-read into a real channel).
+tensor, and the graph's output, which leaves in NCHW under its own name, as the model declares
+it. One conversion of a tensor serves all its readers. The rewritten graph takes and returns the
+same arrays as the original, and its reference computes the same values bit for bit (padding
+lanes are never read into a real channel).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
     """`graph` with its spatial nodes in `layout` and the conversions that needs; `graph` itself
     when nothing moves (NCHW, or no node can)."""
     moved: dict[str, Layout] = {}  # tensor -> its layout, for each the pass put in another than NCHW
+    stored: dict[str, str] = {}  # the graph's output, moved: the name it is written under until converted
     nodes: list[Node] = []
     taken = {n.node.name for n in graph.nodes} | set(graph.types)
     conversions: dict[tuple[str, str], str] = {}
@@ -35,15 +36,18 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
         """The tensor holding `tensor` in `layout`: itself, or a conversion (made once)."""
         have = moved.get(tensor, NCHW)
         if have is layout:
-            return tensor
+            return stored.get(tensor, tensor)
         key = (tensor, layout.name)
         if key not in conversions:
             name = _fresh(f"{tensor}_{layout.name}", taken)
             attrs: dict[str, Any] = {"src": have.name, "dst": layout.name}
             if have.packed:
                 attrs["channels"] = graph.types[tensor].shape[1]
-            nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (tensor,), name))
-            conversions[key] = name
+            # the graph's output, converted back, keeps its name: the model's interface is unchanged
+            written = tensor if layout is NCHW and tensor == graph.graph.output else name
+            source = stored.get(tensor, tensor)
+            nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (source,), written))
+            conversions[key] = written
         return conversions[key]
 
     if layout is NCHW:
@@ -55,13 +59,17 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
             nodes.append(replace(n.node, inputs=tuple(read(t, NCHW) for t in n.node.inputs)))
             continue
         reads = tuple(read(t, need) for t, need in zip(n.node.inputs, found.inputs, strict=True))
-        nodes.append(replace(n.node, attrs=found.attrs, inputs=reads, layout=layout.name))
+        written = n.node.output
         if found.output is not NCHW:
-            moved[n.node.output] = found.output
+            moved[written] = found.output
+            if written == graph.graph.output:
+                stored[written] = _fresh(f"{written}_{found.output.name}", taken)
+                written = stored[written]
+        nodes.append(replace(n.node, attrs=found.attrs, inputs=reads, output=written, layout=layout.name))
     if not moved:
         return graph
-    output = read(graph.graph.output, NCHW)
-    return bind_graph(replace(graph.graph, nodes=tuple(nodes), output=output))
+    read(graph.graph.output, NCHW)
+    return bind_graph(replace(graph.graph, nodes=tuple(nodes)))
 
 
 def _fresh(name: str, taken: set[str]) -> str:

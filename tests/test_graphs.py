@@ -16,6 +16,7 @@ import pytest
 from conftest import invoke
 from test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
+from base.errors import UsageError
 from ops import TensorType, get_op
 from ops.graph import Graph, Node, bind_graph
 from schedules import find_schedule
@@ -230,10 +231,80 @@ def test_tune_model_tunes_the_fused_kernel(tmp_path):
     assert built.exit_code == 0, built.output
     (kernel,) = json.loads((out / "manifest.json").read_text())["graph"]["kernels"]
     assert kernel["schedule"] == "tuned" or kernel.get("tuning") == "hand, tuning found nothing faster"
-    report = invoke("tune", "--report", "--target", "x86", "--db", str(db))  # rebuilds registered ops only
-    assert report.exit_code == 2, report.output
-    assert f"task {task.name} is not in the report: unknown op 'fused_max_pool2d_add'" in report.stderr
-    assert "no task tuned for target x86" in report.stderr
+    report = invoke("tune", "--report", "--target", "x86", "--db", str(db))
+    assert report.exit_code == 0, report.output
+    (row,) = json.loads((db / "x86" / "report.json").read_text())["rows"]
+    assert (row["op"], row["task"], row["label"]) == (
+        "fused_max_pool2d_add",
+        task.name,
+        "fused_max_pool2d_add 1x16x28x28 1x1x14x14",
+    )
+    assert row["hand_schedule"] == "cpu/max_pool2d" and row["trials"] >= 1
+
+
+@pytest.mark.parametrize("source", ["yaml", "onnx", "laid-out"])
+def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, example_ops):
+    """`deploy tune --report` rebuilds a model's fused kernels from task.json: the same key (so
+    the same records: its ops, attributes and wiring) and the same block names, which a tuned
+    trace names."""
+    from ops.fused import FusedOp
+    from ops.layouts import LAYOUTS
+    from ops.relayout import relayout
+    from toolchain.tune import records
+    from toolchain.tune.report import task_bound
+
+    g = bind_graph(load_model(EXAMPLE_ONNX if source == "onnx" else EXAMPLE_YAML))
+    if source == "laid-out":
+        g = relayout(g, LAYOUTS["NCHW8c"])
+    fused = [k.bound for k in kernels(g) if isinstance(k.bound.op, FusedOp)]
+    assert fused
+    for bound in fused:
+        directory = records.task_dir(tmp_path, bound, "x86")
+        directory.mkdir(parents=True)
+        records.write_json(directory / records.TASK, {**bound.key(), "target": "x86", "device": "local"})
+        again = task_bound(directory)
+        assert again.key() == bound.key()
+        blocks = range(len(bound.op.nodes))
+        assert [again.op.block_name(i) for i in blocks] == [bound.op.block_name(i) for i in blocks]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: a.pop("anchor"), "not the attributes of a fused group and its inputs ('anchor')"),
+        (lambda a: a.update(anchor=2), "anchor 2 is no node's index"),
+        (lambda a: a.update(anchor=True), "anchor True is no node's index"),
+        (lambda a: a["nodes"][1].update(reads=["pool"]), "its nodes read 1 tensor(s) from outside, given 2"),
+        (lambda a: a.update(nodes="pool"), "string indices must be integers"),
+        (lambda a: a["nodes"][0].update(op="no_such_op"), "unknown op 'no_such_op'"),
+        (lambda a: a["nodes"][0]["attrs"].update(kernel=-3), "kernel"),
+    ],
+)
+def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
+    from toolchain.tune import records
+    from toolchain.tune.report import task_bound
+
+    (bound,) = (k.bound for k in kernels(bind_graph(load_model(EXAMPLE_YAML))))
+    directory = records.task_dir(tmp_path, bound, "x86")
+    directory.mkdir(parents=True)
+    task = json.loads(json.dumps(bound.key()))
+    change(task["attrs"])
+    records.write_json(directory / records.TASK, task)
+    with pytest.raises(UsageError, match=r"^cannot read .*task\.json: ") as raised:
+        task_bound(directory)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_task_file_of_another_task_is_refused(tmp_path):
+    from toolchain.tune import records
+    from toolchain.tune.report import task_bound
+
+    (bound,) = (k.bound for k in kernels(bind_graph(load_model(EXAMPLE_YAML))))
+    directory = tmp_path / "x86" / "fused_max_pool2d_add-000000000000"
+    directory.mkdir(parents=True)
+    records.write_json(directory / records.TASK, bound.key())
+    with pytest.raises(UsageError, match="describes another task than fused_max_pool2d_add-000000000000"):
+        task_bound(directory)
 
 
 def test_a_graph_build_is_cached_by_its_nodes(local_session):
@@ -298,7 +369,7 @@ PACKED = ("NHWC", "NCHW4c", "NCHW8c")
 def laid_out_names(g: Any) -> list[str]:
     """The node names of a laid-out graph, conversions written `x>` (into a layout) or `x<`."""
     return [
-        f"{n.node.inputs[0]}{'<' if n.bound.attrs['dst'] == 'NCHW' else '>'}"
+        f"{n.node.name.rsplit('_', 1)[0]}{'<' if n.bound.attrs['dst'] == 'NCHW' else '>'}"
         if n.bound.op.name == "layout_transform"
         else n.node.name
         for n in g.nodes
@@ -316,7 +387,8 @@ def test_the_layout_pass_converts_only_where_neighbours_disagree(name, layout):
     laid = relayout(g, LAYOUTS[layout])
     packed = LAYOUTS[layout].packed
     assert laid_out_names(laid) == [e.rstrip("*") for e in expected if not (packed and e.endswith("*"))]
-    assert laid.inputs == g.inputs and laid.output == g.output
+    assert laid.graph.inputs == g.graph.inputs and laid.graph.output == g.graph.output  # the interface
+    assert laid.output == g.output
     assert all(
         n.bound.attrs["layout"] == n.node.layout == layout
         for n in laid.nodes
@@ -382,7 +454,7 @@ def test_build_layout_puts_conversions_at_the_boundaries(tmp_path):
                     "--layout", "NCHW8c", "-o", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["graph"]["layout"] == "NCHW8c"
+    assert manifest["graph"]["layout"] == "NCHW8c" and manifest["graph"]["output"] == "sum"
     assert [(k["nodes"], k["layout"], k["schedule"]) for k in manifest["graph"]["kernels"]] == [
         (["a_NCHW8c"], "NCHW -> NCHW8c", "cpu/generic"),
         (["pool", "sum"], "NCHW8c", "cpu/max_pool2d"),

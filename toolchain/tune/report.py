@@ -18,7 +18,9 @@ from typing import Any
 
 from base.errors import UsageError, reason
 from devices import Device
-from ops import TensorType, bind, get_op
+from ops import TensorType, bind
+from ops.fused import FusedOp
+from ops.registry import find_op
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, prim_module
 from toolchain.build.targets import KEPT_HAND, Target
@@ -41,14 +43,20 @@ def task_dirs(root: Path, target: Target) -> list[Path]:
 
 
 def task_bound(directory: Path) -> BoundOp:
-    """The op, attributes and input types a task directory was tuned for."""
+    """The op, attributes and input types a task directory was tuned for: a registered op, or
+    a model's fused kernel (its attributes list its nodes). Bound again, it must have the key
+    the task was written under, so that its records are the ones found for it."""
     path = directory / db.TASK
     try:
         task = json.loads(path.read_text())
         inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
-        return bind(get_op(task["op"]), task["attrs"], inputs)
-    except (ValueError, TypeError, KeyError) as exc:
+        op = find_op(task["op"])
+        bound = bind(op, task["attrs"], inputs) if op else FusedOp.bind_key(task["attrs"], inputs)
+    except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise UsageError(f"cannot read {path}: {reason(exc)}") from None
+    if db.task_dir(directory.parent.parent, bound, directory.parent.name) != directory:
+        raise UsageError(f"{path} describes another task than {directory.name}")
+    return bound
 
 
 def best_so_far(times: list[float | None]) -> list[float | None]:
@@ -87,7 +95,7 @@ class Report:
 def report_target(root: Path, target: Target, device: Device, warn: Callable[[str], None]) -> Report:
     """Measure every task tuned for `target` under `root` on `device`; write report.json beside them.
     `warn` gets one line per accepted record that fails its checks (the hand schedule is used) and
-    per task it cannot rebuild (a model's fused kernel: the report rebuilds registered ops)."""
+    per task it cannot rebuild (an unreadable task.json, an op no longer loaded)."""
     check_device(target, device)
     accepted = AcceptedRecords(root, warn)
     rows: list[dict[str, Any]] = []
@@ -97,7 +105,7 @@ def report_target(root: Path, target: Target, device: Device, warn: Callable[[st
         for directory in task_dirs(root, target):
             try:
                 bound = task_bound(directory)
-            except UsageError as exc:  # a model's fused kernel: its op is no registered one
+            except UsageError as exc:
                 warn(f"task {directory.name} is not in the report: {exc}")
                 continue
             times = tuner.trial_ms(directory, bound, target)
