@@ -55,3 +55,24 @@ def test_the_key_does_not_depend_on_what_this_process_imported():
     key = cache.build_key(BOUND, get_target("x86"))
     sys.modules.pop("toolchain.build.opencl", None)
     assert cache.build_key(BOUND, get_target("x86")) == key
+
+
+@pytest.mark.parametrize("item", ["op", "graph"])
+def test_a_tuned_key_depends_on_the_verdicts_not_on_the_records_object(item: str, tmp_path: Path):
+    """`--tuned DIR` builds hit the cache from one process to the next: the key holds what the
+    records say (none here), not the records object (whose warning callback is a new function
+    in every process)."""
+    from ops.graph import bind_graph
+    from toolchain.model import load_model
+    from toolchain.tune.tuners import AcceptedRecords
+
+    built = (
+        BOUND
+        if item == "op"
+        else bind_graph(load_model(Path(__file__).parent.parent / "examples" / "maxpool_add.yaml"))
+    )
+    first, second = (
+        get_target("x86").with_tuning(AcceptedRecords(tmp_path, lambda line: None)) for _ in "12"
+    )
+    assert first.tuned is not second.tuned
+    assert cache.build_key(built, first) == cache.build_key(built, second)

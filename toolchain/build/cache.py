@@ -10,7 +10,6 @@ import hashlib
 import json
 import sys
 import threading
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,7 @@ import toolchain
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
-from toolchain.build.compile import (
-    Compiled,
-    CompiledGraph,
-    compile_graph,
-    compile_op,
-    lay_out,
-)
+from toolchain.build.compile import LaidOut, compile_graph, compile_op, lay_out
 from toolchain.build.export import export, tvm_version
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
 from toolchain.build.targets import Target
@@ -62,13 +55,12 @@ def code_fingerprint(item: Buildable) -> str:
     return hashlib.sha256("".join(_source_digest(f) for f in sorted(files) if f).encode()).hexdigest()
 
 
-def _tuned(item: Buildable, target: Target) -> Any:
-    """What the records `--tuned` names say for the item: for a graph, the layout tuning accepted
-    and the verdict per kernel."""
+def _tuned(item: Buildable, target: Target, laid: LaidOut | None) -> Any:
+    """What the records `--tuned` names say for the item (a graph `laid` out as they say): for
+    a graph, the layout tuning accepted and the verdict per kernel."""
     if target.tuned is None:
         return None
-    if isinstance(item, BoundGraph):
-        laid = lay_out(item, target)
+    if laid is not None:
         return {
             "layout": laid.layout.name,
             "kernels": [target.tuned.verdict(k.bound, target) for k in laid.kernels],
@@ -76,30 +68,32 @@ def _tuned(item: Buildable, target: Target) -> Any:
     return target.tuned.verdict(item, target)
 
 
-def build_key(item: Buildable, target: Target) -> str:
+def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> str:
+    """The cache key of (an op or a graph, target): the item, the target's settings (its records
+    as the verdicts they give, `_tuned`: not the records object), the TVM and code versions. A
+    graph is keyed as `laid` out (`lay_out`; laid out here when not given)."""
+    if laid is None and isinstance(item, BoundGraph):
+        laid = lay_out(item, target)
+    settings = dataclasses.asdict(dataclasses.replace(target, tuned=None))
     key = {
         **item.key(),
-        "target": json.loads(json.dumps(dataclasses.asdict(target), default=str)),
+        "target": json.loads(json.dumps(settings, default=str)),
         "tvm": tvm_version(),
         "code": code_fingerprint(item),
-        "tuned": _tuned(item, target),
+        "tuned": _tuned(item, target, laid),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
-COMPILERS: dict[type, Callable[[Any, Target], Compiled | CompiledGraph]] = {
-    BoundOp: compile_op,
-    BoundGraph: compile_graph,
-}
-"""How each kind of buildable is compiled: an op, or a graph (fused into kernels)."""
-
-
 def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
-    """The artifact directory for (an op or a graph, target), building it on a miss."""
-    directory = cache_root() / "builds" / f"{item.name}-{target.name}-{build_key(item, target)}"
+    """The artifact directory for (an op or a graph, target), building it on a miss. A graph is
+    laid out once (`lay_out`: its verdicts read once), for its key and its build."""
+    laid = lay_out(item, target) if isinstance(item, BoundGraph) else None
+    directory = cache_root() / "builds" / f"{item.name}-{target.name}-{build_key(item, target, laid)}"
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
         with artifact_lock(directory, shared=True):
             if (directory / MANIFEST).exists():
                 return directory, Manifest.read(directory)
-        return directory, export(COMPILERS[type(item)](item, target), directory, keep_existing=True)
+        compiled = compile_op(item, target) if laid is None else compile_graph(item, target, laid)
+        return directory, export(compiled, directory, keep_existing=True)

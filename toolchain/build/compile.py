@@ -270,11 +270,12 @@ def lay_out(graph: BoundGraph, target: Target) -> LaidOut:
     return LaidOut(laid, layout, kernels(as_computed_graph(laid, target)))
 
 
-def compile_graph(graph: BoundGraph, target: Target) -> CompiledGraph:
-    """Lay the graph out for the target, fuse it into kernels, schedule each (`schedule_op`:
-    tuned records apply per fused kernel) and compile them together in the artifact kind's way."""
+def compile_graph(graph: BoundGraph, target: Target, laid: LaidOut | None = None) -> CompiledGraph:
+    """Lay the graph out for the target (unless `laid` is `lay_out`'s result already), fuse it
+    into kernels, schedule each (`schedule_op`: tuned records apply per fused kernel) and compile
+    them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    laid = lay_out(graph, target)
+    laid = laid or lay_out(graph, target)
     scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
     executable = target.artifact.compile_graph(laid.graph, scheduled, target)
     return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name)

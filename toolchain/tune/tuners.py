@@ -7,7 +7,7 @@ A new artifact kind that can be tuned adds one entry to TUNERS; one without is r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,6 @@ class AcceptedRecords:
 
     root: Path
     warn: Callable[[str], None]
-    warned: set[str] = field(default_factory=set, compare=False)
-    """The layout problems already warned of."""
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
         directory = db.task_dir(self.root, bound, target.name)
@@ -90,9 +88,6 @@ class AcceptedRecords:
     def layout(self, graph: BoundGraph, target: Target) -> str | None:
         try:
             return read_layout(self.root, graph, target.name)
-        except UsageError as exc:  # once, though the build key and the build both ask
-            message = f"--tuned {self.root}: {exc}; building the graph in NCHW"
-            if message not in self.warned:
-                self.warned.add(message)
-                self.warn(message)
+        except UsageError as exc:
+            self.warn(f"--tuned {self.root}: {exc}; building the graph in NCHW")
             return None
