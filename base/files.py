@@ -1,12 +1,13 @@
 """Files deploy owns: replacing a small one (JSON state, configs, verdicts) so that a reader sees
 the old or the new content, never half of either, and concurrent writers never share a temporary;
-and the sha256 that pins a file (modules, plans, wheels, runtimes)."""
+the sha256 that pins a file (modules, plans, wheels, runtimes); and names as parts of file names."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,3 +43,10 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of the file at `path`, read in 1 MiB pieces."""
     with path.open("rb") as stream:
         return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def name_part(name: str, limit: int = 64) -> str:
+    """`name` (a model's graph name, an op's, a schedule's label: anything a file may say) as
+    part of a file name: characters other than letters, digits, `_`, `.` and `-` as `_`, at most
+    `limit` of them, no leading dot; so it can neither leave its directory nor be too long."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:limit].lstrip(".") or "_"

@@ -76,3 +76,16 @@ def test_a_tuned_key_depends_on_the_verdicts_not_on_the_records_object(item: str
     )
     assert first.tuned is not second.tuned
     assert cache.build_key(built, first) == cache.build_key(built, second)
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "x" * 300, ".hidden"])
+def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A model file names its graph anything: its build lands in builds/ under a plain name."""
+    from ops.graph import Graph, Node, bind_graph
+
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    node = Node("act", get_op("leaky_relu"), {}, ("x",), "act")
+    g = bind_graph(Graph(name, (("x", TensorType((4, 8), "float32")),), (node,), "act"))
+    directory, _ = cache.cached_build(g, get_target("x86"))
+    assert directory.parent == tmp_path / "cache" / "builds" and not directory.name.startswith(".")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] and len(directory.name) < 128

@@ -17,6 +17,7 @@ from typing import Any
 import ops
 import schedules
 import toolchain
+from base.files import name_part
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
@@ -89,7 +90,8 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
     """The artifact directory for (an op or a graph, target), building it on a miss. A graph is
     laid out once (`lay_out`: its verdicts read once), for its key and its build."""
     laid = lay_out(item, target) if isinstance(item, BoundGraph) else None
-    directory = cache_root() / "builds" / f"{item.name}-{target.name}-{build_key(item, target, laid)}"
+    name = f"{name_part(item.name)}-{target.name}-{build_key(item, target, laid)}"
+    directory = cache_root() / "builds" / name
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
         with artifact_lock(directory, shared=True):

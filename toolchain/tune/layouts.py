@@ -17,12 +17,12 @@ ones (README, Layouts). So it is measured per graph and device, never assumed.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError
+from base.files import name_part
 from devices import Device
 from ops.graph import BoundGraph
 from ops.layouts import LAYOUTS, NCHW, Layout
@@ -40,8 +40,7 @@ LAYOUT = "layout.json"
 def layout_path(root: Path, graph: BoundGraph, target_name: str) -> Path:
     """Where the layout verdict of `graph` on `target_name` lives under `root` (the graph's name
     only as far as it is a plain file name: a model file may name its graph anything)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", graph.name)[:64].lstrip(".")
-    return Path(root) / target_name / f"graph-{name}-{graph.digest()[:12]}" / LAYOUT
+    return Path(root) / target_name / f"graph-{name_part(graph.name)}-{graph.digest()[:12]}" / LAYOUT
 
 
 def read_layout(root: Path, graph: BoundGraph, target_name: str) -> str | None:

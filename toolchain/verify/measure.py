@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from base.errors import DeployError
+from base.files import name_part
 from devices import Session
 from toolchain.build.cache import Buildable
 from toolchain.build.compile import Compiled, CompiledGraph
@@ -97,7 +98,7 @@ class Checked:
 def check(session: Session, compiled: Compiled | CompiledGraph, workdir: Path) -> Checked:
     """Export `compiled` into a fresh directory under `workdir` and check it against numpy on the
     session; a DeployError says how it differs."""
-    name = f"{compiled.item.name}-{compiled.schedule.replace('/', '-').replace(' ', '')[:80]}-"
+    name = f"{name_part(compiled.item.name)}-{name_part(compiled.schedule, 80)}-"
     directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
     manifest = export(compiled, directory)
     max_error = check_artifact(session, compiled.item, directory, manifest)
