@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, reason
 from devices.registry import Device, DeviceLost
 from devices.session import TvmSession
 
@@ -35,7 +35,7 @@ class RpcSession(TvmSession):
             raise
         except Exception as exc:
             if not self._responds():
-                raise DeviceLost(f"lost {self.label}: {first_line(str(exc))}") from exc
+                raise DeviceLost(f"lost {self.label}: {reason(exc)}") from exc
             raise
 
     def _responds(self) -> bool:
@@ -114,6 +114,6 @@ def connect(
     try:
         remote = tvm.rpc.connect(host, port, key=key, session_timeout=session_timeout_s)
     except Exception as exc:
-        raise DeviceLost(f"cannot reach {label} at {host}:{port}: {first_line(str(exc))}") from exc
+        raise DeviceLost(f"cannot reach {label} at {host}:{port}: {reason(exc)}") from exc
     with rpc_session(remote, arch, label) as session:
         yield session

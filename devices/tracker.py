@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, first_line, reason
+from base.errors import DeployError, UsageError, reason
 from base.paths import cache_root
 from devices.registry import DeviceLost
 from devices.rpc import EndpointDevice, RpcSession, rpc_session
@@ -277,6 +277,6 @@ class TrackerDevice(EndpointDevice):
                 self.key, priority=1, session_timeout=session_timeout_s, max_retry=3
             )
         except Exception as exc:
-            raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {first_line(str(exc))}") from None
+            raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {reason(exc)}") from None
         with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session

@@ -295,6 +295,31 @@ def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (
+            {"op": "hard_sigmoid", "attrs": {}, "inputs": [{"shape": [4], "dtype": "float32"}]},
+            "unknown op 'hard_sigmoid'",
+        ),
+        ("[1, 2", "Expecting ',' delimiter"),
+        ("\x1b[2J", "Expecting value"),
+    ],
+)
+def test_a_task_that_cannot_be_rebuilt_is_named_in_one_line(body, message, tmp_path):
+    """An op whose file is not loaded (no --ops-path) is named as unknown, not taken for a fused
+    group; a broken file is one printable line."""
+    from toolchain.tune import records
+    from toolchain.tune.report import task_bound
+
+    directory = tmp_path / "x86" / "hard_sigmoid-000000000000"
+    directory.mkdir(parents=True)
+    (directory / records.TASK).write_text(body if isinstance(body, str) else json.dumps(body))
+    with pytest.raises(UsageError, match=r"^cannot read .*task\.json: ") as raised:
+        task_bound(directory)
+    assert message in str(raised.value) and str(raised.value).isprintable()
+
+
 def test_a_task_file_of_another_task_is_refused(tmp_path):
     from toolchain.tune import records
     from toolchain.tune.report import task_bound

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, first_line, reason
 from base.stopping import Stopped, exit_code, stopping_like_ctrl_c
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
@@ -61,7 +61,7 @@ class DeployGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             click.echo(
-                f"error: {type(exc).__name__}: {first_line(str(exc))} (rerun with --debug for details)",
+                f"error: {type(exc).__name__}: {reason(exc)} (rerun with --debug for details)",
                 err=True,
             )
             ctx.exit(1)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError, first_line
+from base.errors import UsageError, reason
 from base.files import write_json_atomically
 from base.locks import locked
 from ops.spec import BoundOp
@@ -136,9 +136,7 @@ class TaskRecords:
                     raise UsageError(f"record {number} {refused}")
                 records.append(record)
         except Exception as exc:
-            raise UsageError(
-                f"cannot read the tuning database in {directory}: {first_line(str(exc))}"
-            ) from None
+            raise UsageError(f"cannot read the tuning database in {directory}: {reason(exc)}") from None
         return cls(directory, records)
 
     def valid(self) -> list[Any]:
@@ -156,7 +154,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {first_line(str(exc))}") from None
+        raise UsageError(f"cannot read {path}: {reason(exc)}") from None
 
 
 def verdict(directory: Path) -> dict[str, Any] | None:
@@ -241,9 +239,7 @@ def tuned_module(directory: Path, entry: dict[str, Any], mod: Any) -> Any:
     try:
         return apply_record(mod, found)
     except Exception as exc:  # TVM's error for a trace that does not apply
-        raise UsageError(
-            f"{directory / ACCEPTED}: its record does not apply: {first_line(str(exc))}"
-        ) from None
+        raise UsageError(f"{directory / ACCEPTED}: its record does not apply: {reason(exc)}") from None
 
 
 def drop_partial_lines(directory: Path) -> int:

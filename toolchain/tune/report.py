@@ -9,7 +9,6 @@ and plots them.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from base.errors import UsageError, reason
 from devices import Device
 from ops import TensorType, bind
 from ops.fused import FusedOp
-from ops.registry import find_op
+from ops.registry import find_op, get_op
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, prim_module
 from toolchain.build.targets import KEPT_HAND, Target
@@ -47,11 +46,12 @@ def task_bound(directory: Path) -> BoundOp:
     a model's fused kernel (its attributes list its nodes). Bound again, it must have the key
     the task was written under, so that its records are the ones found for it."""
     path = directory / db.TASK
+    task = db.read_json(path)
     try:
-        task = json.loads(path.read_text())
         inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
-        op = find_op(task["op"])
-        bound = bind(op, task["attrs"], inputs) if op else FusedOp.bind_key(task["attrs"], inputs)
+        name, attrs = task["op"], task["attrs"]
+        fused = find_op(name) is None and isinstance(attrs, dict) and "nodes" in attrs
+        bound = FusedOp.bind_key(attrs, inputs) if fused else bind(get_op(name), attrs, inputs)
     except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise UsageError(f"cannot read {path}: {reason(exc)}") from None
     if db.task_dir(directory.parent.parent, bound, directory.parent.name) != directory:

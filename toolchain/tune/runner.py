@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, reason
 from devices import DeviceLost
 from devices.rpc import RpcEndpoint
 from ops.spec import BoundOp
@@ -109,7 +109,7 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> A
                     return ms.runner.RunnerResult(None, f"ran over the {timeout_s:g} s limit (--timeout)")
                 return ms.runner.RunnerResult(None, f"crashed the device's session: {exc}")
             except Exception as exc:
-                return ms.runner.RunnerResult(None, f"{type(exc).__name__}: {first_line(str(exc))}")
+                return ms.runner.RunnerResult(None, f"{type(exc).__name__}: {reason(exc)}")
             return ms.runner.RunnerResult([float(t) for t in runs], None)
 
     return SessionRunner()

@@ -13,14 +13,13 @@ refused (`checked_size`).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, UsageError, first_line, reason
+from base.errors import DeployError, UsageError, reason
 from devices import Device
 from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
@@ -55,8 +54,9 @@ def measurements(directory: Path) -> list[dict[str, Any]]:
     path = directory / RECORDS
     if not path.exists():
         return []
+    body = db.read_json(path)
     try:
-        trials = json.loads(path.read_text())["trials"]
+        trials = body["trials"]
         for trial in trials:
             checked_size(trial["work_group"])
             expected = float | int if "ms" in trial else str  # a time, else why the size failed
@@ -112,7 +112,7 @@ class WorkGroupTuner:
                 except DeployError as exc:
                     entry = {"work_group": size, "error": str(exc)}
                 except Exception as exc:  # the device rejected the size
-                    entry = {"work_group": size, "error": f"{type(exc).__name__}: {first_line(str(exc))}"}
+                    entry = {"work_group": size, "error": f"{type(exc).__name__}: {reason(exc)}"}
                 done.append(entry)
                 db.write_json(directory / RECORDS, {"trials": done})
                 progress.trial(entry["ms"] / 1e3 if "ms" in entry else None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import DeployError, first_line
+from base.errors import DeployError, reason
 from devices import Device, DeviceLost, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
@@ -94,7 +94,7 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
     except DeployError as exc:
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
     except Exception as exc:  # a compiler or runtime failure fails this case, not the matrix
-        detail = f"{type(exc).__name__}: {first_line(str(exc))}"
+        detail = f"{type(exc).__name__}: {reason(exc)}"
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
     return CaseResult(
         planned.op.name,
