@@ -26,7 +26,7 @@ from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType, is_symbolic
 
 
-def _argmax_reducer(dtype: str, index_dtype: str) -> Any:
+def _argmax_reducer(dtype: str) -> Any:
     """(index, value) reducer ordering values descending (NaN highest), then indices ascending."""
     floating = dtype.startswith("float")
 
@@ -54,7 +54,7 @@ def strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lan
     `extent`, which loses every tie with the real one."""
     extent = int(x.shape[axis])
     keep = 1 if keepdims else 0
-    reducer = _argmax_reducer(str(x.dtype), out.dtype)
+    reducer = _argmax_reducer(str(x.dtype))
     steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
 
     def partial(*i: Any) -> Any:
@@ -106,7 +106,7 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
         return scan((value, position, *nan), axis=step)
 
     partials = te.compute((*rows, lanes), partial, name="argmax_partial")
-    reducer = _argmax_reducer(dtype, "int32")
+    reducer = _argmax_reducer(dtype)
     lane = te.reduce_axis((0, lanes), name="lane")
     p_value, p_index = partials[0], partials[1]
     best, _value = te.compute(
@@ -216,7 +216,7 @@ class Argmax(Op):
         gpu.py; `along_one_axis`)."""
         rank = len(x.shape)
         layout = layout_of(attrs)
-        reducer = _argmax_reducer(str(x.dtype), out.dtype)
+        reducer = _argmax_reducer(str(x.dtype))
         keep = 1 if attrs["keepdims"] else 0
         if layout is not NCHW:  # the channels, out (n, [0,] h, w): k's element is wherever c=k is
             k = te.reduce_axis((0, self._channels(attrs, static_shape(x))), name="k")

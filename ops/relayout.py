@@ -32,19 +32,19 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
     taken = {n.node.name for n in graph.nodes} | set(graph.types)
     conversions: dict[tuple[str, str], str] = {}
 
-    def read(tensor: str, layout: Layout) -> str:
-        """The tensor holding `tensor` in `layout`: itself, or a conversion (made once)."""
+    def read(tensor: str, need: Layout) -> str:
+        """The tensor holding `tensor` in layout `need`: itself, or a conversion (made once)."""
         have = moved.get(tensor, NCHW)
-        if have is layout:
+        if have is need:
             return stored.get(tensor, tensor)
-        key = (tensor, layout.name)
+        key = (tensor, need.name)
         if key not in conversions:
-            name = _fresh(f"{tensor}_{layout.name}", taken)
-            attrs: dict[str, Any] = {"src": have.name, "dst": layout.name}
+            name = _fresh(f"{tensor}_{need.name}", taken)
+            attrs: dict[str, Any] = {"src": have.name, "dst": need.name}
             if have.packed:
                 attrs["channels"] = graph.types[tensor].shape[1]
             # the graph's output, converted back, keeps its name: the model's interface is unchanged
-            written = tensor if layout is NCHW and tensor == graph.graph.output else name
+            written = tensor if need is NCHW and tensor == graph.graph.output else name
             source = stored.get(tensor, tensor)
             nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (source,), written))
             conversions[key] = written
@@ -68,7 +68,7 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
         nodes.append(replace(n.node, attrs=found.attrs, inputs=reads, output=written, layout=layout.name))
     if not moved:
         return graph
-    read(graph.graph.output, NCHW)
+    read(graph.graph.output, NCHW)  # the output leaves in NCHW: its conversion back, if it moved
     return bind_graph(replace(graph.graph, nodes=tuple(nodes)))
 
 

@@ -527,6 +527,37 @@ def test_tune_model_measures_the_targets_layout_and_builds_follow(tmp_path):
     built = invoke("build", "--model", str(model), "--target", "x86", "--tuned", str(db), "-o", str(out))
     assert built.exit_code == 0, built.output
     assert json.loads((out / "manifest.json").read_text())["graph"]["layout"] == (verdict["layout"] or "NCHW")
+    again = invoke("tune", "--model", str(model), "--target", "x86", "--trials", "1", "--db", str(db))
+    assert again.exit_code == 0, again.output  # goes on with the kernels of the layout chosen
+    assert f"layout measured before on local (delete {verdict_file} to measure again):" in again.output
+    assert json.loads(verdict_file.read_text()) == verdict
+
+
+@pytest.mark.parametrize(
+    "change,stands",
+    [
+        ({}, True),
+        ({"device": "board"}, False),
+        ({"candidate": "NCHW4c"}, False),
+        ({"nchw_ms": "fast"}, False),
+        ({"packed_ms": True}, False),
+        ({"rejected": None}, False),
+        ({"layout": "NCHW16c"}, False),
+    ],
+)
+def test_a_layout_verdict_stands_for_its_candidate_on_its_device(change, stands, tmp_path):
+    """Running `deploy tune --model` again keeps the layout measured on the same device."""
+    from devices import get_device
+    from ops.layouts import LAYOUTS
+    from toolchain.tune.layouts import _standing, layout_path, write_layout
+
+    g = bind_graph(load_model(EXAMPLE_YAML))
+    measured = {"layout": "NCHW8c", "candidate": "NCHW8c", "nchw_ms": 2.0, "packed_ms": 1.0, "rejected": []}
+    write_layout(tmp_path, g, "x86", {**measured, "device": "local", **change})
+    found = _standing(tmp_path, g, "x86", LAYOUTS["NCHW8c"], get_device("local"))
+    assert (found is not None) == stands
+    if stands:
+        assert found["standing"] and found["path"] == str(layout_path(tmp_path, g, "x86"))
 
 
 def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):

@@ -189,7 +189,12 @@ def _tune_with_progress(
 
 
 def _print_layout(verdict: dict[str, Any]) -> None:
-    """One line: the layout `choose_layout` measured against NCHW, and which one builds use."""
+    """One line: the layout `choose_layout` measured against NCHW, and which one builds use
+    (and a second where the verdict stands from an earlier run)."""
+    if verdict.get("standing"):
+        click.echo(
+            f"layout measured before on {verdict['device']} (delete {verdict['path']} to measure again):"
+        )
     candidate, nchw, packed = verdict["candidate"], verdict["nchw_ms"], verdict["packed_ms"]
     if verdict["layout"] is not None:
         click.echo(
@@ -198,7 +203,7 @@ def _print_layout(verdict: dict[str, Any]) -> None:
         )
         return
     for line in verdict["rejected"]:
-        click.echo(f"warning: rejected layout {line}", err=True)
+        warn(f"rejected layout {line}")
     shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "rejected"
     click.echo(f"layout NCHW stays: {nchw:.4g} ms, {candidate} {shown} with its conversions")
 

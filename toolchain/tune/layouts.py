@@ -76,6 +76,9 @@ def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path)
     candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
     if candidate is None or relayout(graph, candidate) is graph:
         return None
+    standing = _standing(root, graph, target.name, candidate, device)
+    if standing is not None:
+        return standing
     check_device(target, device)
     with device.open() as session, tempfile.TemporaryDirectory() as tmp:
         target = for_device(target, session)
@@ -96,3 +99,26 @@ def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path)
     }
     write_layout(root, graph, target.name, verdict)
     return verdict
+
+
+def _standing(
+    root: Path, graph: BoundGraph, target_name: str, candidate: Layout, device: Device
+) -> dict[str, Any] | None:
+    """The verdict measured before for `candidate` on `device`, with "standing": True, so that
+    running `deploy tune --model` again goes on tuning the kernels of the layout it chose instead
+    of measuring again (a verdict that flipped on noise would leave their records behind). None
+    when there is none such (not measured, measured elsewhere, given by --layout, unreadable)."""
+    path = layout_path(root, graph, target_name)
+    try:
+        read_layout(root, graph, target_name)
+        body = db.read_json(path)
+    except UsageError:
+        return None
+    measured = (body.get("candidate"), body.get("device")) if isinstance(body, dict) else None
+    if measured != (candidate.name, device.name):
+        return None
+    timed = [body.get("nchw_ms"), *([body.get("packed_ms")] if body.get("packed_ms") is not None else [])]
+    rejected = body.get("rejected")
+    if not all(type(ms) in (int, float) for ms in timed) or not isinstance(rejected, list):
+        return None
+    return {**body, "rejected": [str(line) for line in rejected], "standing": True, "path": str(path)}
