@@ -36,6 +36,9 @@ class ArtifactKind:
     symbolic_batch: bool
     """One module runs every size of a symbolic batch (the runtime reads N from the arrays); an
     OpenCL plan's launch sizes are numbers, fixed when it is built."""
+    machine_code: bool
+    """Its module is machine code (an ELF shared object), whose machine is checked against the
+    device's before it is loaded; any other module is checked by the manifest's `arch`."""
 
     def tvm_target(self, spec: dict[str, Any]) -> Any:
         """The TVM target for the target's `spec` dict."""

@@ -414,4 +414,5 @@ OPENCL_PLAN = OpenClPlan(
     bundles=False,
     graph_entry="function",
     symbolic_batch=False,
+    machine_code=False,
 )

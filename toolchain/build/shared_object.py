@@ -262,4 +262,5 @@ SHARED_OBJECT = SharedObject(
     bundles=True,
     graph_entry="vm",
     symbolic_batch=True,
+    machine_code=True,
 )

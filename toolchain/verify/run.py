@@ -12,7 +12,7 @@ from devices import Device, Session
 from devices.elf import check_machine
 from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.manifest import Manifest
-from toolchain.build.targets import Target
+from toolchain.build.targets import Target, get_target
 from toolchain.verify.compare import Comparison, compare
 
 
@@ -34,7 +34,7 @@ def run_artifact(
 ) -> np.ndarray:
     """Check the module (sha256 against the manifest, ELF machine against the device), run it."""
     module = manifest.check_module(directory)
-    if module.suffix == ".so":
+    if get_target(manifest.target).artifact.machine_code:
         check_machine(module, session.arch, session.label)
     elif manifest.arch != session.arch:
         raise UsageError(f"artifact {directory} is for {manifest.arch}; {session.label} runs {session.arch}")
