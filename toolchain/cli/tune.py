@@ -56,7 +56,14 @@ MAX_TIMEOUT_S = 86_400.0
 @click.option(
     "--db", "db_dir", default="tuning", show_default=True, type=click.Path(), help="Records directory."
 )
-@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds a candidate may run.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=60.0,
+    show_default=True,
+    help="Seconds a MetaSchedule candidate may run (OpenCL targets try work-group sizes of their own"
+    " schedule, with no limit).",
+)
 @click.option("--report", is_flag=True, help="Write DB/TARGET/report.png and a default/hand/tuned table.")
 def tune_command(
     op_name: str | None,

@@ -95,7 +95,8 @@ class WorkGroupTuner:
     ) -> TuneResult:  # fmt: skip
         """Try sizes not yet measured until `trials` sizes are (at most every size); accept the
         fastest only if it beats the default size (`decide`). A size the device rejects
-        (CL_INVALID_WORK_GROUP_SIZE) fails alone."""
+        (CL_INVALID_WORK_GROUP_SIZE) fails alone. `timeout_s` is not applied: each size runs the
+        op's own schedule in this process, where a running OpenCL kernel cannot be stopped."""
         done = measurements(directory)
         before = len(done)
         best = _fastest(done)
