@@ -38,6 +38,7 @@ def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
         assert row["x_floor"] == pytest.approx(row["median_ms"] / row["floor_ms"], rel=0.5)
         assert row["x_roofline"] == pytest.approx(row["median_ms"] / row["roofline_ms"], rel=0.5)
         assert row["numpy_ms"] > 0 and "torch_ms" in row and "speedup_vs_torch" in row
+        assert row["max_error"] == 0, "checked against numpy on the timed inputs (both exact here)"
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert not (Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json").exists(), "nothing cached to go stale"
     table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1")
@@ -112,3 +113,24 @@ def test_a_grown_case_moves_at_least_what_was_asked() -> None:
     assert sized_case(Unbatched(), "float32", 1000, emulated=False)[0] == Unbatched.bench, "already past"
     with pytest.raises(UsageError, match=r"--min-mb 10: add's bench case 1x64x32x32 1x64x32x32 has no batch"):
         sized_case(Unbatched(), "float32", 10**7, emulated=False)
+
+
+def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The timed artifact's first call is checked against numpy: a wrong answer is a failed check
+    (exit 1), not a time."""
+    from ops import get_op
+    from tests.conftest import invoke
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(
+        "inputs: {a: {shape: [2, 8]}, b: {shape: [2, 8]}}\n"
+        "nodes: [{name: s, op: add, inputs: [a, b]}]\n"
+        "output: s\n"
+    )
+    add = get_op("add")
+    monkeypatch.setattr(add, "reference", lambda attrs, a, b: a - b)
+    done = invoke("bench", "--target", "x86", "--model", str(model), "--repeat", "1")
+    assert done.exit_code == 1, done.output
+    assert "build of tiny differs from numpy" in done.output

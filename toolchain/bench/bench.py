@@ -140,7 +140,8 @@ def measure_row(
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    beside = stick.beside(Timer(session, directory, manifest, inputs), options.repeat)
+    timer = Timer(session, directory, manifest, inputs, item)  # checked against numpy first
+    beside = stick.beside(timer, options.repeat)
     median_ms, roof = beside.ms, beside.bandwidth
     read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
     moved = read + written
@@ -152,6 +153,7 @@ def measure_row(
         "dtype": item.inputs[0].dtype if item.inputs else item.output.dtype,
         "schedule": manifest.schedule,
         "median_ms": median_ms,
+        "max_error": timer.max_error,
         "mb_moved": moved / 1e6,
         "gb_per_s": moved / (median_ms / 1e3) / 1e9,
         "yardstick_mb": stick.total / 1e6,

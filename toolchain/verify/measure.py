@@ -47,14 +47,25 @@ def calls_lasting(seconds: float, once: float) -> int:
 
 class Timer:
     """Times one artifact on a session: a first untimed call loads it and sets how many calls
-    one timed run averages (enough to last about TARGET_SECONDS)."""
+    one timed run averages (enough to last about TARGET_SECONDS). Given the `item` it was built
+    from, that call's output is checked against numpy (a DeployError when it differs; its
+    largest error is `max_error`), so a time is never reported for a wrong answer."""
 
     def __init__(
-        self, session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
-    ) -> None:
+        self, session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray],
+        item: Buildable | None = None,
+    ) -> None:  # fmt: skip
         start = time.perf_counter()
-        run_artifact(session, directory, manifest, inputs)
+        output = run_artifact(session, directory, manifest, inputs)
         once = time.perf_counter() - start
+        self.max_error: float | None = None
+        if item is not None:
+            comparison = against_reference(item, inputs, output)
+            if not comparison.ok:
+                raise DeployError(
+                    f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}"
+                )
+            self.max_error = comparison.max_error
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
