@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from base.errors import DeployError, UsageError, printable
+from base.errors import UsageError, printable, reason
 from base.files import write_json_atomically
 from base.locks import guarding
 from base.paths import config_dir
@@ -54,6 +54,23 @@ class Board:
     remote_dir: str = DEFAULT_REMOTE_DIR
 
     def validate(self) -> Board:
+        """The board as `device add` accepts it: `check`, and its key a file."""
+        self.check()
+        if self.key is not None and not Path(self.key).is_file():
+            raise UsageError(f"board key {self.key!r}: no such file (a private key file)")
+        return self
+
+    def check(self) -> Board:
+        """Every field of the right type and in range (the config file may be edited by hand);
+        a UsageError naming the first that is not."""
+        texts = {"name": self.name, "host": self.host, "user": self.user, "arch": self.arch}
+        for field_name, value in {**texts, "remote_dir": self.remote_dir}.items():
+            if not isinstance(value, str):
+                raise UsageError(f"board {field_name} {value!r}: expected a string")
+        if self.key is not None and not isinstance(self.key, str):
+            raise UsageError(f"board key {self.key!r}: expected a file path")
+        if type(self.port) is not int:
+            raise UsageError(f"board port {self.port!r}: expected 1..65535")
         if not NAME.match(self.name) or self.name in RESERVED:
             raise UsageError(
                 f"device name {self.name!r}: expected letters, digits, '.', '_' or '-' (not"
@@ -67,8 +84,6 @@ class Board:
             raise UsageError(f"board user {self.user!r}: expected a login name")
         if self.arch not in ARCHES:
             raise UsageError(f"board arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
-        if self.key is not None and not Path(self.key).is_file():
-            raise UsageError(f"board key {self.key!r}: no such file")
         check_remote_dir(self.remote_dir)
         return self
 
@@ -78,15 +93,23 @@ def _config_file() -> Path:
 
 
 def load_boards() -> dict[str, Board]:
+    """The boards of the config file, each checked as `device add` checks it (but for its key
+    file, which may come back); a UsageError naming the file when it is not such a config."""
     path = _config_file()
     if not path.exists():
         return {}
+    known = {f.name for f in fields(Board)}
     try:
         raw = json.loads(path.read_text())
-        known = {f.name for f in fields(Board)}
-        return {name: Board(**{k: v for k, v in entry.items() if k in known}) for name, entry in raw.items()}
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise DeployError(f"cannot read device config {path}: {exc}") from None
+        boards = {}
+        for name, entry in raw.items():
+            board = Board(**{k: v for k, v in entry.items() if k in known}).check()
+            if board.name != name:
+                raise ValueError(f"the entry {name!r} names the device {board.name!r}")
+            boards[name] = board
+        return boards
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError, UsageError) as exc:
+        raise UsageError(f"cannot read device config {path}: {reason(exc)}") from None
 
 
 def save_boards(boards: dict[str, Board]) -> None:

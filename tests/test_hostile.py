@@ -558,3 +558,42 @@ def test_bad_input_is_one_line(command, code, fragment, hostile_files, tmp_path,
     assert "Traceback" not in result.output
     assert result.stdout == ""
     assert list(tmp_path.iterdir()) == [], "a refused command wrote nothing"
+
+
+BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch64", "remote_dir": ".deploy"}
+
+
+@pytest.mark.parametrize(
+    "config,fragment",
+    [
+        (
+            '{"b": {"name": "b", "host": "h", "user": "u", "port": 99999}}',
+            "board port 99999: expected 1..65535",
+        ),
+        ('{"b": {"name": "b", "host": 5, "user": null, "port": "x"}}', "board host 5: expected a string"),
+        ('{"b": {"name": "b", "host": "h", "user": "u", "port": true}}', "board port True"),
+        ('{"b": {"name": "zz", "host": "h", "user": "u"}}', "the entry 'b' names the device 'zz'"),
+        ('{"b": {"name": "b", "host": "h", "user": "u", "remote_dir": "/"}}', "remote dir '/'"),
+        ('{"b": {"name": "b", "host": "h", "user": "u", "arch": "sparc"}}', "board arch 'sparc'"),
+        ("[1, 2]", "'list' object has no attribute 'items'"),
+        ("", "Expecting value"),
+        ("[" * 100_000 + "]" * 100_000, "maximum recursion depth exceeded"),
+        (None, "Is a directory"),
+    ],
+)
+def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch):
+    """devices.json is checked as `device add` checks a board: a hand-edited port of 99999 is not
+    wrapped to another port, nor a host of 5 handed to the SSH helper."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    path = tmp_path / "deploy" / "devices.json"
+    path.parent.mkdir()
+    if config is None:
+        path.mkdir()
+    else:
+        path.write_text(config)
+    build = ["build", "--target", "arm", "--op", "add", "--shape", "4", "--shape", "4", "--device", "b"]
+    for command in (["device", "list"], build):
+        result = invoke(*command)
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: cannot read device config {path}: ") and fragment in line, line
