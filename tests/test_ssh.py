@@ -9,6 +9,7 @@ The aarch64 runtime is the same server source cross-compiled; it runs on the emu
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -476,17 +477,21 @@ def _set_remote_dir(name: str, remote_dir: str) -> None:
 
 def test_a_remote_dir_at_or_above_home_is_refused_before_anything_runs(server, tmp_path):
     """`--remote-dir .` made setup replace ~/runtime (issue #15, item 10): refused at `device
-    add`, and for entries already in devices.json, once the login's home is known."""
+    add`, for entries already in devices.json when the config is read, and for a home given
+    as an absolute path once the login's home is known."""
     import pwd
 
     home = Path(pwd.getpwnam(server.user).pw_dir)
     ours = ("runtime", "runtime.new", "runtime.old", "servers")
     before = [(home / name).exists() for name in ours]
     assert add("homely", server, tmp_path / "ok", "--accept-new-host-key").returncode == 0
+    config = "cannot read device config {}: ".format(
+        Path(os.environ["XDG_CONFIG_HOME"]) / "deploy" / "devices.json"
+    )
     for remote_dir, message in {
-        ".": "remote dir '.': expected a directory for deploy alone",
-        "": "remote dir '': expected a directory for deploy alone",
-        "sub/../..": "remote dir 'sub/../..': expected a directory for deploy alone",
+        ".": f"{config}remote dir '.': expected a directory for deploy alone",
+        "": f"{config}remote dir '': expected a directory for deploy alone",
+        "sub/../..": f"{config}remote dir 'sub/../..': expected a directory for deploy alone",
         str(home): f"homely: remote dir {home} is the login's home or above it",
     }.items():
         _set_remote_dir("homely", remote_dir)
