@@ -45,9 +45,10 @@ class DeployGroup(click.Group):
         try:
             with stopping_like_ctrl_c():
                 return super().invoke(ctx)
-        except Stopped as stopped:
-            click.echo(f"error: stopped by {stopped}", err=True)
-            ctx.exit(exit_code(stopped))
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM/SIGHUP as a Stopped
+            signal_name = str(interrupt) if isinstance(interrupt, Stopped) else "SIGINT"
+            click.echo(f"error: stopped by {signal_name}", err=True)
+            ctx.exit(exit_code(interrupt))
         except click.UsageError as exc:
             _one_line_usage(exc)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
