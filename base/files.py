@@ -50,3 +50,16 @@ def name_part(name: str, limit: int = 64) -> str:
     part of a file name: characters other than letters, digits, `_`, `.` and `-` as `_`, at most
     `limit` of them, no leading dot; so it can neither leave its directory nor be too long."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:limit].lstrip(".") or "_"
+
+
+def load_json(path: Path) -> Any:
+    """The JSON value the file `path` holds. An OSError when it cannot be read or is no regular
+    file (a FIFO would block the reader forever), a ValueError when it is not JSON, nested
+    deeper than Python's recursion limit included (files deploy reads may be anything)."""
+    if path.exists() and not path.is_file():
+        raise OSError("not a regular file")
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None

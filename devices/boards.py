@@ -7,13 +7,12 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from base.errors import UsageError, printable, reason
-from base.files import write_json_atomically
+from base.files import load_json, write_json_atomically
 from base.locks import guarding
 from base.paths import config_dir
 
@@ -100,7 +99,7 @@ def load_boards() -> dict[str, Board]:
         return {}
     known = {f.name for f in fields(Board)}
     try:
-        raw = json.loads(path.read_text())
+        raw = load_json(path)
         boards = {}
         for name, entry in raw.items():
             board = Board(**{k: v for k, v in entry.items() if k in known}).check()
@@ -108,7 +107,7 @@ def load_boards() -> dict[str, Board]:
                 raise ValueError(f"the entry {name!r} names the device {board.name!r}")
             boards[name] = board
         return boards
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError, UsageError) as exc:
+    except (OSError, ValueError, TypeError, AttributeError, UsageError) as exc:
         raise UsageError(f"cannot read device config {path}: {reason(exc)}") from None
 
 

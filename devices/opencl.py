@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from base.errors import DeployError, UsageError, reason
+from base.files import load_json
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
@@ -74,7 +75,7 @@ def read_plan(path: Path) -> dict[str, Any]:
         text = path.read_bytes()
         manifest = path.with_name("manifest.json")
         if manifest.is_file():
-            pinned = json.loads(manifest.read_text()).get("sha256")
+            pinned = load_json(manifest).get("sha256")
             if pinned != hashlib.sha256(text).hexdigest():
                 raise UsageError(f"{path} does not match the sha256 in {manifest}")
         plan = json.loads(text)
@@ -96,7 +97,7 @@ def read_plan(path: Path) -> dict[str, Any]:
         inside = (path.parent / plan["source"]).resolve().is_relative_to(path.parent.resolve())
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         detail = reason(exc)
         raise UsageError(
             f"{path}: not a launch plan of this deploy ({detail}): rebuild the artifact"

@@ -9,7 +9,6 @@ concurrent `start`/`stop` commands agree on one server.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from base.files import write_json_atomically
+from base.files import load_json, write_json_atomically
 from base.locks import guarding
 
 
@@ -148,7 +147,7 @@ class ServerState:
         """The remembered server if it is still ours and runs. A file that does not describe a
         live server of ours (unreadable, an older format, a dead or reused pid) is no server."""
         try:
-            server = Server(**json.loads(self.path.read_text()))
+            server = Server(**load_json(self.path))
         except (OSError, ValueError, TypeError):
             return None
         return server if server.alive() else None

@@ -7,6 +7,7 @@ HardSigmoid), against numpy and onnxruntime."""
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -586,3 +587,10 @@ def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):
         layout, output = built_layout()
         assert layout == "NCHW" and output.count("is not a layout verdict of deploy tune") == 1, output
         assert "building the graph in NCHW" in output
+    verdict.write_text("[" * 100_000 + "]" * 100_000)
+    layout, output = built_layout()
+    assert layout == "NCHW" and output.count(f"cannot read {verdict}: nested too deeply") == 1, output
+    verdict.unlink()
+    os.mkfifo(verdict)  # would block a reader forever
+    layout, output = built_layout()
+    assert layout == "NCHW" and output.count(f"cannot read {verdict}: not a regular file") == 1, output

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError
-from base.files import sha256_file
+from base.errors import UsageError, reason
+from base.files import load_json, sha256_file
 from base.locks import locked
 from ops.spec import TensorType, sizes_of
 
@@ -71,10 +71,9 @@ class Manifest:
     def read(cls, directory: Path) -> Manifest:
         path = directory / MANIFEST
         try:
-            data = json.loads(path.read_text())
-            return cls(**data)
+            return cls(**load_json(path))
         except (OSError, ValueError, TypeError) as exc:
-            raise UsageError(f"cannot read artifact manifest {path}: {exc}") from None
+            raise UsageError(f"cannot read artifact manifest {path}: {reason(exc)}") from None
 
     def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
         """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError, reason
-from base.files import write_json_atomically
+from base.files import load_json, write_json_atomically
 from base.locks import locked
 from ops.spec import BoundOp
 
@@ -152,7 +152,7 @@ def read_json(path: Path) -> Any:
     """The JSON value the file `path` holds; a UsageError naming it when it cannot be read or
     parsed (records are data read from disk)."""
     try:
-        return json.loads(path.read_text())
+        return load_json(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {reason(exc)}") from None
 
