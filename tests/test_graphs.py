@@ -232,6 +232,9 @@ def test_tune_model_tunes_the_fused_kernel(tmp_path):
     assert built.exit_code == 0, built.output
     (kernel,) = json.loads((out / "manifest.json").read_text())["graph"]["kernels"]
     assert kernel["schedule"] == "tuned" or kernel.get("tuning") == "hand, tuning found nothing faster"
+    (line,) = [line for line in built.output.splitlines() if "kernel fused_max_pool2d_add" in line]
+    said = f"record {kernel.get('tuning_record')}): " if kernel["schedule"] == "tuned" else "nothing faster"
+    assert said in line, line
     report = invoke("tune", "--report", "--target", "x86", "--db", str(db))
     assert report.exit_code == 0, report.output
     (row,) = json.loads((db / "x86" / "report.json").read_text())["rows"]
@@ -594,3 +597,5 @@ def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):
     os.mkfifo(verdict)  # would block a reader forever
     layout, output = built_layout()
     assert layout == "NCHW" and output.count(f"cannot read {verdict}: not a regular file") == 1, output
+    assert "this op and these shapes" not in output  # a graph says it per kernel
+    assert f"nodes pool, sum; it was not tuned in {db}: using the cpu/max_pool2d schedule" in output

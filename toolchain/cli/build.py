@@ -98,12 +98,8 @@ def build_command(
     directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
     compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
     manifest = export(compiled, directory, bundle=bundle)
-    if tuned is not None and manifest.tuning is not None:
-        click.echo(f"tuned in {tuned}: {manifest.tuning}, using the {manifest.schedule} schedule")
-    elif tuned is not None and manifest.schedule != "tuned":
-        click.echo(
-            f"this op and these shapes were not tuned in {tuned}: using the {manifest.schedule} schedule"
-        )
+    if tuned is not None and manifest.graph is None and manifest.tuning_record is None:
+        click.echo(_untuned(tuned, manifest.tuning, manifest.schedule, "this op and these shapes were"))
     record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
     click.echo(
         f"built {manifest.op} for {manifest.target} ({manifest.schedule} schedule{record}"
@@ -113,7 +109,12 @@ def build_command(
     for kernel in manifest.graph["kernels"] if manifest.graph else []:
         nodes = ", ".join(kernel["nodes"])
         laid = f" in {kernel['layout']}" if "layout" in kernel else ""
-        click.echo(f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule): nodes {nodes}")
+        record = f" record {kernel['tuning_record']}" if "tuning_record" in kernel else ""
+        untuned = tuned is not None and "tuning_record" not in kernel
+        note = f"; {_untuned(tuned, kernel.get('tuning'), kernel['schedule'], 'it was')}" if untuned else ""
+        click.echo(
+            f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule{record}): nodes {nodes}{note}"
+        )
     if manifest.bundle is not None:
         from devices.platforms import get_platform
 
@@ -204,3 +205,11 @@ def run_command(
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
         click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy", err=to_stderr)
+
+
+def _untuned(tuned: str, tuning: str | None, schedule: str, subject: str) -> str:
+    """Why a `--tuned` build (an op, or a graph's kernel) uses `schedule` rather than a record:
+    tuning kept the hand schedule or its record was refused (`tuning`), or it was never tuned."""
+    if tuning is not None:
+        return f"tuned in {tuned}: {tuning}, using the {schedule} schedule"
+    return f"{subject} not tuned in {tuned}: using the {schedule} schedule"
