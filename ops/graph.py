@@ -156,6 +156,7 @@ def bind_graph(graph: Graph) -> BoundGraph:
     """Check `graph` and bind every node: tensor names unique, every input a tensor that exists,
     no cycle, the output written by a node or an input; each node bound by its op (its own
     messages, prefixed with the node)."""
+    _check_names(graph)
     types: dict[str, TensorType] = {}
     for name, tensor in graph.inputs:
         if name in types:
@@ -191,6 +192,18 @@ def bind_graph(graph: Graph) -> BoundGraph:
         types[node.output] = b.output
         bound.append(BoundNode(node, b))
     return BoundGraph(graph, tuple(bound), types)
+
+
+def _check_names(graph: Graph) -> None:
+    """Every name the graph gives (its own, its inputs', nodes' and tensors') is printable text:
+    messages and the build's output show them, and a model file's escape sequences must not
+    reach the terminal."""
+    named = [("graph", graph.name), *(("input", name) for name, _ in graph.inputs)]
+    for node in graph.nodes:
+        named += [("node", node.name), ("tensor", node.output), *(("tensor", t) for t in node.inputs)]
+    for kind, name in [*named, ("output", graph.output)]:
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise UsageError(f"{kind} name {name!r}: expected printable characters")
 
 
 def _data_flow_order(graph: Graph, writers: dict[str, Node]) -> list[Node]:

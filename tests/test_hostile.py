@@ -43,6 +43,10 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/bad_attr.yaml", 2, "node 'p' (max_pool2d): attribute kernel='abc'"),
     (f"{MODEL} TMP/mismatch.yaml", 2, "node 's' (add): cannot broadcast"),
     (f"{MODEL} TMP/missing_input.yaml", 2, "node 's' (add) reads 'q', which is no graph input"),
+    (f"{MODEL} TMP/twice.yaml", 2, "twice.yaml:1: not valid YAML: key 'x' given twice"),
+    (f"{MODEL} TMP/twice_attr.yaml", 2, "twice_attr.yaml:2: not valid YAML: key 'alpha' given twice"),
+    (f"{MODEL} TMP/twice.json", 2, "twice.json: not valid JSON: key 'name' given twice"),
+    (f"{MODEL} TMP/escape.yaml", 2, "node name 'act\\x1b]0;title\\x07': expected printable characters"),
     (f"{MODEL} TMP/custom.onnx", 2, "(com.example::HardSigmoid): no registered op implements it"),
     (f"{MODEL} TMP/good.yaml --op add", 2, "give --op NAME or --model FILE (one of them)"),
     (f"{MODEL} TMP/good.yaml --shape 4", 2, "--shape describe an op; the model file gives its own"),
@@ -106,6 +110,22 @@ MODEL_FILES = {
     ),
     "missing_input.yaml": (
         "inputs: {a: {shape: [3, 4]}}\nnodes: [{name: s, op: add, inputs: [a, q]}]\noutput: s\n"
+    ),
+    "twice.yaml": (
+        "inputs: {x: {shape: [3, 4]}, x: {shape: [5]}}\n"
+        "nodes: [{name: act, op: leaky_relu, attrs: {alpha: 0.5}, inputs: [x]}]\noutput: act\n"
+    ),
+    "twice_attr.yaml": (
+        "inputs: {x: {shape: [3, 4]}}\n"
+        "nodes: [{name: act, op: leaky_relu, attrs: {alpha: 0.5, alpha: 0.25}, inputs: [x]}]\noutput: act\n"
+    ),
+    "twice.json": (
+        '{"inputs": {"x": {"shape": [4]}}, "nodes": [{"name": "a", "op": "leaky_relu", "inputs": ["x"],'
+        ' "name": "b"}], "output": "b"}'
+    ),
+    "escape.yaml": (
+        'inputs: {x: {shape: [4]}}\nnodes: [{name: "act\\e]0;title\\a", op: leaky_relu, inputs: [x]}]\n'
+        'output: "act\\e]0;title\\a"\n'
     ),
 }
 """Model files the MODEL_ROWS name under TMP/ (`custom.onnx` is the ONNX example, whose custom op
@@ -577,8 +597,8 @@ BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch
         ('{"b": {"name": "b", "host": "h", "user": "u", "arch": "sparc"}}', "board arch 'sparc'"),
         ("[1, 2]", "'list' object has no attribute 'items'"),
         ("", "Expecting value"),
-        ("[" * 100_000 + "]" * 100_000, "maximum recursion depth exceeded"),
-        (None, "Is a directory"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (None, "not a regular file"),
     ],
 )
 def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ Structure only is checked here, each problem one line naming the node (by name, 
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,42 @@ NODE_KEYS = ("name", "op", "attrs", "inputs")
 DEFAULT_DTYPE = "float32"
 
 
+class _KeysOnce(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader (plain data, no Python objects) refusing a mapping that gives a
+    key twice, which YAML would read as the last: a model other than the one the file shows."""
+
+
+def _mapping_once(loader: _KeysOnce, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be given again
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):  # construct_yaml_map refuses it, in its words
+            continue
+        if key in seen:
+            raise yaml.MarkedYAMLError(problem=f"key {key!r} given twice", problem_mark=key_node.start_mark)
+        seen.add(key)
+    yield from loader.construct_yaml_map(node)
+
+
+_KeysOnce.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
+
+
+def _pairs_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it gives a key twice (see `_KeysOnce`)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"key {key!r} given twice")
+        found[key] = value
+    return found
+
+
 def read_yaml(path: Path, data: bytes) -> Graph:
-    """A graph file in YAML (`yaml.safe_load`: plain data, no Python objects)."""
+    """A graph file in YAML (plain data, no Python objects, each key once)."""
     try:
-        document = yaml.safe_load(_text(path, data))
+        document = yaml.load(_text(path, data), Loader=_KeysOnce)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -54,9 +87,11 @@ def read_yaml(path: Path, data: bytes) -> Graph:
 def read_json(path: Path, data: bytes) -> Graph:
     """A graph file in JSON."""
     try:
-        document = json.loads(_text(path, data))
+        document = json.loads(_text(path, data), object_pairs_hook=_pairs_once)
     except json.JSONDecodeError as exc:
         raise UsageError(f"model {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"model {path}: not valid JSON: {reason(exc)}") from None
     return _graph(path, document)
 
 
