@@ -424,6 +424,12 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{RUN} -i TMP/forged.npy", 2, "its header claims a 100000x100000 float32 array"),
     (f"{RUN} -i TMP/v3.npy", 2, "is .npy format 3.0; expected 1.0 or 2.0"),
     (f"{LR} --shape 4 -o TMP/afile/art", 2, "afile is a file, not a directory"),
+    (f"{LR} --shape 4 -o ''", 2, "-o '': expected an artifact directory"),
+    (f"{RUN} -i TMP/f32_4.npy -o ''", 2, "-o '': expected a .npy file path"),
+    # where nothing can be created (sysfs, even for root): refused before the work, not after it
+    (f"{LR} --shape 4 -o /sys/deploy-art", 2, "cannot write output directory /sys/deploy-art: "),
+    (f"{TUNE} --shape 4 --db /sys/deploy-db", 2, "--db /sys/deploy-db: "),
+    (f"{BENCH} --plot /sys/deploy.png", 2, "--plot /sys/deploy.png: cannot write in /sys: "),
     (f"{LR} --shape 4 -o TMP/afile/deeper/art", 2, "afile is a file, not a directory"),
     # device and tracker: names and addresses (nothing is started)
     ("device nosuch", 2, "No such command 'nosuch'"),

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError
-from base.files import sha256_file
+from base.files import check_writable, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
@@ -72,10 +72,11 @@ def _write_artifact(compiled: Compiled | CompiledGraph, staging: Path, bundle: b
     return manifest
 
 
-def _place(given: Path) -> Path:
-    """`given` resolved, once the directory it goes in exists. Refused as bad input first: a file
-    or symlink where the artifact directory or one above it must be, and the current directory
-    or one above it."""
+def check_destination(given: Path) -> Path:
+    """`given` resolved, if an artifact directory can be written there; refused as bad input
+    otherwise: a file or symlink where the artifact directory or one above it must be, the
+    current directory or one above it, a directory deploy cannot write in. Checked before a
+    build starts, and again when it is exported."""
     if given.is_symlink() or (given.exists() and not given.is_dir()):
         raise UsageError(f"output {given} exists and is not a directory: not replacing it")
     directory = given.resolve()
@@ -84,6 +85,16 @@ def _place(given: Path) -> Path:
     existing = next(parent for parent in directory.parents if parent.exists())
     if not existing.is_dir():
         raise UsageError(f"output {given}: {existing} is a file, not a directory")
+    try:
+        check_writable(directory.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot write output directory {given}: {exc.strerror or exc}") from None
+    return directory
+
+
+def _place(given: Path) -> Path:
+    """`given` resolved (`check_destination`), once the directory it goes in exists."""
+    directory = check_destination(given)
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -94,6 +94,8 @@ def output_mode(path: str) -> int | None:
     """The mode of what `path` names now (None: nothing yet), once it is known that an array can
     be written there: not a directory, and a file's directory exists. Checked before a command
     runs anything, and again when it writes."""
+    if not path:
+        raise UsageError("-o '': expected a .npy file path")
     try:
         mode: int | None = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
+from base.files import check_writable
 from toolchain.cli.options import (
     CORES,
     LAYOUT,
@@ -90,6 +91,11 @@ def bench_command(
     options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines)
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
+    if plot:
+        try:
+            check_writable(Path(plot).parent)  # before the bench, whose figures a failed write would lose
+        except OSError as exc:
+            raise UsageError(f"--plot {plot}: cannot write in {Path(plot).parent}: {exc.strerror}") from None
     if model is not None and min_mb is not None:
         raise UsageError(f"--min-mb {min_mb}: grows the ops' bench cases; a model's shapes are its own")
     if model is not None and (op_names or dtype):

@@ -73,7 +73,7 @@ def build_command(
     from ops import TensorType
     from toolchain.build.bundle import check_bundle
     from toolchain.build.compile import compile_graph, compile_op
-    from toolchain.build.export import export
+    from toolchain.build.export import check_destination, export
     from toolchain.cli.args import parse_shape
     from toolchain.verify.run import for_device
 
@@ -95,7 +95,10 @@ def build_command(
     if target.cores is None and target.artifact.splits_for_cores:
         with where.resolve(target).open() as session:
             target = for_device(target, session)
+    if out_dir == "":
+        raise UsageError("-o '': expected an artifact directory")
     directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
+    check_destination(directory)  # before the build, not after it
     compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
     manifest = export(compiled, directory, bundle=bundle)
     if tuned is not None and manifest.graph is None and manifest.tuning_record is None:

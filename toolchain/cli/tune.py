@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
+from base.files import check_writable
 from base.stopping import exit_code
 from toolchain.cli.options import (
     ATTR,
@@ -140,6 +141,11 @@ def _records_dir(db_dir: str) -> Path:
     if nearest is not None and not nearest.is_dir():
         where = "is a file" if nearest == root else f"is under {nearest}, a file"
         raise UsageError(f"--db {db_dir}: {where}; expected a records directory")
+    try:
+        check_writable(root)
+    except OSError as exc:
+        problem = exc.strerror or exc
+        raise UsageError(f"--db {db_dir}: {problem}; expected a directory deploy can write") from None
     return root
 
 
