@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper
 
 from base.errors import UsageError, printable, reason
-from ops.graph import Graph, Node
+from ops.graph import Graph, Node, bind_graph
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
 from ops.registry import op_for_onnx
 from ops.spec import ALL_DTYPES, SYMBOL, TensorType, check_size
@@ -53,11 +53,35 @@ def read_onnx(path: Path, data: bytes) -> Graph:
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
-        raise UsageError(f"model {path}: not a valid ONNX model: {reason(exc)}") from None
+        said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
+        raise UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}") from None
     try:
-        return graph_from_onnx(model.graph, default_name=path.stem)
+        graph = graph_from_onnx(model.graph, default_name=path.stem)
+        check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
+    return graph
+
+
+def check_declared_output(value: onnx.ValueInfoProto, computed: TensorType) -> None:
+    """The graph's output as its nodes compute it matches what the model declares, where it
+    declares it (element type; rank and each fixed dim): a model whose declared output is not
+    what runs is refused, not run (onnx's checker does not look)."""
+    where = f"output {value.name!r}"
+    tensor = value.type.tensor_type
+    declared = DTYPES.get(tensor.elem_type)
+    if tensor.elem_type != TensorProto.UNDEFINED and declared != computed.dtype:
+        name = TensorProto.DataType.Name(tensor.elem_type) if declared is None else declared
+        raise UsageError(f"{where} is declared {name}, but its nodes compute {computed}")
+    if not tensor.HasField("shape"):
+        return
+    dims = tensor.shape.dim
+    fixed = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    if len(dims) != len(computed.shape) or any(
+        want is not None and want != got for want, got in zip(fixed, computed.shape, strict=True)
+    ):
+        shown = "x".join(str(d) if d is not None else "?" for d in fixed) or "a scalar"
+        raise UsageError(f"{where} is declared {shown}, but its nodes compute {computed}")
 
 
 def graph_from_onnx(graph: onnx.GraphProto, default_name: str) -> Graph:
