@@ -15,16 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+from harness import at_least_one, host_target, run
 
-from base.errors import DeployError, reason
 from devices import get_device
 from ops import TensorType, bind, get_op
 from schedules.cpu import generic_cpu
 from toolchain.build.compile import compile_scheduled, context, hand_schedule, prim_module
-from toolchain.build.targets import get_target
 from toolchain.verify.compare import random_input
 from toolchain.verify.measure import check_and_time, host_ms
-from toolchain.verify.run import check_device
 
 WORKLOADS = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(32, 64, 112, 112)]),
@@ -38,13 +36,8 @@ def main() -> None:
     parser.add_argument("--target", default="x86")
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error(f"--repeat {args.repeat}: expected at least 1")
-    try:
-        target = get_target(args.target)
-        check_device(target, get_device("local"))  # it runs on this host
-    except DeployError as exc:
-        parser.error(reason(exc))
+    at_least_one(parser, "--repeat", args.repeat)
+    target = host_target(parser, args.target)
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     print(f"target {target.name}, TVM_NUM_THREADS={threads}, medians of {args.repeat}")
     print(f"{'workload':44} {'generic ms':>10} {'hand ms':>9} {'numpy ms':>9} {'gen/hand':>8} {'np/hand':>8}")
@@ -71,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from base.errors import DeployError, reason
+from harness import at_least_one, host_target, run
+
+from base.errors import UsageError
 from devices import get_device
 from ops.graph import bind_graph
 from ops.layouts import LAYOUTS
 from toolchain.build.compile import compile_graph
-from toolchain.build.targets import get_target
+from toolchain.cli.args import parse_shape
 from toolchain.model.graph_file import graph_from_document
 from toolchain.verify.measure import check, time_interleaved
 from toolchain.verify.run import for_device
@@ -49,15 +50,16 @@ def document(shape: tuple[int, ...], layout: str) -> dict[str, Any]:
     return {"name": layout, "inputs": inputs, "nodes": nodes, "output": "sum"}
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def nchw_shape(text: str) -> tuple[int, ...]:
     """An NCHW shape like 1x512x7x7 (argparse's type: a bad one is a usage error)."""
     try:
-        shape = tuple(int(d) for d in text.split("x"))
-    except ValueError:
-        shape = ()
-    if len(shape) != 4 or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NxCxHxW, four sizes >= 1")
-    return shape
+        shape = parse_shape(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    sizes = tuple(d for d in shape if isinstance(d, int))
+    if len(sizes) != 4 or len(shape) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NxCxHxW, four sizes")
+    return sizes
 
 
 def main() -> None:
@@ -66,40 +68,35 @@ def main() -> None:
     parser.add_argument("--layout", default="NCHW8c", choices=[n for n in LAYOUTS if LAYOUTS[n].packed])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument(
-        "--shape", dest="shapes", type=parse_shape, action="append", help="NxCxHxW, repeatable"
+        "--shape", dest="shapes", type=nchw_shape, action="append", help="NxCxHxW, repeatable"
     )
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: expected at least 1")
-    shapes = args.shapes or [parse_shape(s) for s in SHAPES]
+    at_least_one(parser, "--rounds", args.rounds)
+    host = host_target(parser, args.target)
+    shapes = args.shapes or [nchw_shape(s) for s in SHAPES]
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
     print(f"{'input':16} {'NCHW ms':>9} {'spread':>7} {'packed input':>13} {'--layout ' + args.layout:>16}")
-    try:
-        with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-            target = for_device(get_target(args.target), session)
-            for shape in shapes:
-                nchw = document(shape, "NCHW")
-                graphs = [(nchw, "NCHW"), (document(shape, args.layout), "NCHW"), (nchw, args.layout)]
-                checked = [
-                    check(
-                        session,
-                        compile_graph(
-                            bind_graph(graph_from_document(d, d["name"])), target.with_layout(layout)
-                        ),
-                        Path(tmp),
-                    )
-                    for d, layout in graphs
-                ]
-                base, packed, converted = time_interleaved(session, checked, args.rounds)
-                label = "x".join(map(str, shape))
-                print(
-                    f"{label:16} {base.ms:9.4f} {base.spread:7.4f} {packed.ms / base.ms:13.2f}"
-                    f" {converted.ms / base.ms:16.2f}"
+    with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
+        target = for_device(host, session)
+        for shape in shapes:
+            nchw = document(shape, "NCHW")
+            graphs = [(nchw, "NCHW"), (document(shape, args.layout), "NCHW"), (nchw, args.layout)]
+            checked = [
+                check(
+                    session,
+                    compile_graph(bind_graph(graph_from_document(d, d["name"])), target.with_layout(layout)),
+                    Path(tmp),
                 )
-    except DeployError as exc:
-        sys.exit(f"error: {reason(exc)}")
+                for d, layout in graphs
+            ]
+            base, packed, converted = time_interleaved(session, checked, args.rounds)
+            label = "x".join(map(str, shape))
+            print(
+                f"{label:16} {base.ms:9.4f} {base.spread:7.4f} {packed.ms / base.ms:13.2f}"
+                f" {converted.ms / base.ms:16.2f}"
+            )
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

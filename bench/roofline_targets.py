@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from harness import at_least_one, host_target, run
+
 from devices import get_device
 from ops import all_ops
 from toolchain.bench.bench import BenchOptions, bench_ops
 from toolchain.bench.torch_baseline import torch_version
-from toolchain.build.targets import get_target
 
 ROOF_GOAL = 1.5
 """Times the copy roofline every op may take (issue #7)."""
@@ -30,10 +31,9 @@ def main() -> None:
     parser.add_argument("--target", default="x86")
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error(f"--repeat {args.repeat}: expected at least 1")
+    at_least_one(parser, "--repeat", args.repeat)
+    target, device = host_target(parser, args.target), get_device("local")
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
-    target, device = get_target(args.target), get_device("local")
     rows = bench_ops(all_ops(), "float32", target, device, BenchOptions(repeat=args.repeat))
     print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
           f" medians of {args.repeat} rounds, each op beside the bandwidth kernels")  # fmt: skip
@@ -51,4 +51,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import at_least_one, host_target, run
 
 from devices import get_device
 from ops import TensorType, bind, get_op
 from toolchain.build.compile import compile_op
 from toolchain.build.export import export
-from toolchain.build.targets import get_target
 from toolchain.verify.compare import random_input
 from toolchain.verify.measure import Measured, Timer, interleaved_runs
 from toolchain.verify.run import for_device
@@ -42,11 +42,13 @@ def main() -> None:
     parser.add_argument("--target", default="x86")
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
+    at_least_one(parser, "--rounds", args.rounds)
+    host = host_target(parser, args.target)
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
     print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
     print(f"{'workload':34} {'N':>3} {'static ms':>14} {'symbolic ms':>14} {'sym/static':>10}")
     with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-        target = for_device(get_target(args.target), session)
+        target = for_device(host, session)
 
         def built(
             shapes: list[tuple[int | str, ...]], op_name: str, attrs: dict[str, Any]
@@ -78,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

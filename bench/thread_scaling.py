@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness import at_least_one, run
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,8 +34,9 @@ def bench_at(
         command += ["--min-mb", str(min_mb)]
     env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"deploy bench at {threads} threads failed (exit {done.returncode}): {done.stderr.strip()}")
+    if done.returncode != 0:  # its own exit code: 2 bad input, 1 a failed check
+        print(f"error: deploy bench at {threads} threads: {done.stderr.strip()}", file=sys.stderr)
+        sys.exit(done.returncode)
     return json.loads(done.stdout)
 
 
@@ -58,8 +61,7 @@ def main() -> None:
         "--deploy", default=f"{sys.executable} -m toolchain.cli", help="the deploy command [this Python's]"
     )
     args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error(f"--repeat {args.repeat}: expected at least 1")
+    at_least_one(parser, "--repeat", args.repeat)
     counts = args.threads
     print(f"target {args.target} on {os.cpu_count()} CPUs; medians of {args.repeat}; x floor = time"
           " / (bytes read / read GB/s + bytes written / write GB/s), each at that thread count")  # fmt: skip
@@ -76,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

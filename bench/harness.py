@@ -1,0 +1,44 @@
+"""How the bench scripts start and end, as `deploy` does: a target this host can run (they time on
+it) and counts of at least one are checked before any work, each a usage error (exit 2); a
+DeployError is one `error:` line with its exit code (2 bad input, 1 a failed check or a lost
+device); Ctrl-C is exit 130. Imported by the scripts beside it (`python bench/NAME.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from base.errors import DeployError, reason
+from devices import get_device
+from toolchain.build.targets import Target, get_target
+from toolchain.verify.run import check_device
+
+
+def host_target(parser: argparse.ArgumentParser, name: str) -> Target:
+    """The target `name`, which this host must run: else `parser.error` (exit 2)."""
+    try:
+        target = get_target(name)
+        check_device(target, get_device("local"))
+    except DeployError as exc:
+        parser.error(reason(exc))
+    return target
+
+
+def at_least_one(parser: argparse.ArgumentParser, option: str, count: int) -> int:
+    """`count` (--repeat, --rounds), which must be at least 1: else `parser.error`."""
+    if count < 1:
+        parser.error(f"{option} {count}: expected at least 1")
+    return count
+
+
+def run(main: Callable[[], None]) -> None:
+    """Run a script's `main` with deploy's errors and exit codes."""
+    try:
+        main()
+    except DeployError as exc:
+        print(f"error: {reason(exc)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("error: stopped by SIGINT", file=sys.stderr)
+        sys.exit(130)
