@@ -77,6 +77,7 @@ def describe_targets() -> list[dict[str, Any]]:
             "tvm": t.tvm,
             "vector_bits": t.vector_bits,
             "default_device": t.default_device,
+            "layouts": dict(t.layouts),
         }
         for t in all_targets()
     ]
@@ -84,10 +85,12 @@ def describe_targets() -> list[dict[str, Any]]:
 
 def print_targets(described: list[dict[str, Any]]) -> None:
     table = Table(title="targets")
-    for column in ("target", "arch", "vector bits", "default device", "description"):
+    for column in ("target", "arch", "vector bits", "default device", "layouts", "description"):
         table.add_column(column)
     for t in described:
-        table.add_row(t["name"], t["arch"], str(t["vector_bits"]), t["default_device"], t["description"])
+        layouts = ", ".join(f"{dtype} {layout}" for dtype, layout in t["layouts"].items())
+        row = (t["name"], t["arch"], str(t["vector_bits"]), t["default_device"], layouts, t["description"])
+        table.add_row(*row)
     Console().print(table)
 
 

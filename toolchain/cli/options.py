@@ -151,9 +151,10 @@ CORES = click.option(
 LAYOUT = click.option(
     "--layout",
     metavar="LAYOUT",
-    help="With --model: run the graph's pooling (and what joins it) in NCHW, NHWC, NCHW4c or NCHW8c,"
-    " converting only at the graph's boundaries and where neighbours disagree [default: NCHW, or"
-    " with --tuned what `deploy tune --model` measured fastest].",
+    help="With --model: run the graph's pooling (and what joins it) in LAYOUT (NCHW, NHWC or a packed"
+    " NCHW<p>c; a name deploy does not know is refused with the list; `deploy targets` shows what"
+    " `deploy tune --model` measures per target), converting only at the graph's boundaries and where"
+    " neighbours disagree [default: NCHW, or with --tuned what `deploy tune --model` measured fastest].",
 )
 TUNED = click.option(
     "--tuned",
