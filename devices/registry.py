@@ -73,6 +73,7 @@ class Device:
     MetaSchedule's local runner measures tuning candidates there."""
 
     def open(self) -> AbstractContextManager[Session]:
+        """A session on the device, ended when the block ends."""
         raise NotImplementedError
 
     def capacity(self) -> int:
@@ -93,6 +94,8 @@ _SOURCES: list[Callable[[str], Device | None]] = []
 
 
 def register_device(name: str) -> Callable[[Callable[[], Device]], Callable[[], Device]]:
+    """Decorator: make the factory it decorates the device called `name` (a backend module's)."""
+
     def add(factory: Callable[[], Device]) -> Callable[[], Device]:
         _DEVICES[name] = factory
         return factory
@@ -110,6 +113,8 @@ BACKENDS = ("devices.local", "devices.emulator", "devices.ssh", "devices.opencl"
 
 
 def get_device(name: str) -> Device:
+    """The device called `name`: a backend's (local, emulator, opencl ...) or a board of
+    devices.json; a UsageError when there is none."""
     for module in BACKENDS:
         importlib.import_module(module)
     if name in _DEVICES:

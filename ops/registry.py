@@ -55,6 +55,7 @@ def register(cls: type[Op]) -> type[Op]:
 
 
 def get_op(name: str) -> Op:
+    """The op registered as `name`; a UsageError listing the known ones when there is none."""
     op = find_op(name)
     if op is None:
         raise UsageError(f"unknown op {name!r} (known: {', '.join(sorted(_OPS))})")
@@ -74,6 +75,7 @@ def op_for_onnx(domain: str, op_type: str) -> Op | None:
 
 
 def all_ops() -> list[Op]:
+    """Every registered op (the built-in ones loaded), by name."""
     load_builtin()
     return [_OPS[name] for name in sorted(_OPS)]
 

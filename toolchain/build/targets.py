@@ -113,6 +113,7 @@ class Target:
         return self.cores or os.cpu_count() or 1
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
+        """The TVM target of its spec (`tvm`), told `num_cores` threads where given."""
         spec = dict(self.tvm)
         if num_cores is not None:
             spec["num-cores"] = num_cores
@@ -123,17 +124,20 @@ _TARGETS: dict[str, Target] = {}
 
 
 def register_target(target: Target) -> Target:
+    """Make `target` known by its name (a target is data: this and its artifact kind)."""
     _TARGETS[target.name] = target
     return target
 
 
 def get_target(name: str) -> Target:
+    """The target named `name`; a UsageError listing the known ones when there is none."""
     if name not in _TARGETS:
         raise UsageError(f"unknown target {name!r} (known: {', '.join(sorted(_TARGETS))})")
     return _TARGETS[name]
 
 
 def all_targets() -> list[Target]:
+    """Every known target, by name."""
     return [_TARGETS[name] for name in sorted(_TARGETS)]
 
 

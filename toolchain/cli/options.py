@@ -55,6 +55,7 @@ def resolve_target(
 
 
 def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
+    """The op `op_name` bound to `-a` attributes and input types (a BoundOp)."""
     from ops import bind, get_op
     from toolchain.cli.args import parse_attrs
 

@@ -30,6 +30,8 @@ TUNERS: dict[ArtifactKind, Tuner] = {SHARED_OBJECT: MetaScheduleTuner(), OPENCL_
 
 
 def tuner_for(target: Target) -> Tuner:
+    """The tuner for the target's artifact kind (MetaSchedule for shared objects, work-group
+    sizes for OpenCL); a UsageError for a kind with none."""
     if target.artifact not in TUNERS:
         raise UsageError(f"target {target.name}: {target.artifact.name} artifacts have no tuner")
     return TUNERS[target.artifact]
@@ -63,6 +65,8 @@ class AcceptedRecords:
     warn: Callable[[str], None]
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+        """(the scheduled module, its record id) of the accepted record for `bound`; None when
+        there is none or it fails a check (warned of: the hand schedule builds)."""
         directory = db.task_dir(self.root, bound, target.name)
         try:
             entry = db.accepted(directory)
@@ -74,6 +78,8 @@ class AcceptedRecords:
             return None
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
+        """What tuning decided for `bound`, as the build key holds it: None (not tuned), KEPT_HAND,
+        REFUSED (a verdict that is not one) or the accepted record with its database's digest."""
         directory = db.task_dir(self.root, bound, target.name)
         try:
             entry = db.verdict(directory)
@@ -86,6 +92,7 @@ class AcceptedRecords:
         return f"{entry['record']} of records {db.records_digest(directory)}"
 
     def layout(self, graph: BoundGraph, target: Target) -> str | None:
+        """The layout tuning accepted for `graph` (None: NCHW); a bad verdict is warned of."""
         try:
             return read_layout(self.root, graph, target.name)
         except UsageError as exc:
