@@ -57,10 +57,30 @@ def exposed(host: str) -> bool:
     return any(not ipaddress.ip_address(str(entry[4][0]).split("%")[0]).is_loopback for entry in found)
 
 
+def check_key(key: str) -> str:
+    """A device key to register under: printable, no spaces and not empty (a client could
+    not ask for it)."""
+    if not key or not key.isprintable() or any(c.isspace() for c in key):
+        raise UsageError(f"--key {key!r}: expected a device key (letters, digits, punctuation)")
+    return key
+
+
 def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT` -> (host, port)."""
+    """`HOST:PORT` -> (host, port); an IPv6 host in brackets (`[::1]:9190`). A host with spaces,
+    control characters or an unbracketed colon is refused here, not looked up."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""
+    plain = host.isprintable() and not any(c.isspace() for c in host)
+    if (
+        not sep
+        or not host
+        or not plain
+        or not (port.isascii() and port.isdigit())
+        or not 1 <= int(port) <= 65535
+    ):
         raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
     return host, int(port)
 

@@ -456,6 +456,12 @@ ROWS: list[tuple[str, int, str]] = [
     ("device emulator start --port abc", 2, "'abc' is not a valid integer"),
     ("tracker nosuch", 2, "No such command 'nosuch'"),
     ("tracker status --tracker nocolon", 2, "tracker address 'nocolon'"),
+    ("tracker status --tracker 'h h:9190'", 2, "tracker address 'h h:9190'"),
+    ("tracker status --tracker 127.0.0.1:9190:1", 2, "tracker address '127.0.0.1:9190:1'"),
+    ("tracker status --tracker '[::1'", 2, "tracker address '[::1'"),
+    ("device emulator start --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected a device key"),
+    ("device emulator start --tracker 127.0.0.1:9190 --key 'a b'", 2, "--key 'a b': expected a device key"),
+    ("device serve b --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected a device key"),
     ("tracker start --port abc", 2, "'abc' is not a valid integer"),
     ("tracker status --tracker 127.0.0.1:\uff19\uff11\uff19\uff10", 2, "tracker address '127.0.0.1:"),
     # where boards keep our files, and what servers listen on (checked before anything starts)

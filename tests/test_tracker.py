@@ -163,3 +163,17 @@ def test_a_server_dying_mid_run_requeues_its_cases(own_farm):
     assert wait_free(port, KEY, 1) == 1
     time.sleep(1)  # both would be offered again by now: only the live one is
     assert free_servers("127.0.0.1", port, KEY) == 1, "the tracker withdrew the stopped server"
+
+
+@pytest.mark.parametrize(
+    "text,address",
+    [
+        ("127.0.0.1:9190", ("127.0.0.1", 9190)),
+        ("[::1]:9190", ("::1", 9190)),
+        ("farm.local:1", ("farm.local", 1)),
+    ],
+)
+def test_a_tracker_address_is_host_and_port(text, address):
+    from devices.tracker import parse_address
+
+    assert parse_address(text) == address

@@ -37,12 +37,13 @@ def emulator_setup() -> None:
 def emulator_start(port: int | None, tracker: str | None, key: str) -> None:
     """Start a long-lived emulator that later commands use."""
     from devices.emulator import Emulator
-    from devices.tracker import check_port, parse_address
+    from devices.tracker import check_key, check_port, parse_address
 
     if port is not None:
         check_port(port, "--port")
     if tracker:
         parse_address(tracker)
+        check_key(key)
     server = Emulator().start_detached(port, tracker, key)
     registered = f", registered as {key!r} with {tracker}" if tracker else ""
     click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port}{registered}, log {server.log}")
@@ -170,9 +171,10 @@ def device_serve(name: str, tracker: str, key: str) -> None:
     from devices.boards import require_board
     from devices.registry import DeviceLost
     from devices.ssh import board_link, link_ended
-    from devices.tracker import parse_address
+    from devices.tracker import check_key, parse_address
 
     host, port = parse_address(tracker)
+    check_key(key)
     with board_link(require_board(name), (host, port, key)) as ready:
         rpc_port = ready["rpc_port"]
         click.echo(f"{name} registered as {key!r} with {tracker} (RPC port {rpc_port}); Ctrl-C stops")
