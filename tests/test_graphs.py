@@ -189,6 +189,17 @@ def test_test_model_compares_with_numpy_and_onnxruntime(example_ops):
     assert "5 cases passed, 0 failed" in result.output  # numpy on 3 input sets, onnxruntime on 2 (no NaN)
 
 
+def test_test_model_says_when_onnxruntime_is_missing(example_ops, monkeypatch):
+    """An ONNX model's second reference is onnxruntime's; without it, one line says so."""
+    from toolchain.verify import onnx_reference
+
+    monkeypatch.setattr(onnx_reference, "onnxruntime", None)
+    result = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "x86")
+    assert result.exit_code == 0, result.output
+    assert "onnxruntime is not installed: compared with numpy only" in result.output
+    assert "vs onnxruntime" not in result.output and "3 cases passed, 0 failed" in result.output
+
+
 def test_bench_model_reports_the_graph_against_the_roofline():
     result = invoke("bench", "--model", str(EXAMPLE_YAML), "--target", "x86", "--repeat", "1", "--json")
     assert result.exit_code == 0, result.output
@@ -307,6 +318,7 @@ def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
             "unknown op 'hard_sigmoid'",
         ),
         ("[1, 2", "Expecting ',' delimiter"),
+        ({"op": "add", "attrs": {}}, 'it has no "inputs"'),
         ("\x1b[2J", "Expecting value"),
     ],
 )

@@ -52,7 +52,9 @@ def task_bound(directory: Path) -> BoundOp:
         name, attrs = task["op"], task["attrs"]
         fused = find_op(name) is None and isinstance(attrs, dict) and "nodes" in attrs
         bound = FusedOp.bind_key(attrs, inputs) if fused else bind(get_op(name), attrs, inputs)
-    except (ValueError, TypeError, KeyError, UsageError) as exc:
+    except KeyError as exc:
+        raise UsageError(f"cannot read {path}: it has no {db.shown(exc.args[0])}") from None
+    except (ValueError, TypeError, UsageError) as exc:
         raise UsageError(f"cannot read {path}: {reason(exc)}") from None
     if db.task_dir(directory.parent.parent, bound, directory.parent.name) != directory:
         raise UsageError(f"{path} describes another task than {directory.name}")

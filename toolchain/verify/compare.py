@@ -76,6 +76,20 @@ TIE_EVERY = 64
 """With `specials`, one element in this many becomes a copy of the tensor's maximum."""
 
 
+@dataclass(frozen=True)
+class InputSet:
+    """A kind of seeded random input an artifact is checked on (`random_input`)."""
+
+    label: str
+    ties: bool = False
+    specials: bool = False
+
+
+INPUT_SETS = (InputSet("random"), InputSet("ties", ties=True), InputSet("NaN, inf, ties", specials=True))
+"""What every check runs an artifact on: plain random inputs, inputs full of ties, and inputs with
+NaN, infinities and repeated maxima planted."""
+
+
 def random_input(
     tensor: TensorType, rng: np.random.Generator, ties: bool = False, specials: bool = False
 ) -> np.ndarray:

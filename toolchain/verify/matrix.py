@@ -20,7 +20,7 @@ from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from toolchain.build.cache import cached_build
 from toolchain.build.targets import Target
-from toolchain.verify.compare import Comparison, compare, random_input
+from toolchain.verify.compare import INPUT_SETS, Comparison, InputSet, compare, random_input
 from toolchain.verify.run import check_device, for_device, run_artifact, verify
 
 
@@ -201,18 +201,6 @@ def run_matrix(
 
 
 @dataclass(frozen=True)
-class InputSet:
-    """A kind of seeded random input a model is verified on (see `compare.random_input`)."""
-
-    label: str
-    ties: bool = False
-    specials: bool = False
-
-
-MODEL_INPUTS = (InputSet("random"), InputSet("ties", ties=True), InputSet("NaN, inf, ties", specials=True))
-
-
-@dataclass(frozen=True)
 class Reference:
     """What a model's output is compared with: `expected(arrays)` (None: not available here),
     on the input sets `applies` accepts."""
@@ -222,24 +210,40 @@ class Reference:
     applies: Callable[[InputSet], bool] = lambda inputs: True
 
 
-def model_references(graph: BoundGraph, model: Path) -> list[Reference]:
-    """The graph's numpy reference (its ops' references composed) and, for an ONNX model with
-    onnxruntime installed, onnxruntime's, on the inputs where their semantics agree
-    (`toolchain/verify/onnx_reference.py`: NaN inputs only where every op treats NaN as numpy)."""
-    references = [Reference("numpy", lambda arrays: graph.reference(*arrays))]
-    if model.suffix.lower() == ".onnx":
-        from toolchain.verify import onnx_reference
+def _onnxruntime(graph: BoundGraph, model: Path) -> Reference | str:
+    """onnxruntime's reference for an ONNX model, on the inputs where its semantics agree with
+    numpy's (`toolchain/verify/onnx_reference.py`: NaN inputs only where every op treats NaN as
+    numpy); why there is none when it is not installed."""
+    from toolchain.verify import onnx_reference
 
-        if onnx_reference.onnxruntime is not None:
-            nan_too = onnx_reference.agrees_on_nan(model)
-            references.append(
-                Reference(
-                    "onnxruntime",
-                    lambda arrays: onnx_reference.onnxruntime_reference(model, graph, arrays),
-                    lambda inputs: nan_too or not inputs.specials,
-                )
-            )
-    return references
+    if onnx_reference.onnxruntime is None:
+        return "onnxruntime is not installed: compared with numpy only"
+    nan_too = onnx_reference.agrees_on_nan(model)
+    return Reference(
+        "onnxruntime",
+        lambda arrays: onnx_reference.onnxruntime_reference(model, graph, arrays),
+        lambda inputs: nan_too or not inputs.specials,
+    )
+
+
+FILE_REFERENCES: dict[str, Callable[[BoundGraph, Path], Reference | str]] = {".onnx": _onnxruntime}
+"""A second reference for models of a file kind (its suffix, as `toolchain.model.READERS`): the
+runtime the format comes with; or why it is not available here."""
+
+
+def model_references(graph: BoundGraph, model: Path) -> tuple[list[Reference], list[str]]:
+    """The graph's numpy reference (its ops' references composed) and, for a model file of a
+    kind with one (`FILE_REFERENCES`), its runtime's; with a line for each reference the model
+    has but this host cannot run."""
+    references = [Reference("numpy", lambda arrays: graph.reference(*arrays))]
+    notes = []
+    second = FILE_REFERENCES.get(model.suffix.lower())
+    found = second(graph, model) if second is not None else None
+    if isinstance(found, Reference):
+        references.append(found)
+    elif found is not None:
+        notes.append(found)
+    return references, notes
 
 
 def verify_model(
@@ -252,7 +256,7 @@ def verify_model(
     directory, manifest = cached_build(graph, for_device(target, session))
     dtype = graph.inputs[0].dtype if graph.inputs else graph.output.dtype
     for (index, inputs), sizes in itertools.product(
-        enumerate(MODEL_INPUTS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)
+        enumerate(INPUT_SETS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)
     ):
         rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}/{sizes_text(sizes)}".encode()))
         arrays = [

@@ -20,7 +20,7 @@ from toolchain.build.cache import Buildable
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.export import export
 from toolchain.build.manifest import Manifest
-from toolchain.verify.compare import random_input
+from toolchain.verify.compare import INPUT_SETS, random_input
 from toolchain.verify.run import against_reference, run_artifact
 
 TARGET_SECONDS = 0.2
@@ -85,9 +85,9 @@ def check_artifact(session: Session, bound: Buildable, directory: Path, manifest
     keep numpy's special cases too); the largest error against numpy. A mismatch is a DeployError
     saying how it differs."""
     worst = 0.0
-    for ties, specials in ((False, False), (True, False), (False, True)):
+    for kind in INPUT_SETS:
         rng = np.random.default_rng(1)
-        inputs = [random_input(t, rng, ties=ties, specials=specials) for t in bound.inputs]
+        inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in bound.inputs]
         comparison = against_reference(bound, inputs, run_artifact(session, directory, manifest, inputs))
         if not comparison.ok:
             raise DeployError(f"{manifest.schedule} build differs from numpy: {comparison.detail}")
