@@ -181,6 +181,31 @@ def test_fp16_is_stored_as_half_where_the_device_has_no_half_arithmetic(cl_sessi
             cl_session.run(tmp_path / "native" / "launch.json", [a, b], (2, 4, 8), "float16")
 
 
+@pytest.mark.skipif(FP16, reason="this device has half arithmetic: float16 kernels stay float16")
+def test_a_float16_model_is_tuned_as_the_device_computes_it(tmp_path):
+    """Without half arithmetic a float16 graph's kernels compute in float32: `deploy tune --model`
+    tunes those (the float32 model's task, whose records run, test and bench use), instead of
+    recording every candidate as refused."""
+    tasks = []
+    for dtype in ("float16", "float32"):
+        model = tmp_path / f"{dtype}.yaml"
+        model.write_text(
+            f"inputs: {{a: {{shape: [1, 8, 16, 16], dtype: {dtype}}},"
+            f" b: {{shape: [1, 1, 8, 8], dtype: {dtype}}}}}\n"
+            "nodes:\n"
+            "  - {name: pool, op: max_pool2d, attrs: {kernel: 3, stride: 2, padding: 1}, inputs: [a]}\n"
+            "  - {name: sum, op: add, inputs: [pool, b]}\n"
+            "output: sum\n"
+        )
+        db = tmp_path / f"db-{dtype}"
+        tuned = run_deploy(
+            "tune", "--model", str(model), "--target", "opencl", "--trials", "2", "--db", str(db)
+        )
+        assert tuned.returncode == 0 and "(2 new, 2 valid)" in tuned.stdout, tuned.stdout + tuned.stderr
+        tasks.append(sorted(p.name for p in (db / "opencl").glob("fused_*")))
+    assert tasks[0] == tasks[1] and len(tasks[0]) == 1
+
+
 def test_no_platform_and_bad_device(tmp_path):
     empty = tmp_path / "vendors"
     empty.mkdir()

@@ -103,9 +103,13 @@ def tune_command(
     if model is not None:
         from toolchain.build.compile import lay_out
         from toolchain.tune.layouts import choose_layout, write_layout
+        from toolchain.verify.run import check_device, for_device
 
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
+        check_device(target, device)
+        with device.open() as session:  # the kernels as it computes them: its builds' (float16 widened)
+            target = for_device(target, session)
         if layout is not None:  # the kernels tuned are this layout's: --tuned builds follow it
             write_layout(root, graph, target.name, {"layout": layout, "given": "--layout"})
         else:  # measure the target's layout first: the kernels to tune are its graph's
