@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from base.errors import UsageError, printable, reason
 from base.files import load_json, write_json_atomically
@@ -91,56 +92,80 @@ def _config_file() -> Path:
     return config_dir() / "devices.json"
 
 
-def load_boards() -> dict[str, Board]:
-    """The boards of the config file, each checked as `device add` checks it (but for its key
-    file, which may come back); a UsageError naming the file when it is not such a config."""
+def _entries() -> dict[str, Any]:
+    """The config file's entries as stored (name -> its fields), unchecked; a UsageError naming
+    the file when it is not a JSON object."""
     path = _config_file()
     if not path.exists():
         return {}
-    known = {f.name for f in fields(Board)}
     try:
         raw = load_json(path)
-        boards = {}
-        for name, entry in raw.items():
-            board = Board(**{k: v for k, v in entry.items() if k in known}).check()
-            if board.name != name:
-                raise ValueError(f"the entry {name!r} names the device {board.name!r}")
-            boards[name] = board
-        return boards
-    except (OSError, ValueError, TypeError, AttributeError, UsageError) as exc:
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read device config {path}: {reason(exc)}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"cannot read device config {path}: expected an object of devices")
+    return raw
 
 
-def save_boards(boards: dict[str, Board]) -> None:
-    """Write the config atomically (private: it names hosts, users and key paths)."""
-    write_json_atomically(_config_file(), {name: asdict(b) for name, b in sorted(boards.items())}, 0o600)
+def _board(name: str, entry: Any) -> Board:
+    """The entry `name` of the config as a Board, checked as `device add` checks one (but for
+    its key file, which may come back); a UsageError naming the device and how to be rid of it."""
+    known = {f.name for f in fields(Board)}
+    try:
+        board = Board(**{k: v for k, v in entry.items() if k in known}).check()
+        if board.name != name:
+            raise ValueError(f"the entry names the device {board.name!r}")
+    except (ValueError, TypeError, AttributeError, UsageError) as exc:
+        raise UsageError(
+            f"device {name!r} in {_config_file()}: {reason(exc)} (`deploy device remove {name}` forgets it)"
+        ) from None
+    return board
+
+
+def load_boards() -> dict[str, Board]:
+    """Every board of the config file, each checked (`_board`)."""
+    return {name: _board(name, entry) for name, entry in _entries().items()}
 
 
 def get_board(name: str) -> Board | None:
-    return load_boards().get(name)
+    """The board `name`, checked; None when the config has none such (others are not checked)."""
+    entry = _entries().get(name)
+    return None if entry is None else _board(name, entry)
 
 
 def require_board(name: str) -> Board:
+    """The board `name`; a UsageError when there is none."""
     board = get_board(name)
     if board is None:
         raise UsageError(f"no device named {name!r} (see `deploy device list`)")
     return board
 
 
+def _save(entries: dict[str, Any]) -> None:
+    """Write the config atomically (private: it names hosts, users and key paths)."""
+    write_json_atomically(_config_file(), dict(sorted(entries.items())), 0o600)
+
+
 def add_board(board: Board, replace: bool = False) -> None:
+    """Add (or with `replace`, replace) a board, checked with its key file; the other entries are
+    kept as they are."""
     board.validate()
     with guarding(_config_file()):  # concurrent add/remove each see the others' boards
-        boards = load_boards()
-        if board.name in boards and not replace:
+        entries = _entries()
+        if board.name in entries and not replace:
             raise UsageError(f"device {board.name!r} exists: remove it first or replace it")
-        boards[board.name] = board
-        save_boards(boards)
+        entries[board.name] = asdict(board)
+        _save(entries)
 
 
-def remove_board(name: str) -> Board:
+def remove_board(name: str) -> str:
+    """Forget the board `name`, even one that no longer passes the checks; says what it was
+    (`user@host:port`)."""
     with guarding(_config_file()):
-        board = require_board(name)
-        boards = load_boards()
-        del boards[name]
-        save_boards(boards)
-        return board
+        entries = _entries()
+        if name not in entries:
+            raise UsageError(f"no device named {name!r} (see `deploy device list`)")
+        entry = entries.pop(name)
+        _save(entries)
+    fields_of = entry if isinstance(entry, dict) else {}
+    return printable(f"{fields_of.get('user')}@{fields_of.get('host')}:{fields_of.get('port', 22)}")

@@ -9,6 +9,7 @@ The CLI runs in-process, so the whole table takes seconds; rows touch no device 
 
 from __future__ import annotations
 
+import json
 import shlex
 import textwrap
 from pathlib import Path
@@ -604,10 +605,11 @@ BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch
         ),
         ('{"b": {"name": "b", "host": 5, "user": null, "port": "x"}}', "board host 5: expected a string"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "port": true}}', "board port True"),
-        ('{"b": {"name": "zz", "host": "h", "user": "u"}}', "the entry 'b' names the device 'zz'"),
+        ('{"b": {"name": "zz", "host": "h", "user": "u"}}', "the entry names the device 'zz'"),
+        ('{"b": [1]}', "'list' object has no attribute 'items'"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "remote_dir": "/"}}', "remote dir '/'"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "arch": "sparc"}}', "board arch 'sparc'"),
-        ("[1, 2]", "'list' object has no attribute 'items'"),
+        ("[1, 2]", "expected an object of devices"),
         ("", "Expecting value"),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
         (None, "not a regular file"),
@@ -615,7 +617,8 @@ BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch
 )
 def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch):
     """devices.json is checked as `device add` checks a board: a hand-edited port of 99999 is not
-    wrapped to another port, nor a host of 5 handed to the SSH helper."""
+    wrapped to another port, nor a host of 5 handed to the SSH helper. A bad entry is named, and
+    `device remove` forgets it (the other boards stay usable); a bad file is named."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     path = tmp_path / "deploy" / "devices.json"
     path.parent.mkdir()
@@ -623,9 +626,16 @@ def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch
         path.mkdir()
     else:
         path.write_text(config)
+    entry = config is not None and config.startswith('{"b"')
+    said = f"device 'b' in {path}: " if entry else f"cannot read device config {path}: "
     build = ["build", "--target", "arm", "--op", "add", "--shape", "4", "--shape", "4", "--device", "b"]
     for command in (["device", "list"], build):
         result = invoke(*command)
         assert result.exit_code == 2, result.output
         (line,) = result.stderr.strip().splitlines()
-        assert line.startswith(f"error: cannot read device config {path}: ") and fragment in line, line
+        assert line.startswith(f"error: {said}") and fragment in line, line
+    if entry:
+        assert "(`deploy device remove b` forgets it)" in line
+        removed = invoke("device", "remove", "b")
+        assert removed.exit_code == 0 and removed.stdout.startswith("removed b ("), removed.output
+        assert json.loads(path.read_text()) == {}

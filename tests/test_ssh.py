@@ -485,9 +485,7 @@ def test_a_remote_dir_at_or_above_home_is_refused_before_anything_runs(server, t
     ours = ("runtime", "runtime.new", "runtime.old", "servers")
     before = [(home / name).exists() for name in ours]
     assert add("homely", server, tmp_path / "ok", "--accept-new-host-key").returncode == 0
-    config = "cannot read device config {}: ".format(
-        Path(os.environ["XDG_CONFIG_HOME"]) / "deploy" / "devices.json"
-    )
+    config = "device 'homely' in {}: ".format(Path(os.environ["XDG_CONFIG_HOME"]) / "deploy" / "devices.json")
     for remote_dir, message in {
         ".": f"{config}remote dir '.': expected a directory for deploy alone",
         "": f"{config}remote dir '': expected a directory for deploy alone",
