@@ -69,7 +69,9 @@ def check_writable(directory: Path) -> None:
     """That files can be created in `directory`, or in the nearest directory above it that exists
     (where it would be made): a probe file made there and removed. An OSError when they cannot
     (read-only, immutable, not a directory), checked before a command does its work."""
-    nearest = next(path for path in (directory, *directory.parents) if path.exists())
+    nearest = next(path for path in (directory, *directory.parents) if path.exists() or path.is_symlink())
+    if not nearest.exists():
+        raise FileNotFoundError(f"{nearest} is a symbolic link to nothing")
     if not nearest.is_dir():
         raise NotADirectoryError(f"{nearest} is not a directory")
     descriptor, probe = tempfile.mkstemp(prefix=".deploy-probe.", dir=nearest)

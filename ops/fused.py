@@ -92,7 +92,11 @@ class FusedOp(Op):
             if type(anchor) is not int or not 0 <= anchor < len(bound):
                 raise ValueError(f"anchor {anchor!r} is no node's index")
             return cls(bound, reads, anchor).bind(types)
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise UsageError(
+                f"not the attributes of a fused group and its inputs (no {exc.args[0]!r})"
+            ) from None
+        except (TypeError, ValueError) as exc:
             raise UsageError(f"not the attributes of a fused group and its inputs ({reason(exc)})") from None
 
     def compose(self, compute: Apply, *tensors: Any) -> Any:

@@ -310,7 +310,10 @@ class BoundOp:
 
 
 def normalize_attrs(op: Op, given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults filled in, every value normalized; unknown names are a UsageError."""
+    """Defaults filled in, every value normalized; unknown names are a UsageError, and so is
+    anything but a mapping (attributes read from a file may be anything)."""
+    if not isinstance(given, dict):
+        raise UsageError(f"op {op.name}: attributes {given!r}: expected a mapping of names to values")
     known = {a.name: a for a in op.attrs}
     for name in given:
         if name not in known:

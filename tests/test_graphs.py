@@ -286,13 +286,14 @@ def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, exam
 @pytest.mark.parametrize(
     "change,message",
     [
-        (lambda a: a.pop("anchor"), "not the attributes of a fused group and its inputs ('anchor')"),
         (lambda a: a.update(anchor=2), "anchor 2 is no node's index"),
         (lambda a: a.update(anchor=True), "anchor True is no node's index"),
         (lambda a: a["nodes"][1].update(reads=["pool"]), "its nodes read 1 tensor(s) from outside, given 2"),
         (lambda a: a.update(nodes="pool"), "string indices must be integers"),
         (lambda a: a["nodes"][0].update(op="no_such_op"), "unknown op 'no_such_op'"),
         (lambda a: a["nodes"][0]["attrs"].update(kernel=-3), "kernel"),
+        (lambda a: a["nodes"][0].update(attrs=[]), "op max_pool2d: attributes []: expected a mapping"),
+        (lambda a: a.pop("anchor"), "not the attributes of a fused group and its inputs (no 'anchor')"),
     ],
 )
 def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):

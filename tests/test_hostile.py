@@ -426,10 +426,13 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{RUN} -i TMP/v3.npy", 2, "is .npy format 3.0; expected 1.0 or 2.0"),
     (f"{LR} --shape 4 -o TMP/afile/art", 2, "afile is a file, not a directory"),
     (f"{LR} --shape 4 -o ''", 2, "-o '': expected an artifact directory"),
+    ("build --target arm --op leaky_relu --shape 4 -o ''", 2, "-o '': expected"),  # before the emulator
     (f"{RUN} -i TMP/f32_4.npy -o ''", 2, "-o '': expected a .npy file path"),
     # where nothing can be created (sysfs, even for root): refused before the work, not after it
     (f"{LR} --shape 4 -o /sys/deploy-art", 2, "cannot write output directory /sys/deploy-art: "),
     (f"{TUNE} --shape 4 --db /sys/deploy-db", 2, "--db /sys/deploy-db: "),
+    (f"{TUNE} --shape 4 --db TMP/dangling", 2, "dangling: is a symbolic link to nothing"),
+    (f"{TUNE} --shape 4 --db TMP/dangling/sub", 2, "dangling, a symbolic link to nothing"),
     (f"{BENCH} --plot /sys/deploy.png", 2, "--plot /sys/deploy.png: cannot write in /sys: "),
     (f"{LR} --shape 4 -o TMP/afile/deeper/art", 2, "afile is a file, not a directory"),
     # device and tracker: names and addresses (nothing is started)
@@ -527,6 +530,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile").resolve()
     (root / "afile").write_text("a plain file\n")
     (root / "adir").mkdir()
+    (root / "dangling").symlink_to(root / "nowhere")
     arrays = {
         "f32_4": np.ones(4, "float32"),
         "f32_3x4": np.ones((3, 4), "float32"),

@@ -361,3 +361,34 @@ def test_compare_in_chunks_matches_one_chunk(monkeypatch):
     assert [compare(a, b, exact) for a, b, exact in _cases()] == whole
     kinds = {(c.ok, c.detail.split(" ")[0]) for c in whole}
     assert {(True, ""), (False, "NaN"), (False, "not"), (False, "beyond")} <= kinds
+
+
+@pytest.mark.parametrize(
+    "layout,error",
+    [
+        ("dir", None),  # in it
+        ("dir/new/deeper", None),  # made later: checked in dir
+        ("relative", None),  # a relative path, from the current directory
+        ("link-to-dir/new", None),  # through a symlink to a directory
+        ("afile/new", NotADirectoryError),
+        ("dangling/new", FileNotFoundError),
+        ("/sys/deploy-probe", OSError),  # nothing can be created there, even by root
+    ],
+)
+def test_check_writable_probes_where_files_would_be_made(layout, error, tmp_path, monkeypatch):
+    """base.files.check_writable: a file made and removed in the nearest directory that exists,
+    leaving nothing behind; an OSError where files cannot be made."""
+    from base.files import check_writable
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "link-to-dir").symlink_to(tmp_path / "dir")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    if error is None:
+        check_writable(Path(layout))
+    else:
+        with pytest.raises(error):
+            check_writable(Path(layout))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

@@ -92,13 +92,13 @@ def build_command(
         name, output = bound.op.name, bound.output
         if bundle:
             check_bundle(bound, target)
-    if target.cores is None and target.artifact.splits_for_cores:
-        with where.resolve(target).open() as session:
-            target = for_device(target, session)
     if out_dir == "":
         raise UsageError("-o '': expected an artifact directory")
     directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
-    check_destination(directory)  # before the build, not after it
+    check_destination(directory)  # before the device and the build, not after them
+    if target.cores is None and target.artifact.splits_for_cores:
+        with where.resolve(target).open() as session:
+            target = for_device(target, session)
     compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
     manifest = export(compiled, directory, bundle=bundle)
     if tuned is not None and manifest.graph is None and manifest.tuning_record is None:

@@ -141,9 +141,10 @@ def tune_command(
 def _records_dir(db_dir: str) -> Path:
     """--db as a directory that is or can be created: no file where a directory must be."""
     root = Path(db_dir)
-    nearest = next((path for path in (root, *root.parents) if path.exists()), None)
+    nearest = next((path for path in (root, *root.parents) if path.exists() or path.is_symlink()), None)
     if nearest is not None and not nearest.is_dir():
-        where = "is a file" if nearest == root else f"is under {nearest}, a file"
+        what = "a file" if nearest.exists() else "a symbolic link to nothing"
+        where = f"is {what}" if nearest == root else f"is under {nearest}, {what}"
         raise UsageError(f"--db {db_dir}: {where}; expected a records directory")
     try:
         check_writable(root)
