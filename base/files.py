@@ -52,13 +52,18 @@ def name_part(name: str, limit: int = 64) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:limit].lstrip(".") or "_"
 
 
-def load_json(path: Path) -> Any:
-    """The JSON value the file `path` holds. An OSError when it cannot be read or is no regular
-    file (a FIFO would block the reader forever), a ValueError when it is not JSON, nested
-    deeper than Python's recursion limit included (files deploy reads may be anything)."""
+def read_regular(path: Path) -> bytes:
+    """The bytes of the file `path`; an OSError when it cannot be read or is no regular file (a
+    FIFO or a device would block the reader forever: files deploy reads may be anything)."""
     if path.exists() and not path.is_file():
         raise OSError("not a regular file")
-    text = path.read_text()
+    return path.read_bytes()
+
+
+def load_json(path: Path) -> Any:
+    """The JSON value the file `path` holds (`read_regular`). An OSError when it cannot be read,
+    a ValueError when it is not JSON, nested deeper than Python's recursion limit included."""
+    text = read_regular(path).decode()
     try:
         return json.loads(text)
     except RecursionError:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from base.errors import DeployError, UsageError, reason
-from base.files import load_json
+from base.files import load_json, read_regular
 from base.paths import cache_root
 from devices.registry import Device, register_device, register_device_source
 
@@ -72,7 +72,7 @@ def read_plan(path: Path) -> dict[str, Any]:
     the artifact's directory. Anything else is a one-line UsageError. When the artifact's
     `manifest.json` is beside it, the plan must be the one it pins (its sha256)."""
     try:
-        text = path.read_bytes()
+        text = read_regular(path)
         manifest = path.with_name("manifest.json")
         if manifest.is_file():
             pinned = load_json(manifest).get("sha256")

@@ -10,6 +10,7 @@ The CLI runs in-process, so the whole table takes seconds; rows touch no device 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import textwrap
 from pathlib import Path
@@ -45,6 +46,9 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/mismatch.yaml", 2, "node 's' (add): cannot broadcast"),
     (f"{MODEL} TMP/missing_input.yaml", 2, "node 's' (add) reads 'q', which is no graph input"),
     (f"{MODEL} TMP/twice.yaml", 2, "twice.yaml:1: not valid YAML: key 'x' given twice"),
+    (f"{MODEL} TMP/fifo.yaml", 2, "fifo.yaml: cannot read it: not a regular file"),  # would block
+    (f"{MODEL} TMP/deep.yaml", 2, "deep.yaml: not valid YAML: nested too deeply"),
+    (f"{MODEL} TMP/deep.json", 2, "deep.json: not valid JSON: nested too deeply"),
     (f"{MODEL} TMP/twice_attr.yaml", 2, "twice_attr.yaml:2: not valid YAML: key 'alpha' given twice"),
     (f"{MODEL} TMP/twice.json", 2, "twice.json: not valid JSON: key 'name' given twice"),
     (f"{MODEL} TMP/escape.yaml", 2, "node name 'act\\x1b]0;title\\x07': expected printable characters"),
@@ -531,6 +535,9 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "afile").write_text("a plain file\n")
     (root / "adir").mkdir()
     (root / "dangling").symlink_to(root / "nowhere")
+    os.mkfifo(root / "fifo.yaml")
+    (root / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     arrays = {
         "f32_4": np.ones(4, "float32"),
         "f32_3x4": np.ones((3, 4), "float32"),

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from base.errors import UsageError, reason
+from base.files import read_regular
 from ops.graph import Graph
 from toolchain.model.graph_file import read_json, read_yaml
 from toolchain.model.onnx_import import read_onnx
@@ -37,7 +38,7 @@ def load_model(path: str | Path) -> Graph:
             f" (known: {', '.join(READERS)})"
         )
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except OSError as exc:
         raise UsageError(f"model {path}: cannot read it: {exc.strerror or reason(exc)}") from None
     return reader(path, data)

@@ -81,6 +81,8 @@ def read_yaml(path: Path, data: bytes) -> Graph:
         ) from None
     except yaml.YAMLError as exc:
         raise UsageError(f"model {path}: not valid YAML: {reason(exc)}") from None
+    except RecursionError:
+        raise UsageError(f"model {path}: not valid YAML: nested too deeply") from None
     return _graph(path, document)
 
 
@@ -90,8 +92,10 @@ def read_json(path: Path, data: bytes) -> Graph:
         document = json.loads(_text(path, data), object_pairs_hook=_pairs_once)
     except json.JSONDecodeError as exc:
         raise UsageError(f"model {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise UsageError(f"model {path}: not valid JSON: {reason(exc)}") from None
+    except RecursionError:
+        raise UsageError(f"model {path}: not valid JSON: nested too deeply") from None
     return _graph(path, document)
 
 

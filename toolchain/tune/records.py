@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import UsageError, reason
-from base.files import load_json, write_json_atomically
+from base.files import load_json, read_regular, write_json_atomically
 from base.locks import locked
 from ops.spec import BoundOp
 
@@ -210,7 +210,7 @@ def _lines(path: Path) -> list[str]:
     without its newline is still being written, or was cut by a kill, and is left out."""
     if not path.exists():
         return []
-    text = path.read_text()
+    text = read_regular(path).decode()
     return [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
