@@ -4,6 +4,7 @@ the sha256 that pins a file (modules, plans, wheels, runtimes); and names as par
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -55,6 +56,8 @@ def name_part(name: str, limit: int = 64) -> str:
 def read_regular(path: Path) -> bytes:
     """The bytes of the file `path`; an OSError when it cannot be read or is no regular file (a
     FIFO or a device would block the reader forever: files deploy reads may be anything)."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if path.exists() and not path.is_file():
         raise OSError("not a regular file")
     return path.read_bytes()

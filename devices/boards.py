@@ -100,7 +100,9 @@ def _entries() -> dict[str, Any]:
         return {}
     try:
         raw = load_json(path)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise UsageError(f"cannot read device config {path}: {exc.strerror or reason(exc)}") from None
+    except ValueError as exc:
         raise UsageError(f"cannot read device config {path}: {reason(exc)}") from None
     if not isinstance(raw, dict):
         raise UsageError(f"cannot read device config {path}: expected an object of devices")

@@ -623,7 +623,7 @@ BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch
         ("[1, 2]", "expected an object of devices"),
         ("", "Expecting value"),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-        (None, "not a regular file"),
+        (None, "devices.json: Is a directory"),
     ],
 )
 def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch):
