@@ -8,15 +8,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from base.errors import DeployError, reason
-from devices import get_device
-from toolchain.build.targets import Target, get_target
-from toolchain.verify.run import check_device
+from base.stopping import exit_code
+
+if TYPE_CHECKING:
+    from toolchain.build.targets import Target
 
 
 def host_target(parser: argparse.ArgumentParser, name: str) -> Target:
     """The target `name`, which this host must run: else `parser.error` (exit 2)."""
+    from devices import get_device
+    from toolchain.build.targets import get_target
+    from toolchain.verify.run import check_device
+
     try:
         target = get_target(name)
         check_device(target, get_device("local"))
@@ -39,6 +45,6 @@ def run(main: Callable[[], None]) -> None:
     except DeployError as exc:
         print(f"error: {reason(exc)}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # SIGTERM and SIGHUP end a script as the shell says
         print("error: stopped by SIGINT", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(exit_code(interrupt))

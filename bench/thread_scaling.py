@@ -35,7 +35,8 @@ def bench_at(
     env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:  # its own exit code: 2 bad input, 1 a failed check
-        print(f"error: deploy bench at {threads} threads: {done.stderr.strip()}", file=sys.stderr)
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]  # its error line comes last
+        print(f"error: deploy bench at {threads} threads: {said}", file=sys.stderr)
         sys.exit(done.returncode)
     return json.loads(done.stdout)
 

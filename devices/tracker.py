@@ -81,7 +81,7 @@ def parse_address(text: str) -> tuple[str, int]:
         or not (port.isascii() and port.isdigit())
         or not 1 <= int(port) <= 65535
     ):
-        raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190")
+        raise UsageError(f"tracker address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9190 or [::1]:9190")
     return host, int(port)
 
 

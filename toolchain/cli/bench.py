@@ -95,7 +95,9 @@ def bench_command(
         try:
             check_writable(Path(plot).parent)  # before the bench, whose figures a failed write would lose
         except OSError as exc:
-            raise UsageError(f"--plot {plot}: cannot write in {Path(plot).parent}: {exc.strerror}") from None
+            raise UsageError(
+                f"--plot {plot}: cannot write in {Path(plot).parent}: {exc.strerror or exc}"
+            ) from None
     if model is not None and min_mb is not None:
         raise UsageError(f"--min-mb {min_mb}: grows the ops' bench cases; a model's shapes are its own")
     if model is not None and (op_names or dtype):

@@ -115,7 +115,7 @@ def _standing(
     except UsageError:
         return None
     measured = (body.get("candidate"), body.get("device")) if isinstance(body, dict) else None
-    if measured != (candidate.name, device.name):
+    if measured != (candidate.name, device.name) or body.get("layout") not in (candidate.name, None):
         return None
     timed = [body.get("nchw_ms"), *([body.get("packed_ms")] if body.get("packed_ms") is not None else [])]
     rejected = body.get("rejected")

@@ -7,7 +7,7 @@ A new artifact kind that can be tuned adds one entry to TUNERS; one without is r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,14 @@ class AcceptedRecords:
 
     root: Path
     warn: Callable[[str], None]
+    warned: set[str] = field(default_factory=set, compare=False)
+    """What was warned of already: a command may build one graph more than once (`deploy bench`
+    once per batch size), and says each problem once."""
+
+    def _once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            self.warn(message)
 
     def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
         """(the scheduled module, its record id) of the accepted record for `bound`; None when
@@ -74,7 +82,7 @@ class AcceptedRecords:
                 return None
             return tuner_for(target).schedule(directory, entry, bound, target), entry["record"]
         except UsageError as exc:
-            self.warn(f"--tuned {self.root}: {exc}; building the hand schedule")
+            self._once(f"--tuned {self.root}: {exc}; building the hand schedule")
             return None
 
     def verdict(self, bound: BoundOp, target: Target) -> str | None:
@@ -96,5 +104,5 @@ class AcceptedRecords:
         try:
             return read_layout(self.root, graph, target.name)
         except UsageError as exc:
-            self.warn(f"--tuned {self.root}: {exc}; building the graph in NCHW")
+            self._once(f"--tuned {self.root}: {exc}; building the graph in NCHW")
             return None

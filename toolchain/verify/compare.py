@@ -86,8 +86,9 @@ class InputSet:
 
 
 INPUT_SETS = (InputSet("random"), InputSet("ties", ties=True), InputSet("NaN, inf, ties", specials=True))
-"""What every check runs an artifact on: plain random inputs, inputs full of ties, and inputs with
-NaN, infinities and repeated maxima planted."""
+"""What `check_artifact` (tuning, layout choice) and `deploy test --model` run an artifact on:
+plain random inputs, inputs full of ties, and inputs with NaN, infinities and repeated maxima
+planted. The op matrix draws its own per case (`matrix.verify_case`)."""
 
 
 def random_input(
