@@ -48,6 +48,9 @@ def test_ops_table_and_targets():
     assert "max_pool2d" in invoke("ops").stdout
     targets = {t["name"]: t for t in json.loads(invoke("targets", "--json").stdout)}
     assert targets["x86"]["tvm"] == {"kind": "llvm", "mcpu": "core-avx2"}
+    assert targets["arm-fp16"]["layouts"] == {"float32": "NCHW4c", "float16": "NCHW8c"}
+    table = invoke("targets").stdout
+    assert "layouts" in table and "NCHW8c" in table
 
 
 def test_build_writes_module_and_manifest(tmp_path):

@@ -442,6 +442,34 @@ def test_the_layout_pass_converts_only_where_neighbours_disagree(name, layout):
     assert relayout(g, LAYOUTS["NCHW"]) is g
 
 
+def test_a_moved_output_read_by_another_node_keeps_its_name():
+    """The graph's output `pool` moves to the layout and is read by a node that follows it:
+    that node reads the packed tensor (under its own name), and the conversion back writes
+    `pool`, which the graph returns."""
+    from ops.layouts import LAYOUTS
+    from ops.relayout import relayout
+
+    g = bind_graph(
+        Graph(
+            "g",
+            (("a", TensorType((1, 7, 8, 8), "float32")),),
+            (
+                Node("pool", get_op("max_pool2d"), POOL, ("a",), "pool"),
+                Node("act", get_op("leaky_relu"), {}, ("pool",), "act"),
+            ),
+            "pool",
+        )
+    )
+    laid = relayout(g, LAYOUTS["NCHW8c"])
+    writers = {n.node.output: n for n in laid.nodes}
+    assert laid.graph.output == "pool" and writers["pool"].bound.op.name == "layout_transform"
+    packed = writers["pool"].node.inputs[0]
+    assert writers["act"].node.inputs == (packed,) and writers[packed].node.name == "pool"
+    rng = np.random.default_rng(4)
+    a = random_input(g.inputs[0], rng, specials=True)
+    np.testing.assert_array_equal(laid.reference(a), g.reference(a))
+
+
 def test_the_layout_pass_leaves_graphs_without_pooling_and_explicit_layouts_alone():
     from ops.layouts import LAYOUTS
     from ops.relayout import relayout

@@ -467,6 +467,11 @@ ROWS: list[tuple[str, int, str]] = [
     ("tracker status --tracker 'h h:9190'", 2, "tracker address 'h h:9190'"),
     ("tracker status --tracker 127.0.0.1:9190:1", 2, "tracker address '127.0.0.1:9190:1'"),
     ("tracker status --tracker '[::1'", 2, "tracker address '[::1'"),
+    (
+        "tracker status --tracker ::1:9190",
+        2,
+        "tracker address '::1:9190': expected HOST:PORT, e.g. 127.0.0.1:9190 or [::1]:9190",
+    ),
     ("device emulator start --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected a device key"),
     ("device emulator start --tracker 127.0.0.1:9190 --key 'a b'", 2, "--key 'a b': expected a device key"),
     ("device serve b --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected a device key"),

@@ -668,6 +668,18 @@ def test_a_node_onnxruntime_cannot_run_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
 
 
+def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:
+    """`<<: *anchor` merges a mapping whose keys the mapping may then override: no key given
+    twice there, though a key given twice in one mapping is refused."""
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "inputs:\n  a: &image {shape: [1, 2, 8, 8], dtype: float16}\n  b: {<<: *image, dtype: float32}\n"
+        "nodes: [{name: p, op: max_pool2d, attrs: {kernel: 2}, inputs: [b]}]\noutput: p\n"
+    )
+    graph = bind_graph(load_model(path))
+    assert [str(t) for t in graph.inputs] == ["1x2x8x8:float16", "1x2x8x8:float32"]
+
+
 @pytest.mark.parametrize(
     "declared,message",
     [
