@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import at_least_one, run
 from python_emulator import Sysroot
 
 from base.paths import cache_root
@@ -96,7 +97,7 @@ def spread(seconds: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
-    repeat = parser.parse_args().repeat
+    repeat = at_least_one(parser, "--repeat", parser.parse_args().repeat)
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     sysroot = Sysroot(cache_root() / "bench-python-emulator")
     print("provisioning the Python baseline's sysroot (once)...", flush=True)
@@ -131,4 +132,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -8,6 +8,7 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,11 @@ def _board(name: str, entry: Any) -> Board:
         if board.name != name:
             raise ValueError(f"the entry names the device {board.name!r}")
     except (ValueError, TypeError, AttributeError, UsageError) as exc:
+        forget = (
+            f"`deploy device remove {shlex.quote(name)}`" if name.isprintable() else "`deploy device remove`"
+        )
         raise UsageError(
-            f"device {name!r} in {_config_file()}: {reason(exc)} (`deploy device remove {name}` forgets it)"
+            f"device {name!r} in {_config_file()}: {reason(exc)} ({forget} forgets it)"
         ) from None
     return board
 
@@ -169,5 +173,6 @@ def remove_board(name: str) -> str:
             raise UsageError(f"no device named {name!r} (see `deploy device list`)")
         entry = entries.pop(name)
         _save(entries)
-    fields_of = entry if isinstance(entry, dict) else {}
-    return printable(f"{fields_of.get('user')}@{fields_of.get('host')}:{fields_of.get('port', 22)}")
+    if not isinstance(entry, dict):
+        return "not a board"
+    return printable(f"{entry.get('user')}@{entry.get('host')}:{entry.get('port', 22)}")

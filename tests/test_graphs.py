@@ -588,6 +588,14 @@ def test_tune_model_measures_the_targets_layout_and_builds_follow(tmp_path):
         ({"packed_ms": True}, False),
         ({"rejected": None}, False),
         ({"layout": "NCHW16c"}, False),
+        ({"packed_ms": 3.0}, False),  # packed, but slower than NCHW: not what tuning writes
+        ({"layout": None, "packed_ms": 1.9}, True),  # NCHW stays: faster, within the spread
+        ({"layout": None, "packed_ms": None}, True),  # the packed build was rejected
+        ({"nchw_ms": 0}, False),
+        ({"nchw_ms": -1.0}, False),
+        ({"nchw_ms": float("nan")}, False),
+        ({"nchw_ms": 10**400}, False),
+        ({"rejected": [{"a": 1}]}, False),
     ],
 )
 def test_a_layout_verdict_stands_for_its_candidate_on_its_device(change, stands, tmp_path):

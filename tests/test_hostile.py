@@ -395,6 +395,9 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{BENCH} --plot TMP/missing/bench.png", 2, "TMP/missing is not an existing directory"),
     (f"{BENCH} --plot TMP/afile/bench.png", 2, "TMP/afile is not an existing directory"),
     (f"{BENCH} --plot TMP/adir", 2, "'TMP/adir' is a directory"),
+    (f"{BENCH} --plot TMP/bench.txt", 2, "--plot 'TMP/bench.txt': expected a .png file path"),
+    (f"{BENCH} --plot ''", 2, "--plot '': expected a .png file path"),
+    (f"{TUNE} --shape 4 --db ''", 2, "--db '': expected a records directory"),
     (f"{BENCH} --cores 0", 2, "--cores 0"),
     (f"{BENCH} --tuned TMP/afile", 2, "--tuned TMP/afile: is not a directory"),
     ("bench --target x86 --device nosuch --op add", 2, "unknown device 'nosuch'"),
@@ -653,5 +656,5 @@ def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch
     if entry:
         assert "(`deploy device remove b` forgets it)" in line
         removed = invoke("device", "remove", "b")
-        assert removed.exit_code == 0 and removed.stdout.startswith("removed b ("), removed.output
+        assert removed.exit_code == 0 and removed.stdout.startswith("removed 'b' ("), removed.output
         assert json.loads(path.read_text()) == {}

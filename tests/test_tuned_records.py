@@ -272,11 +272,17 @@ def test_report_measures_each_task_with_its_own_module(tmp_path: Path) -> None:
     root = tmp_path / "db"
     plant(root, parallel)
     plant(root, parallel, bound_add((8, 3)))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not deploy's")
+    (root / "x86" / "report.png").symlink_to(victim)  # the plot replaces the link, not what it names
     report = invoke("tune", "--report", "--target", "x86", "--db", str(root))
     assert report.exit_code == 0, report.output
     rows = json.loads((root / "x86" / "report.json").read_text())["rows"]
     assert sorted(row["label"] for row in rows) == ["add 4x4 4x4", "add 8x3 8x3"]
     assert all(row["verdict"] == "tuned" and row["tuned_ms"] > 0 for row in rows)
+    assert victim.read_text() == "not deploy's"
+    png = root / "x86" / "report.png"
+    assert not png.is_symlink() and png.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow

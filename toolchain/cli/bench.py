@@ -89,6 +89,8 @@ def bench_command(
     if min_mb is not None and not 1 <= min_mb <= MAX_MB:
         raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
     options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines)
+    if plot is not None and Path(plot).suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot!r}: expected a .png file path")
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
     if plot:

@@ -195,7 +195,7 @@ def device_remove(name: str) -> None:
     """Forget a board (its host key stays in known_hosts)."""
     from devices.boards import remove_board
 
-    click.echo(f"removed {name} ({remove_board(name)})")
+    click.echo(f"removed {name!r} ({remove_board(name)})")
 
 
 @click.group("tracker")

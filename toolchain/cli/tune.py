@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
-from base.files import check_writable
+from base.files import check_writable, replacing
 from base.stopping import exit_code
 from toolchain.cli.options import (
     ATTR,
@@ -140,6 +140,8 @@ def tune_command(
 
 def _records_dir(db_dir: str) -> Path:
     """--db as a directory that is or can be created: no file where a directory must be."""
+    if not db_dir:
+        raise UsageError("--db '': expected a records directory")
     root = Path(db_dir)
     nearest = next((path for path in (root, *root.parents) if path.exists() or path.is_symlink()), None)
     if nearest is not None and not nearest.is_dir():
@@ -281,7 +283,8 @@ def plot_curves(curves: dict[str, list[float | None]], path: Path, title: str) -
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path)
+    with replacing(path) as partial:  # deploy's file in the records: replaced, never written through
+        figure.savefig(partial, format="png")
     plt.close(figure)
 
 

@@ -17,6 +17,7 @@ ones (README, Layouts). So it is measured per graph and device, never assumed.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,22 @@ def _standing(
     measured = (body.get("candidate"), body.get("device")) if isinstance(body, dict) else None
     if measured != (candidate.name, device.name) or body.get("layout") not in (candidate.name, None):
         return None
-    timed = [body.get("nchw_ms"), *([body.get("packed_ms")] if body.get("packed_ms") is not None else [])]
-    rejected = body.get("rejected")
-    if not all(type(ms) in (int, float) for ms in timed) or not isinstance(rejected, list):
+    nchw, packed, rejected = _ms(body.get("nchw_ms")), _ms(body.get("packed_ms")), body.get("rejected")
+    if nchw is None or (packed is None and body.get("packed_ms") is not None):
         return None
-    return {**body, "rejected": [str(line) for line in rejected], "standing": True, "path": str(path)}
+    if not isinstance(rejected, list) or not all(isinstance(line, str) for line in rejected):
+        return None
+    if body["layout"] is not None and not (packed is not None and packed < nchw):  # packed, but slower
+        return None
+    return {**body, "nchw_ms": nchw, "packed_ms": packed, "standing": True, "path": str(path)}
+
+
+def _ms(value: Any) -> float | None:
+    """A time read from a verdict, if it is one: a finite number of milliseconds above 0."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        ms = float(value)
+    except OverflowError:
+        return None
+    return ms if math.isfinite(ms) and ms > 0 else None
