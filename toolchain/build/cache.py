@@ -57,11 +57,12 @@ def code_fingerprint(item: Buildable) -> str:
 
 
 def _tuned(item: Buildable, target: Target, laid: LaidOut | None) -> Any:
-    """What the records `--tuned` names say for the item (a graph `laid` out as they say): for
-    a graph, the layout tuning accepted and the verdict per kernel."""
+    """What the records `--tuned` names say for the item: for a graph (`laid` out as they say,
+    else laid out here), the layout tuning accepted and the verdict per kernel."""
     if target.tuned is None:
         return None
-    if laid is not None:
+    if isinstance(item, BoundGraph):
+        laid = laid or lay_out(item, target)
         return {
             "layout": laid.layout.name,
             "kernels": [target.tuned.verdict(k.bound, target) for k in laid.kernels],
@@ -71,10 +72,7 @@ def _tuned(item: Buildable, target: Target, laid: LaidOut | None) -> Any:
 
 def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> str:
     """The cache key of (an op or a graph, target): the item, the target's settings (its records
-    as the verdicts they give, `_tuned`: not the records object), the TVM and code versions. A
-    graph is keyed as `laid` out (`lay_out`; laid out here when not given)."""
-    if laid is None and isinstance(item, BoundGraph):
-        laid = lay_out(item, target)
+    as the verdicts they give, `_tuned`: not the records object), the TVM and code versions."""
     settings = dataclasses.asdict(dataclasses.replace(target, tuned=None))
     key = {
         **item.key(),
@@ -87,9 +85,11 @@ def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> s
 
 
 def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
-    """The artifact directory for (an op or a graph, target), building it on a miss. A graph is
-    laid out once (`lay_out`: its verdicts read once), for its key and its build."""
-    laid = lay_out(item, target) if isinstance(item, BoundGraph) else None
+    """The artifact directory for (an op or a graph, target), building it on a miss. A `--tuned`
+    graph is laid out once (`lay_out`: its verdicts read once), for its key and its build; any
+    other is laid out only on a miss (its key does not need it)."""
+    graph = isinstance(item, BoundGraph)
+    laid = lay_out(item, target) if graph and target.tuned is not None else None
     name = f"{name_part(item.name)}-{target.name}-{build_key(item, target, laid)}"
     directory = cache_root() / "builds" / name
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -97,5 +97,5 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
         with artifact_lock(directory, shared=True):
             if (directory / MANIFEST).exists():
                 return directory, Manifest.read(directory)
-        compiled = compile_op(item, target) if laid is None else compile_graph(item, target, laid)
+        compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
         return directory, export(compiled, directory, keep_existing=True)
