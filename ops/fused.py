@@ -36,6 +36,13 @@ def named(tensor: te.Tensor, name: str) -> te.Tensor:
     return renamed.output(tensor.value_index)
 
 
+def outside_reads(nodes: Sequence[Node]) -> list[str]:
+    """The tensors `nodes` read that none of them writes, each once, in the order first read: a
+    fused group's inputs."""
+    written = {n.output for n in nodes}
+    return list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in written))
+
+
 class FusedOp(Op):
     """Nodes of one fused group in data-flow order, reading `reads` from outside the group."""
 
@@ -78,8 +85,7 @@ class FusedOp(Op):
                 Node(n["writes"], get_op(n["op"]), n["attrs"], tuple(n["reads"]), n["writes"])
                 for n in attrs["nodes"]
             ]
-            written = {n.output for n in nodes}
-            reads = list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in written))
+            reads = outside_reads(nodes)
             if len(reads) != len(inputs):
                 raise ValueError(f"its nodes read {len(reads)} tensor(s) from outside, given {len(inputs)}")
             types = dict(zip(reads, inputs, strict=True))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ops.fused import FusedOp
+from ops.fused import FusedOp, outside_reads
 from ops.graph import BoundGraph, BoundNode
 from ops.spec import BoundOp, is_symbolic, symbols_of
 
@@ -158,10 +158,7 @@ def _layouts(nodes: list[BoundNode]) -> tuple[str, ...]:
 
 
 def _fused_kernel(graph: BoundGraph, nodes: list[BoundNode], anchor: int) -> Kernel:
-    written = {n.node.output for n in nodes}
-    reads: list[str] = []
-    for n in nodes:
-        reads += [t for t in n.node.inputs if t not in written and t not in reads]
+    reads = outside_reads([n.node for n in nodes])
     op = FusedOp(nodes, reads, anchor)
     names = tuple(n.node.name for n in nodes)
     return Kernel(op.bind(graph.types), tuple(reads), nodes[-1].node.output, names, _layouts(nodes))
