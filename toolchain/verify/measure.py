@@ -58,14 +58,7 @@ class Timer:
         start = time.perf_counter()
         output = run_artifact(session, directory, manifest, inputs)
         once = time.perf_counter() - start
-        self.max_error: float | None = None
-        if item is not None:
-            comparison = against_reference(item, inputs, output)
-            if not comparison.ok:
-                raise DeployError(
-                    f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}"
-                )
-            self.max_error = comparison.max_error
+        self.max_error = None if item is None else max_error(item, inputs, output, manifest)
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
@@ -88,11 +81,18 @@ def check_artifact(session: Session, bound: Buildable, directory: Path, manifest
     for kind in INPUT_SETS:
         rng = np.random.default_rng(1)
         inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in bound.inputs]
-        comparison = against_reference(bound, inputs, run_artifact(session, directory, manifest, inputs))
-        if not comparison.ok:
-            raise DeployError(f"{manifest.schedule} build differs from numpy: {comparison.detail}")
-        worst = max(worst, comparison.max_error)
+        output = run_artifact(session, directory, manifest, inputs)
+        worst = max(worst, max_error(bound, inputs, output, manifest))
     return worst
+
+
+def max_error(item: Buildable, inputs: list[np.ndarray], output: np.ndarray, manifest: Manifest) -> float:
+    """The largest difference of `output` (the artifact of `item` `manifest` describes, run on
+    `inputs`) from the numpy reference; a DeployError saying how it differs when it does."""
+    comparison = against_reference(item, inputs, output)
+    if not comparison.ok:
+        raise DeployError(f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}")
+    return comparison.max_error
 
 
 @dataclass(frozen=True)
