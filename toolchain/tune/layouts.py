@@ -111,12 +111,11 @@ def _standing(
     when there is none such (not measured, measured elsewhere, given by --layout, unreadable)."""
     path = layout_path(root, graph, target_name)
     try:
-        read_layout(root, graph, target_name)
         body = db.read_json(path)
     except UsageError:
         return None
     measured = (body.get("candidate"), body.get("device")) if isinstance(body, dict) else None
-    if measured != (candidate.name, device.name) or body.get("layout") not in (candidate.name, None):
+    if measured != (candidate.name, device.name) or body.get("layout", 0) not in (candidate.name, None):
         return None
     nchw, packed, rejected = _ms(body.get("nchw_ms")), _ms(body.get("packed_ms")), body.get("rejected")
     if nchw is None or (packed is None and body.get("packed_ms") is not None):
