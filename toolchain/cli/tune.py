@@ -108,15 +108,15 @@ def tune_command(
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
         check_device(target, device)
-        with device.open() as session:  # the kernels as it computes them: its builds' (float16 widened)
-            target = for_device(target, session)
-        if layout is not None:  # the kernels tuned are this layout's: --tuned builds follow it
-            write_layout(root, graph, target.name, {"layout": layout, "given": "--layout"})
-        else:  # measure the target's layout first: the kernels to tune are its graph's
-            chosen = choose_layout(graph, target, device, root)
-            if chosen is not None:
-                _print_layout(chosen)
-                target = target.with_layout(chosen["layout"])
+        with device.open() as session:
+            target = for_device(target, session)  # the kernels as it computes them (float16 widened)
+            if layout is not None:  # the kernels tuned are this layout's: --tuned builds follow it
+                write_layout(root, graph, target.name, {"layout": layout, "given": "--layout"})
+            else:  # measure the target's layout first: the kernels to tune are its graph's
+                chosen = choose_layout(graph, target, device, session, root)
+                if chosen is not None:
+                    _print_layout(chosen)
+                    target = target.with_layout(chosen["layout"])
         for kernel in lay_out(graph, target).kernels:
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)

@@ -24,7 +24,7 @@ from typing import Any
 
 from base.errors import UsageError
 from base.files import name_part
-from devices import Device
+from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
@@ -33,7 +33,6 @@ from toolchain.build.targets import Target
 from toolchain.tune import records as db
 from toolchain.tune.tuner import judge_built
 from toolchain.verify.measure import check
-from toolchain.verify.run import check_device, for_device
 
 LAYOUT = "layout.json"
 
@@ -67,11 +66,14 @@ def write_layout(root: Path, graph: BoundGraph, target_name: str, verdict: dict[
     db.write_json(path, verdict)
 
 
-def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path) -> dict[str, Any] | None:
-    """Measure the graph in NCHW and in the target's layout for its dtype on `device` and write
-    the verdict: {"layout": the winner, None when NCHW stays, "candidate", "nchw_ms",
-    "packed_ms" (None when the packed build failed to build or its check against numpy, as a
-    tuned record would: "rejected" says why), ...}.
+def choose_layout(
+    graph: BoundGraph, target: Target, device: Device, session: Session, root: Path
+) -> dict[str, Any] | None:
+    """Measure the graph in NCHW and in the target's layout for its dtype on `session`, open on
+    `device`, for which `target` builds (`for_device`), and write the verdict: {"layout": the
+    winner, None when NCHW stays, "candidate", "nchw_ms", "packed_ms" (None when the packed
+    build failed to build or its check against numpy, as a tuned record would: "rejected" says
+    why), ...}.
     None when there is nothing to choose: no layout declared for the dtype, or no node of the
     graph that would move to it."""
     candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
@@ -80,9 +82,7 @@ def choose_layout(graph: BoundGraph, target: Target, device: Device, root: Path)
     standing = _standing(root, graph, target.name, candidate, device)
     if standing is not None:
         return standing
-    check_device(target, device)
-    with device.open() as session, tempfile.TemporaryDirectory() as tmp:
-        target = for_device(target, session)
+    with tempfile.TemporaryDirectory() as tmp:
 
         def built(layout: Layout) -> CompiledGraph:
             return compile_graph(graph, target.with_layout(layout.name))
