@@ -119,9 +119,34 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """The timed artifact's first call is checked against numpy: a wrong answer is a failed check
-    (exit 1), not a time."""
+    (exit 1), not a time; the other rows are still measured and shown, the wrong one says so."""
     from ops import get_op
+    from ops.spec import Case
     from tests.conftest import invoke
+
+    add, leaky = get_op("add"), get_op("leaky_relu")
+    monkeypatch.setattr(add, "reference", lambda attrs, a, b: a - b)
+    monkeypatch.setattr(add, "bench", Case(((2, 8), (2, 8))))
+    monkeypatch.setattr(leaky, "bench", Case(((2, 8),), {"alpha": 0.1}))
+    plot = tmp_path / "bench.png"
+    table = invoke("bench", "--target", "x86", "--op", "add", "--op", "leaky_relu", "--repeat", "1",
+                   "--no-baselines", "--plot", str(plot))  # fmt: skip
+    assert table.exit_code == 1, table.output
+    assert "wrong answer" in table.output and "leaky_relu" in table.output, "the table, then the error"
+    last = table.output.strip().splitlines()[-1]
+    assert (
+        last.startswith("error: 1 of 2 rows gave a wrong answer, no time; first: ")
+        and "of add differs" in last
+    )
+    assert plot.read_bytes()[:4] == b"\x89PNG", "the right rows are plotted"
+    done = invoke("bench", "--target", "x86", "--op", "add", "--op", "leaky_relu", "--repeat", "1",
+                  "--no-baselines", "--json")  # fmt: skip
+    assert done.exit_code == 1
+    wrong, right = json.loads(done.output[: done.output.rindex("]") + 1])
+    assert "build of add differs from numpy" in wrong["wrong_answer"]
+    assert wrong["median_ms"] is None and wrong["x_floor"] is None and wrong["mb_moved"] == 3 * 64 / 1e6
+    assert right["wrong_answer"] is None and right["median_ms"] > 0 and right["max_error"] == 0
+    assert right.keys() == wrong.keys(), "one schema for every row"
 
     model = tmp_path / "tiny.yaml"
     model.write_text(
@@ -129,8 +154,6 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
         "nodes: [{name: s, op: add, inputs: [a, b]}]\n"
         "output: s\n"
     )
-    add = get_op("add")
-    monkeypatch.setattr(add, "reference", lambda attrs, a, b: a - b)
-    done = invoke("bench", "--target", "x86", "--model", str(model), "--repeat", "1")
-    assert done.exit_code == 1, done.output
-    assert "build of tiny differs from numpy" in done.output
+    graph = invoke("bench", "--target", "x86", "--model", str(model), "--repeat", "1")
+    assert graph.exit_code == 1, graph.output
+    assert "build of tiny differs from numpy" in graph.output

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import UsageError
+from base.errors import UsageError, reason
 from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
@@ -21,7 +21,7 @@ from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
 from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
-from toolchain.verify.measure import Timer, host_ms
+from toolchain.verify.measure import Timer, WrongAnswer, host_ms
 from toolchain.verify.run import check_device, for_device
 
 
@@ -126,6 +126,12 @@ def bench_model(
         return rows
 
 
+TIMED = ("median_ms", "max_error", "gb_per_s", "yardstick_mb", "read_gb_per_s", "write_gb_per_s",
+         "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms",
+         "speedup_vs_numpy", "torch_ms", "speedup_vs_torch")  # fmt: skip
+"""A row's figures that only a right answer gets."""
+
+
 def measure_row(
     session: Session, item: Buildable, label: str, target: Target, device: Device, stick: Yardstick,
     options: BenchOptions, torch: Callable[[list[np.ndarray], int], float | None],
@@ -136,25 +142,34 @@ def measure_row(
     once, output written once); GB/s; the median bandwidths; the floor (bytes read at the read
     bandwidth plus bytes written at the write bandwidth) and the median over rounds of the time
     over it, and the same against the copy bandwidth alone; numpy and PyTorch
-    (`torch(inputs, repeat)`) ms on this host and our speed-up over each."""
+    (`torch(inputs, repeat)`) ms on this host and our speed-up over each. An artifact whose
+    answer differs from numpy gets no time: its row says how it differs (`wrong_answer`) and its
+    TIMED figures are None, so the other rows are still measured."""
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    timer = Timer(session, directory, manifest, inputs, item)  # checked against numpy first
-    beside = stick.beside(timer, options.repeat)
-    median_ms, roof = beside.ms, beside.bandwidth
     read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
     moved = read + written
-    numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
-    torch_time = torch(inputs, options.repeat) if options.baselines else None
-    return {
+    row: dict[str, Any] = {
         "op": item.name,
         "shapes": label,
         "dtype": item.inputs[0].dtype if item.inputs else item.output.dtype,
         "schedule": manifest.schedule,
+        "mb_moved": moved / 1e6,
+        "emulated": device.emulated,
+    }
+    try:
+        timer = Timer(session, directory, manifest, inputs, item)  # checked against numpy first
+    except WrongAnswer as exc:
+        return row | dict.fromkeys(TIMED, None) | {"wrong_answer": reason(exc)}
+    beside = stick.beside(timer, options.repeat)
+    median_ms, roof = beside.ms, beside.bandwidth
+    numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
+    torch_time = torch(inputs, options.repeat) if options.baselines else None
+    return row | {
+        "wrong_answer": None,
         "median_ms": median_ms,
         "max_error": timer.max_error,
-        "mb_moved": moved / 1e6,
         "gb_per_s": moved / (median_ms / 1e3) / 1e9,
         "yardstick_mb": stick.total / 1e6,
         "read_gb_per_s": roof.read,
@@ -168,5 +183,4 @@ def measure_row(
         "speedup_vs_numpy": numpy / median_ms if numpy is not None else None,
         "torch_ms": torch_time,
         "speedup_vs_torch": torch_time / median_ms if torch_time is not None else None,
-        "emulated": device.emulated,
     }

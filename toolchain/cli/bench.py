@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from base.errors import UsageError
+from base.errors import DeployError, UsageError
 from base.files import check_writable
 from toolchain.cli.options import (
     CORES,
@@ -127,16 +127,22 @@ def bench_command(
         click.echo(json.dumps(rows, indent=2))
     else:
         print_bench(rows, target.name, device)
+    wrong = [r for r in rows if r["wrong_answer"]]
+    if wrong:  # after the table: the other rows' figures are not lost to one wrong kernel
+        first = wrong[0]["wrong_answer"]
+        raise DeployError(f"{len(wrong)} of {len(rows)} rows gave a wrong answer, no time; first: {first}")
 
 
 def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
+    """The rows as a table; a row whose answer differs from numpy says so where its time would be."""
     where = device.name
     if device.emulated:
         where += " (emulated: timings show correctness, not speed)"
+    timed = [r for r in rows if not r["wrong_answer"]]
     roof = (
-        f"bandwidth beside each op: read {_span(rows, 'read_gb_per_s')},"
-        f" write {_span(rows, 'write_gb_per_s')}, copy {_span(rows, 'roofline_gb_per_s')} GB/s"
-        if rows
+        f"bandwidth beside each op: read {_span(timed, 'read_gb_per_s')},"
+        f" write {_span(timed, 'write_gb_per_s')}, copy {_span(timed, 'roofline_gb_per_s')} GB/s"
+        if timed
         else "-"
     )
     table = Table(title=f"deploy bench --target {target} on {where}; {roof} (medians)")
@@ -145,6 +151,10 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
     for column in columns:
         table.add_column(column)
     for r in rows:
+        if r["wrong_answer"]:
+            table.add_row(r["op"], r["shapes"], r["schedule"], "wrong answer", f"{r['mb_moved']:.1f}",
+                          *["-"] * (len(columns) - 5))  # fmt: skip
+            continue
         table.add_row(
             r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
             f"{r['gb_per_s']:.1f}", f"{r['x_floor']:.2f}", f"{r['x_roofline']:.2f}",
@@ -166,12 +176,14 @@ def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
 
 
 def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Achieved GB/s per op against the copy roofline (a line), as a PNG."""
+    """Achieved GB/s per op against the copy roofline (a line), as a PNG; rows without a time
+    (a wrong answer) are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if not r["wrong_answer"]]
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
     labels = [r["op"] for r in rows]
     axes.bar(labels, [r["gb_per_s"] for r in rows], color="tab:blue", label="achieved")

@@ -29,6 +29,10 @@ REPEAT = 7
 """Timed runs per measurement; the median is reported."""
 
 
+class WrongAnswer(DeployError):
+    """An artifact's output differs from numpy: a failed check (exit 1), never a time."""
+
+
 def host_ms(fn: Callable[[], Any], repeat: int) -> float:
     """Median milliseconds of `fn()` on this host over `repeat` calls, after one untimed call."""
     fn()
@@ -48,7 +52,7 @@ def calls_lasting(seconds: float, once: float) -> int:
 class Timer:
     """Times one artifact on a session: a first untimed call loads it and sets how many calls
     one timed run averages (enough to last about TARGET_SECONDS). Given the `item` it was built
-    from, that call's output is checked against numpy (a DeployError when it differs; its
+    from, that call's output is checked against numpy (a WrongAnswer when it differs; its
     largest error is `max_error`), so a time is never reported for a wrong answer."""
 
     def __init__(
@@ -75,7 +79,7 @@ class Timer:
 def check_artifact(session: Session, bound: Buildable, directory: Path, manifest: Manifest) -> float:
     """Run the artifact of `bound` (an op or a graph) on seeded random inputs, on inputs full of
     ties and on inputs with NaN, infinities and repeated maxima planted (a tuned schedule must
-    keep numpy's special cases too); the largest error against numpy. A mismatch is a DeployError
+    keep numpy's special cases too); the largest error against numpy. A mismatch is a WrongAnswer
     saying how it differs."""
     worst = 0.0
     for kind in INPUT_SETS:
@@ -88,10 +92,10 @@ def check_artifact(session: Session, bound: Buildable, directory: Path, manifest
 
 def max_error(item: Buildable, inputs: list[np.ndarray], output: np.ndarray, manifest: Manifest) -> float:
     """The largest difference of `output` (the artifact of `item` `manifest` describes, run on
-    `inputs`) from the numpy reference; a DeployError saying how it differs when it does."""
+    `inputs`) from the numpy reference; a WrongAnswer saying how it differs when it does."""
     comparison = against_reference(item, inputs, output)
     if not comparison.ok:
-        raise DeployError(f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}")
+        raise WrongAnswer(f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}")
     return comparison.max_error
 
 
@@ -108,7 +112,7 @@ class Checked:
 
 def check(session: Session, compiled: Compiled | CompiledGraph, workdir: Path) -> Checked:
     """Export `compiled` into a fresh directory under `workdir` and check it against numpy on the
-    session; a DeployError says how it differs."""
+    session; a WrongAnswer says how it differs."""
     name = f"{name_part(compiled.item.name)}-{name_part(compiled.schedule, 80)}-"
     directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
     manifest = export(compiled, directory)
@@ -170,7 +174,7 @@ def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> l
 def check_and_time(
     session: Session, compiled: Compiled | CompiledGraph, workdir: Path, repeat: int = REPEAT
 ) -> Measured:
-    """Export `compiled` under `workdir`, check it against numpy on the session (a DeployError
+    """Export `compiled` under `workdir`, check it against numpy on the session (a WrongAnswer
     says how it differs), then time it: `repeat` runs. Work-group tuning and the bench scripts
     measure this way (`time_interleaved` when variants are compared)."""
     return time_interleaved(session, [check(session, compiled, workdir)], repeat)[0]
