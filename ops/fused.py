@@ -43,6 +43,19 @@ def outside_reads(nodes: Sequence[Node]) -> list[str]:
     return list(dict.fromkeys(t for n in nodes for t in n.inputs if t not in written))
 
 
+def _key_node(item: Any) -> bool:
+    """Whether `item` is one node as a group's key lists it (`FusedOp.bind`): data read back from
+    a task file, so checked before it is used."""
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get("op"), str)
+        and isinstance(item.get("attrs"), dict)
+        and isinstance(item.get("writes"), str)
+        and isinstance(item.get("reads"), list)
+        and all(isinstance(t, str) for t in item["reads"])
+    )
+
+
 class FusedOp(Op):
     """Nodes of one fused group in data-flow order, reading `reads` from outside the group."""
 
@@ -81,6 +94,11 @@ class FusedOp(Op):
         task's task.json): each node by its op, attributes and wiring, named after the tensor
         it writes. A UsageError when they do not describe a group."""
         try:
+            if not isinstance(attrs, dict) or not isinstance(attrs.get("nodes"), list):
+                raise ValueError("expected a mapping with a list of nodes")
+            for index, n in enumerate(attrs["nodes"]):
+                if not _key_node(n):
+                    raise ValueError(f"node {index}: expected a mapping of op, attrs, reads and writes")
             nodes = [
                 Node(n["writes"], get_op(n["op"]), n["attrs"], tuple(n["reads"]), n["writes"])
                 for n in attrs["nodes"]
@@ -90,19 +108,18 @@ class FusedOp(Op):
                 raise ValueError(f"its nodes read {len(reads)} tensor(s) from outside, given {len(inputs)}")
             types = dict(zip(reads, inputs, strict=True))
             bound = []
-            for n in nodes:
+            for index, n in enumerate(nodes):
+                late = [t for t in n.inputs if t not in types]
+                if late:
+                    raise ValueError(f"node {index} reads {late[0]!r} before a node writes it")
                 b = bind(n.op, n.attrs, [types[t] for t in n.inputs])
                 types[n.output] = b.output
                 bound.append(BoundNode(n, b))
-            anchor = attrs["anchor"]
+            anchor = attrs.get("anchor")
             if type(anchor) is not int or not 0 <= anchor < len(bound):
                 raise ValueError(f"anchor {anchor!r} is no node's index")
             return cls(bound, reads, anchor).bind(types)
-        except KeyError as exc:
-            raise UsageError(
-                f"not the attributes of a fused group and its inputs (no {exc.args[0]!r})"
-            ) from None
-        except (TypeError, ValueError) as exc:
+        except ValueError as exc:
             raise UsageError(f"not the attributes of a fused group and its inputs ({reason(exc)})") from None
 
     def compose(self, compute: Apply, *tensors: Any) -> Any:

@@ -289,11 +289,20 @@ def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, exam
         (lambda a: a.update(anchor=2), "anchor 2 is no node's index"),
         (lambda a: a.update(anchor=True), "anchor True is no node's index"),
         (lambda a: a["nodes"][1].update(reads=["pool"]), "its nodes read 1 tensor(s) from outside, given 2"),
-        (lambda a: a.update(nodes="pool"), "string indices must be integers"),
+        (lambda a: a.update(nodes="pool"), "(expected a mapping with a list of nodes)"),
+        (
+            lambda a: a["nodes"].__setitem__(0, [1]),
+            "(node 0: expected a mapping of op, attrs, reads and writes)",
+        ),
+        (lambda a: a["nodes"][1].update(reads=[["pool"]]), "(node 1: expected a mapping of op, attrs, reads"),
+        (
+            lambda a: (a["nodes"][0].update(reads=["sum"]), a["nodes"][1].update(reads=["a", "b"])),
+            "(node 0 reads 'sum' before a node writes it)",
+        ),
         (lambda a: a["nodes"][0].update(op="no_such_op"), "unknown op 'no_such_op'"),
         (lambda a: a["nodes"][0]["attrs"].update(kernel=-3), "kernel"),
-        (lambda a: a["nodes"][0].update(attrs=[]), "op max_pool2d: attributes []: expected a mapping"),
-        (lambda a: a.pop("anchor"), "not the attributes of a fused group and its inputs (no 'anchor')"),
+        (lambda a: a["nodes"][0].update(attrs=[]), "(node 0: expected a mapping of op, attrs"),
+        (lambda a: a.pop("anchor"), "not the attributes of a fused group and its inputs (anchor None is no"),
     ],
 )
 def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
@@ -319,7 +328,22 @@ def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
             "unknown op 'hard_sigmoid'",
         ),
         ("[1, 2", "Expecting ',' delimiter"),
-        ({"op": "add", "attrs": {}}, 'it has no "inputs"'),
+        ({"op": "add", "attrs": {}}, "inputs null: expected a list of {shape, dtype}, one per input"),
+        ({"op": ["add"], "attrs": {}, "inputs": []}, 'op ["add"]: expected the name of an op'),
+        ({"op": "add", "attrs": [], "inputs": []}, "attrs []: expected a mapping of attribute names"),
+        (
+            {"op": "add", "attrs": {}, "inputs": [[2, 8]]},
+            "input [2, 8]: expected {shape: [dims], dtype: name}",
+        ),
+        (
+            {"op": "add", "attrs": {}, "inputs": [{"shape": [2], "dtype": ["f"]}]},
+            'input {"shape": [2], "dtype"',
+        ),
+        (
+            {"op": "add", "attrs": {}, "inputs": [{"shape": [[2]], "dtype": "float32"}]},
+            "dim [2]: expected a size",
+        ),
+        ("[1, 2]", "[1, 2]: expected a mapping of op, attrs and inputs"),
         ("\x1b[2J", "Expecting value"),
     ],
 )

@@ -275,8 +275,13 @@ def test_report_measures_each_task_with_its_own_module(tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("not deploy's")
     (root / "x86" / "report.png").symlink_to(victim)  # the plot replaces the link, not what it names
+    (root / "x86" / "add-copied").mkdir()  # a task directory without its task, named in a warning
+    (root / "x86" / "graph-m-0123456789ab").mkdir()  # a layout verdict: no task, nothing to say
+    (root / "x86" / "graph-m-0123456789ab" / "layout.json").write_text('{"layout": null}')
     report = invoke("tune", "--report", "--target", "x86", "--db", str(root))
     assert report.exit_code == 0, report.output
+    assert "task add-copied is not in the report: cannot read" in report.output
+    assert "graph-m" not in report.output
     rows = json.loads((root / "x86" / "report.json").read_text())["rows"]
     assert sorted(row["label"] for row in rows) == ["add 4x4 4x4", "add 8x3 8x3"]
     assert all(row["verdict"] == "tuned" and row["tuned_ms"] > 0 for row in rows)

@@ -24,6 +24,7 @@ from ops.spec import BoundOp
 from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule, prim_module
 from toolchain.build.targets import KEPT_HAND, Target
 from toolchain.tune import records as db
+from toolchain.tune.layouts import LAYOUT
 from toolchain.tune.tuners import AcceptedRecords, tuner_for
 from toolchain.verify.measure import check, time_interleaved
 from toolchain.verify.run import check_device
@@ -33,12 +34,23 @@ JSON = "report.json"
 
 
 def task_dirs(root: Path, target: Target) -> list[Path]:
-    """The task directories tuned for `target` under `root`."""
+    """The directories under `root` tuned for `target`, but for the layout verdicts' (which hold
+    no task): a directory without its task.json is kept, for the report to say it is not one."""
     base = Path(root) / target.name
-    found = sorted(p for p in base.iterdir() if (p / db.TASK).exists()) if base.is_dir() else []
+    found = (
+        sorted(p for p in base.iterdir() if p.is_dir() and not (p / LAYOUT).exists()) if base.is_dir() else []
+    )
     if not found:
         raise UsageError(f"nothing tuned for target {target.name} in {root} (run `deploy tune --db {root}`)")
     return found
+
+
+TASK_FIELDS = {
+    "op": (str, "the name of an op"),
+    "attrs": (dict, "a mapping of attribute names to values"),
+    "inputs": (list, "a list of {shape, dtype}, one per input"),
+}
+"""What task.json must hold to be bound again: each field's type and how a message names it."""
 
 
 def task_bound(directory: Path) -> BoundOp:
@@ -47,14 +59,26 @@ def task_bound(directory: Path) -> BoundOp:
     the task was written under, so that its records are the ones found for it."""
     path = directory / db.TASK
     task = db.read_json(path)
+    if not isinstance(task, dict):
+        raise UsageError(f"cannot read {path}: {db.shown(task)}: expected a mapping of op, attrs and inputs")
+    for field, (kind, expected) in TASK_FIELDS.items():
+        if not isinstance(task.get(field), kind):
+            raise UsageError(f"cannot read {path}: {field} {db.shown(task.get(field))}: expected {expected}")
+    name, attrs = task["op"], task["attrs"]
+    for given in task["inputs"]:
+        if not (
+            isinstance(given, dict)
+            and isinstance(given.get("shape"), list)
+            and isinstance(given.get("dtype"), str)
+        ):
+            raise UsageError(
+                f"cannot read {path}: input {db.shown(given)}: expected {{shape: [dims], dtype: name}}"
+            )
     try:
         inputs = [TensorType(tuple(t["shape"]), t["dtype"]) for t in task["inputs"]]
-        name, attrs = task["op"], task["attrs"]
-        fused = find_op(name) is None and isinstance(attrs, dict) and "nodes" in attrs
+        fused = find_op(name) is None and "nodes" in attrs
         bound = FusedOp.bind_key(attrs, inputs) if fused else bind(get_op(name), attrs, inputs)
-    except KeyError as exc:
-        raise UsageError(f"cannot read {path}: it has no {db.shown(exc.args[0])}") from None
-    except (ValueError, TypeError, UsageError) as exc:
+    except UsageError as exc:
         raise UsageError(f"cannot read {path}: {reason(exc)}") from None
     if db.task_dir(directory.parent.parent, bound, directory.parent.name) != directory:
         raise UsageError(f"{path} describes another task than {directory.name}")
