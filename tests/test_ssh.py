@@ -30,6 +30,7 @@ from devices.server_process import free_port
 from ops import all_ops
 from tests import sshd
 from tests.conftest import DEPLOY, at_once, run_deploy
+from toolchain.tune.records import RECORDS
 from toolchain.verify.matrix import plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -346,6 +347,36 @@ def test_sshd_killed_mid_run(tmp_path):
         assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
         assert "doomed" in err
         assert "device lost" in out, err
+        assert settle(remote) == []
+    finally:
+        if own.proc.poll() is None:
+            sshd.stop(own)
+
+
+@pytest.mark.slow
+def test_sshd_killed_mid_tune_stops_tuning_and_keeps_the_records(tmp_path):
+    """A board lost while tuning: the tune stops at once with one line naming the board (not
+    MetaSchedule's failure of every later candidate), and the trials measured stay recorded."""
+    own = sshd.start(tmp_path / "sshd")
+    remote, db = tmp_path / "board", tmp_path / "db"
+    try:
+        add_ready("lost_in_tune", own, remote)
+        proc = subprocess.Popen(
+            [DEPLOY, "tune", "--op", "add", "--shape", "7x13", "--shape", "7x13", "--target", "x86",
+             "--device", "lost_in_tune", "--trials", "64", "--db", str(db)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not any(p.stat().st_size for p in db.glob(f"x86/*/{RECORDS}")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        own.kill()
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1, out[-1000:] + err
+        assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+        assert "lost_in_tune" in err and "--debug" not in err, "our line, not MetaSchedule's failure"
+        (records,) = db.glob(f"x86/*/{RECORDS}")
+        assert records.read_text().strip(), "the trials measured before stay"
         assert settle(remote) == []
     finally:
         if own.proc.poll() is None:

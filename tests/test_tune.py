@@ -278,8 +278,10 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
     paths = [export_candidate(target, module) for module in built]
     with get_device("emulator").rpc_endpoint() as endpoint:
-        runner = session_runner(endpoint, bound, timeout_s=5.0)
-        results = [f.result() for f in runner.run([ms.runner.RunnerInput(p, "cpu", []) for p in paths])]
+        measuring = session_runner(endpoint, bound, timeout_s=5.0)
+        inputs = [ms.runner.RunnerInput(p, "cpu", []) for p in paths]
+        results = [f.result() for f in measuring.runner.run(inputs)]
+    assert measuring.lost() is None, "a candidate that fails does not lose the device"
     crashed, hung, good = results
     assert "crashed the device's session" in crashed.error_msg and not crashed.run_secs
     assert "ran over the 5 s limit" in hung.error_msg and not hung.run_secs

@@ -33,7 +33,7 @@ from toolchain.build.compile import Compiled, compile_scheduled, context, prim_m
 from toolchain.build.compile import strategy as compiled_strategy
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
-from toolchain.tune.runner import builder, local_runner, session_runner
+from toolchain.tune.runner import Measuring, builder, local_runner, session_runner
 from toolchain.tune.tuner import Progress, TuneResult, decide
 from toolchain.verify.run import for_device
 
@@ -55,8 +55,8 @@ def cost_model() -> str:
 
 
 @contextmanager
-def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tuple[Any, Any]]:
-    """(MetaSchedule runner, open a verification session) for the device, kept up while tuning."""
+def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tuple[Measuring, Any]]:
+    """(MetaSchedule's runner, open a verification session) for the device, kept up while tuning."""
     if device.measures_in_process:
         yield local_runner(timeout_s), device.open
         return
@@ -116,7 +116,7 @@ class MetaScheduleTuner:
         best = before.valid()
         progress.started(len(before.records), db.mean_secs(best[0]) if best else None)
         missing = trials - len(before.records)
-        with _measuring(device, bound, timeout_s) as (runner, open_verify):
+        with _measuring(device, bound, timeout_s) as (measuring, open_verify):
             if target.cores is None:
                 with open_verify() as session:
                     target = for_device(target, session)
@@ -124,7 +124,7 @@ class MetaScheduleTuner:
                 share = -(-missing // (len(variants) - index))  # what one leaves goes to the next
                 if share <= 0:
                     break
-                missing -= _search_phases(bound, target, variant, directory, runner, share, progress)
+                missing -= _search_phases(bound, target, variant, directory, measuring, share, progress)
             records = db.TaskRecords.load(directory, *mods)
             entry = _accept(bound, target, variants, records, open_verify, device.name)
         valid = records.valid()
@@ -179,7 +179,7 @@ def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any
 
 
 def _search_phases(
-    bound: BoundOp, target: Target, variant: Variant, directory: Path, runner: Any, missing: int,
+    bound: BoundOp, target: Target, variant: Variant, directory: Path, measuring: Measuring, missing: int,
     progress: Progress,
 ) -> int:  # fmt: skip
     """Add up to `missing` trials to a variant: seed it, when it has no records, with our design
@@ -189,12 +189,12 @@ def _search_phases(
     start = done = len(db.TaskRecords.load(directory, mod).records)
     ours, phases = search_spaces(bound, target, variant)
     if not done and ours is not None:
-        seeded = _seed(mod, target, ours, directory, runner, min(missing, SEEDS), progress)
+        seeded = _seed(mod, target, ours, directory, measuring, min(missing, SEEDS), progress)
         missing, done = missing - seeded, done + seeded
     for space in phases:
         if missing <= 0:
             break
-        _search(mod, target, space, directory, runner, missing, done, progress)
+        _search(mod, target, space, directory, measuring, missing, done, progress)
         now = len(db.TaskRecords.load(directory, mod).records)
         missing, done = missing - (now - done), now
     return done - start
@@ -206,7 +206,7 @@ def _tvm_target(target: Target) -> Any:
 
 
 def _seed(
-    mod: Any, target: Target, ours: Any, directory: Path, runner: Any, count: int, progress: Progress
+    mod: Any, target: Target, ours: Any, directory: Path, measuring: Measuring, count: int, progress: Progress
 ) -> int:
     """Measure our space's design spaces as they are (the hand schedule first, then its other
     structures with the hand's values) and record them as the task's first trials, so the
@@ -219,7 +219,7 @@ def _seed(
     built = builder(target, timeout_s=120.0).build(requests)
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     inputs = [ms.runner.RunnerInput(b.artifact_path, "cpu", args) for b in built if b.error_msg is None]
-    results = iter(future.result() for future in runner.run(inputs))
+    results = iter(future.result() for future in measuring.runner.run(inputs))
     database = ms.database.JSONDatabase(work_dir=str(directory))
     workload = database.commit_workload(mod)
     for space, build in zip(spaces, built, strict=True):
@@ -233,7 +233,7 @@ def _seed(
 
 
 def _search(
-    mod: Any, target: Target, space: Any, directory: Path, runner: Any, trials: int, seed: int,
+    mod: Any, target: Target, space: Any, directory: Path, measuring: Measuring, trials: int, seed: int,
     progress: Progress,
 ) -> None:  # fmt: skip
     from tvm.s_tir import meta_schedule as ms
@@ -248,7 +248,7 @@ def _search(
                 max_trials_global=trials,
                 num_trials_per_iter=min(BATCH, trials),
                 builder=builder(target, timeout_s=120.0),
-                runner=runner,
+                runner=measuring.runner,
                 cost_model=cost_model(),
                 space=space,
                 measure_callbacks=[
@@ -261,9 +261,9 @@ def _search(
         except Exception:
             if interrupted:
                 raise interrupt_for(interrupted[0]) from None
-            fatal = getattr(runner, "fatal", None)
-            if fatal is not None:
-                raise fatal from None
+            lost = measuring.lost()
+            if lost is not None:
+                raise lost from None
             raise
 
 

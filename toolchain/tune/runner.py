@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +66,25 @@ def builder(target: Target, timeout_s: float) -> Any:
     )
 
 
-def local_runner(timeout_s: float) -> Any:
-    """MetaSchedule's LocalRunner: each candidate runs in a worker process of this host."""
+@dataclass(frozen=True)
+class Measuring:
+    """A MetaSchedule runner for a device, and what stopped the device when it stopped (the error
+    opening a session raised, which MetaSchedule would report as its own failure), else None."""
+
+    runner: Any
+    lost: Callable[[], DeployError | None]
+
+
+def local_runner(timeout_s: float) -> Measuring:
+    """MetaSchedule's LocalRunner: each candidate runs in a worker process of this host (which
+    cannot be lost)."""
     from tvm.s_tir import meta_schedule as ms
 
     config = ms.runner.EvaluatorConfig(number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_S * 1e3))
-    return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config)
+    return Measuring(ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=config), lambda: None)
 
 
-def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> Any:
+def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> Measuring:
     """A MetaSchedule runner measuring each candidate in its own session of an RPC device."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -112,4 +124,5 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> A
                 return ms.runner.RunnerResult(None, f"{type(exc).__name__}: {reason(exc)}")
             return ms.runner.RunnerResult([float(t) for t in runs], None)
 
-    return SessionRunner()
+    runner = SessionRunner()
+    return Measuring(runner, lambda: runner.fatal)
