@@ -626,15 +626,16 @@ def test_a_layout_verdict_stands_for_its_candidate_on_its_device(change, stands,
     """Running `deploy tune --model` again keeps the layout measured on the same device."""
     from devices import get_device
     from ops.layouts import LAYOUTS
-    from toolchain.tune.layouts import _standing, layout_path, write_layout
+    from toolchain.tune.layouts import layout_path, standing, write_layout
 
     g = bind_graph(load_model(EXAMPLE_YAML))
     measured = {"layout": "NCHW8c", "candidate": "NCHW8c", "nchw_ms": 2.0, "packed_ms": 1.0, "rejected": []}
     write_layout(tmp_path, g, "x86", {**measured, "device": "local", **change})
-    found = _standing(tmp_path, g, "x86", LAYOUTS["NCHW8c"], get_device("local"))
+    found = standing(tmp_path, g, "x86", LAYOUTS["NCHW8c"], get_device("local"))
     assert (found is not None) == stands
-    if stands:
-        assert found["standing"] and found["path"] == str(layout_path(tmp_path, g, "x86"))
+    if found is not None:
+        assert found.standing == layout_path(tmp_path, g, "x86")
+        assert found.body() == {**measured, "device": "local", "nchw_spread_ms": 0.0, **change}
 
 
 def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from devices import Device
     from ops.spec import BoundOp
     from toolchain.build.targets import Target
+    from toolchain.tune.layouts import LayoutVerdict
     from toolchain.tune.tuner import TuneResult
 
 
@@ -116,7 +117,7 @@ def tune_command(
                 chosen = choose_layout(graph, target, device, session, root)
                 if chosen is not None:
                     _print_layout(chosen)
-                    target = target.with_layout(chosen["layout"])
+                    target = target.with_layout(chosen.layout)
         for kernel in lay_out(graph, target).kernels:
             Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
@@ -208,21 +209,21 @@ def _tune_with_progress(
     _print_result(console, result, trials)
 
 
-def _print_layout(verdict: dict[str, Any]) -> None:
+def _print_layout(verdict: LayoutVerdict) -> None:
     """One line: the layout `choose_layout` measured against NCHW, and which one builds use
-    (and a second where the verdict stands from an earlier run)."""
-    if verdict.get("standing"):
+    (and a line before it where the verdict stands from an earlier run)."""
+    if verdict.standing is not None:
         click.echo(
-            f"layout measured before on {verdict['device']} (delete {verdict['path']} to measure again):"
+            f"layout measured before on {verdict.device} (delete {verdict.standing} to measure again):"
         )
-    candidate, nchw, packed = verdict["candidate"], verdict["nchw_ms"], verdict["packed_ms"]
-    if verdict["layout"] is not None:
+    candidate, nchw, packed = verdict.candidate, verdict.nchw_ms, verdict.packed_ms
+    if verdict.layout is not None and packed is not None:
         click.echo(
             f"layout {candidate}: {packed:.4g} ms against {nchw:.4g} ms in NCHW ({packed / nchw:.2f}x);"
             f" --tuned builds run the graph in {candidate}"
         )
         return
-    for line in verdict["rejected"]:
+    for line in verdict.rejected:
         warn(f"rejected layout {line}")
     shown = f"{packed:.4g} ms ({packed / nchw:.2f}x)" if packed is not None else "rejected"
     click.echo(f"layout NCHW stays: {nchw:.4g} ms, {candidate} {shown} with its conversions")

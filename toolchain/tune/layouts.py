@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,29 +60,86 @@ def read_layout(root: Path, graph: BoundGraph, target_name: str) -> str | None:
     return None if layout == NCHW.name else layout
 
 
-def write_layout(root: Path, graph: BoundGraph, target_name: str, verdict: dict[str, Any]) -> None:
-    """Write the graph's layout verdict ({"layout": a name or None, ...})."""
+def write_layout(root: Path, graph: BoundGraph, target_name: str, body: dict[str, Any]) -> None:
+    """Write the graph's layout verdict ({"layout": a name or None, ...}: `LayoutVerdict.body`,
+    or the layout `--layout` gave)."""
     path = layout_path(root, graph, target_name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    db.write_json(path, verdict)
+    db.write_json(path, body)
+
+
+@dataclass(frozen=True)
+class LayoutVerdict:
+    """The graph timed in NCHW and in its target's packed layout (`candidate`) on a device."""
+
+    layout: str | None
+    """The winner, which `--tuned` builds lay the graph out in; None when NCHW stays."""
+    candidate: str
+    nchw_ms: float
+    """Median ms of the NCHW build; `nchw_spread_ms` the interquartile range of its runs."""
+    nchw_spread_ms: float
+    packed_ms: float | None
+    """Median ms of the packed build, conversions included; None when it was rejected."""
+    rejected: tuple[str, ...]
+    """Why the packed build was rejected (it failed to build or its check against numpy)."""
+    device: str
+    standing: Path | None = None
+    """The file it was read from, when it was measured by an earlier run (None: measured now)."""
+
+    def body(self) -> dict[str, Any]:
+        """The verdict as layout.json holds it."""
+        return {
+            "layout": self.layout, "candidate": self.candidate, "nchw_ms": self.nchw_ms,
+            "nchw_spread_ms": self.nchw_spread_ms, "packed_ms": self.packed_ms,
+            "rejected": list(self.rejected), "device": self.device,
+        }  # fmt: skip
+
+    @classmethod
+    def read(cls, path: Path) -> LayoutVerdict | None:
+        """The verdict `path` holds, if it holds one as `choose_layout` writes it (records are data
+        read from disk): None when it is unreadable, was given by --layout, or does not add up (a
+        time that is not one, a packed winner slower than NCHW)."""
+        try:
+            body = db.read_json(path)
+        except UsageError:
+            return None
+        if not isinstance(body, dict):
+            return None
+        layout, candidate, device, rejected = (
+            body.get(k, 0) for k in ("layout", "candidate", "device", "rejected")
+        )
+        nchw, packed = _ms(body.get("nchw_ms")), _ms(body.get("packed_ms"))
+        if not (isinstance(candidate, str) and candidate in LAYOUTS and isinstance(device, str)):
+            return None
+        if (
+            layout not in (candidate, None)
+            or nchw is None
+            or (packed is None and body.get("packed_ms") is not None)
+        ):
+            return None
+        if not isinstance(rejected, list) or not all(isinstance(line, str) for line in rejected):
+            return None
+        if layout is not None and not (packed is not None and packed < nchw):  # packed, but slower
+            return None
+        spread = _ms(body.get("nchw_spread_ms")) or 0.0
+        return cls(layout, candidate, nchw, spread, packed, tuple(rejected), device, standing=path)
 
 
 def choose_layout(
     graph: BoundGraph, target: Target, device: Device, session: Session, root: Path
-) -> dict[str, Any] | None:
+) -> LayoutVerdict | None:
     """Measure the graph in NCHW and in the target's layout for its dtype on `session`, open on
-    `device`, for which `target` builds (`for_device`), and write the verdict: {"layout": the
-    winner, None when NCHW stays, "candidate", "nchw_ms", "packed_ms" (None when the packed
-    build failed to build or its check against numpy, as a tuned record would: "rejected" says
-    why), ...}.
+    `device`, for which `target` builds (`for_device`), and write the verdict. A packed build
+    that fails to build or its check against numpy is rejected, as a tuned record would be.
+    A verdict measured before stands instead (`standing`).
     None when there is nothing to choose: no layout declared for the dtype, or no node of the
     graph that would move to it."""
     candidate = target.packed_layout(graph.inputs[0].dtype) if graph.inputs else None
     if candidate is None or relayout(graph, candidate) is graph:
         return None
-    standing = _standing(root, graph, target.name, candidate, device)
-    if standing is not None:
-        return standing
+    measured = standing(root, graph, target.name, candidate, device)
+    if measured is not None:
+        return measured
     with tempfile.TemporaryDirectory() as tmp:
 
         def built(layout: Layout) -> CompiledGraph:
@@ -89,42 +147,31 @@ def choose_layout(
 
         nchw = check(session, built(NCHW), Path(tmp))
         judged = judge_built(session, nchw, {candidate.name: lambda: built(candidate)}, Path(tmp))
-    verdict = {
-        "layout": judged["record"],
-        "candidate": candidate.name,
-        "nchw_ms": judged["hand_ms"],
-        "nchw_spread_ms": judged["hand_spread_ms"],
-        "packed_ms": judged["ms"] if judged["record"] else judged["best_tuned_ms"],
-        "rejected": judged["rejected"],
-        "device": device.name,
-    }
-    write_layout(root, graph, target.name, verdict)
+    verdict = LayoutVerdict(
+        layout=judged["record"],
+        candidate=candidate.name,
+        nchw_ms=judged["hand_ms"],
+        nchw_spread_ms=judged["hand_spread_ms"],
+        packed_ms=judged["ms"] if judged["record"] else judged["best_tuned_ms"],
+        rejected=tuple(judged["rejected"]),
+        device=device.name,
+    )
+    write_layout(root, graph, target.name, verdict.body())
     return verdict
 
 
-def _standing(
+def standing(
     root: Path, graph: BoundGraph, target_name: str, candidate: Layout, device: Device
-) -> dict[str, Any] | None:
-    """The verdict measured before for `candidate` on `device`, with "standing": True, so that
-    running `deploy tune --model` again goes on tuning the kernels of the layout it chose instead
-    of measuring again (a verdict that flipped on noise would leave their records behind). None
-    when there is none such (not measured, measured elsewhere, given by --layout, unreadable)."""
+) -> LayoutVerdict | None:
+    """The verdict measured before for `candidate` on `device`, so that running `deploy tune
+    --model` again goes on tuning the kernels of the layout it chose instead of measuring again
+    (a verdict that flipped on noise would leave their records behind). None when there is none
+    such (not measured, measured elsewhere or for another layout, given by --layout, unreadable)."""
     path = layout_path(root, graph, target_name)
-    try:
-        body = db.read_json(path)
-    except UsageError:
+    verdict = LayoutVerdict.read(path) if path.exists() else None
+    if verdict is None or (verdict.candidate, verdict.device) != (candidate.name, device.name):
         return None
-    measured = (body.get("candidate"), body.get("device")) if isinstance(body, dict) else None
-    if measured != (candidate.name, device.name) or body.get("layout", 0) not in (candidate.name, None):
-        return None
-    nchw, packed, rejected = _ms(body.get("nchw_ms")), _ms(body.get("packed_ms")), body.get("rejected")
-    if nchw is None or (packed is None and body.get("packed_ms") is not None):
-        return None
-    if not isinstance(rejected, list) or not all(isinstance(line, str) for line in rejected):
-        return None
-    if body["layout"] is not None and not (packed is not None and packed < nchw):  # packed, but slower
-        return None
-    return {**body, "nchw_ms": nchw, "packed_ms": packed, "standing": True, "path": str(path)}
+    return verdict
 
 
 def _ms(value: Any) -> float | None:
