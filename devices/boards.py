@@ -7,9 +7,10 @@ they are ignored. Accepted host keys go to `known_hosts` next to it.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ def check_remote_dir(remote_dir: str) -> str:
             " login's home (e.g. .deploy) or absolute, not '', '.', '/' or a path with '..'"
         )
     return remote_dir
+
+
+def _is_ipv6(host: str) -> bool:
+    """Whether `host` is an IPv6 address as paramiko takes it (no brackets): the one host with a ':'."""
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 def known_hosts_file() -> Path:
@@ -77,8 +86,16 @@ class Board:
                 f"device name {self.name!r}: expected letters, digits, '.', '_' or '-' (not"
                 f" {' or '.join(RESERVED)})"
             )
-        if not self.host or any(c.isspace() for c in self.host):
+        if not self.host or any(c.isspace() for c in self.host) or not self.host.isprintable():
             raise UsageError(f"board host {self.host!r}: expected a host name or address")
+        if "@" in self.host:
+            raise UsageError(
+                f"board host {self.host!r}: expected a host name or address (the user goes in --user)"
+            )
+        if ":" in self.host and not _is_ipv6(self.host):
+            raise UsageError(
+                f"board host {self.host!r}: expected a host name or address (the port goes in --port)"
+            )
         if not 1 <= self.port <= 65535:
             raise UsageError(f"board port {self.port}: expected 1..65535")
         if not self.user or any(c.isspace() for c in self.user):
@@ -113,12 +130,17 @@ def _entries() -> dict[str, Any]:
 def _board(name: str, entry: Any) -> Board:
     """The entry `name` of the config as a Board, checked as `device add` checks one (but for
     its key file, which may come back); a UsageError naming the device and how to be rid of it."""
-    known = {f.name for f in fields(Board)}
+    known = [f.name for f in fields(Board)]
+    required = [f.name for f in fields(Board) if f.default is MISSING]
     try:
+        if not isinstance(entry, dict):
+            raise ValueError(f"expected an object of the board's {', '.join(known)}")
+        if any(k not in entry for k in required):
+            raise ValueError(f"it has no {next(k for k in required if k not in entry)}")
         board = Board(**{k: v for k, v in entry.items() if k in known}).check()
         if board.name != name:
             raise ValueError(f"the entry names the device {board.name!r}")
-    except (ValueError, TypeError, AttributeError, UsageError) as exc:
+    except (ValueError, UsageError) as exc:
         forget = (
             f"`deploy device remove {shlex.quote(name)}`" if name.isprintable() else "`deploy device remove`"
         )

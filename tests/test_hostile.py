@@ -456,6 +456,17 @@ ROWS: list[tuple[str, int, str]] = [
     ("device add local --host h --user u", 2, "device name 'local'"),
     ("device add b --host '' --user u", 2, "board host ''"),
     ("device add b --host 'h h' --user u", 2, "board host 'h h'"),
+    (
+        "device add b --host h:22 --user u",
+        2,
+        "board host 'h:22': expected a host name or address (the port goes in --port)",
+    ),
+    (
+        "device add b --host u@h --user u",
+        2,
+        "board host 'u@h': expected a host name or address (the user goes in --user)",
+    ),
+    ("device add b --host '[::1]' --user u", 2, "board host '[::1]'"),
     ("device add b --host h --user ''", 2, "board user ''"),
     (f"{BOARD} --port 0", 2, "board port 0: expected 1..65535"),
     (f"{BOARD} --port 70000", 2, "board port 70000"),
@@ -625,7 +636,8 @@ BOARD_ENTRY = {"name": "b", "host": "h", "user": "u", "port": 22, "arch": "aarch
         ('{"b": {"name": "b", "host": 5, "user": null, "port": "x"}}', "board host 5: expected a string"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "port": true}}', "board port True"),
         ('{"b": {"name": "zz", "host": "h", "user": "u"}}', "the entry names the device 'zz'"),
-        ('{"b": [1]}', "'list' object has no attribute 'items'"),
+        ('{"b": [1]}', "expected an object of the board's name, host, user, port, key, arch, remote_dir"),
+        ('{"b": {"name": "b", "user": "u"}}', "it has no host"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "remote_dir": "/"}}', "remote dir '/'"),
         ('{"b": {"name": "b", "host": "h", "user": "u", "arch": "sparc"}}', "board arch 'sparc'"),
         ("[1, 2]", "expected an object of devices"),
@@ -658,3 +670,12 @@ def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch
         removed = invoke("device", "remove", "b")
         assert removed.exit_code == 0 and removed.stdout.startswith("removed 'b' ("), removed.output
         assert json.loads(path.read_text()) == {}
+
+
+@pytest.mark.parametrize("host", ["board.local", "10.0.0.7", "::1", "fe80::1%eth0"])
+def test_a_board_host_may_be_an_ipv6_address(host):
+    """A ':' in a host is refused (a port belongs in --port) unless the host is an IPv6 address,
+    which paramiko takes as it is."""
+    from devices.boards import Board
+
+    assert Board("b", host, "u").check().host == host
