@@ -17,7 +17,7 @@ from harness import at_least_one, host_target, run
 
 from devices import get_device
 from ops import all_ops
-from toolchain.bench.bench import BenchOptions, bench_ops
+from toolchain.bench.bench import BenchOptions, bench_ops, refuse_wrong_answers
 from toolchain.bench.torch_baseline import torch_version
 
 ROOF_GOAL = 1.5
@@ -40,6 +40,9 @@ def main() -> None:
     print(f"{'workload':44} {'MB':>6} {'copy GB/s':>9} {'ms':>7} {'x copy':>6} {'x floor':>7} {'numpy':>8}"
           f" {'torch':>7} {'vs torch':>8}  targets")  # fmt: skip
     for r in rows:
+        if r["wrong_answer"]:
+            print(f"{r['op'] + ' ' + r['shapes']:44} {r['mb_moved']:6.1f} wrong answer: {r['wrong_answer']}")
+            continue
         met = [f"roofline {'met' if r['x_roofline'] <= ROOF_GOAL else 'MISSED'} (<= {ROOF_GOAL}x)"]
         goal, torch = TORCH_GOALS.get(r["op"]), r["torch_ms"]
         if goal is not None and torch is not None:
@@ -48,6 +51,7 @@ def main() -> None:
         print(f"{r['op'] + ' ' + r['shapes']:44} {r['mb_moved']:6.1f} {r['roofline_gb_per_s']:9.1f}"
               f" {r['median_ms']:7.2f} {r['x_roofline']:6.2f} {r['x_floor']:7.2f} {r['numpy_ms']:8.2f}"
               f" {torch_text}  {', '.join(met)}")  # fmt: skip
+    refuse_wrong_answers(rows)
 
 
 if __name__ == "__main__":

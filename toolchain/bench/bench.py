@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import UsageError, reason
+from base.errors import DeployError, UsageError, reason
 from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
@@ -130,6 +130,16 @@ TIMED = ("median_ms", "max_error", "gb_per_s", "yardstick_mb", "read_gb_per_s", 
          "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms",
          "speedup_vs_numpy", "torch_ms", "speedup_vs_torch")  # fmt: skip
 """A row's figures that only a right answer gets."""
+
+
+def refuse_wrong_answers(rows: list[dict[str, Any]]) -> None:
+    """A failed check (DeployError, exit 1) counting the rows whose artifact gave a wrong answer
+    and saying how the first differs; called once the rows are shown, so the others' figures are
+    not lost to one wrong kernel."""
+    wrong = [r for r in rows if r["wrong_answer"]]
+    if wrong:
+        first = wrong[0]["wrong_answer"]
+        raise DeployError(f"{len(wrong)} of {len(rows)} rows gave a wrong answer, no time; first: {first}")
 
 
 def measure_row(

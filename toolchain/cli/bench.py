@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from base.errors import DeployError, UsageError
+from base.errors import UsageError
 from base.files import check_writable
 from toolchain.cli.options import (
     CORES,
@@ -82,7 +82,7 @@ def bench_command(
     written at its write bandwidth, both timed in the same rounds as the op) and its copy
     bandwidth, numpy and (if installed) PyTorch, measured in one run."""
     from ops import all_ops, get_op
-    from toolchain.bench.bench import BenchOptions, bench_model, bench_ops
+    from toolchain.bench.bench import BenchOptions, bench_model, bench_ops, refuse_wrong_answers
 
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: expected at least 1")
@@ -127,10 +127,7 @@ def bench_command(
         click.echo(json.dumps(rows, indent=2))
     else:
         print_bench(rows, target.name, device)
-    wrong = [r for r in rows if r["wrong_answer"]]
-    if wrong:  # after the table: the other rows' figures are not lost to one wrong kernel
-        first = wrong[0]["wrong_answer"]
-        raise DeployError(f"{len(wrong)} of {len(rows)} rows gave a wrong answer, no time; first: {first}")
+    refuse_wrong_answers(rows)
 
 
 def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
