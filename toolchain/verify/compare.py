@@ -25,7 +25,8 @@ large the output."""
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison:
-    """Exact equality for exact ops and integers; dtype tolerances for floats. NaN matches NaN."""
+    """Exact equality for exact ops and integers; dtype tolerances for floats, but for infinities,
+    which must match exactly (a relative tolerance of an infinity is infinite). NaN matches NaN."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return Comparison(
             False,
@@ -66,7 +67,9 @@ def _compare_chunk(
     max_error = float(diff.max()) if diff.size else 0.0
     if exact:
         return max_error, bool(np.array_equal(expected[finite], actual[finite]))
-    return max_error, bool(np.all(diff <= atol + rtol * np.abs(wide_expected)))
+    infinite = np.isinf(wide_expected) | np.isinf(wide_actual)  # where a tolerance would be inf too
+    same_infinities = np.array_equal(wide_expected[infinite], wide_actual[infinite])
+    return max_error, same_infinities and bool(np.all(diff <= atol + rtol * np.abs(wide_expected)))
 
 
 SPECIAL_EVERY = 2000
