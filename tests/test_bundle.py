@@ -6,11 +6,15 @@ bundles and bad .npy files refused with one line; SHA-256 in C++ against hashlib
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -503,6 +507,49 @@ def test_bad_npy_is_refused(copy_of: Path, tmp_path: Path, kind: str, message: s
     bad_npy(kind, tmp_path / "bad.npy")
     proc = deploy_run(copy_of, [tmp_path / "bad.npy", tmp_path / "b.npy"], tmp_path / "out.npy")
     one_line_error(proc, 2, message)
+
+
+def test_deploy_run_writes_its_output_as_deploy_run_o_does(tmp_path: Path) -> None:
+    """A FIFO is written in place, a symlink stays and its file is replaced, a file keeps its
+    mode, a directory is refused; and the module resolves the runtime's symbols however the shim
+    was loaded (LD_BIND_NOW binds every one at load: an error path's included)."""
+    target = get_target("x86")
+    if missing := get_device("local").missing_cpu_flags(target.cpu_flags):
+        pytest.skip(f"this CPU lacks {', '.join(missing)}")
+    bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
+    export(compile_op(bound, target), tmp_path / "bundle", bundle=True)
+    inputs = [tmp_path / "a.npy", tmp_path / "b.npy"]
+    np.save(inputs[0], np.arange(4, dtype=np.float32))
+    np.save(inputs[1], np.ones(4, dtype=np.float32))
+    expected = np.arange(4) + 1
+    command = [str(tmp_path / "bundle" / "deploy-run"), str(tmp_path / "bundle"), "-i", str(inputs[0]),
+               "-i", str(inputs[1]), "-o"]  # fmt: skip
+    bound_now = subprocess.run([*command, str(tmp_path / "now.npy")], capture_output=True, text=True,
+                               env={**os.environ, "LD_BIND_NOW": "1"}, timeout=60)  # fmt: skip
+    assert bound_now.returncode == 0, bound_now.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()))
+    reader.start()
+    assert subprocess.run([*command, str(fifo)], timeout=60).returncode == 0
+    reader.join(60)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    np.testing.assert_array_equal(np.load(io.BytesIO(read[0])), expected)
+    (tmp_path / "named.txt").write_text("before")
+    (tmp_path / "link.npy").symlink_to("named.txt")
+    (tmp_path / "kept.npy").write_text("before")
+    (tmp_path / "kept.npy").chmod(0o640)
+    for name in ("link.npy", "kept.npy"):
+        assert subprocess.run([*command, str(tmp_path / name)], timeout=60).returncode == 0
+    assert (tmp_path / "link.npy").is_symlink()
+    np.testing.assert_array_equal(np.load(tmp_path / "named.txt"), expected)
+    assert stat.S_IMODE((tmp_path / "kept.npy").stat().st_mode) == 0o640
+    one_line_error(subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=60),
+                   2, "is a directory")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a.npy", "b.npy", "bundle", "now.npy", "fifo", "named.txt", "link.npy", "kept.npy"]
+    ), "no temporary file left"
 
 
 @pytest.mark.emulator

@@ -54,7 +54,8 @@ bool LoadMain(Function* out, std::string* error) {
       return false;
     }
     std::string library = self.dli_fname;
-    std::string path = library.substr(0, library.rfind('/') + 1) + "module.so";
+    std::string directory = library.substr(0, library.rfind('/') + 1);
+    std::string path = directory + "module.so";
     std::string digest = deploy::Sha256File(path);
     if (digest.empty()) {
       *error = "cannot read " + path;
@@ -65,6 +66,12 @@ bool LoadMain(Function* out, std::string* error) {
                " was built for " + std::string(deploy::kModuleSha256).substr(0, 16) +
                "...: the bundle was modified";
       return false;
+    }
+    // module.so calls into the TVM runtime libraries without linking them (TVM exports modules
+    // so): make the ones this shim links visible to it, also where an engine dlopen()ed the shim
+    // RTLD_LOCAL, or the first error a kernel raised would be an undefined symbol, and the end.
+    for (const char* runtime : deploy::kRuntimeLibraries) {
+      dlopen((directory + runtime).c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
     }
     try {
       main_function = tvm::ffi::Module::LoadFromFile(path)->GetFunction("main", false);

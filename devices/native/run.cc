@@ -9,6 +9,10 @@
 // (bundle_signature.h), calls deploy_OP_run from DIR/libOP.so and writes the output as .npy v1.
 // Errors are one line on stderr: exit 2 for bad input or a modified bundle, 1 when the op fails.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -197,7 +201,22 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
   return buffer;
 }
 
-// Write `data` as `spec` to a .npy v1 file (through a temporary name: never half a file at `path`).
+// Where -o's file goes, as `deploy run -o` writes it: a symlink stays and the file it names is
+// written; a FIFO or a device (/dev/stdout) is written in place (`*in_place`); a regular file is
+// replaced in one rename, keeping its mode (`*mode`); a directory is bad input.
+std::string OutputFile(const std::string& path, bool* in_place, mode_t* mode) {
+  char resolved[PATH_MAX];
+  std::string file = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  struct stat st {};
+  bool exists = stat(file.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) Bad("output " + path + " is a directory: expected a .npy file path");
+  *in_place = exists && !S_ISREG(st.st_mode);
+  *mode = exists ? (st.st_mode & 07777) : 0644;
+  return file;
+}
+
+// Write `data` as `spec` to a .npy v1 file: a regular file through a fresh temporary name beside
+// it (never half a file at `path`, never another file of that name touched), a FIFO in place.
 void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data) {
   std::string descr;
   for (const auto& [text, dtype] : Descrs()) {
@@ -209,9 +228,19 @@ void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data)
   std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
   header += '\n';
-  std::string partial = path + ".partial";
-  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(std::fopen(partial.c_str(), "wb"), &std::fclose);
-  if (!file) Bad("cannot write output " + path + ": " + std::strerror(errno));
+  bool in_place = false;
+  mode_t mode = 0644;
+  std::string file_path = OutputFile(path, &in_place, &mode);
+  std::string temporary = file_path + ".XXXXXX";
+  int fd = in_place ? open(file_path.c_str(), O_WRONLY | O_TRUNC) : mkstemp(temporary.data());
+  if (fd < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
+  if (!in_place && fchmod(fd, mode) != 0) {
+    int error = errno;
+    std::remove(temporary.c_str());
+    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(error));
+  }
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(fdopen(fd, "wb"), &std::fclose);
+  if (!file) Exit(kFailed, "cannot write output " + path + ": " + std::strerror(errno));
   unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
   preamble[8] = static_cast<unsigned char>(header.size());
   preamble[9] = static_cast<unsigned char>(header.size() >> 8);
@@ -220,9 +249,10 @@ void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data)
             std::fwrite(header.data(), 1, header.size(), file.get()) == header.size() &&
             std::fwrite(data, 1, bytes, file.get()) == bytes;
   ok = std::fclose(file.release()) == 0 && ok;
-  if (!ok || std::rename(partial.c_str(), path.c_str()) != 0) {
-    std::remove(partial.c_str());
-    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(errno));
+  if (!ok || (!in_place && std::rename(temporary.c_str(), file_path.c_str()) != 0)) {
+    int error = errno;
+    if (!in_place) std::remove(temporary.c_str());
+    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(error));
   }
 }
 

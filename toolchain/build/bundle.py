@@ -26,6 +26,8 @@ from toolchain.build.targets import Target, all_targets
 RUNNER = "deploy-run"
 SUMS = "SHA256SUMS"
 LIB_DIR = "lib"
+RUNTIME_PATHS = tuple(f"{LIB_DIR}/{name}" for name in sorted(LIBRARIES.values()))
+"""The TVM runtime libraries in a bundle, relative to it."""
 DLPACK_HEADER = "include/dlpack/dlpack.h"
 OUTPUT_PARAM = "out"
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
@@ -152,6 +154,7 @@ namespace deploy {{
 inline constexpr char kOp[] = "{op}";
 inline constexpr char kLibrary[] = "lib{op}.so";
 inline constexpr char kModuleSha256[] = "{module_sha256}";
+inline constexpr const char* kRuntimeLibraries[] = {{{", ".join(f'"{path}"' for path in RUNTIME_PATHS)}}};
 inline const TensorSpec kTensors[] = {{  // the inputs, then the output
 {specs}
 }};
@@ -197,7 +200,7 @@ def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) ->
             libraries,
             ("-shared", f"-I{staging}", f"-I{generated}", "-Wl,-rpath,$ORIGIN/lib"),
         )
-        loaded = [library, module.name, *(f"{LIB_DIR}/{name}" for name in sorted(LIBRARIES.values()))]
+        loaded = [library, module.name, *RUNTIME_PATHS]
         (Path(generated) / "bundle_pins.h").write_text(pins_header(staging, loaded))
         compile_native(platform, [SOURCES / "run.cc"], staging / RUNNER, None, (f"-I{generated}",))
     sums = staging / SUMS
