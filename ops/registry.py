@@ -10,13 +10,15 @@ import hashlib
 import importlib
 import importlib.util
 import pkgutil
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from base.errors import UsageError
+from base.errors import UsageError, reason
+from ops.attrs import Attr, AttrKind
 from ops.onnx_mapping import domain_key, onnx_label
-from ops.spec import Op
+from ops.spec import ALL_DTYPES, Case, Input, Op
 
 _OPS: dict[str, Op] = {}
 _ONNX: dict[tuple[str, str], Op] = {}
@@ -29,12 +31,53 @@ def _source(cls: type[Op]) -> str:
     return str(Path(path).resolve()) if path else cls.__module__
 
 
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+"""An op's, input's or attribute's name: it names artifact directories, C functions and
+parameters of a bundle, and `-a NAME=VALUE`."""
+
+
+def check_definition(cls: type[Op]) -> None:
+    """What `register` needs of an op class, checked as data (a user's op file may hold
+    anything): a name that is an identifier, its own infer, compute and reference, inputs and
+    attributes with distinct identifier names, dtypes deploy knows, and at least one case."""
+    name = getattr(cls, "name", None)
+    where = f"op class {cls.__name__} in {_source(cls)}"
+    if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+        raise UsageError(f"{where}: name {name!r}: expected letters, digits and _ (not first), at most 64")
+    where = f"op {name} ({_source(cls)})"
+    missing = [m for m in ("infer", "compute", "reference") if getattr(cls, m) is getattr(Op, m)]
+    if missing:
+        raise UsageError(f"{where} defines no {missing[0]}(): an op needs infer, compute and reference")
+    for field, kind in (("inputs", Input), ("attrs", Attr), ("cases", Case)):
+        value = getattr(cls, field, None)
+        if not isinstance(value, tuple) or not all(isinstance(v, kind) for v in value):
+            raise UsageError(f"{where}: {field} {value!r}: expected a tuple of {kind.__name__}")
+    kinds = [a.kind for a in cls.attrs if not isinstance(a.kind, AttrKind)]
+    if kinds:
+        raise UsageError(
+            f"{where}: attrs: kind {kinds[0]!r}: expected an attribute kind of ops.attrs (Float(), ...)"
+        )
+    for field, names in (("inputs", [i.name for i in cls.inputs]), ("attrs", [a.name for a in cls.attrs])):
+        bad = [n for n in names if not isinstance(n, str) or not IDENTIFIER.fullmatch(n)]
+        twice = [n for n in names if names.count(n) > 1]
+        if bad or twice:
+            said = f"{bad[0]!r} is no identifier" if bad else f"{twice[0]!r} is named twice"
+            raise UsageError(f"{where}: {field}: {said}")
+    if not cls.cases:
+        raise UsageError(f"{where}: cases (): expected at least one Case for `deploy test` to verify")
+    dtypes = cls.dtypes
+    if not isinstance(dtypes, tuple) or not dtypes or not all(d in ALL_DTYPES for d in dtypes):
+        raise UsageError(f"{where}: dtypes {dtypes!r}: expected a tuple of some of {', '.join(ALL_DTYPES)}")
+
+
 def register(cls: type[Op]) -> type[Op]:
-    """Class decorator: instantiate the op and add it under `cls.name`.
+    """Class decorator: check the definition (`check_definition`), instantiate the op and add
+    it under `cls.name`.
 
     The same file may register again (it was imported twice); another file using the name is an
     error naming both, so a user op never silently replaces a built-in one or another user op.
     Likewise for the ONNX (domain, op_type) an op declares in `onnx`: one op implements each."""
+    check_definition(cls)
     existing = _OPS.get(cls.name)
     if existing is not None and _source(type(existing)) != _source(cls):
         raise UsageError(
@@ -94,7 +137,7 @@ def load_builtin() -> None:
 def load_ops_path(directory: str | Path) -> list[str]:
     """Import every `*.py` in `directory`; returns the names of the ops it registered."""
     folder = Path(directory)
-    if not folder.is_dir():
+    if not str(directory) or not folder.is_dir():  # '' would be the working directory
         raise UsageError(f"--ops-path {str(directory)!r} is not a directory")
     load_builtin()
     before = set(_OPS)
@@ -114,8 +157,10 @@ def load_ops_path(directory: str | Path) -> list[str]:
             raise
         except SystemExit as exc:
             raise UsageError(f"op file {path} called exit({exc.code!r}) while being imported") from exc
-        except Exception as exc:
-            raise UsageError(f"op file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # an op file may raise anything, a BaseException of its own too
+            raise UsageError(f"op file {path} failed to import: {type(exc).__name__}: {reason(exc)}") from exc
     return sorted(set(_OPS) - before)
 
 

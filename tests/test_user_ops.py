@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import textwrap
 
-from tests.conftest import REPO, run_deploy
+import pytest
+
+from tests.conftest import DEPLOY, REPO, run_deploy
 
 CUBE = textwrap.dedent(
     '''
@@ -96,3 +100,81 @@ def test_entry_point_that_exits_is_one_line(tmp_path):
     proc = run_deploy("ops", env={"PYTHONPATH": str(site)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == "error: entry point quits (quits_pkg) failed: SystemExit: 0"
+
+
+def _cube_class(**changes):
+    """The CUBE op's class (unregistered) with class attributes replaced or, as None, removed."""
+    from tvm import te
+
+    from ops import Case, Input, Op
+
+    body = {
+        "name": "cube",
+        "inputs": (Input("x"),),
+        "dtypes": ("float32",),
+        "cases": (Case(((5, 7),)),),
+        "infer": lambda self, attrs, inputs: inputs[0],
+        "compute": lambda self, attrs, out, x: te.compute(out.shape, lambda *i: x[i] * x[i] * x[i]),
+        "reference": lambda self, attrs, x: x * x * x,
+    }
+    body.update(changes)
+    return type("Cube", (Op,), {k: v for k, v in body.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"name": "../escape"}, "name '../escape': expected letters, digits and _"),
+        ({"name": "my op"}, "name 'my op'"),
+        ({"name": 42}, "name 42"),
+        ({"name": None}, "name None"),
+        ({"compute": None}, "test_user_ops.py) defines no compute()"),
+        ({"reference": None}, "defines no reference()"),
+        ({"inputs": None}, "inputs None: expected a tuple of Input"),
+        ({"dtypes": "float32"}, "dtypes 'float32': expected a tuple of some of float32"),
+        ({"dtypes": ("complex64",)}, "dtypes ('complex64',)"),
+        ({"cases": ()}, "cases (): expected at least one Case"),
+        ({"attrs": "alpha"}, "attrs 'alpha': expected a tuple of Attr"),
+    ],
+)
+def test_an_op_definition_is_checked_when_registered(changes, message):
+    """A user's op class is data: a name that would leave the artifact's directory or not be a C
+    function's, a missing method, a dtype list that is a string are one line at registration,
+    not a traceback (or a directory outside) at build time."""
+    from base.errors import UsageError
+    from ops.registry import check_definition
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        check_definition(_cube_class(**changes))
+
+
+def test_twice_named_inputs_and_attributes_are_refused():
+    from base.errors import UsageError
+    from ops import Input
+    from ops.attrs import Attr, Float
+    from ops.registry import check_definition
+
+    with pytest.raises(UsageError, match="inputs: 'x' is named twice"):
+        check_definition(_cube_class(inputs=(Input("x"), Input("x"))))
+    alpha = Attr("alpha", Float(), 1.0)
+    with pytest.raises(UsageError, match="attrs: 'alpha' is named twice"):
+        check_definition(_cube_class(attrs=(alpha, alpha)))
+    with pytest.raises(UsageError, match="attrs: kind <class 'float'>: expected an attribute kind"):
+        check_definition(_cube_class(attrs=(Attr("alpha", float, 1.0),)))
+
+
+def test_ops_path_must_name_a_directory(tmp_path):
+    """An empty --ops-path (an unset shell variable) would be the working directory: its *.py
+    would run as op files."""
+    (tmp_path / "setup_like.py").write_text("open('ran', 'w')\n")
+    proc = subprocess.run([DEPLOY, "--ops-path", "", "targets"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --ops-path '' is not a directory"
+    assert not (tmp_path / "ran").exists()
+
+
+def test_an_op_file_raising_a_base_exception_is_one_line(tmp_path):
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "odd.py").write_text("class Odd(BaseException):\n    pass\n\nraise Odd('odd')\n")
+    proc = run_deploy("--ops-path", str(tmp_path / "ops"), "ops")
+    assert proc.returncode == 2 and "odd.py failed to import: Odd: odd" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
