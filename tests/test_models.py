@@ -680,6 +680,21 @@ def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:
     assert [str(t) for t in graph.inputs] == ["1x2x8x8:float16", "1x2x8x8:float32"]
 
 
+def test_yaml_aliases_that_expand_to_a_billion_values_are_refused(tmp_path: Path) -> None:
+    """Nine levels of nine aliases of the level below in an attribute: 600 bytes that would be
+    9**9 values (and an error line of hundreds of MB quoting them) are refused as they are read."""
+    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text(
+        "inputs: {x: {shape: [4]}}\n"
+        f"nodes: [{{name: n, op: leaky_relu, attrs: {{alpha: {{{', '.join(levels)}}}}}, inputs: [x]}}]\n"
+        "output: n\n"
+    )
+    with pytest.raises(UsageError, match=r"bomb.yaml:1: not valid YAML: its aliases expand to more than"):
+        load_model(path)
+
+
 @pytest.mark.parametrize(
     "declared,message",
     [

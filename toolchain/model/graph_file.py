@@ -37,9 +37,38 @@ NODE_KEYS = ("name", "op", "attrs", "inputs")
 DEFAULT_DTYPE = "float32"
 
 
+MAX_YAML_VALUES = 1_000_000
+"""The most values a graph file may hold with its aliases written out: a few aliases of aliases
+(`*a` repeating `&a [*b, *b, ...]`) would otherwise make a 600-byte file a billion values."""
+
+
 class _KeysOnce(yaml.SafeLoader):
     """`yaml.safe_load`'s loader (plain data, no Python objects) refusing a mapping that gives a
-    key twice, which YAML would read as the last: a model other than the one the file shows."""
+    key twice, which YAML would read as the last: a model other than the one the file shows; and
+    a document whose aliases expand past MAX_YAML_VALUES."""
+
+    def compose_document(self) -> Any:
+        document = super().compose_document()
+        sizes: dict[int, int] = {}
+
+        def expanded(node: yaml.Node) -> int:  # each node counted once: linear in the file
+            if id(node) not in sizes:
+                sizes[id(node)] = 1  # a cycle (an alias inside its own anchor) counts once
+                children = node.value if isinstance(node, yaml.CollectionNode) else []
+                items = (
+                    [part for pair in children for part in pair]
+                    if isinstance(node, yaml.MappingNode)
+                    else children
+                )
+                sizes[id(node)] = 1 + sum(expanded(child) for child in items)
+            return sizes[id(node)]
+
+        if document is not None and expanded(document) > MAX_YAML_VALUES:
+            raise yaml.MarkedYAMLError(
+                problem=f"its aliases expand to more than {MAX_YAML_VALUES} values",
+                problem_mark=document.start_mark,
+            )
+        return document
 
 
 def _mapping_once(loader: _KeysOnce, node: yaml.MappingNode) -> Any:
