@@ -128,7 +128,7 @@ class FusedOp(Op):
         blocks = {n.node.name: self.block_name(index) for index, n in enumerate(self.nodes)}
 
         def node(n: BoundNode, inputs: list[Any]) -> Any:
-            return named(compute(n, inputs), blocks[n.node.name])
+            return named(n.bound.computed(compute(n, inputs)), blocks[n.node.name])
 
         return self._last(flow(self.nodes, dict(zip(self.reads, tensors, strict=True)), node))
 

@@ -301,6 +301,32 @@ class BoundOp:
         """The op's numpy reference on `arrays`."""
         return self.op.reference(self.attrs, *arrays)
 
+    def computed(self, out: Any) -> Any:
+        """`out`, what the op's compute returned, if it is the te.Tensor `infer` said (rank, static
+        dims, dtype); a UsageError naming the op when not: its artifact could never be called."""
+        from tvm import te, tirx
+
+        if not isinstance(out, te.Tensor):
+            raise UsageError(
+                f"op {self.op.name}: compute returned {type(out).__name__}: expected a te.Tensor"
+            )
+        if isinstance(out.op, te.PlaceholderOp):
+            raise UsageError(
+                f"op {self.op.name}: compute returned its input {out.op.name!r}: expected a te.compute"
+            )
+        dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in out.shape]
+        said = [None if is_symbolic(d) else d for d in self.output.shape]
+        if (
+            str(out.dtype) != self.output.dtype
+            or len(dims) != len(said)
+            or any(a is not None and b is not None and a != b for a, b in zip(dims, said, strict=True))
+        ):
+            shown = "x".join("?" if d is None else str(d) for d in dims)
+            raise UsageError(
+                f"op {self.op.name}: compute gives {shown}:{out.dtype}, but infer said {self.output}"
+            )
+        return out
+
     def key(self) -> dict[str, Any]:
         return {
             "op": self.op.name,
@@ -356,6 +382,14 @@ def bind(op: Op, attrs: dict[str, Any], inputs: list[TensorType]) -> BoundOp:
         if isinstance(attr.kind, Float) and values[attr.name] is not None:
             attr.kind.check_dtype(attr.name, values[attr.name], inputs[0].dtype)
     output = op.infer(values, list(inputs))
+    if not isinstance(output, TensorType):
+        raise UsageError(f"op {op.name}: infer returned {type(output).__name__}: expected a TensorType")
+    if output.dtype not in ALL_DTYPES:
+        raise UsageError(
+            f"op {op.name}: infer gives dtype {output.dtype!r}: expected one of {', '.join(ALL_DTYPES)}"
+        )
+    if any(not is_symbolic(d) and d < 1 for d in output.shape):
+        raise UsageError(f"the output of {op.name} has shape {list(output.shape)}: dims must be >= 1")
     if any(is_symbolic(d) for d in output.shape[1:]):
         raise UsageError(
             f"the output of {op.name} has shape {list(output.shape)}: only the first dim (the batch)"

@@ -154,9 +154,9 @@ def computed_module(ctx: ScheduleContext, compute: ComputeFn | None) -> Any:
         for spec, t in zip(bound.op.inputs, bound.inputs, strict=True)
     ]
     if compute is not None:
-        out = compute(ctx, *placeholders)
+        out = bound.computed(compute(ctx, *placeholders))
     else:
-        out = bound.op.compute(bound.attrs, bound.output, *placeholders)
+        out = bound.computed(bound.op.compute(bound.attrs, bound.output, *placeholders))
     return tvm.IRModule({"main": te.create_prim_func([*placeholders, out])})
 
 

@@ -8,7 +8,9 @@ import subprocess
 import textwrap
 
 import pytest
+from tvm import te
 
+from ops import TensorType
 from tests.conftest import DEPLOY, REPO, run_deploy
 
 CUBE = textwrap.dedent(
@@ -178,3 +180,45 @@ def test_an_op_file_raising_a_base_exception_is_one_line(tmp_path):
     proc = run_deploy("--ops-path", str(tmp_path / "ops"), "ops")
     assert proc.returncode == 2 and "odd.py failed to import: Odd: odd" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (
+            {"compute": lambda self, attrs, out, x: None},
+            "op cube: compute returned NoneType: expected a te.Tensor",
+        ),
+        ({"compute": lambda self, attrs, out, x: x}, "op cube: compute returned its input 'x'"),
+        (
+            {"compute": lambda self, attrs, out, x: te.compute((2, 2), lambda i, j: x[i, j])},
+            "op cube: compute gives 2x2:float32, but infer said 5x7:float32",
+        ),
+        (
+            {"compute": lambda self, attrs, out, x: te.compute(out.shape, lambda *i: x[i].astype("float64"))},
+            "op cube: compute gives 5x7:float64, but infer said 5x7:float32",
+        ),
+        (
+            {"infer": lambda self, attrs, inputs: None},
+            "op cube: infer returned NoneType: expected a TensorType",
+        ),
+        (
+            {"infer": lambda self, attrs, inputs: TensorType((5, 7), "complex64")},
+            "op cube: infer gives dtype 'complex64': expected one of float32",
+        ),
+        (
+            {"infer": lambda self, attrs, inputs: TensorType((0, 7), "float32")},
+            "has shape [0, 7]: dims must be >= 1",
+        ),
+    ],
+)
+def test_a_compute_that_is_not_what_infer_said_is_refused_at_build(changes, message):
+    """An artifact whose kernel writes another shape or dtype than its manifest says could never be
+    called: the build refuses it in one line naming the op."""
+    from base.errors import UsageError
+    from ops import bind
+    from toolchain.build.compile import prim_module
+    from toolchain.build.targets import get_target
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        prim_module(bind(_cube_class(**changes)(), {}, [TensorType((5, 7), "float32")]), get_target("x86"))

@@ -84,7 +84,7 @@ def _relax_of(graph: BoundGraph) -> Any:
             te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
             for i, t in enumerate(n.node.inputs)
         ]
-        out = n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders)
+        out = n.bound.computed(n.bound.op.compute(n.bound.attrs, n.bound.output, *placeholders))
         name = f"n{index}"  # its own symbol, or BlockBuilder merges equal PrimFuncs of two nodes
         func = te.create_prim_func([*placeholders, out]).with_attr("global_symbol", name)
         calls.append((name, func, n.node.inputs, n.node.output))
