@@ -716,3 +716,22 @@ def test_an_onnx_output_must_be_declared_as_it_is_computed(tmp_path: Path, decla
         assert bind_graph(load_model(path)).output == TensorType((4,), "float32")
     else:
         assert error(path) == f"model {path}: {message}"
+
+
+@pytest.mark.parametrize(
+    "version,refused", [(6, True), (7, False), (17, False), (onnx.defs.onnx_opset_version() + 1, True)]
+)
+def test_an_onnx_model_of_an_opset_the_mappings_do_not_follow_is_refused(
+    tmp_path: Path, version: int, refused: bool
+) -> None:
+    """Before opset 7 an Add of [2,3] and [3] needed broadcast=1, and a newer opset than onnx knows
+    may mean other things: such a model is refused, not built with today's meanings."""
+    path = one_node(tmp_path, "Add", [2, 3], [2, 3], b=[3])
+    model = onnx.load(path)
+    model.opset_import[0].version = version
+    onnx.save(model, path)
+    if not refused:
+        assert bind_graph(load_model(path)).output.shape == (2, 3)
+        return
+    with pytest.raises(UsageError, match=rf"model .*model.onnx: ONNX opset {version}: expected 7 to \d+"):
+        load_model(path)

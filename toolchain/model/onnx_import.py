@@ -55,12 +55,30 @@ def read_onnx(path: Path, data: bytes) -> Graph:
     except (onnx.checker.ValidationError, ValueError) as exc:
         said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
         raise UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}") from None
+    check_opset(path, model)
     try:
         graph = graph_from_onnx(model.graph, default_name=path.stem)
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
     return graph
+
+
+MIN_OPSET = 7
+"""The oldest ONNX opset whose semantics the op mappings follow (numpy broadcasting in Add, as
+onnxruntime supports): an older model's nodes could mean something else."""
+
+
+def check_opset(path: Path, model: onnx.ModelProto) -> None:
+    """The model imports ONNX's own operator set at a version the mappings follow: from MIN_OPSET
+    to the newest the installed onnx knows (a newer one may have changed what a node means)."""
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and not MIN_OPSET <= entry.version <= newest:
+            raise UsageError(
+                f"model {path}: ONNX opset {entry.version}: expected {MIN_OPSET} to {newest} (convert it with"
+                " onnx.version_converter)"
+            )
 
 
 def check_declared_output(value: onnx.ValueInfoProto, computed: TensorType) -> None:

@@ -92,6 +92,7 @@ def _run_node(
     single = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: its warnings would be lines of their own on stderr
     try:
         session = onnxruntime.InferenceSession(
             single.SerializeToString(), options, providers=["CPUExecutionProvider"]
