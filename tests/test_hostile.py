@@ -339,7 +339,8 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{RUN} -i TMP/bool_4.npy", 2, "dtype bool"),
     (f"{RUN} -i TMP/str_4.npy", 2, "dtype <U1"),
     (f"{RUN} -i TMP/datetime.npy", 2, "dtype datetime64[D]"),
-    (f"{RUN} -i TMP/be_f32_4.npy", 2, "dtype >f4"),
+    (f"{RUN} -i TMP/be_f32_4.npy", 2, "input 'TMP/be_f32_4.npy' is big-endian (>f4): save it little-endian"),
+    (f"{RUN} -i TMP/trailing.npy", 2, "claims a 3x4 float32 array (48 bytes) but the file holds 53 bytes"),
     (f"{RUN} -i TMP/zero_size.npy", 2, "has shape [0]: dims must be >= 1"),
     (f"{RUN} -i TMP/rank7.npy", 2, "expected rank 0..6"),
     (f"{RUN} -i TMP/f32_4.npy -i TMP/f32_4.npy", 2, "takes 1 inputs (x), got 2"),
@@ -581,6 +582,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "empty.npy").write_bytes(b"")
     whole = (root / "f32_3x4.npy").read_bytes()
     (root / "truncated.npy").write_bytes(whole[: len(whole) - 8])
+    (root / "trailing.npy").write_bytes(whole + b"extra")
     with open(root / "forged.npy", "wb") as forged:
         np.lib.format.write_array_header_1_0(
             forged, {"descr": "<f4", "fortran_order": False, "shape": (100000, 100000)}

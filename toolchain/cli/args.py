@@ -13,7 +13,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.lib.format as npy_format
 
-from base.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError, reason
 
 _DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-WYZa-wyz_][A-WYZa-wyz0-9_]*(?:[xX][0-9]+)+")
 """Sizes, or a symbolic batch's name first and at least one size after it (a lone name is more
@@ -77,9 +77,11 @@ def load_npy(path: str) -> np.ndarray:
                     f"input {path!r} is .npy format {version[0]}.{version[1]}; expected 1.0 or 2.0"
                 )
             shape, _, dtype = NPY_HEADERS[version](stream)
+            if dtype.byteorder == ">":
+                raise UsageError(f"input {path!r} is big-endian ({dtype.str}): save it little-endian")
             claimed = math.prod(shape) * dtype.itemsize
             held = os.fstat(stream.fileno()).st_size - stream.tell()
-            if claimed > held:
+            if claimed != held and not dtype.hasobject:  # object arrays are refused by read_array
                 raise UsageError(
                     f"input {path!r}: its header claims a {'x'.join(map(str, shape)) or 'scalar'} {dtype}"
                     f" array ({claimed} bytes) but the file holds {held} bytes of data"
@@ -87,7 +89,7 @@ def load_npy(path: str) -> np.ndarray:
             stream.seek(0)
             return npy_format.read_array(stream, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise UsageError(f"cannot read input {path!r} as a .npy array: {exc}") from None
+        raise UsageError(f"cannot read input {path!r} as a .npy array: {reason(exc)}") from None
 
 
 def output_mode(path: str) -> int | None:
