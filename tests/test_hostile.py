@@ -148,7 +148,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("--ops-path TMP/ops_import ops", 2, "imports.py failed to import: ModuleNotFoundError"),
     ("--ops-path TMP/ops_syntax ops", 2, "syntax.py failed to import: SyntaxError"),
     ("--ops-path TMP/ops_raise ops", 2, "raises.py failed to import: RuntimeError: boom"),
-    ("--ops-path TMP/ops_noname ops", 2, "noname.py failed to import: AttributeError"),
+    ("--ops-path TMP/ops_noname ops", 2, "op class NoName in TMP/ops_noname/noname.py: name None: expected"),
     ("--ops-path TMP/ops_builtin ops", 2, "ops/leaky_relu.py and in TMP/ops_builtin/lr.py"),
     ("--ops-path TMP/ops_twins ops", 2, "'hostile_twin' is defined twice: in TMP/ops_twins/a.py and in"),
     (
@@ -512,13 +512,14 @@ OP_FILE = textwrap.dedent(
     '''
     """A user op named {name!r}."""
     from tvm import te
-    from ops import Input, Op, register
+    from ops import Case, Input, Op, register
 
     @register
     class {cls}(Op):
         """x, copied."""
         name = "{name}"
         inputs = (Input("x"),)
+        cases = (Case(((4,),)),)
 
         def infer(self, attrs, inputs):
             return inputs[0]

@@ -492,14 +492,14 @@ def test_bind_errors_in_onnx_models_name_the_node(tmp_path: Path) -> None:
 POOL_OP = textwrap.dedent(
     '''
     """A second max pooling that claims ONNX {op_type}."""
-    from ops import Input, Op, register
+    from ops import register
+    from ops.max_pool2d import MaxPool2d
     from ops.onnx_mapping import OnnxOp
 
     @register
-    class Pool(Op):
+    class Pool(MaxPool2d):
         """max pooling again."""
         name = "{name}"
-        inputs = (Input("x"),)
         onnx = (OnnxOp("{op_type}", domain="{domain}"),)
     '''
 )
