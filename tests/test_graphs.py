@@ -373,6 +373,27 @@ def test_a_task_file_of_another_task_is_refused(tmp_path):
         task_bound(directory)
 
 
+def test_a_long_chain_of_ops_that_read_their_input_thrice_is_cut_into_kernels(local_session):
+    """Inlining copies a node into every read of its output: ten leaky_relu (three reads each) in
+    one kernel would hold 3**9 copies of the first, and TVM took minutes to compile it. Each
+    kernel inlines a node at most MAX_COPIES times; the graph still matches numpy."""
+    from toolchain.build.fusion import MAX_COPIES
+
+    chain = [("n0", "leaky_relu", {"alpha": 0.5}, ("x",))]
+    chain += [(f"n{i}", "leaky_relu", {"alpha": 0.5}, (f"n{i - 1}",)) for i in range(1, 10)]
+    g = graph({"x": (4, 4)}, "float32", *chain)
+    found = kernels(g)
+    assert [len(k.nodes) for k in found] == [2, 4, 4], "3**3 = 27 copies fit, 3**4 = 81 do not"
+    assert 3 ** (max(len(k.nodes) for k in found) - 1) <= MAX_COPIES
+    assert [n for k in found for n in k.nodes] == [name for name, *_ in chain]
+    comparison, _ = verify(local_session, g, for_device(get_target("x86"), local_session), [
+        random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
+    ])  # fmt: skip
+    assert comparison.ok, comparison.detail
+    pool_add = bind_graph(load_model(EXAMPLE_YAML))
+    assert len(kernels(pool_add)) == 1, "nine taps read once each: the pool still fuses into the add"
+
+
 def test_a_graph_build_is_cached_by_its_nodes(local_session):
     x86 = for_device(get_target("x86"), local_session)
     one = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.1}, ("x",)))

@@ -72,13 +72,23 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
     return tvm.IRModule(builder.get().functions)
 
 
-def _relax_of(graph: BoundGraph) -> Any:
+MAX_COPIES = 64
+"""The most copies of one node's computation a fused kernel may hold. Inlining writes a node's
+expression into every read of its output, so a chain of ops that each read their input k times
+(leaky_relu: 3) holds k**n copies of its first node, and TVM's simplifier walks each: a chain of
+8 leaky_relu took over 100 s to compile, 10 did not finish in 10 minutes. A group past the
+limit is cut into kernels of their own (`_chunks`)."""
+
+
+def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]]]:
     """`relax_main` over PrimFunc `n<index>` per node (its op's own computation), its functions
     classified and grouped by FuseOps; a node whose op does not fuse (`Op.fuses`) is classified
-    opaque, which FuseOps leaves alone."""
+    opaque, which FuseOps leaves alone. With it, per node, how many times its computation reads
+    each tensor it reads (what inlining copies)."""
     from tvm import relax, te
 
     calls: list[Call] = []
+    reads: list[dict[str, int]] = []
     for index, n in enumerate(graph.nodes):
         placeholders = [
             te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
@@ -88,12 +98,50 @@ def _relax_of(graph: BoundGraph) -> Any:
         name = f"n{index}"  # its own symbol, or BlockBuilder merges equal PrimFuncs of two nodes
         func = te.create_prim_func([*placeholders, out]).with_attr("global_symbol", name)
         calls.append((name, func, n.node.inputs, n.node.output))
+        loaded = _loaded_buffers(func)
+        count: dict[str, int] = {}
+        for i, tensor in enumerate(n.node.inputs):
+            count[tensor] = count.get(tensor, 0) + loaded.count(f"x{i}")
+        reads.append(count)
     annotated = relax.transform.AnnotateTIROpPattern()(relax_main(graph, calls))
     for index, n in enumerate(graph.nodes):
         if not n.bound.op.fuses:
             gvar = annotated.get_global_var(f"n{index}")
             annotated[gvar] = annotated[gvar].with_attr("op_pattern", OPAQUE)
-    return relax.transform.FuseOps()(annotated)
+    return relax.transform.FuseOps()(annotated), reads
+
+
+def _loaded_buffers(func: Any) -> list[str]:
+    """The name of the buffer of each load in `func`'s body, once per load."""
+    import tvm
+    import tvm_ffi
+
+    loaded: list[str] = []
+    tvm_ffi.structural_map(
+        func.body, [(tvm.ir.TensorLoad, lambda load: loaded.append(load.source.name) or load)]
+    )
+    return loaded
+
+
+def _chunks(graph: BoundGraph, group: list[int], reads: list[dict[str, int]]) -> list[list[int]]:
+    """`group` (node indices in data-flow order) cut into runs each of which inlines no node more
+    than MAX_COPIES times: from the last node back, a node joins the run after it while its output
+    is read only inside that run and the copies stay within the limit, else a new run ends with it."""
+    runs: list[list[int]] = []
+    copies: dict[int, int] = {}
+    for index in reversed(group):
+        output = graph.nodes[index].node.output
+        run = runs[-1] if runs else []
+        readers = [i for i in group if output in graph.nodes[i].node.inputs]
+        count = sum(reads[i][output] * copies.get(i, 0) for i in readers if i in run)
+        inside = output != graph.graph.output and bool(readers) and all(i in run for i in readers)
+        if inside and count <= MAX_COPIES:
+            run.insert(0, index)
+            copies[index] = count
+        else:
+            runs.append([index])
+            copies[index] = 1
+    return [run for run in reversed(runs)]
 
 
 def _groups(fused: Any) -> list[list[int]]:
@@ -133,11 +181,12 @@ def _patterns(fused: Any) -> dict[int, int]:
 
 def kernels(graph: BoundGraph) -> list[Kernel]:
     """The graph's kernels in the order they run. A group whose inner tensors are read outside
-    it (by another kernel or as the graph's output) is split into one kernel per node."""
-    fused = _relax_of(graph)
+    it (by another kernel or as the graph's output) is split into one kernel per node; one that
+    would inline a node too many times, into runs (`_chunks`)."""
+    fused, reads = _relax_of(graph)
     patterns = _patterns(fused)
     result: list[Kernel] = []
-    for group in _groups(fused):
+    for group in [run for found in _groups(fused) for run in _chunks(graph, found, reads)]:
         nodes = [graph.nodes[i] for i in group]
         inner = {n.node.output for n in nodes[:-1]}
         outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | {graph.graph.output}
