@@ -394,6 +394,33 @@ def test_a_long_chain_of_ops_that_read_their_input_thrice_is_cut_into_kernels(lo
     assert len(kernels(pool_add)) == 1, "nine taps read once each: the pool still fuses into the add"
 
 
+@pytest.mark.parametrize(
+    "tail,sizes",
+    [
+        ((("d", "add", {}, ("b", "c")),), [2, 5]),  # b read by c (3 times) and d: a2 would be 108 copies
+        ((("d", "add", {}, ("c", "c")),), [2, 5]),  # c read twice by d: a2 would be 162
+        ((("d", "argmax", {"axis": 1}, ("c",)),), None),  # a reduction, its own kernel or an anchor
+    ],
+)
+def test_cut_kernels_of_a_dag_compute_what_numpy_does(tail, sizes, local_session):
+    """Where a group is cut, no kernel's inner tensor is read outside it, and the graph matches
+    numpy; copies add up over every path (a diamond, a node read twice)."""
+    leaky = {"alpha": 0.5}
+    chain = [("a", "leaky_relu", leaky, ("x",)), ("a2", "leaky_relu", leaky, ("a",))]
+    chain += [("a3", "leaky_relu", leaky, ("a2",)), ("a4", "leaky_relu", leaky, ("a3",))]
+    chain += [("b", "leaky_relu", leaky, ("a4",)), ("c", "leaky_relu", leaky, ("b",))]
+    g = graph({"x": (4, 4)}, "float32", *chain, *tail)
+    found = kernels(g)
+    assert sizes is None or [len(k.nodes) for k in found] == sizes
+    for k in found:
+        inner = set(k.nodes) - {k.writes}
+        assert not any(t in inner for other in found if other is not k for t in other.reads)
+    comparison, _ = verify(local_session, g, for_device(get_target("x86"), local_session), [
+        random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
+    ])  # fmt: skip
+    assert comparison.ok, comparison.detail
+
+
 def test_a_graph_build_is_cached_by_its_nodes(local_session):
     x86 = for_device(get_target("x86"), local_session)
     one = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.1}, ("x",)))

@@ -39,6 +39,8 @@ class Kernel:
 
 OPAQUE = 8
 """TVM's op pattern that FuseOps fuses with nothing (`kOpaque`)."""
+REDUCTION = 3
+"""TVM's op pattern of a reduction (`kCommReduce`); those above it are not inlined either."""
 
 Call = tuple[str, Any, tuple[str, ...], str]
 """A PrimFunc `main` calls: (its name, the PrimFunc, the graph tensors it reads, the one it writes)."""
@@ -75,7 +77,7 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
 MAX_COPIES = 64
 """The most copies of one node's computation a fused kernel may hold. Inlining writes a node's
 expression into every read of its output, so a chain of ops that each read their input k times
-(leaky_relu: 3) holds k**n copies of its first node, and TVM's simplifier walks each: a chain of
+(leaky_relu: 3) holds k**(n-1) copies of its first node, and TVM's simplifier walks each: a chain of
 8 leaky_relu took over 100 s to compile, 10 did not finish in 10 minutes. A group past the
 limit is cut into kernels of their own (`_chunks`)."""
 
@@ -123,17 +125,23 @@ def _loaded_buffers(func: Any) -> list[str]:
     return loaded
 
 
-def _chunks(graph: BoundGraph, group: list[int], reads: list[dict[str, int]]) -> list[list[int]]:
+def _chunks(
+    graph: BoundGraph, group: list[int], reads: list[dict[str, int]], patterns: dict[int, int]
+) -> list[list[int]]:
     """`group` (node indices in data-flow order) cut into runs each of which inlines no node more
     than MAX_COPIES times: from the last node back, a node joins the run after it while its output
-    is read only inside that run and the copies stay within the limit, else a new run ends with it."""
+    is read only inside that run (by any node of the graph) and the copies stay within the limit,
+    else a new run ends with it. A reduction is not inlined (`inline_into_last`): what it reads is
+    copied as often as it reads it, however often the reduction's own output is read. The count
+    is of each op's own computation; a family's variant may read its input as often or less."""
     runs: list[list[int]] = []
     copies: dict[int, int] = {}
     for index in reversed(group):
         output = graph.nodes[index].node.output
         run = runs[-1] if runs else []
-        readers = [i for i in group if output in graph.nodes[i].node.inputs]
-        count = sum(reads[i][output] * copies.get(i, 0) for i in readers if i in run)
+        readers = [i for i, n in enumerate(graph.nodes) if output in n.node.inputs]
+        weight = {i: 1 if patterns.get(i, OPAQUE) >= REDUCTION else copies.get(i, 0) for i in readers}
+        count = sum(reads[i][output] * weight[i] for i in readers if i in run)
         inside = output != graph.graph.output and bool(readers) and all(i in run for i in readers)
         if inside and count <= MAX_COPIES:
             run.insert(0, index)
@@ -186,7 +194,7 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
     fused, reads = _relax_of(graph)
     patterns = _patterns(fused)
     result: list[Kernel] = []
-    for group in [run for found in _groups(fused) for run in _chunks(graph, found, reads)]:
+    for group in [run for found in _groups(fused) for run in _chunks(graph, found, reads, patterns)]:
         nodes = [graph.nodes[i] for i in group]
         inner = {n.node.output for n in nodes[:-1]}
         outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | {graph.graph.output}
