@@ -547,8 +547,14 @@ def test_deploy_run_writes_its_output_as_deploy_run_o_does(tmp_path: Path) -> No
     assert stat.S_IMODE((tmp_path / "kept.npy").stat().st_mode) == 0o640
     one_line_error(subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=60),
                    2, "is a directory")  # fmt: skip
+    (tmp_path / "log").write_bytes(b"kept\n")
+    with (tmp_path / "log").open("ab") as log:  # -o /dev/stdout writes to the shell's file, not over it
+        assert subprocess.run([*command, "/dev/stdout"], stdout=log, timeout=60).returncode == 0
+    written = (tmp_path / "log").read_bytes()
+    assert written.startswith(b"kept\n")
+    np.testing.assert_array_equal(np.load(io.BytesIO(written[5:])), expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["a.npy", "b.npy", "bundle", "now.npy", "fifo", "named.txt", "link.npy", "kept.npy"]
+        ["a.npy", "b.npy", "bundle", "now.npy", "fifo", "named.txt", "link.npy", "kept.npy", "log"]
     ), "no temporary file left"
 
 

@@ -201,23 +201,42 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
   return buffer;
 }
 
-// Where -o's file goes, as `deploy run -o` writes it: a symlink stays and the file it names is
-// written; a FIFO or a device (/dev/stdout) is written in place (`*in_place`); a regular file is
-// replaced in one rename, keeping its mode (`*mode`); a directory is bad input.
-std::string OutputFile(const std::string& path, bool* in_place, mode_t* mode) {
+// Where -o's file goes, as `deploy run -o` writes it: this process's stdout (`-o /dev/stdout`,
+// whatever it is redirected to: `*fd` 1) and a FIFO or a device are written in place; a symlink
+// stays and the file it names is written; a regular file is replaced in one rename, keeping its
+// mode (`*mode`; a new file gets 0666 less the umask); a directory or a missing parent is bad
+// input. Checked before the op runs.
+struct Output {
+  std::string file;
+  bool in_place = false;
+  int fd = -1;  // 1 when writing to our own stdout
+  mode_t mode = 0;
+};
+
+Output OutputFile(const std::string& path) {
+  Output out;
   char resolved[PATH_MAX];
-  std::string file = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
-  struct stat st {};
-  bool exists = stat(file.c_str(), &st) == 0;
+  out.file = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  struct stat st {}, ours {};
+  bool exists = stat(out.file.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) Bad("output " + path + " is a directory: expected a .npy file path");
-  *in_place = exists && !S_ISREG(st.st_mode);
-  *mode = exists ? (st.st_mode & 07777) : 0644;
-  return file;
+  if (exists && fstat(1, &ours) == 0 && st.st_dev == ours.st_dev && st.st_ino == ours.st_ino) out.fd = 1;
+  out.in_place = exists && (out.fd == 1 || !S_ISREG(st.st_mode));
+  mode_t mask = umask(0);
+  umask(mask);
+  out.mode = exists ? (st.st_mode & 07777) : (0666 & ~mask);
+  std::string parent = out.file.substr(0, out.file.rfind('/') + 1);
+  struct stat dir {};
+  if (!exists && stat(parent.empty() ? "." : parent.c_str(), &dir) != 0) {
+    Bad("cannot write output " + path + ": " + std::strerror(errno));
+  }
+  return out;
 }
 
-// Write `data` as `spec` to a .npy v1 file: a regular file through a fresh temporary name beside
-// it (never half a file at `path`, never another file of that name touched), a FIFO in place.
-void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data) {
+// Write `data` as `spec` to a .npy v1 file at `out` (OutputFile): a regular file through a fresh
+// temporary name beside it (never half a file at the path, never another file of that name
+// touched, the temporary removed on every failure), anything else in place.
+void WriteNpy(const std::string& path, const Output& out, const TensorSpec& spec, const void* data) {
   std::string descr;
   for (const auto& [text, dtype] : Descrs()) {
     if (deploy::SameDtype(dtype, spec.dtype)) descr = text;
@@ -228,19 +247,18 @@ void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data)
   std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
   header += '\n';
-  bool in_place = false;
-  mode_t mode = 0644;
-  std::string file_path = OutputFile(path, &in_place, &mode);
-  std::string temporary = file_path + ".XXXXXX";
-  int fd = in_place ? open(file_path.c_str(), O_WRONLY | O_TRUNC) : mkstemp(temporary.data());
+  std::string temporary = out.file + ".XXXXXX";
+  int fd = out.fd == 1      ? dup(1)
+           : out.in_place   ? open(out.file.c_str(), O_WRONLY | O_TRUNC)
+                            : mkstemp(temporary.data());
   if (fd < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
-  if (!in_place && fchmod(fd, mode) != 0) {
-    int error = errno;
-    std::remove(temporary.c_str());
+  auto fail = [&](int error) {
+    if (!out.in_place) std::remove(temporary.c_str());
     Exit(kFailed, "cannot write output " + path + ": " + std::strerror(error));
-  }
+  };
+  if (!out.in_place && fchmod(fd, out.mode) != 0) fail(errno);
   std::unique_ptr<std::FILE, decltype(&std::fclose)> file(fdopen(fd, "wb"), &std::fclose);
-  if (!file) Exit(kFailed, "cannot write output " + path + ": " + std::strerror(errno));
+  if (!file) fail(errno);
   unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
   preamble[8] = static_cast<unsigned char>(header.size());
   preamble[9] = static_cast<unsigned char>(header.size() >> 8);
@@ -249,11 +267,7 @@ void WriteNpy(const std::string& path, const TensorSpec& spec, const void* data)
             std::fwrite(header.data(), 1, header.size(), file.get()) == header.size() &&
             std::fwrite(data, 1, bytes, file.get()) == bytes;
   ok = std::fclose(file.release()) == 0 && ok;
-  if (!ok || (!in_place && std::rename(temporary.c_str(), file_path.c_str()) != 0)) {
-    int error = errno;
-    if (!in_place) std::remove(temporary.c_str());
-    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(error));
-  }
+  if (!ok || (!out.in_place && std::rename(temporary.c_str(), out.file.c_str()) != 0)) fail(errno);
 }
 
 DLTensor Tensor(const TensorSpec& spec, void* data) {
@@ -271,6 +285,7 @@ DLTensor Tensor(const TensorSpec& spec, void* data) {
 int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
   VerifyBundle(opt.dir);
+  Output output = OutputFile(opt.output);  // before any work, as `deploy run` checks it
   if (static_cast<int>(opt.inputs.size()) != kNumInputs) {
     std::string names;
     for (int i = 0; i < kNumInputs; ++i) names += (i ? ", " : "") + std::string(deploy::kTensors[i].name);
@@ -297,6 +312,6 @@ int main(int argc, char** argv) {
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
   if (run(args.data(), deploy::kNumTensors) != 0) Exit(kFailed, last_error());
-  WriteNpy(opt.output, out, buffers.back().data.get());
+  WriteNpy(opt.output, output, out, buffers.back().data.get());
   return 0;
 }
