@@ -12,6 +12,8 @@ import importlib.util
 import pkgutil
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -151,25 +153,27 @@ def load_ops_path(directory: str | Path) -> list[str]:
             raise UsageError(f"cannot import op file {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        try:
+        with _importing(f"op file {path}"):
             spec.loader.exec_module(module)
-        except UsageError:
-            raise
-        except SystemExit as exc:
-            raise UsageError(f"op file {path} called exit({exc.code!r}) while being imported") from exc
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # an op file may raise anything, a BaseException of its own too
-            raise UsageError(f"op file {path} failed to import: {type(exc).__name__}: {reason(exc)}") from exc
     return sorted(set(_OPS) - before)
+
+
+@contextmanager
+def _importing(what: str) -> Iterator[None]:
+    """Whatever importing `what` (an op file, an entry point) raises, as one line: its UsageError
+    as it is, exit() and anything else (a BaseException of its own too) named; Ctrl-C stays."""
+    try:
+        yield
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except SystemExit as exc:
+        raise UsageError(f"{what} called exit({exc.code!r}) while being imported") from exc
+    except BaseException as exc:
+        raise UsageError(f"{what} failed to import: {type(exc).__name__}: {reason(exc)}") from exc
 
 
 def load_entry_points(group: str = "deploy.ops") -> None:
     """Import the modules named by installed packages' `deploy.ops` entry points."""
     for entry in entry_points(group=group):
-        try:
+        with _importing(f"entry point {entry.name} ({entry.value})"):
             entry.load()
-        except (Exception, SystemExit) as exc:
-            raise UsageError(
-                f"entry point {entry.name} ({entry.value}) failed: {type(exc).__name__}: {exc}"
-            ) from exc

@@ -101,7 +101,7 @@ def test_entry_point_that_exits_is_one_line(tmp_path):
     site = install_entry_point(tmp_path / "site", "quits_pkg", "quits", "import sys\nsys.exit(0)\n")
     proc = run_deploy("ops", env={"PYTHONPATH": str(site)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == "error: entry point quits (quits_pkg) failed: SystemExit: 0"
+    assert proc.stderr.strip() == "error: entry point quits (quits_pkg) called exit(0) while being imported"
 
 
 def _cube_class(**changes):
