@@ -276,8 +276,10 @@ def test_report_measures_each_task_with_its_own_module(tmp_path: Path) -> None:
     victim.write_text("not deploy's")
     (root / "x86" / "report.png").symlink_to(victim)  # the plot replaces the link, not what it names
     (root / "x86" / "add-copied").mkdir()  # a task directory without its task, named in a warning
+    (root / "x86" / "add-copied" / "notes.txt").write_text("copied by hand")
     (root / "x86" / "graph-m-0123456789ab").mkdir()  # a layout verdict: no task, nothing to say
     (root / "x86" / "graph-m-0123456789ab" / "layout.json").write_text('{"layout": null}')
+    (root / "x86" / "graph-m-ba9876543210").mkdir()  # a verdict deleted to measure again
     report = invoke("tune", "--report", "--target", "x86", "--db", str(root))
     assert report.exit_code == 0, report.output
     assert "task add-copied is not in the report: cannot read" in report.output

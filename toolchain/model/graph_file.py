@@ -37,6 +37,10 @@ NODE_KEYS = ("name", "op", "attrs", "inputs")
 DEFAULT_DTYPE = "float32"
 
 
+class _TooLarge(Exception):
+    """A graph file that is valid YAML, but too large with its aliases written out."""
+
+
 MAX_YAML_VALUES = 1_000_000
 """The most values a graph file may hold with its aliases written out: a few aliases of aliases
 (`*a` repeating `&a [*b, *b, ...]`) would otherwise make a 600-byte file a billion values."""
@@ -64,10 +68,7 @@ class _KeysOnce(yaml.SafeLoader):
             return sizes[id(node)]
 
         if document is not None and expanded(document) > MAX_YAML_VALUES:
-            raise yaml.MarkedYAMLError(
-                problem=f"its aliases expand to more than {MAX_YAML_VALUES} values",
-                problem_mark=document.start_mark,
-            )
+            raise _TooLarge(f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values")
         return document
 
 
@@ -102,6 +103,8 @@ def read_yaml(path: Path, data: bytes) -> Graph:
     """A graph file in YAML (plain data, no Python objects, each key once)."""
     try:
         document = yaml.load(_text(path, data), Loader=_KeysOnce)
+    except _TooLarge as exc:
+        raise UsageError(f"model {path}: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -35,10 +35,13 @@ JSON = "report.json"
 
 def task_dirs(root: Path, target: Target) -> list[Path]:
     """The directories under `root` tuned for `target`, but for the layout verdicts' (which hold
-    no task): a directory without its task.json is kept, for the report to say it is not one."""
+    no task) and empty ones (a verdict deleted to measure again): a directory holding something
+    but no task.json is kept, for the report to say it is not a task."""
     base = Path(root) / target.name
     found = (
-        sorted(p for p in base.iterdir() if p.is_dir() and not (p / LAYOUT).exists()) if base.is_dir() else []
+        sorted(p for p in base.iterdir() if p.is_dir() and not (p / LAYOUT).exists() and any(p.iterdir()))
+        if base.is_dir()
+        else []
     )
     if not found:
         raise UsageError(f"nothing tuned for target {target.name} in {root} (run `deploy tune --db {root}`)")
