@@ -19,6 +19,7 @@ from base.errors import UsageError
 from base.files import sha256_file
 from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runtime_libraries
 from devices.platforms import get_platform
+from ops.registry import IDENTIFIER
 from ops.spec import BoundOp, TensorType, require_static
 from toolchain.build.manifest import MANIFEST
 from toolchain.build.targets import Target, all_targets
@@ -58,7 +59,7 @@ def check_bundle(bound: BoundOp, target: Target) -> None:
 
 
 def _identifier(name: str, what: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in C_KEYWORDS:
+    if not IDENTIFIER.fullmatch(name) or name in C_KEYWORDS:
         raise UsageError(f"{what} {name!r} is not a C identifier: it cannot name the bundle's C function")
     return name
 
