@@ -237,7 +237,18 @@ def test_tune_add_for_arm_on_the_emulator_then_test_uses_the_records(tmp_path: P
     assert built.returncode == 0, built.stderr
     assert_built_as_judged(out, verdict)
 
-    tested = run_deploy("test", "--target", "arm", "--op", "add", "--dtype", "float32", "--tuned", str(db))
+    tested = run_deploy(
+        "test",
+        "--target",
+        "arm",
+        "--op",
+        "add",
+        "--dtype",
+        "float32",
+        "--tuned",
+        str(db),
+        env={"COLUMNS": "250"},
+    )  # fmt: skip  (80 would wrap the schedule cell of a hand verdict)
     assert tested.returncode == 0, tested.stdout
     used = "tuned" if verdict["record"] else "(hand, tuning found nothing faster)"
     assert used in tested.stdout, "the case with the tuned shapes followed the verdict"
