@@ -202,14 +202,14 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
 }
 
 // Where -o's file goes, as `deploy run -o` writes it: this process's stdout (`-o /dev/stdout`,
-// whatever it is redirected to: `*fd` 1) and a FIFO or a device are written in place; a symlink
-// stays and the file it names is written; a regular file is replaced in one rename, keeping its
-// mode (`*mode`; a new file gets 0666 less the umask); a directory or a missing parent is bad
-// input. Checked before the op runs.
+// whatever it is redirected to: `to_stdout`) and a FIFO or a device are written in place; a
+// symlink stays and the file it names is written; a regular file is replaced in one rename,
+// keeping its mode (`mode`; a new file gets 0666 less the umask); a directory or a missing
+// parent is bad input. Checked before the op runs.
 struct Output {
   std::string file;
   bool in_place = false;
-  int fd = -1;  // 1 when writing to our own stdout
+  bool to_stdout = false;
   mode_t mode = 0;
 };
 
@@ -220,8 +220,8 @@ Output OutputFile(const std::string& path) {
   struct stat st {}, ours {};
   bool exists = stat(out.file.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) Bad("output " + path + " is a directory: expected a .npy file path");
-  if (exists && fstat(1, &ours) == 0 && st.st_dev == ours.st_dev && st.st_ino == ours.st_ino) out.fd = 1;
-  out.in_place = exists && (out.fd == 1 || !S_ISREG(st.st_mode));
+  if (exists && fstat(1, &ours) == 0 && st.st_dev == ours.st_dev && st.st_ino == ours.st_ino) out.to_stdout = true;
+  out.in_place = exists && (out.to_stdout || !S_ISREG(st.st_mode));
   mode_t mask = umask(0);
   umask(mask);
   out.mode = exists ? (st.st_mode & 07777) : (0666 & ~mask);
@@ -248,7 +248,7 @@ void WriteNpy(const std::string& path, const Output& out, const TensorSpec& spec
   header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
   header += '\n';
   std::string temporary = out.file + ".XXXXXX";
-  int fd = out.fd == 1      ? dup(1)
+  int fd = out.to_stdout    ? dup(1)
            : out.in_place   ? open(out.file.c_str(), O_WRONLY | O_TRUNC)
                             : mkstemp(temporary.data());
   if (fd < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
