@@ -168,7 +168,7 @@ def standing(
     (a verdict that flipped on noise would leave their records behind). None when there is none
     such (not measured, measured elsewhere or for another layout, given by --layout, unreadable)."""
     path = layout_path(root, graph, target_name)
-    verdict = LayoutVerdict.read(path) if path.exists() else None
+    verdict = LayoutVerdict.read(path)  # None when there is no such file
     if verdict is None or (verdict.candidate, verdict.device) != (candidate.name, device.name):
         return None
     return verdict
