@@ -224,13 +224,17 @@ def test_a_compute_that_is_not_what_infer_said_is_refused_at_build(changes, mess
         prim_module(bind(_cube_class(**changes)(), {}, [TensorType((5, 7), "float32")]), get_target("x86"))
 
 
-def test_an_op_calling_exit_0_is_no_success(tmp_path):
-    """`sys.exit(0)` in a reference ended `deploy test` with exit 0 and nothing checked."""
+@pytest.mark.parametrize("code", ["0", "3", "'bye'"])
+def test_an_op_calling_exit_is_one_line_and_a_failure(tmp_path, code):
+    """`sys.exit(0)` in a reference ended `deploy test` with exit 0 and nothing checked; `sys.exit(3)`
+    ended it with exit 3 and no line at all."""
     folder = tmp_path / "exits"
     folder.mkdir()
     (folder / "cube_exits.py").write_text(
-        CUBE.format(name="cube_exits", bug="").replace("return x * x * x", "import sys; sys.exit(0)")
+        CUBE.format(name="cube_exits", bug="").replace("return x * x * x", f"import sys; sys.exit({code})")
     )
     tested = run_deploy("--ops-path", str(folder), "test", "--target", "x86", "--op", "cube_exits")
     assert tested.returncode == 1
-    assert tested.stderr.strip() == "error: exit(0) was called before the command finished (in an op's code?)"
+    assert tested.stderr.strip() == (
+        f"error: exit({code}) was called before the command finished (in an op's code?)"
+    )

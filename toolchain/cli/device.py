@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -67,7 +66,7 @@ def emulator_status() -> None:
     server = emulator.running()
     if server is None:
         click.echo(f"emulator not running ({emulator.base})")
-        sys.exit(1)
+        raise click.exceptions.Exit(1)
     click.echo(f"emulator running: pid {server.pid}, 127.0.0.1:{server.port}, log {server.log}")
 
 
@@ -148,7 +147,7 @@ def device_check(name: str, accept_new_host_key: bool) -> None:
     from devices.boards import require_board
 
     if not check_board(require_board(name), click.echo, accept_new_host_key):
-        sys.exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @device_group.command("setup")
@@ -253,7 +252,7 @@ def tracker_status(tracker: str | None) -> None:
         server = TrackerProcess().running()
         if server is None:
             click.echo("tracker not running (start one with `deploy tracker start`)")
-            sys.exit(1)
+            raise click.exceptions.Exit(1)
         host, port = ("127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host), server.port
     keys = queue(host, port)
     click.echo(f"tracker {host}:{port}: {len(keys)} key(s)")

@@ -53,10 +53,11 @@ class DeployGroup(click.Group):
             _one_line_usage(exc)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except SystemExit as exc:  # deploy's own exits are nonzero: exit(0) is code it ran (an op's)
-            if exc.code not in (0, None):
-                raise
-            click.echo("error: exit(0) was called before the command finished (in an op's code?)", err=True)
+        except SystemExit as exc:  # deploy exits through click: a SystemExit is code it ran (an op's)
+            code = 0 if exc.code is None else exc.code
+            click.echo(
+                f"error: exit({code!r}) was called before the command finished (in an op's code?)", err=True
+            )
             ctx.exit(1)
         except DeployError as exc:
             if ctx.params.get("debug"):

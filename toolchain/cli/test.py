@@ -3,7 +3,6 @@ then a table per op x dtype and every failure."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,7 @@ def test_command(
         if op_names or dtypes:
             raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
         if not _test_model(model, target, where.resolve(target)):
-            sys.exit(1)
+            raise click.exceptions.Exit(1)
         return
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
     planned = plan(ops, dtypes)
@@ -77,7 +76,7 @@ def test_command(
         raise DeployError(f"no free server with key {where.key!r} on the tracker {where.tracker}")
     results = run_with_progress(planned, target, device, workers)
     if not all(r.ok for r in results):
-        sys.exit(1)
+        raise click.exceptions.Exit(1)
 
 
 def _test_model(model: str, target: Any, device: Any) -> bool:

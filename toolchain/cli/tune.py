@@ -205,7 +205,7 @@ def _tune_with_progress(
                 " run the same command to continue",
                 err=True,
             )
-            raise SystemExit(exit_code(interrupt)) from None
+            raise click.exceptions.Exit(exit_code(interrupt)) from None
     _print_result(console, result, trials)
 
 
