@@ -353,6 +353,14 @@ def test_custom_domain_attributes_are_checked_by_the_mapping(tmp_path: Path, exa
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
     assert "ONNX attribute alpha is a TENSOR: only ints, floats, strings and lists of them" in message
+    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", alpha="0.3")
+    message = error(
+        onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert message.endswith(
+        "node 'hs' (com.example::HardSigmoid -> hard_sigmoid): ONNX attribute alpha='0.3' is a string:"
+        " expected float"
+    )
     node = helper.make_node("HardSigmoid", ["x", ""], ["y"], "hs", domain="com.example")
     message = error(
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
