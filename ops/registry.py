@@ -41,7 +41,8 @@ parameters of a bundle, and `-a NAME=VALUE`."""
 def check_definition(cls: type[Op]) -> None:
     """What `register` needs of an op class, checked as data (a user's op file may hold
     anything): a name that is an identifier, its own infer, compute and reference, inputs and
-    attributes with distinct identifier names, dtypes deploy knows, and at least one case."""
+    attributes with distinct identifier names and defaults of their kinds, dtypes deploy knows, and
+    at least one case."""
     name = getattr(cls, "name", None)
     where = f"op class {cls.__name__} in {_source(cls)}"
     if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
@@ -65,6 +66,12 @@ def check_definition(cls: type[Op]) -> None:
         if bad or twice:
             said = f"{bad[0]!r} is no identifier" if bad else f"{twice[0]!r} is named twice"
             raise UsageError(f"{where}: {field}: {said}")
+    for attr in cls.attrs:
+        if attr.default is not None:
+            try:
+                attr.kind.normalize(attr.name, attr.default)
+            except UsageError as exc:
+                raise UsageError(f"{where}: attrs: the default of {exc}") from None
     if not cls.cases:
         raise UsageError(f"{where}: cases (): expected at least one Case for `deploy test` to verify")
     dtypes = cls.dtypes

@@ -11,6 +11,7 @@ import pytest
 from tvm import te
 
 from ops import TensorType
+from ops.attrs import Attr, Choice, Float, Int
 from tests.conftest import DEPLOY, REPO, run_deploy
 
 CUBE = textwrap.dedent(
@@ -163,6 +164,24 @@ def test_twice_named_inputs_and_attributes_are_refused():
         check_definition(_cube_class(attrs=(alpha, alpha)))
     with pytest.raises(UsageError, match="attrs: kind <class 'float'>: expected an attribute kind"):
         check_definition(_cube_class(attrs=(Attr("alpha", float, 1.0),)))
+
+
+@pytest.mark.parametrize(
+    "kind,default,message",
+    [
+        (Float(0.0, 1.0), 2.0, "attribute alpha=2.0: expected a finite float in [0.0, 1.0]"),
+        (Int(1, 8), "two", "attribute alpha='two': expected an integer in [1, 8]"),
+        (Choice(("max", "avg")), "min", "attribute alpha='min': expected one of max, avg"),
+    ],
+)
+def test_attribute_defaults_are_checked_when_registered(kind, default, message):
+    """A default outside its own kind was found only by a build that used it, as if the user's
+    `-a` were wrong."""
+    from base.errors import UsageError
+    from ops.registry import check_definition
+
+    with pytest.raises(UsageError, match=re.escape(f"test_user_ops.py): attrs: the default of {message}")):
+        check_definition(_cube_class(attrs=(Attr("alpha", kind, default),)))
 
 
 def test_ops_path_must_name_a_directory(tmp_path):
