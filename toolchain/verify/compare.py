@@ -19,6 +19,9 @@ class Comparison:
     detail: str = ""
 
 
+NAN_MISPLACED = "NaN in different places"
+"""The detail that ends a comparison at once: no error can be measured between such outputs."""
+
 CHUNK = 1 << 18
 """Elements compared at a time: the float64 copies a comparison makes stay a few MB, however
 large the output."""
@@ -38,27 +41,25 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     exact = exact or expected.dtype.kind in "iub"
     rtol, atol = (0.0, 0.0) if exact else TOLERANCES[str(expected.dtype)]
     flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
-    max_error, agree = 0.0, True
+    max_error, problem = 0.0, ""
     for start in range(0, flat_expected.size, CHUNK):
-        part = _compare_chunk(
+        error, part = _compare_chunk(
             flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
         )
-        if part is None:
-            return Comparison(False, float("inf"), "NaN in different places")
-        max_error, agree = max(max_error, part[0]), agree and part[1]
-    if exact:
-        return Comparison(agree, max_error, "" if agree else "not bit-exact")
-    return Comparison(agree, max_error, "" if agree else f"beyond rtol={rtol} atol={atol}")
+        if part == NAN_MISPLACED:
+            return Comparison(False, float("inf"), part)
+        max_error, problem = max(max_error, error), problem or part
+    return Comparison(not problem, max_error, problem)
 
 
 def _compare_chunk(
     expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
-) -> tuple[float, bool] | None:
-    """(max error, whether they agree) of one chunk; None when NaN are in different places."""
+) -> tuple[float, str]:
+    """(max error, what disagrees: "" where nothing does) of one chunk."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
     nan_expected = np.isnan(wide_expected)
     if not np.array_equal(nan_expected, np.isnan(wide_actual)):
-        return None
+        return float("inf"), NAN_MISPLACED
     finite = ~nan_expected
     wide_expected, wide_actual = wide_expected[finite], wide_actual[finite]
     with np.errstate(invalid="ignore"):  # inf - inf; equal entries are zeroed next
@@ -66,10 +67,13 @@ def _compare_chunk(
     diff[wide_expected == wide_actual] = 0.0
     max_error = float(diff.max()) if diff.size else 0.0
     if exact:
-        return max_error, bool(np.array_equal(expected[finite], actual[finite]))
+        return max_error, "" if np.array_equal(expected[finite], actual[finite]) else "not bit-exact"
     infinite = np.isinf(wide_expected) | np.isinf(wide_actual)  # where a tolerance would be inf too
-    same_infinities = np.array_equal(wide_expected[infinite], wide_actual[infinite])
-    return max_error, same_infinities and bool(np.all(diff <= atol + rtol * np.abs(wide_expected)))
+    if not np.array_equal(wide_expected[infinite], wide_actual[infinite]):
+        return max_error, "infinities differ in place or sign"
+    if not np.all(diff <= atol + rtol * np.abs(wide_expected)):
+        return max_error, f"beyond rtol={rtol} atol={atol}"
+    return max_error, ""
 
 
 SPECIAL_EVERY = 2000
