@@ -22,6 +22,8 @@ from typing import Any
 
 from harness import at_least_one, run
 
+from toolchain.bench.bench import refuse_wrong_answers
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,7 +36,9 @@ def bench_at(
         command += ["--min-mb", str(min_mb)]
     env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:  # its own exit code: 2 bad input, 1 a failed check
+    if done.returncode == 1 and done.stdout.startswith("["):  # its rows, some of them wrong answers
+        return json.loads(done.stdout)
+    if done.returncode != 0:  # its own exit code: 2 bad input, 1 a failed check or a lost device
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]  # its error line comes last
         print(f"error: deploy bench at {threads} threads: {said}", file=sys.stderr)
         sys.exit(done.returncode)
@@ -69,13 +73,20 @@ def main() -> None:
     print(f"{'threads':>7} {'read':>6} {'write':>6} {'copy':>6} {'op':>10} {'ms':>8} {'x floor':>7}"
           f" {'x copy':>6}  vs {counts[0]} thread(s)")  # fmt: skip
     first: dict[str, float] = {}
+    every: list[dict[str, Any]] = []
     for threads in counts:
-        for row in bench_at(shlex.split(args.deploy), threads, args.target, args.repeat, args.min_mb):
+        rows = bench_at(shlex.split(args.deploy), threads, args.target, args.repeat, args.min_mb)
+        every += rows
+        for row in rows:
+            if row["wrong_answer"]:
+                print(f"{threads:>7} {'':>20} {row['op']:>10} wrong answer: {row['wrong_answer']}")
+                continue
             ms = row["median_ms"]
             base = first.setdefault(f"{row['op']} {row['shapes']}", ms)
             print(f"{threads:>7} {row['read_gb_per_s']:>6.1f} {row['write_gb_per_s']:>6.1f}"
                   f" {row['roofline_gb_per_s']:>6.1f} {row['op']:>10} {ms:>8.3f} {row['x_floor']:>7.2f}"
                   f" {row['x_roofline']:>6.2f}  {base / ms:.2f}x")  # fmt: skip
+    refuse_wrong_answers(every)
 
 
 if __name__ == "__main__":
