@@ -602,6 +602,7 @@ def test_build_layout_puts_conversions_at_the_boundaries(tmp_path):
         (["pool", "sum"], "NCHW8c", "cpu/max_pool2d"),
         (["sum_NCHW"], "NCHW8c -> NCHW", "cpu/generic"),
     ]
+    assert manifest["schedule"] == "cpu/generic (2 kernels) + cpu/max_pool2d"  # each label once
     assert manifest["inputs"][0]["shape"] == [32, 64, 112, 112] and manifest["output"]["shape"] == [
         32,
         64,

@@ -3,6 +3,7 @@ tuning record) -> the compiled form of the target's artifact kind."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -217,8 +218,10 @@ class CompiledGraph:
 
     @property
     def schedule(self) -> str:
-        """The kernels' schedules, in order."""
-        return " + ".join(k.scheduled.schedule for k in self.kernels)
+        """The kernels' schedules in the order first used, each once with how many kernels use it
+        when more than one does: `cpu/max_pool2d + cpu/generic (24 kernels)`, not 25 labels."""
+        counts = Counter(k.scheduled.schedule for k in self.kernels)
+        return " + ".join(label if n == 1 else f"{label} ({n} kernels)" for label, n in counts.items())
 
     @property
     def item(self) -> BoundGraph:
