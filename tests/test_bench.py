@@ -34,9 +34,10 @@ def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
         assert row["floor_ms"] == pytest.approx(
             (read / row["read_gb_per_s"] + (moved - read) / row["write_gb_per_s"]) / 1e6
         )
-        # medians of per-round ratios, near (not equal to) the ratio of the medians
-        assert row["x_floor"] == pytest.approx(row["median_ms"] / row["floor_ms"], rel=0.5)
-        assert row["x_roofline"] == pytest.approx(row["median_ms"] / row["roofline_ms"], rel=0.5)
+        # medians of per-round ratios: near the ratio of the medians, not equal to it; 3 rounds on a
+        # loaded CI machine put them 1.6x apart, so this checks units (a ms/s slip is 1000x), not speed
+        for ratio, of_medians in ((row["x_floor"], row["floor_ms"]), (row["x_roofline"], row["roofline_ms"])):
+            assert 1 / 4 < ratio / (row["median_ms"] / of_medians) < 4
         assert row["numpy_ms"] > 0 and "torch_ms" in row and "speedup_vs_torch" in row
         assert row["max_error"] == 0, "checked against numpy on the timed inputs (both exact here)"
     assert plot.read_bytes()[:4] == b"\x89PNG"
