@@ -17,10 +17,14 @@ from typing import Any
 
 
 @contextmanager
-def replacing(path: Path, mode: int = 0o644) -> Iterator[Path]:
+def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Iterator[Path]:
     """A fresh temporary file beside `path`, with permission bits `mode` from the start (0o600
     for files that name hosts or keys), to write inside the block: it replaces `path` in one
-    rename when the block ends, and is removed if the block fails."""
+    rename when the block ends, and is removed if the block fails. With `through_links` (a
+    user's config, which may be a link into their dotfiles), a symlink's file is replaced and
+    the link stays; otherwise the link itself is (deploy's own state is never written through)."""
+    if through_links:
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     temporary = Path(name)
@@ -34,9 +38,9 @@ def replacing(path: Path, mode: int = 0o644) -> Iterator[Path]:
         raise
 
 
-def write_json_atomically(path: Path, body: Any, mode: int = 0o644) -> None:
+def write_json_atomically(path: Path, body: Any, mode: int = 0o644, through_links: bool = False) -> None:
     """Replace `path` with `body` as indented JSON (see `replacing`)."""
-    with replacing(path, mode) as temporary:
+    with replacing(path, mode, through_links) as temporary:
         temporary.write_text(json.dumps(body, indent=2) + "\n")
 
 

@@ -170,8 +170,9 @@ def require_board(name: str) -> Board:
 
 
 def _save(entries: dict[str, Any]) -> None:
-    """Write the config atomically (private: it names hosts, users and key paths)."""
-    write_json_atomically(_config_file(), dict(sorted(entries.items())), 0o600)
+    """Write the config atomically (private: it names hosts, users and key paths), through a
+    symlink to the user's own copy."""
+    write_json_atomically(_config_file(), dict(sorted(entries.items())), 0o600, through_links=True)
 
 
 def add_board(board: Board, replace: bool = False) -> None:

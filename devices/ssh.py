@@ -120,7 +120,7 @@ def _record_host_keys(client: paramiko.SSHClient, ours: Path) -> None:
         for host, keys in client.get_host_keys().items():
             for kind, key in keys.items():
                 merged.add(host, kind, key)
-        with replacing(ours, 0o600) as temporary:
+        with replacing(ours, 0o600, through_links=True) as temporary:
             merged.save(str(temporary))
 
 

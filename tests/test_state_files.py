@@ -70,3 +70,22 @@ def test_device_add_from_the_cli_is_stored(tmp_path: Path):
                         env={"XDG_CONFIG_HOME": str(tmp_path)})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "deploy" / "devices.json").read_text())["b1"]["host"] == "10.0.0.1"
+
+
+def test_a_devices_json_that_links_into_dotfiles_stays_a_link(tmp_path: Path):
+    """`device add` and `device remove` replaced the link with a file of their own, and the
+    user's copy behind it never saw the board."""
+    dotfiles = tmp_path / "dotfiles" / "devices.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_text("{}\n")
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "devices.json").symlink_to(dotfiles)
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    for command in (
+        ["add", "b1", "--host", "10.0.0.1", "--user", "pi"],
+        ["add", "b2", "--host", "10.0.0.2", "--user", "pi"],
+    ):
+        assert run_deploy("device", *command, env=env).returncode == 0
+    assert run_deploy("device", "remove", "b1", env=env).returncode == 0
+    assert (tmp_path / "deploy" / "devices.json").is_symlink()
+    assert list(json.loads(dotfiles.read_text())) == ["b2"]
