@@ -5,12 +5,17 @@ every field of the target."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import toolchain.build.cache as cache
+import toolchain.build.fingerprint as fingerprint
 from ops import TensorType, bind, get_op
+from tests.conftest import run_deploy
 from toolchain.build.targets import get_target
 
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
@@ -31,12 +36,12 @@ CODE_SHAPING = [
 def test_editing_code_that_shapes_the_module_changes_the_key(edited: str, monkeypatch: pytest.MonkeyPatch):
     target = get_target("x86")
     before = cache.build_key(BOUND, target)
-    real = cache._source_digest
+    real = fingerprint.source_digest
 
     def edited_digest(path: str) -> str:
         return "edited" if Path(path).resolve().as_posix().endswith(edited) else real(path)
 
-    monkeypatch.setattr(cache, "_source_digest", edited_digest)
+    monkeypatch.setattr(fingerprint, "source_digest", edited_digest)
     assert cache.build_key(BOUND, target) != before, f"editing {edited} would reuse stale modules"
 
 
@@ -89,3 +94,112 @@ def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypa
     directory, _ = cache.cached_build(g, get_target("x86"))
     assert directory.parent == tmp_path / "cache" / "builds" and not directory.name.startswith(".")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] and len(directory.name) < 128
+
+
+SCALED = textwrap.dedent(
+    """
+    from tvm import te
+    from ops import Case, Input, Op, register
+    from scalecfg import SCALE
+
+    @register
+    class Scaled(Op):
+        \"\"\"x times the helper's SCALE.\"\"\"
+        name = "scaled"
+        inputs = (Input("x"),)
+        dtypes = ("float32",)
+        cases = (Case(((4,),)),)
+
+        def infer(self, attrs, inputs):
+            return inputs[0]
+
+        def compute(self, attrs, out, x):
+            import lazyhelper  # noqa: F401 (found on sys.path, never imported by the key)
+            return te.compute(out.shape, lambda i: x[i] * SCALE, name="out")
+
+        def reference(self, attrs, x):
+            return x * SCALE
+    """
+)
+
+
+def _scaled_op(tmp_path: Path, scale: int) -> tuple[Path, Path]:
+    """An op folder whose op file takes SCALE from a helper module in another folder."""
+    (tmp_path / "ops").mkdir(exist_ok=True)
+    (tmp_path / "ops" / "scaled.py").write_text(SCALED)
+    (tmp_path / "helpers").mkdir(exist_ok=True)
+    (tmp_path / "helpers" / "scalecfg.py").write_text(f"SCALE = {scale}\n")
+    (tmp_path / "helpers" / "lazyhelper.py").write_text("")
+    return tmp_path / "ops", tmp_path / "helpers"
+
+
+def test_editing_a_helper_module_a_user_op_imports_rebuilds_it(tmp_path: Path):
+    """The key hashed the op file alone: after SCALE = 2 became 3 in the helper, `deploy run`
+    kept answering x * 2 from the cache."""
+    folder, helpers = _scaled_op(tmp_path, 2)
+    np.save(tmp_path / "x.npy", np.arange(4, dtype="float32"))
+    for scale in (2, 3):
+        (helpers / "scalecfg.py").write_text(f"SCALE = {scale}\n")
+        ran = run_deploy("--ops-path", str(folder), "run", "--op", "scaled", "--target", "x86",
+                         "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                         env={"PYTHONPATH": str(helpers)})  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert np.load(tmp_path / "y.npy").tolist() == [0.0, scale, 2.0 * scale, 3.0 * scale]
+
+
+def test_a_user_ops_helpers_are_found_without_importing_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Imports are read from the files and found on sys.path: a helper imported only inside
+    compute() is in the key before compute ever ran, so the key is the same before and after."""
+    import sys
+
+    from ops.registry import find_op, load_ops_path
+
+    folder, helpers = _scaled_op(tmp_path, 2)
+    monkeypatch.syspath_prepend(str(helpers))
+    load_ops_path(folder)
+    module = type(find_op("scaled")).__module__
+    assert "lazyhelper" not in sys.modules
+    found = {Path(f).name for f in fingerprint.imported_sources(module)}
+    assert found == {"scaled.py", "scalecfg.py", "lazyhelper.py"}, "numpy, tvm and deploy are not followed"
+
+
+def _truncate_module(entry: Path, other: Path) -> None:
+    module = next(entry.glob("*.so"))
+    module.write_bytes(module.read_bytes()[:100])
+
+
+def _drop_manifest(entry: Path, other: Path) -> None:
+    (entry / "manifest.json").unlink()
+
+
+def _copy_other_build(entry: Path, other: Path) -> None:
+    shutil.rmtree(entry)
+    shutil.copytree(other, entry)
+
+
+def _link_to_other_build(entry: Path, other: Path) -> None:
+    shutil.rmtree(entry)
+    entry.symlink_to(other)
+
+
+DAMAGES = [_truncate_module, _drop_manifest, _copy_other_build, _link_to_other_build]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_cache_entry_is_built_again(damage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A hit read the entry as it was: a module cut short was an exit-2 error on every run, and
+    another build's entry (kernel 2 copied over kernel 3, both 4x4 outputs) was a wrong answer."""
+    from toolchain.build.manifest import Manifest
+
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    target = get_target("x86")
+    other = bind(get_op("max_pool2d"), {"kernel": 2, "stride": 2}, [TensorType((1, 4, 8, 8), "float32")])
+    other_entry, _ = cache.cached_build(other, target)
+    entry, built = cache.cached_build(BOUND, target)
+    damage(entry, other_entry)
+    again, rebuilt = cache.cached_build(BOUND, target)
+    assert again == entry and not entry.is_symlink()
+    assert (rebuilt.attrs, rebuilt.sha256, rebuilt.build_key) == (built.attrs, built.sha256, built.build_key)
+    key = str(built.build_key)
+    assert Manifest.cached(entry, key) == rebuilt
+    assert Manifest.cached(other_entry, key) is None, "the other build's entry is not this key's"

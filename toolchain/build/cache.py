@@ -8,22 +8,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 import threading
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import ops
-import schedules
-import toolchain
 from base.files import name_part
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
 from toolchain.build.compile import LaidOut, compile_graph, compile_op, lay_out
 from toolchain.build.export import export, tvm_version
-from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
+from toolchain.build.fingerprint import code_fingerprint
+from toolchain.build.manifest import Manifest, artifact_lock
 from toolchain.build.targets import Target
 
 Buildable = BoundOp | BoundGraph
@@ -32,28 +28,6 @@ Buildable = BoundOp | BoundGraph
 _BUILDING = threading.Lock()
 """One build at a time: workers verifying in parallel share the cache (other processes sharing
 it take turns through `artifact_lock`)."""
-
-
-@cache
-def _source_digest(module_file: str) -> str:
-    return hashlib.sha256(Path(module_file).read_bytes()).hexdigest()
-
-
-@cache
-def _package_sources() -> tuple[str, ...]:
-    """Every source file of the packages that shape a module (the op definitions, the schedules,
-    the toolchain that lowers and links), found on disk: the key must not depend on what this
-    process happened to import."""
-    roots = [Path(directory) for package in (ops, schedules, toolchain) for directory in package.__path__]
-    return tuple(sorted(str(path) for root in roots for path in root.rglob("*.py")))
-
-
-def code_fingerprint(item: Buildable) -> str:
-    """Hash of the source that decides the module: the packages above and the files of the ops it
-    is made of (a user op may live anywhere)."""
-    own = {sys.modules[type(op).__module__].__file__ or "" for op in item.ops()}
-    files = {*_package_sources(), *own}
-    return hashlib.sha256("".join(_source_digest(f) for f in sorted(files) if f).encode()).hexdigest()
 
 
 def _tuned(item: Buildable, target: Target, laid: LaidOut | None) -> Any:
@@ -78,24 +52,26 @@ def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> s
         **item.key(),
         "target": json.loads(json.dumps(settings, default=str)),
         "tvm": tvm_version(),
-        "code": code_fingerprint(item),
+        "code": code_fingerprint({type(op).__module__ for op in item.ops()}),
         "tuned": _tuned(item, target, laid),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
-    """The artifact directory for (an op or a graph, target), building it on a miss. A `--tuned`
+    """The artifact directory for (an op or a graph, target), building it on a miss; an entry
+    that is not the whole build of its key (`Manifest.cached`) is built again. A `--tuned`
     graph is laid out once (`lay_out`: its verdicts read once), for its key and its build; any
     other is laid out only on a miss (its key does not need it)."""
     graph = isinstance(item, BoundGraph)
     laid = lay_out(item, target) if graph and target.tuned is not None else None
-    name = f"{name_part(item.name)}-{target.name}-{build_key(item, target, laid)}"
-    directory = cache_root() / "builds" / name
+    key = build_key(item, target, laid)
+    directory = cache_root() / "builds" / f"{name_part(item.name)}-{target.name}-{key}"
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
         with artifact_lock(directory, shared=True):
-            if (directory / MANIFEST).exists():
-                return directory, Manifest.read(directory)
+            manifest = Manifest.cached(directory, key)
+        if manifest is not None:
+            return directory, manifest
         compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
-        return directory, export(compiled, directory, keep_existing=True)
+        return directory, export(compiled, directory, cache_key=key)

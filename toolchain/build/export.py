@@ -30,20 +30,26 @@ def tvm_version() -> str:
 
 
 def export(
-    compiled: Compiled | CompiledGraph, directory: Path, bundle: bool = False, keep_existing: bool = False
+    compiled: Compiled | CompiledGraph, directory: Path, bundle: bool = False, cache_key: str | None = None
 ) -> Manifest:
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
     `bundle`, also the files that call the module from C (see `bundle.py`). Concurrent exports
-    into one directory take turns (`artifact_lock`); with `keep_existing`, one that finds an
-    artifact already there (a concurrent build of the same cache entry) keeps it."""
-    directory = _place(Path(directory))
+    into one directory take turns (`artifact_lock`). With `cache_key`, `directory` is the build
+    cache's entry for that key: the manifest records it, an export that finds the entry built
+    whole (by a concurrent build) keeps it, and a damaged entry (`Manifest.cached`) is replaced,
+    whatever it became: the cache's directory is deploy's own, where `-o` is checked (`_place`)."""
+    directory = _place(Path(directory)) if cache_key is None else Path(directory)
     with artifact_lock(directory):
-        _check_replaceable(directory)
-        if keep_existing and (directory / MANIFEST).is_file():
-            return Manifest.read(directory)
+        if cache_key is None:
+            _check_replaceable(directory)
+        else:
+            kept = Manifest.cached(directory, cache_key)
+            if kept is not None:
+                return kept
+            _remove(directory)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
-            manifest = _write_artifact(compiled, staging, bundle)
+            manifest = _write_artifact(compiled, staging, bundle, cache_key)
             _replace_dir(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -51,7 +57,9 @@ def export(
     return manifest
 
 
-def _write_artifact(compiled: Compiled | CompiledGraph, staging: Path, bundle: bool) -> Manifest:
+def _write_artifact(
+    compiled: Compiled | CompiledGraph, staging: Path, bundle: bool, cache_key: str | None
+) -> Manifest:
     """The artifact's files and, last, its manifest, into `staging`."""
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target)
@@ -67,6 +75,7 @@ def _write_artifact(compiled: Compiled | CompiledGraph, staging: Path, bundle: b
         sha256=sha256_file(module),
         tvm_version=tvm_version(),
         deploy_version=deploy_version(),
+        build_key=cache_key,
     )
     manifest.write(staging)
     return manifest
@@ -138,6 +147,15 @@ def artifact_files(directory: Path) -> set[Path] | None:
     if any(path.is_absolute() or ".." in path.parts for path in paths):
         return None
     return paths
+
+
+def _remove(entry: Path) -> None:
+    """Remove a damaged entry of deploy's own build cache, whatever it became (a directory, a
+    file, a symlink: only the link goes)."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    elif entry.is_symlink() or entry.exists():
+        entry.unlink()
 
 
 def _replace_dir(staging: Path, directory: Path) -> None:

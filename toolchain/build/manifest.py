@@ -62,6 +62,8 @@ class Manifest:
     graph: dict[str, Any] | None = None
     """For a graph (`op` is its name): its nodes (name, op, attributes, tensors read and written)
     and its kernels in the order they run, each with the nodes it computes and its schedule."""
+    build_key: str | None = None
+    """For a build in the cache: its key (`cache.build_key`), which a hit must match (`cached`)."""
     format: int = FORMAT
 
     def write(self, directory: Path) -> None:
@@ -74,6 +76,18 @@ class Manifest:
             return cls(**load_json(path))
         except (OSError, ValueError, TypeError) as exc:
             raise UsageError(f"cannot read artifact manifest {path}: {reason(exc)}") from None
+
+    @classmethod
+    def cached(cls, directory: Path, key: str) -> Manifest | None:
+        """The manifest of the artifact in `directory` if it is the build of `key` and whole (its
+        module's sha256 as the manifest says); None if it is missing or damaged, or another
+        build's (a cache entry copied over, a module cut short by a full disk)."""
+        try:
+            manifest = cls.read(directory)
+            manifest.check_module(directory)
+        except UsageError:
+            return None
+        return manifest if manifest.build_key == key else None
 
     def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
         """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)

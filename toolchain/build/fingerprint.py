@@ -1,0 +1,130 @@
+"""The code half of a build's cache key: a hash of every source file that decides the module.
+
+Those are deploy's own packages that shape a module (found on disk, whatever this process
+imported), each op's file, and the user's modules an op file imports, directly or through each
+other (a helper holding a constant or a compute function decides the module as much as the op
+file itself). Imports are read from the files' `import` statements and found on `sys.path` as
+Python would find them, without importing anything, so the key is the same in every process.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import site
+import sys
+from functools import cache
+from importlib.machinery import PathFinder
+from importlib.util import resolve_name
+from pathlib import Path
+
+import ops
+import schedules
+import toolchain
+
+DEPLOY_PACKAGES = frozenset({"ops", "schedules", "toolchain", "base", "devices"})
+"""Deploy's own top-level packages: hashed whole (`_package_sources`), never followed."""
+
+
+@cache
+def source_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@cache
+def _package_sources() -> tuple[str, ...]:
+    """Every source file of the packages that shape a module (the op definitions, the schedules,
+    the toolchain that lowers and links), found on disk: the key must not depend on what this
+    process happened to import."""
+    roots = [Path(directory) for package in (ops, schedules, toolchain) for directory in package.__path__]
+    return tuple(sorted(str(path) for root in roots for path in root.rglob("*.py")))
+
+
+@cache
+def _installed() -> tuple[Path, ...]:
+    """Where Python and installed packages live: modules there are not the user's to follow."""
+    places = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages())
+    return tuple({Path(place).resolve() for place in places})
+
+
+@cache
+def _module_file(name: str) -> str | None:
+    """The source file `import name` would load from `sys.path` (None: a built-in module, a
+    compiled one, or none), found without importing anything."""
+    parts = name.split(".")
+    search: list[str] | None = None
+    origin = None
+    for depth in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[: depth + 1]), search)
+        if spec is None:
+            return None
+        search, origin = spec.submodule_search_locations, spec.origin
+        if search is None and depth < len(parts) - 1:
+            return None
+    return origin if origin and origin.endswith(".py") else None
+
+
+@cache
+def _imports(path: str, package: str) -> tuple[str, ...]:
+    """The module names the `import` statements of the file at `path` name (those inside
+    functions too); `package` resolves relative ones ("" where the file has none)."""
+    try:
+        tree = ast.parse(Path(path).read_bytes(), path)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            relative = "." * node.level + (node.module or "")
+            try:
+                base = resolve_name(relative, package) if node.level else node.module
+            except (ImportError, ValueError):
+                continue
+            if base:  # `from X import a` may import the submodule X.a
+                names += [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    return tuple(names)
+
+
+def _users(name: str, path: str, own_package: str) -> bool:
+    """Whether the module `name` at `path` is the user's to follow: not deploy's, and not in the
+    Python installation unless it belongs to the op's own package (an entry point's helpers)."""
+    top = name.partition(".")[0]
+    if top in DEPLOY_PACKAGES:
+        return False
+    return top == own_package or not any(Path(path).resolve().is_relative_to(p) for p in _installed())
+
+
+def imported_sources(module: str) -> set[str]:
+    """The op module `module`'s file and the files of the user's modules it imports, followed
+    through their own imports."""
+    loaded = sys.modules[module]
+    own = loaded.__file__
+    if not own:
+        return set()
+    own_package = module.partition(".")[0]
+    found = {own}
+    todo = list(_imports(own, loaded.__package__ or ""))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name.partition(".")[0] in DEPLOY_PACKAGES:
+            continue
+        seen.add(name)
+        path = _module_file(name)
+        if path is None or path in found or not _users(name, path, own_package):
+            continue
+        found.add(path)
+        package = name if Path(path).name == "__init__.py" else name.rpartition(".")[0]
+        todo += _imports(path, package)
+    return found
+
+
+def code_fingerprint(op_modules: set[str]) -> str:
+    """Hash of the source that decides a module made of the ops defined in `op_modules` (module
+    names): deploy's packages, each op's file and the user's modules it imports."""
+    files = set(_package_sources())
+    for module in op_modules:
+        files |= imported_sources(module)
+    return hashlib.sha256("".join(source_digest(f) for f in sorted(files)).encode()).hexdigest()
