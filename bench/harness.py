@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from base.errors import DeployError, reason
 from base.stopping import exit_code
+from base.threads import check_thread_env
 
 if TYPE_CHECKING:
     from toolchain.build.targets import Target
@@ -41,6 +42,7 @@ def at_least_one(parser: argparse.ArgumentParser, option: str, count: int) -> in
 def run(main: Callable[[], None]) -> None:
     """Run a script's `main` with deploy's errors and exit codes."""
     try:
+        check_thread_env()
         main()
     except DeployError as exc:
         print(f"error: {reason(exc)}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """How the CPU kernels scale with threads: `deploy bench` at 1, 2, 4, ... threads, each run with
 its own roofline measured at that thread count (one thread cannot draw the bandwidth sixteen can),
-so every ratio is against what that many threads can move.
+so every ratio is against what that many threads can move. Counts go up to the host's CPUs, as
+deploy takes TVM_NUM_THREADS.
 
     .venv/bin/python bench/thread_scaling.py [--target x86] [--threads 1,2,4,8,16] [--repeat 9]
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from harness import at_least_one, run
 
+from base.threads import THREADS_ENV, host_cpus
 from toolchain.bench.bench import refuse_wrong_answers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +36,7 @@ def bench_at(
     command = [*deploy, "bench", "--target", target, "--json", "--no-baselines", "--repeat", str(repeat)]
     if min_mb is not None:
         command += ["--min-mb", str(min_mb)]
-    env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
+    env = {**os.environ, THREADS_ENV: str(threads)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode == 1 and done.stdout.startswith("["):  # its rows, some of them wrong answers
         return json.loads(done.stdout)
@@ -46,20 +48,29 @@ def bench_at(
 
 
 def thread_counts(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; anything but positive integers is argparse's one-line error."""
+    """'1,2,4' -> [1, 2, 4]; anything but counts from 1 to this host's CPUs (as deploy takes
+    TVM_NUM_THREADS) is argparse's one-line error."""
     try:
         counts = [int(t) for t in text.split(",")]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive thread counts like 1,2,4")
+    if not counts or min(counts) < 1 or max(counts) > host_cpus():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected thread counts from 1 to {host_cpus()} like 1,2")
     return counts
+
+
+def default_counts() -> str:
+    """1, 2, 4, ... up to this host's CPUs, and the CPUs themselves."""
+    counts = {1 << k for k in range(host_cpus().bit_length()) if 1 << k <= host_cpus()} | {host_cpus()}
+    return ",".join(map(str, sorted(counts)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="x86")
-    parser.add_argument("--threads", type=thread_counts, default="1,2,4,8,16", help="comma-separated counts")
+    parser.add_argument(
+        "--threads", type=thread_counts, default=default_counts(), help="comma-separated [1, 2, 4 ... CPUs]"
+    )
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--min-mb", type=int, help="passed to deploy bench")
     parser.add_argument(

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from base.errors import DeployError
 from base.paths import cache_root
+from base.threads import THREADS_ENV, runtime_threads
 from devices.native import SERVER, native_runtime
 from devices.platforms import Platform, get_platform
 from devices.registry import register_device
@@ -75,7 +76,7 @@ class Emulator:
                "--port", str(port), "--key-file", str(key_file), "--work-dir", str(work)]  # fmt: skip
         if tracker:
             cmd = [sys.executable, "-m", "devices.registrar", tracker, key, str(key_file), "--", *cmd]
-        env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
+        env = {**os.environ, THREADS_ENV: runtime_threads()}
         proc = spawn(cmd, log, env)
         server = Server.of(proc, port, log, key_file)
         try:

@@ -96,3 +96,18 @@ def test_console_script_prints_no_traceback():
 def test_debug_shows_the_traceback():
     proc = run_deploy("--debug", "build", "--op", "nope", "--target", "x86", "--shape", "3")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["100000", "abc", "0", "-1"])
+def test_tvm_num_threads_is_checked_before_any_work(value):
+    """100000 aborted a `deploy run` (`terminate called without an active exception`, exit 134),
+    500 kept a finished one alive for minutes; TVM ignored the others without a word."""
+    import os
+
+    done = run_deploy("targets", env={"TVM_NUM_THREADS": value})
+    cpus = os.cpu_count()
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"error: TVM_NUM_THREADS='{value}': expected a thread count from 1 to {cpus} (this host's CPUs)",
+    )
+    assert run_deploy("targets", env={"TVM_NUM_THREADS": ""}).returncode == 0, "empty is unset"

@@ -3,12 +3,12 @@ installed (`pip install torch`); ops without one show no PyTorch column."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from base.threads import runtime_threads
 from ops.graph import BoundGraph, BoundNode, flow
 from toolchain.verify.measure import host_ms
 
@@ -79,7 +79,7 @@ def _timed(fn: Callable[..., Any], inputs: list[np.ndarray], repeat: int) -> flo
         return None
     import torch
 
-    torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1))
+    torch.set_num_threads(int(runtime_threads()))
     try:
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
         with torch.no_grad():

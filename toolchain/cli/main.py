@@ -14,6 +14,7 @@ import click
 
 from base.errors import DeployError, first_line, reason
 from base.stopping import Stopped, exit_code, stopping_like_ctrl_c
+from base.threads import check_thread_env
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
 from toolchain.cli.describe import ops_command, targets_command
@@ -82,6 +83,7 @@ def main(ops_path: tuple[str, ...], debug: bool) -> None:
     """deploy: build neural-network ops for embedded targets and verify them on devices."""
     from ops import load_entry_points, load_ops_path
 
+    check_thread_env()
     load_entry_points()
     for directory in ops_path:
         load_ops_path(directory)

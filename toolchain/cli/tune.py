@@ -13,6 +13,7 @@ from rich.table import Table
 from base.errors import UsageError
 from base.files import check_writable, replacing
 from base.stopping import exit_code
+from base.threads import THREADS_ENV, runtime_threads
 from toolchain.cli.options import (
     ATTR,
     CORES,
@@ -96,7 +97,7 @@ def tune_command(
     if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN fails too
         raise UsageError(f"--timeout {timeout_s}: expected seconds in (0, {MAX_TIMEOUT_S:.0f}]")
     root = _records_dir(db_dir)
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # else TVM uses half the cores
+    os.environ[THREADS_ENV] = runtime_threads()
     target = resolve_target(target_name, cores=cores, layout=layout, model=model)
     device = where.resolve(target)
     if op_name is not None or model is not None:
