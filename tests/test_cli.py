@@ -13,7 +13,7 @@ import tvm
 from base.errors import UsageError
 from base.files import sha256_file
 from ops import all_ops, get_op
-from tests.conftest import invoke
+from tests.conftest import invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from toolchain.build.manifest import Manifest
 
@@ -151,3 +151,13 @@ def test_test_command_rejects_empty_selection():
 def test_every_op_declares_cases_and_a_docstring():
     for op in all_ops():
         assert op.cases and op.summary(), op.name
+
+
+@pytest.mark.parametrize("columns", ["0", "5"])
+def test_a_tiny_columns_still_prints_the_tables_and_the_verdict(columns):
+    """COLUMNS=0 made rich print nothing: `deploy test` failed (exit 1) with empty stdout and
+    stderr; COLUMNS=5 cut every cell to a few characters."""
+    tested = run_deploy("test", "--target", "x86", "--op", "add", "--dtype", "int8", env={"COLUMNS": columns})
+    assert tested.returncode == 0 and "cases passed, 0 failed" in tested.stdout, tested.stdout
+    listed = run_deploy("targets", env={"COLUMNS": columns})
+    assert "x86-avx512" in listed.stdout

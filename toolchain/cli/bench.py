@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from base.errors import UsageError
@@ -24,6 +23,7 @@ from toolchain.cli.options import (
     device_options,
     load_graph,
     resolve_target,
+    wide_console,
 )
 
 MAX_MB = 8000
@@ -158,7 +158,7 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
             _or_dash(r["numpy_ms"], ".3f"), _or_dash(r["speedup_vs_numpy"], ".1f", "x"),
             _or_dash(r["torch_ms"], ".3f"), _or_dash(r["speedup_vs_torch"], ".2f", "x"),
         )  # fmt: skip
-    Console(width=max(Console().width, 150)).print(table)
+    wide_console(150).print(table)
 
 
 def _span(rows: list[dict[str, Any]], key: str) -> str:

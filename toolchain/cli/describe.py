@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
+
+from toolchain.cli.options import wide_console
 
 
 def _default(value: Any) -> Any:
@@ -63,7 +64,7 @@ def print_ops(described: list[dict[str, Any]]) -> None:
             ", ".join(op["dtypes"]),
             "\n".join(f"{t}: {s}" for t, s in op["targets"].items()),
         )
-    Console().print(table)
+    wide_console().print(table)
 
 
 def describe_targets() -> list[dict[str, Any]]:
@@ -91,7 +92,7 @@ def print_targets(described: list[dict[str, Any]]) -> None:
         layouts = ", ".join(f"{dtype} {layout}" for dtype, layout in t["layouts"].items())
         row = (t["name"], t["arch"], str(t["vector_bits"]), t["default_device"], layouts, t["description"])
         table.add_row(*row)
-    Console().print(table)
+    wide_console().print(table)
 
 
 @click.command("ops")

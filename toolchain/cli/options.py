@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 
 from base.errors import UsageError
+
+
+def wide_console(min_width: int = 80) -> Console:
+    """Where a command prints its tables: the terminal's width, but at least `min_width` columns
+    (a COLUMNS of 0 made rich print nothing at all, `deploy test`'s verdict included)."""
+    return Console(width=max(Console().width, min_width))
 
 
 def warn(message: str) -> None:

@@ -22,6 +22,7 @@ from toolchain.cli.options import (
     device_options,
     load_graph,
     resolve_target,
+    wide_console,
 )
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def _test_model(model: str, target: Any, device: Any) -> bool:
     graph = load_graph(model)
     check_device(target, device)
     references, notes = model_references(graph, Path(model))
-    console = Console()
+    console = wide_console()
     with console.status(f"verifying {graph.name} on {device.name}"), device.open() as session:
         results = verify_model(session, graph, target, references)
     print_results(console, results, target.name, device)
@@ -105,7 +106,7 @@ def run_with_progress(
     cases were spread when several workers ran, and every failure."""
     from toolchain.verify.matrix import run_matrix
 
-    console = Console()
+    console = wide_console()
     per_worker: Counter[str] = Counter()
     with Progress(
         TextColumn("{task.description}"),

@@ -28,6 +28,7 @@ from toolchain.cli.options import (
     op_or_model,
     resolve_target,
     warn,
+    wide_console,
 )
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def tune_command(
                     _print_layout(chosen)
                     target = target.with_layout(chosen.layout)
         for kernel in lay_out(graph, target).kernels:
-            Console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
+            wide_console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
             _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
     elif op_name is not None:
         if not shapes:
@@ -167,7 +168,7 @@ def _tune_with_progress(
     from toolchain.tune.tuner import Progress as Callbacks
     from toolchain.tune.tuners import tune
 
-    console = Console()
+    console = wide_console()
     best: list[float] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -309,6 +310,6 @@ def print_report(rows: list[dict[str, Any]], target: Target, device: Device, png
             shown.get(r["verdict"], "not verified"),
             f"{r['hand_ms'] / tuned:.2f}x" if tuned else "-",
         )
-    console = Console()
+    console = wide_console()
     console.print(table)
     console.print(f"best time against trials: {png}", highlight=False)
