@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from base.errors import DeployError, reason
+from base.paths import check_places
 from base.stopping import exit_code
 from base.threads import check_thread_env
 
@@ -43,6 +44,7 @@ def run(main: Callable[[], None]) -> None:
     """Run a script's `main` with deploy's errors and exit codes."""
     try:
         check_thread_env()
+        check_places()
         main()
     except DeployError as exc:
         print(f"error: {reason(exc)}", file=sys.stderr)

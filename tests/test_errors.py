@@ -111,3 +111,24 @@ def test_tvm_num_threads_is_checked_before_any_work(value):
         f"error: TVM_NUM_THREADS='{value}': expected a thread count from 1 to {cpus} (this host's CPUs)",
     )
     assert run_deploy("targets", env={"TVM_NUM_THREADS": ""}).returncode == 0, "empty is unset"
+
+
+@pytest.mark.parametrize(
+    "variable,make,said",
+    [
+        ("DEPLOY_CACHE_DIR", "file", "is not a directory: expected one"),
+        ("DEPLOY_CACHE_DIR", "dangling", "is a dangling symlink: expected a directory"),
+        ("XDG_CONFIG_HOME", "file", "is not a directory: expected one"),
+    ],
+)
+def test_a_cache_or_config_place_that_is_no_directory_is_named(variable, make, said, tmp_path):
+    """A file or a dangling link where the cache or config directory goes was `NotADirectoryError`
+    or `FileExistsError` (exit 1) from the first mkdir, mid-command."""
+    place = tmp_path / "place"
+    if make == "file":
+        place.write_text("mine")
+    else:
+        place.symlink_to(tmp_path / "gone")
+    done = run_deploy("targets", env={variable: str(place)})
+    assert (done.returncode, done.stderr.strip()) == (2, f"error: {place} (from ${variable}) {said}")
+    assert place.is_symlink() or place.read_text() == "mine"

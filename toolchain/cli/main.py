@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import click
 
 from base.errors import DeployError, first_line, reason
+from base.paths import check_places
 from base.stopping import Stopped, exit_code, stopping_like_ctrl_c
 from base.threads import check_thread_env
 from toolchain.cli.bench import bench_command
@@ -84,6 +85,7 @@ def main(ops_path: tuple[str, ...], debug: bool) -> None:
     from ops import load_entry_points, load_ops_path
 
     check_thread_env()
+    check_places()
     load_entry_points()
     for directory in ops_path:
         load_ops_path(directory)
