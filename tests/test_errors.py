@@ -132,3 +132,25 @@ def test_a_cache_or_config_place_that_is_no_directory_is_named(variable, make, s
     done = run_deploy("targets", env={variable: str(place)})
     assert (done.returncode, done.stderr.strip()) == (2, f"error: {place} (from ${variable}) {said}")
     assert place.is_symlink() or place.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "env,said",
+    [
+        ({"PATH": "/nonexistent"}, "no g++, gcc or clang++ on PATH (Debian: g++)"),
+        ({"CXX": "/nonexistent/g++"}, "CXX or CC is '/nonexistent/g++', not a program (Debian: g++)"),
+        ({"CXX": "FAILING"}, "linking module.so for target x86 failed: broken.c:1: error: out of ink"),
+    ],
+)
+def test_a_missing_or_failing_host_compiler_is_named(env, said, tmp_path):
+    """TVM links x86 modules with $CXX, else the first compiler on PATH: none was `TypeError:
+    expected str ... not NoneType`, a missing one a FileNotFoundError, a failing one
+    `RuntimeError: Compilation error:` with the compiler's own words cut off."""
+    failing = tmp_path / "g++"
+    failing.write_text('#!/bin/sh\necho "broken.c:1: error: out of ink" >&2\nexit 1\n')
+    failing.chmod(0o755)
+    env = {k: str(failing) if v == "FAILING" else v for k, v in env.items()}
+    out = tmp_path / "o"
+    done = run_deploy(*BUILD, "--op", "add", "--shape", "3x5", "--shape", "3x5", "-o", str(out), env=env)
+    assert done.returncode == 1 and done.stderr.strip().endswith(said), done.stderr
+    assert not out.exists()

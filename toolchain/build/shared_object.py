@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from base.errors import DeployError
+from base.errors import DeployError, printable
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.fusion import relax_main
@@ -215,11 +215,17 @@ def compile_cpu(mod: Any, target: Any) -> Any:
 
 
 def linker(target: Target) -> Any:
-    """The `fcompile` that links for `target` (None: this host's compiler)."""
-    if target.cross_compiler is None:
-        return None
+    """The `fcompile` that links for `target` (None: this host's compiler, which TVM finds as
+    $CXX, $CC or the first of g++, gcc, clang++ ... on PATH: checked here, since TVM would pass
+    on a None or a missing file and fail with a TypeError or a FileNotFoundError)."""
     from tvm.support import cc
 
+    if target.cross_compiler is None:
+        host = cc.get_cc()
+        if host is None or shutil.which(host) is None:
+            said = f"CXX or CC is {host!r}, not a program" if host else "no g++, gcc or clang++ on PATH"
+            raise DeployError(f"no C++ compiler to link for target {target.name}: {said} (Debian: g++)")
+        return None
     if shutil.which(target.cross_compiler) is None:
         raise DeployError(
             f"cross compiler {target.cross_compiler} for target {target.name} not found:"
@@ -231,10 +237,18 @@ def linker(target: Target) -> Any:
 def export_module(executable: Any, path: Path, target: Target) -> None:
     """Link a compiled module into the shared object `path` with the target's linker."""
     fcompile = linker(target)
-    if fcompile is None:
-        executable.export_library(str(path))
-    else:
-        executable.export_library(str(path), fcompile=fcompile)
+    try:
+        if fcompile is None:
+            executable.export_library(str(path))
+        else:
+            executable.export_library(str(path), fcompile=fcompile)
+    except RuntimeError as exc:  # the compiler's output follows TVM's first line: name its error
+        text = str(exc)
+        if not text.startswith("Compilation error"):
+            raise
+        lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+        said = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output")
+        raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 
 @dataclass(frozen=True)
