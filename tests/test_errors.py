@@ -154,3 +154,28 @@ def test_a_missing_or_failing_host_compiler_is_named(env, said, tmp_path):
     done = run_deploy(*BUILD, "--op", "add", "--shape", "3x5", "--shape", "3x5", "-o", str(out), env=env)
     assert done.returncode == 1 and done.stderr.strip().endswith(said), done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name,said",
+    [
+        ("a" * 242, "its name is over 241 bytes (it is written beside itself first, under a longer name)"),
+        ("a" * 300, "File name too long"),
+        ("loop/x", "Symlink loop from"),
+    ],
+)
+def test_an_output_name_the_file_system_refuses_is_one_line(name, said, tmp_path):
+    """A 250-byte name (valid) failed on its 10-byte-longer staging name with `OSError: [Errno 36]`
+    (exit 1), a 241-byte one built once and failed every rebuild; a symlink loop was a RuntimeError."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    done = run_deploy(*BUILD, "--op", "add", "--shape", "4", "--shape", "4", "-o", str(tmp_path / name))
+    assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"], "nothing written beside it"
+
+
+def test_an_output_name_of_241_bytes_builds_and_rebuilds(tmp_path):
+    out = tmp_path / ("a" * 241)
+    for _ in range(2):
+        done = run_deploy(*BUILD, "--op", "add", "--shape", "4", "--shape", "4", "-o", str(out))
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]

@@ -8,7 +8,7 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from base.errors import UsageError
+from base.errors import UsageError, reason
 from base.files import check_writable, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
@@ -81,14 +81,29 @@ def _write_artifact(
     return manifest
 
 
+MAX_NAME = 255 - len("..old.") - 8
+"""The longest artifact directory name: its staging and old names (`_replace_dir`) are 6 bytes
+and 8 random characters longer, and a name has at most 255 bytes."""
+
+
 def check_destination(given: Path) -> Path:
     """`given` resolved, if an artifact directory can be written there; refused as bad input
     otherwise: a file or symlink where the artifact directory or one above it must be, the
     current directory or one above it, a directory deploy cannot write in. Checked before a
     build starts, and again when it is exported."""
-    if given.is_symlink() or (given.exists() and not given.is_dir()):
-        raise UsageError(f"output {given} exists and is not a directory: not replacing it")
-    directory = given.resolve()
+    try:
+        if given.is_symlink() or (given.exists() and not given.is_dir()):
+            raise UsageError(f"output {given} exists and is not a directory: not replacing it")
+        directory = given.resolve()
+    except OSError as exc:  # a name past NAME_MAX
+        raise UsageError(f"output {given}: {exc.strerror or reason(exc)}") from None
+    except RuntimeError as exc:  # a symlink loop
+        raise UsageError(f"output {given}: {reason(exc)}") from None
+    if len(directory.name.encode()) > MAX_NAME:
+        raise UsageError(
+            f"output {given}: its name is over {MAX_NAME} bytes (it is written beside itself first,"
+            " under a longer name)"
+        )
     if Path.cwd().resolve().is_relative_to(directory):
         raise UsageError(f"output directory {given} holds the current directory: give a directory below it")
     existing = next(parent for parent in directory.parents if parent.exists())
