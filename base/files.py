@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,15 @@ def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Ite
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def remove_entry(path: Path) -> None:
+    """Remove an entry of deploy's own cache, whatever it became: a directory tree, a file, a
+    symlink (only the link goes)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 def write_json_atomically(path: Path, body: Any, mode: int = 0o644, through_links: bool = False) -> None:

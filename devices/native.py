@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from base.errors import DeployError
-from base.files import sha256_file
+from base.files import remove_entry, sha256_file
 from base.locks import locked
 from base.paths import cache_root
 from devices.elf import elf_machine
@@ -75,18 +75,37 @@ def ffi_include() -> Path:
     return _package_dir("tvm_ffi") / "include"
 
 
+SUMS = "SHA256SUMS"
+"""Written last into each directory this module stages: the sha256 of each of its files, so that
+a directory cut short or modified in the cache is staged again (`_whole`), not used."""
+
+
+def _whole(directory: Path, names: tuple[str, ...]) -> bool:
+    """Whether `directory` holds the files `names` as its SHA256SUMS pins them."""
+    try:
+        pinned = dict(reversed(line.split("  ", 1)) for line in (directory / SUMS).read_text().splitlines())
+        return all(pinned.get(name) == sha256_file(directory / name) for name in names)
+    except (OSError, ValueError):
+        return False
+
+
 @contextmanager
-def _staged(final: Path) -> Iterator[Path]:
-    """A fresh directory beside `final` that becomes `final` in one rename when the block succeeds
-    (a concurrent writer that got there first wins; ours is dropped)."""
+def _staged(final: Path, names: tuple[str, ...]) -> Iterator[Path]:
+    """A fresh directory beside `final` to write the files `names` into; when the block succeeds,
+    it is pinned (SHA256SUMS) and becomes `final` in one rename. A concurrent writer's whole
+    `final` wins (ours is dropped); a damaged one (`_whole`) is replaced."""
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield staging
+        (staging / SUMS).write_text("".join(f"{sha256_file(staging / n)}  {n}\n" for n in names))
+        if _whole(final, names):
+            return
+        remove_entry(final)
         try:
             os.replace(staging, final)
         except OSError:
-            if not final.is_dir():
+            if not _whole(final, names):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -96,9 +115,10 @@ def runtime_libraries(target: Platform) -> Path:
     """A directory with libtvm_runtime.so and libtvm_ffi.so for `target` (cached)."""
     versions = "-".join(spec.split("==")[1] for spec in WHEELS.values())
     directory = cache_root() / "runtime-libs" / f"{target.arch}-{versions}"
-    if all((directory / name).is_file() for name in LIBRARIES.values()):
+    names = tuple(sorted(LIBRARIES.values()))
+    if _whole(directory, names):
         return directory
-    with _staged(directory) as staging:
+    with _staged(directory, names) as staging:
         if target.native_here():
             for package, name in LIBRARIES.items():
                 shutil.copy2(_package_dir(package) / "lib" / name, staging / name)
@@ -235,10 +255,10 @@ def native_runtime(target: Platform) -> Path:
     libraries = runtime_libraries(target)
     require_compiler(target)
     directory = cache_root() / "native" / f"{target.arch}-{_fingerprint(target, libraries, (SERVER_SOURCE,))}"
-    if (directory / SERVER).is_file():
+    if _whole(directory, RUNTIME_FILES):
         return directory
-    with _staged(directory) as staging:
-        shutil.copytree(libraries, staging / "lib")
+    with _staged(directory, RUNTIME_FILES) as staging:
+        shutil.copytree(libraries, staging / "lib", ignore=shutil.ignore_patterns(SUMS))
         compile_native(target, [SERVER_SOURCE], staging / SERVER, libraries, ("-Wl,-rpath,$ORIGIN/lib",))
     return directory
 

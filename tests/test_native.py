@@ -20,6 +20,7 @@ from devices.emulator import Emulator
 from devices.native import (
     RUNTIME_FILES,
     SERVER,
+    SUMS,
     WHEEL_SHA256,
     WHEELS,
     _wheel_name,
@@ -68,10 +69,29 @@ def server(runtime: Path, tmp_path: Path) -> Iterator[Server]:
 
 def test_runtime_directory_is_self_contained(runtime: Path):
     assert [str(p.relative_to(runtime)) for p in sorted(runtime.rglob("*")) if p.is_file()] == sorted(
-        RUNTIME_FILES
+        (*RUNTIME_FILES, SUMS)
     )
     assert all(elf_machine(runtime / name) == HOST for name in RUNTIME_FILES)
     assert native_runtime(get_platform(HOST)) == runtime, "a second build is the cached one"
+
+
+def test_a_damaged_runtime_in_the_cache_is_staged_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A cut-short server was `emulator RPC server exited with -7: ` on every start, and a
+    cut-short library a link error on every build: each was used as long as its file existed."""
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
+    host = get_platform(HOST)
+    built = native_runtime(host)
+    server = (built / SERVER).read_bytes()
+    (built / SERVER).write_bytes(server[:4096])
+    assert native_runtime(host) == built and (built / SERVER).read_bytes() == server
+    libraries = runtime_libraries(host)
+    library = next(p for p in libraries.iterdir() if p.name != SUMS)
+    whole = library.read_bytes()
+    library.write_bytes(whole[:4096])
+    assert runtime_libraries(host) == libraries and library.read_bytes() == whole
+    (libraries / SUMS).unlink()
+    assert runtime_libraries(host) == libraries and (libraries / SUMS).is_file()
+    assert sorted(p.name for p in tmp_path.rglob(".*")) == [], "no staging directory left"
 
 
 def test_required_versions_are_met_by_this_hosts_libraries(runtime: Path):

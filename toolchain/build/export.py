@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError, reason
-from base.files import check_writable, sha256_file
+from base.files import check_writable, remove_entry, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
@@ -46,7 +46,7 @@ def export(
             kept = Manifest.cached(directory, cache_key)
             if kept is not None:
                 return kept
-            _remove(directory)
+            remove_entry(directory)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
             manifest = _write_artifact(compiled, staging, bundle, cache_key)
@@ -162,15 +162,6 @@ def artifact_files(directory: Path) -> set[Path] | None:
     if any(path.is_absolute() or ".." in path.parts for path in paths):
         return None
     return paths
-
-
-def _remove(entry: Path) -> None:
-    """Remove a damaged entry of deploy's own build cache, whatever it became (a directory, a
-    file, a symlink: only the link goes)."""
-    if entry.is_dir() and not entry.is_symlink():
-        shutil.rmtree(entry)
-    elif entry.is_symlink() or entry.exists():
-        entry.unlink()
 
 
 def _replace_dir(staging: Path, directory: Path) -> None:
