@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -37,6 +38,19 @@ def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Ite
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def fresh_directory(parent: Path, prefix: str) -> Path:
+    """A new empty directory in `parent` named `prefix` and 8 random hex digits, with the
+    permissions the umask gives (mkdtemp's are 0700: an artifact directory made from it could be
+    read by its owner alone)."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
 
 
 def remove_entry(path: Path) -> None:

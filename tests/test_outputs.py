@@ -396,3 +396,17 @@ def test_check_writable_probes_where_files_would_be_made(layout, error, tmp_path
         with pytest.raises(error):
             check_writable(Path(layout))
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_an_artifact_directory_gets_the_umasks_permissions(tmp_path, umask, mode):
+    """The directory was renamed from mkdtemp's, so it was 0700 whatever the umask: an artifact
+    built to share (a team's board, a CI cache) could be read by its owner alone."""
+    old = os.umask(umask)
+    try:
+        done = invoke("build", "--op", "add", "--target", "x86", "--shape", "4", "--shape", "4",
+                      "-o", str(tmp_path / "art"))  # fmt: skip
+    finally:
+        os.umask(old)
+    assert done.exit_code == 0, done.stderr
+    assert stat.S_IMODE((tmp_path / "art").stat().st_mode) == mode

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError, reason
-from base.files import check_writable, remove_entry, sha256_file
+from base.files import check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
@@ -47,7 +47,7 @@ def export(
             if kept is not None:
                 return kept
             remove_entry(directory)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        staging = fresh_directory(directory.parent, f".{directory.name}.")
         try:
             manifest = _write_artifact(compiled, staging, bundle, cache_key)
             _replace_dir(staging, directory)
