@@ -50,6 +50,10 @@ class ArtifactKind:
         """The files `write` puts in an artifact directory, given the module's name."""
         return (module,)
 
+    def whole(self, directory: Path, module: str) -> bool:
+        """Whether the files beside the module (which the manifest pins) are as it pins them."""
+        return True
+
     def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
         """The compiled form of a scheduled IRModule `main(inputs..., out)`, whose parameters are
         `stored` in memory (inputs, then the output; float16 even where `main` computes them as

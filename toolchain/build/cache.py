@@ -70,7 +70,7 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _BUILDING:
         with artifact_lock(directory, shared=True):
-            manifest = Manifest.cached(directory, key)
+            manifest = Manifest.cached(directory, key, target.artifact)
         if manifest is not None:
             return directory, manifest
         compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)

@@ -43,7 +43,7 @@ def export(
         if cache_key is None:
             _check_replaceable(directory)
         else:
-            kept = Manifest.cached(directory, cache_key)
+            kept = Manifest.cached(directory, cache_key, compiled.target.artifact)
             if kept is not None:
                 return kept
             remove_entry(directory)

@@ -7,12 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from base.errors import UsageError, reason
 from base.files import load_json, sha256_file
 from base.locks import locked
 from ops.spec import TensorType, sizes_of
+
+if TYPE_CHECKING:
+    from toolchain.build.artifacts import ArtifactKind
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -78,16 +81,18 @@ class Manifest:
             raise UsageError(f"cannot read artifact manifest {path}: {reason(exc)}") from None
 
     @classmethod
-    def cached(cls, directory: Path, key: str) -> Manifest | None:
-        """The manifest of the artifact in `directory` if it is the build of `key` and whole (its
-        module's sha256 as the manifest says); None if it is missing or damaged, or another
-        build's (a cache entry copied over, a module cut short by a full disk)."""
+    def cached(cls, directory: Path, key: str, artifact: ArtifactKind) -> Manifest | None:
+        """The manifest of the `artifact` kind's artifact in `directory` if it is the build of
+        `key` and whole (its module's sha256 as the manifest says, the files beside it as the
+        module pins them); None if it is missing or damaged, or another build's (a cache entry
+        copied over, a module cut short by a full disk)."""
         try:
             manifest = cls.read(directory)
             manifest.check_module(directory)
-        except UsageError:
+            whole = artifact.whole(directory, manifest.module)
+        except (UsageError, OSError, RuntimeError):  # RuntimeError: a symlink loop
             return None
-        return manifest if manifest.build_key == key else None
+        return manifest if whole and manifest.build_key == key else None
 
     def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
         """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)

@@ -397,6 +397,14 @@ class OpenClPlan(ArtifactKind):
     def files(self, module: str) -> tuple[str, ...]:
         return (module, SOURCE_FILE)
 
+    def whole(self, directory: Path, module: str) -> bool:
+        """kernels.cl as launch.json pins it."""
+        try:
+            plan = json.loads((directory / module).read_text())
+            return sha256_file(directory / SOURCE_FILE) == plan["source_sha256"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return False
+
     def write(self, compiled: OpenClProgram, staging: Path, target: Target) -> Path:
         """kernels.cl and launch.json, which pins the source by sha256 (the manifest pins the plan)."""
         source = staging / SOURCE_FILE
