@@ -219,3 +219,24 @@ def test_a_cut_short_opencl_source_in_the_cache_is_built_again(
     whole = source.read_text()
     source.write_text(whole[: len(whole) // 2])
     assert cache.cached_build(BOUND, target) == (entry, built) and source.read_text() == whole
+
+
+def test_a_zipped_helper_is_not_read_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """PathFinder names a zipped module by a path inside the zip: reading it as a file raised
+    NotADirectoryError on every build of the op."""
+    import zipfile
+
+    from ops.registry import find_op, load_ops_path
+
+    with zipfile.ZipFile(tmp_path / "helpers.zip", "w") as archive:
+        archive.writestr("zipcfg.py", "SCALE = 2\n")
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "zipped.py").write_text(
+        SCALED.replace('"scaled"', '"zipped"').replace("from scalecfg import", "from zipcfg import")
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "helpers.zip"))
+    load_ops_path(tmp_path / "ops")
+    module = type(find_op("zipped")).__module__
+    assert {Path(f).name for f in fingerprint.imported_sources(module)} == {"zipped.py"}

@@ -13,6 +13,7 @@ import ast
 import hashlib
 import site
 import sys
+import sysconfig
 from functools import cache
 from importlib.machinery import PathFinder
 from importlib.util import resolve_name
@@ -23,11 +24,13 @@ import schedules
 import toolchain
 
 DEPLOY_PACKAGES = frozenset({"ops", "schedules", "toolchain", "base", "devices"})
-"""Deploy's own top-level packages: hashed whole (`_package_sources`), never followed."""
+"""Deploy's own top-level packages, never followed: those that shape a module are hashed whole
+(`_package_sources`); `base` and `devices` do not shape one."""
 
 
 @cache
 def source_digest(path: str) -> str:
+    """The sha256 of a source file, read once per process."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -42,15 +45,25 @@ def _package_sources() -> tuple[str, ...]:
 
 @cache
 def _installed() -> tuple[Path, ...]:
-    """Where Python and installed packages live: modules there are not the user's to follow."""
-    places = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages())
+    """The standard library's and the installed packages' directories: modules there are not the
+    user's to follow (whole prefixes would be too much: Debian's is /usr, a venv may be the
+    project's own directory)."""
+    paths = sysconfig.get_paths()
+    places = [paths[kind] for kind in ("stdlib", "platstdlib", "purelib", "platlib")]
+    places += [*site.getsitepackages(), site.getusersitepackages()]
+    places += [entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages")]
     return tuple({Path(place).resolve() for place in places})
 
 
-@cache
 def _module_file(name: str) -> str | None:
-    """The source file `import name` would load from `sys.path` (None: a built-in module, a
-    compiled one, or none), found without importing anything."""
+    """The source file `import name` would load from `sys.path` as it is now (None: a built-in
+    module, a compiled one, one inside a zip, or none), found without importing anything."""
+    return _found(name, tuple(sys.path))
+
+
+@cache
+def _found(name: str, path: tuple[str, ...]) -> str | None:
+    """`_module_file` of `name` with `sys.path` equal to `path` (the key of its cache)."""
     parts = name.split(".")
     search: list[str] | None = None
     origin = None
@@ -61,7 +74,7 @@ def _module_file(name: str) -> str | None:
         search, origin = spec.submodule_search_locations, spec.origin
         if search is None and depth < len(parts) - 1:
             return None
-    return origin if origin and origin.endswith(".py") else None
+    return origin if origin and origin.endswith(".py") and Path(origin).is_file() else None
 
 
 @cache
@@ -84,7 +97,8 @@ def _imports(path: str, package: str) -> tuple[str, ...]:
                 continue
             if base:  # `from X import a` may import the submodule X.a
                 names += [base, *(f"{base}.{alias.name}" for alias in node.names)]
-    return tuple(names)
+    parts = [name.split(".") for name in names]  # importing a.b runs a/__init__.py first
+    return tuple(sorted({".".join(p[:n]) for p in parts for n in range(1, len(p) + 1)}))
 
 
 def _users(name: str, path: str, own_package: str) -> bool:
