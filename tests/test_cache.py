@@ -221,9 +221,7 @@ def test_a_cut_short_opencl_source_in_the_cache_is_built_again(
     assert cache.cached_build(BOUND, target) == (entry, built) and source.read_text() == whole
 
 
-def test_a_zipped_helper_is_not_read_as_a_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_a_zipped_helper_is_not_read_as_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """PathFinder names a zipped module by a path inside the zip: reading it as a file raised
     NotADirectoryError on every build of the op."""
     import zipfile
