@@ -12,7 +12,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,28 @@ def write_json_atomically(path: Path, body: Any, mode: int = 0o644, through_link
     """Replace `path` with `body` as indented JSON (see `replacing`)."""
     with replacing(path, mode, through_links) as temporary:
         temporary.write_text(json.dumps(body, indent=2) + "\n")
+
+
+SUMS = "SHA256SUMS"
+"""The file that pins the files of a directory: `SHA256  NAME` per line, as sha256sum writes it."""
+
+
+def write_sums(directory: Path, names: Iterable[str]) -> Path:
+    """Write `directory`'s SHA256SUMS for the files `names` (relative to it); its path."""
+    sums = directory / SUMS
+    sums.write_text("".join(f"{sha256_file(directory / name)}  {name}\n" for name in names))
+    return sums
+
+
+def read_sums(directory: Path) -> dict[str, str]:
+    """NAME -> sha256 as `directory`'s SHA256SUMS lists them; {} when it is missing, a symlink or
+    unreadable."""
+    sums = directory / SUMS
+    try:
+        lines = sums.read_text().splitlines() if sums.is_file() and not sums.is_symlink() else []
+    except (OSError, ValueError):
+        return {}
+    return {name: digest for digest, _, name in (line.partition("  ") for line in lines) if name}
 
 
 def sha256_file(path: Path) -> str:

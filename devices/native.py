@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from base.errors import DeployError
-from base.files import remove_entry, sha256_file
-from base.locks import locked
+from base.files import SUMS, fresh_directory, read_sums, remove_entry, sha256_file, write_sums
+from base.locks import guarding, locked
 from base.paths import cache_root
 from devices.elf import elf_machine
 from devices.platforms import Platform
@@ -75,38 +75,31 @@ def ffi_include() -> Path:
     return _package_dir("tvm_ffi") / "include"
 
 
-SUMS = "SHA256SUMS"
-"""Written last into each directory this module stages: the sha256 of each of its files, so that
-a directory cut short or modified in the cache is staged again (`_whole`), not used."""
-
-
 def _whole(directory: Path, names: tuple[str, ...]) -> bool:
-    """Whether `directory` holds the files `names` as its SHA256SUMS pins them."""
+    """Whether `directory` holds the files `names` as its SHA256SUMS (written last when it was
+    staged) pins them: a directory cut short or modified in the cache is staged again."""
+    pinned = read_sums(directory)
     try:
-        pinned = dict(reversed(line.split("  ", 1)) for line in (directory / SUMS).read_text().splitlines())
         return all(pinned.get(name) == sha256_file(directory / name) for name in names)
-    except (OSError, ValueError):
+    except OSError:
         return False
 
 
 @contextmanager
 def _staged(final: Path, names: tuple[str, ...]) -> Iterator[Path]:
     """A fresh directory beside `final` to write the files `names` into; when the block succeeds,
-    it is pinned (SHA256SUMS) and becomes `final` in one rename. A concurrent writer's whole
-    `final` wins (ours is dropped); a damaged one (`_whole`) is replaced."""
+    it is pinned (SHA256SUMS) and becomes `final` in one rename, under `final`'s lock: a
+    concurrent writer's whole `final` wins (ours is dropped); a damaged one (`_whole`) is
+    replaced."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    staging = fresh_directory(final.parent, f".{final.name}.")
     try:
         yield staging
-        (staging / SUMS).write_text("".join(f"{sha256_file(staging / n)}  {n}\n" for n in names))
-        if _whole(final, names):
-            return
-        remove_entry(final)
-        try:
-            os.replace(staging, final)
-        except OSError:
+        write_sums(staging, names)
+        with guarding(final):
             if not _whole(final, names):
-                raise
+                remove_entry(final)
+                os.replace(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from base.errors import DeployError, UsageError
+from base.files import SUMS
 from devices.elf import elf_machine, provided_versions, required_versions
 from devices.emulator import Emulator
 from devices.native import (
     RUNTIME_FILES,
     SERVER,
-    SUMS,
     WHEEL_SHA256,
     WHEELS,
     _wheel_name,

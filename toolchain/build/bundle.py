@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from base.errors import UsageError
-from base.files import sha256_file
+from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runtime_libraries
 from devices.platforms import get_platform
 from ops.registry import IDENTIFIER
@@ -25,7 +25,6 @@ from toolchain.build.manifest import MANIFEST
 from toolchain.build.targets import Target, all_targets
 
 RUNNER = "deploy-run"
-SUMS = "SHA256SUMS"
 LIB_DIR = "lib"
 RUNTIME_PATHS = tuple(f"{LIB_DIR}/{name}" for name in sorted(LIBRARIES.values()))
 """The TVM runtime libraries in a bundle, relative to it."""
@@ -204,19 +203,16 @@ def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) ->
         loaded = [library, module.name, *RUNTIME_PATHS]
         (Path(generated) / "bundle_pins.h").write_text(pins_header(staging, loaded))
         compile_native(platform, [SOURCES / "run.cc"], staging / RUNNER, None, (f"-I{generated}",))
-    sums = staging / SUMS
     files = sorted(
         path.relative_to(staging).as_posix()
         for path in staging.rglob("*")
         if path.is_file() and path.name not in (SUMS, MANIFEST)
     )
-    sums.write_text("".join(f"{sha256_file(staging / name)}  {name}\n" for name in files))
+    sums = write_sums(staging, files)
     return {"header": f"{op}.h", "library": library, "runner": RUNNER, "sha256sums": sha256_file(sums)}
 
 
 def bundle_files(directory: Path) -> set[str]:
     """The files of the bundle in `directory`: SHA256SUMS and those it lists (as `write_bundle`
     writes it: "SHA256  NAME" per line); SHA256SUMS alone when it is missing or a symlink."""
-    sums = directory / SUMS
-    lines = sums.read_text().splitlines() if sums.is_file() and not sums.is_symlink() else []
-    return {SUMS} | {line.split("  ", 1)[1] for line in lines if "  " in line}
+    return {SUMS, *read_sums(directory)}
