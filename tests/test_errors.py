@@ -139,15 +139,19 @@ def test_a_cache_or_config_place_that_is_no_directory_is_named(variable, make, s
     [
         ({"PATH": "/nonexistent"}, "no g++, gcc or clang++ on PATH (Debian: g++)"),
         ({"CXX": "/nonexistent/g++"}, "CXX or CC is '/nonexistent/g++', not a program (Debian: g++)"),
-        ({"CXX": "FAILING"}, "linking module.so for target x86 failed: broken.c:1: error: out of ink"),
+        ({"CXX": "FAILING"}, "linking module.so for target x86 failed: /usr/bin/ld: cannot find -lstdc++"),
     ],
 )
 def test_a_missing_or_failing_host_compiler_is_named(env, said, tmp_path):
     """TVM links x86 modules with $CXX, else the first compiler on PATH: none was `TypeError:
     expected str ... not NoneType`, a missing one a FileNotFoundError, a failing one
-    `RuntimeError: Compilation error:` with the compiler's own words cut off."""
+    `RuntimeError: Compilation error:` with the compiler's own words cut off (the cause, not the
+    driver's closing `collect2: error` line, is named)."""
     failing = tmp_path / "g++"
-    failing.write_text('#!/bin/sh\necho "broken.c:1: error: out of ink" >&2\nexit 1\n')
+    failing.write_text(
+        '#!/bin/sh\necho "/usr/bin/ld: cannot find -lstdc++" >&2\n'
+        'echo "collect2: error: ld returned 1 exit status" >&2\nexit 1\n'
+    )
     failing.chmod(0o755)
     env = {k: str(failing) if v == "FAILING" else v for k, v in env.items()}
     out = tmp_path / "o"

@@ -257,3 +257,7 @@ def test_an_op_calling_exit_is_one_line_and_a_failure(tmp_path, code):
     assert tested.stderr.strip() == (
         f"error: exit({code}) was called before the command finished (in an op's code?)"
     )
+    debugged = run_deploy(
+        "--debug", "--ops-path", str(folder), "test", "--target", "x86", "--op", "cube_exits"
+    )
+    assert debugged.returncode == 1 and 'cube_exits.py", line' in debugged.stderr, "--debug shows where"

@@ -214,6 +214,10 @@ def compile_cpu(mod: Any, target: Any) -> Any:
         return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
+CAUSES = (": error:", "cannot find", "undefined reference", "No such file")
+"""What marks the line of a compiler's or linker's output that says why it failed."""
+
+
 def linker(target: Target) -> Any:
     """The `fcompile` that links for `target` (None: this host's compiler, which TVM finds as
     $CXX, $CC or the first of g++, gcc, clang++ ... on PATH: checked here, since TVM would pass
@@ -247,7 +251,11 @@ def export_module(executable: Any, path: Path, target: Target) -> None:
         if not text.startswith("Compilation error"):
             raise
         lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
-        said = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output")
+        lines = [line for line in lines if not line.startswith("Command line:")]
+        said = next(  # the cause, not the driver's `collect2: error: ld returned 1 exit status`
+            (line for line in lines if any(mark in line for mark in CAUSES)),
+            next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output"),
+        )
         raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 

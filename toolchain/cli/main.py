@@ -8,6 +8,7 @@ The commands live one module per job beside this one; this module only assembles
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, NoReturn
 
 import click
@@ -56,6 +57,8 @@ class DeployGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except SystemExit as exc:  # deploy exits through click: a SystemExit is code it ran (an op's)
+            if ctx.params.get("debug"):  # where it was called (Python prints none for SystemExit)
+                traceback.print_exc()
             code = 0 if exc.code is None else exc.code
             click.echo(
                 f"error: exit({code!r}) was called before the command finished (in an op's code?)", err=True
