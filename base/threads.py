@@ -12,7 +12,11 @@ THREADS_ENV = "TVM_NUM_THREADS"
 
 
 def host_cpus() -> int:
-    return os.cpu_count() or 1
+    """The CPUs this process may run on (a container's cpuset, `taskset`), else the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity outside Linux
+        return os.cpu_count() or 1
 
 
 def check_thread_env() -> None:

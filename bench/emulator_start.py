@@ -27,6 +27,7 @@ from harness import at_least_one, run
 from python_emulator import Sysroot
 
 from base.paths import cache_root
+from base.threads import THREADS_ENV, host_cpus, runtime_threads
 from devices.emulator import Emulator
 from devices.rpc import connect
 from devices.server_process import Server, accepts, free_port, spawn
@@ -98,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     repeat = at_least_one(parser, "--repeat", parser.parse_args().repeat)
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    os.environ[THREADS_ENV] = runtime_threads()
     sysroot = Sysroot(cache_root() / "bench-python-emulator")
     print("provisioning the Python baseline's sysroot (once)...", flush=True)
     sysroot.provision()
@@ -128,7 +129,7 @@ def main() -> None:
     for label, native, python in rows:
         ratio = statistics.median(python) / statistics.median(native)
         print(f"{label:34} {spread(native):>22} {spread(python):>22} {ratio:13.1f}x")
-    print(f"({repeat} runs each, {os.cpu_count()} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})")
+    print(f"({repeat} runs each, {host_cpus()} CPUs, TVM_NUM_THREADS={os.environ[THREADS_ENV]})")
 
 
 if __name__ == "__main__":

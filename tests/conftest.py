@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from base.threads import host_cpus
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
 
@@ -22,7 +24,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("deploy-cache")
     os.environ["DEPLOY_CACHE_DIR"] = str(cache)
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))  # boards, known_hosts
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    os.environ.setdefault("TVM_NUM_THREADS", str(host_cpus()))
     return cache
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from base.threads import host_cpus
 from tests.conftest import invoke, run_deploy
 
 BUILD = ["build", "--target", "x86"]
@@ -102,10 +103,9 @@ def test_debug_shows_the_traceback():
 def test_tvm_num_threads_is_checked_before_any_work(value):
     """100000 aborted a `deploy run` (`terminate called without an active exception`, exit 134),
     500 kept a finished one alive for minutes; TVM ignored the others without a word."""
-    import os
 
     done = run_deploy("targets", env={"TVM_NUM_THREADS": value})
-    cpus = os.cpu_count()
+    cpus = host_cpus()
     assert (done.returncode, done.stderr.strip()) == (
         2,
         f"error: TVM_NUM_THREADS='{value}': expected a thread count from 1 to {cpus} (this host's CPUs)",

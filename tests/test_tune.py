@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from base.threads import host_cpus
 from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from tests.test_opencl import DEVICES as OPENCL_DEVICES
@@ -144,12 +145,12 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     first = run_deploy("tune", *args, "--trials", "1")  # the hand schedule itself, measured
     assert first.returncode == 0, first.stderr
     task = task_dir(db, "x86")
-    target = resolve_target("x86", cores=os.cpu_count())
+    target = resolve_target("x86", cores=host_cpus())
     mod = prim_module(bind(get_op("add"), {}, [TensorType((8, 64, 56, 56), "float32")] * 2), target)
     database = ms.database.JSONDatabase(work_dir=str(task))
     unscheduled = ms.database.TuningRecord(
         tvm.s_tir.Trace([], {}), database.commit_workload(mod), [1e-9],
-        target.tvm_target(num_cores=os.cpu_count()), ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+        target.tvm_target(num_cores=host_cpus()), ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
     )  # fmt: skip
     database.commit_tuning_record(unscheduled)
 

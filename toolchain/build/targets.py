@@ -6,11 +6,11 @@ width the schedules use, the schedule families to look up (first match wins), an
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from base.errors import UsageError
+from base.threads import host_cpus
 from ops.graph import BoundGraph
 from ops.layouts import LAYOUTS, Layout
 from ops.spec import BoundOp
@@ -110,7 +110,7 @@ class Target:
 
     def build_cores(self) -> int:
         """The core count builds split work for."""
-        return self.cores or os.cpu_count() or 1
+        return self.cores or host_cpus()
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
         """The TVM target of its spec (`tvm`), told `num_cores` threads where given."""

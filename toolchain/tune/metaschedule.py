@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import signal
 import tempfile
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from typing import Any
 
 from base.errors import UsageError
 from base.stopping import STOP_SIGNALS, handled, interrupt_for
+from base.threads import host_cpus
 from devices import Device
 from ops.spec import BoundOp
 from schedules.registry import Picked, every_structure
@@ -255,7 +255,7 @@ def _search(
                     *ms.MeasureCallback.create("default"),  # first: records are written before a stop
                     _progress_callback(progress.trial, interrupted),
                 ],
-                num_tuning_cores=os.cpu_count() or 1,  # this host's: it builds the candidates
+                num_tuning_cores=host_cpus(),  # this host's: it builds the candidates
                 seed=seed,
             )
         except Exception:

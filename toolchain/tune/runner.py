@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from base.errors import DeployError, reason
+from base.threads import host_cpus
 from devices import DeviceLost
 from devices.rpc import RpcEndpoint
 from ops.spec import BoundOp
@@ -59,7 +60,7 @@ def builder(target: Target, timeout_s: float) -> Any:
     from tvm.s_tir import meta_schedule as ms
 
     return ms.builder.LocalBuilder(
-        max_workers=os.cpu_count() or 1,
+        max_workers=host_cpus(),
         timeout_sec=timeout_s,
         f_build=build_candidate,
         f_export=functools.partial(export_candidate, target),
