@@ -9,37 +9,49 @@ from pathlib import Path
 from base.errors import UsageError
 
 
+def _place(own: str | None, xdg: str, under_home: str) -> tuple[Path, str]:
+    """`$own` as it is, else `$xdg/deploy`, else `~/under_home/deploy`; and the variable that
+    decided, as messages name it."""
+    if own and os.environ.get(own):
+        return Path(os.environ[own]), f"${own}"
+    if os.environ.get(xdg):
+        return Path(os.environ[xdg]) / "deploy", f"${xdg}"
+    return Path.home() / under_home / "deploy", "$HOME"
+
+
+def _cache_place() -> tuple[Path, str]:
+    return _place("DEPLOY_CACHE_DIR", "XDG_CACHE_HOME", ".cache")
+
+
+def _config_place() -> tuple[Path, str]:
+    return _place(None, "XDG_CONFIG_HOME", ".config")
+
+
 def cache_root() -> Path:
     """`$DEPLOY_CACHE_DIR`, else `$XDG_CACHE_HOME/deploy`, else `~/.cache/deploy`."""
-    if os.environ.get("DEPLOY_CACHE_DIR"):
-        return Path(os.environ["DEPLOY_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "deploy"
+    return _cache_place()[0]
 
 
 def config_dir() -> Path:
     """`$XDG_CONFIG_HOME/deploy`, else `~/.config/deploy`."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "deploy"
-
-
-def _source(variables: tuple[str, ...]) -> str:
-    """The first of `variables` set, as messages name where a directory came from."""
-    return next((f"${name}" for name in variables if os.environ.get(name)), "$HOME")
+    return _config_place()[0]
 
 
 def check_places() -> None:
     """The cache root and the config directory, each a directory or nothing yet (deploy creates
     it): a file or a dangling symlink there, or in a directory above, is named with the variable
-    that put it there, before any work (mkdir would fail with NotADirectoryError mid-build)."""
-    for directory, source in (
-        (cache_root(), _source(("DEPLOY_CACHE_DIR", "XDG_CACHE_HOME"))),
-        (config_dir(), _source(("XDG_CONFIG_HOME",))),
-    ):
-        for place in (directory, *directory.parents):
-            if place.is_symlink() and not place.exists():
-                raise UsageError(f"{place} (from {source}) is a dangling symlink: expected a directory")
-            if place.exists():
-                if not place.is_dir():
-                    raise UsageError(f"{place} (from {source}) is not a directory: expected one")
-                break
+    that put it there, before any work (mkdir would fail with NotADirectoryError mid-build).
+    What cannot be looked at (no home directory, no permission) is left to the command that
+    needs the directory."""
+    for place in (_cache_place, _config_place):
+        try:
+            directory, source = place()
+            for step in (directory, *directory.parents):
+                if step.is_symlink() and not step.exists():
+                    raise UsageError(f"{step} (from {source}) is a dangling symlink: expected a directory")
+                if step.exists():
+                    if not step.is_dir():
+                        raise UsageError(f"{step} (from {source}) is not a directory: expected one")
+                    break
+        except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home
+            continue
