@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +32,8 @@ class Float:
 
     lo: float = -math.inf
     hi: float = math.inf
+    takes_text: ClassVar[bool] = False
+    """Whether its values are text (else a typed source, such as ONNX, giving a string is wrong)."""
 
     def type_name(self) -> str:
         return "float"
@@ -66,6 +68,7 @@ class Int:
     lo: int
     hi: int
     fuzz_hi: int | None = None
+    takes_text: ClassVar[bool] = False
 
     def type_name(self) -> str:
         return "int"
@@ -97,6 +100,7 @@ class IntPair:
     lo: int
     hi: int = 2**31 - 1
     fuzz_hi: int = 4
+    takes_text: ClassVar[bool] = False
 
     def type_name(self) -> str:
         return "int,int"
@@ -129,6 +133,8 @@ class IntPair:
 class Bool:
     """true/false (also 1/0, yes/no, on/off)."""
 
+    takes_text: ClassVar[bool] = False
+
     def type_name(self) -> str:
         return "bool"
 
@@ -151,6 +157,7 @@ class Choice:
     """One of a fixed set of strings."""
 
     values: tuple[str, ...]
+    takes_text: ClassVar[bool] = True
 
     def type_name(self) -> str:
         return "|".join(self.values)

@@ -17,7 +17,6 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper
 
 from base.errors import UsageError, printable, reason
-from ops.attrs import Choice
 from ops.graph import Graph, Node, bind_graph
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
 from ops.registry import op_for_onnx
@@ -196,7 +195,7 @@ def _node(index: int, node: onnx.NodeProto, read: set[str]) -> Node:
     mapping = _mapping(op.onnx, node.domain, node.op_type)
     try:
         attrs = mapping.attrs({a.name: _attribute(a) for a in node.attribute})
-        _strings_only_for_choices(op, attrs)
+        _strings_only_where_text(op, attrs)
     except UsageError as exc:
         raise UsageError(f"{shell.label()}: {exc}") from None
     return replace(shell, attrs=attrs)
@@ -208,14 +207,15 @@ def _mapping(declared: tuple[OnnxOp, ...], domain: str, op_type: str) -> OnnxOp:
     return next(m for m in declared if m.key() == key)
 
 
-def _strings_only_for_choices(op: Op, attrs: dict[str, Any]) -> None:
-    """ONNX attributes are typed: a string reaching an attribute that is not a choice of strings is
-    refused, never parsed as the CLI parses `-a` (a STRING "0.3" would pass as the float 0.3)."""
+def _strings_only_where_text(op: Op, attrs: dict[str, Any]) -> None:
+    """ONNX attributes are typed: a string reaching an attribute whose kind takes no text
+    (`takes_text`) is refused, never parsed as the CLI parses `-a` (a STRING "0.3" would pass as
+    the float 0.3)."""
     kinds = {attr.name: attr.kind for attr in op.attrs}
     for name, value in attrs.items():
         kind = kinds.get(name)
         values = value if isinstance(value, list | tuple) else [value]
-        if kind is not None and not isinstance(kind, Choice) and any(isinstance(v, str) for v in values):
+        if kind is not None and not kind.takes_text and any(isinstance(v, str) for v in values):
             raise UsageError(
                 f"ONNX attribute {printable(name)}={value!r} is a string: expected {kind.type_name()}"
             )

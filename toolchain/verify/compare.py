@@ -19,9 +19,6 @@ class Comparison:
     detail: str = ""
 
 
-NAN_MISPLACED = "NaN in different places"
-"""The detail that ends a comparison at once: no error can be measured between such outputs."""
-
 CHUNK = 1 << 18
 """Elements compared at a time: the float64 copies a comparison makes stay a few MB, however
 large the output."""
@@ -43,23 +40,24 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
     max_error, problem = 0.0, ""
     for start in range(0, flat_expected.size, CHUNK):
-        error, part = _compare_chunk(
+        part = _compare_chunk(
             flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
         )
-        if part == NAN_MISPLACED:
-            return Comparison(False, float("inf"), part)
-        max_error, problem = max(max_error, error), problem or part
+        if part is None:  # no error can be measured between such outputs
+            return Comparison(False, float("inf"), "NaN in different places")
+        max_error, problem = max(max_error, part[0]), problem or part[1]
     return Comparison(not problem, max_error, problem)
 
 
 def _compare_chunk(
     expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
-) -> tuple[float, str]:
-    """(max error, what disagrees: "" where nothing does) of one chunk."""
+) -> tuple[float, str] | None:
+    """(max error, what disagrees: "" where nothing does) of one chunk; None when NaN are in
+    different places."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
     nan_expected = np.isnan(wide_expected)
     if not np.array_equal(nan_expected, np.isnan(wide_actual)):
-        return float("inf"), NAN_MISPLACED
+        return None
     finite = ~nan_expected
     wide_expected, wide_actual = wide_expected[finite], wide_actual[finite]
     with np.errstate(invalid="ignore"):  # inf - inf; equal entries are zeroed next
