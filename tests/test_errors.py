@@ -165,7 +165,7 @@ def test_a_missing_or_failing_host_compiler_is_named(env, said, tmp_path):
     [
         ("a" * 242, "its name is over 241 bytes (it is written beside itself first, under a longer name)"),
         ("a" * 300, "File name too long"),
-        ("loop/x", "Symlink loop from"),
+        ("loop/x", "symlink"),  # 3.11: "Symlink loop from"; 3.13: "Too many levels of symbolic links"
     ],
 )
 def test_an_output_name_the_file_system_refuses_is_one_line(name, said, tmp_path):
@@ -173,8 +173,8 @@ def test_an_output_name_the_file_system_refuses_is_one_line(name, said, tmp_path
     (exit 1), a 241-byte one built once and failed every rebuild; a symlink loop was a RuntimeError."""
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     done = run_deploy(*BUILD, "--op", "add", "--shape", "4", "--shape", "4", "-o", str(tmp_path / name))
-    assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"], "nothing written beside it"
+    assert done.returncode == 2 and said.lower() in done.stderr.lower(), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
 
 
 def test_an_output_name_of_241_bytes_builds_and_rebuilds(tmp_path):

@@ -99,7 +99,7 @@ def check_destination(given: Path) -> Path:
         raise UsageError(f"output {given}: {exc.strerror or reason(exc)}") from None
     except RuntimeError as exc:  # a symlink loop
         raise UsageError(f"output {given}: {reason(exc)}") from None
-    if len(directory.name.encode()) > MAX_NAME:
+    if len(os.fsencode(directory.name)) > MAX_NAME:
         raise UsageError(
             f"output {given}: its name is over {MAX_NAME} bytes (it is written beside itself first,"
             " under a longer name)"
