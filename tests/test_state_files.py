@@ -5,6 +5,7 @@ concurrent commands never lose each other's writes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devices.boards import Board, add_board, load_boards
-from tests.conftest import at_once, run_deploy
+from tests.conftest import DEPLOY, at_once, run_deploy
 
 
 @pytest.fixture
@@ -89,3 +90,15 @@ def test_a_devices_json_that_links_into_dotfiles_stays_a_link(tmp_path: Path):
     assert run_deploy("device", "remove", "b1", env=env).returncode == 0
     assert (tmp_path / "deploy" / "devices.json").is_symlink()
     assert list(json.loads(dotfiles.read_text())) == ["b2"]
+
+
+def test_a_relative_key_is_stored_as_an_absolute_path(tmp_path: Path):
+    """`--key keys/id` was stored as given: a command run from another directory found no key."""
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("not really a key")
+    add = [DEPLOY, "device", "add", "b1", "--host", "10.0.0.1", "--user", "pi", "--key", "keys/id"]
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    done = subprocess.run(add, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads((tmp_path / "deploy" / "devices.json").read_text())["b1"]["key"]
+    assert stored == str(tmp_path / "keys" / "id")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -102,6 +103,7 @@ def device_add(
     from devices.boards import Board, add_board, known_hosts_file
     from devices.ssh import ssh_connect
 
+    key = str(Path(key).absolute()) if key else None  # stored: later commands run from elsewhere
     board = Board(name, host, user, port, key, arch, remote_dir).validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
