@@ -147,7 +147,9 @@ def test_editing_a_helper_module_a_user_op_imports_rebuilds_it(tmp_path: Path):
         assert np.load(tmp_path / "y.npy").tolist() == [0.0, scale, 2.0 * scale, 3.0 * scale]
 
 
-def test_a_user_ops_helpers_are_found_without_importing_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_user_ops_helpers_are_found_without_importing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_registry: None
+):
     """Imports are read from the files and found on sys.path: a helper imported only inside
     compute() is in the key before compute ever ran, so the key is the same before and after."""
     import sys
@@ -221,7 +223,9 @@ def test_a_cut_short_opencl_source_in_the_cache_is_built_again(
     assert cache.cached_build(BOUND, target) == (entry, built) and source.read_text() == whole
 
 
-def test_a_zipped_helper_is_not_read_as_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_zipped_helper_is_not_read_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_registry: None
+):
     """PathFinder names a zipped module by a path inside the zip: reading it as a file raised
     NotADirectoryError on every build of the op."""
     import zipfile

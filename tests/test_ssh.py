@@ -327,10 +327,26 @@ def test_tune_on_an_ssh_board(server, tmp_path):
     remote = tmp_path / "board"
     add_ready("tuneboard", server, remote)
     db = tmp_path / "db"
-    result = run_deploy("tune", "--op", "add", "--shape", "7x13", "--shape", "7x13", "--target", "x86",
-                        "--device", "tuneboard", "--trials", "2", "--db", str(db))  # fmt: skip
+    result = run_deploy(
+        "tune",
+        "--op",
+        "add",
+        "--shape",
+        "7x13",
+        "--shape",
+        "7x13",
+        "--target",
+        "x86",
+        "--device",
+        "tuneboard",
+        "--trials",
+        "2",
+        "--db",
+        str(db),
+        env={"COLUMNS": "250"},
+    )  # fmt: skip  (at 80 a wrap could fall inside the words)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert "vs numpy on tuneboard" in result.stdout.replace("\n", "")
+    assert "vs numpy on tuneboard" in result.stdout
     nothing_left(remote)
 
 
