@@ -3,7 +3,7 @@ its own roofline measured at that thread count (one thread cannot draw the bandw
 so every ratio is against what that many threads can move. Counts go up to the host's CPUs, as
 deploy takes TVM_NUM_THREADS.
 
-    .venv/bin/python bench/thread_scaling.py [--target x86] [--threads 1,2,4,8,16] [--repeat 9]
+    .venv/bin/python bench/thread_scaling.py [--target x86] [--threads 1,2,4,...] [--repeat 9]
 
 Each count is one `deploy bench --json --no-baselines` in a process of its own with
 TVM_NUM_THREADS set (TVM sizes its thread pool once per process); the bench times each op
@@ -61,8 +61,8 @@ def thread_counts(text: str) -> list[int]:
 
 def default_counts() -> str:
     """1, 2, 4, ... up to this host's CPUs, and the CPUs themselves."""
-    counts = {1 << k for k in range(host_cpus().bit_length()) if 1 << k <= host_cpus()} | {host_cpus()}
-    return ",".join(map(str, sorted(counts)))
+    cpus = host_cpus()
+    return ",".join(map(str, sorted({1 << k for k in range(cpus.bit_length())} | {cpus})))
 
 
 def main() -> None:

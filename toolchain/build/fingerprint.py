@@ -102,11 +102,9 @@ def _imports(path: str, package: str) -> tuple[str, ...]:
 
 
 def _users(name: str, path: str, own_package: str) -> bool:
-    """Whether the module `name` at `path` is the user's to follow: not deploy's, and not in the
+    """Whether the module `name` at `path` (not deploy's) is the user's to follow: not in the
     Python installation unless it belongs to the op's own package (an entry point's helpers)."""
     top = name.partition(".")[0]
-    if top in DEPLOY_PACKAGES:
-        return False
     return top == own_package or not any(Path(path).resolve().is_relative_to(p) for p in _installed())
 
 
