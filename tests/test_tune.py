@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,3 +382,33 @@ def test_every_structure_enumerates_each_combination_once_defaults_first() -> No
     }
     assert len(results) == len(expected) and set(results) == expected
     assert len(every_structure(run, most=3)) == 3
+
+
+INTRINSICS_PROBE = """
+import sys
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from toolchain.tune.metaschedule import cpu_intrinsics_only
+
+cpu_intrinsics_only()
+k = te.reduce_axis((0, 64), "k")
+a, b = te.placeholder((64, 64), "uint8", name="a"), te.placeholder((64, 64), "int8", name="b")
+c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k))
+target = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+context = ms.TuneContext(te.create_prim_func([a, b, c]), target=target, space_generator="post-order-apply")
+print(all("dot_16x4_vnni" in str(space.trace) for space in context.generate_design_space()))
+print(sorted(name for name in sys.modules if name.startswith("tvm.s_tir.tensor_intrin.")))
+"""
+
+
+def test_tuning_registers_the_cpu_intrinsics_and_skips_the_gpu_ones() -> None:
+    """MetaSchedule's VNNI rule still finds its intrinsic (an int8 product is tensorized with
+    it), while the CUDA, ROCm and Hexagon intrinsics that cost every `deploy tune` 15-20 s of
+    TVMScript parsing are never imported, not even by the TuneContext."""
+    probe = subprocess.run([sys.executable, "-c", INTRINSICS_PROBE], capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+    tensorized, modules = probe.stdout.splitlines()
+    assert tensorized == "True"
+    loaded = [f"tvm.s_tir.tensor_intrin.{name}" for name in ("arm_cpu", "dot_product_common", "x86")]
+    assert modules == str(loaded)

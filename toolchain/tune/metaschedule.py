@@ -13,8 +13,11 @@ only an accepted record is ever built by `--tuned` (else the build keeps the han
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import logging
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,6 +113,7 @@ class MetaScheduleTuner:
         timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
         db.drop_partial_lines(directory)
+        cpu_intrinsics_only()
         variants = compute_variants(bound, target)
         mods = [v.mod for v in variants]
         before = db.TaskRecords.load(directory, *mods)
@@ -155,6 +159,30 @@ class MetaScheduleTuner:
                 f" {target.name} strategy does not build {bound.op.name} as (stale: it changed since)"
             )
         return db.tuned_module(directory, entry, variant.mod)
+
+
+INTRINSICS = "tvm.s_tir.tensor_intrin"
+"""The package of TVM's tensor intrinsics, which `TuneContext` imports when it is made."""
+CPU_INTRINSICS = ("x86", "arm_cpu")
+"""Its modules whose intrinsics MetaSchedule's CPU rules look up by name (VNNI, AVX-512, dot)."""
+
+
+def cpu_intrinsics_only() -> None:
+    """Import TVM's tensor intrinsics package without running its `__init__`, then its CPU
+    modules. The `__init__` parses some 250 CUDA, ROCm and Hexagon intrinsics through TVMScript,
+    15-20 s before the first trial of every `deploy tune` on a 2-core host, and no target of ours
+    tensorizes with them: the spaces drawn for x86 (AVX2, AVX-512, VNNI), Arm and OpenCL are
+    the same without them. Nothing is done once the package is imported."""
+    if INTRINSICS not in sys.modules:
+        spec = importlib.util.find_spec(INTRINSICS)
+        if spec is None:
+            raise ModuleNotFoundError(INTRINSICS)
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[INTRINSICS] = package
+        parent, _, name = INTRINSICS.rpartition(".")
+        setattr(sys.modules[parent], name, package)
+    for module in CPU_INTRINSICS:
+        importlib.import_module(f"{INTRINSICS}.{module}")
 
 
 def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any | None, list[Any]]:
