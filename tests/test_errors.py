@@ -87,6 +87,36 @@ def test_build_replaces_an_earlier_artifact_and_refuses_the_current_directory(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_build_removes_what_killed_builds_left_and_nothing_else(tmp_path):
+    """A SIGKILLed export leaves what it set aside beside its artifact: the artifact it was
+    writing, and, killed between the two renames of the swap, the earlier artifact with its place
+    empty. The next export into that directory removes the first and puts the second back.
+    Look-alikes without deploy's mark (a user's, or a link to one) stay."""
+    from toolchain.build.export import _set_aside
+    from toolchain.build.manifest import PARTIAL
+
+    out = tmp_path / "out"
+    assert invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out)).exit_code == 0
+    killed_writing = _set_aside(tmp_path, ".other.")
+    (killed_writing / "module.so").write_bytes(b"half a mod")
+    killed_swapping = _set_aside(tmp_path, ".out.old.")
+    out.rename(killed_swapping / "previous")
+    users = tmp_path / ".out.0123abcd"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep me")
+    marked = users / "marked"  # marked, but reached through a link
+    marked.mkdir()
+    (marked / PARTIAL).write_text("")
+    (tmp_path / ".out.old.4567cdef").symlink_to(marked)
+    built = invoke(*BUILD, "--op", "add", "--shape", "3", "--shape", "3", "-o", str(tmp_path / "other"))
+    assert built.exit_code == 0, built.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".out.0123abcd", ".out.old.4567cdef", "other", "out"]
+    assert json.loads((out / "manifest.json").read_text())["inputs"][0]["shape"] == [4]
+    assert (users / "notes.txt").read_text() == "keep me" and (marked / PARTIAL).exists()
+    assert not (out / PARTIAL).exists() and not (tmp_path / "other" / PARTIAL).exists()
+
+
 def test_console_script_prints_no_traceback():
     proc = run_deploy("build", "--op", "add", "--target", "x86", "--shape", "3x4", "--shape", "5")
     assert proc.returncode == 2

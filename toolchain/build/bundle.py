@@ -21,7 +21,7 @@ from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runt
 from devices.platforms import get_platform
 from ops.registry import IDENTIFIER
 from ops.spec import BoundOp, TensorType, require_static
-from toolchain.build.manifest import MANIFEST
+from toolchain.build.manifest import MANIFEST, PARTIAL
 from toolchain.build.targets import Target, all_targets
 
 RUNNER = "deploy-run"
@@ -206,7 +206,7 @@ def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) ->
     files = sorted(
         path.relative_to(staging).as_posix()
         for path in staging.rglob("*")
-        if path.is_file() and path.name not in (SUMS, MANIFEST)
+        if path.is_file() and path.name not in (SUMS, MANIFEST, PARTIAL)
     )
     sums = write_sums(staging, files)
     return {"header": f"{op}.h", "library": library, "runner": RUNNER, "sha256sums": sha256_file(sums)}

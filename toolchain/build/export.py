@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -12,7 +12,7 @@ from base.errors import UsageError, reason
 from base.files import check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
-from toolchain.build.manifest import MANIFEST, Manifest, artifact_lock
+from toolchain.build.manifest import MANIFEST, PARTIAL, Manifest, artifact_lock
 from toolchain.build.targets import get_target
 
 
@@ -40,6 +40,7 @@ def export(
     whatever it became: the cache's directory is deploy's own, where `-o` is checked (`_place`)."""
     directory = _place(Path(directory)) if cache_key is None else Path(directory)
     with artifact_lock(directory):
+        _remove_abandoned(directory.parent)
         if cache_key is None:
             _check_replaceable(directory)
         else:
@@ -47,9 +48,10 @@ def export(
             if kept is not None:
                 return kept
             remove_entry(directory)
-        staging = fresh_directory(directory.parent, f".{directory.name}.")
+        staging = _set_aside(directory.parent, f".{directory.name}.")
         try:
             manifest = _write_artifact(compiled, staging, bundle, cache_key)
+            (staging / PARTIAL).unlink()
             _replace_dir(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -79,6 +81,35 @@ def _write_artifact(
     )
     manifest.write(staging)
     return manifest
+
+
+ABANDONED = re.compile(r"\.(?P<name>.+?)\.(?P<old>old\.)?[0-9a-f]{8}")
+"""The names of the directories an export sets aside beside the artifact directory NAME:
+`.NAME.XXXXXXXX` (the artifact being written) and `.NAME.old.XXXXXXXX` (the earlier one)."""
+
+
+def _set_aside(parent: Path, prefix: str) -> Path:
+    """A fresh directory in `parent` named `prefix` and 8 hex digits, marked as being written."""
+    directory = fresh_directory(parent, prefix)
+    (directory / PARTIAL).touch()
+    return directory
+
+
+def _remove_abandoned(parent: Path) -> None:
+    """Remove what exports killed mid-way left in `parent`: the directories they set aside
+    (`ABANDONED` names holding `PARTIAL`), an earlier artifact put back first where the kill
+    fell between the two renames of the swap and left its place empty. Called under the
+    parent's exclusive lock (`artifact_lock`), which every export into `parent` holds while
+    it writes: none is being written."""
+    for entry in parent.iterdir():
+        found = ABANDONED.fullmatch(entry.name)
+        marker = entry / PARTIAL
+        if not found or entry.is_symlink() or marker.is_symlink() or not marker.is_file():
+            continue
+        previous, place = entry / "previous", parent / found["name"]
+        if found["old"] and previous.is_dir() and not previous.is_symlink() and not os.path.lexists(place):
+            os.replace(previous, place)
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 MAX_NAME = 255 - len("..old.") - 8
@@ -170,7 +201,7 @@ def _replace_dir(staging: Path, directory: Path) -> None:
     if not directory.exists():
         os.replace(staging, directory)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+    old = _set_aside(directory.parent, f".{directory.name}.old.")
     try:
         os.replace(directory, old / "previous")
         try:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+PARTIAL = ".deploy-partial"
+"""The file inside the directories an export sets aside (the artifact it writes, the one it
+replaces) until it is done with them: one that a killed export (SIGKILL, a power cut) left
+behind is known by it as deploy's own."""
 
 
 @contextmanager
