@@ -1,5 +1,6 @@
 """Where deploy keeps its files: builds and provisioned runtimes in the cache root, boards and
-host keys in the config directory. Environment variables move each, for tests and CI."""
+host keys in the config directory, the emulator's server state in its own directory (in the
+cache root unless moved). Environment variables move each, for tests and CI."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def _config_place() -> tuple[Path, str]:
     return _place(None, "XDG_CONFIG_HOME", ".config")
 
 
+def _emulator_place() -> tuple[Path, str]:
+    if os.environ.get("DEPLOY_EMULATOR_DIR"):
+        return Path(os.environ["DEPLOY_EMULATOR_DIR"]), "$DEPLOY_EMULATOR_DIR"
+    root, source = _cache_place()
+    return root / "emulator", source
+
+
 def cache_root() -> Path:
     """`$DEPLOY_CACHE_DIR`, else `$XDG_CACHE_HOME/deploy`, else `~/.cache/deploy`."""
     return _cache_place()[0]
@@ -37,13 +45,18 @@ def config_dir() -> Path:
     return _config_place()[0]
 
 
+def emulator_dir() -> Path:
+    """`$DEPLOY_EMULATOR_DIR`, else `emulator/` in the cache root: the emulator's state file."""
+    return _emulator_place()[0]
+
+
 def check_places() -> None:
-    """The cache root and the config directory, each a directory or nothing yet (deploy creates
-    it): a file or a dangling symlink there, or in a directory above, is named with the variable
-    that put it there, before any work (mkdir would fail with NotADirectoryError mid-build).
-    What cannot be looked at (no home directory, no permission) is left to the command that
-    needs the directory."""
-    for place in (_cache_place, _config_place):
+    """The cache root, the config directory and the emulator's directory, each a directory or
+    nothing yet (deploy creates it): a file or a dangling symlink there, or in a directory above,
+    is named with the variable that put it there, before any work (mkdir would fail with
+    NotADirectoryError mid-build). What cannot be looked at (no home directory, no permission)
+    is left to the command that needs the directory."""
+    for place in (_cache_place, _config_place, _emulator_place):
         try:
             directory, source = place()
             for step in (directory, *directory.parents):

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from base.errors import DeployError
-from base.paths import cache_root
+from base.paths import emulator_dir
 from base.threads import THREADS_ENV, runtime_threads
 from devices.native import SERVER, native_runtime
 from devices.platforms import Platform, get_platform
@@ -31,12 +31,6 @@ from devices.server_process import Server, ServerState, accepts, free_port, new_
 
 START_TIMEOUT_S = 30.0
 READY = "bind to"
-
-
-def emulator_dir() -> Path:
-    """`$DEPLOY_EMULATOR_DIR`, else `emulator/` in the cache root."""
-    override = os.environ.get("DEPLOY_EMULATOR_DIR")
-    return Path(override) if override else cache_root() / "emulator"
 
 
 class Emulator:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from base.errors import UsageError
 from base.files import load_json, write_json_atomically
 from base.locks import guarding
 
@@ -143,6 +144,13 @@ class ServerState:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def _check(self) -> None:
+        """Refuse a state file that is no file (a directory, a FIFO), before a server is started
+        that could not be remembered, or one is stopped whose file could not be forgotten. (A
+        symlink is deploy's to replace, as any state file.)"""
+        if not self.path.is_symlink() and self.path.exists() and not self.path.is_file():
+            raise UsageError(f"{self.path} is not a file: expected deploy's server state there")
+
     def running(self) -> Server | None:
         """The remembered server if it is still ours and runs. A file that does not describe a
         live server of ours (unreadable, an older format, a dead or reused pid) is no server."""
@@ -155,6 +163,7 @@ class ServerState:
     def start_once(self, start: Callable[[], Server]) -> Server:
         """The running server, else the one `start()` starts, remembered (one of either, however
         many commands ask at once)."""
+        self._check()
         with guarding(self.path):
             existing = self.running()
             if existing is not None:
@@ -169,6 +178,7 @@ class ServerState:
 
     def stop(self) -> Server | None:
         """Stop the remembered server if it is ours and runs; forget the file either way."""
+        self._check()
         with guarding(self.path):
             server = self.running()
             if server is not None:

@@ -149,6 +149,7 @@ def test_tvm_num_threads_is_checked_before_any_work(value):
         ("DEPLOY_CACHE_DIR", "file", "is not a directory: expected one"),
         ("DEPLOY_CACHE_DIR", "dangling", "is a dangling symlink: expected a directory"),
         ("XDG_CONFIG_HOME", "file", "is not a directory: expected one"),
+        ("DEPLOY_EMULATOR_DIR", "file", "is not a directory: expected one"),
     ],
 )
 def test_a_cache_or_config_place_that_is_no_directory_is_named(variable, make, said, tmp_path):

@@ -58,6 +58,27 @@ def test_stale_state_naming_a_live_pid_is_no_server(
     assert bystander.poll() is None, f"`deploy {' '.join(command)}` signalled a process it did not start"
 
 
+@pytest.mark.parametrize(
+    "command, state_file",
+    [
+        (["device", "emulator", "start"], "emulator/server.json"),
+        (["device", "emulator", "stop"], "emulator/server.json"),
+        (["tracker", "start"], "tracker.json"),
+        (["tracker", "stop"], "tracker.json"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_a_state_file_that_is_a_directory_is_named(tmp_path: Path, command: list[str], state_file: str):
+    """`start` started a server it then could not remember (and stopped), `stop` could not forget
+    the file: both were a generic IsADirectoryError line."""
+    cache = tmp_path / "cache"
+    (cache / state_file / "mine").mkdir(parents=True)
+    result = run_deploy(*command, env={"DEPLOY_CACHE_DIR": str(cache)})
+    said = f"error: {cache / state_file} is not a file: expected deploy's server state there"
+    assert (result.returncode, result.stderr.strip()) == (2, said)
+    assert (cache / state_file / "mine").is_dir() and not list((cache / state_file).parent.glob("*.log"))
+
+
 def test_concurrent_device_adds_keep_every_board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Twelve `device add` at the same moment (released together by a barrier): all twelve stay."""
     boards = [(Board(f"b{i}", f"10.0.0.{i}", "pi"),) for i in range(12)]
