@@ -117,6 +117,20 @@ def test_a_build_removes_what_killed_builds_left_and_nothing_else(tmp_path):
     assert not (out / PARTIAL).exists() and not (tmp_path / "other" / PARTIAL).exists()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}],
+    ids=["ascii", "C locale"],
+)
+def test_a_stream_that_cannot_encode_a_character_prints_a_question_mark(env):
+    """The `\u2026` in `deploy targets` was `error: UnicodeEncodeError: 'ascii' codec can't encode
+    character '\\u2026'` on an ASCII stream (click's own lines pick UTF-8 there; rich's tables
+    write to the stream as it is)."""
+    listed = run_deploy("targets", env=env)
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    assert "?" in listed.stdout and "\u2026" not in listed.stdout
+
+
 def test_console_script_prints_no_traceback():
     proc = run_deploy("build", "--op", "add", "--target", "x86", "--shape", "3x4", "--shape", "5")
     assert proc.returncode == 2

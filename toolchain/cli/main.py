@@ -8,6 +8,8 @@ The commands live one module per job beside this one; this module only assembles
 
 from __future__ import annotations
 
+import io
+import sys
 import traceback
 from typing import Any, NoReturn
 
@@ -37,6 +39,15 @@ def _one_line_usage(exc: click.UsageError) -> NoReturn:
 
 class DeployGroup(click.Group):
     """Turns DeployError into `error: ...` and exit codes; other exceptions into one line too."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Print what an ASCII or Latin-1 stream (`PYTHONIOENCODING=ascii`, the C locale without
+        UTF-8) cannot encode as `?`: a `…` in a rich table ended `deploy targets` with a
+        UnicodeEncodeError line (click's own lines pick UTF-8 on such a stream)."""
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(errors="replace")
+        return super().main(*args, **kwargs)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
