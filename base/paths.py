@@ -10,12 +10,21 @@ from pathlib import Path
 from base.errors import UsageError
 
 
+def _own(variable: str) -> Path | None:
+    """The directory deploy's own `$variable` names, `~` expanded (a quoted `"~/c"`, a Dockerfile's
+    ENV: no shell expanded it) and made absolute (servers deploy starts run elsewhere); None
+    when unset or empty."""
+    value = os.environ.get(variable)
+    return Path(os.path.expanduser(value)).absolute() if value else None
+
+
 def _place(own: str | None, xdg: str, under_home: str) -> tuple[Path, str]:
-    """`$own` as it is, else `$xdg/deploy`, else `~/under_home/deploy`; and the variable that
-    decided, as messages name it."""
-    if own and os.environ.get(own):
-        return Path(os.environ[own]), f"${own}"
-    if os.environ.get(xdg):
+    """`$own`, else `$xdg/deploy`, else `~/under_home/deploy`; and the variable that decided, as
+    messages name it. A relative `$xdg` is ignored, as the XDG Base Directory spec says."""
+    mine = _own(own) if own else None
+    if mine is not None:
+        return mine, f"${own}"
+    if os.path.isabs(os.environ.get(xdg, "")):
         return Path(os.environ[xdg]) / "deploy", f"${xdg}"
     return Path.home() / under_home / "deploy", "$HOME"
 
@@ -29,8 +38,9 @@ def _config_place() -> tuple[Path, str]:
 
 
 def _emulator_place() -> tuple[Path, str]:
-    if os.environ.get("DEPLOY_EMULATOR_DIR"):
-        return Path(os.environ["DEPLOY_EMULATOR_DIR"]), "$DEPLOY_EMULATOR_DIR"
+    mine = _own("DEPLOY_EMULATOR_DIR")
+    if mine is not None:
+        return mine, "$DEPLOY_EMULATOR_DIR"
     root, source = _cache_place()
     return root / "emulator", source
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from base.threads import host_cpus
-from tests.conftest import invoke, run_deploy
+from tests.conftest import DEPLOY, invoke, run_deploy
 
 BUILD = ["build", "--target", "x86"]
 
@@ -177,6 +179,27 @@ def test_a_cache_or_config_place_that_is_no_directory_is_named(variable, make, s
     done = run_deploy("targets", env={variable: str(place)})
     assert (done.returncode, done.stderr.strip()) == (2, f"error: {place} (from ${variable}) {said}")
     assert place.is_symlink() or place.read_text() == "mine"
+
+
+def test_a_tilde_in_deploys_variables_is_home_and_a_relative_xdg_place_is_ignored(tmp_path):
+    """`DEPLOY_CACHE_DIR="~/c"` (quoted, or a Dockerfile's ENV: no shell expanded it) made a
+    directory named `~` in the current one; a relative `XDG_CONFIG_HOME` put the boards under
+    the current directory, which the XDG Base Directory spec says to ignore."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "HOME": str(home), "DEPLOY_CACHE_DIR": "~/c", "XDG_CONFIG_HOME": "rel"}
+    status = subprocess.run(
+        [DEPLOY, "device", "emulator", "status"], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert f"({home / 'c' / 'emulator'})" in status.stdout, status.stdout + status.stderr
+    added = subprocess.run(
+        [DEPLOY, "device", "add", "b1", "--host", "10.0.0.1", "--user", "pi"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+    )
+    assert added.returncode == 0, added.stderr
+    assert (home / ".config" / "deploy" / "devices.json").is_file() and list(work.iterdir()) == []
 
 
 @pytest.mark.parametrize(
