@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from base.errors import DeployError, reason
+
 
 @contextmanager
 def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Iterator[Path]:
@@ -25,10 +27,15 @@ def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Ite
     rename when the block ends, and is removed if the block fails. With `through_links` (a
     user's config, which may be a link into their dotfiles), a symlink's file is replaced and
     the link stays; otherwise the link itself is (deploy's own state is never written through)."""
+    given = path
     if through_links:
         path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    shown = f"{path} (where the link {given} points)" if given.is_symlink() else str(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    except OSError as exc:  # a read-only store a dotfiles link points into, say
+        raise DeployError(f"cannot write {shown}: {exc.strerror or reason(exc)}") from None
     temporary = Path(name)
     try:
         os.fchmod(fd, mode)

@@ -113,6 +113,22 @@ def test_a_devices_json_that_links_into_dotfiles_stays_a_link(tmp_path: Path):
     assert list(json.loads(dotfiles.read_text())) == ["b2"]
 
 
+def test_a_devices_json_linked_where_nothing_can_be_written_is_named(tmp_path: Path):
+    """A link into a store deploy cannot write in (read-only, or here a path through a file) was
+    a generic OSError line naming a temporary file."""
+    store = tmp_path / "store"
+    store.write_text("a file, where the link expects a directory")
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "devices.json").symlink_to(store / "devices.json")
+    done = run_deploy(
+        "device", "add", "b1", "--host", "10.0.0.1", "--user", "pi", env={"XDG_CONFIG_HOME": str(tmp_path)}
+    )
+    link = tmp_path / "deploy" / "devices.json"
+    said = f"error: cannot write {store / 'devices.json'} (where the link {link} points)"
+    assert (done.returncode, done.stderr.strip().rpartition(":")[0]) == (1, said), done.stderr
+    assert link.is_symlink()
+
+
 def test_a_relative_key_is_stored_as_an_absolute_path(tmp_path: Path):
     """`--key keys/id` was stored as given: a command run from another directory found no key."""
     (tmp_path / "keys").mkdir()
