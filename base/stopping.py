@@ -49,17 +49,30 @@ def handled(handler: Any, signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[N
             signal.signal(sig, signal.SIG_DFL if before is None else before)
 
 
+_received: list[int] = []
+"""The signals that stopped the command under way (`stopping_like_ctrl_c`)."""
+
+
+def stopped_by() -> KeyboardInterrupt | None:
+    """What the signal that stopped the command under way raised, if one did. An exception raised
+    in a Python callback that TVM calls (a TIR pass of ours, its own Relax pipeline) comes back
+    from TVM's FFI as a RuntimeError: a Ctrl-C mid-compile would end as an error line, exit 1."""
+    return interrupt_for(_received[0]) if _received else None
+
+
 @contextmanager
 def stopping_like_ctrl_c() -> Iterator[None]:
-    """Raise Stopped on SIGTERM/SIGHUP inside the block. Further ones are ignored while the
-    command cleans up (which may take seconds: stopping a server, closing an SSH link); SIGKILL
-    still ends it at once."""
+    """Raise Stopped on SIGTERM/SIGHUP inside the block, and KeyboardInterrupt on Ctrl-C, noting
+    which (`stopped_by`). Further SIGTERM/SIGHUP are ignored while the command cleans up (which
+    may take seconds: stopping a server, closing an SSH link); SIGKILL still ends it at once."""
+    _received.clear()
 
     def stop(signum: int, frame: Any) -> None:
+        _received.append(signum)
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) == stop:
                 signal.signal(sig, signal.SIG_IGN)
-        raise Stopped(signum)
+        raise interrupt_for(signum)
 
-    with handled(stop):
+    with handled(stop, (signal.SIGINT, *STOP_SIGNALS)):
         yield

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +133,32 @@ def test_a_stream_that_cannot_encode_a_character_prints_a_question_mark(env):
     listed = run_deploy("targets", env=env)
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     assert "?" in listed.stdout and "\u2026" not in listed.stdout
+
+
+STOPPED_MID_PASS = """
+import os, signal, sys
+import toolchain.build.shared_object as shared_object
+from toolchain.cli.main import main
+
+rewrite = shared_object._stride2_to_shuffle
+
+def stopped_here(load, analyzer):  # TVM calls it from a TIR pass of ours: the signal comes in there
+    os.kill(os.getpid(), int(sys.argv[1]))
+    return rewrite(load, analyzer)
+
+shared_object._stride2_to_shuffle = stopped_here
+main(["build", "--op", "max_pool2d", "-a", "kernel=2", "--shape", "1x1x8x8", "--target", "x86"])
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_inside_a_tvm_pass_stops_the_command_as_that_signal(sig, tmp_path):
+    """TVM's FFI hands an exception raised in a Python callback it calls back as a RuntimeError:
+    Ctrl-C or SIGTERM mid-compile ended as `error: RuntimeError: SIGTERM`, exit 1."""
+    run = [sys.executable, "-c", STOPPED_MID_PASS, str(int(sig))]
+    done = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True)
+    assert (done.returncode, done.stderr.strip()) == (128 + sig, f"error: stopped by {sig.name}")
+    assert list(tmp_path.iterdir()) == [], "nothing is written"
 
 
 def test_console_script_prints_no_traceback():

@@ -17,7 +17,7 @@ import click
 
 from base.errors import DeployError, first_line, reason
 from base.paths import check_places
-from base.stopping import Stopped, exit_code, stopping_like_ctrl_c
+from base.stopping import Stopped, exit_code, stopped_by, stopping_like_ctrl_c
 from base.threads import check_thread_env
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
@@ -35,6 +35,13 @@ def _one_line_usage(exc: click.UsageError) -> NoReturn:
     command = exc.ctx.command_path if exc.ctx else "deploy"
     click.echo(f"error: {first_line(exc.format_message())} (see `{command} --help`)", err=True)
     raise click.exceptions.Exit(exc.exit_code)
+
+
+def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> NoReturn:
+    """End the command a signal stopped: one line, exit 128 + the signal's number."""
+    signal_name = str(interrupt) if isinstance(interrupt, Stopped) else "SIGINT"
+    click.echo(f"error: stopped by {signal_name}", err=True)
+    ctx.exit(exit_code(interrupt))
 
 
 class DeployGroup(click.Group):
@@ -60,9 +67,7 @@ class DeployGroup(click.Group):
             with stopping_like_ctrl_c():
                 return super().invoke(ctx)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM/SIGHUP as a Stopped
-            signal_name = str(interrupt) if isinstance(interrupt, Stopped) else "SIGINT"
-            click.echo(f"error: stopped by {signal_name}", err=True)
-            ctx.exit(exit_code(interrupt))
+            _stopped(ctx, interrupt)
         except click.UsageError as exc:
             _one_line_usage(exc)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
@@ -81,6 +86,9 @@ class DeployGroup(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except Exception as exc:
+            stop = stopped_by()
+            if stop is not None:  # a stop TVM's FFI handed back as another exception
+                _stopped(ctx, stop)
             if ctx.params.get("debug"):
                 raise
             click.echo(
