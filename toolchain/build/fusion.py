@@ -74,12 +74,19 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
     return tvm.IRModule(builder.get().functions)
 
 
-MAX_COPIES = 64
+MAX_COPIES = 32
 """The most copies of one node's computation a fused kernel may hold. Inlining writes a node's
 expression into every read of its output, so a chain of ops that each read their input k times
-(leaky_relu: 3) holds k**(n-1) copies of its first node, and TVM's simplifier walks each: a chain of
-8 leaky_relu took over 100 s to compile, 10 did not finish in 10 minutes. A group past the
-limit is cut into kernels of their own (`_chunks`)."""
+holds k**(n-1) copies of its first node (leaky_relu reads it 3 times: 8 of them took over 100 s
+to compile; three max_pool2d of kernel 2, whose 4 taps are each read twice for the NaN test, hold
+64 copies and took 12.5 s). A group past the limit is cut into kernels of their own
+(`_chunks`)."""
+MAX_NESTING = 3
+"""The most reads of more than one copy a node's expression may be nested in, inlined: TVM's
+simplifier slows with the nesting faster than with the copies (on x86 with 2 cores, max_pool2d of
+kernel 1, read twice for its NaN test: five, nested 4 deep with 16 copies, compiled in 5 s; six,
+nested 5 deep with 32 copies, in 52 s; ten did not finish in 13 minutes). At 3, ten build in
+2.7 s and two hundred in 24 s; leaky_relu chains are cut by the copies first."""
 
 
 def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]]]:
@@ -129,26 +136,30 @@ def _chunks(
     graph: BoundGraph, group: list[int], reads: list[dict[str, int]], patterns: dict[int, int]
 ) -> list[list[int]]:
     """`group` (node indices in data-flow order) cut into runs each of which inlines no node more
-    than MAX_COPIES times: from the last node back, a node joins the run after it while its output
-    is read only inside that run (by any node of the graph) and the copies stay within the limit,
-    else a new run ends with it. A reduction is not inlined (`inline_into_last`): what it reads is
-    copied as often as it reads it, however often the reduction's own output is read. The count
-    is of each op's own computation; a family's variant may read its input as often or less."""
+    than MAX_COPIES times nor nested deeper than MAX_NESTING: from the last node back, a node joins
+    the run after it while its output is read only inside that run (by any node of the graph) and
+    both stay within their limits, else a new run ends with it. A reduction is not inlined
+    (`inline_into_last`): what it reads is copied as often as it reads it, however often the
+    reduction's own output is read, and nested no deeper. The count is of each op's own
+    computation; a family's variant may read its input as often or less."""
     runs: list[list[int]] = []
     copies: dict[int, int] = {}
+    nesting: dict[int, int] = {}
     for index in reversed(group):
         output = graph.nodes[index].node.output
         run = runs[-1] if runs else []
         readers = [i for i, n in enumerate(graph.nodes) if output in n.node.inputs]
-        weight = {i: 1 if patterns.get(i, OPAQUE) >= REDUCTION else copies.get(i, 0) for i in readers}
-        count = sum(reads[i][output] * weight[i] for i in readers if i in run)
+        kept = {i for i in readers if patterns.get(i, OPAQUE) >= REDUCTION}
+        inlined = [i for i in readers if i in run]
+        count = sum(reads[i][output] * (1 if i in kept else copies[i]) for i in inlined)
+        nested = max(((0 if i in kept else nesting[i]) + (reads[i][output] > 1) for i in inlined), default=0)
         inside = output != graph.graph.output and bool(readers) and all(i in run for i in readers)
-        if inside and count <= MAX_COPIES:
+        if inside and count <= MAX_COPIES and nested <= MAX_NESTING:
             run.insert(0, index)
-            copies[index] = count
+            copies[index], nesting[index] = count, nested
         else:
             runs.append([index])
-            copies[index] = 1
+            copies[index], nesting[index] = 1, 0
     return [run for run in reversed(runs)]
 
 
