@@ -60,6 +60,10 @@ wheel comes from the index or sits in the cache."""
 LIBRARIES = {"tvm": "libtvm_runtime.so", "tvm_ffi": "libtvm_ffi.so"}
 """The runtime library each wheel contributes (from its `<package>/lib/`)."""
 CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-fPIC")
+PINNED_RPATH = ("-Wl,--disable-new-dtags,-rpath,$ORIGIN/lib",)
+"""Link flags that load the runtime libraries from `lib/` beside the binary, the ones SHA256SUMS
+pins: an RPATH, which the loader searches before LD_LIBRARY_PATH (a RUNPATH, the default, comes
+after it: another TVM on a board's LD_LIBRARY_PATH would be loaded instead)."""
 
 
 def _package_dir(package: str) -> Path:
@@ -234,7 +238,7 @@ def compile_native(
 def _fingerprint(target: Platform, libraries: Path, sources: tuple[Path, ...]) -> str:
     """What the compiled output depends on: sources, flags, compiler and libraries (worked out
     once per process: every emulator start asks for the runtime)."""
-    digest = hashlib.sha256(" ".join((target.arch, target.gxx, *CXXFLAGS)).encode())
+    digest = hashlib.sha256(" ".join((target.arch, target.gxx, *CXXFLAGS, *PINNED_RPATH)).encode())
     version = subprocess.run([target.gxx, "--version"], capture_output=True, text=True).stdout
     digest.update(version.encode())
     for path in [*sources, *(libraries / name for name in sorted(LIBRARIES.values()))]:
@@ -252,7 +256,7 @@ def native_runtime(target: Platform) -> Path:
         return directory
     with _staged(directory, RUNTIME_FILES) as staging:
         shutil.copytree(libraries, staging / "lib", ignore=shutil.ignore_patterns(SUMS))
-        compile_native(target, [SERVER_SOURCE], staging / SERVER, libraries, ("-Wl,-rpath,$ORIGIN/lib",))
+        compile_native(target, [SERVER_SOURCE], staging / SERVER, libraries, PINNED_RPATH)
     return directory
 
 

@@ -335,6 +335,8 @@ int main(void) {
   report("good", deploy_add(&t[0], &t[1], &t[2]));
   bad = t[0]; bad.shape = wrong; report("shape", deploy_add(&bad, &t[1], &t[2]));
   bad = t[0]; bad.ndim = 2; report("rank", deploy_add(&bad, &t[1], &t[2]));
+  bad = t[0]; bad.ndim = 2147483647; report("huge-rank", deploy_add(&bad, &t[1], &t[2]));
+  bad = t[0]; bad.shape = NULL; report("no-shape", deploy_add(&bad, &t[1], &t[2]));
   bad = t[1]; bad.dtype.bits = 64; report("dtype", deploy_add(&t[0], &bad, &t[2]));
   bad = t[2]; bad.device.device_type = kDLCUDA; report("device", deploy_add(&t[0], &t[1], &bad));
   bad = t[0]; bad.data = data[0] + 1; report("aligned", deploy_add(&bad, &t[1], &t[2]));
@@ -342,6 +344,7 @@ int main(void) {
   bad = t[0]; bad.data = NULL; report("data", deploy_add(&bad, &t[1], &t[2]));
   report("null", deploy_add(NULL, &t[1], &t[2]));
   report("count", deploy_add_run(args, 2));
+  report("no-args", deploy_add_run(NULL, 3));
   bad = t[0]; bad.strides = strides; bad.data = data[0] - 16; bad.byte_offset = 64;
   report("offset", deploy_add(&bad, &t[1], &t[2]));
   printf("out %g %g\\n", data[2][0], data[2][3]);
@@ -361,7 +364,9 @@ def test_shim_checks_every_tensor(example: Path, tmp_path: Path) -> None:
     expected = {
         "good": "0 ",
         "shape": "-1 deploy_add: a has shape [5], expected [4]",
-        "rank": "-1 deploy_add: a has shape [4, ",
+        "rank": "-1 deploy_add: a has 2 dims, expected [4]",  # read past its shape array before
+        "huge-rank": "-1 deploy_add: a has 2147483647 dims, expected [4]",  # a segfault before
+        "no-shape": "-1 deploy_add: a.shape is NULL, expected [4]",
         "dtype": "-1 deploy_add: b is float64, expected float32",
         "device": "-1 deploy_add: out is on device type 2: this bundle runs on the CPU (kDLCPU)",
         "aligned": "-1 deploy_add: a.data + byte_offset is not 64-byte aligned",
@@ -369,6 +374,7 @@ def test_shim_checks_every_tensor(example: Path, tmp_path: Path) -> None:
         "data": "-1 deploy_add: a.data is NULL",
         "null": "-1 deploy_add: a is NULL",
         "count": "-1 deploy_add: expected 2 inputs and the output (3 tensors), got 2",
+        "no-args": "-1 deploy_add: args is NULL: expected an array of the inputs and the output",
         "offset": "0 ",
         "out": "1 1",
         "run": "0 ",
@@ -434,6 +440,8 @@ def test_tampered_module_is_refused(copy_of: Path, tmp_path: Path) -> None:
         ("missing", "cannot read"),
         ("no-sums", "SHA256SUMS: not a bundle directory"),
         ("unlisted", "SHA256SUMS does not list libadd.so"),
+        ("fifo", "add.h as a file"),  # the reader blocked on it forever
+        ("endless", "add.h as a file"),  # a link to /dev/zero: hashed forever
     ],
 )
 def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, message: str) -> None:
@@ -449,6 +457,12 @@ def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, 
         sums.write_text(
             "".join(line + "\n" for line in sums.read_text().splitlines() if "libadd.so" not in line)
         )
+    elif victim == "fifo":
+        (copy_of / "add.h").unlink()
+        os.mkfifo(copy_of / "add.h")
+    elif victim == "endless":
+        (copy_of / "add.h").unlink()
+        (copy_of / "add.h").symlink_to("/dev/zero")
     else:
         tamper(copy_of / victim)
     proc = deploy_run(copy_of, [tmp_path / "a.npy", tmp_path / "b.npy"], tmp_path / "out.npy")
@@ -484,6 +498,19 @@ def bad_npy(kind: str, path: Path) -> None:
     elif kind == "trailing":
         np.save(path, good)
         path.write_bytes(path.read_bytes() + b"\0\0\0\0")
+    elif kind in HEADERS:  # numpy reads these as another array than a first-match reader would
+        header = HEADERS[kind].encode()
+        header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"
+        path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + good.tobytes())
+
+
+HEADERS = {
+    "repeated-order": "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'fortran_order': True, }",
+    "repeated-descr": "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'descr': '<i4', }",
+    "extra-key": "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 'descr', }",
+    "nul-padded": "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }\0\0",
+    "shape-garbage": "{'descr': '<f4', 'fortran_order': False, 'shape': (4)(5), }",
+}
 
 
 @pytest.mark.emulator
@@ -501,6 +528,11 @@ def bad_npy(kind: str, path: Path) -> None:
         ("wrong-dtype", "is float64 [4], expected float32 [4]"),
         ("structured", "has a structured dtype"),
         ("trailing", "has bytes after its data"),
+        ("repeated-order", "malformed .npy header ('fortran_order' given twice)"),
+        ("repeated-descr", "malformed .npy header ('descr' given twice)"),
+        ("extra-key", "malformed .npy header (unexpected key 'x')"),
+        ("nul-padded", "malformed .npy header (bytes after the dict)"),
+        ("shape-garbage", "malformed .npy shape (4)(5)"),
     ],
 )
 def test_bad_npy_is_refused(copy_of: Path, tmp_path: Path, kind: str, message: str) -> None:
@@ -553,9 +585,32 @@ def test_deploy_run_writes_its_output_as_deploy_run_o_does(tmp_path: Path) -> No
     written = (tmp_path / "log").read_bytes()
     assert written.startswith(b"kept\n")
     np.testing.assert_array_equal(np.load(io.BytesIO(written[5:])), expected)
+    # a link to nothing yet: its file is made and the link stays; into no directory, or to
+    # /proc/self/fd/1 with stdout closed, it is refused (the link itself was replaced by a file)
+    (tmp_path / "new.npy").symlink_to("made.npy")
+    (tmp_path / "lost.npy").symlink_to(tmp_path / "nowhere" / "x.npy")
+    (tmp_path / "closed.npy").symlink_to("/proc/self/fd/1")
+    assert subprocess.run([*command, str(tmp_path / "new.npy")], timeout=60).returncode == 0
+    assert (tmp_path / "new.npy").is_symlink()
+    np.testing.assert_array_equal(np.load(tmp_path / "made.npy"), expected)
+    lost = subprocess.run([*command, str(tmp_path / "lost.npy")], capture_output=True, text=True, timeout=60)
+    one_line_error(lost, 2, "lost.npy: it links to", "no file can be written")
+    closed = subprocess.run([*command, str(tmp_path / "closed.npy")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, timeout=60,
+                            preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert closed.returncode == 2 and (tmp_path / "closed.npy").is_symlink(), closed.stderr
+    assert (tmp_path / "lost.npy").is_symlink() and not (tmp_path / "nowhere").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["a.npy", "b.npy", "bundle", "now.npy", "fifo", "named.txt", "link.npy", "kept.npy", "log"]
-    ), "no temporary file left"
+        ["a.npy", "b.npy", "bundle", "now.npy", "fifo", "named.txt", "link.npy", "kept.npy", "log", "new.npy",
+         "made.npy", "lost.npy", "closed.npy"]
+    ), "no temporary file left"  # fmt: skip
+    # a runtime library on LD_LIBRARY_PATH does not take the place of the bundle's pinned one
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "libtvm_runtime.so").write_bytes(b"x")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "fake")}
+    pinned = subprocess.run([*command, str(tmp_path / "pinned.npy")], capture_output=True, text=True, env=env,
+                            timeout=60)  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr
 
 
 @pytest.mark.emulator

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -77,6 +78,20 @@ def test_build_replaces_only_an_artifact_directory(tmp_path, prepare, message):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert (out / "photos").is_dir() or prepare is not _artifact_plus_an_empty_directory
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left behind
+
+
+def test_a_bundle_whose_sha256sums_lists_a_users_file_is_not_replaced(tmp_path):
+    """A rebuild removed every file a bundle's SHA256SUMS listed, a user's file added to it too:
+    the list is trusted only as the manifest pins it."""
+    out = tmp_path / "out"
+    build = [*BUILD, "--op", "add", "--shape", "4", "--shape", "4", "--bundle", "-o", str(out)]
+    assert invoke(*build).exit_code == 0
+    (out / "app.c").write_text("int main(void) { return 0; }\n")
+    with (out / "SHA256SUMS").open("a") as sums:
+        sums.write(f"{hashlib.sha256((out / 'app.c').read_bytes()).hexdigest()}  app.c\n")
+    result = invoke(*build)
+    assert result.exit_code == 2 and "its SHA256SUMS is not the one its build wrote" in result.stderr
+    assert (out / "app.c").read_text() == "int main(void) { return 0; }\n"
 
 
 def test_build_replaces_an_earlier_artifact_and_refuses_the_current_directory(tmp_path, monkeypatch):

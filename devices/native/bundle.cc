@@ -102,13 +102,15 @@ std::string CheckTensor(const DLTensor* given, const deploy::TensorSpec& spec, D
     return name + " is " + deploy::DtypeText(given->dtype) + ", expected " + deploy::DtypeText(spec.dtype);
   }
   int ndim = static_cast<int>(spec.shape.size());
-  bool same_shape = given->ndim == ndim && (ndim == 0 || given->shape != nullptr);
-  for (int i = 0; same_shape && i < ndim; ++i) same_shape = given->shape[i] == spec.shape[i];
-  if (!same_shape) {
-    std::string got = given->ndim >= 0 && (given->ndim == 0 || given->shape != nullptr)
-                          ? deploy::ShapeText(given->shape, given->ndim)
-                          : "ndim " + std::to_string(given->ndim);
-    return name + " has shape " + got + ", expected " + deploy::ShapeText(spec.shape.data(), ndim);
+  std::string expected_shape = ", expected " + deploy::ShapeText(spec.shape.data(), ndim);
+  if (given->ndim != ndim) {  // its shape is not read: ndim may be anything, past the array it has
+    return name + " has " + std::to_string(given->ndim) + " dims" + expected_shape;
+  }
+  if (ndim > 0 && given->shape == nullptr) return name + ".shape is NULL" + expected_shape;
+  for (int i = 0; i < ndim; ++i) {
+    if (given->shape[i] != spec.shape[i]) {
+      return name + " has shape " + deploy::ShapeText(given->shape, ndim) + expected_shape;
+    }
   }
   if (given->strides != nullptr) {
     int64_t expected = 1;
@@ -159,7 +161,8 @@ int DEPLOY_FUNCTION(DEPLOY_PARAMS) {
 }
 
 int DEPLOY_RUN(DLTensor* const* args, int num_args) {
-  if (args == nullptr || num_args != deploy::kNumTensors) {
+  if (args == nullptr) return Fail("args is NULL: expected an array of the inputs and the output");
+  if (num_args != deploy::kNumTensors) {
     return Fail("expected " + std::to_string(kNumInputs) + " inputs and the output (" +
                 std::to_string(deploy::kNumTensors) + " tensors), got " + std::to_string(num_args));
   }

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -93,7 +94,9 @@ void VerifyBundle(const std::string& dir) {
       Bad(dir + "/SHA256SUMS names " + path + ", outside the bundle");
     }
     std::string actual = deploy::Sha256File(dir + "/" + path);
-    if (actual.empty()) Bad("cannot read " + dir + "/" + path + ": the bundle is incomplete");
+    if (actual.empty()) {
+      Bad("cannot read " + dir + "/" + path + " as a file: the bundle is incomplete or modified");
+    }
     if (actual != digest) Bad(dir + "/" + path + " does not match SHA256SUMS: the bundle was modified");
     listed[path] = digest;
   }
@@ -125,24 +128,58 @@ struct Buffer {
   }
 };
 
-// The value of `key` in a .npy header dict ("{'descr': '<f4', 'fortran_order': False, ...}"): the
-// text after "'key':" up to the next top-level comma (a shape tuple counts as one value).
-std::string HeaderValue(const std::string& header, const std::string& key, const std::string& path) {
-  size_t at = header.find("'" + key + "':");
-  if (at == std::string::npos) Bad(path + ": malformed .npy header (no '" + key + "')");
-  at = header.find_first_not_of(' ', at + key.size() + 3);
-  size_t end = at == std::string::npos ? std::string::npos
-               : header[at] == '(' ? header.find(')', at) : header.find(',', at);
-  if (end == std::string::npos) Bad(path + ": malformed .npy header ('" + key + "')");
-  return header.substr(at, end - at + (header[at] == '(' ? 1 : 0));
+// The fields of a .npy header dict ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+// padded with spaces to a newline), each value as written: numpy's three keys, each once, and
+// nothing else. numpy refuses other keys and takes the last of a repeated one: a reader taking
+// the first would read another array than numpy does from the same file.
+std::map<std::string, std::string> HeaderFields(const std::string& header, const std::string& path) {
+  auto malformed = [&](const std::string& why) { Bad(path + ": malformed .npy header (" + why + ")"); };
+  auto skip = [&](size_t at) { return std::min(header.find_first_not_of(' ', at), header.size()); };
+  std::map<std::string, std::string> fields;
+  size_t at = skip(0);
+  if (at == header.size() || header[at] != '{') malformed("no '{'");
+  for (at = skip(at + 1); at < header.size() && header[at] != '}'; at = skip(at)) {
+    if (header[at] != '\'') malformed("a key is not quoted");
+    size_t close = header.find('\'', at + 1);
+    if (close == std::string::npos) malformed("a key is not closed");
+    std::string key = header.substr(at + 1, close - at - 1);
+    if (key != "descr" && key != "fortran_order" && key != "shape") malformed("unexpected key '" + key + "'");
+    if (fields.count(key)) malformed("'" + key + "' given twice");
+    at = skip(close + 1);
+    if (at == header.size() || header[at] != ':') malformed("no ':' after '" + key + "'");
+    size_t start = skip(at + 1), end = start;
+    int depth = 0;  // a value runs to the comma or brace that closes it: (4, 4) and [('x', '<f4')] are one
+    for (bool quoted = false; end < header.size(); ++end) {
+      char c = header[end];
+      if (c == '\'') quoted = !quoted;
+      if (quoted) continue;
+      if (c == '(' || c == '[' || c == '{') ++depth;
+      if ((c == ')' || c == ']') && depth > 0) --depth;
+      if (depth == 0 && (c == ',' || c == '}')) break;
+    }
+    if (end == header.size()) malformed("'" + key + "' is not closed");
+    size_t last = header.find_last_not_of(' ', end - 1);
+    if (end == start || last < start) malformed("'" + key + "' has no value");
+    fields[key] = header.substr(start, last + 1 - start);
+    at = header[end] == ',' ? end + 1 : end;
+  }
+  if (at == header.size()) malformed("no '}'");
+  if (header.find_first_not_of(" \n", at + 1) != std::string::npos) malformed("bytes after the dict");
+  for (const char* key : {"descr", "fortran_order", "shape"}) {
+    if (!fields.count(key)) malformed(std::string("no '") + key + "'");
+  }
+  return fields;
 }
 
 std::vector<int64_t> ParseShape(const std::string& text, const std::string& path) {
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')') {
+    Bad(path + ": malformed .npy shape " + text);
+  }
   std::vector<int64_t> shape;
   const char* cursor = text.c_str() + 1;  // after '('
-  for (;;) {
-    while (*cursor == ' ' || *cursor == ',') ++cursor;
-    if (*cursor == ')') return shape;
+  for (;;) {  // "(2, 3)", "(4,)", "()": each dim followed by a comma or the closing parenthesis
+    while (*cursor == ' ') ++cursor;
+    if (*cursor == ')') break;
     char* end = nullptr;
     errno = 0;
     long long dim = std::strtoll(cursor, &end, 10);
@@ -150,8 +187,12 @@ std::vector<int64_t> ParseShape(const std::string& text, const std::string& path
       Bad(path + ": malformed .npy shape " + text);
     }
     shape.push_back(dim);
-    cursor = end;
+    for (cursor = end; *cursor == ' ';) ++cursor;
+    if (*cursor == ',') ++cursor;
+    else if (*cursor != ')') Bad(path + ": malformed .npy shape " + text);
   }
+  if (cursor + 1 != text.c_str() + text.size()) Bad(path + ": malformed .npy shape " + text);
+  return shape;
 }
 
 // Read a .npy file that must hold exactly `spec` (dtype, shape, C order).
@@ -172,7 +213,8 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
   std::string header(length, '\0');
   if (std::fread(header.data(), 1, length, file.get()) != length) Bad(path + " is truncated (header)");
 
-  std::string descr = HeaderValue(header, "descr", path);
+  std::map<std::string, std::string> fields = HeaderFields(header, path);
+  std::string descr = fields["descr"];
   if (descr.size() < 2 || descr.front() != '\'' || descr.back() != '\'') {
     Bad(path + " has a structured dtype " + descr + ": deploy-run reads plain numeric arrays");
   }
@@ -181,10 +223,10 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
   if (descr[0] == '>') Bad(path + " is big-endian (" + descr + "): save it little-endian");
   auto known = Descrs().find(descr);
   if (known == Descrs().end()) Bad(path + " has dtype " + descr + ": not one deploy-run reads");
-  if (HeaderValue(header, "fortran_order", path) != "False") {
+  if (fields["fortran_order"] != "False") {
     Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
   }
-  std::vector<int64_t> shape = ParseShape(HeaderValue(header, "shape", path), path);
+  std::vector<int64_t> shape = ParseShape(fields["shape"], path);
   if (!deploy::SameDtype(known->second, spec.dtype) || shape != spec.shape) {
     Bad("input " + std::string(spec.name) + " (" + path + ") is " + deploy::DtypeText(known->second) + " " +
         deploy::ShapeText(shape.data(), static_cast<int>(shape.size())) + ", expected " +
@@ -213,10 +255,34 @@ struct Output {
   mode_t mode = 0;
 };
 
+// The file a symlink to nothing yet names, in a directory that exists (a link to a missing
+// directory, to /proc/self/fd/1 with stdout closed, to another dangling link is bad input): the
+// file is created there and the link stays, as for a live link.
+std::string DanglingTarget(const std::string& path) {
+  char target[PATH_MAX];
+  ssize_t size = readlink(path.c_str(), target, sizeof(target) - 1);
+  if (size < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
+  std::string named(target, static_cast<size_t>(size));
+  if (named[0] != '/') named = path.substr(0, path.rfind('/') + 1) + named;
+  size_t slash = named.rfind('/');
+  std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : named.substr(0, slash);
+  std::string name = slash == std::string::npos ? named : named.substr(slash + 1);
+  char resolved[PATH_MAX];
+  struct stat st {};
+  if (name.empty() || realpath(parent.c_str(), resolved) == nullptr ||
+      lstat(named.c_str(), &st) == 0) {
+    Bad("cannot write output " + path + ": it links to " + named + ", which no file can be written as");
+  }
+  return std::string(resolved) + "/" + name;
+}
+
 Output OutputFile(const std::string& path) {
   Output out;
   char resolved[PATH_MAX];
-  out.file = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  struct stat link {};
+  out.file = realpath(path.c_str(), resolved) != nullptr                      ? resolved
+             : lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) ? DanglingTarget(path)
+                                                                               : path;
   struct stat st {}, ours {};
   bool exists = stat(out.file.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) Bad("output " + path + " is a directory: expected a .npy file path");

@@ -2,9 +2,12 @@
 // with, and deploy-run checks every file of SHA256SUMS, on devices that have no sha256sum.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 namespace deploy {
@@ -80,17 +83,23 @@ class Sha256 {
   uint64_t bits_ = 0;
 };
 
-// The digest of a file's bytes, or "" when it cannot be read.
+// The digest of a regular file's bytes, or "" when it cannot be read or is no regular file: a
+// FIFO put in a bundle would block the reader forever, /dev/zero would feed it forever. Opened
+// without blocking, so that a FIFO is seen for what it is before anything is read.
 inline std::string Sha256File(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return "";
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return "";
+  }
   Sha256 hash;
   unsigned char buffer[1 << 16];
-  size_t got;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) hash.Update(buffer, got);
-  bool failed = std::ferror(file) != 0;
-  std::fclose(file);
-  return failed ? "" : hash.HexDigest();
+  ssize_t got;
+  while ((got = ::read(fd, buffer, sizeof(buffer))) > 0) hash.Update(buffer, static_cast<size_t>(got));
+  ::close(fd);
+  return got < 0 ? "" : hash.HexDigest();
 }
 
 }  // namespace deploy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from base.errors import UsageError
 from base.files import SUMS, read_sums, sha256_file, write_sums
-from devices.native import LIBRARIES, SOURCES, compile_native, ffi_include, runtime_libraries
+from devices.native import LIBRARIES, PINNED_RPATH, SOURCES, compile_native, ffi_include, runtime_libraries
 from devices.platforms import get_platform
 from ops.registry import IDENTIFIER
 from ops.spec import BoundOp, TensorType, require_static
@@ -198,7 +198,7 @@ def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) ->
             [SOURCES / "bundle.cc"],
             staging / library,
             libraries,
-            ("-shared", f"-I{staging}", f"-I{generated}", "-Wl,-rpath,$ORIGIN/lib"),
+            ("-shared", f"-I{staging}", f"-I{generated}", *PINNED_RPATH),
         )
         loaded = [library, module.name, *RUNTIME_PATHS]
         (Path(generated) / "bundle_pins.h").write_text(pins_header(staging, loaded))

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from base.errors import UsageError, reason
-from base.files import check_writable, fresh_directory, remove_entry, sha256_file
+from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, PARTIAL, Manifest, artifact_lock
@@ -179,7 +179,9 @@ def _check_replaceable(directory: Path) -> None:
 
 def artifact_files(directory: Path) -> set[Path] | None:
     """The files (relative paths) of the artifact in `directory` as its manifest names them;
-    None when its manifest does not parse or names an unknown target."""
+    None when its manifest does not parse or names an unknown target. A bundle's are those its
+    SHA256SUMS lists, refused (UsageError) unless it is the one the manifest pins: a file a user
+    listed there is no file of deploy's to delete."""
     try:
         manifest = Manifest.read(directory)
         artifact = get_target(str(manifest.target)).artifact
@@ -188,6 +190,12 @@ def artifact_files(directory: Path) -> set[Path] | None:
         return None
     names = {MANIFEST, *artifact.files(manifest.module)}
     if manifest.bundle:
+        sums = directory / SUMS
+        if not sums.is_file() or sums.is_symlink() or sha256_file(sums) != manifest.bundle.get("sha256sums"):
+            raise UsageError(
+                f"output directory {directory}: its {SUMS} is not the one its build wrote (the files it"
+                " lists may be anyone's): not replacing it"
+            )
         names |= bundle_files(directory)
     paths = {Path(name) for name in names}
     if any(path.is_absolute() or ".." in path.parts for path in paths):
