@@ -19,7 +19,7 @@ from ops import TensorType, load_ops_path, registry
 from ops.graph import bind_graph
 from ops.onnx_mapping import OnnxOp
 from ops.registry import op_for_onnx
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 from toolchain.model import load_model
 from toolchain.verify.compare import compare
 from toolchain.verify.onnx_reference import AGREES_ON_NAN, agrees_on_nan, onnxruntime_reference
@@ -743,3 +743,15 @@ def test_an_onnx_model_of_an_opset_the_mappings_do_not_follow_is_refused(
         return
     with pytest.raises(UsageError, match=rf"model .*model.onnx: ONNX opset {version}: expected 7 to \d+"):
         load_model(path)
+
+
+def test_an_onnx_graph_without_nodes_says_it_has_no_kernel(tmp_path: Path) -> None:
+    """A pass-through model (its output is its input) builds; its schedule printed as `( schedule`."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([], "empty", [x], [x])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "empty.onnx")
+    out = tmp_path / "out"
+    built = invoke("build", "--model", str(tmp_path / "empty.onnx"), "--target", "x86", "-o", str(out))
+    assert built.exit_code == 0, built.output
+    assert "(no kernel schedule, " in built.output
+    assert json.loads((out / "manifest.json").read_text())["schedule"] == "no kernel"

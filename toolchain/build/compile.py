@@ -219,9 +219,11 @@ class CompiledGraph:
     @property
     def schedule(self) -> str:
         """The kernels' schedules in the order first used, each once with how many kernels use it
-        when more than one does: `cpu/max_pool2d + cpu/generic (24 kernels)`, not 25 labels."""
+        when more than one does: `cpu/max_pool2d + cpu/generic (24 kernels)`, not 25 labels; `no
+        kernel` for a graph whose output is an input (an ONNX pass-through)."""
         counts = Counter(k.scheduled.schedule for k in self.kernels)
-        return " + ".join(label if n == 1 else f"{label} ({n} kernels)" for label, n in counts.items())
+        labels = (label if n == 1 else f"{label} ({n} kernels)" for label, n in counts.items())
+        return " + ".join(labels) or "no kernel"
 
     @property
     def item(self) -> BoundGraph:
