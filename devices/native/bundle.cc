@@ -104,7 +104,8 @@ std::string CheckTensor(const DLTensor* given, const deploy::TensorSpec& spec, D
   int ndim = static_cast<int>(spec.shape.size());
   std::string expected_shape = ", expected " + deploy::ShapeText(spec.shape.data(), ndim);
   if (given->ndim != ndim) {  // its shape is not read: ndim may be anything, past the array it has
-    return name + " has " + std::to_string(given->ndim) + " dims" + expected_shape;
+    std::string dims = std::to_string(given->ndim) + (given->ndim == 1 ? " dim" : " dims");
+    return name + " has " + dims + expected_shape;
   }
   if (ndim > 0 && given->shape == nullptr) return name + ".shape is NULL" + expected_shape;
   for (int i = 0; i < ndim; ++i) {

@@ -255,9 +255,10 @@ struct Output {
   mode_t mode = 0;
 };
 
-// The file a symlink to nothing yet names, in a directory that exists (a link to a missing
-// directory, to /proc/self/fd/1 with stdout closed, to another dangling link is bad input): the
-// file is created there and the link stays, as for a live link.
+// The file a symlink to nothing yet names, in a directory that exists (a link into a missing
+// directory or to another dangling link is bad input, before the op runs; one where no file can
+// be made, such as /proc/self/fd/1 with stdout closed, fails when the output is written, and the
+// link stays): the file is created there and the link stays, as for a live link.
 std::string DanglingTarget(const std::string& path) {
   char target[PATH_MAX];
   ssize_t size = readlink(path.c_str(), target, sizeof(target) - 1);

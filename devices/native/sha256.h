@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdint>
 #include <string>
 
@@ -84,20 +85,24 @@ class Sha256 {
 };
 
 // The digest of a regular file's bytes, or "" when it cannot be read or is no regular file: a
-// FIFO put in a bundle would block the reader forever, /dev/zero would feed it forever. Opened
-// without blocking, so that a FIFO is seen for what it is before anything is read.
+// FIFO put in a bundle would block the reader forever, /dev/zero would feed it forever. Looked
+// at before it is opened (opening a device may do something), and opened without blocking.
 inline std::string Sha256File(const std::string& path) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return "";
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return "";
-  struct stat info;
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {  // replaced in between
     ::close(fd);
     return "";
   }
   Sha256 hash;
   unsigned char buffer[1 << 16];
   ssize_t got;
-  while ((got = ::read(fd, buffer, sizeof(buffer))) > 0) hash.Update(buffer, static_cast<size_t>(got));
+  while ((got = ::read(fd, buffer, sizeof(buffer))) != 0) {
+    if (got > 0) hash.Update(buffer, static_cast<size_t>(got));
+    else if (errno != EINTR) break;
+  }
   ::close(fd);
   return got < 0 ? "" : hash.HexDigest();
 }
