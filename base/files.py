@@ -30,7 +30,7 @@ def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Ite
     given = path
     if through_links:
         path = Path(os.path.realpath(path))
-    shown = f"{path} (where the link {given} points)" if given.is_symlink() else str(path)
+    shown = f"{path} (where the link {given} points)" if through_links and given.is_symlink() else str(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)

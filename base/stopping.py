@@ -60,6 +60,15 @@ def stopped_by() -> KeyboardInterrupt | None:
     return interrupt_for(_received[0]) if _received else None
 
 
+def raise_if_stopped() -> None:
+    """Raise what stopped the command under way, if a signal did: called first by a handler that
+    catches every exception (a candidate that fails is rejected, a case that fails is reported),
+    which would take a stop handed back by TVM as another exception for a failure and go on."""
+    stop = stopped_by()
+    if stop is not None:
+        raise stop
+
+
 @contextmanager
 def stopping_like_ctrl_c() -> Iterator[None]:
     """Raise Stopped on SIGTERM/SIGHUP inside the block, and KeyboardInterrupt on Ctrl-C, noting
@@ -69,7 +78,7 @@ def stopping_like_ctrl_c() -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         _received.append(signum)
-        for sig in STOP_SIGNALS:
+        for sig in STOP_SIGNALS if signum in STOP_SIGNALS else ():  # after Ctrl-C, `kill` still stops
             if signal.getsignal(sig) == stop:
                 signal.signal(sig, signal.SIG_IGN)
         raise interrupt_for(signum)

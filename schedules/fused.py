@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from base.stopping import raise_if_stopped
 from ops.fused import FusedOp
 from ops.graph import BoundNode
 from schedules.registry import (
@@ -50,6 +51,7 @@ def inline_into_last(sch: Any, op: FusedOp) -> None:
         try:
             sch.compute_inline(block)
         except Exception:
+            raise_if_stopped()
             continue
 
 
@@ -97,5 +99,6 @@ def _applies(schedule: ScheduleFn, compute: ComputeFn, ctx: ScheduleContext) -> 
     try:
         schedule(sch, ctx)
     except Exception:
+        raise_if_stopped()
         return False
     return True

@@ -120,6 +120,8 @@ def test_a_build_removes_what_killed_builds_left_and_nothing_else(tmp_path):
     (killed_writing / "module.so").write_bytes(b"half a mod")
     killed_swapping = _set_aside(tmp_path, ".out.old.")
     out.rename(killed_swapping / "previous")
+    swapped_in = _set_aside(tmp_path, ".out.")  # the new artifact, still marked: the swap's second half
+    (swapped_in / "manifest.json").write_text("{}")
     users = tmp_path / ".out.0123abcd"
     users.mkdir()
     (users / "notes.txt").write_text("keep me")
@@ -134,6 +136,9 @@ def test_a_build_removes_what_killed_builds_left_and_nothing_else(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["inputs"][0]["shape"] == [4]
     assert (users / "notes.txt").read_text() == "keep me" and (marked / PARTIAL).exists()
     assert not (out / PARTIAL).exists() and not (tmp_path / "other" / PARTIAL).exists()
+    (out / PARTIAL).write_text("")  # killed after the swap, before the mark went: still deploy's
+    again = invoke(*BUILD, "--op", "leaky_relu", "--shape", "5", "-o", str(out))
+    assert again.exit_code == 0 and not (out / PARTIAL).exists(), again.stderr
 
 
 @pytest.mark.parametrize(
@@ -162,18 +167,35 @@ def stopped_here(load, analyzer):  # TVM calls it from a TIR pass of ours: the s
     return rewrite(load, analyzer)
 
 shared_object._stride2_to_shuffle = stopped_here
-main(["build", "--op", "max_pool2d", "-a", "kernel=2", "--shape", "1x1x8x8", "--target", "x86"])
+main(sys.argv[2:])
 """
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_signal_inside_a_tvm_pass_stops_the_command_as_that_signal(sig, tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["build", "--op", "max_pool2d", "-a", "kernel=2", "--shape", "1x1x8x8", "--target", "x86"],
+        ["test", "--op", "max_pool2d", "--target", "x86"],  # whose cases catch every failure
+    ],
+    ids=["build", "test"],
+)
+def test_a_signal_inside_a_tvm_pass_stops_the_command_as_that_signal(sig, command, tmp_path):
     """TVM's FFI hands an exception raised in a Python callback it calls back as a RuntimeError:
-    Ctrl-C or SIGTERM mid-compile ended as `error: RuntimeError: SIGTERM`, exit 1."""
-    run = [sys.executable, "-c", STOPPED_MID_PASS, str(int(sig))]
+    Ctrl-C or SIGTERM mid-compile ended a build as `error: RuntimeError: SIGTERM`, exit 1, and
+    failed one case of `deploy test`, which went on with the next."""
+    run = [sys.executable, "-c", STOPPED_MID_PASS, str(int(sig)), *command]
     done = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True)
     assert (done.returncode, done.stderr.strip()) == (128 + sig, f"error: stopped by {sig.name}")
     assert list(tmp_path.iterdir()) == [], "nothing is written"
+
+
+def test_a_paths_undecodable_bytes_print_as_they_were_read():
+    """The C locale reads a path's bytes it cannot decode as surrogates and prints them back as
+    those bytes (surrogateescape): `?` would name another file."""
+    from toolchain.cli.main import UNENCODABLE
+
+    assert "f\udce9 \u2026".encode("ascii", UNENCODABLE) == b"f\xe9 ?"
 
 
 def test_console_script_prints_no_traceback():

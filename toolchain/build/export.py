@@ -51,11 +51,11 @@ def export(
         staging = _set_aside(directory.parent, f".{directory.name}.")
         try:
             manifest = _write_artifact(compiled, staging, bundle, cache_key)
-            (staging / PARTIAL).unlink()
             _replace_dir(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        (directory / PARTIAL).unlink()  # kept through the swap: a kill mid-way leaves it marked
     return manifest
 
 
@@ -101,14 +101,20 @@ def _remove_abandoned(parent: Path) -> None:
     fell between the two renames of the swap and left its place empty. Called under the
     parent's exclusive lock (`artifact_lock`), which every export into `parent` holds while
     it writes: none is being written."""
-    for entry in parent.iterdir():
-        found = ABANDONED.fullmatch(entry.name)
-        marker = entry / PARTIAL
-        if not found or entry.is_symlink() or marker.is_symlink() or not marker.is_file():
+    try:
+        entries = [(entry, found) for entry in parent.iterdir() if (found := ABANDONED.fullmatch(entry.name))]
+    except OSError:  # a parent that can be written but not listed: nothing to tidy, the build goes on
+        return
+    for entry, found in entries:
+        marker, previous, place = entry / PARTIAL, entry / "previous", parent / found["name"]
+        try:  # tidying never fails a build: an entry it cannot look into is someone else's
+            if entry.is_symlink() or marker.is_symlink() or not marker.is_file():
+                continue
+            moved_aside = found["old"] and previous.is_dir() and not previous.is_symlink()
+            if moved_aside and not os.path.lexists(place):
+                os.replace(previous, place)
+        except OSError:
             continue
-        previous, place = entry / "previous", parent / found["name"]
-        if found["old"] and previous.is_dir() and not previous.is_symlink() and not os.path.lexists(place):
-            os.replace(previous, place)
         shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -188,7 +194,9 @@ def artifact_files(directory: Path) -> set[Path] | None:
         manifest.module_path(directory)  # a plain file name inside, or it names nothing of ours
     except UsageError:
         return None
-    names = {MANIFEST, *artifact.files(manifest.module)}
+    names = {MANIFEST, PARTIAL, *artifact.files(manifest.module)}  # PARTIAL: a kill after the swap
+    if manifest.bundle is not None and not isinstance(manifest.bundle, dict):
+        return None
     if manifest.bundle:
         sums = directory / SUMS
         if not sums.is_file() or sums.is_symlink() or sha256_file(sums) != manifest.bundle.get("sha256sums"):
@@ -217,5 +225,6 @@ def _replace_dir(staging: Path, directory: Path) -> None:
         except BaseException:
             os.replace(old / "previous", directory)
             raise
-    finally:
+    finally:  # the mark goes last: a kill mid-way leaves what is left marked
+        shutil.rmtree(old / "previous", ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -82,11 +82,13 @@ to compile; three max_pool2d of kernel 2, whose 4 taps are each read twice for t
 64 copies and took 12.5 s). A group past the limit is cut into kernels of their own
 (`_chunks`)."""
 MAX_NESTING = 3
-"""The most reads of more than one copy a node's expression may be nested in, inlined: TVM's
-simplifier slows with the nesting faster than with the copies (on x86 with 2 cores, max_pool2d of
-kernel 1, read twice for its NaN test: five, nested 4 deep with 16 copies, compiled in 5 s; six,
-nested 5 deep with 32 copies, in 52 s; ten did not finish in 13 minutes). At 3, ten build in
-2.7 s and two hundred in 24 s; leaky_relu chains are cut by the copies first."""
+"""The most levels a node's inlined expression may be multiplied through (a level: its consumers
+hold more copies of it than of themselves, by reading it more than once, or through two paths
+that join): TVM's simplifier slows with these levels faster than with the copies (on x86 with 2
+cores, max_pool2d of kernel 1, read twice for its NaN test: five, 4 levels and 16 copies,
+compiled in 5 s; six, 5 levels and 32 copies, in 52 s; ten did not finish in 13 minutes). At 3,
+ten build in 2.7 s and two hundred in 24 s; a leaky_relu chain reaches both limits at its fifth
+node."""
 
 
 def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]]]:
@@ -136,12 +138,12 @@ def _chunks(
     graph: BoundGraph, group: list[int], reads: list[dict[str, int]], patterns: dict[int, int]
 ) -> list[list[int]]:
     """`group` (node indices in data-flow order) cut into runs each of which inlines no node more
-    than MAX_COPIES times nor nested deeper than MAX_NESTING: from the last node back, a node joins
-    the run after it while its output is read only inside that run (by any node of the graph) and
-    both stay within their limits, else a new run ends with it. A reduction is not inlined
-    (`inline_into_last`): what it reads is copied as often as it reads it, however often the
-    reduction's own output is read, and nested no deeper. The count is of each op's own
-    computation; a family's variant may read its input as often or less."""
+    than MAX_COPIES times nor through more than MAX_NESTING levels that multiply it: from the last
+    node back, a node joins the run after it while its output is read only inside that run (by
+    any node of the graph) and both stay within their limits, else a new run ends with it. A
+    reduction is not inlined (`inline_into_last`): what it reads is copied as often as it reads
+    it, however often the reduction's own output is read, through no further level. The count is
+    of each op's own computation; a family's variant may read its input as often or less."""
     runs: list[list[int]] = []
     copies: dict[int, int] = {}
     nesting: dict[int, int] = {}
@@ -152,7 +154,8 @@ def _chunks(
         kept = {i for i in readers if patterns.get(i, OPAQUE) >= REDUCTION}
         inlined = [i for i in readers if i in run]
         count = sum(reads[i][output] * (1 if i in kept else copies[i]) for i in inlined)
-        nested = max(((0 if i in kept else nesting[i]) + (reads[i][output] > 1) for i in inlined), default=0)
+        most = max((1 if i in kept else copies[i] for i in inlined), default=1)
+        nested = max((0 if i in kept else nesting[i] for i in inlined), default=0) + (count > most)
         inside = output != graph.graph.output and bool(readers) and all(i in run for i in readers)
         if inside and count <= MAX_COPIES and nested <= MAX_NESTING:
             run.insert(0, index)

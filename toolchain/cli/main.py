@@ -8,6 +8,7 @@ The commands live one module per job beside this one; this module only assembles
 
 from __future__ import annotations
 
+import codecs
 import io
 import sys
 import traceback
@@ -37,6 +38,24 @@ def _one_line_usage(exc: click.UsageError) -> NoReturn:
     raise click.exceptions.Exit(exc.exit_code)
 
 
+UNENCODABLE = "deploy.unencodable"
+"""The error handler of deploy's output streams (`_unencodable`)."""
+
+
+def _unencodable(error: UnicodeError) -> tuple[str | bytes, int]:
+    """What a stream writes for characters its encoding lacks: the bytes a path's undecodable
+    bytes were read as (surrogateescape, as the C locale prints them), `?` for the rest."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    chunk = error.object[error.start : error.end]
+    if all(0xDC80 <= ord(c) <= 0xDCFF for c in chunk):
+        return bytes(ord(c) - 0xDC00 for c in chunk), error.end
+    return "?" * len(chunk), error.end
+
+
+codecs.register_error(UNENCODABLE, _unencodable)
+
+
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> NoReturn:
     """End the command a signal stopped: one line, exit 128 + the signal's number."""
     signal_name = str(interrupt) if isinstance(interrupt, Stopped) else "SIGINT"
@@ -53,7 +72,7 @@ class DeployGroup(click.Group):
         UnicodeEncodeError line (click's own lines pick UTF-8 on such a stream)."""
         for stream in (sys.stdout, sys.stderr):
             if isinstance(stream, io.TextIOWrapper):
-                stream.reconfigure(errors="replace")
+                stream.reconfigure(errors=UNENCODABLE)
         return super().main(*args, **kwargs)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
@@ -81,6 +100,9 @@ class DeployGroup(click.Group):
             )
             ctx.exit(1)
         except DeployError as exc:
+            stop = stopped_by()
+            if stop is not None:  # a stop TVM's FFI handed back, which deploy's code then reported
+                _stopped(ctx, stop)
             if ctx.params.get("debug"):
                 raise
             click.echo(f"error: {exc}", err=True)

@@ -172,7 +172,7 @@ def cpu_intrinsics_only() -> None:
     modules. The `__init__` parses some 250 CUDA, ROCm and Hexagon intrinsics through TVMScript,
     15-20 s before the first trial of every `deploy tune` on a 2-core host, and no target of ours
     tensorizes with them: the spaces drawn for x86 (AVX2, AVX-512, VNNI), Arm and OpenCL are
-    the same without them. Nothing is done once the package is imported."""
+    the same without them. A package imported already (whole or so) is left as it is."""
     if INTRINSICS not in sys.modules:
         spec = importlib.util.find_spec(INTRINSICS)
         if spec is None:

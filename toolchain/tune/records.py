@@ -33,6 +33,7 @@ from typing import Any
 from base.errors import UsageError, reason
 from base.files import load_json, read_regular, write_json_atomically
 from base.locks import locked
+from base.stopping import raise_if_stopped
 from ops.spec import BoundOp
 
 TASK = "task.json"
@@ -239,6 +240,7 @@ def tuned_module(directory: Path, entry: dict[str, Any], mod: Any) -> Any:
     try:
         return apply_record(mod, found)
     except Exception as exc:  # TVM's error for a trace that does not apply
+        raise_if_stopped()
         raise UsageError(f"{directory / ACCEPTED}: its record does not apply: {reason(exc)}") from None
 
 

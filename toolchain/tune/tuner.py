@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from base.errors import reason
+from base.stopping import raise_if_stopped
 from devices import Device, Session
 from ops.spec import BoundOp, TensorType, require_static
 from toolchain.build.compile import Compiled, CompiledGraph, compile_scheduled, hand_schedule
@@ -120,5 +121,6 @@ def judge_built(
         try:
             checked[name] = check(session, build(), workdir)
         except Exception as exc:  # a mismatch (DeployError) or a record TVM cannot apply or build
+            raise_if_stopped()
             rejected.append(f"{name}: {reason(exc)}")
     return judge(session, hand, checked) | {"rejected": rejected}

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from base.errors import DeployError, reason
+from base.stopping import raise_if_stopped
 from devices import Device, DeviceLost, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
@@ -91,9 +92,10 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
         comparison = worst_of(comparisons)
     except DeviceLost:
         raise
-    except DeployError as exc:
-        return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
     except Exception as exc:  # a compiler or runtime failure fails this case, not the matrix
+        raise_if_stopped()
+        if isinstance(exc, DeployError):
+            return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
         detail = f"{type(exc).__name__}: {reason(exc)}"
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
     return CaseResult(
