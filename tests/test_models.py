@@ -4,6 +4,7 @@ onnxruntime reference against the ops' numpy references. No compilation, no devi
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -686,6 +687,35 @@ def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:
     )
     graph = bind_graph(load_model(path))
     assert [str(t) for t in graph.inputs] == ["1x2x8x8:float16", "1x2x8x8:float32"]
+
+
+@pytest.mark.parametrize(
+    "shape,alpha,expected",
+    [
+        ("[010, 4]", "0.5", "g.yaml:1: number 010: YAML 1.1 reads it as octal;"),
+        ("[-01, 4]", "0.5", "g.yaml:1: number -01: YAML 1.1 reads it as octal;"),
+        ("[1:30, 4]", "0.5", "g.yaml:1: number 1:30: YAML 1.1 reads it as base 60;"),
+        ("[3, 4]", "1:30.5", "g.yaml:2: number 1:30.5: YAML 1.1 reads it as base 60;"),
+        ("[!!int '010', 4]", "0.5", "g.yaml:1: number 010: YAML 1.1 reads it as octal;"),
+        ("[0x10, 1_0]", "0.5", ((16, 10), 0.5)),
+        ("[0b11, 10]", "012.5", ((3, 10), 12.5)),
+        ("[0, 4]", "0.5", "shape [0, 4]: expected a list of positive ints"),
+    ],
+)
+def test_a_yaml_number_is_read_as_it_looks_or_refused(tmp_path: Path, shape, alpha, expected) -> None:
+    """YAML 1.1 (PyYAML) reads `010` as 8 and `1:30` as 90: a shape or attribute other than the
+    file shows, where YAML 1.2 and JSON read 10 or refuse. Those are refused; hex and `_` stay."""
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        f"inputs: {{a: {{shape: {shape}}}}}\n"
+        f"nodes: [{{name: r, op: leaky_relu, attrs: {{alpha: {alpha}}}, inputs: [a]}}]\noutput: r\n"
+    )
+    if isinstance(expected, str):
+        with pytest.raises(UsageError, match=re.escape(expected)):
+            load_model(path)
+        return
+    graph = load_model(path)
+    assert (graph.inputs[0][1].shape, graph.nodes[0].attrs["alpha"]) == expected
 
 
 def test_yaml_aliases_that_expand_to_a_billion_values_are_refused(tmp_path: Path) -> None:

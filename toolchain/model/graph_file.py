@@ -20,6 +20,7 @@ Structure only is checked here, each problem one line naming the node (by name, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,10 @@ DEFAULT_DTYPE = "float32"
 
 class _TooLarge(Exception):
     """A graph file that is valid YAML, but too large with its aliases written out."""
+
+
+class _NotAsWritten(Exception):
+    """A YAML number its reader would take as another value than the one it shows."""
 
 
 MAX_YAML_VALUES = 1_000_000
@@ -88,6 +93,27 @@ def _mapping_once(loader: _KeysOnce, node: yaml.MappingNode) -> Any:
 
 _KeysOnce.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
 
+_AMBIGUOUS_NUMBER = re.compile(r"[-+]?0[0-7_]+|[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+"""What YAML 1.1 (PyYAML) reads other than it looks: `010` as octal 8 (YAML 1.2 and JSON say
+10 or nothing), `1:30` as base 60, 90. Refused, so a shape or attribute is never silently another."""
+
+
+def _number_as_written(loader: _KeysOnce, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    if isinstance(text, str) and _AMBIGUOUS_NUMBER.fullmatch(text):
+        reading = "base 60" if ":" in text else "octal"
+        raise _NotAsWritten(
+            f"{node.start_mark.line + 1}: number {text}: YAML 1.1 reads it as {reading};"
+            " write it in decimal without leading zeros (or quote it for a string)"
+        )
+    if node.tag.endswith(":int"):
+        return loader.construct_yaml_int(node)
+    return loader.construct_yaml_float(node)
+
+
+_KeysOnce.add_constructor("tag:yaml.org,2002:int", _number_as_written)
+_KeysOnce.add_constructor("tag:yaml.org,2002:float", _number_as_written)
+
 
 def _pairs_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object, refused when it gives a key twice (see `_KeysOnce`)."""
@@ -105,6 +131,8 @@ def read_yaml(path: Path, data: bytes) -> Graph:
         document = yaml.load(_text(path, data), Loader=_KeysOnce)
     except _TooLarge as exc:
         raise UsageError(f"model {path}: {exc}") from None
+    except _NotAsWritten as exc:
+        raise UsageError(f"model {path}:{exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
