@@ -297,12 +297,15 @@ class RemoteServer:
                 self._follow(line[-LINE_LIMIT:])
 
     def _follow(self, line: str) -> None:
-        self._lines.append(printable(line))
         if not self.pgid:
             _, marker, pid = line.rpartition(self._marker)
             if marker and pid.isdecimal():
                 self.pgid = int(pid)
-        elif (match := READY.search(line)) and not self.port:
+                return  # our own line, no message of the server's
+        self._lines.append(printable(line))
+        if not self.pgid:
+            return
+        if (match := READY.search(line)) and not self.port:
             self.port = int(match.group(1))
             self._ready.set()
         elif self.on_line is not None:
@@ -316,10 +319,11 @@ class RemoteServer:
             raise DeployError(
                 f"RPC server on {name} not ready after {SERVER_TIMEOUT_S:.0f} s: {self.log_tail()}"
             )
+        if not self.port and not self._channel.get_transport().is_active():
+            raise DeployError(f"lost the SSH connection to {name} while its RPC server started")
         if not self.port:
-            raise DeployError(
-                f"RPC server on {name} exited: {self.log_tail()} (see `deploy device check {name}`)"
-            )
+            said = self.log_tail() or "no output"
+            raise DeployError(f"RPC server on {name} exited: {said} (see `deploy device check {name}`)")
         self.shell.remove(self._key_file)
 
     def log_tail(self, lines: int = 3) -> str:

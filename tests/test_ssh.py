@@ -77,9 +77,16 @@ def nothing_left(remote_dir: Path) -> None:
     assert list((remote_dir / "servers").iterdir()) == []
 
 
+def board_server_ready(remote_dir: Path) -> bool:
+    """The board's server runs and deploy saw it listen: it removes the key file then."""
+    servers = list((remote_dir / "servers").glob("*/"))
+    return board_server_runs(remote_dir) and bool(servers) and not any((d / "key").exists() for d in servers)
+
+
 def start_matrix(device: str, remote_dir: Path) -> subprocess.Popen[str]:
     """`deploy test --target x86 --device DEVICE` in the background, returned once the board's
-    server runs (the first case is then under way, 182 to go)."""
+    server is ready (the first case is then under way, 182 to go). Only running, it may not
+    have told deploy its port yet: a crash then is one at start, not mid-run."""
     proc = subprocess.Popen(
         [DEPLOY, "test", "--target", "x86", "--device", device],
         stdout=subprocess.PIPE,
@@ -87,7 +94,7 @@ def start_matrix(device: str, remote_dir: Path) -> subprocess.Popen[str]:
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not board_server_runs(remote_dir):
+    while not board_server_ready(remote_dir):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     return proc
@@ -393,6 +400,37 @@ def test_sshd_killed_mid_tune_stops_tuning_and_keeps_the_records(tmp_path):
         assert "lost_in_tune" in err and "--debug" not in err, "our line, not MetaSchedule's failure"
         (records,) = db.glob(f"x86/*/{RECORDS}")
         assert records.read_text().strip(), "the trials measured before stay"
+        assert settle(remote) == []
+    finally:
+        if own.proc.poll() is None:
+            sshd.stop(own)
+
+
+def test_sshd_killed_while_the_server_starts(tmp_path):
+    """A connection lost before the board's server said it listens is named as such: it was
+    `RPC server on NAME exited: deploy-server-...-pgid=N`, as if the server had failed."""
+    own = sshd.start(tmp_path / "sshd")
+    remote = tmp_path / "board"
+    try:
+        add_ready("cut", own, remote)
+        never_ready = remote / "runtime" / SERVER
+        never_ready.unlink()
+        never_ready.write_text("#!/bin/sh\nexec sleep 300\n")
+        never_ready.chmod(0o755)
+        proc = subprocess.Popen(
+            [DEPLOY, "test", "--target", "x86", "--op", "add", "--device", "cut"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not any("sleep" in " ".join(p.info["cmdline"] or []) for p in board_processes(remote)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        own.kill()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, out[-1000:] + err
+        assert err == "error: lost the SSH connection to cut while its RPC server started\n"
         assert settle(remote) == []
     finally:
         if own.proc.poll() is None:
