@@ -365,6 +365,28 @@ def test_a_half_written_last_line_is_dropped_and_complete_ones_stay(tmp_path: Pa
     assert (tmp_path / "database_workload.json").read_text() == '["w"]\n'
 
 
+def test_a_database_file_that_is_a_link_or_a_fifo_is_refused_untouched(tmp_path: Path) -> None:
+    """MetaSchedule appends to the database files: a link would have it write to (and deploy cut
+    the last line off) a user's file, a FIFO or /dev/zero would block or fill memory."""
+    db = tmp_path / "db"
+    tune = ["tune", "--op", "leaky_relu", "--shape", "4x64", "--target", "x86", "--db", str(db)]
+    assert invoke(*tune, "--trials", "1").exit_code == 0
+    path = task_dir(db, "x86") / "database_tuning_record.json"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep 1\nkeep 2 (no newline)")
+    path.unlink()
+    path.symlink_to(precious)
+    result = invoke(*tune, "--trials", "2")
+    assert result.exit_code == 2, result.output
+    expected = f"error: {path} is a symbolic link; deploy tune writes its database files itself"
+    assert result.output.strip() == expected
+    assert precious.read_text() == "keep 1\nkeep 2 (no newline)"
+    path.unlink()
+    os.mkfifo(path)
+    result = invoke(*tune, "--trials", "2")
+    assert result.exit_code == 2 and f"{path} is not a regular file" in result.output, result.output
+
+
 def test_every_structure_enumerates_each_combination_once_defaults_first() -> None:
     """Picks made only under another pick (here "b", only when a == 2) are enumerated only there."""
     from schedules.registry import Picked, every_structure

@@ -246,7 +246,14 @@ def tuned_module(directory: Path, entry: dict[str, Any], mod: Any) -> Any:
 
 def drop_partial_lines(directory: Path) -> int:
     """Cut a half-written last line off the database files (a run killed mid-write); return how
-    many files were cut. Every complete line, so every finished record, stays."""
+    many files were cut. Every complete line, so every finished record, stays. A UsageError,
+    before anything is read or cut, where one is a link or no regular file: MetaSchedule
+    appends to them, and would write through a link to a user's file (or block on a FIFO)."""
+    for name in (WORKLOADS, RECORDS):
+        path = directory / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+            raise UsageError(f"{path} is {kind}; deploy tune writes its database files itself")
     cut = 0
     for name in (WORKLOADS, RECORDS):
         path = directory / name
