@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from base.errors import UsageError
 
 
 @contextmanager
@@ -26,8 +29,11 @@ def locked(path: Path, shared: bool = False, waiting: Callable[[], None] | None 
     `shared`; `waiting()` is called once if another holder makes us wait."""
     if path.is_dir():
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    else:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    else:  # not blocking: opening a FIFO to read waits for a writer, forever
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError(f"{path} is no regular file: deploy keeps a lock there (remove it)")
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
         try:

@@ -139,3 +139,22 @@ def test_a_relative_key_is_stored_as_an_absolute_path(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     stored = json.loads((tmp_path / "deploy" / "devices.json").read_text())["b1"]["key"]
     assert stored == str(tmp_path / "keys" / "id")
+
+
+@pytest.mark.parametrize(
+    "command, lock_file",
+    [
+        (["tracker", "stop"], "cache/tracker.json.lock"),
+        (["device", "add", "b", "--host", "h", "--user", "u"], "config/deploy/devices.json.lock"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_a_fifo_lock_file_is_named_not_waited_on(tmp_path: Path, command: list[str], lock_file: str):
+    """Opening a FIFO to read blocks until a writer comes: every command taking that lock hung."""
+    path = tmp_path / lock_file
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    env = {"DEPLOY_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_deploy(*command, env=env)
+    said = f"error: {path} is no regular file: deploy keeps a lock there (remove it)"
+    assert (result.returncode, result.stderr.strip()) == (2, said)
