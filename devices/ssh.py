@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import posixpath
 import re
@@ -39,6 +40,10 @@ from devices.boards import Board, check_remote_dir, get_board, known_hosts_file
 from devices.native import SERVER
 from devices.registry import DeviceLost, register_device_source
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
+
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+"""paramiko's transport thread logs a failed handshake with its traceback, which Python would
+print on stderr above deploy's one line that says the same (`ssh_connect`)."""
 
 CONNECT_TIMEOUT_S = 15.0
 SERVER_TIMEOUT_S = 120.0
@@ -68,10 +73,21 @@ class Reply:
 def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSHClient:
     """An authenticated SSH connection; errors are one line naming the board and the cause."""
     client = paramiko.SSHClient()
-    client.load_system_host_keys()
     ours = known_hosts_file()
-    if ours.exists():
-        client.load_host_keys(str(ours))
+    for path, load in (
+        (SYSTEM_KNOWN_HOSTS.expanduser(), client.load_system_host_keys),
+        (ours, client.load_host_keys),
+    ):
+        _readable(path, "known_hosts")
+        if path.exists():
+            try:
+                load(str(path))
+            except (UnicodeDecodeError, paramiko.SSHException) as exc:
+                raise UsageError(f"known_hosts {path}: cannot read it: {reason(exc)}") from None
+    if board.key is not None:
+        _readable(Path(board.key), f"board {board.name} key", KEY_LIMIT)
+        if not Path(board.key).exists():
+            raise UsageError(f"board {board.name} key {board.key}: no such file (a private key file)")
     policy = paramiko.AutoAddPolicy() if accept_new_host_key else paramiko.RejectPolicy()
     client.set_missing_host_key_policy(policy)
     try:
@@ -96,8 +112,9 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
         client.close()
         key = board.key or "ssh-agent and ~/.ssh keys"
         raise DeployError(f"SSH login to {_where(board)} failed with {key}: {reason(exc)}") from None
-    except paramiko.SSHException as exc:
+    except (paramiko.SSHException, ValueError) as exc:
         client.close()
+        _check_key(board)
         if "not found in known_hosts" in str(exc):
             raise DeployError(
                 f"unknown host key for {board.host}:{board.port}: check it, then rerun with"
@@ -110,6 +127,40 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
     if accept_new_host_key:
         _record_host_keys(client, ours)
     return client
+
+
+SYSTEM_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+"""What `SSHClient.load_system_host_keys` reads."""
+KEY_LIMIT = 1 << 16
+"""The largest private key file deploy lets paramiko read (keys are a few KiB)."""
+
+
+def _readable(path: Path, what: str, limit: int | None = None) -> None:
+    """A UsageError naming `path` where paramiko would block on it (a FIFO), read it without end
+    (/dev/zero), fail with a traceback (a directory) or read more than `limit` bytes; nothing
+    where it does not exist."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path}: is a directory, expected a file")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{what} {path}: not a regular file")
+    if limit is not None and path.exists() and path.stat().st_size > limit:
+        raise UsageError(f"{what} {path}: {path.stat().st_size} bytes, not a private key file")
+
+
+def _check_key(board: Board) -> None:
+    """A UsageError naming the board's key where paramiko cannot read it as a private key: the
+    failure a login reported was the file's, not the board's. A key with a passphrase is left to
+    the agent, as a login does."""
+    if board.key is None:
+        return
+    try:
+        paramiko.PKey.from_path(board.key)
+    except paramiko.PasswordRequiredException:
+        return
+    except (paramiko.SSHException, ValueError, OSError) as exc:
+        raise UsageError(
+            f"board {board.name} key {board.key}: not a private key paramiko reads: {reason(exc)}"
+        ) from None
 
 
 def _record_host_keys(client: paramiko.SSHClient, ours: Path) -> None:

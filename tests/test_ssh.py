@@ -13,7 +13,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -179,6 +181,102 @@ def test_wrong_key_and_unreachable_port_are_one_line_errors(server, tmp_path):
     assert unreachable.returncode == 1
     assert unreachable.stderr.startswith(f"error: cannot reach nowhere at 127.0.0.1:{port}")
     assert len(unreachable.stderr.strip().splitlines()) == 1
+
+
+def _key_becomes(kind: str, key: Path) -> str:
+    """Make the board's key file `key` into `kind`; the words the error line should have."""
+    key.unlink()
+    if kind == "fifo":
+        os.mkfifo(key)
+        return "not a regular file"
+    if kind == "zero":
+        key.symlink_to("/dev/zero")
+        return "not a regular file"
+    if kind == "directory":
+        key.mkdir()
+        return "is a directory, expected a file"
+    if kind == "text":
+        key.write_text("not a key\n")
+        return "not a private key paramiko reads"
+    if kind == "binary":
+        key.write_bytes(bytes(range(256)))
+        return "not a private key paramiko reads"
+    return "no such file"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory", "text", "binary", "deleted"])
+def test_a_key_file_changed_after_add_is_named(server, tmp_path, kind):
+    """`device add` checks the key, but it may change later: a FIFO hung every login, /dev/zero
+    filled memory at 0.5 GB/s, a text file was a lost device (exit 1), binary bytes a
+    UnicodeDecodeError."""
+    key = tmp_path / "key"
+    key.write_bytes(server.key.read_bytes())
+    key.chmod(0o600)
+    assert (
+        add(f"rekeyed-{kind}", server, tmp_path / "board", "--accept-new-host-key", key=str(key)).returncode
+        == 0
+    )
+    words = _key_becomes(kind, key)
+    result = subprocess.run(
+        [DEPLOY, "device", "check", f"rekeyed-{kind}"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: board rekeyed-{kind} key {key}: {words}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "binary"])
+def test_a_known_hosts_that_is_no_text_file_is_named(tmp_path, kind):
+    from devices.boards import known_hosts_file
+
+    ours = known_hosts_file()
+    saved = tmp_path / "saved"
+    if ours.exists():
+        ours.rename(saved)
+    try:
+        {"fifo": os.mkfifo, "directory": Path.mkdir, "binary": lambda p: p.write_bytes(b"\xff\xfe\n")}[kind](
+            ours
+        )
+        where = ("--host", "127.0.0.1", "--port", str(free_port()), "--user", "x", "--arch", "x86_64")
+        run_deploy("device", "add", "hosts", *where)
+        result = subprocess.run(
+            [DEPLOY, "device", "check", "hosts"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2 and result.stderr.startswith(f"error: known_hosts {ours}: "), (
+            result.stderr
+        )
+        assert len(result.stderr.strip().splitlines()) == 1
+    finally:
+        if ours.is_dir():
+            ours.rmdir()
+        else:
+            ours.unlink(missing_ok=True)
+        if saved.exists():
+            saved.rename(ours)
+
+
+def test_a_port_that_closes_at_once_is_one_line(tmp_path):
+    """paramiko's transport thread logged a 20-line traceback above deploy's own line."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    closing = threading.Thread(target=lambda: [listener.accept()[0].close() for _ in range(4)], daemon=True)
+    closing.start()
+    where = (
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(listener.getsockname()[1]),
+        "--user",
+        "x",
+        "--arch",
+        "x86_64",
+    )
+    run_deploy("device", "add", "closer", *where)
+    result = run_deploy("device", "check", "closer")
+    listener.close()
+    assert result.returncode == 1 and result.stderr.startswith("error: SSH to x@127.0.0.1:"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_bad_device_arguments(tmp_path):
