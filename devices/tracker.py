@@ -32,6 +32,12 @@ START_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
 """How long a tracker has to accept a connection and to answer the handshake."""
 REPLY_TIMEOUT_S = 30.0
+GRANT_TIMEOUT_S = 30.0
+"""How long a session waits for the tracker to give it a server of its key: a run's workers are
+as many as the key has free servers, so a longer wait is a farm busy with others, or a server
+registered that is gone (its case goes back in the queue, `run_matrix`)."""
+GRANTS = 3
+"""Servers a session tries, one after the other, where the one given does not answer."""
 """How long a tracker has to answer each later message."""
 REPLY_LIMIT = 16 << 20
 """The largest reply deploy reads from a tracker."""
@@ -292,11 +298,42 @@ class TrackerDevice(EndpointDevice):
         where = f"{self.host}:{self.port}"
         if self.key not in queue(self.host, self.port):
             raise DeviceLost(f"no server with key {self.key!r} is registered with {where}")
-        try:
-            remote = tvm.rpc.connect_tracker(self.host, self.port).request(
-                self.key, priority=1, session_timeout=session_timeout_s, max_retry=3
+        deadline = time.monotonic() + GRANT_TIMEOUT_S
+        last = ""
+        for _ in range(GRANTS):
+            host, port, match_key = self._granted(deadline)
+            try:
+                remote = tvm.rpc.connect(host, port, key=match_key, session_timeout=session_timeout_s)
+                break
+            except Exception as exc:  # a server registered, then gone: the tracker may give another
+                last = f"{host}:{port}: {reason(exc)}"
+        else:
+            raise DeviceLost(
+                f"tracker {where} gave {GRANTS} {self.key!r} servers, none answered (last {last})"
             )
-        except Exception as exc:
-            raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {reason(exc)}") from None
         with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session
+
+    def _granted(self, deadline: float) -> tuple[str, int, str]:
+        """(host, port, match key) of a server the tracker gives this key, waited for until
+        `deadline` (time.monotonic): TVM's client waits for ever, and asks again for ever where
+        a registered server is gone, so a stale registration hung the run."""
+        from tvm.rpc import base
+
+        where = f"{self.host}:{self.port}"
+        sock = tracker_socket(self.host, self.port)
+        try:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            reply = tracker_call(sock, [base.TrackerCode.REQUEST, self.key, "", 1])
+            if reply[0] != base.TrackerCode.SUCCESS:
+                raise ValueError(f"it answered {reply!r:.80}")
+            host, port, match_key = reply[1]
+            return str(host), int(port), str(match_key)
+        except TimeoutError:
+            raise DeviceLost(
+                f"tracker {where} gave no {self.key!r} server within {GRANT_TIMEOUT_S:g} s (all busy or gone)"
+            ) from None
+        except (OSError, ValueError, LookupError, TypeError) as exc:
+            raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {reason(exc)}") from None
+        finally:
+            sock.close()

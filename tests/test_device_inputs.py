@@ -97,3 +97,29 @@ def test_a_tracker_that_never_answers_is_one_line_within_seconds():
         result = run_deploy("tracker", "status", "--tracker", where)
         one_line_error(result, 1, f"the RPC tracker at {where} did not answer")
         assert time.monotonic() - start < 20
+
+
+def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, monkeypatch):
+    """The tracker gives the server, which refuses the connection: TVM's client asked again and
+    waited for ever, since nothing offers that server any more (`deploy test` hung for minutes)."""
+    from tvm.rpc.base import TrackerCode
+
+    from devices import DeviceLost
+    from devices import tracker as farm
+
+    process = farm.TrackerProcess(tmp_path)
+    address = process.start(port=free_port())
+    ghost = farm.tracker_socket("127.0.0.1", address.port)
+    try:
+        farm.tracker_call(ghost, [TrackerCode.UPDATE_INFO, {"key": "server:ghost", "addr": ["127.0.0.1", 1]}])
+        farm.tracker_call(ghost, [TrackerCode.PUT, "ghost", (1, "ghost:x"), "127.0.0.1"])
+        monkeypatch.setattr(farm, "GRANT_TIMEOUT_S", 2.0)
+        device = farm.TrackerDevice("127.0.0.1", address.port, "ghost", "x86_64")
+        start = time.monotonic()
+        lost = r"gave no 'ghost' server within 2 s \(all busy or gone\)"
+        with pytest.raises(DeviceLost, match=lost), device.session():
+            pass
+        assert time.monotonic() - start < 10
+    finally:
+        ghost.close()
+        process.stop()
