@@ -18,10 +18,10 @@ from base.errors import UsageError, printable, reason
 from base.files import load_json, write_json_atomically
 from base.locks import guarding
 from base.paths import config_dir
+from devices.registry import built_in_names
 
 ARCHES = ("aarch64", "armv7l", "x86_64")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-RESERVED = ("local", "emulator")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_REMOTE_DIR = ".deploy"
 
 
@@ -81,10 +81,11 @@ class Board:
             raise UsageError(f"board key {self.key!r}: expected a file path")
         if type(self.port) is not int:
             raise UsageError(f"board port {self.port!r}: expected 1..65535")
-        if not NAME.match(self.name) or self.name in RESERVED:
+        reserved = built_in_names()
+        if not NAME.fullmatch(self.name) or self.name in reserved:
             raise UsageError(
                 f"device name {self.name!r}: expected letters, digits, '.', '_' or '-' (not"
-                f" {' or '.join(RESERVED)})"
+                f" {' or '.join(reserved)})"
             )
         if not self.host or any(c.isspace() for c in self.host) or not self.host.isprintable():
             raise UsageError(f"board host {self.host!r}: expected a host name or address")
@@ -98,7 +99,7 @@ class Board:
             )
         if not 1 <= self.port <= 65535:
             raise UsageError(f"board port {self.port}: expected 1..65535")
-        if not self.user or any(c.isspace() for c in self.user):
+        if not self.user or any(c.isspace() for c in self.user) or not self.user.isprintable():
             raise UsageError(f"board user {self.user!r}: expected a login name")
         if self.arch not in ARCHES:
             raise UsageError(f"board arch {self.arch!r}: expected one of {', '.join(ARCHES)}")

@@ -112,18 +112,24 @@ BACKENDS = ("devices.local", "devices.emulator", "devices.ssh", "devices.opencl"
 """Modules that register devices, imported on the first `get_device`."""
 
 
+def built_in_names() -> list[str]:
+    """The names of the backends' devices (local, emulator, opencl ...), which a board's name
+    may not be: `get_device` finds them first."""
+    for module in BACKENDS:
+        importlib.import_module(module)
+    return sorted(_DEVICES)
+
+
 def get_device(name: str) -> Device:
     """The device called `name`: a backend's (local, emulator, opencl ...) or a board of
     devices.json; a UsageError when there is none."""
-    for module in BACKENDS:
-        importlib.import_module(module)
-    if name in _DEVICES:
+    if name in built_in_names():
         return _DEVICES[name]()
     for find in _SOURCES:
         device = find(name)
         if device is not None:
             return device
     raise UsageError(
-        f"unknown device {name!r} (built in: {', '.join(sorted(_DEVICES))}; add a board with"
+        f"unknown device {name!r} (built in: {', '.join(built_in_names())}; add a board with"
         " `deploy device add`)"
     )

@@ -123,3 +123,16 @@ def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, mon
     finally:
         ghost.close()
         process.stop()
+
+
+@pytest.mark.parametrize(
+    "name, user, fragment",
+    [
+        ("opencl", "u", "device name 'opencl': expected letters, digits"),  # was added, then never used
+        ("local", "u", "(not emulator or local or opencl)"),
+        ("x\n", "u", "device name 'x\\n'"),  # `$` matched before a final newline
+        ("b", "\x1b[31mRED\x07", "board user '\\x1b[31mRED\\x07': expected a login name"),
+    ],
+)
+def test_a_board_named_like_a_built_in_device_or_with_control_characters_is_refused(name, user, fragment):
+    one_line_error(run_deploy("device", "add", name, "--host", "h", "--user", user), 2, fragment)
