@@ -161,3 +161,22 @@ def test_a_tiny_columns_still_prints_the_tables_and_the_verdict(columns):
     assert tested.returncode == 0 and "cases passed, 0 failed" in tested.stdout, tested.stdout
     listed = run_deploy("targets", env={"COLUMNS": columns})
     assert "x86-avx512" in listed.stdout
+
+
+def test_a_reader_that_stops_reading_ends_deploy_quietly(tmp_path) -> None:
+    """`deploy device list | head -2` printed `error: BrokenPipeError` (exit 1); now it ends as a
+    command SIGPIPE ends: nothing on stderr, exit 141."""
+    import os
+
+    from tests.conftest import DEPLOY
+
+    boards = {f"b{i}": {"name": f"b{i}", "host": "h", "user": "u", "arch": "aarch64"} for i in range(5000)}
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "devices.json").write_text(json.dumps(boards))
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    listing = subprocess.Popen(
+        [DEPLOY, "device", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    assert listing.stdout.readline().startswith("local ")
+    listing.stdout.close()
+    assert (listing.wait(timeout=120), listing.stderr.read()) == (141, "")

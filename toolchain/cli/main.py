@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import codecs
 import io
+import os
+import select
+import signal
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -63,6 +66,26 @@ def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> NoReturn:
     ctx.exit(exit_code(interrupt))
 
 
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe its reader has closed (`deploy device list | head -3`), not a
+    socket to a device that broke."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor (a test's stream)
+        return False
+
+
+def _unread(ctx: click.Context) -> NoReturn:
+    """End quietly with 128 + SIGPIPE, as a command the signal ends does: the reader wanted no
+    more. Whatever is still buffered goes to /dev/null (Python would report it at exit)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    ctx.exit(128 + signal.SIGPIPE)
+
+
 class DeployGroup(click.Group):
     """Turns DeployError into `error: ...` and exit codes; other exceptions into one line too."""
 
@@ -111,6 +134,8 @@ class DeployGroup(click.Group):
             stop = stopped_by()
             if stop is not None:  # a stop TVM's FFI handed back as another exception
                 _stopped(ctx, stop)
+            if isinstance(exc, BrokenPipeError) and _reader_gone():
+                _unread(ctx)
             if ctx.params.get("debug"):
                 raise
             click.echo(
