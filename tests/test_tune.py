@@ -7,6 +7,7 @@ device (x86: this host's worker processes; arm: the qemu-aarch64 emulator).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -385,6 +386,25 @@ def test_a_database_file_that_is_a_link_or_a_fifo_is_refused_untouched(tmp_path:
     os.mkfifo(path)
     result = invoke(*tune, "--trials", "2")
     assert result.exit_code == 2 and f"{path} is not a regular file" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "run_secs, mean",
+    [
+        ([1e-3, 3e-3], 2e-3),
+        ([-1.0, -1.0, -1.0], math.inf),
+        ([0.0], math.inf),
+        ([math.nan, 1e-3], math.inf),
+        ([], math.inf),
+    ],
+)
+def test_a_record_with_an_impossible_time_counts_as_failed(run_secs, mean) -> None:
+    """A hand-edited record of -1 s made tune print `best -1000 ms` and rank it first."""
+    from types import SimpleNamespace
+
+    from toolchain.tune.records import mean_secs
+
+    assert mean_secs(SimpleNamespace(run_secs=run_secs)) == pytest.approx(mean)
 
 
 def test_every_structure_enumerates_each_combination_once_defaults_first() -> None:

@@ -97,9 +97,12 @@ def refused_step(trace: Any) -> str | None:
 
 
 def mean_secs(record: Any) -> float:
-    """Mean measured seconds of a record; FAILED_SECS or more for a failed candidate."""
+    """Mean measured seconds of a record; FAILED_SECS or more for a failed candidate, and for one
+    with a time no run can take (0, negative or NaN: a hand-edited file, shown as `best -1000 ms`)."""
     runs = [float(t) for t in record.run_secs] if record.run_secs else []
-    return sum(runs) / len(runs) if runs else float("inf")
+    if not runs or not all(t > 0 for t in runs):
+        return float("inf")
+    return sum(runs) / len(runs)
 
 
 @dataclass(frozen=True)
