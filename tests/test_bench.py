@@ -158,3 +158,31 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
     graph = invoke("bench", "--target", "x86", "--model", str(model), "--repeat", "1")
     assert graph.exit_code == 1, graph.output
     assert "build of tiny differs from numpy" in graph.output
+
+
+def test_a_plot_that_cannot_be_written_loses_only_the_plot(tmp_path: Path) -> None:
+    """The table is printed before the plot is written: an immutable `--plot` file ended the
+    bench with a PermissionError line and no figures at all."""
+    import shutil
+    import subprocess
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(
+        "inputs: {x: {shape: [64, 64]}}\nnodes: [{name: r, op: leaky_relu, inputs: [x]}]\noutput: r\n"
+    )
+    plot = tmp_path / "ro.png"
+    plot.write_bytes(b"the user's")
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(plot)]).returncode != 0:
+        pytest.skip("needs chattr +i (root, a file system with attributes)")
+    try:
+        argv = ["bench", "--target", "x86", "--model", str(model), "--repeat", "1", "--plot", str(plot)]
+        done = run_deploy(*argv, env={"COLUMNS": "250"})
+    finally:
+        subprocess.run(["chattr", "-i", str(plot)], check=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "deploy bench --target x86 on local" in done.stdout and "tiny" in done.stdout
+    assert done.stderr == f"error: --plot {plot}: cannot write it: Operation not permitted\n"
+    assert plot.read_bytes() == b"the user's" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "ro.png",
+        "tiny.yaml",
+    ]

@@ -398,6 +398,8 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{BENCH} --plot TMP/adir", 2, "'TMP/adir' is a directory"),
     (f"{BENCH} --plot TMP/bench.txt", 2, "--plot 'TMP/bench.txt': expected a .png file path"),
     (f"{BENCH} --plot ''", 2, "--plot '': expected a .png file path"),
+    (f"{BENCH} --plot TMP/fifo.png", 2, "--plot TMP/fifo.png: not a regular file (or a link to one)"),
+    (f"{BENCH} --plot TMP/dangling.png", 2, "--plot TMP/dangling.png: not a regular file"),
     (f"{TUNE} --shape 4 --db ''", 2, "--db '': expected a records directory"),
     (f"{BENCH} --cores 0", 2, "--cores 0"),
     (f"{BENCH} --tuned TMP/afile", 2, "--tuned TMP/afile: is not a directory"),
@@ -557,6 +559,8 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "adir").mkdir()
     (root / "dangling").symlink_to(root / "nowhere")
     os.mkfifo(root / "fifo.yaml")
+    os.mkfifo(root / "fifo.png")
+    (root / "dangling.png").symlink_to(root / "nowhere.png")
     (root / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
     (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     arrays = {

@@ -11,8 +11,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from base.errors import UsageError
-from base.files import check_writable
+from base.errors import DeployError, UsageError, reason
+from base.files import check_writable, replacing
 from toolchain.cli.options import (
     CORES,
     LAYOUT,
@@ -93,6 +93,8 @@ def bench_command(
         raise UsageError(f"--plot {plot!r}: expected a .png file path")
     if plot and not Path(plot).parent.is_dir():
         raise UsageError(f"--plot {plot}: {Path(plot).parent} is not an existing directory")
+    if plot and (Path(plot).exists() or Path(plot).is_symlink()) and not Path(plot).is_file():
+        raise UsageError(f"--plot {plot}: not a regular file (or a link to one) to replace")
     if plot:
         try:
             check_writable(Path(plot).parent)  # before the bench, whose figures a failed write would lose
@@ -121,12 +123,16 @@ def bench_command(
         device = where.resolve(target)
         rows = bench_ops([op for op in ops if op.name not in unsupported], dtype, target, device, options)
     device = where.resolve(target)
-    if plot:
-        plot_bench(rows, Path(plot), f"deploy bench --target {target.name} on {device.name}")
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         print_bench(rows, target.name, device)
+    if plot:  # after the figures are out: a failed write loses the plot alone
+        try:
+            with replacing(Path(plot)) as temporary:
+                plot_bench(rows, temporary, f"deploy bench --target {target.name} on {device.name}")
+        except OSError as exc:
+            raise DeployError(f"--plot {plot}: cannot write it: {exc.strerror or reason(exc)}") from None
     refuse_wrong_answers(rows)
 
 
@@ -193,5 +199,5 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axes.set_title(title)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, format="png")
     plt.close(figure)
