@@ -10,6 +10,7 @@ concurrent `start`/`stop` commands agree on one server.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from base.errors import UsageError
+from base.errors import UsageError, printable
 from base.files import load_json, write_json_atomically
 from base.locks import guarding
 
@@ -38,6 +39,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+PYTHON_ERROR = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")
+"""The last line of a Python traceback: the exception and why."""
 
 
 @dataclass(frozen=True)
@@ -96,11 +101,16 @@ class Server:
                 time.sleep(0.05)
 
     def log_tail(self, lines: int = 5) -> str:
+        """The log's last `lines` lines on one line; for a Python server that died of an
+        exception, its last `...Error: why` line before any shutdown noise (TVM's tracker then
+        prints a second traceback from `__del__`, which said nothing of the cause)."""
         try:
-            text = Path(self.log).read_text(errors="replace").strip().splitlines()
+            text = Path(self.log).read_text(errors="replace").strip()
         except OSError:
             return ""
-        return " | ".join(text[-lines:])
+        before_noise = text.split("\nException ignored in", 1)[0]
+        raised = [line for line in before_noise.splitlines() if PYTHON_ERROR.match(line)]
+        return printable(raised[-1] if raised else " | ".join(text.splitlines()[-lines:]))
 
 
 def new_key_file(path: Path, prefix: str = "") -> Path:

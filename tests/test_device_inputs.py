@@ -136,3 +136,13 @@ def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, mon
 )
 def test_a_board_named_like_a_built_in_device_or_with_control_characters_is_refused(name, user, fragment):
     one_line_error(run_deploy("device", "add", name, "--host", "h", "--user", user), 2, fragment)
+
+
+def test_a_tracker_that_cannot_bind_names_why(tmp_path):
+    """The port is bound by another process but not listened on: the line quoted the traceback
+    TVM's tracker prints from `__del__` afterwards (`'Tracker' object has no attribute 'host'`)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        result = run_deploy("tracker", "start", "--port", str(port), env={"DEPLOY_CACHE_DIR": str(tmp_path)})
+    one_line_error(result, 1, f"did not start: ValueError: cannot bind to any port in [{port}, {port + 1})")
