@@ -64,7 +64,7 @@ def test_ratios_are_per_round_so_drift_cancels() -> None:
 
 def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:
     zero = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "0")
-    assert zero.returncode == 2 and zero.stderr.strip() == "error: --repeat 0: expected at least 1"
+    assert zero.returncode == 2 and zero.stderr.strip() == "error: --repeat 0: expected 1 to 1000"
     none = run_deploy("bench", "--target", "x86", "--op", "leaky_relu", "--dtype", "int8")
     assert none.returncode == 2 and "no op in the selection supports dtype int8" in none.stderr
 

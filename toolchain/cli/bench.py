@@ -28,6 +28,8 @@ from toolchain.cli.options import (
 
 MAX_MB = 8000
 """--min-mb's bound: a 32-bit index reaches 2**31 elements, 8.6 GB of float32."""
+MAX_REPEAT = 1000
+"""--repeat's bound: rounds of a large case take seconds each; more is a slip of the keyboard."""
 
 
 @click.command("bench")
@@ -84,8 +86,8 @@ def bench_command(
     from ops import all_ops, get_op
     from toolchain.bench.bench import BenchOptions, bench_model, bench_ops, refuse_wrong_answers
 
-    if repeat < 1:
-        raise UsageError(f"--repeat {repeat}: expected at least 1")
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise UsageError(f"--repeat {repeat}: expected 1 to {MAX_REPEAT}")
     if min_mb is not None and not 1 <= min_mb <= MAX_MB:
         raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
     options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines)
