@@ -366,7 +366,7 @@ def test_a_half_written_last_line_is_dropped_and_complete_ones_stay(tmp_path: Pa
     assert (tmp_path / "database_workload.json").read_text() == '["w"]\n'
 
 
-def test_a_database_file_that_is_a_link_or_a_fifo_is_refused_untouched(tmp_path: Path) -> None:
+def test_a_task_file_that_is_a_link_a_fifo_or_a_directory_is_refused_untouched(tmp_path: Path) -> None:
     """MetaSchedule appends to the database files: a link would have it write to (and deploy cut
     the last line off) a user's file, a FIFO or /dev/zero would block or fill memory."""
     db = tmp_path / "db"
@@ -386,6 +386,12 @@ def test_a_database_file_that_is_a_link_or_a_fifo_is_refused_untouched(tmp_path:
     os.mkfifo(path)
     result = invoke(*tune, "--trials", "2")
     assert result.exit_code == 2 and f"{path} is not a regular file" in result.output, result.output
+    path.unlink()
+    verdict = path.with_name("accepted.json")
+    verdict.unlink(missing_ok=True)
+    verdict.mkdir()  # failed the run at its end, every trial done, with an IsADirectoryError line
+    result = invoke(*tune, "--trials", "2")
+    assert result.exit_code == 2 and f"{verdict} is not a regular file" in result.output, result.output
 
 
 @pytest.mark.parametrize(

@@ -247,16 +247,22 @@ def tuned_module(directory: Path, entry: dict[str, Any], mod: Any) -> Any:
         raise UsageError(f"{directory / ACCEPTED}: its record does not apply: {reason(exc)}") from None
 
 
+def check_task_files(directory: Path) -> None:
+    """A UsageError, before a tuning reads or writes anything, where one of a task's files is no
+    regular file (a directory there failed the run at its end, when the verdict was written), or
+    a database file is a link: MetaSchedule appends to them, and would write through a link to a
+    user's file; the half-written-line repair would cut it."""
+    for name in (WORKLOADS, RECORDS, TASK, ACCEPTED):
+        path = directory / name
+        if path.is_symlink() and name in (WORKLOADS, RECORDS):
+            raise UsageError(f"{path} is a symbolic link; deploy tune writes its database files itself")
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{path} is not a regular file; deploy tune writes it itself")
+
+
 def drop_partial_lines(directory: Path) -> int:
     """Cut a half-written last line off the database files (a run killed mid-write); return how
-    many files were cut. Every complete line, so every finished record, stays. A UsageError,
-    before anything is read or cut, where one is a link or no regular file: MetaSchedule
-    appends to them, and would write through a link to a user's file (or block on a FIFO)."""
-    for name in (WORKLOADS, RECORDS):
-        path = directory / name
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
-            raise UsageError(f"{path} is {kind}; deploy tune writes its database files itself")
+    many files were cut. Every complete line, so every finished record, stays."""
     cut = 0
     for name in (WORKLOADS, RECORDS):
         path = directory / name

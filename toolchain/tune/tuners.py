@@ -51,6 +51,7 @@ def tune(
     directory = db.task_dir(root, bound, target.name)
     directory.mkdir(parents=True, exist_ok=True)
     with db.tuning(directory, progress.waiting):
+        db.check_task_files(directory)
         db.write_json(directory / db.TASK, {**bound.key(), "target": target.name, "device": device.name})
         return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
 
