@@ -18,6 +18,7 @@ import signal
 import sys
 
 from base.errors import DeployError
+from devices.board_setup import board_machine
 from devices.boards import Board
 from devices.registry import DeviceLost
 from devices.ssh import BoardShell, RemoteServer, ssh_connect
@@ -36,7 +37,15 @@ def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
     try:
         client = ssh_connect(board)
         transport = client.get_transport()
-        server = RemoteServer(BoardShell(board, client), key_prefix=tracker[2] if tracker else "")
+        shell = BoardShell(board, client)
+        machine = board_machine(shell)  # one command: every case would fail to load, or a server's
+        if machine != board.arch:  # directory be left behind where `rm` is missing
+            raise DeployError(
+                f"{board.name} runs {machine} (uname -m) but was added with arch {board.arch}: re-add it"
+                f" with --arch {machine} (`deploy device add {board.name} ... --replace`), then"
+                f" `deploy device setup {board.name}`"
+            )
+        server = RemoteServer(shell, key_prefix=tracker[2] if tracker else "")
         server.wait_ready()
         if tracker is None:
             forward = LocalForward(transport, "127.0.0.1", server.port)

@@ -70,7 +70,7 @@ def require_versions(name: str, provided: dict[str, Version], required: dict[str
             )
 
 
-def _machine(shell: BoardShell) -> str:
+def board_machine(shell: BoardShell) -> str:
     """The board's `uname -m` (arm64 read as aarch64); a one-line error if a tool deploy runs
     there is missing."""
     name = shell.board.name
@@ -149,7 +149,7 @@ def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[st
     """The runtime for `platform` (the board's arch), once the board is known to run it: its ELF
     machine is the board's `uname -m`, and the board's glibc and libstdc++ are new enough."""
     board = shell.board
-    machine = _machine(shell)
+    machine = board_machine(shell)
     say(f"{board.name}: SSH ok, {machine} (uname -m)")
     runtime = native_runtime(platform)
     built = {elf_machine(runtime / name) for name in RUNTIME_FILES}

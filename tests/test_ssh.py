@@ -279,6 +279,21 @@ def test_a_port_that_closes_at_once_is_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_board_added_with_another_arch_is_named_once(server, tmp_path):
+    """An x86_64 board re-added as aarch64: `deploy test --target arm` failed each case with an
+    RPCError (the modules cannot load there); now the session start names it, one line."""
+    remote = tmp_path / "board"
+    add_ready("wrongarch", server, remote)
+    assert add("wrongarch", server, remote, "--replace", arch="aarch64").returncode == 0
+    result = run_deploy("test", "--target", "arm", "--device", "wrongarch", "--op", "add")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr == (
+        "error: wrongarch runs x86_64 (uname -m) but was added with arch aarch64: re-add it with"
+        " --arch x86_64 (`deploy device add wrongarch ... --replace`), then `deploy device setup wrongarch`\n"
+    )
+    assert settle(remote) == [] and not (remote / "servers").exists(), "refused before a server started"
+
+
 def test_bad_device_arguments(tmp_path):
     bad_arch = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--arch", "riscv")
     assert bad_arch.returncode == 2 and "board arch 'riscv': expected one of" in bad_arch.stderr
