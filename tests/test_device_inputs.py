@@ -146,3 +146,19 @@ def test_a_tracker_that_cannot_bind_names_why(tmp_path):
         port = holder.getsockname()[1]
         result = run_deploy("tracker", "start", "--port", str(port), env={"DEPLOY_CACHE_DIR": str(tmp_path)})
     one_line_error(result, 1, f"did not start: ValueError: cannot bind to any port in [{port}, {port + 1})")
+
+
+def test_a_second_tracker_on_another_port_is_refused_not_reported_as_started(tmp_path):
+    """One tracker per machine: `start --port B` while one runs on A printed `tracker already
+    running ... A` with exit 0, as if B were served."""
+    env = {"DEPLOY_CACHE_DIR": str(tmp_path)}
+    first, second = free_port(), free_port()
+    assert run_deploy("tracker", "start", "--port", str(first), env=env).returncode == 0
+    try:
+        again = run_deploy("tracker", "start", "--port", str(first), env=env)
+        assert again.returncode == 0 and "tracker running: pid" in again.stdout
+        other = run_deploy("tracker", "start", "--port", str(second), env=env)
+        one_line_error(other, 1, f"a tracker already runs on 127.0.0.1:{first} (pid ")
+        assert f"to start one on 127.0.0.1:{second}" in other.stderr
+    finally:
+        assert run_deploy("tracker", "stop", env=env).returncode == 0

@@ -229,8 +229,12 @@ def tracker_start(host: str, port: int, public: bool) -> None:
             err=True,
         )
     server = TrackerProcess().start(host, port)
-    already = "already " if (server.host, server.port) != (host, port) else ""
-    click.echo(f"tracker {already}running: pid {server.pid}, {server.host}:{server.port}, log {server.log}")
+    if (server.host, server.port) != (host, port):  # one per machine: the one running stays
+        raise DeployError(
+            f"a tracker already runs on {server.host}:{server.port} (pid {server.pid}): `deploy tracker stop`"
+            f" it first to start one on {host}:{port}"
+        )
+    click.echo(f"tracker running: pid {server.pid}, {server.host}:{server.port}, log {server.log}")
 
 
 @tracker_group.command("stop")
