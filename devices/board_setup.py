@@ -298,8 +298,17 @@ def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    """`mkdir -p` over SFTP."""
-    if path in ("", "/") or _exists(sftp, path):
+    """`mkdir -p` over SFTP; a DeployError naming `path` where it is something else (a remote
+    dir that is a file failed as `runtime.new: No such file`)."""
+    if path in ("", "/"):
+        return
+    try:
+        mode = sftp.stat(path).st_mode or 0
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISDIR(mode):
+        raise DeployError(f"{path} on the board is not a directory (the remote dir, or one above it)")
+    if mode is not None:
         return
     _makedirs(sftp, posixpath.dirname(path))
     sftp.mkdir(path, 0o755)

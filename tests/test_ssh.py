@@ -781,3 +781,17 @@ def test_concurrent_host_key_acceptances_keep_every_key(tmp_path):
     finally:
         for running in servers:
             sshd.stop(running)
+
+
+def test_setup_names_a_remote_dir_that_is_a_file(server, tmp_path):
+    """It failed as `uploading the runtime to .../rdfile/runtime.new failed: No such file`."""
+    remote = tmp_path / "rdfile"
+    remote.write_text("a file of the board's")
+    assert add("rdfile", server, remote, "--accept-new-host-key").returncode == 0
+    refused = run_deploy("device", "setup", "rdfile")
+    assert refused.returncode == 1
+    assert (
+        refused.stderr
+        == f"error: {remote} on the board is not a directory (the remote dir, or one above it)\n"
+    )
+    assert remote.read_text() == "a file of the board's"
