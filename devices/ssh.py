@@ -48,6 +48,8 @@ print on stderr above deploy's one line that says the same (`ssh_connect`)."""
 CONNECT_TIMEOUT_S = 15.0
 SERVER_TIMEOUT_S = 120.0
 RPC_PORTS = (9090, 9199)
+PGID = "pgid"
+"""The file in a board server's directory that holds its process group (the shell's pid)."""
 READY = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
 OUTPUT_LIMIT = 1 << 20
 """The most a board may print for one command deploy runs there (stdout and stderr together)."""
@@ -315,6 +317,7 @@ class RemoteServer:
                 sftp.mkdir(shell.servers_dir, 0o700)
             self._dir = posixpath.join(shell.servers_dir, secrets.token_hex(4))
             sftp.mkdir(self._dir, 0o700)
+        self._remove_abandoned()
         self._key_file = posixpath.join(self._dir, "key")
         shell.write_private(self._key_file, self.key + "\n")
         self._channel = shell.client.get_transport().open_session()  # type: ignore[union-attr]
@@ -322,12 +325,26 @@ class RemoteServer:
         low, high = ports
         q = shlex.quote
         command = (
-            f"cd {q(shell.remote_dir)} && echo {self._marker}$$ && exec {q(server)} --host 127.0.0.1"
+            f"cd {q(shell.remote_dir)} && echo $$ > {q(posixpath.join(self._dir, PGID))}"
+            f" && echo {self._marker}$$ && exec {q(server)} --host 127.0.0.1"
             f" --port {low} --port-end {high} --key-file {q(self._key_file)}"
             f" --work-dir {q(self._dir)} 2>&1"
         )
         self._channel.exec_command(command)
         threading.Thread(target=self._read, daemon=True).start()
+
+    def _remove_abandoned(self) -> None:
+        """Remove the directories of servers whose process group is gone: a server whose SSH
+        connection was lost dies with its pty, but `stop()` could not remove its directory.
+        Only directories with a PGID file (written before the server starts) are looked at, so a
+        server another deploy is starting is left alone; nothing else in `servers/` is touched."""
+        q = shlex.quote
+        script = (
+            f'for d in {q(self.shell.servers_dir)}/*/; do [ -f "${{d}}{PGID}" ] || continue;'
+            f' read p < "${{d}}{PGID}"; case $p in ""|*[!0-9]*) continue;; esac;'
+            ' kill -0 -- "-$p" 2>/dev/null || rm -rf -- "$d"; done'
+        )
+        self.shell.run(script, timeout=15)
 
     def _read(self) -> None:
         """Follow the pty: the pid line after the marker, then the server's lines (each kept to

@@ -795,3 +795,24 @@ def test_setup_names_a_remote_dir_that_is_a_file(server, tmp_path):
         == f"error: {remote} on the board is not a directory (the remote dir, or one above it)\n"
     )
     assert remote.read_text() == "a file of the board's"
+
+
+def test_a_server_directory_whose_server_is_gone_is_removed_by_the_next(server, tmp_path):
+    """A lost connection ends the board's server (its pty hangs up), but left its directory for
+    ever: the next server start removes those whose process group is gone, and nothing else."""
+    remote = tmp_path / "board"
+    add_ready("tidy", server, remote)
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        for name, pgid in (("abandoned", gone.pid), ("running", alive.pid), ("starting", None)):
+            (remote / "servers" / name).mkdir(parents=True)
+            if pgid is not None:
+                (remote / "servers" / name / "pgid").write_text(f"{pgid}\n")
+        result = run_deploy("test", "--target", "x86", "--device", "tidy", "--op", "add")
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+        assert sorted(p.name for p in (remote / "servers").iterdir()) == ["running", "starting"]
+    finally:
+        alive.kill()
+        alive.wait()
