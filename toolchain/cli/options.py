@@ -107,6 +107,8 @@ class DeviceChoice:
             if self.name or self.tracker:
                 raise UsageError("--cl-device goes instead of --device and --tracker")
             return get_device(f"opencl:{self.cl_device}")
+        if self.key is not None and not self.key.strip():
+            raise UsageError(f"--key {self.key!r}: expected the device key servers registered with")
         if self.tracker or self.key:
             from devices.tracker import TrackerDevice, parse_address
 
