@@ -49,7 +49,8 @@ CONNECT_TIMEOUT_S = 15.0
 SERVER_TIMEOUT_S = 120.0
 RPC_PORTS = (9090, 9199)
 PGID = "pgid"
-"""The file in a board server's directory that holds its process group (the shell's pid)."""
+"""The file in a board server's directory that holds its process group (the shell's pid) and
+the board's `uname -n`."""
 READY = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
 OUTPUT_LIMIT = 1 << 20
 """The most a board may print for one command deploy runs there (stdout and stderr together)."""
@@ -281,6 +282,33 @@ class BoardShell:
             sftp.remove(path)
 
 
+def stop_script(pgid: int, directory: str) -> str:
+    """Shell code that ends process group `pgid` (TERM, then KILL after 5 s; none: 0) and removes
+    `directory`. `kill -s SIG -- -PGID`: dash, Debian's /bin/sh, reads `kill -TERM -- -PGID` as
+    an illegal number and signals nothing."""
+    script = f"rm -rf -- {shlex.quote(directory)}"
+    if not pgid:
+        return script
+    group = f"-{int(pgid)}"
+    return (
+        f"kill -s TERM -- {group} 2>/dev/null; i=0; while kill -s 0 -- {group} 2>/dev/null &&"
+        f" [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -s KILL -- {group} 2>/dev/null; {script}"
+    )
+
+
+def abandoned_script(servers_dir: str) -> str:
+    """Shell code that removes the server directories in `servers_dir` whose server is gone: a
+    server whose SSH connection was lost dies with its pty, but could not remove its directory.
+    Only a directory (not a link) whose PGID file names this host (`uname -n`: a home shared
+    over NFS holds other hosts' servers) and a process group that no longer exists; a directory
+    without the file (a server another deploy is starting) stays, as does anything else."""
+    return (
+        f'here=$(uname -n); for d in {shlex.quote(servers_dir)}/*/; do d=${{d%/}}; [ -L "$d" ] && continue;'
+        f' [ -f "$d/{PGID}" ] || continue; read p host < "$d/{PGID}"; [ "$host" = "$here" ] || continue;'
+        ' case $p in ""|*[!0-9]*) continue;; esac; kill -s 0 -- "-$p" 2>/dev/null || rm -rf -- "$d"; done'
+    )
+
+
 class RemoteServer:
     """deploy's native RPC server (`deploy-rpc-server`, pushed by `deploy device setup`) on the
     board's loopback, in its own session on a pty: closing the connection hangs it up, and `stop()`
@@ -311,13 +339,14 @@ class RemoteServer:
                 raise DeployError(
                     f"no deploy runtime on {name} in {shell.runtime_dir}: run `deploy device setup {name}`"
                 ) from None
+        self._remove_abandoned()
+        with shell.files(f"making a directory in {shell.servers_dir}") as sftp:
             try:
                 sftp.stat(shell.servers_dir)
             except FileNotFoundError:
                 sftp.mkdir(shell.servers_dir, 0o700)
             self._dir = posixpath.join(shell.servers_dir, secrets.token_hex(4))
             sftp.mkdir(self._dir, 0o700)
-        self._remove_abandoned()
         self._key_file = posixpath.join(self._dir, "key")
         shell.write_private(self._key_file, self.key + "\n")
         self._channel = shell.client.get_transport().open_session()  # type: ignore[union-attr]
@@ -325,7 +354,7 @@ class RemoteServer:
         low, high = ports
         q = shlex.quote
         command = (
-            f"cd {q(shell.remote_dir)} && echo $$ > {q(posixpath.join(self._dir, PGID))}"
+            f"cd {q(shell.remote_dir)} && echo $$ $(uname -n) > {q(posixpath.join(self._dir, PGID))}"
             f" && echo {self._marker}$$ && exec {q(server)} --host 127.0.0.1"
             f" --port {low} --port-end {high} --key-file {q(self._key_file)}"
             f" --work-dir {q(self._dir)} 2>&1"
@@ -334,17 +363,10 @@ class RemoteServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _remove_abandoned(self) -> None:
-        """Remove the directories of servers whose process group is gone: a server whose SSH
-        connection was lost dies with its pty, but `stop()` could not remove its directory.
-        Only directories with a PGID file (written before the server starts) are looked at, so a
-        server another deploy is starting is left alone; nothing else in `servers/` is touched."""
-        q = shlex.quote
-        script = (
-            f'for d in {q(self.shell.servers_dir)}/*/; do [ -f "${{d}}{PGID}" ] || continue;'
-            f' read p < "${{d}}{PGID}"; case $p in ""|*[!0-9]*) continue;; esac;'
-            ' kill -0 -- "-$p" 2>/dev/null || rm -rf -- "$d"; done'
-        )
-        self.shell.run(script, timeout=15)
+        """Remove what servers of this host that are gone left in `servers/` (`abandoned_script`);
+        tidying never fails a start."""
+        with suppress(DeployError):
+            self.shell.run(abandoned_script(self.shell.servers_dir), timeout=15)
 
     def _read(self) -> None:
         """Follow the pty: the pid line after the marker, then the server's lines (each kept to
@@ -400,15 +422,8 @@ class RemoteServer:
     def stop(self) -> None:
         """Kill the server's process group (TERM, then KILL), remove its directory; then close its
         channel."""
-        script = f"rm -rf -- {shlex.quote(self._dir)}"
-        if self.pgid:
-            group = f"-{self.pgid}"
-            script = (
-                f"kill -TERM -- {group} 2>/dev/null; i=0; while kill -0 -- {group} 2>/dev/null &&"
-                f" [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -- {group} 2>/dev/null; {script}"
-            )
         with suppress(DeployError):  # connection gone: the hang-up of the pty ends the server
-            self.shell.run(script, timeout=15)
+            self.shell.run(stop_script(self.pgid, self._dir), timeout=15)
         self._channel.close()
 
 

@@ -809,10 +809,47 @@ def test_a_server_directory_whose_server_is_gone_is_removed_by_the_next(server, 
         for name, pgid in (("abandoned", gone.pid), ("running", alive.pid), ("starting", None)):
             (remote / "servers" / name).mkdir(parents=True)
             if pgid is not None:
-                (remote / "servers" / name / "pgid").write_text(f"{pgid}\n")
+                (remote / "servers" / name / "pgid").write_text(f"{pgid} {os.uname().nodename}\n")
         result = run_deploy("test", "--target", "x86", "--device", "tidy", "--op", "add")
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr
         assert sorted(p.name for p in (remote / "servers").iterdir()) == ["running", "starting"]
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_the_board_scripts_work_under_dash(tmp_path):
+    """Debian's /bin/sh (a new user's login shell) is dash, which reads `kill -0 -- -PGID` as an
+    illegal number: the tidying removed live servers' directories and stop() signalled nothing."""
+    from devices.ssh import abandoned_script, stop_script
+
+    dash = shutil.which("dash")
+    if dash is None:
+        pytest.skip("needs dash")
+    servers = tmp_path / "servers"
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "pgid").write_text(f"{gone.pid} {os.uname().nodename}\n")
+    host = os.uname().nodename
+    entries = {
+        "abandoned": f"{gone.pid} {host}",
+        "running": f"{alive.pid} {host}",
+        "elsewhere": f"{gone.pid} other",
+    }
+    try:
+        for name, line in entries.items():
+            (servers / name).mkdir(parents=True)
+            (servers / name / "pgid").write_text(line + "\n")
+        (servers / "starting").mkdir()
+        (servers / "link").symlink_to(outside)
+        subprocess.run([dash, "-c", abandoned_script(str(servers))], check=True, timeout=30)
+        assert sorted(p.name for p in servers.iterdir()) == ["elsewhere", "link", "running", "starting"]
+        assert (outside / "keep").is_dir()
+        subprocess.run([dash, "-c", stop_script(alive.pid, str(servers / "running"))], check=True, timeout=30)
+        assert alive.wait(timeout=10) is not None and not (servers / "running").exists()
     finally:
         alive.kill()
         alive.wait()
