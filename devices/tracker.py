@@ -23,6 +23,7 @@ from typing import Any
 
 from base.errors import DeployError, UsageError, reason
 from base.paths import cache_root
+from base.stopping import raise_if_stopped
 from devices.registry import DeviceLost
 from devices.rpc import EndpointDevice, RpcSession, rpc_session
 from devices.server_process import Server, ServerState, accepts, spawn
@@ -32,13 +33,13 @@ START_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
 """How long a tracker has to accept a connection and to answer the handshake."""
 REPLY_TIMEOUT_S = 30.0
+"""How long a tracker has to answer each later message."""
 GRANT_TIMEOUT_S = 30.0
-"""How long a session waits for the tracker to give it a server of its key: a run's workers are
-as many as the key has free servers, so a longer wait is a farm busy with others, or a server
-registered that is gone (its case goes back in the queue, `run_matrix`)."""
+"""How long a session waits for the tracker to give it a server once a server it gave did not
+answer (a registration left by a server that is gone, which nothing offers again): the wait
+before that is unbounded, as a farm busy with others may keep every server for long."""
 GRANTS = 3
 """Servers a session tries, one after the other, where the one given does not answer."""
-"""How long a tracker has to answer each later message."""
 REPLY_LIMIT = 16 << 20
 """The largest reply deploy reads from a tracker."""
 
@@ -276,6 +277,9 @@ class TrackerDevice(EndpointDevice):
     def __init__(self, host: str, port: int, key: str, arch: str) -> None:
         self.host, self.port, self.key, self.arch = host, port, key, arch
         self.name = f"{key}@{host}:{port}"
+        self.refused = ""
+        """The last server given that did not answer ("" none yet): from then on every wait for
+        a server is bounded by GRANT_TIMEOUT_S, the run's other sessions' too."""
 
     def capacity(self) -> int:
         """Servers of this key that are free now (the parallelism a run can use)."""
@@ -299,31 +303,31 @@ class TrackerDevice(EndpointDevice):
         if self.key not in queue(self.host, self.port):
             raise DeviceLost(f"no server with key {self.key!r} is registered with {where}")
         deadline = time.monotonic() + GRANT_TIMEOUT_S
-        last = ""
         for _ in range(GRANTS):
-            host, port, match_key = self._granted(deadline)
+            host, port, match_key = self._granted(deadline if self.refused else None)
             try:
                 remote = tvm.rpc.connect(host, port, key=match_key, session_timeout=session_timeout_s)
                 break
             except Exception as exc:  # a server registered, then gone: the tracker may give another
-                last = f"{host}:{port}: {reason(exc)}"
+                raise_if_stopped()
+                self.refused = f"{host}:{port}: {reason(exc)}"
         else:
             raise DeviceLost(
-                f"tracker {where} gave {GRANTS} {self.key!r} servers, none answered (last {last})"
+                f"tracker {where} gave {GRANTS} {self.key!r} servers, none answered (last {self.refused})"
             )
         with rpc_session(remote, self.arch, f"{self.key} server via tracker {where}") as session:
             yield session
 
-    def _granted(self, deadline: float) -> tuple[str, int, str]:
+    def _granted(self, deadline: float | None) -> tuple[str, int, str]:
         """(host, port, match key) of a server the tracker gives this key, waited for until
-        `deadline` (time.monotonic): TVM's client waits for ever, and asks again for ever where
-        a registered server is gone, so a stale registration hung the run."""
+        `deadline` (time.monotonic; None: as long as it takes). TVM's client asks again without
+        a bound where a registered server is gone, so a stale registration hung the run."""
         from tvm.rpc import base
 
         where = f"{self.host}:{self.port}"
         sock = tracker_socket(self.host, self.port)
         try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.settimeout(None if deadline is None else max(0.1, deadline - time.monotonic()))
             reply = tracker_call(sock, [base.TrackerCode.REQUEST, self.key, "", 1])
             if reply[0] != base.TrackerCode.SUCCESS:
                 raise ValueError(f"it answered {reply!r:.80}")
@@ -331,7 +335,8 @@ class TrackerDevice(EndpointDevice):
             return str(host), int(port), str(match_key)
         except TimeoutError:
             raise DeviceLost(
-                f"tracker {where} gave no {self.key!r} server within {GRANT_TIMEOUT_S:g} s (all busy or gone)"
+                f"tracker {where} gave no {self.key!r} server within {GRANT_TIMEOUT_S:g} s after one did"
+                f" not answer ({self.refused})"
             ) from None
         except (OSError, ValueError, LookupError, TypeError) as exc:
             raise DeviceLost(f"tracker {where} gave no {self.key!r} server: {reason(exc)}") from None

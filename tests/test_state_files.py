@@ -154,7 +154,11 @@ def test_a_fifo_lock_file_is_named_not_waited_on(tmp_path: Path, command: list[s
     path = tmp_path / lock_file
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
-    env = {"DEPLOY_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    result = run_deploy(*command, env=env)
+    env = {
+        **os.environ,
+        "DEPLOY_CACHE_DIR": str(tmp_path / "cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    result = subprocess.run([DEPLOY, *command], capture_output=True, text=True, env=env, timeout=60)
     said = f"error: {path} is no regular file: deploy keeps a lock there (remove it)"
     assert (result.returncode, result.stderr.strip()) == (2, said)
