@@ -3,7 +3,9 @@ records, and how they become a bound op, a target and a device."""
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +17,19 @@ from rich.console import Console
 from base.errors import UsageError
 
 
+class _Console(Console):
+    """A rich console whose broken pipe is a BrokenPipeError, as click.echo's is (`main` ends
+    quietly on it): rich's own handler raised SystemExit(1), read as an op calling exit()."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def wide_console(min_width: int = 80) -> Console:
     """Where a command prints its tables: the terminal's width, but at least `min_width` columns
     (a COLUMNS of 0 made rich print nothing at all, `deploy test`'s verdict included)."""
-    return Console(width=max(Console().width, min_width))
+    return _Console(width=max(Console().width, min_width))
 
 
 def warn(message: str) -> None:
