@@ -2,9 +2,10 @@
 
 Logs in, starts deploy's native RPC server on the board's loopback, forwards a local port to it and
 prints one JSON line: {"port": local port, "rpc_port": board port, "key": the server's session
-key}, or {"error"|"lost": message}. It then serves until its stdin closes, stops the server and
-logs out; if the SSH connection (or the tracker) goes away first, it says so in a second line,
-{"lost": message}. Ctrl-C is left to the parent, which closes stdin from its cleanup.
+key}, or {"error"|"lost": message} (with "usage": true for bad input). It then serves until its
+stdin closes, stops the server and logs out; if the SSH connection (or the tracker) goes away
+first, it says so in a second line, {"lost": message}. Ctrl-C is left to the parent, which
+closes stdin from its cleanup.
 
 With a tracker (host, port, key), the server is registered there on the board's behalf (the board
 never talks to the tracker): clients on this host reach it at FARM_ADDRESS through the forward.
@@ -17,7 +18,7 @@ import select
 import signal
 import sys
 
-from base.errors import DeployError
+from base.errors import DeployError, UsageError
 from devices.board_setup import board_machine
 from devices.boards import Board
 from devices.registry import DeviceLost
@@ -64,8 +65,8 @@ def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
         return _say({"lost": f"the SSH connection to {board.name} ended"})
     except DeviceLost as exc:
         return _say({"lost": str(exc)})
-    except DeployError as exc:
-        return _say({"error": str(exc)})
+    except DeployError as exc:  # bad input (a key that is a FIFO) stays exit 2 in the parent
+        return _say({"error": str(exc), "usage": isinstance(exc, UsageError)})
     finally:
         if registration is not None:
             registration.close()

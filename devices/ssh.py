@@ -81,12 +81,19 @@ def ssh_connect(board: Board, accept_new_host_key: bool = False) -> paramiko.SSH
         (SYSTEM_KNOWN_HOSTS.expanduser(), client.load_system_host_keys),
         (ours, client.load_host_keys),
     ):
+        if os.path.realpath(path) == os.devnull:  # a link to /dev/null: none, an idiom
+            continue
         _readable(path, "known_hosts")
-        if path.exists():
-            try:
-                load(str(path))
-            except (UnicodeDecodeError, paramiko.SSHException) as exc:
-                raise UsageError(f"known_hosts {path}: cannot read it: {reason(exc)}") from None
+        if not path.exists():
+            continue
+        try:
+            load(str(path))
+        except PermissionError:
+            if path != ours:  # skipped, as paramiko skips ssh's own file it cannot read
+                continue
+            raise UsageError(f"known_hosts {path}: cannot read it: permission denied") from None
+        except (OSError, UnicodeDecodeError, paramiko.SSHException) as exc:
+            raise UsageError(f"known_hosts {path}: cannot read it: {reason(exc)}") from None
     if board.key is not None:
         _readable(Path(board.key), f"board {board.name} key", KEY_LIMIT)
         if not Path(board.key).exists():
@@ -520,7 +527,7 @@ def _link_message(link: subprocess.Popen[str], log: IO[bytes]) -> dict[str, Any]
     if "lost" in message:
         raise DeviceLost(message["lost"])
     if "error" in message:
-        raise DeployError(message["error"])
+        raise (UsageError if message.get("usage") else DeployError)(message["error"])
     return dict(message)
 
 

@@ -208,46 +208,59 @@ def _key_becomes(kind: str, key: Path) -> str:
 def test_a_key_file_changed_after_add_is_named(server, tmp_path, kind):
     """`device add` checks the key, but it may change later: a FIFO hung every login, /dev/zero
     filled memory at 0.5 GB/s, a text file was a lost device (exit 1), binary bytes a
-    UnicodeDecodeError."""
-    key = tmp_path / "key"
+    UnicodeDecodeError. Through a session's helper process too, with the same exit code."""
+    name, key = f"rekeyed-{kind}", tmp_path / "key"
     key.write_bytes(server.key.read_bytes())
     key.chmod(0o600)
-    assert (
-        add(f"rekeyed-{kind}", server, tmp_path / "board", "--accept-new-host-key", key=str(key)).returncode
-        == 0
-    )
+    assert add(name, server, tmp_path / "board", "--accept-new-host-key", key=str(key)).returncode == 0
     words = _key_becomes(kind, key)
-    result = subprocess.run(
-        [DEPLOY, "device", "check", f"rekeyed-{kind}"], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"error: board rekeyed-{kind} key {key}: {words}"), result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    try:
+        for command in (
+            ["device", "check", name],
+            ["test", "--target", "x86", "--device", name, "--op", "add"],
+        ):
+            result = subprocess.run([DEPLOY, *command], capture_output=True, text=True, timeout=60)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.startswith(f"error: board {name} key {key}: {words}"), result.stderr
+            assert len(result.stderr.strip().splitlines()) == 1
+    finally:
+        run_deploy("device", "remove", name)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "directory", "binary"])
+KNOWN_HOSTS_AS = {
+    "fifo": os.mkfifo,
+    "directory": Path.mkdir,
+    "binary": lambda path: path.write_bytes(b"\xff\xfe\n"),
+    "devnull": lambda path: path.symlink_to(os.devnull),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KNOWN_HOSTS_AS))
 def test_a_known_hosts_that_is_no_text_file_is_named(tmp_path, kind):
+    """A FIFO hung every login; a directory or binary bytes were a generic traceback line. A link
+    to /dev/null (an idiom for none) reads as empty, as it did."""
     from devices.boards import known_hosts_file
 
     ours = known_hosts_file()
+    ours.parent.mkdir(parents=True, exist_ok=True)
     saved = tmp_path / "saved"
     if ours.exists():
         ours.rename(saved)
+    where = ("--host", "127.0.0.1", "--port", str(free_port()), "--user", "x", "--arch", "x86_64")
     try:
-        {"fifo": os.mkfifo, "directory": Path.mkdir, "binary": lambda p: p.write_bytes(b"\xff\xfe\n")}[kind](
-            ours
-        )
-        where = ("--host", "127.0.0.1", "--port", str(free_port()), "--user", "x", "--arch", "x86_64")
-        run_deploy("device", "add", "hosts", *where)
+        KNOWN_HOSTS_AS[kind](ours)
+        assert run_deploy("device", "add", "hosts", *where).returncode == 0
         result = subprocess.run(
             [DEPLOY, "device", "check", "hosts"], capture_output=True, text=True, timeout=60
         )
-        assert result.returncode == 2 and result.stderr.startswith(f"error: known_hosts {ours}: "), (
+        said = "error: cannot reach hosts at" if kind == "devnull" else f"error: known_hosts {ours}: "
+        assert (result.returncode, result.stderr[: len(said)]) == (1 if kind == "devnull" else 2, said), (
             result.stderr
         )
         assert len(result.stderr.strip().splitlines()) == 1
     finally:
-        if ours.is_dir():
+        run_deploy("device", "remove", "hosts")
+        if ours.is_dir() and not ours.is_symlink():
             ours.rmdir()
         else:
             ours.unlink(missing_ok=True)
@@ -272,9 +285,10 @@ def test_a_port_that_closes_at_once_is_one_line(tmp_path):
         "--arch",
         "x86_64",
     )
-    run_deploy("device", "add", "closer", *where)
+    assert run_deploy("device", "add", "closer", *where).returncode == 0
     result = run_deploy("device", "check", "closer")
     listener.close()
+    run_deploy("device", "remove", "closer")
     assert result.returncode == 1 and result.stderr.startswith("error: SSH to x@127.0.0.1:"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
