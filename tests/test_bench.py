@@ -186,3 +186,17 @@ def test_a_plot_that_cannot_be_written_loses_only_the_plot(tmp_path: Path) -> No
         "ro.png",
         "tiny.yaml",
     ]
+
+
+def test_a_plot_that_is_a_link_stays_a_link(tmp_path: Path) -> None:
+    """As `run -o`: the file the link names is replaced, the link stays."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text(
+        "inputs: {x: {shape: [64, 64]}}\nnodes: [{name: r, op: leaky_relu, inputs: [x]}]\noutput: r\n"
+    )
+    real, link = tmp_path / "real.png", tmp_path / "link.png"
+    real.write_bytes(b"old")
+    link.symlink_to(real)
+    done = run_deploy("bench", "--target", "x86", "--model", str(model), "--repeat", "1", "--plot", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and real.read_bytes()[:4] == b"\x89PNG"

@@ -377,7 +377,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("test --target x86 --tuned TMP/afile", 2, "is not a directory"),
     ("test --target x86 --device nosuch", 2, "unknown device 'nosuch'"),
     ("test --target x86 --tracker 127.0.0.1:9190", 2, "--tracker and --key go together"),
-    ("test --target x86 --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected the device key servers"),
+    ("test --target x86 --tracker 127.0.0.1:9190 --key ''", 2, "--key '': expected a device key"),
     ("test --target x86 --cl-device 0:0 --device local", 2, "--cl-device goes instead"),
     ("test --target x86 --shape 4", 2, "No such option '--shape'"),
     # bench: bad values are refused before any device (nosuch would be refused next)

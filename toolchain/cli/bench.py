@@ -129,13 +129,18 @@ def bench_command(
         click.echo(json.dumps(rows, indent=2))
     else:
         print_bench(rows, target.name, device)
+    unwritten: DeployError | None = None
     if plot:  # after the figures are out: a failed write loses the plot alone
         try:
-            with replacing(Path(plot)) as temporary:
+            with replacing(Path(plot), through_links=True) as temporary:  # a link stays a link
                 plot_bench(rows, temporary, f"deploy bench --target {target.name} on {device.name}")
         except OSError as exc:
-            raise DeployError(f"--plot {plot}: cannot write it: {exc.strerror or reason(exc)}") from None
-    refuse_wrong_answers(rows)
+            unwritten = DeployError(f"--plot {plot}: cannot write it: {exc.strerror or reason(exc)}")
+        except DeployError as exc:
+            unwritten = exc
+    refuse_wrong_answers(rows)  # the verdict on the answers first
+    if unwritten is not None:
+        raise unwritten
 
 
 def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:

@@ -118,11 +118,11 @@ class DeviceChoice:
             if self.name or self.tracker:
                 raise UsageError("--cl-device goes instead of --device and --tracker")
             return get_device(f"opencl:{self.cl_device}")
-        if self.key is not None and not self.key.strip():
-            raise UsageError(f"--key {self.key!r}: expected the device key servers registered with")
-        if self.tracker or self.key:
-            from devices.tracker import TrackerDevice, parse_address
+        if self.tracker or self.key is not None:
+            from devices.tracker import TrackerDevice, check_key, parse_address
 
+            if self.key is not None:
+                check_key(self.key)
             if self.name or not (self.tracker and self.key):
                 raise UsageError("--tracker and --key go together, instead of --device")
             host, port = parse_address(self.tracker)
