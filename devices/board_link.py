@@ -20,7 +20,7 @@ import sys
 
 from base.errors import DeployError, UsageError
 from devices.board_setup import board_machine
-from devices.boards import Board
+from devices.boards import ARCHES, Board
 from devices.registry import DeviceLost
 from devices.ssh import BoardShell, RemoteServer, ssh_connect
 from devices.tracker import TrackerRegistration
@@ -41,10 +41,14 @@ def serve(board: Board, tracker: tuple[str, int, str] | None = None) -> int:
         shell = BoardShell(board, client)
         machine = board_machine(shell)  # one command: every case would fail to load, or a server's
         if machine != board.arch:  # directory be left behind where `rm` is missing
-            raise DeployError(
-                f"{board.name} runs {machine} (uname -m) but was added with arch {board.arch}: re-add it"
-                f" with --arch {machine} (`deploy device add {board.name} ... --replace`), then"
+            advice = (
+                f"re-add it with --arch {machine} (`deploy device add {board.name} ... --replace`), then"
                 f" `deploy device setup {board.name}`"
+                if machine in ARCHES
+                else f"deploy has runtimes for {', '.join(ARCHES)} only"
+            )
+            raise DeployError(
+                f"{board.name} runs {machine} (uname -m) but was added with arch {board.arch}: {advice}"
             )
         server = RemoteServer(shell, key_prefix=tracker[2] if tracker else "")
         server.wait_ready()

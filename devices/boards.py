@@ -82,11 +82,12 @@ class Board:
         if type(self.port) is not int:
             raise UsageError(f"board port {self.port!r}: expected 1..65535")
         reserved = built_in_names()
-        if not NAME.fullmatch(self.name) or self.name in reserved:
+        if self.name in reserved:
             raise UsageError(
-                f"device name {self.name!r}: expected letters, digits, '.', '_' or '-' (not"
-                f" {' or '.join(reserved)})"
+                f"device name {self.name!r}: a built-in device's name (built in: {', '.join(reserved)})"
             )
+        if not NAME.fullmatch(self.name):
+            raise UsageError(f"device name {self.name!r}: expected letters, digits, '.', '_' or '-'")
         if not self.host or any(c.isspace() for c in self.host) or not self.host.isprintable():
             raise UsageError(f"board host {self.host!r}: expected a host name or address")
         if "@" in self.host:

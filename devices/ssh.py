@@ -417,7 +417,7 @@ class RemoteServer:
                 f"RPC server on {name} not ready after {SERVER_TIMEOUT_S:.0f} s: {self.log_tail()}"
             )
         if not self.port and not self._channel.get_transport().is_active():
-            raise DeployError(f"lost the SSH connection to {name} while its RPC server started")
+            raise DeviceLost(f"lost the SSH connection to {name} while its RPC server started")
         if not self.port:
             said = self.log_tail() or "no output"
             raise DeployError(f"RPC server on {name} exited: {said} (see `deploy device check {name}`)")

@@ -534,8 +534,9 @@ def test_sshd_killed_mid_tune_stops_tuning_and_keeps_the_records(tmp_path):
 
 
 def test_sshd_killed_while_the_server_starts(tmp_path):
-    """A connection lost before the board's server said it listens is named as such: it was
-    `RPC server on NAME exited: deploy-server-...-pgid=N`, as if the server had failed."""
+    """A connection lost before the board's server said it listens is a lost device, named as
+    such: it was `RPC server on NAME exited: deploy-server-...-pgid=N`, as if the server had
+    failed (and not a device lost: its case was not put back)."""
     own = sshd.start(tmp_path / "sshd")
     remote = tmp_path / "board"
     try:
@@ -557,7 +558,10 @@ def test_sshd_killed_while_the_server_starts(tmp_path):
         own.kill()
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1, out[-1000:] + err
-        assert err == "error: lost the SSH connection to cut while its RPC server started\n"
+        assert "lost the SSH connection to cut while its RPC server started" in out, out[
+            -1000:
+        ]  # its case requeued
+        assert err.startswith("error: cannot reach cut at 127.0.0.1:") and len(err.splitlines()) == 1, err
         assert settle(remote) == []
     finally:
         if own.proc.poll() is None:
