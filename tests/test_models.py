@@ -700,6 +700,8 @@ def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:
         ("[0x10, 1_0]", "0.5", ((16, 10), 0.5)),
         ("[0b11, 10]", "012.5", ((3, 10), 12.5)),
         ("[0, 4]", "0.5", "shape [0, 4]: expected a list of positive ints"),
+        ("[!!int 1e3, 4]", "0.5", "g.yaml:1: 1e3 is not an int"),  # was a raw ValueError, exit 1
+        ("[3, 4]", "!!float '010'", ((3, 4), 10.0)),  # a float is never octal
     ],
 )
 def test_a_yaml_number_is_read_as_it_looks_or_refused(tmp_path: Path, shape, alpha, expected) -> None:

@@ -93,22 +93,30 @@ def _mapping_once(loader: _KeysOnce, node: yaml.MappingNode) -> Any:
 
 _KeysOnce.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
 
-_AMBIGUOUS_NUMBER = re.compile(r"[-+]?0[0-7_]+|[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
-"""What YAML 1.1 (PyYAML) reads other than it looks: `010` as octal 8 (YAML 1.2 and JSON say
-10 or nothing), `1:30` as base 60, 90. Refused, so a shape or attribute is never silently another."""
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+"""An int YAML 1.1 (PyYAML) reads as octal: `010` is 8 there, 10 in YAML 1.2 and JSON."""
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+"""A number YAML 1.1 reads in base 60: `1:30` is 90."""
 
 
 def _number_as_written(loader: _KeysOnce, node: yaml.ScalarNode) -> Any:
-    text = loader.construct_scalar(node)
-    if isinstance(text, str) and _AMBIGUOUS_NUMBER.fullmatch(text):
-        reading = "base 60" if ":" in text else "octal"
+    """An int or float scalar as it looks, else `_NotAsWritten` naming it: a shape or attribute
+    is never silently another value than the file shows."""
+    text = str(loader.construct_scalar(node))
+    is_int = node.tag.endswith(":int")
+    line = node.start_mark.line + 1
+    reading = (
+        "base 60" if _BASE_60.fullmatch(text) else "octal" if is_int and _OCTAL.fullmatch(text) else None
+    )
+    if reading is not None:
         raise _NotAsWritten(
-            f"{node.start_mark.line + 1}: number {text}: YAML 1.1 reads it as {reading};"
-            " write it in decimal without leading zeros (or quote it for a string)"
+            f"{line}: number {text}: YAML 1.1 reads it as {reading}; write it in decimal without"
+            " leading zeros (or quote it for a string)"
         )
-    if node.tag.endswith(":int"):
-        return loader.construct_yaml_int(node)
-    return loader.construct_yaml_float(node)
+    try:
+        return loader.construct_yaml_int(node) if is_int else loader.construct_yaml_float(node)
+    except ValueError:  # an explicit tag on another text: `!!int 1e3`
+        raise _NotAsWritten(f"{line}: {printable(text)} is not {'an int' if is_int else 'a float'}") from None
 
 
 _KeysOnce.add_constructor("tag:yaml.org,2002:int", _number_as_written)
