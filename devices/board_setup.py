@@ -306,9 +306,9 @@ def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
         mode = sftp.stat(path).st_mode or 0
     except FileNotFoundError:
         mode = None
-    if mode is not None and not stat.S_ISDIR(mode):
-        raise DeployError(f"{path} on the board is not a directory (the remote dir, or one above it)")
     if mode is not None:
+        if not stat.S_ISDIR(mode):
+            raise DeployError(f"{path} on the board is not a directory (the remote dir, or one above it)")
         return
     _makedirs(sftp, posixpath.dirname(path))
     sftp.mkdir(path, 0o755)

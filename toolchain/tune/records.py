@@ -40,6 +40,8 @@ TASK = "task.json"
 ACCEPTED = "accepted.json"
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+DATABASE = (WORKLOADS, RECORDS)
+"""MetaSchedule's JSON database of a task: the files it appends to."""
 LOCK = "tune.lock"
 FAILED_SECS = 1e9
 """MetaSchedule stores a failed candidate with run time 1e10 s; anything above this is a failure."""
@@ -197,7 +199,7 @@ def records_digest(directory: Path) -> str:
     """sha256 of the task's database files as they are now: whether the accepted record can be
     built depends on all of them (a corrupt line anywhere refuses the records)."""
     digest = hashlib.sha256()
-    for name in (WORKLOADS, RECORDS):
+    for name in DATABASE:
         path = directory / name
         digest.update(path.read_bytes() if path.is_file() else b"")
     return digest.hexdigest()[:16]
@@ -252,9 +254,9 @@ def check_task_files(directory: Path) -> None:
     regular file (a directory there failed the run at its end, when the verdict was written), or
     a database file is a link: MetaSchedule appends to them, and would write through a link to a
     user's file; the half-written-line repair would cut it."""
-    for name in (WORKLOADS, RECORDS, TASK, ACCEPTED):
+    for name in (*DATABASE, TASK, ACCEPTED):
         path = directory / name
-        if path.is_symlink() and name in (WORKLOADS, RECORDS):
+        if path.is_symlink() and name in DATABASE:
             raise UsageError(f"{path} is a symbolic link; deploy tune writes its database files itself")
         if path.exists() and not path.is_file():
             raise UsageError(f"{path} is not a regular file; deploy tune writes it itself")
@@ -264,7 +266,7 @@ def drop_partial_lines(directory: Path) -> int:
     """Cut a half-written last line off the database files (a run killed mid-write); return how
     many files were cut. Every complete line, so every finished record, stays."""
     cut = 0
-    for name in (WORKLOADS, RECORDS):
+    for name in DATABASE:
         path = directory / name
         if not path.exists():
             continue
