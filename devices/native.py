@@ -261,4 +261,43 @@ def native_runtime(target: Platform) -> Path:
 
 
 RUNTIME_FILES = (SERVER, *(f"lib/{name}" for name in sorted(LIBRARIES.values())))
+
+
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+
+
+def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
+    """`source` (one of SOURCES, including only SOURCES headers and system ones) compiled with
+    `compiler -c` and `flags` into an object, built once per content hash of the sources, the
+    compiler and the flags: what every bundle of an architecture links the same (the runtime,
+    the runner)."""
+    digest = hashlib.sha256(" ".join((compiler, *flags)).encode())
+    digest.update(_compiler_version(compiler).encode())
+    for path in [source, *sorted(SOURCES.glob("*.h"))]:
+        digest.update(path.read_bytes())
+    directory = cache_root() / "objects" / f"{source.name}-{digest.hexdigest()[:16]}"
+    name = (source.stem + ".o",)
+    if not _whole(directory, name):
+        with _staged(directory, name) as staging:
+            cmd = [
+                compiler,
+                *flags,
+                f"-I{SOURCES}",
+                f"-I{ffi_include()}",
+                "-c",
+                str(source),
+                "-o",
+                str(staging / name[0]),
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                errors = [
+                    line for line in proc.stderr.splitlines() if ": error:" in line
+                ] or proc.stderr.splitlines()
+                raise DeployError(f"{compiler} failed on {source.name}: {' | '.join(errors[:3])}")
+    return directory / name[0]
+
+
 """The files of a native runtime directory, relative to it: the server, then its libraries."""

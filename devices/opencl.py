@@ -232,8 +232,10 @@ class OpenClSession:
         out_shape: tuple[int, ...],
         out_dtype: str,
         entry: str = "function",
+        workspace: int = 0,
     ) -> np.ndarray:
-        """Launch the plan's kernels in order (an op's or a graph's alike: `entry` is not used)."""
+        """Launch the plan's kernels in order (an op's or a graph's alike: `entry` is not used,
+        and its scratch buffers are the plan's own, not a `workspace`)."""
         cl = _cl()
         enqueue, out, out_buffer = self._launch(module, inputs, out_shape, out_dtype)
         enqueue()
@@ -251,6 +253,7 @@ class OpenClSession:
         number: int,
         repeat: int,
         entry: str = "function",
+        workspace: int = 0,
     ) -> list[float]:
         enqueue, _, _ = self._launch(module, inputs, out_shape, out_dtype)
         enqueue()

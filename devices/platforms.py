@@ -23,11 +23,20 @@ class Platform:
     gxx: str
     """The C++ compiler that targets it from this host, and the Debian package that has it."""
     gxx_package: str
+    triple: str = ""
+    """The prefix of its GNU tools (`aarch64-linux-gnu`: -gcc, -nm, -objcopy, -ar), and the
+    Debian packages of its C compiler and binutils."""
+    gcc_package: str = ""
+    binutils_package: str = ""
     qemu: str | None = None
     """qemu-user binary that runs it on this host, its package, and the `-L` library prefix
     (Debian's cross libc and libstdc++: no sysroot to provision)."""
     qemu_package: str = "qemu-user"
     qemu_prefix: str | None = None
+
+    def tool(self, name: str) -> str:
+        """The GNU tool `name` ("gcc", "nm", ...) that works on this architecture's code."""
+        return f"{self.triple}-{name}"
 
     def native_here(self) -> bool:
         return self.arch == platform.machine()
@@ -41,7 +50,7 @@ class Platform:
         return [self.qemu, "-L", self.qemu_prefix]
 
 
-def debian_linux(arch: str, gxx_package: str) -> Platform:
+def debian_linux(arch: str, gxx_package: str, gcc_package: str, binutils_package: str) -> Platform:
     """A Linux architecture as Debian names its tools: `ARCH-linux-gnu-g++`, `qemu-ARCH`, the cross
     libc in `/usr/ARCH-linux-gnu`, and TVM's manylinux wheel tags for it."""
     return Platform(
@@ -49,13 +58,22 @@ def debian_linux(arch: str, gxx_package: str) -> Platform:
         wheel_tags=tuple(f"{tag}_{arch}" for tag in ("manylinux_2_28", "manylinux2014", "manylinux_2_17")),
         gxx=f"{arch}-linux-gnu-g++",
         gxx_package=gxx_package,
+        triple=f"{arch}-linux-gnu",
+        gcc_package=gcc_package,
+        binutils_package=binutils_package,
         qemu=f"qemu-{arch}",
         qemu_prefix=f"/usr/{arch}-linux-gnu",
     )
 
 
 _PLATFORMS = {
-    p.arch: p for p in (debian_linux("aarch64", "g++-aarch64-linux-gnu"), debian_linux("x86_64", "g++"))
+    p.arch: p
+    for p in (
+        debian_linux(
+            "aarch64", "g++-aarch64-linux-gnu", "gcc-aarch64-linux-gnu", "binutils-aarch64-linux-gnu"
+        ),
+        debian_linux("x86_64", "g++", "gcc", "binutils"),
+    )
 }
 
 

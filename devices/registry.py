@@ -30,9 +30,11 @@ class Session(Protocol):
         out_shape: tuple[int, ...],
         out_dtype: str,
         entry: str = "function",
+        workspace: int = 0,
     ) -> np.ndarray:
         """Load `module` (cached per path), call its main through `entry` (`session.ENTRIES`:
-        main(inputs..., out) or a Relax VM's main(inputs...) -> out), return out."""
+        main(inputs..., out), or a graph's plan main(inputs..., out, arena) with an arena of
+        `workspace` bytes), return out."""
         ...
 
     def time(
@@ -44,6 +46,7 @@ class Session(Protocol):
         number: int,
         repeat: int,
         entry: str = "function",
+        workspace: int = 0,
     ) -> list[float]:
         """Seconds per call of main, one mean over `number` calls for each of `repeat` runs."""
         ...

@@ -1,13 +1,13 @@
 """A session over any TVM runtime device, local or over RPC: load, run, time.
 
 A module is called through its entry (the manifest's `entry`): "function", an op's PrimFunc
-`main(inputs..., out)`, or "vm", a graph's Relax VM executable whose `main(inputs...)` returns the
-output (the VM is in libtvm_runtime, so it runs wherever the runtime does, over RPC too).
+`main(inputs..., out)`, or "plan", a graph's `main(inputs..., out, arena)` (toolchain/build/
+plan.py), whose arena of `workspace` bytes the session allocates on the device once per call
+site, as a C bundle's caller does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,24 +19,14 @@ from base.errors import DeployError, UsageError
 
 @dataclass(frozen=True)
 class Entry:
-    """How a loaded module is called: `function(loaded, dev)` -> the callable and whether it
-    takes the output as its last argument (else it returns it)."""
+    """How a loaded module's `main` is called: on the inputs and the output, then an arena
+    (`takes_arena`) or not."""
 
-    function: Callable[[Any, Any], Any]
-    takes_output: bool
-
-
-def _vm_main(loaded: Any, dev: Any) -> Any:
-    from tvm import relax
-
-    return relax.VirtualMachine(loaded, dev)
+    takes_arena: bool
 
 
-ENTRIES = {
-    "function": Entry(lambda loaded, dev: loaded, takes_output=True),
-    "vm": Entry(_vm_main, takes_output=False),
-}
-"""Entries by the name a manifest gives; the callable's `main` is called, or timed."""
+ENTRIES = {"function": Entry(takes_arena=False), "plan": Entry(takes_arena=True)}
+"""Entries by the name a manifest gives."""
 
 
 def entry_named(name: str) -> Entry:
@@ -59,7 +49,6 @@ class TvmSession:
         self._dev = dev
         self._function_of = function
         self._loaded: dict[Path, Any] = {}
-        self._modules: dict[tuple[Path, str], Any] = {}
         self._cores: int | None = None
 
     def cores(self) -> int:
@@ -76,27 +65,26 @@ class TvmSession:
     def close(self) -> None:
         """Drop the loaded modules and the device; for RPC this ends the connection, which frees
         the server (a tracker hands it out again)."""
-        self._modules.clear()
         self._loaded.clear()
         self._loader = self._dev = self._function_of = None
 
-    def _callable(self, module: Path, entry: str) -> Any:
-        """The module loaded (once per path) and made callable through its entry."""
+    def _callable(self, module: Path) -> Any:
+        """The module, loaded once per path."""
         if module not in self._loaded:
             self._loaded[module] = self._loader(module)
-        if (module, entry) not in self._modules:
-            self._modules[(module, entry)] = entry_named(entry).function(self._loaded[module], self._dev)
-        return self._modules[(module, entry)]
+        return self._loaded[module]
 
     def _args(
-        self, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str, entry: str
+        self, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str, entry: str, workspace: int
     ) -> list[Any]:
+        """The inputs, the output and, for an entry that takes one, an arena of `workspace` bytes."""
         import tvm
 
         tensors = [tvm.runtime.tensor(np.require(a, requirements="C"), self._dev) for a in inputs]
-        if not entry_named(entry).takes_output:
-            return tensors
-        return [*tensors, tvm.runtime.empty(out_shape, out_dtype, self._dev)]
+        tensors.append(tvm.runtime.empty(out_shape, out_dtype, self._dev))
+        if entry_named(entry).takes_arena:
+            tensors.append(tvm.runtime.empty((workspace,), "uint8", self._dev))
+        return tensors
 
     def run(
         self,
@@ -105,11 +93,11 @@ class TvmSession:
         out_shape: tuple[int, ...],
         out_dtype: str,
         entry: str = "function",
+        workspace: int = 0,
     ) -> np.ndarray:
-        args = self._args(inputs, out_shape, out_dtype, entry)
-        returned = self._callable(module, entry)["main"](*args)
-        out = args[-1] if entry_named(entry).takes_output else returned
-        result = out.numpy()
+        args = self._args(inputs, out_shape, out_dtype, entry, workspace)
+        self._callable(module)["main"](*args)
+        result = args[len(inputs)].numpy()
         if result.shape != tuple(out_shape) or str(result.dtype) != out_dtype:
             raise DeployError(
                 f"{module} returned {result.dtype}{list(result.shape)}, its manifest says"
@@ -126,7 +114,8 @@ class TvmSession:
         number: int,
         repeat: int,
         entry: str = "function",
+        workspace: int = 0,
     ) -> list[float]:
-        function = self._callable(module, entry)
-        evaluator = function.time_evaluator("main", self._dev, number=number, repeat=repeat)
-        return [float(t) for t in evaluator(*self._args(inputs, out_shape, out_dtype, entry)).results]
+        evaluator = self._callable(module).time_evaluator("main", self._dev, number=number, repeat=repeat)
+        args = self._args(inputs, out_shape, out_dtype, entry, workspace)
+        return [float(t) for t in evaluator(*args).results]

@@ -133,7 +133,8 @@ def test_the_artifact_lists_its_kernels_and_schedules(tmp_path):
     result = invoke("build", "--model", str(EXAMPLE_YAML), "--target", "x86", "--cores", "2", "-o", str(out))
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["entry"] == "vm" and manifest["op"] == "maxpool_add"
+    assert manifest["entry"] == "plan" and manifest["op"] == "maxpool_add"
+    assert manifest["arena"] == [], "one fused kernel: nothing between kernels"
     assert [i["name"] for i in manifest["inputs"]] == ["a", "b"]
     assert manifest["graph"]["kernels"] == [
         {

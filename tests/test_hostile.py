@@ -57,7 +57,11 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/good.yaml --shape 4", 2, "--shape describe an op; the model file gives its own"),
     (f"{MODEL} TMP/good.yaml --dtype ''", 2, "--dtype describe an op"),
     (f"{MODEL} TMP/good.yaml -a alpha=1", 2, "-a describe an op"),
-    (f"{MODEL} TMP/good.yaml --bundle", 2, "--bundle wraps one op"),
+    (f"{MODEL} TMP/good.yaml --name x", 2, "--name names a bundle: give --bundle too"),
+    (f"{MODEL} TMP/good.yaml --bundle --name int", 2, "--name 'int' is not a C identifier"),
+    (f"{MODEL} TMP/good.yaml --bundle --name 3d", 2, "--name '3d' is not a C identifier"),
+    (f"{MODEL} TMP/good.yaml --bundle --name a-b", 2, "--name 'a-b' is not a C identifier"),
+    (f"{MODEL} TMP/good.yaml --bundle --name ''", 2, "--name '' is not a C identifier"),
     (
         f"{MODEL} TMP/good.yaml --layout NCHW5c",
         2,
@@ -350,7 +354,7 @@ ROWS: list[tuple[str, int, str]] = [
     # a symbolic batch: where a name may go, what takes static shapes only, arrays against it
     (f"{ADD} --shape 3xN --shape 4", 2, "--shape '3xN': expected dims like 32x64x112x112"),
     (f"{LR} --shape Nx4 --target opencl", 2, "target opencl needs static shapes: the batch N is symbolic"),
-    (f"{LR} --shape Nx4 --bundle", 2, "--bundle needs static shapes: the batch N is symbolic"),
+    (f"{LR} --shape Nx4 --bundle --target opencl", 2, "--bundle needs a target whose module C can call"),
     (f"{TUNE} --shape Nx4", 2, "tuning leaky_relu needs static shapes: the batch N is symbolic"),
     (f"{LR} --shape maxx4", 2, "--shape 'maxx4': expected dims like"),
     (f"{ADD} --shape Nx1x3 --shape 2x1x1x3", 2, "the output of add has shape [2, N, 1, 3]: only the first"),

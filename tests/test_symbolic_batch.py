@@ -2,7 +2,7 @@
 give one module for every N. The op matrix (`test_ops_matrix.py`) runs each op's symbolic case at
 N = 1, 3 and 32 on every CPU target; here: the shape syntax, what binding allows, the manifest,
 the runtime's checks at call time, the model example on x86 and the emulator, and what refuses a
-symbolic batch (OpenCL plans, C bundles, tuning) with one line."""
+symbolic batch (OpenCL plans, tuning) with one line."""
 
 from __future__ import annotations
 
@@ -193,8 +193,6 @@ def test_bench_times_a_symbolic_batch_at_1_and_32(tmp_path):
     [
         (["build", "--op", "add", "--shape", "Nx4", "--shape", "Nx4", "--target", "opencl"],
          "target opencl needs static shapes: the batch N is symbolic"),
-        (["build", "--op", "add", "--shape", "Nx4", "--shape", "Nx4", "--target", "x86", "--bundle"],
-         "--bundle needs static shapes: the batch N is symbolic"),
         (["tune", "--op", "add", "--shape", "Nx4", "--shape", "Nx4", "--target", "x86"],
          "tuning add needs static shapes: the batch N is symbolic"),
     ],

@@ -1,47 +1,64 @@
-// What an op bundle was built for, shared by its shim (bundle.cc) and its runner (run.cc).
-//
-// deploy generates `bundle_signature.h` per bundle (found on the include path): the op's name,
-// the sha256 of its module.so and one TensorSpec per input, then the output, in call order.
-#pragma once
+/* What a bundle was built for, shared by its API (bundle.c) and its runner (run.cc, runner_glue.c).
+ *
+ * deploy generates `bundle_config.h` per bundle (found on the include path): the public prefix,
+ * one DeployTensorSpec per input and one for the output in call order, the symbolic dims, and
+ * the arena's slots when it is a graph's plan (toolchain/build/plan.py lays them out).
+ */
+#ifndef DEPLOY_BUNDLE_H_
+#define DEPLOY_BUNDLE_H_
 
 #include <dlpack/dlpack.h>
+#include <stdint.h>
 
-#include <cstdint>
-#include <string>
-#include <vector>
+#define DEPLOY_MAX_DIMS 16
+#define DEPLOY_MAX_SLOT_SYMBOLS 4
+#define DEPLOY_ALIGNMENT 64 /* what the kernels assume of every buffer they are given */
 
-namespace deploy {
-
-struct TensorSpec {
+typedef struct {
   const char* name;
   DLDataType dtype;
-  std::vector<int64_t> shape;
-};
+  int ndim;
+  int64_t shape[DEPLOY_MAX_DIMS]; /* a dim < 0 is the symbolic dim number -(dim + 1) */
+} DeployTensorSpec;
 
-// "float32", "int8", ... as numpy and the manifest name them.
-inline std::string DtypeText(DLDataType dtype) {
-  const char* kind = dtype.code == kDLFloat ? "float" : dtype.code == kDLInt ? "int"
-                     : dtype.code == kDLUInt ? "uint" : dtype.code == kDLBool ? "bool" : "code";
-  std::string text = kind + std::to_string(dtype.bits);
-  return dtype.lanes == 1 ? text : text + "x" + std::to_string(dtype.lanes);
+typedef struct { /* an arena region: bytes times the product of some symbolic dims */
+  uint64_t bytes;
+  int num_symbols;
+  int symbols[DEPLOY_MAX_SLOT_SYMBOLS];
+} DeploySlot;
+
+/* What the runner (run.cc, compiled once per architecture) knows of the bundle it is linked
+ * with: runner_glue.c defines `deploy_runner` from bundle_config.h and the bundle's API. */
+typedef struct {
+  const char* name; /* the bundle's prefix */
+  int num_inputs;
+  const char* const* symbol_names;
+  const DeployTensorSpec* tensors; /* the inputs, then the output */
+  int (*run)(DLTensor* const* args, int num_args);
+  const char* (*last_error)(void);
+} DeployRunner;
+
+#ifndef DEPLOY_RUNNER_ONLY
+#include "bundle_config.h"
+
+#define DEPLOY_NUM_TENSORS (DEPLOY_NUM_INPUTS + 1)
+
+/* The arena's size for the symbolic dims `symbols` as the plan's `main` computes it: each slot
+ * rounded up to DEPLOY_ALIGNMENT, at least one alignment in all; 0 when it overflows. */
+static inline uint64_t deploy_arena_bytes(const int64_t* symbols) {
+  uint64_t total = 0;
+  for (int i = 0; i < DEPLOY_NUM_SLOTS; ++i) {
+    const DeploySlot* slot = &deploy_slots[i];
+    uint64_t size = slot->bytes;
+    for (int k = 0; k < slot->num_symbols; ++k) {
+      if (__builtin_mul_overflow(size, (uint64_t)symbols[slot->symbols[k]], &size)) return 0;
+    }
+    if (size > UINT64_MAX - 2 * DEPLOY_ALIGNMENT) return 0;
+    size = (size + DEPLOY_ALIGNMENT - 1) / DEPLOY_ALIGNMENT * DEPLOY_ALIGNMENT;
+    if (__builtin_add_overflow(total, size, &total)) return 0;
+  }
+  return total < DEPLOY_ALIGNMENT ? DEPLOY_ALIGNMENT : total;
 }
+#endif /* DEPLOY_RUNNER_ONLY */
 
-inline std::string ShapeText(const int64_t* shape, int ndim) {
-  std::string text = "[";
-  for (int i = 0; i < ndim; ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-inline bool SameDtype(DLDataType a, DLDataType b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
-inline int64_t NumBytes(const TensorSpec& spec) {
-  int64_t count = 1;
-  for (int64_t dim : spec.shape) count *= dim;
-  return count * ((spec.dtype.bits * spec.dtype.lanes + 7) / 8);
-}
-
-}  // namespace deploy
-
-#include "bundle_signature.h"
+#endif /* DEPLOY_BUNDLE_H_ */

@@ -1,14 +1,14 @@
-// deploy-run: run an op bundle on .npy files, on a device that has only libc and libstdc++.
+// deploy-run: run a bundle's op or graph on .npy files. Linked statically with the bundle's
+// library (libNAME.a) and runner_glue.c, which says what the bundle takes (`deploy_runner`): it
+// needs nothing on the device, not even a particular libc. Compiled once per architecture.
 //
 //   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy
 //
-// Before loading anything it checks DIR/SHA256SUMS: every file listed must match, and the files it
-// loads (libOP.so, module.so, lib/) must match the digests it was built with (bundle_pins.h), so
-// a bundle whose SHA256SUMS was rewritten is refused too. Then it reads the inputs (.npy v1-v3,
-// little-endian f2/f4/f8/i1/u1/i4/i8, C order), checks them against the op's signature
-// (bundle_signature.h), calls deploy_OP_run from DIR/libOP.so and writes the output as .npy v1.
-// Errors are one line on stderr: exit 2 for bad input or a modified bundle, 1 when the op fails.
-#include <dlfcn.h>
+// First it checks DIR/SHA256SUMS: every file listed must match (a modified bundle is refused,
+// this runner among its files). Then it reads the inputs (.npy v1-v3, little-endian
+// f2/f4/f8/i1/u1/i4/i8, C order), checks them against the bundle's signature (bundle_config.h; a
+// symbolic batch is read from them), calls NAME_run and writes the output as .npy v1.
+// Errors are one line on stderr: exit 2 for bad input or a modified bundle, 1 when the call fails.
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
@@ -20,33 +20,61 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#define DEPLOY_RUNNER_ONLY
 #include "bundle.h"
 #include "sha256.h"
 
-namespace deploy {
-struct PinnedFile {
-  const char* path;
-  const char* sha256;
-};
-}  // namespace deploy
-
-#include "bundle_pins.h"
+extern "C" const DeployRunner deploy_runner;  // runner_glue.c
 
 namespace {
 
-using deploy::TensorSpec;
-
 constexpr int kBadInput = 2;
 constexpr int kFailed = 1;
-constexpr int kNumInputs = deploy::kNumTensors - 1;
-constexpr size_t kAlignment = 64;  // what the shim demands of tensor data
+constexpr size_t kAlignment = DEPLOY_ALIGNMENT;  // what the library demands of tensor data
 constexpr uint32_t kMaxHeader = 1 << 20;
+
+std::string DtypeText(DLDataType dtype) {
+  const char* kind = dtype.code == kDLFloat ? "float" : dtype.code == kDLInt ? "int"
+                     : dtype.code == kDLUInt ? "uint" : dtype.code == kDLBool ? "bool" : "code";
+  std::string text = kind + std::to_string(dtype.bits);
+  return dtype.lanes == 1 ? text : text + "x" + std::to_string(dtype.lanes);
+}
+
+bool SameDtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+// "[2, 3]"; a symbolic dim of a spec (< 0) by its name.
+std::string ShapeText(const int64_t* shape, int ndim) {
+  std::string text = "[";
+  for (int i = 0; i < ndim; ++i) {
+    text += i ? ", " : "";
+    text += shape[i] < 0 ? deploy_runner.symbol_names[-shape[i] - 1] : std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+std::string SpecText(const DeployTensorSpec& spec) {
+  return DtypeText(spec.dtype) + " " + ShapeText(spec.shape, spec.ndim);
+}
+
+// The shape of `spec` with its symbolic dims at `symbols`.
+std::vector<int64_t> ShapeAt(const DeployTensorSpec& spec, const int64_t* symbols) {
+  std::vector<int64_t> shape;
+  for (int i = 0; i < spec.ndim; ++i) shape.push_back(spec.shape[i] < 0 ? symbols[-spec.shape[i] - 1] : spec.shape[i]);
+  return shape;
+}
+
+int64_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count * ((dtype.bits * dtype.lanes + 7) / 8);
+}
 
 [[noreturn]] void Exit(int code, const std::string& message) {
   std::fprintf(stderr, "deploy-run: %s\n", message.c_str());
@@ -79,13 +107,18 @@ Options ParseArgs(int argc, char** argv) {
   return opt;
 }
 
-// Every file in DIR/SHA256SUMS matches it, and the pinned files are among them.
+// Every file in DIR/SHA256SUMS matches it, this runner and the library among them.
 void VerifyBundle(const std::string& dir) {
-  std::ifstream sums(dir + "/SHA256SUMS");
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> sums(std::fopen((dir + "/SHA256SUMS").c_str(), "r"),
+                                                          &std::fclose);
   if (!sums) Bad("cannot read " + dir + "/SHA256SUMS: not a bundle directory");
   std::map<std::string, std::string> listed;
   std::string line;
-  while (std::getline(sums, line)) {
+  for (int c; (c = std::fgetc(sums.get())) != EOF || !line.empty();) {
+    if (c != '\n' && c != EOF) {
+      line += static_cast<char>(c);
+      continue;
+    }
     if (line.size() < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
       Bad(dir + "/SHA256SUMS has a malformed line: " + line.substr(0, 80));
     }
@@ -99,13 +132,10 @@ void VerifyBundle(const std::string& dir) {
     }
     if (actual != digest) Bad(dir + "/" + path + " does not match SHA256SUMS: the bundle was modified");
     listed[path] = digest;
+    line.clear();
   }
-  for (const deploy::PinnedFile& pin : deploy::kPins) {
-    auto found = listed.find(pin.path);
-    if (found == listed.end()) Bad(dir + "/SHA256SUMS does not list " + pin.path);
-    if (found->second != pin.sha256) {
-      Bad(dir + "/" + pin.path + " is not the file this deploy-run was built with: the bundle was modified");
-    }
+  for (const std::string& file : {std::string("deploy-run"), "lib" + std::string(deploy_runner.name) + ".a"}) {
+    if (listed.find(file) == listed.end()) Bad(dir + "/SHA256SUMS does not list " + file);
   }
 }
 
@@ -195,8 +225,15 @@ std::vector<int64_t> ParseShape(const std::string& text, const std::string& path
   return shape;
 }
 
-// Read a .npy file that must hold exactly `spec` (dtype, shape, C order).
-Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
+// A .npy file's data and shape.
+struct Array {
+  Buffer buffer;
+  std::vector<int64_t> shape;
+};
+
+// Read a .npy file that must hold `spec` (dtype, shape, C order); its symbolic dims bind
+// `symbols` (0: not yet bound), which earlier inputs may have bound already.
+Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* symbols) {
   std::unique_ptr<std::FILE, decltype(&std::fclose)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) Bad("cannot read input " + path + ": " + std::strerror(errno));
   unsigned char preamble[12];
@@ -227,20 +264,33 @@ Buffer ReadNpy(const std::string& path, const TensorSpec& spec) {
     Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
   }
   std::vector<int64_t> shape = ParseShape(fields["shape"], path);
-  if (!deploy::SameDtype(known->second, spec.dtype) || shape != spec.shape) {
-    Bad("input " + std::string(spec.name) + " (" + path + ") is " + deploy::DtypeText(known->second) + " " +
-        deploy::ShapeText(shape.data(), static_cast<int>(shape.size())) + ", expected " +
-        deploy::DtypeText(spec.dtype) + " " +
-        deploy::ShapeText(spec.shape.data(), static_cast<int>(spec.shape.size())));
+  std::string is = "input " + std::string(spec.name) + " (" + path + ") is " + DtypeText(known->second) + " " +
+                   ShapeText(shape.data(), static_cast<int>(shape.size()));
+  bool fits = SameDtype(known->second, spec.dtype) && static_cast<int>(shape.size()) == spec.ndim;
+  for (int i = 0; fits && i < spec.ndim; ++i) fits = spec.shape[i] < 0 || shape[i] == spec.shape[i];
+  if (!fits) Bad(is + ", expected " + SpecText(spec));
+  for (int i = 0; i < spec.ndim; ++i) {
+    if (spec.shape[i] >= 0) continue;
+    int64_t& bound = symbols[-spec.shape[i] - 1];
+    const char* symbol = deploy_runner.symbol_names[-spec.shape[i] - 1];
+    if (shape[i] < 1 || shape[i] > INT32_MAX) Bad(is + ": " + symbol + " must be 1 to " + std::to_string(INT32_MAX));
+    if (bound != 0 && bound != shape[i]) {
+      Bad(is + ": its " + symbol + " is " + std::to_string(shape[i]) + ", an earlier input's " + std::to_string(bound));
+    }
+    bound = shape[i];
   }
-  size_t bytes = static_cast<size_t>(deploy::NumBytes(spec));
-  Buffer buffer(deploy::NumBytes(spec));
+  int64_t total = 1;
+  for (int64_t dim : shape) {
+    if (__builtin_mul_overflow(total, dim, &total) || total > (INT64_MAX >> 4)) Bad(is + ": too many elements");
+  }
+  size_t bytes = static_cast<size_t>(NumBytes(shape, spec.dtype));
+  Buffer buffer(static_cast<int64_t>(bytes));
   size_t got = std::fread(buffer.data.get(), 1, bytes, file.get());
   if (got != bytes) {
     Bad(path + " is truncated: " + std::to_string(got) + " of " + std::to_string(bytes) + " data bytes");
   }
   if (std::fgetc(file.get()) != EOF) Bad(path + " has bytes after its data");
-  return buffer;
+  return Array{std::move(buffer), shape};
 }
 
 // Where -o's file goes, as `deploy run -o` writes it: this process's stdout (`-o /dev/stdout`,
@@ -303,14 +353,15 @@ Output OutputFile(const std::string& path) {
 // Write `data` as `spec` to a .npy v1 file at `out` (OutputFile): a regular file through a fresh
 // temporary name beside it (never half a file at the path, never another file of that name
 // touched, the temporary removed on every failure), anything else in place.
-void WriteNpy(const std::string& path, const Output& out, const TensorSpec& spec, const void* data) {
+void WriteNpy(const std::string& path, const Output& out, DLDataType dtype, const std::vector<int64_t>& shape,
+              const void* data) {
   std::string descr;
-  for (const auto& [text, dtype] : Descrs()) {
-    if (deploy::SameDtype(dtype, spec.dtype)) descr = text;
+  for (const auto& [text, known] : Descrs()) {
+    if (SameDtype(known, dtype)) descr = text;
   }
   std::string dims;
-  for (int64_t dim : spec.shape) dims += std::to_string(dim) + (spec.shape.size() == 1 ? "," : ", ");
-  if (spec.shape.size() > 1) dims.resize(dims.size() - 2);
+  for (int64_t dim : shape) dims += std::to_string(dim) + (shape.size() == 1 ? "," : ", ");
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
   std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
   header += '\n';
@@ -329,7 +380,7 @@ void WriteNpy(const std::string& path, const Output& out, const TensorSpec& spec
   unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
   preamble[8] = static_cast<unsigned char>(header.size());
   preamble[9] = static_cast<unsigned char>(header.size() >> 8);
-  size_t bytes = static_cast<size_t>(deploy::NumBytes(spec));
+  size_t bytes = static_cast<size_t>(NumBytes(shape, dtype));
   bool ok = std::fwrite(preamble, 1, 10, file.get()) == 10 &&
             std::fwrite(header.data(), 1, header.size(), file.get()) == header.size() &&
             std::fwrite(data, 1, bytes, file.get()) == bytes;
@@ -337,13 +388,13 @@ void WriteNpy(const std::string& path, const Output& out, const TensorSpec& spec
   if (!ok || (!out.in_place && std::rename(temporary.c_str(), out.file.c_str()) != 0)) fail(errno);
 }
 
-DLTensor Tensor(const TensorSpec& spec, void* data) {
+DLTensor Tensor(const DeployTensorSpec& spec, std::vector<int64_t>& shape, void* data) {
   DLTensor tensor{};
   tensor.data = data;
   tensor.device = {kDLCPU, 0};
-  tensor.ndim = static_cast<int32_t>(spec.shape.size());
+  tensor.ndim = spec.ndim;
   tensor.dtype = spec.dtype;
-  tensor.shape = const_cast<int64_t*>(spec.shape.data());
+  tensor.shape = shape.data();
   return tensor;
 }
 
@@ -353,32 +404,27 @@ int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
   VerifyBundle(opt.dir);
   Output output = OutputFile(opt.output);  // before any work, as `deploy run` checks it
-  if (static_cast<int>(opt.inputs.size()) != kNumInputs) {
+  const int inputs = deploy_runner.num_inputs;
+  if (static_cast<int>(opt.inputs.size()) != inputs) {
     std::string names;
-    for (int i = 0; i < kNumInputs; ++i) names += (i ? ", " : "") + std::string(deploy::kTensors[i].name);
-    Bad(std::string(deploy::kOp) + " takes " + std::to_string(kNumInputs) + " inputs (" + names + "), got " +
+    for (int i = 0; i < inputs; ++i) names += (i ? ", " : "") + std::string(deploy_runner.tensors[i].name);
+    Bad(std::string(deploy_runner.name) + " takes " + std::to_string(inputs) + " inputs (" + names + "), got " +
         std::to_string(opt.inputs.size()));
   }
-  std::vector<Buffer> buffers;
-  for (int i = 0; i < kNumInputs; ++i) buffers.push_back(ReadNpy(opt.inputs[i], deploy::kTensors[i]));
-  const TensorSpec& out = deploy::kTensors[kNumInputs];
-  buffers.emplace_back(deploy::NumBytes(out));
-
-  std::string library = opt.dir + "/" + deploy::kLibrary;
-  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) Exit(kFailed, std::string("cannot load ") + dlerror());
-  std::string prefix = std::string("deploy_") + deploy::kOp;
-  auto run = reinterpret_cast<int (*)(DLTensor* const*, int)>(dlsym(handle, (prefix + "_run").c_str()));
-  auto last_error = reinterpret_cast<const char* (*)()>(dlsym(handle, (prefix + "_last_error").c_str()));
-  if (run == nullptr || last_error == nullptr) Exit(kFailed, library + " does not export " + prefix + "_*");
+  std::vector<int64_t> symbols(inputs * DEPLOY_MAX_DIMS + 1, 0);  // more than the symbolic dims
+  std::vector<Array> arrays;
+  for (int i = 0; i < inputs; ++i) arrays.push_back(ReadNpy(opt.inputs[i], deploy_runner.tensors[i], symbols.data()));
+  const DeployTensorSpec& out = deploy_runner.tensors[inputs];
+  std::vector<int64_t> out_shape = ShapeAt(out, symbols.data());
+  arrays.push_back(Array{Buffer(NumBytes(out_shape, out.dtype)), out_shape});
 
   std::vector<DLTensor> tensors;
-  for (int i = 0; i < deploy::kNumTensors; ++i) {
-    tensors.push_back(Tensor(deploy::kTensors[i], buffers[i].data.get()));
+  for (int i = 0; i <= inputs; ++i) {
+    tensors.push_back(Tensor(deploy_runner.tensors[i], arrays[i].shape, arrays[i].buffer.data.get()));
   }
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
-  if (run(args.data(), deploy::kNumTensors) != 0) Exit(kFailed, last_error());
-  WriteNpy(opt.output, output, out, buffers.back().data.get());
+  if (deploy_runner.run(args.data(), inputs + 1) != 0) Exit(kFailed, deploy_runner.last_error());
+  WriteNpy(opt.output, output, out.dtype, out_shape, arrays.back().buffer.data.get());
   return 0;
 }

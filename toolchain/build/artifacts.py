@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ops.graph import BoundGraph
     from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
+    from toolchain.build.plan import Plan
     from toolchain.build.targets import Target
 
 
@@ -31,8 +32,8 @@ class ArtifactKind:
     bundles: bool
     """`deploy build --bundle` can wrap it in a C library (it is a TVM module a runtime loads)."""
     graph_entry: str
-    """How a runtime calls the compiled form of a graph (the manifest's `entry`): "vm" (a Relax
-    VM's `main(inputs...) -> out`) or "function" (like an op's: `main(inputs..., out)`)."""
+    """How a runtime calls the compiled form of a graph (the manifest's `entry`): "plan"
+    (`main(inputs..., out, arena)`, `plan.py`) or "function" (like an op's: `main(inputs..., out)`)."""
     symbolic_batch: bool
     """One module runs every size of a symbolic batch (the runtime reads N from the arrays); an
     OpenCL plan's launch sizes are numbers, fixed when it is built."""
@@ -64,6 +65,10 @@ class ArtifactKind:
         """The compiled form of a graph whose kernels are scheduled: run in order, each reading the
         graph tensors its kernel names and writing one."""
         raise NotImplementedError
+
+    def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan | None:
+        """The arena its graph entry takes (None: it takes none)."""
+        return None
 
     def write(self, compiled: Any, staging: Path, target: Target) -> Path:
         """Write the compiled form into `staging`; returns the file the manifest pins."""

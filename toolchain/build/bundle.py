@@ -1,35 +1,44 @@
-"""Op bundles callable from C (`deploy build --bundle`): beside module.so, everything a device
-without Python needs to call the op from C — a header `OP.h`, the shim `libOP.so` that implements
-it over the TVM FFI, the target's TVM runtime libraries in `lib/`, dlpack's header, the native
-runner `deploy-run` and `SHA256SUMS`.
+"""C libraries of ops and graphs (`deploy build --bundle`): beside module.so, everything a device
+without Python needs to call them from C, with deploy's own C runtime compiled in, as Halide's
+generators do. Nothing of TVM's runtime, no libstdc++, no glibc version floor for the runner.
 
-The C++ sources are generic (`devices/native/bundle.cc`, `run.cc`); what is per bundle goes into
-generated headers compiled with them: the op's signature and module.so's sha256 (both), and the
-sha256 of each file the runner loads (the runner only, built last).
+    NAME.h                   the API (C99) and the tensors it was built for, as constants
+    libNAME.a, libNAME.so    the kernels, the runtime and the API in one object whose only
+                             global symbols are NAME_* (two bundles link into one program)
+    deploy-run               NAME on .npy files, linked statically
+    include/dlpack/dlpack.h  the DLTensor definition the header uses
+    SHA256SUMS               every file of the bundle
+
+The object is TVM's kernels (`Module.write_to_file`: an op's `main`, or a graph's plan, see
+`plan.py`), `devices/native/runtime.c` (parallel launch, scratch, errors) and
+`devices/native/bundle.c` (the API: checks every tensor, runs the plan on an arena), linked
+with `ld -r` and its symbols other than the API made local. A kernel that needs a runtime
+function deploy's runtime does not define is refused by name before anything is written.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import tempfile
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-from base.errors import UsageError
+from base.errors import DeployError, UsageError, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
-from devices.native import LIBRARIES, PINNED_RPATH, SOURCES, compile_native, ffi_include, runtime_libraries
-from devices.platforms import get_platform
-from ops.registry import IDENTIFIER
-from ops.spec import BoundOp, TensorType, require_static
+from devices.native import SOURCES, cached_object, ffi_include
+from devices.platforms import Platform, get_platform
+from ops.spec import TensorType, is_symbolic, symbols_of
 from toolchain.build.manifest import MANIFEST, PARTIAL
+from toolchain.build.plan import ALIGNMENT, Plan
 from toolchain.build.targets import Target, all_targets
 
 RUNNER = "deploy-run"
-LIB_DIR = "lib"
-RUNTIME_PATHS = tuple(f"{LIB_DIR}/{name}" for name in sorted(LIBRARIES.values()))
-"""The TVM runtime libraries in a bundle, relative to it."""
 DLPACK_HEADER = "include/dlpack/dlpack.h"
 OUTPUT_PARAM = "out"
+MAX_DIMS = 16
+"""As `DEPLOY_MAX_DIMS` in bundle.h."""
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
 C_KEYWORDS = frozenset(
     {
@@ -39,45 +48,91 @@ C_KEYWORDS = frozenset(
         "volatile", "while", "bool", "true", "false",
     }
 )  # fmt: skip
-"""C99 keywords (and C23's bool/true/false): not usable as parameter names."""
+"""C99 keywords (and C23's bool/true/false): not usable as names."""
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+API_SUFFIXES = (
+    "", "_run", "_with_workspace", "_workspace_size", "_last_error", "_set_num_threads", "_num_threads",
+    "_set_parallel_for",
+)  # fmt: skip
+"""The functions a bundle exports, as NAME + suffix: every other symbol of its object is local."""
+RUNTIME_SYMBOLS = re.compile(r"_*(TVM|tvm)")
+"""Names of what a kernel may ask of a runtime: any left undefined or weak (NULL) is refused."""
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
+RUNNER_FLAGS = ("-std=c++17", "-O2", "-Wall")
 
 
-def check_bundle(bound: BoundOp, target: Target) -> None:
+class Bundled(Protocol):
+    """What a bundle wraps (`Compiled`, `CompiledGraph`): a name, the tensors of its entry and,
+    for a graph, the arena plan of its kernels."""
+
+    target: Target
+    executable: Any
+
+    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
+        """(default name, inputs (name, type) in call order, output type, arena plan or None)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A bundle's C signature: its prefix, the C name and type of each input and of the output,
+    the symbolic dims in order (each a C name), and the arena of a graph's plan."""
+
+    name: str
+    params: tuple[tuple[str, str, TensorType], ...]
+    """(C name, name in the op or model, type): the inputs, then the output."""
+    symbols: tuple[str, ...]
+    plan: Plan | None
+
+
+def check_name(name: str, what: str = "--name") -> str:
+    """`name` as a bundle's C prefix: a C identifier, not a keyword (a one-line UsageError)."""
+    if not C_IDENTIFIER.fullmatch(name) or name in C_KEYWORDS:
+        raise UsageError(
+            f"{what} {name!r} is not a C identifier (letters, digits and _, not first a digit, at most 63,"
+            " not a C keyword): it prefixes the bundle's C functions"
+        )
+    return name
+
+
+def check_bundle(target: Target, name: str | None) -> None:
     """A one-line error, before anything is compiled, for what cannot become a bundle: a target
-    whose artifact is not a shared object (OpenCL kernels have no TVM module to call), names that
-    cannot be C identifiers."""
+    whose artifact C cannot call, a name that cannot prefix C functions."""
     if not target.artifact.bundles:
         able = ", ".join(t.name for t in all_targets() if t.artifact.bundles)
         raise UsageError(
             f"--bundle needs a target whose module C can call ({able}): {target.name}"
             f" writes {target.artifact.name} kernels"
         )
-    require_static(bound.inputs, "--bundle", "a bundle's C signature checks exact shapes")
-    _identifier(bound.op.name, "op name")
-    param_names(bound)
+    if name is not None:
+        check_name(name)
 
 
-def _identifier(name: str, what: str) -> str:
-    if not IDENTIFIER.fullmatch(name) or name in C_KEYWORDS:
-        raise UsageError(f"{what} {name!r} is not a C identifier: it cannot name the bundle's C function")
-    return name
+def _c_name(name: str, taken: set[str]) -> str:
+    """`name` as a C parameter name: other characters as _, a leading digit or a keyword
+    prefixed, unique among `taken` ignoring case (header macros upper-case it)."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", name)[:48] or "t"
+    if base[0].isdigit() or base in C_KEYWORDS:
+        base = f"t_{base}"
+    chosen, count = base, 1
+    while chosen.lower() in taken:
+        count += 1
+        chosen = f"{base}_{count}"
+    taken.add(chosen.lower())
+    return chosen
 
 
-def param_names(bound: BoundOp) -> list[str]:
-    """The C parameter names of `deploy_OP`: the op's input names, then `out`."""
-    names = [_identifier(spec.name, f"input of {bound.op.name}") for spec in bound.op.inputs]
-    if OUTPUT_PARAM in names:
-        raise UsageError(
-            f"op {bound.op.name} has an input named {OUTPUT_PARAM!r}, the output parameter's name"
-        )
-    return [*names, OUTPUT_PARAM]
-
-
-def _parameters(params: list[str]) -> str:
-    """The C parameter list: inputs are read-only, the output is written."""
-    return ", ".join(
-        f"DLTensor* {name}" if name == OUTPUT_PARAM else f"const DLTensor* {name}" for name in params
-    )
+def signature(compiled: Bundled, name: str | None) -> Signature:
+    """The C signature of `compiled` under `name` (default: the op's or graph's own)."""
+    default, inputs, output, plan = compiled.bundle_signature()
+    prefix = check_name(name) if name is not None else check_name(default, "the name")
+    taken = {OUTPUT_PARAM}
+    params = [(_c_name(n, taken), n, t) for n, t in inputs]
+    params.append((OUTPUT_PARAM, OUTPUT_PARAM, output))
+    if any(len(t.shape) > MAX_DIMS for _, _, t in params):
+        raise UsageError(f"a bundle's tensors have at most {MAX_DIMS} dims")
+    symbols = symbols_of([t for _, t in inputs])
+    return Signature(prefix, tuple(params), tuple(_c_name(s, set(taken)) for s in symbols), plan)
 
 
 def _dlpack_dtype(dtype: str) -> str:
@@ -88,41 +143,105 @@ def _dlpack_dtype(dtype: str) -> str:
     return f"{{{DLPACK_CODES[match.group(1)]}, {match.group(2)}, 1}}"
 
 
-def header(bound: BoundOp, target: Target, module_sha256: str) -> str:
-    """`OP.h`: the C declarations (C99, as dlpack.h is) and the exact tensors they were built for."""
-    op = bound.op.name
-    params = param_names(bound)
-    types = [*bound.inputs, bound.output]
-    width = max(map(len, params))
+def _dims(t: TensorType, names: tuple[str, ...]) -> list[str]:
+    """The shape as C initializers: a symbolic dim as -(its index + 1)."""
+    return [str(-(names.index(str(d.name)) + 1)) if is_symbolic(d) else str(d) for d in t.shape]
+
+
+def _symbol_names(sig: Signature) -> tuple[str, ...]:
+    """The symbolic dims as the model names them, in the order of `sig.symbols`."""
+    return symbols_of([t for _, _, t in sig.params[:-1]])
+
+
+def _shape_text(t: TensorType) -> str:
+    return "[" + ", ".join(str(d.name) if is_symbolic(d) else str(d) for d in t.shape) + "]"
+
+
+def header(sig: Signature, target: Target, what: str) -> str:
+    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
+    name, upper = sig.name, sig.name.upper()
+    width = max(len(c) for c, _, _ in sig.params)
     rows = "\n".join(
-        f" *   {name:<{width}}  {t.dtype:<8} {list(t.shape)}{'  (written)' if name == OUTPUT_PARAM else ''}"
-        for name, t in zip(params, types, strict=True)
+        f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}"
+        + ("  (written)" if c == OUTPUT_PARAM else f"  (model input {n!r})" if c != n else "")
+        for c, n, t in sig.params
     )
-    attrs = " ".join(f"{k}={v}" for k, v in bound.key()["attrs"].items()) or "none"
-    guard = f"DEPLOY_{op.upper()}_H_"
-    return f"""/* {op}.h: the op {op} for target {target.name} ({target.arch}), from a deploy bundle.
+    names = _symbol_names(sig)
+    batch = (
+        f" * {', '.join(names)}: read from the tensors at each call (the same in all, 1 to 2^31-1).\n"
+        if names
+        else ""
+    )
+    params = ", ".join(
+        f"DLTensor* {c}" if c == OUTPUT_PARAM else f"const DLTensor* {c}" for c, _, _ in sig.params
+    )
+    symbol_params = ", ".join(f"int64_t {s}" for s in sig.symbols) or "void"
+    constants = "\n".join(
+        f"#define {upper}_{c.upper()}_NDIM {len(t.shape)}\n"
+        f"#define {upper}_{c.upper()}_SHAPE {{{', '.join(_dims(t, names)) or '0'}}}"
+        f"  /* {_shape_text(t)} */\n"
+        f"#define {upper}_{c.upper()}_DTYPE {_dlpack_dtype(t.dtype)}"
+        for c, _, t in sig.params
+    )
+    guard = f"{upper}_H_"
+    at_sizes = " at these sizes" if sig.symbols else ""
+    return f"""/* {name}.h: {what} for target {target.name} ({target.arch}), from a deploy bundle.
  *
- * Built for exactly these tensors (on the CPU, C order, data 64-byte aligned):
+ * Tensors, in call order (on the CPU, C order, data {ALIGNMENT}-byte aligned):
 {rows}
- * Attributes: {attrs}
- * module.so sha256: {module_sha256}
- *
- * deploy_{op} returns 0, or -1 with the reason in deploy_{op}_last_error() (the last failed call
- * on this thread). deploy_{op}_run takes the same tensors as an array: inputs, then the output.
- * Build: cc -std=c99 -I DIR -I DIR/include app.c -L DIR -l{op} -Wl,-rpath,DIR
+{batch} *
+ * Link the static library (what an engine links) or the shared one (what it dlopen()s):
+ *   cc -std=c99 -I DIR -I DIR/include app.c DIR/lib{name}.a -lm -lpthread
+ *   cc -std=c99 -I DIR -I DIR/include app.c -L DIR -l{name} -Wl,-rpath,DIR
+ * Every function returns 0, or a {upper}_ERR_* code with a one-line reason in {name}_last_error().
+ * Calls from several threads at once are safe; their parallel loops then run on the calling
+ * threads (the bundle's pool serves one call at a time).
  */
 #ifndef {guard}
 #define {guard}
 
+#include <stddef.h>
+#include <stdint.h>
 #include <dlpack/dlpack.h>
 
 #ifdef __cplusplus
 extern "C" {{
 #endif
 
-int deploy_{op}({_parameters(params)});
-int deploy_{op}_run(DLTensor* const* args, int num_args);
-const char* deploy_{op}_last_error(void);
+#define {upper}_NUM_INPUTS {len(sig.params) - 1}
+#define {upper}_ALIGNMENT {ALIGNMENT}  /* bytes every tensor's data (+ byte_offset) is aligned to */
+#define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor or argument: nothing was computed */
+#define {upper}_ERR_KERNEL (-2)    /* a kernel failed */
+#define {upper}_ERR_MEMORY (-3)    /* no memory for the arena */
+
+/* Each tensor's rank, shape (-1, -2, ...: the symbolic dims in the order above) and dtype. */
+{constants}
+
+/* Run {name} on the tensors (inputs, then the output it writes). A graph's tensors between its
+ * kernels live in an arena taken from a per-thread cache (allocated once per thread and size). */
+int {name}({params});
+/* The same on the caller's workspace (an engine's memory): at least {name}_workspace_size()
+ * bytes, {ALIGNMENT}-byte aligned; NULL and 0 for a bundle whose size is 0. */
+int {name}_with_workspace({params}, void* workspace, size_t workspace_bytes);
+/* The workspace {name}_with_workspace needs{at_sizes} (0 for an invalid size). */
+size_t {name}_workspace_size({symbol_params});
+/* {name} on an array of the inputs and the output, in call order. */
+int {name}_run(DLTensor* const* args, int num_args);
+/* This thread's last call's error: "" when it succeeded. */
+const char* {name}_last_error(void);
+
+/* Threads the parallel loops run on: n >= 1, or 0 for one per online CPU (the default). Returns
+ * the previous setting. */
+int {name}_set_num_threads(int n);
+int {name}_num_threads(void);
+
+/* An engine that owns its threads runs the parallel loops on them: its parallel-for calls
+ * task(i, context) for every i in [0, count) on any of its threads and returns when all are done
+ * (0, or nonzero if a task failed). NULL goes back to the bundle's own pool. Returns the
+ * previous one (NULL: the pool). */
+typedef int (*{name}_task)(int index, void* context);
+typedef int (*{name}_parallel_for)(void* user, {name}_task task, void* context, int count);
+{name}_parallel_for {name}_set_parallel_for({name}_parallel_for fn, void* user);
 
 #ifdef __cplusplus
 }}
@@ -132,84 +251,142 @@ const char* deploy_{op}_last_error(void);
 """
 
 
-def signature_header(bound: BoundOp, module_sha256: str) -> str:
-    """`bundle_signature.h`: what bundle.cc and run.cc are compiled for."""
-    op = bound.op.name
-    params = param_names(bound)
-    types: list[TensorType] = [*bound.inputs, bound.output]
-    specs = "\n".join(
-        f'    {{"{name}", {_dlpack_dtype(t.dtype)}, {{{", ".join(map(str, t.shape))}}}}},'
-        for name, t in zip(params, types, strict=True)
+def config_header(sig: Signature) -> str:
+    """`bundle_config.h`: what bundle.c and run.cc are compiled for."""
+    names = _symbol_names(sig)
+    tensors = "\n".join(
+        f'    {{"{c}", {_dlpack_dtype(t.dtype)}, {len(t.shape)}, {{{", ".join(_dims(t, names)) or "0"}}}}},'
+        for c, _, t in sig.params
     )
-    return f"""// Generated by deploy: the signature of {op} that this bundle is built for.
-#pragma once
-#define DEPLOY_HEADER "{op}.h"
-#define DEPLOY_FUNCTION deploy_{op}
-#define DEPLOY_RUN deploy_{op}_run
-#define DEPLOY_LAST_ERROR deploy_{op}_last_error
-#define DEPLOY_PARAMS {_parameters(params)}
-#define DEPLOY_ARGS {", ".join(params)}
+    slots = sig.plan.slots if sig.plan is not None else ()
+    slot_rows = (
+        "\n".join(
+            f"    {{{size.factor}u, {len(size.symbols)}, "
+            f"{{{', '.join(str(names.index(s)) for s in size.symbols) or '0'}}}}},"
+            for size in slots
+        )
+        or "    {0u, 0, {0}},"
+    )
+    params = ", ".join(
+        f"DLTensor* {c}" if c == OUTPUT_PARAM else f"const DLTensor* {c}" for c, _, _ in sig.params
+    )
+    symbol_names = ", ".join(f'"{s}"' for s in names) or '""'
+    return f"""/* Generated by deploy: the signature of {sig.name} that this bundle is built for. */
+#define DEPLOY_PREFIX {sig.name}
+#define DEPLOY_HEADER "{sig.name}.h"
+#define DEPLOY_NUM_INPUTS {len(sig.params) - 1}
+#define DEPLOY_NUM_SYMBOLS {len(names)}
+#define DEPLOY_HAS_ARENA {int(sig.plan is not None)}
+#define DEPLOY_NUM_SLOTS {len(slots)}
+#define DEPLOY_PARAMS {params}
+#define DEPLOY_ARGS {", ".join(c for c, _, _ in sig.params)}
+#define DEPLOY_SYMBOL_PARAMS {", ".join(f"int64_t {s}" for s in sig.symbols) or "void"}
+#define DEPLOY_SYMBOL_ARGS {", ".join(sig.symbols) or "0"}
 
-namespace deploy {{
-inline constexpr char kOp[] = "{op}";
-inline constexpr char kLibrary[] = "lib{op}.so";
-inline constexpr char kModuleSha256[] = "{module_sha256}";
-inline constexpr const char* kRuntimeLibraries[] = {{{", ".join(f'"{path}"' for path in RUNTIME_PATHS)}}};
-inline const TensorSpec kTensors[] = {{  // the inputs, then the output
-{specs}
+static const char* const deploy_symbol_names[] = {{{symbol_names}}};
+static const DeployTensorSpec deploy_tensors[] = {{  /* the inputs, then the output */
+{tensors}
 }};
-inline constexpr int kNumTensors = {len(params)};
-}}  // namespace deploy
+static const DeploySlot deploy_slots[] = {{  /* the arena, as the plan lays it out */
+{slot_rows}
+}};
 """
 
 
-def pins_header(staging: Path, paths: list[str]) -> str:
-    """`bundle_pins.h`: the sha256 of each file deploy-run loads, relative to the bundle."""
-    pins = "\n".join(f'    {{"{path}", "{sha256_file(staging / path)}"}},' for path in paths)
-    return f"""// Generated by deploy: the files deploy-run loads, as SHA256SUMS must list them.
-#pragma once
-namespace deploy {{
-inline constexpr PinnedFile kPins[] = {{
-{pins}
-}};
-}}  // namespace deploy
-"""
+def _run(command: list[str], what: str) -> str:
+    """Run a compiler or binutils command; a one-line DeployError naming its first error."""
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout or "no output").splitlines()
+        said = [line for line in lines if "error" in line or "undefined reference" in line] or lines
+        raise DeployError(f"{what} failed: {printable(' | '.join(said[:2]))}")
+    return proc.stdout
 
 
-def write_bundle(bound: BoundOp, target: Target, staging: Path, module: Path) -> dict[str, str]:
-    """Write the bundle's files into `staging` (beside `module`), last SHA256SUMS; returns the
-    manifest's `bundle` entry."""
-    check_bundle(bound, target)
+def _require(platform: Platform, tool: str, package: str) -> str:
+    program = platform.tool(tool)
+    if shutil.which(program) is None:
+        raise DeployError(f"{program} for {platform.arch} not found: install the Debian package {package}")
+    return program
+
+
+def check_symbols(listing: str, name: str) -> None:
+    """Refuse an object (its `nm` listing) that needs a runtime function deploy's runtime does not
+    define: left undefined, or a weak pointer (`V`) that would be NULL when called."""
+    for line in listing.splitlines():
+        fields = line.split()
+        kind, symbol = fields[-2], fields[-1]
+        if (kind == "U" and RUNTIME_SYMBOLS.match(symbol)) or kind in ("V", "v"):
+            raise DeployError(
+                f"bundle {name}: its kernels need {symbol}, which deploy's C runtime"
+                " (devices/native/runtime.c) does not define"
+            )
+
+
+def write_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str, str]:
+    """Write the bundle's files into `staging` (the artifact being written), last SHA256SUMS;
+    returns the manifest's `bundle` entry. Its intermediate files go in a directory inside
+    `staging`, removed with it if the build fails or is killed."""
+    target = compiled.target
+    check_bundle(target, name)
+    sig = signature(compiled, name)
     platform = get_platform(target.arch)
-    op = bound.op.name
-    module_sha256 = sha256_file(module)
-    libraries = runtime_libraries(platform)
-    (staging / LIB_DIR).mkdir()
-    for name in LIBRARIES.values():
-        shutil.copy2(libraries / name, staging / LIB_DIR / name)
+    gcc = _require(platform, "gcc", platform.gcc_package)
+    gxx = _require(platform, "g++", platform.gxx_package)
+    binutils = {t: _require(platform, t, platform.binutils_package) for t in ("nm", "objcopy", "ar")}
+    prefix = sig.name
+    work = staging / ".bundle-build"
+    work.mkdir()
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
-    (staging / f"{op}.h").write_text(header(bound, target, module_sha256))
-    library = f"lib{op}.so"
-    with tempfile.TemporaryDirectory(prefix="deploy-bundle-") as generated:
-        (Path(generated) / "bundle_signature.h").write_text(signature_header(bound, module_sha256))
-        compile_native(
-            platform,
-            [SOURCES / "bundle.cc"],
-            staging / library,
-            libraries,
-            ("-shared", f"-I{staging}", f"-I{generated}", *PINNED_RPATH),
-        )
-        loaded = [library, module.name, *RUNTIME_PATHS]
-        (Path(generated) / "bundle_pins.h").write_text(pins_header(staging, loaded))
-        compile_native(platform, [SOURCES / "run.cc"], staging / RUNNER, None, (f"-I{generated}",))
+    what = f"the {'graph' if sig.plan is not None else 'op'} {compiled.bundle_signature()[0]}"
+    (staging / f"{prefix}.h").write_text(header(sig, target, what))
+    (work / "bundle_config.h").write_text(config_header(sig))
+    includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
+    kernels = work / "kernels.o"
+    compiled.executable.mod.write_to_file(str(kernels))
+    objects = [kernels, cached_object(gcc, SOURCES / "runtime.c", CFLAGS), work / "bundle.o", work / "glue.o"]
+    for source, obj in (("bundle.c", objects[2]), ("runner_glue.c", objects[3])):
+        _run([gcc, *CFLAGS, *includes, "-c", str(SOURCES / source), "-o", str(obj)], f"{gcc} on {source}")
+    combined = work / "combined.o"
+    _run(
+        [gcc, "-r", "-nostdlib", *map(str, objects[:3]), "-o", str(combined)],
+        f"{gcc} -r (linking {prefix}.o)",
+    )
+    check_symbols(_run([binutils["nm"], str(combined)], "nm"), prefix)
+    api = work / "api.txt"
+    api.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
+    single = work / f"{prefix}.o"
+    _run([binutils["objcopy"], f"--keep-global-symbols={api}", str(combined), str(single)], "objcopy")
+    static = staging / f"lib{prefix}.a"
+    _run([binutils["ar"], "rcs", str(static), str(single)], "ar")
+    shared = staging / f"lib{prefix}.so"
+    _run(
+        [gcc, "-shared", "-static-libgcc", f"-Wl,-soname,lib{prefix}.so", str(single), "-o", str(shared),
+         "-lm", "-lpthread"],
+        f"{gcc} -shared (lib{prefix}.so)",
+    )  # fmt: skip
+    runner = cached_object(gxx, SOURCES / "run.cc", RUNNER_FLAGS)
+    _run(
+        [gxx, "-static", "-s", str(runner), str(objects[3]), str(static), "-o", str(staging / RUNNER), "-lm",
+         "-lpthread"],
+        f"{gxx} (deploy-run)",
+    )  # fmt: skip
+    shutil.rmtree(work)
     files = sorted(
         path.relative_to(staging).as_posix()
         for path in staging.rglob("*")
         if path.is_file() and path.name not in (SUMS, MANIFEST, PARTIAL)
     )
     sums = write_sums(staging, files)
-    return {"header": f"{op}.h", "library": library, "runner": RUNNER, "sha256sums": sha256_file(sums)}
+    return {
+        "name": prefix,
+        "header": f"{prefix}.h",
+        "library": shared.name,
+        "static_library": static.name,
+        "runner": RUNNER,
+        "sha256sums": sha256_file(sums),
+    }
 
 
 def bundle_files(directory: Path) -> set[str]:

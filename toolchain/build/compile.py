@@ -15,6 +15,7 @@ from ops.spec import BoundOp, TensorType, bind, require_static
 from schedules import ScheduleContext, Strategy, strategy_for
 from schedules.registry import HAND, Choices, computed_module
 from toolchain.build.fusion import Kernel, kernels
+from toolchain.build.plan import Plan
 from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 
 
@@ -119,9 +120,10 @@ class Compiled:
             "tuning": self.tuning,
         }
 
-    def bundled_op(self) -> BoundOp:
-        """The op a C bundle wraps."""
-        return self.bound
+    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
+        """What a C bundle of the op calls: `main(inputs..., out)`, no arena."""
+        inputs = [(spec.name, t) for spec, t in zip(self.bound.op.inputs, self.bound.inputs, strict=True)]
+        return self.bound.op.name, inputs, self.bound.output, None
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class ScheduledKernel:
 @dataclass
 class CompiledGraph:
     """A compiled graph: its kernels (fused by `fusion.kernels`, each scheduled like an op) in the
-    artifact kind's compiled form of a graph (a Relax VM executable, an OpenCL plan)."""
+    artifact kind's compiled form of a graph (a CPU plan: `plan.py`; an OpenCL plan)."""
 
     graph: BoundGraph
     """As laid out (`layout`): its conversions among its nodes."""
@@ -215,6 +217,8 @@ class CompiledGraph:
     kernels: list[ScheduledKernel]
     layout: str
     """The layout the layout pass moved its pooling to (`LaidOut.layout`)."""
+    plan: Plan | None = None
+    """The arena of the tensors between its kernels, where its entry takes one (`plan.py`)."""
 
     @property
     def schedule(self) -> str:
@@ -241,6 +245,7 @@ class CompiledGraph:
             "output": graph.output.to_json(),
             "schedule": self.schedule,
             "entry": self.target.artifact.graph_entry,
+            "arena": self.plan.to_json() if self.plan is not None else None,
             "graph": {
                 "layout": self.layout,
                 "nodes": graph.key()["nodes"],
@@ -249,9 +254,9 @@ class CompiledGraph:
             },
         }
 
-    def bundled_op(self) -> BoundOp:
-        """A graph has no C bundle: its executable needs the Relax VM, which a C shim does not run."""
-        raise UsageError("--bundle wraps one op; a graph's executable runs on the Relax VM, not a C shim")
+    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
+        """What a C bundle of the graph calls: its plan's `main(inputs..., out, arena)`."""
+        return self.graph.name, list(self.graph.graph.inputs), self.graph.output, self.plan
 
 
 @dataclass(frozen=True)
@@ -283,4 +288,5 @@ def compile_graph(graph: BoundGraph, target: Target, laid: LaidOut | None = None
     laid = laid or lay_out(graph, target)
     scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
     executable = target.artifact.compile_graph(laid.graph, scheduled, target)
-    return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name)
+    plan = target.artifact.graph_plan(laid.graph, scheduled)
+    return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name, plan)

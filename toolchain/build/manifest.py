@@ -13,6 +13,7 @@ from base.errors import UsageError, reason
 from base.files import load_json, sha256_file
 from base.locks import locked
 from ops.spec import TensorType, sizes_of
+from toolchain.build.plan import Size, arena_bytes
 
 if TYPE_CHECKING:
     from toolchain.build.artifacts import ArtifactKind
@@ -61,11 +62,14 @@ class Manifest:
     cores: int | None = None
     """Threads the module's parallel loops were split for (CPU targets): the device's."""
     bundle: dict[str, str] | None = None
-    """For `deploy build --bundle`: the C header, shim library and runner file names, and the
-    sha256 of SHA256SUMS (which pins every other file of the bundle)."""
+    """For `deploy build --bundle`: its C prefix (`name`), the header, library and runner file
+    names, and the sha256 of SHA256SUMS (which pins every other file of the bundle)."""
     entry: str = "function"
-    """How a runtime calls the module: "function" (`main(inputs..., out)`) or "vm" (a Relax VM's
-    `main(inputs...) -> out`: a graph's executable)."""
+    """How a runtime calls the module: "function" (`main(inputs..., out)`) or "plan" (a graph's
+    `main(inputs..., out, arena)`, `plan.py`)."""
+    arena: list[dict[str, Any]] | None = None
+    """For the "plan" entry: the arena's slots in order, each {"bytes", "times": the symbolic
+    dims that multiply it, "tensors" it holds}."""
     graph: dict[str, Any] | None = None
     """For a graph (`op` is its name): its nodes (name, op, attributes, tensors read and written)
     and its kernels in the order they run, each with the nodes it computes and its schedule."""
@@ -98,10 +102,29 @@ class Manifest:
             return None
         return manifest if whole and manifest.build_key == key else None
 
+    def arena_bytes(self, shapes: list[tuple[int, ...]]) -> int:
+        """The bytes of the arena the entry takes when the module runs on arrays of `shapes`
+        (0: it takes none)."""
+        if self.arena is None:
+            return 0
+        try:
+            slots = [Size(int(slot["bytes"]), tuple(map(str, slot["times"]))) for slot in self.arena]
+            return arena_bytes(slots, self._sizes(shapes)[0])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"artifact manifest of {self.op}: malformed arena ({reason(exc)})") from None
+
     def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
         """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)
         sized as the inputs give it, once they are checked against the manifest's inputs (each
         static dim as built, every symbolic dim the same in all of them)."""
+        sizes, output = self._sizes(shapes)
+        if set(output.symbols) - set(sizes):
+            raise UsageError(f"artifact manifest of {self.op}: output {output} has a dim no input gives")
+        return output.at(sizes)
+
+    def _sizes(self, shapes: list[tuple[int, ...]]) -> tuple[dict[str, int], TensorType]:
+        """The symbolic dims' sizes on arrays of `shapes` (checked against the inputs), and the
+        declared output type."""
         try:
             declared = [(str(i["name"]), TensorType(tuple(i["shape"]), i["dtype"])) for i in self.inputs]
             output = TensorType(tuple(self.output["shape"]), self.output["dtype"])
@@ -109,10 +132,7 @@ class Manifest:
             raise UsageError(f"artifact manifest of {self.op}: malformed inputs or output ({exc})") from None
         if len(shapes) != len(declared):
             raise UsageError(f"{self.op} takes {len(declared)} input(s), got {len(shapes)}")
-        sizes = sizes_of(declared, shapes)
-        if set(output.symbols) - set(sizes):
-            raise UsageError(f"artifact manifest of {self.op}: output {output} has a dim no input gives")
-        return output.at(sizes)
+        return sizes_of(declared, shapes), output
 
     @property
     def built_with(self) -> str:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from base.errors import DeployError, printable
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
-from toolchain.build.fusion import relax_main
+from toolchain.build.fusion import Call
+from toolchain.build.plan import Plan, plan_arena, plan_module
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
@@ -259,17 +260,24 @@ def export_module(executable: Any, path: Path, target: Target) -> None:
         raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 
+def _calls(kernels: list[ScheduledKernel]) -> list[Call]:
+    """The kernels as a plan calls them: (unique name, PrimFunc, tensors read, tensor written)."""
+    return [(*k.function(i), k.kernel.reads, k.kernel.writes) for i, k in enumerate(kernels)]
+
+
 @dataclass(frozen=True)
 class SharedObject(ArtifactKind):
-    """A TVM module as a shared object a TVM runtime loads (CPU targets); a graph's is a Relax VM
-    executable with its kernels."""
+    """A TVM module as a shared object a TVM runtime loads (CPU targets); a graph's is its plan
+    (`plan.py`): its kernels and the `main` that runs them on an arena."""
 
     def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
         return compile_cpu(mod, target.tvm_target())
 
     def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
-        calls = [(*k.function(i), k.kernel.reads, k.kernel.writes) for i, k in enumerate(kernels)]
-        return compile_cpu(relax_main(graph, calls), target.tvm_target())
+        return compile_cpu(plan_module(graph, _calls(kernels)), target.tvm_target())
+
+    def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
+        return plan_arena(graph, _calls(kernels))
 
     def write(self, compiled: Any, staging: Path, target: Target) -> Path:
         module = staging / MODULE_FILE
@@ -282,7 +290,7 @@ SHARED_OBJECT = SharedObject(
     splits_for_cores=True,
     builds_unscheduled=True,
     bundles=True,
-    graph_entry="vm",
+    graph_entry="plan",
     symbolic_batch=True,
     machine_code=True,
 )

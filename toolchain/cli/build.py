@@ -51,7 +51,13 @@ from toolchain.cli.options import (
 @click.option(
     "--bundle",
     is_flag=True,
-    help="Also write OP.h, libOP.so, lib/ and deploy-run: the op callable from C without Python.",
+    help="Also write a C library of the op or model (NAME.h, libNAME.a, libNAME.so, deploy-run):"
+    " callable from C with nothing else on the device.",
+)
+@click.option(
+    "--name",
+    "bundle_name",
+    help="The bundle's C prefix: NAME(...), NAME_last_error() ... [default: the op's or model's name].",
 )
 def build_command(
     op_name: str | None,
@@ -66,6 +72,7 @@ def build_command(
     dtype: str | None,
     out_dir: str | None,
     bundle: bool,
+    bundle_name: str | None,
 ) -> None:
     """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
     and manifest.json (split for --cores, else for the cores of --device or the target's default
@@ -78,9 +85,11 @@ def build_command(
     from toolchain.verify.run import for_device
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
-    if model is not None and bundle:
-        raise UsageError("--bundle wraps one op; a model's executable runs on the Relax VM, not a C shim")
+    if bundle_name is not None and not bundle:
+        raise UsageError("--name names a bundle: give --bundle too")
     target = resolve_target(target_name, tuned, cores, layout, model)
+    if bundle:
+        check_bundle(target, bundle_name)
     if model is not None:
         graph = load_graph(model)
         name, output = graph.name, graph.output
@@ -90,8 +99,6 @@ def build_command(
         each = "float32" if dtype is None else dtype
         bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
         name, output = bound.op.name, bound.output
-        if bundle:
-            check_bundle(bound, target)
     if out_dir == "":
         raise UsageError("-o '': expected an artifact directory")
     directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
@@ -100,7 +107,7 @@ def build_command(
         with where.resolve(target).open() as session:
             target = for_device(target, session)
     compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
-    manifest = export(compiled, directory, bundle=bundle)
+    manifest = export(compiled, directory, bundle=bundle, name=bundle_name)
     if tuned is not None and manifest.graph is None and manifest.tuning_record is None:
         click.echo(_untuned(tuned, manifest.tuning, manifest.schedule, "this op and these shapes were"))
     record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
@@ -122,10 +129,11 @@ def build_command(
         from devices.platforms import get_platform
 
         emulator = " ".join(get_platform(target.arch).emulator_command())
-        inputs = " ".join(f"-i {spec.name}.npy" for spec in bound.op.inputs)
+        inputs = " ".join(f"-i {spec['name']}.npy" for spec in manifest.inputs)
+        bundled = manifest.bundle
         click.echo(
-            f"bundle: {directory / manifest.bundle['header']} + {manifest.bundle['library']}; run it with"
-            f" {emulator + ' ' if emulator else ''}{directory / manifest.bundle['runner']} {directory}"
+            f"bundle: {directory / bundled['header']} + {bundled['static_library']} / {bundled['library']};"
+            f" run it with {emulator + ' ' if emulator else ''}{directory / bundled['runner']} {directory}"
             f" {inputs} -o out.npy"
         )
 

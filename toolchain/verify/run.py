@@ -38,8 +38,10 @@ def run_artifact(
         check_machine(module, session.arch, session.label)
     elif manifest.arch != session.arch:
         raise UsageError(f"artifact {directory} is for {manifest.arch}; {session.label} runs {session.arch}")
-    out = manifest.output_type([a.shape for a in inputs])
-    return session.run(module, inputs, out.shape, out.dtype, entry=manifest.entry)
+    shapes = [a.shape for a in inputs]
+    out = manifest.output_type(shapes)
+    workspace = manifest.arena_bytes(shapes)
+    return session.run(module, inputs, out.shape, out.dtype, entry=manifest.entry, workspace=workspace)
 
 
 def for_device(target: Target, session: Session) -> Target:

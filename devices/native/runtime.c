@@ -1,0 +1,317 @@
+/* deploy's C runtime for TVM kernels (see runtime.h): errors, scratch memory, a thread pool. */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ALIGNMENT 64     /* what TVM's kernels assume of every buffer (kAllocAlignment) */
+#define MAX_THREADS 256
+#define SPINS 20000      /* polls of a flag before a thread blocks: about 20-100 us */
+#define CACHED_BLOCKS 4  /* freed scratch blocks a thread keeps for its next call */
+
+/* ---- TVM's ABI, as the kernel objects use it (tvm/runtime/c_backend_api.h) ---- */
+
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+
+/* ---- errors: a kernel's message, per thread ---- */
+
+static _Thread_local char kernel_error[512];
+
+void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+  size_t used = (size_t)snprintf(kernel_error, sizeof(kernel_error), "%s: ", kind ? kind : "Error");
+  for (int32_t i = 0; i < num_parts && used < sizeof(kernel_error) - 1; ++i) {
+    if (parts[i] == NULL) continue;
+    used += (size_t)snprintf(kernel_error + used, sizeof(kernel_error) - used, "%s", parts[i]);
+  }
+  kernel_error[strcspn(kernel_error, "\n")] = '\0';  /* one line: TVM adds a call trace after it */
+}
+
+const char* deploy_rt_kernel_error(void) { return kernel_error; }
+
+void deploy_rt_clear_error(void) { kernel_error[0] = '\0'; }
+
+/* ---- scratch: aligned blocks with their size in front, a few cached per thread ---- */
+
+typedef struct {
+  void* blocks[CACHED_BLOCKS];
+  int count;
+} Cache;
+
+static _Thread_local Cache cache;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static size_t block_size(void* block) { return *(size_t*)((char*)block - ALIGNMENT); }
+
+static void free_cache(void* unused) {
+  (void)unused;
+  while (cache.count > 0) free((char*)cache.blocks[--cache.count] - ALIGNMENT);
+}
+
+static void make_cache_key(void) { pthread_key_create(&cache_key, free_cache); }
+
+void* deploy_rt_scratch(size_t bytes) {
+  int best = -1;
+  for (int i = 0; i < cache.count; ++i) {  /* the smallest cached block that is large enough */
+    size_t size = block_size(cache.blocks[i]);
+    if (size >= bytes && (best < 0 || size < block_size(cache.blocks[best]))) best = i;
+  }
+  if (best >= 0) {
+    void* block = cache.blocks[best];
+    cache.blocks[best] = cache.blocks[--cache.count];
+    return block;
+  }
+  void* base = NULL;
+  if (bytes > SIZE_MAX - ALIGNMENT || posix_memalign(&base, ALIGNMENT, bytes + ALIGNMENT) != 0) return NULL;
+  *(size_t*)base = bytes;
+  return (char*)base + ALIGNMENT;
+}
+
+void deploy_rt_release(void* block) {
+  if (block == NULL) return;
+  pthread_once(&cache_once, make_cache_key);
+  pthread_setspecific(cache_key, &cache);  /* frees this thread's cache when it exits */
+  if (cache.count == CACHED_BLOCKS) {  /* full: drop the smallest, keep the large ones */
+    int smallest = 0;
+    for (int i = 1; i < cache.count; ++i) {
+      if (block_size(cache.blocks[i]) < block_size(cache.blocks[smallest])) smallest = i;
+    }
+    if (block_size(block) <= block_size(cache.blocks[smallest])) {
+      free((char*)block - ALIGNMENT);
+      return;
+    }
+    free((char*)cache.blocks[smallest] - ALIGNMENT);
+    cache.blocks[smallest] = cache.blocks[--cache.count];
+  }
+  cache.blocks[cache.count++] = block;
+}
+
+static void* alloc_workspace(int device_type, int device_id, uint64_t nbytes, int code, int bits) {
+  (void)device_type, (void)device_id, (void)code, (void)bits;
+  return nbytes > SIZE_MAX ? NULL : deploy_rt_scratch((size_t)nbytes);
+}
+
+static int free_workspace(int device_type, int device_id, void* ptr) {
+  (void)device_type, (void)device_id;
+  deploy_rt_release(ptr);
+  return 0;
+}
+
+/* ---- the thread pool ---- */
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct {  /* a sense-reversing barrier over the tasks of one launch */
+  atomic_int arrived;
+  atomic_int phase;
+  int count;
+} Barrier;
+
+typedef struct {
+  pthread_mutex_t launching;  /* held for a whole launch: one at a time */
+  pthread_mutex_t lock;       /* guards sleeping workers */
+  pthread_cond_t wake;
+  pthread_t threads[MAX_THREADS];
+  int workers;                /* started, besides the caller */
+  atomic_uint generation;     /* bumped to hand out a job (or stop) */
+  atomic_int sleeping;
+  atomic_int pending;         /* tasks of the current job not yet done */
+  atomic_int failed;
+  int stopping;
+  FTVMParallelLambda fn;
+  void* cdata;
+  int num_task;
+  Barrier barrier;
+} Pool;
+
+static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static atomic_int requested_threads;  /* 0: one per online CPU */
+static _Thread_local int in_task;     /* this thread runs a task: a launch from it is nested */
+static deploy_rt_parallel_for hook;
+static void* hook_user;
+
+static int run_task(int index) {
+  TVMParallelGroupEnv env = {&pool.barrier, pool.num_task};
+  in_task = 1;
+  int status = pool.fn(index, &env, pool.cdata);
+  in_task = 0;
+  if (status != 0) atomic_store(&pool.failed, 1);
+  return status;
+}
+
+static void* worker(void* arg) {
+  int index = (int)(intptr_t)arg;
+  unsigned seen = 0;
+  for (;;) {
+    unsigned now = atomic_load_explicit(&pool.generation, memory_order_acquire);
+    for (int spin = 0; now == seen && spin < SPINS; ++spin) {
+      relax();
+      now = atomic_load_explicit(&pool.generation, memory_order_acquire);
+    }
+    if (now == seen) {
+      pthread_mutex_lock(&pool.lock);
+      atomic_fetch_add(&pool.sleeping, 1);
+      while ((now = atomic_load(&pool.generation)) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+      atomic_fetch_sub(&pool.sleeping, 1);
+      pthread_mutex_unlock(&pool.lock);
+    }
+    seen = now;
+    if (pool.stopping) return NULL;
+    if (index < pool.num_task) {
+      run_task(index);
+      atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
+    }
+  }
+}
+
+static void publish(void) {  /* hand the job (or the stop) to the workers */
+  atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+  if (atomic_load(&pool.sleeping) > 0) {
+    pthread_mutex_lock(&pool.lock);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+  }
+}
+
+static void stop_workers(void) {
+  if (pool.workers == 0) return;
+  pool.stopping = 1;
+  publish();
+  for (int i = 0; i < pool.workers; ++i) pthread_join(pool.threads[i], NULL);
+  pool.workers = 0;
+  pool.stopping = 0;
+}
+
+/* Workers for `threads` threads in all (the caller is one); fewer if the system refuses more. */
+static void size_pool(int threads) {
+  if (pool.workers == threads - 1) return;
+  stop_workers();
+  for (int i = 1; i < threads; ++i) {
+    if (pthread_create(&pool.threads[i - 1], NULL, worker, (void*)(intptr_t)i) != 0) break;
+    pool.workers = i;
+  }
+}
+
+__attribute__((destructor)) static void end_pool(void) {  /* dlclose or exit: no thread left in us */
+  pthread_mutex_lock(&pool.launching);
+  stop_workers();
+  pthread_mutex_unlock(&pool.launching);
+}
+
+int deploy_rt_set_num_threads(int n) {
+  if (n < 0) n = 0;
+  if (n > MAX_THREADS) n = MAX_THREADS;
+  return atomic_exchange(&requested_threads, n);
+}
+
+int deploy_rt_num_threads(void) {
+  int n = atomic_load(&requested_threads);
+  if (n == 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    n = online < 1 ? 1 : online > MAX_THREADS ? MAX_THREADS : (int)online;
+  }
+  return n;
+}
+
+deploy_rt_parallel_for deploy_rt_set_parallel(deploy_rt_parallel_for fn, void* user) {
+  pthread_mutex_lock(&pool.launching);
+  deploy_rt_parallel_for previous = hook;
+  hook = fn;
+  hook_user = user;
+  pthread_mutex_unlock(&pool.launching);
+  return previous;
+}
+
+typedef struct {
+  FTVMParallelLambda fn;
+  void* cdata;
+  int count;
+} HookJob;
+
+static int hooked_task(int index, void* context) {  /* one task on an engine's thread */
+  HookJob* job = (HookJob*)context;
+  TVMParallelGroupEnv env = {NULL, job->count};  /* no barrier: its tasks need not run at once */
+  int nested = in_task;
+  in_task = 1;
+  int status = job->fn(index, &env, job->cdata);
+  in_task = nested;
+  return status;
+}
+
+static int run_serially(FTVMParallelLambda fn, void* cdata) {
+  TVMParallelGroupEnv env = {NULL, 1};  /* one task: the loop's whole range */
+  return fn(0, &env, cdata);
+}
+
+static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
+  int threads = deploy_rt_num_threads();
+  if (num_task > 0 && num_task < threads) threads = num_task;
+  if (in_task || threads == 1) return run_serially(fn, cdata);
+  if (hook != NULL) {
+    HookJob job = {fn, cdata, threads};
+    return hook(hook_user, hooked_task, &job, threads) == 0 ? 0 : -1;
+  }
+  if (pthread_mutex_trylock(&pool.launching) != 0) return run_serially(fn, cdata);
+  size_pool(threads);
+  threads = pool.workers + 1;
+  pool.fn = fn;
+  pool.cdata = cdata;
+  pool.num_task = threads;
+  pool.barrier.count = threads;
+  atomic_store(&pool.barrier.arrived, 0);
+  atomic_store(&pool.failed, 0);
+  atomic_store(&pool.pending, threads - 1);
+  if (threads > 1) publish();
+  run_task(0);
+  for (int spin = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spin) {
+    if (spin < SPINS) relax();
+    else sched_yield();
+  }
+  int failed = atomic_load(&pool.failed);
+  pthread_mutex_unlock(&pool.launching);
+  return failed ? -1 : 0;
+}
+
+static int parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
+  (void)task_id;
+  Barrier* barrier = (Barrier*)penv->sync_handle;
+  if (penv->num_task <= 1) return 0;
+  if (barrier == NULL) {
+    const char* parts[] = {"a kernel's parallel barrier cannot run under an engine's parallel hook"};
+    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 1);
+    return -1;
+  }
+  int phase = atomic_load(&barrier->phase);
+  if (atomic_fetch_add(&barrier->arrived, 1) == barrier->count - 1) {
+    atomic_store(&barrier->arrived, 0);
+    atomic_fetch_add(&barrier->phase, 1);
+    return 0;
+  }
+  for (int spin = 0; atomic_load(&barrier->phase) == phase; ++spin) {
+    if (spin < SPINS) relax();
+    else sched_yield();
+  }
+  return 0;
+}
+
+/* The strong definitions of the pointers the kernel objects define weak and NULL. */
+void* __TVMBackendParallelLaunch = (void*)&parallel_launch;
+void* __TVMBackendParallelBarrier = (void*)&parallel_barrier;
+void* __TVMBackendAllocWorkspace = (void*)&alloc_workspace;
+void* __TVMBackendFreeWorkspace = (void*)&free_workspace;

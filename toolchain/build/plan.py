@@ -1,0 +1,207 @@
+"""A graph's execution plan on CPUs, in TIR: its kernels as private subroutines, called in order by
+one PrimFunc over the graph's tensors, the tensors between them in one arena:
+
+    main(inputs..., out, arena)      arena: uint8[arena bytes at the batch the inputs have]
+
+This is the one way a graph runs on a CPU: through TVM's runtime (`deploy run/test/bench/tune`,
+locally and over RPC: the session allocates the arena, `devices/session.py`) and in a C bundle
+(`bundle.py`: the caller's memory or a per-thread cache), so what `deploy test` verifies is what
+ships. No VM: the plan is machine code like the kernels.
+
+The arena holds every tensor between two kernels at an offset fixed when built (a multiple of
+ALIGNMENT bytes, from N at call time for a symbolic batch); a tensor takes the slot of one no
+longer read when both have the same size, so a chain of same-sized kernels needs two slots. The
+size is computed alike here (`Plan.arena_bytes`), in the TIR (`main` checks its arena's shape
+against it) and in C (`devices/native/bundle.h`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ops.spec import TensorType, is_symbolic, symbol, symbols_of
+from toolchain.build.fusion import Call
+
+if TYPE_CHECKING:
+    from ops.graph import BoundGraph
+
+ALIGNMENT = 64
+"""Bytes every arena tensor is aligned to: what the kernels assume of their buffers (TVM's
+kAllocAlignment, which they `llvm.assume`)."""
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class Size:
+    """A byte count `factor * product(symbols)`: a tensor's, with its symbolic batch dims."""
+
+    factor: int
+    symbols: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(t: TensorType) -> Size:
+        static = math.prod(d for d in t.shape if not is_symbolic(d))
+        return Size(static * _bytes(t.dtype), tuple(sorted(str(d.name) for d in t.shape if is_symbolic(d))))
+
+    def at(self, sizes: dict[str, int]) -> int:
+        """The bytes with the symbolic dims at `sizes`."""
+        return self.factor * math.prod(sizes[name] for name in self.symbols)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.factor, "times": list(self.symbols)}
+
+
+def _bytes(dtype: str) -> int:
+    import tvm
+
+    t = tvm.runtime.DataType(dtype)
+    return (t.bits * t.lanes + 7) // 8
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The arena: its slots in order (each starts where the one before ends, rounded up to
+    ALIGNMENT), and the slot of each tensor between kernels."""
+
+    slots: tuple[Size, ...]
+    places: dict[str, int]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The arena as the manifest lists it: each slot's size and the tensors it holds."""
+        held = {i: [t for t, s in self.places.items() if s == i] for i in range(len(self.slots))}
+        return [{**size.to_json(), "tensors": held[i]} for i, size in enumerate(self.slots)]
+
+
+def arena_bytes(slots: Sequence[Size], sizes: dict[str, int]) -> int:
+    """The arena's bytes with the symbolic dims at `sizes`: at least ALIGNMENT (`_arena_expr`)."""
+    return max(sum(_aligned(size.at(sizes)) for size in slots), ALIGNMENT)
+
+
+def plan_arena(graph: BoundGraph, calls: Sequence[Call]) -> Plan:
+    """Slots for the tensors the kernels `calls` write that are not the graph's output, in the
+    order written: a tensor reuses a slot of the same size whose tensor no later kernel reads."""
+    last_read: dict[str, int] = {}
+    for index, (_, _, reads, _) in enumerate(calls):
+        for tensor in reads:
+            last_read[tensor] = index
+    slots: list[Size] = []
+    places: dict[str, int] = {}
+    holder: dict[int, str] = {}
+    for index, (_, _, _, tensor) in enumerate(calls):
+        if tensor == graph.graph.output:
+            continue
+        size = Size.of(graph.types[tensor])
+        free = [
+            s for s, held in holder.items()
+            if slots[s] == size and last_read.get(held, -1) < index
+        ]  # fmt: skip
+        slot = free[0] if free else len(slots)
+        if not free:
+            slots.append(size)
+        places[tensor] = slot
+        holder[slot] = tensor
+    return Plan(tuple(slots), places)
+
+
+def _subroutine(func: Any, symbols: dict[str, Any]) -> Any:
+    """A kernel's scheduled PrimFunc as a private subroutine: its buffers' data pointers, then
+    the symbolic dims its shapes use, as plain parameters (the kernel's entry checks are the
+    caller's: `main` checks the graph's tensors, and the plan lays out the rest)."""
+    import tvm
+    from tvm import tirx
+
+    buffers = list(func.params)
+    pointers = [_pointer(f"{b.name}_data", b.dtype) for b in buffers]
+    declared = [tirx.DeclBuffer(b, data=p) for b, p in zip(buffers, pointers, strict=True)]
+    body = tirx.SeqStmt([*declared, func.body])
+    params = [*pointers, *symbols.values()]
+    kept = {k: v for k, v in (func.attrs or {}).items() if k != "global_symbol"}
+    subroutine = tirx.PrimFunc(params, body, ret_type=tvm.ir.PrimType("int32"))  # TVM's error returns
+    return subroutine.with_attrs(kept) if kept else subroutine
+
+
+def _pointer(name: str, dtype: Any) -> Any:
+    """A parameter holding a pointer to `dtype` elements."""
+    import tvm
+    from tvm import tirx
+
+    return tirx.Var(name, tvm.ir.PointerType(tvm.ir.PrimType(str(dtype))))
+
+
+def plan_module(graph: BoundGraph, calls: Sequence[Call]) -> Any:
+    """The IRModule of the graph's plan: `main(inputs..., out, arena)` calling one private
+    subroutine per kernel of `calls` (each named as given), in order."""
+    import tvm
+    from tvm import tirx
+
+    plan = plan_arena(graph, calls)
+    symbols = {name: symbol(name) for name in symbols_of(graph.inputs)}
+    mod = tvm.IRModule({name: _subroutine(func, symbols) for name, func, _, _ in calls})
+
+    def buffer(name: str, t: TensorType) -> Any:
+        return tirx.decl_buffer(t.shape, t.dtype, name=name)
+
+    tensors = {name: buffer(f"input{i}", t) for i, (name, t) in enumerate(graph.graph.inputs)}
+    out = buffer("out", graph.output)
+    offsets, total = _layout(plan, symbols)
+    arena = tirx.decl_buffer((total,), "uint8", name="arena")
+
+    def pointer(tensor: str) -> Any:
+        if tensor == graph.graph.output:
+            return out.data
+        if tensor in tensors:
+            return tensors[tensor].data
+        return tirx.address_of(tirx.BufferLoad(arena, [offsets[plan.places[tensor]]]))
+
+    steps = []
+    for name, _, reads, writes in calls:
+        args = [pointer(t) for t in (*reads, writes)] + list(symbols.values())
+        steps.append(tirx.Evaluate(tvm.ir.Call(mod.get_global_var(name), args, ret_ty="int32")))
+    if graph.graph.output in tensors:  # the output is an input (an ONNX pass-through): copy it
+        steps.append(_copy(tensors[graph.graph.output], out))
+    body = tirx.SeqStmt(steps) if len(steps) > 1 else steps[0]
+    mod[MAIN] = tirx.PrimFunc([*tensors.values(), out, arena], body).with_attr("global_symbol", MAIN)
+    return mod
+
+
+def _copy(src: Any, dst: Any) -> Any:
+    """A flat copy loop from `src` to `dst` (same shape and dtype)."""
+    from tvm import tirx
+
+    total = math.prod(src.shape) if src.shape else 1
+    i = tirx.Var("i", "int32")
+    flat_src = tirx.decl_buffer((total,), src.dtype, data=src.data, name="src_flat")
+    flat_dst = tirx.decl_buffer((total,), dst.dtype, data=dst.data, name="dst_flat")
+    store = tirx.BufferStore(flat_dst, tirx.BufferLoad(flat_src, [i]), [i])
+    loop = tirx.For(i, 0, total, tirx.ForKind.SERIAL, store)
+    return tirx.SeqStmt(
+        [tirx.DeclBuffer(flat_src, data=src.data), tirx.DeclBuffer(flat_dst, data=dst.data), loop]
+    )
+
+
+def _size_expr(size: Size, symbols: dict[str, Any]) -> Any:
+    """`size` in bytes as an int64 TIR expression of the symbolic dims."""
+    from tvm import tirx
+
+    expr = tirx.const(size.factor, "int64")
+    for name in size.symbols:
+        expr = expr * tirx.Cast("int64", symbols[name])
+    return expr
+
+
+def _layout(plan: Plan, symbols: dict[str, Any]) -> tuple[list[Any], Any]:
+    """Each slot's byte offset, and the arena's size (as `arena_bytes`), as TIR expressions."""
+    from tvm import tirx
+
+    offsets, total = [], tirx.const(0, "int64")
+    for size in plan.slots:
+        offsets.append(total)
+        total = total + tirx.floordiv(_size_expr(size, symbols) + (ALIGNMENT - 1), ALIGNMENT) * ALIGNMENT
+    return offsets, tirx.max(total, tirx.const(ALIGNMENT, "int64"))
