@@ -865,6 +865,8 @@ def tamper(path: Path) -> None:
         ("fifo", "add.h as a file"),  # the reader blocked on it forever
         ("endless", "add.h as a file"),  # a link to /dev/zero: hashed forever
         ("outside", "SHA256SUMS names ../x, outside the bundle"),
+        ("sums-fifo", "SHA256SUMS is not a regular file"),  # deploy-run blocked on it before any check
+        ("sums-dir", "SHA256SUMS is not a regular file"),
     ],
 )
 def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, message: str) -> None:
@@ -883,6 +885,9 @@ def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, 
     elif victim == "endless":
         (copy_of / "add.h").unlink()
         (copy_of / "add.h").symlink_to("/dev/zero")
+    elif victim in ("sums-fifo", "sums-dir"):
+        (copy_of / "SHA256SUMS").unlink()
+        (os.mkfifo if victim == "sums-fifo" else os.mkdir)(copy_of / "SHA256SUMS")
     elif victim == "outside":
         with (copy_of / "SHA256SUMS").open("a") as sums:
             sums.write(f"{'0' * 64}  ../x\n")

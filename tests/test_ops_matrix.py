@@ -1,5 +1,6 @@
-"""Every op x dtype x case on every registered target, each on its default device (NaN, infinities
-and repeated maxima planted in every case), and the edges random data rarely hits: argmax over
+"""Every op x dtype x case on every registered target (x86 and arm through their bundles, in
+test_bundle.py), each on its default device (NaN, infinities and repeated maxima planted in every
+case), and the edges random data rarely hits: argmax over
 NaN, infinities, ties and all-minimum rows (the plain reduction, the CPU's max-then-find, the GPU's
 work-group reduction), NaN through max pooling at the borders (x86's bit test, ARM's
 `llvm.maximum`, the GPU's if-then-else), padding that never wins, integer wrap-around, IEEE
@@ -141,7 +142,14 @@ def on_every_target(
     return pytest.mark.parametrize(f"target,{argnames}", params)
 
 
-@on_every_target("planned", [(c,) for c in plan(all_ops())])
+THROUGH_BUNDLES = ("x86", "arm")
+"""Targets whose matrix runs through their C bundles (`test_bundle.py`): the same kernels as their
+modules, with the runtime and checks that ship; here the others run it through TVM's runtime."""
+
+
+@on_every_target(
+    "planned", [(c,) for c in plan(all_ops())], [t for t in all_targets() if t.name not in THROUGH_BUNDLES]
+)
 def test_op_matches_reference(target, planned, sessions):
     on = sessions.on(target)
     result = verify_case(on.session, planned, target, specials=True)

@@ -109,9 +109,17 @@ Options ParseArgs(int argc, char** argv) {
 
 // Every file in DIR/SHA256SUMS matches it, this runner and the library among them.
 void VerifyBundle(const std::string& dir) {
-  std::unique_ptr<std::FILE, decltype(&std::fclose)> sums(std::fopen((dir + "/SHA256SUMS").c_str(), "r"),
-                                                          &std::fclose);
-  if (!sums) Bad("cannot read " + dir + "/SHA256SUMS: not a bundle directory");
+  // Opened without blocking and read only as a regular file: a FIFO there would block the open.
+  std::string path = dir + "/SHA256SUMS";
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat info {};
+  if (fd < 0) Bad("cannot read " + path + ": not a bundle directory");
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size > (1 << 20)) {
+    close(fd);
+    Bad(path + " is not a regular file of SHA-256 sums: the bundle was modified");
+  }
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> sums(fdopen(fd, "r"), &std::fclose);
+  if (!sums) Bad("cannot read " + path + ": " + std::strerror(errno));
   std::map<std::string, std::string> listed;
   std::string line;
   for (int c; (c = std::fgetc(sums.get())) != EOF || !line.empty();) {
