@@ -16,8 +16,10 @@ an op's library and the stripped runner for x86 and aarch64.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,14 +44,18 @@ from toolchain.verify.measure import TARGET_SECONDS, Timer, calls_lasting
 
 REPO = Path(__file__).resolve().parent.parent
 F32 = "float32"
+QUIET = 0.3
+"""Seconds of rest before each timed run: the threads the last one left spinning (onnxruntime's,
+TVM's pool) go to sleep, so that on a machine of few cores they do not slow the next."""
 
 
 def one_node(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...]]) -> BoundGraph:
     """A graph of one node (so onnxruntime gets the same model)."""
     names = [f"x{i}" for i in range(len(shapes))]
     node = Node("y", get_op(op), attrs, tuple(names), "y")
-    return bind_graph(Graph(op, tuple((n, TensorType(s, F32)) for n, s in zip(names, shapes, strict=True)),
-                            (node,), "y"))  # fmt: skip
+    return bind_graph(
+        Graph(op, tuple((n, TensorType(s, F32)) for n, s in zip(names, shapes, strict=True)), (node,), "y")
+    )
 
 
 def ladder(kernels: int) -> BoundGraph:
@@ -60,8 +66,9 @@ def ladder(kernels: int) -> BoundGraph:
     for i in range(kernels):
         nodes.append(Node(f"t{i}", get_op("add"), {}, last, f"t{i}"))
         last = (last[1], f"t{i}")
-    return bind_graph(Graph("ladder", (("a", TensorType(shape, F32)), ("b", TensorType(shape, F32))),
-                            tuple(nodes), last[1]))  # fmt: skip
+    return bind_graph(
+        Graph("ladder", (("a", TensorType(shape, F32)), ("b", TensorType(shape, F32))), tuple(nodes), last[1])
+    )
 
 
 def workloads() -> list[tuple[str, BoundGraph]]:
@@ -72,8 +79,14 @@ def workloads() -> list[tuple[str, BoundGraph]]:
         ("leaky_relu 1x64x56x56", one_node("leaky_relu", {}, [(1, 64, 56, 56)])),
         ("argmax axis=1 1x1000x7x7", one_node("argmax", {"axis": 1}, [(1, 1000, 7, 7)])),
         ("max_pool2d k3s2p1 1x64x112x112", one_node("max_pool2d", pool, [(1, 64, 112, 112)])),
-        ("maxpool_add (graph) 1x64x112x112", bind_graph(_batch_one(load_model(REPO / "examples" / "maxpool_add.yaml")))),
-        ("pool_add_leaky_hsig.onnx 1x8x32x32", bind_graph(load_model(REPO / "examples" / "pool_add_leaky_hsig.onnx"))),
+        (
+            "maxpool_add (graph) 1x64x112x112",
+            bind_graph(_batch_one(load_model(REPO / "examples" / "maxpool_add.yaml"))),
+        ),
+        (
+            "pool_add_leaky_hsig.onnx 1x8x32x32",
+            bind_graph(load_model(REPO / "examples" / "pool_add_leaky_hsig.onnx")),
+        ),
         ("ladder of 16 add kernels 1x64x56x56", ladder(16)),
         ("max_pool2d k3s2p1 32x64x112x112", one_node("max_pool2d", pool, [(32, 64, 112, 112)])),
     ]
@@ -101,7 +114,10 @@ static void* filled(size_t bytes, unsigned seed) {{  /* floats in [-1, 1): timin
   float* data = NULL;
   size_t i;
   if (posix_memalign((void**)&data, 64, bytes + 64) != 0) exit(3);
-  for (i = 0; i < bytes / sizeof(float); ++i) data[i] = (float)((seed = seed * 1103515245u + 12345u) >> 9) / 4194304.0f - 1.0f;
+  for (i = 0; i < bytes / sizeof(float); ++i) {{
+    seed = seed * 1103515245u + 12345u;
+    data[i] = (float)(seed >> 9) / 4194304.0f - 1.0f;
+  }}
   return data;
 }}
 
@@ -136,14 +152,33 @@ def driver(directory: Path, graph: BoundGraph) -> Path:
         bits = int(t.dtype.lstrip("afilnotu"))
         lines.append(f"  static int64_t shape{i}[] = {{{', '.join(map(str, t.shape))}}};")
         lines.append(
-            f"  DLTensor t{i} = {{filled({t.elements() * bits // 8}, {i + 1}u), {{kDLCPU, 0}}, {len(t.shape)},"
+            f"  DLTensor t{i} = {{filled({t.elements() * bits // 8}, {i + 1}u), {{kDLCPU, 0}},"
+            f" {len(t.shape)},"
             f" {{{code}, {bits}, 1}}, shape{i}, NULL, 0}};"
         )
     source = directory / "timer.c"
-    source.write_text(DRIVER.format(name=name, tensors="\n".join(lines), args=", ".join(f"&t{i}" for i in range(len(types)))))
+    source.write_text(
+        DRIVER.format(
+            name=name, tensors="\n".join(lines), args=", ".join(f"&t{i}" for i in range(len(types)))
+        )
+    )
     program = directory / "timer"
-    subprocess.run(["gcc", "-O2", "-std=c11", f"-I{directory}", f"-I{directory / 'include'}", str(source),
-                    str(directory / f"lib{name}.a"), "-lm", "-lpthread", "-o", str(program)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-std=c11",
+            f"-I{directory}",
+            f"-I{directory / 'include'}",
+            str(source),
+            str(directory / f"lib{name}.a"),
+            "-lm",
+            "-lpthread",
+            "-o",
+            str(program),
+        ],
+        check=True,
+    )
     return program
 
 
@@ -156,30 +191,46 @@ class Timed:
 
 
 def bundle_timer(program: Path, threads: int) -> Timed:
-    once = float(subprocess.run([str(program), str(threads), "1", "1"], capture_output=True, text=True,
-                                check=True).stdout)  # fmt: skip
+    once = float(
+        subprocess.run(
+            [str(program), str(threads), "1", "1"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     calls = calls_lasting(TARGET_SECONDS, once / 1e3)
 
     def runs(count: int) -> list[float]:
-        out = subprocess.run([str(program), str(threads), str(calls), str(count)], capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [str(program), str(threads), str(calls), str(count)], capture_output=True, text=True, check=True
+        ).stdout
         return [float(line) for line in out.split()]
 
     return Timed("bundle", runs)
 
 
-def tvm_timer(session: Any, directory: Path, manifest: Manifest, inputs: list[np.ndarray], threads: int) -> Timed:
-    import tvm
-
-    configure = tvm.get_global_func("runtime.config_threadpool")
-    configure(1, threads)  # TVM's pool: big cores first, `threads` of them
-    timer = Timer(session, directory, manifest, inputs)
+def tvm_timer(directory: Path, inputs: list[Path], threads: int) -> Timed:
+    """The module through TVM's runtime, timed in a process of its own per run (TVM's pool, once
+    used, keeps a thread busy that would slow whatever this process times next)."""
+    command = [sys.executable, __file__, "--time-tvm", str(directory), "--tvm-threads", str(threads)]
+    env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
 
     def runs(count: int) -> list[float]:
-        configure(1, threads)
-        return timer.runs(count)
+        out = subprocess.run([*command, "--rounds", str(count), *map(str, inputs)], capture_output=True,
+                             text=True, check=True, env=env).stdout  # fmt: skip
+        return [float(line) for line in out.split()]
 
     return Timed("TVM runtime", runs)
+
+
+def time_tvm(directory: Path, threads: int, runs: int, inputs: list[Path]) -> None:
+    """Print `runs` timed runs (ms per call) of the module in `directory` through TVM's runtime,
+    its pool at `threads` threads (the child process of `tvm_timer`)."""
+    import tvm
+
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+    with get_device("local").open() as session:
+        timer = Timer(session, directory, Manifest.read(directory), [np.load(p) for p in inputs])
+        for ms in timer.runs(runs):
+            print(f"{ms:.9f}")
 
 
 def ort_timer(graph: BoundGraph, model: bytes, inputs: list[np.ndarray], threads: int) -> Timed:
@@ -201,6 +252,7 @@ def ort_timer(graph: BoundGraph, model: bytes, inputs: list[np.ndarray], threads
 
     def runs(count: int) -> list[float]:
         found = []
+        assert out.size  # the output buffer onnxruntime writes lives as long as this timer
         for _ in range(count):
             start = time.perf_counter()
             for _ in range(calls):
@@ -229,19 +281,33 @@ def onnx_model(label: str, graph: BoundGraph) -> bytes:
         op, attrs = n.bound.op.name, n.bound.attrs
         if op == "max_pool2d":
             k, s, p = attrs["kernel"], attrs["stride"], attrs["padding"]
-            nodes.append(helper.make_node("MaxPool", list(n.node.inputs), [n.node.output], kernel_shape=[k, k],
-                                          strides=[s, s], pads=[p] * 4))  # fmt: skip
+            nodes.append(
+                helper.make_node(
+                    "MaxPool",
+                    list(n.node.inputs),
+                    [n.node.output],
+                    kernel_shape=list(k),
+                    strides=list(s),
+                    pads=[*p, *p],
+                )
+            )
         elif op == "argmax":
-            nodes.append(helper.make_node("ArgMax", list(n.node.inputs), [n.node.output], axis=attrs["axis"],
-                                          keepdims=0))  # fmt: skip
+            nodes.append(
+                helper.make_node(
+                    "ArgMax", list(n.node.inputs), [n.node.output], axis=attrs["axis"], keepdims=0
+                )
+            )
         elif op == "leaky_relu":
-            nodes.append(helper.make_node("LeakyRelu", list(n.node.inputs), [n.node.output], alpha=attrs["alpha"]))
+            nodes.append(
+                helper.make_node("LeakyRelu", list(n.node.inputs), [n.node.output], alpha=attrs["alpha"])
+            )
         else:
             nodes.append(helper.make_node("Add", list(n.node.inputs), [n.node.output]))
     inputs = [helper.make_tensor_value_info(name, types[t.dtype], t.shape) for name, t in graph.graph.inputs]
     output = helper.make_tensor_value_info(graph.graph.output, types[graph.output.dtype], graph.output.shape)
-    made = helper.make_model(helper.make_graph(nodes, "bench", inputs, [output]),
-                             opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    made = helper.make_model(
+        helper.make_graph(nodes, "bench", inputs, [output]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     return made.SerializeToString()
 
 
@@ -257,9 +323,12 @@ def sizes(work: Path) -> None:
         except Exception as exc:
             print(f"  {name}: not built here ({exc})")
             continue
-        print(f"  {name} ({get_platform(target.arch).arch}): libadd.a {(directory / 'libadd.a').stat().st_size / 1e3:.1f} KB,"
-              f" libadd.so {(directory / 'libadd.so').stat().st_size / 1e3:.1f} KB,"
-              f" deploy-run {(directory / 'deploy-run').stat().st_size / 1e3:.0f} KB (static, stripped)")  # fmt: skip
+        print(
+            f"  {name} ({get_platform(target.arch).arch}):"
+            f" libadd.a {(directory / 'libadd.a').stat().st_size / 1e3:.1f} KB,"
+            f" libadd.so {(directory / 'libadd.so').stat().st_size / 1e3:.1f} KB,"
+            f" deploy-run {(directory / 'deploy-run').stat().st_size / 1e3:.0f} KB (static, stripped)"
+        )
 
 
 def median_spread(runs: list[float]) -> str:
@@ -272,43 +341,62 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", help="only the workloads whose label contains this")
+    parser.add_argument("--time-tvm", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--tvm-threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("inputs", nargs="*", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_tvm is not None:
+        time_tvm(args.time_tvm, args.tvm_threads, args.rounds, args.inputs)
+        return
     at_least_one(parser, "--rounds", args.rounds)
     counts = [int(t) for t in args.threads.split(",")]
     host: Target = host_target(parser, "x86")
-    print(f"x86, medians of {args.rounds} interleaved rounds, ms per call (interquartile range);"
-          " ratios below 1: the bundle is faster")  # fmt: skip
-    print(f"{'workload':38} {'thr':>3} {'bundle':>24} {'TVM runtime':>24} {'onnxruntime':>24} {'/TVM':>6} {'/ort':>6}")
-    with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
+    print(
+        f"x86, medians of {args.rounds} interleaved rounds, ms per call (interquartile range);"
+        " ratios below 1: the bundle is faster"
+    )
+    print(
+        f"{'workload':38} {'thr':>3} {'bundle':>24} {'TVM runtime':>24} {'onnxruntime':>24}"
+        f" {'/TVM':>6} {'/ort':>6}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for index, (label, graph) in enumerate(workloads()):
             if args.only and args.only not in label:
                 continue
             directory = work / f"w{index}"
             compiled = compile_graph(graph, host.with_cores(max(counts)))
-            manifest = export(compiled, directory, bundle=True, name=f"w{index}")
+            export(compiled, directory, bundle=True, name=f"w{index}")
             rng = np.random.default_rng(index)
             inputs = [random_input(t, rng) for t in graph.inputs]
-            check(directory, graph, inputs, work / f"c{index}")
+            paths = check(directory, graph, inputs, work / f"c{index}")
             program = driver(directory, graph)
             model = onnx_model(label, graph)
             for threads in counts:
-                timers = [bundle_timer(program, threads), tvm_timer(session, directory, manifest, inputs, threads),
-                          ort_timer(graph, model, inputs, threads)]  # fmt: skip
+                timers = [
+                    bundle_timer(program, threads),
+                    tvm_timer(directory, paths, threads),
+                    ort_timer(graph, model, inputs, threads),
+                ]
                 runs: list[list[float]] = [[] for _ in timers]
                 for round_ in range(args.rounds):
                     for k in range(len(timers)):
                         turn = (k + round_) % len(timers)
+                        time.sleep(QUIET)
                         runs[turn] += timers[turn].runs(1)
                 medians = [statistics.median(r) for r in runs]
-                print(f"{label:38} {threads:>3} {median_spread(runs[0]):>24} {median_spread(runs[1]):>24}"
-                      f" {median_spread(runs[2]):>24} {medians[0] / medians[1]:>6.2f} {medians[0] / medians[2]:>6.2f}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{label:38} {threads:>3} {median_spread(runs[0]):>24} {median_spread(runs[1]):>24}"
+                    f" {median_spread(runs[2]):>24} {medians[0] / medians[1]:>6.2f}"
+                    f" {medians[0] / medians[2]:>6.2f}",
+                    flush=True,
+                )
         sizes(work)
 
 
-def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Path) -> None:
-    """The bundle's runner on `inputs` against numpy (a time is never printed for a wrong answer)."""
+def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Path) -> list[Path]:
+    """The bundle's runner on `inputs` against numpy (a time is never printed for a wrong answer);
+    the inputs' files."""
     work.mkdir()
     paths = []
     for i, array in enumerate(inputs):
@@ -319,6 +407,7 @@ def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Pa
     result = compare(np.asarray(graph.reference(*inputs)), np.load(work / "out.npy"), graph.exact)
     if not result.ok:
         raise SystemExit(f"error: the bundle of {graph.name} differs from numpy: {result.detail}")
+    return paths
 
 
 if __name__ == "__main__":

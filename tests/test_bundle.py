@@ -1103,3 +1103,65 @@ def test_sha256_matches_hashlib(tmp_path: Path) -> None:
     )  # fmt: skip
     expected = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
     assert out.stdout.split("\n") == [*expected, "", ""]
+
+
+ALIGNED_16 = """#define _POSIX_C_SOURCE 200112L
+#include <stdio.h>
+#include <stdlib.h>
+#include "{name}.h"
+
+/* Each buffer 16 bytes past a 64-byte boundary (what ncnn's allocator may give on ARM). */
+static float* off16(size_t count) {{
+  char* base = NULL;
+  if (posix_memalign((void**)&base, 64, count * sizeof(float) + 64) != 0) exit(3);
+  return (float*)(base + 16);
+}}
+
+int main(void) {{
+  int64_t shape_a[4] = {{2, 16, 32, 32}}, shape_b[4] = {{2, 1, 16, 16}}, shape_out[4] = {{2, 16, 16, 16}};
+  float* a = off16(2 * 16 * 32 * 32);
+  float* b = off16(2 * 16 * 16);
+  float* out = off16(2 * 16 * 16 * 16);
+  DLTensor ta = {{a, {{kDLCPU, 0}}, 4, {{kDLFloat, 32, 1}}, shape_a, NULL, 0}};
+  DLTensor tb = {{b, {{kDLCPU, 0}}, 4, {{kDLFloat, 32, 1}}, shape_b, NULL, 0}};
+  DLTensor tout = {{out, {{kDLCPU, 0}}, 4, {{kDLFloat, 32, 1}}, shape_out, NULL, 0}};
+  int i, status;
+  for (i = 0; i < 2 * 16 * 32 * 32; ++i) a[i] = (float)(i % 97);
+  for (i = 0; i < 2 * 16 * 16; ++i) b[i] = (float)(i % 5);
+  status = {name}(&ta, &tb, &tout);
+  printf("%d %s %g %g\\n", status, {name}_last_error(), out[0], out[2 * 16 * 16 * 16 - 1]);
+  ta.data = (char*)a + 8;
+  printf("%d %s\\n", {name}(&ta, &tb, &tout), {name}_last_error());
+  return 0;
+}}
+"""
+
+
+def test_a_bundle_built_for_16_byte_alignment_takes_such_buffers(tmp_path: Path) -> None:
+    """`--alignment 16`: the graph's kernels load unaligned (a 64-byte build's aligned loads on
+    such a buffer would crash), the library checks 16 and says so."""
+    x86_runs_here()
+    (tmp_path / "g.yaml").write_text(
+        "name: pa\ninputs:\n  a: {shape: [N, 16, 32, 32]}\n  b: {shape: [N, 1, 16, 16]}\nnodes:\n"
+        "  - {name: pool, op: max_pool2d, attrs: {kernel: 3, stride: 2, padding: 1}, inputs: [a]}\n"
+        "  - {name: sum, op: add, inputs: [pool, b]}\noutput: sum\n"
+    )
+    build = ["build", "--target", "x86", "--cores", "2", "--bundle", "--alignment", "16"]
+    result = invoke(*build, "--model", str(tmp_path / "g.yaml"), "-o", str(tmp_path / "pa"))
+    assert result.exit_code == 0, result.output
+    assert Manifest.read(tmp_path / "pa").alignment == 16
+    assert "#define PA_ALIGNMENT 16" in (tmp_path / "pa" / "pa.h").read_text()
+    program = build_c(ALIGNED_16.format(name="pa"), tmp_path / "pa", tmp_path / "aligned16")
+    proc = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    graph = bind_graph(load_model(tmp_path / "g.yaml"))
+    a = (np.arange(2 * 16 * 32 * 32) % 97).astype(np.float32).reshape(2, 16, 32, 32)
+    b = (np.arange(2 * 16 * 16) % 5).astype(np.float32).reshape(2, 1, 16, 16)
+    expected = graph.reference(a, b)
+    assert proc.stdout.splitlines() == [
+        f"0  {expected.flat[0]:g} {expected.flat[-1]:g}",
+        "-1 pa: a.data + byte_offset is not 16-byte aligned",
+    ]
+    refused = invoke("build", "--op", "add", "--target", "opencl", "--shape", "4", "--shape", "4",
+                     "--alignment", "16", "-o", str(tmp_path / "cl"))  # fmt: skip
+    assert refused.exit_code == 2 and "--alignment applies to CPU targets" in refused.output

@@ -3,8 +3,9 @@
  *
  * Every tensor is checked against what the bundle was built for (bundle_config.h): dtype, rank,
  * shape (a symbolic dim read from the tensors, the same in all, at least 1), CPU memory, C order,
- * DEPLOY_ALIGNMENT-byte aligned data. A bad tensor or a failing kernel returns an error code with
- * a one-line message in NAME_last_error(), never a crash. A graph's kernels run on an arena, the
+ * data aligned as the kernels assume (DEPLOY_TENSOR_ALIGNMENT: 64, or what --alignment said). A
+ * bad tensor or a failing kernel returns an error code with a one-line message in
+ * NAME_last_error(), never a crash. A graph's kernels run on an arena, the
  * caller's (NAME_with_workspace) or one the call takes from the thread's scratch cache.
  */
 #include "bundle.h"
@@ -91,23 +92,24 @@ static int check_tensor(const DLTensor* given, const DeployTensorSpec* spec, int
     dtype_text(spec->dtype, want, sizeof(want));
     return fail(BAD_ARGUMENT, "%s is %s, expected %s", name, got, want);
   }
-  shape_text(spec->shape, spec->ndim, 1, want, sizeof(want));
+  /* The texts of the messages below, made only for a message: a call that passes costs no printf. */
+#define WANT (shape_text(spec->shape, spec->ndim, 1, want, sizeof(want)), want)
+#define GOT (shape_text(given->shape, spec->ndim, 0, got, sizeof(got)), got)
   if (given->ndim != spec->ndim) {  /* its shape is not read: ndim may be anything */
     return fail(BAD_ARGUMENT, "%s has %d dim%s, expected %s", name, (int)given->ndim,
-                given->ndim == 1 ? "" : "s", want);
+                given->ndim == 1 ? "" : "s", WANT);
   }
-  if (spec->ndim > 0 && given->shape == NULL) return fail(BAD_ARGUMENT, "%s.shape is NULL, expected %s", name, want);
-  shape_text(given->shape, spec->ndim, 0, got, sizeof(got));
+  if (spec->ndim > 0 && given->shape == NULL) return fail(BAD_ARGUMENT, "%s.shape is NULL, expected %s", name, WANT);
   for (int i = 0; i < spec->ndim; ++i) {
     int64_t dim = spec->shape[i], size = given->shape[i];
     if (dim >= 0) {
-      if (size != dim) return fail(BAD_ARGUMENT, "%s has shape %s, expected %s", name, got, want);
+      if (size != dim) return fail(BAD_ARGUMENT, "%s has shape %s, expected %s", name, GOT, WANT);
       continue;
     }
     int symbol = (int)(-dim - 1);
     const char* symbol_name = deploy_symbol_names[symbol];
     if (size < 1 || size > INT32_MAX) {
-      return fail(BAD_ARGUMENT, "%s has shape %s: %s = %" PRId64 ", expected 1 <= %s <= %d", name, got,
+      return fail(BAD_ARGUMENT, "%s has shape %s: %s = %" PRId64 ", expected 1 <= %s <= %d", name, GOT,
                   symbol_name, size, symbol_name, INT32_MAX);
     }
     if (symbols[symbol] == 0) {
@@ -115,15 +117,17 @@ static int check_tensor(const DLTensor* given, const DeployTensorSpec* spec, int
       giver[symbol] = name;
     } else if (symbols[symbol] != size) {
       return fail(BAD_ARGUMENT, "%s has %s = %" PRId64 " (shape %s), but %s has %s = %" PRId64, name,
-                  symbol_name, size, got, giver[symbol], symbol_name, symbols[symbol]);
+                  symbol_name, size, GOT, giver[symbol], symbol_name, symbols[symbol]);
     }
   }
   uint64_t elements = 1;
   for (int i = 0; i < spec->ndim; ++i) {
     if (__builtin_mul_overflow(elements, (uint64_t)given->shape[i], &elements) || elements > INT64_MAX / 8) {
-      return fail(BAD_ARGUMENT, "%s has shape %s: more elements than memory holds", name, got);
+      return fail(BAD_ARGUMENT, "%s has shape %s: more elements than memory holds", name, GOT);
     }
   }
+#undef WANT
+#undef GOT
   if (given->strides != NULL) {
     int64_t expected = 1;
     for (int i = spec->ndim - 1; i >= 0; --i) {
@@ -137,8 +141,8 @@ static int check_tensor(const DLTensor* given, const DeployTensorSpec* spec, int
   folded->data = (char*)given->data + given->byte_offset;
   folded->byte_offset = 0;
   folded->strides = NULL;
-  if ((uintptr_t)folded->data % DEPLOY_ALIGNMENT != 0) {
-    return fail(BAD_ARGUMENT, "%s.data + byte_offset is not %d-byte aligned", name, DEPLOY_ALIGNMENT);
+  if ((uintptr_t)folded->data % DEPLOY_TENSOR_ALIGNMENT != 0) {
+    return fail(BAD_ARGUMENT, "%s.data + byte_offset is not %d-byte aligned", name, DEPLOY_TENSOR_ALIGNMENT);
   }
   return OK;
 }

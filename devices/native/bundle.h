@@ -12,7 +12,7 @@
 
 #define DEPLOY_MAX_DIMS 16
 #define DEPLOY_MAX_SLOT_SYMBOLS 4
-#define DEPLOY_ALIGNMENT 64 /* what the kernels assume of every buffer they are given */
+#define DEPLOY_ALIGNMENT 64 /* of the arena, and of what the runner allocates */
 
 typedef struct {
   const char* name;

@@ -107,7 +107,15 @@ static int free_workspace(int device_type, int device_id, void* ptr) {
   return 0;
 }
 
-/* ---- the thread pool ---- */
+/* ---- the thread pool ----
+ *
+ * A launch hands out its tasks through one atomic word, `state`: the launch's generation, its
+ * task count and the next task to claim. Every thread of the pool (the caller too) claims tasks
+ * until none is left, so a worker that the system has not yet run costs nothing: its share is
+ * done by whoever is running. A claim names its generation, so a worker late to a launch never
+ * takes a task of the next one, and a launch cannot end (and the next change fn) while a task
+ * of it runs. A thread waiting at a barrier runs unclaimed tasks meanwhile: the tasks need not
+ * all run at once. */
 
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -117,7 +125,11 @@ static inline void relax(void) {
 #endif
 }
 
-typedef struct {  /* a sense-reversing barrier over the tasks of one launch */
+#define GENERATION(state) ((uint32_t)((state) >> 32))
+#define TASKS(state) ((int)(((state) >> 16) & 0xffff))
+#define NEXT(state) ((int)((state)&0xffff))
+
+typedef struct {  /* a barrier over the tasks of one launch */
   atomic_int arrived;
   atomic_int phase;
   int count;
@@ -129,14 +141,13 @@ typedef struct {
   pthread_cond_t wake;
   pthread_t threads[MAX_THREADS];
   int workers;                /* started, besides the caller */
-  atomic_uint generation;     /* bumped to hand out a job (or stop) */
+  _Atomic uint64_t state;     /* generation << 32 | tasks << 16 | next task to claim */
   atomic_int sleeping;
-  atomic_int pending;         /* tasks of the current job not yet done */
+  atomic_int done;            /* tasks of the current launch finished */
   atomic_int failed;
   int stopping;
   FTVMParallelLambda fn;
   void* cdata;
-  int num_task;
   Barrier barrier;
 } Pool;
 
@@ -146,53 +157,68 @@ static _Thread_local int in_task;     /* this thread runs a task: a launch from 
 static deploy_rt_parallel_for hook;
 static void* hook_user;
 
-static int run_task(int index) {
-  TVMParallelGroupEnv env = {&pool.barrier, pool.num_task};
-  in_task = 1;
-  int status = pool.fn(index, &env, pool.cdata);
-  in_task = 0;
-  if (status != 0) atomic_store(&pool.failed, 1);
-  return status;
+/* The next task of launch `generation`, or -1 when it has none left (or is over). */
+static int claim(uint32_t generation) {
+  uint64_t state = atomic_load_explicit(&pool.state, memory_order_acquire);
+  while (GENERATION(state) == generation && NEXT(state) < TASKS(state)) {
+    if (atomic_compare_exchange_weak_explicit(&pool.state, &state, state + 1, memory_order_acq_rel,
+                                              memory_order_acquire)) {
+      return NEXT(state);
+    }
+  }
+  return -1;
+}
+
+/* Run every task of launch `generation` this thread can claim. */
+static void run_tasks(uint32_t generation) {
+  for (int index; (index = claim(generation)) >= 0;) {
+    TVMParallelGroupEnv env = {&pool.barrier, TASKS(atomic_load(&pool.state))};
+    int nested = in_task;
+    in_task = 1;
+    if (pool.fn(index, &env, pool.cdata) != 0) atomic_store(&pool.failed, 1);
+    in_task = nested;
+    atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+  }
 }
 
 static void* worker(void* arg) {
-  int index = (int)(intptr_t)arg;
-  unsigned seen = 0;
+  (void)arg;
+  uint32_t seen = 0;
   for (;;) {
-    unsigned now = atomic_load_explicit(&pool.generation, memory_order_acquire);
+    uint32_t now = GENERATION(atomic_load_explicit(&pool.state, memory_order_acquire));
     for (int spin = 0; now == seen && spin < SPINS; ++spin) {
       relax();
-      now = atomic_load_explicit(&pool.generation, memory_order_acquire);
+      now = GENERATION(atomic_load_explicit(&pool.state, memory_order_acquire));
     }
     if (now == seen) {
       pthread_mutex_lock(&pool.lock);
       atomic_fetch_add(&pool.sleeping, 1);
-      while ((now = atomic_load(&pool.generation)) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+      while ((now = GENERATION(atomic_load(&pool.state))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
       atomic_fetch_sub(&pool.sleeping, 1);
       pthread_mutex_unlock(&pool.lock);
     }
     seen = now;
     if (pool.stopping) return NULL;
-    if (index < pool.num_task) {
-      run_task(index);
-      atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
-    }
+    run_tasks(now);
   }
 }
 
-static void publish(void) {  /* hand the job (or the stop) to the workers */
-  atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+/* Start launch (or stop) number generation + 1 with `tasks` tasks, and wake the workers. */
+static uint32_t publish(int tasks) {
+  uint32_t generation = GENERATION(atomic_load(&pool.state)) + 1;
+  atomic_store_explicit(&pool.state, (uint64_t)generation << 32 | (uint64_t)tasks << 16, memory_order_release);
   if (atomic_load(&pool.sleeping) > 0) {
     pthread_mutex_lock(&pool.lock);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
   }
+  return generation;
 }
 
 static void stop_workers(void) {
   if (pool.workers == 0) return;
   pool.stopping = 1;
-  publish();
+  publish(0);
   for (int i = 0; i < pool.workers; ++i) pthread_join(pool.threads[i], NULL);
   pool.workers = 0;
   pool.stopping = 0;
@@ -203,7 +229,7 @@ static void size_pool(int threads) {
   if (pool.workers == threads - 1) return;
   stop_workers();
   for (int i = 1; i < threads; ++i) {
-    if (pthread_create(&pool.threads[i - 1], NULL, worker, (void*)(intptr_t)i) != 0) break;
+    if (pthread_create(&pool.threads[i - 1], NULL, worker, NULL) != 0) break;
     pool.workers = i;
   }
 }
@@ -272,14 +298,12 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   threads = pool.workers + 1;
   pool.fn = fn;
   pool.cdata = cdata;
-  pool.num_task = threads;
   pool.barrier.count = threads;
   atomic_store(&pool.barrier.arrived, 0);
   atomic_store(&pool.failed, 0);
-  atomic_store(&pool.pending, threads - 1);
-  if (threads > 1) publish();
-  run_task(0);
-  for (int spin = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spin) {
+  atomic_store(&pool.done, 0);
+  run_tasks(publish(threads));
+  for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < threads; ++spin) {
     if (spin < SPINS) relax();
     else sched_yield();
   }
@@ -303,7 +327,9 @@ static int parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
     atomic_fetch_add(&barrier->phase, 1);
     return 0;
   }
+  uint32_t generation = GENERATION(atomic_load(&pool.state));
   for (int spin = 0; atomic_load(&barrier->phase) == phase; ++spin) {
+    run_tasks(generation);  /* the tasks that have not started arrive on this thread meanwhile */
     if (spin < SPINS) relax();
     else sched_yield();
   }

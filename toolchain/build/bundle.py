@@ -187,7 +187,7 @@ def header(sig: Signature, target: Target, what: str) -> str:
     at_sizes = " at these sizes" if sig.symbols else ""
     return f"""/* {name}.h: {what} for target {target.name} ({target.arch}), from a deploy bundle.
  *
- * Tensors, in call order (on the CPU, C order, data {ALIGNMENT}-byte aligned):
+ * Tensors, in call order (on the CPU, C order, data {target.alignment}-byte aligned):
 {rows}
 {batch} *
  * Link the static library (what an engine links) or the shared one (what it dlopen()s):
@@ -209,7 +209,7 @@ extern "C" {{
 #endif
 
 #define {upper}_NUM_INPUTS {len(sig.params) - 1}
-#define {upper}_ALIGNMENT {ALIGNMENT}  /* bytes every tensor's data (+ byte_offset) is aligned to */
+#define {upper}_ALIGNMENT {target.alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
 #define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor or argument: nothing was computed */
 #define {upper}_ERR_KERNEL (-2)    /* a kernel failed */
 #define {upper}_ERR_MEMORY (-3)    /* no memory for the arena */
@@ -251,7 +251,7 @@ typedef int (*{name}_parallel_for)(void* user, {name}_task task, void* context, 
 """
 
 
-def config_header(sig: Signature) -> str:
+def config_header(sig: Signature, alignment: int) -> str:
     """`bundle_config.h`: what bundle.c and run.cc are compiled for."""
     names = _symbol_names(sig)
     tensors = "\n".join(
@@ -277,6 +277,7 @@ def config_header(sig: Signature) -> str:
 #define DEPLOY_NUM_INPUTS {len(sig.params) - 1}
 #define DEPLOY_NUM_SYMBOLS {len(names)}
 #define DEPLOY_HAS_ARENA {int(sig.plan is not None)}
+#define DEPLOY_TENSOR_ALIGNMENT {alignment}
 #define DEPLOY_NUM_SLOTS {len(slots)}
 #define DEPLOY_PARAMS {params}
 #define DEPLOY_ARGS {", ".join(c for c, _, _ in sig.params)}
@@ -341,7 +342,7 @@ def write_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
     what = f"the {'graph' if sig.plan is not None else 'op'} {compiled.bundle_signature()[0]}"
     (staging / f"{prefix}.h").write_text(header(sig, target, what))
-    (work / "bundle_config.h").write_text(config_header(sig))
+    (work / "bundle_config.h").write_text(config_header(sig, target.alignment))
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
     kernels = work / "kernels.o"
     compiled.executable.mod.write_to_file(str(kernels))

@@ -77,6 +77,7 @@ def _write_artifact(
         tvm_target=dict(target.tvm),
         arch=target.arch,
         cores=target.build_cores() if target.artifact.splits_for_cores else None,
+        alignment=target.alignment,
         bundle=bundled,
         module=module.name,
         sha256=sha256_file(module),

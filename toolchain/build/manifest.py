@@ -67,6 +67,8 @@ class Manifest:
     entry: str = "function"
     """How a runtime calls the module: "function" (`main(inputs..., out)`) or "plan" (a graph's
     `main(inputs..., out, arena)`, `plan.py`)."""
+    alignment: int = 64
+    """Bytes the data of the tensors the module is called with must be aligned to."""
     arena: list[dict[str, Any]] | None = None
     """For the "plan" entry: the arena's slots in order, each {"bytes", "times": the symbolic
     dims that multiply it, "tensors" it holds}."""

@@ -135,9 +135,10 @@ def _pointer(name: str, dtype: Any) -> Any:
     return tirx.Var(name, tvm.ir.PointerType(tvm.ir.PrimType(str(dtype))))
 
 
-def plan_module(graph: BoundGraph, calls: Sequence[Call]) -> Any:
+def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGNMENT) -> Any:
     """The IRModule of the graph's plan: `main(inputs..., out, arena)` calling one private
-    subroutine per kernel of `calls` (each named as given), in order."""
+    subroutine per kernel of `calls` (each named as given), in order; its inputs and output
+    assumed `alignment`-byte aligned (the arena is ALIGNMENT-aligned whatever it is)."""
     import tvm
     from tvm import tirx
 
@@ -146,7 +147,7 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call]) -> Any:
     mod = tvm.IRModule({name: _subroutine(func, symbols) for name, func, _, _ in calls})
 
     def buffer(name: str, t: TensorType) -> Any:
-        return tirx.decl_buffer(t.shape, t.dtype, name=name)
+        return tirx.decl_buffer(t.shape, t.dtype, name=name, data_alignment=alignment)
 
     tensors = {name: buffer(f"input{i}", t) for i, (name, t) in enumerate(graph.graph.inputs)}
     out = buffer("out", graph.output)

@@ -260,9 +260,39 @@ def export_module(executable: Any, path: Path, target: Target) -> None:
         raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 
-def _calls(kernels: list[ScheduledKernel]) -> list[Call]:
-    """The kernels as a plan calls them: (unique name, PrimFunc, tensors read, tensor written)."""
-    return [(*k.function(i), k.kernel.reads, k.kernel.writes) for i, k in enumerate(kernels)]
+def _calls(kernels: list[ScheduledKernel], alignment: int = 64) -> list[Call]:
+    """The kernels as a plan calls them: (unique name, PrimFunc, tensors read, tensor written),
+    each assuming `alignment` bytes of its buffers."""
+    calls = []
+    for index, k in enumerate(kernels):
+        name, func = k.function(index)
+        calls.append((name, aligned(func, alignment), k.kernel.reads, k.kernel.writes))
+    return calls
+
+
+def aligned(func: Any, alignment: int) -> Any:
+    """`func` with its parameter buffers assumed `alignment`-byte aligned: TVM's kernels assume
+    64 (the loads are `vmovaps`, an unaligned buffer a crash); less makes them unaligned loads."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    if all(p.data_alignment == alignment for p in func.params):
+        return func
+    new = {
+        p: tirx.decl_buffer(
+            p.shape, p.dtype, p.name, elem_offset=p.elem_offset, data_alignment=alignment,
+            offset_factor=p.offset_factor, strides=p.strides,
+        )
+        for p in func.params
+    }
+
+    def swap(var: Any) -> Any:
+        return next((n for old, n in new.items() if var.same_as(old)), var)
+
+    body = tvm_ffi.structural_map(func.body, [(tvm.ir.expr.Var, swap)])
+    result = tirx.PrimFunc(list(new.values()), body, ret_type=func.ret_type)
+    return result.with_attrs(dict(func.attrs)) if func.attrs else result
 
 
 @dataclass(frozen=True)
@@ -271,10 +301,14 @@ class SharedObject(ArtifactKind):
     (`plan.py`): its kernels and the `main` that runs them on an arena."""
 
     def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
-        return compile_cpu(mod, target.tvm_target())
+        import tvm
+
+        functions = {gvar.name_hint: aligned(func, target.alignment) for gvar, func in mod.functions.items()}
+        return compile_cpu(tvm.IRModule(functions), target.tvm_target())
 
     def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
-        return compile_cpu(plan_module(graph, _calls(kernels)), target.tvm_target())
+        plan = plan_module(graph, _calls(kernels, target.alignment), target.alignment)
+        return compile_cpu(plan, target.tvm_target())
 
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
         return plan_arena(graph, _calls(kernels))

@@ -81,6 +81,10 @@ class Target:
     """The layout a graph's pooling runs in (`ops/relayout.py`), from `--layout`. None: the
     layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
     graph is faster only at some shapes (README, Layouts)."""
+    alignment: int = 64
+    """Bytes the data of every tensor a module is called with is aligned to, which its kernels
+    assume (aligned vector loads): TVM's own allocations give 64; `--alignment 16` builds for an
+    engine whose allocator gives less (ncnn's on ARM), with unaligned loads."""
     fp16_storage: bool = False
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
@@ -97,6 +101,10 @@ class Target:
     def with_fp16_storage(self, storage: bool) -> Target:
         """This target, computing float16 in float32 with half storage (True) or natively."""
         return replace(self, fp16_storage=storage)
+
+    def with_alignment(self, alignment: int | None) -> Target:
+        """This target, assuming `alignment` bytes of its tensors' data (None: leave as is)."""
+        return self if alignment is None else replace(self, alignment=alignment)
 
     def with_layout(self, layout: str | None) -> Target:
         """This target, running graphs' pooling in `layout` (a name of `ops.layouts.LAYOUTS`;

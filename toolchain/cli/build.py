@@ -55,6 +55,12 @@ from toolchain.cli.options import (
     " callable from C with nothing else on the device.",
 )
 @click.option(
+    "--alignment",
+    type=click.Choice(["16", "32", "64"]),
+    help="Bytes the data of the tensors a module is called with is aligned to, which its kernels"
+    " assume: 16 for an engine whose allocator gives less than 64 (unaligned vector loads) [default: 64].",
+)
+@click.option(
     "--name",
     "bundle_name",
     help="The bundle's C prefix: NAME(...), NAME_last_error() ... [default: the op's or model's name].",
@@ -72,6 +78,7 @@ def build_command(
     dtype: str | None,
     out_dir: str | None,
     bundle: bool,
+    alignment: str | None,
     bundle_name: str | None,
 ) -> None:
     """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
@@ -88,6 +95,10 @@ def build_command(
     if bundle_name is not None and not bundle:
         raise UsageError("--name names a bundle: give --bundle too")
     target = resolve_target(target_name, tuned, cores, layout, model)
+    if alignment is not None and not target.artifact.machine_code:
+        kind = target.artifact.name
+        raise UsageError(f"--alignment applies to CPU targets; {target.name} writes {kind} kernels")
+    target = target.with_alignment(int(alignment) if alignment else None)
     if bundle:
         check_bundle(target, bundle_name)
     if model is not None:
