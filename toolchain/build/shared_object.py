@@ -281,8 +281,13 @@ def aligned(func: Any, alignment: int) -> Any:
         return func
     new = {
         p: tirx.decl_buffer(
-            p.shape, p.dtype, p.name, elem_offset=p.elem_offset, data_alignment=alignment,
-            offset_factor=p.offset_factor, strides=p.strides,
+            p.shape,
+            p.dtype,
+            p.name,
+            elem_offset=p.elem_offset,
+            data_alignment=alignment,
+            offset_factor=p.offset_factor,
+            strides=p.strides,
         )
         for p in func.params
     }
