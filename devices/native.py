@@ -228,10 +228,15 @@ def compile_native(
         target.gxx, *CXXFLAGS, f"-I{ffi_include()}", *map(str, sources), "-o", str(output), *extra,
         *runtime, "-ldl",
     ]  # fmt: skip
+    _compile(cmd, target.gxx, sources[0])
+
+
+def _compile(cmd: list[str], compiler: str, source: Path) -> None:
+    """Run a compiler command; a one-line DeployError naming its first errors when it fails."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if ": error:" in line] or proc.stderr.splitlines()
-        raise DeployError(f"{target.gxx} failed on {sources[0].name}: {' | '.join(errors[:3])}")
+        raise DeployError(f"{compiler} failed on {source.name}: {' | '.join(errors[:3])}")
 
 
 @functools.cache
@@ -261,6 +266,7 @@ def native_runtime(target: Platform) -> Path:
 
 
 RUNTIME_FILES = (SERVER, *(f"lib/{name}" for name in sorted(LIBRARIES.values())))
+"""The files of a native runtime directory, relative to it: the server, then its libraries."""
 
 
 @functools.cache
@@ -281,6 +287,7 @@ def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     name = (source.stem + ".o",)
     if not _whole(directory, name):
         with _staged(directory, name) as staging:
+            output = staging / name[0]
             cmd = [
                 compiler,
                 *flags,
@@ -289,15 +296,7 @@ def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
                 "-c",
                 str(source),
                 "-o",
-                str(staging / name[0]),
+                str(output),
             ]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                errors = [
-                    line for line in proc.stderr.splitlines() if ": error:" in line
-                ] or proc.stderr.splitlines()
-                raise DeployError(f"{compiler} failed on {source.name}: {' | '.join(errors[:3])}")
+            _compile(cmd, compiler, source)
     return directory / name[0]
-
-
-"""The files of a native runtime directory, relative to it: the server, then its libraries."""

@@ -187,7 +187,8 @@ static int run(const DLTensor* const* args, void* workspace, size_t workspace_by
   int64_t symbols[DEPLOY_NUM_SYMBOLS + 1] = {0};
   last_error[0] = '\0';
   int status = check_all(args, folded, symbols);
-  if (status != OK || !DEPLOY_HAS_ARENA) return status != OK ? status : call(folded, NULL, 0);
+  if (status != OK) return status;
+  if (!DEPLOY_HAS_ARENA) return call(folded, NULL, 0);
   uint64_t bytes = deploy_arena_bytes(symbols);
   if (bytes == 0 || bytes > SIZE_MAX) return fail(BAD_ARGUMENT, "the arena for these shapes overflows");
   if (caller_arena) {

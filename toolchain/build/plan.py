@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ops.spec import TensorType, is_symbolic, symbol, symbols_of
+from ops.spec import TensorType, symbol, symbols_of
 from toolchain.build.fusion import Call
 
 if TYPE_CHECKING:
@@ -45,8 +45,7 @@ class Size:
 
     @staticmethod
     def of(t: TensorType) -> Size:
-        static = math.prod(d for d in t.shape if not is_symbolic(d))
-        return Size(static * _bytes(t.dtype), tuple(sorted(str(d.name) for d in t.shape if is_symbolic(d))))
+        return Size(t.nbytes(), tuple(sorted(t.symbols)))
 
     def at(self, sizes: dict[str, int]) -> int:
         """The bytes with the symbolic dims at `sizes`."""
@@ -54,13 +53,6 @@ class Size:
 
     def to_json(self) -> dict[str, Any]:
         return {"bytes": self.factor, "times": list(self.symbols)}
-
-
-def _bytes(dtype: str) -> int:
-    import tvm
-
-    t = tvm.runtime.DataType(dtype)
-    return (t.bits * t.lanes + 7) // 8
 
 
 def _aligned(size: int) -> int:
@@ -86,17 +78,18 @@ def arena_bytes(slots: Sequence[Size], sizes: dict[str, int]) -> int:
     return max(sum(_aligned(size.at(sizes)) for size in slots), ALIGNMENT)
 
 
-def plan_arena(graph: BoundGraph, calls: Sequence[Call]) -> Plan:
-    """Slots for the tensors the kernels `calls` write that are not the graph's output, in the
-    order written: a tensor reuses a slot of the same size whose tensor no later kernel reads."""
+def plan_arena(graph: BoundGraph, steps: Sequence[tuple[tuple[str, ...], str]]) -> Plan:
+    """Slots for the tensors the kernels write (`steps`: the tensors each reads, the one it
+    writes, in order) that are not the graph's output, in the order written: a tensor reuses a
+    slot of the same size whose tensor no later kernel reads."""
     last_read: dict[str, int] = {}
-    for index, (_, _, reads, _) in enumerate(calls):
+    for index, (reads, _) in enumerate(steps):
         for tensor in reads:
             last_read[tensor] = index
     slots: list[Size] = []
     places: dict[str, int] = {}
     holder: dict[int, str] = {}
-    for index, (_, _, _, tensor) in enumerate(calls):
+    for index, (_, tensor) in enumerate(steps):
         if tensor == graph.graph.output:
             continue
         size = Size.of(graph.types[tensor])
@@ -148,7 +141,7 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
     import tvm
     from tvm import tirx
 
-    plan = plan_arena(graph, calls)
+    plan = plan_arena(graph, [(reads, writes) for _, _, reads, writes in calls])
     symbols = {name: symbol(name) for name in symbols_of(graph.inputs)}
     mod = tvm.IRModule({name: _subroutine(func, symbols) for name, func, _, _ in calls})
 

@@ -260,7 +260,7 @@ def export_module(executable: Any, path: Path, target: Target) -> None:
         raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 
-def _calls(kernels: list[ScheduledKernel], alignment: int = 64) -> list[Call]:
+def _calls(kernels: list[ScheduledKernel], alignment: int) -> list[Call]:
     """The kernels as a plan calls them: (unique name, PrimFunc, tensors read, tensor written),
     each assuming `alignment` bytes of its buffers."""
     calls = []
@@ -316,7 +316,7 @@ class SharedObject(ArtifactKind):
         return compile_cpu(plan, target.tvm_target())
 
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
-        return plan_arena(graph, _calls(kernels))
+        return plan_arena(graph, [(k.kernel.reads, k.kernel.writes) for k in kernels])
 
     def write(self, compiled: Any, staging: Path, target: Target) -> Path:
         module = staging / MODULE_FILE

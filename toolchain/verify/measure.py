@@ -66,8 +66,9 @@ class Timer:
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
-        self.out, self.entry = manifest.output_type([a.shape for a in inputs]), manifest.entry
-        self.workspace = manifest.arena_bytes([a.shape for a in inputs])
+        shapes = [a.shape for a in inputs]
+        self.out, self.entry = manifest.output_type(shapes), manifest.entry
+        self.workspace = manifest.arena_bytes(shapes)
 
     def runs(self, repeat: int) -> list[float]:
         """`repeat` timed runs, milliseconds per call."""
