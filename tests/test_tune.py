@@ -54,8 +54,12 @@ def assert_built_as_judged(out: Path, verdict: dict) -> None:
 @pytest.mark.slow
 def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    tuned = run_deploy("tune", *MAX_POOL, "--target", "x86", "--trials", "6", "--db", str(db))
+    scratch = tmp_path / "tmp"  # the tune's temporary files: every candidate's left one here
+    scratch.mkdir()
+    tuned = run_deploy("tune", *MAX_POOL, "--target", "x86", "--trials", "6", "--db", str(db),
+                       env={"TMPDIR": str(scratch)})  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("deploy-tune-")], "candidates left"
     task = task_dir(db, "x86")
     verdict = json.loads((task / "accepted.json").read_text())
     assert verdict["device"] == "local" and verdict["hand_ms"] > 0 and verdict["records"] == 6
@@ -290,7 +294,7 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
     candidates = [crashes, hangs, prim_module(bound, target)["main"]]
     built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
-    paths = [export_candidate(target, module) for module in built]
+    paths = [export_candidate(target, str(tmp_path), module) for module in built]
     with get_device("emulator").rpc_endpoint() as endpoint:
         measuring = session_runner(endpoint, bound, timeout_s=5.0)
         inputs = [ms.runner.RunnerInput(p, "cpu", []) for p in paths]

@@ -216,15 +216,17 @@ def _search_phases(
     mod = variant.mod
     start = done = len(db.TaskRecords.load(directory, mod).records)
     ours, phases = search_spaces(bound, target, variant)
-    if not done and ours is not None:
-        seeded = _seed(mod, target, ours, directory, measuring, min(missing, SEEDS), progress)
-        missing, done = missing - seeded, done + seeded
-    for space in phases:
-        if missing <= 0:
-            break
-        _search(mod, target, space, directory, measuring, missing, done, progress)
-        now = len(db.TaskRecords.load(directory, mod).records)
-        missing, done = missing - (now - done), now
+    with tempfile.TemporaryDirectory(prefix="deploy-tune-") as built:  # every candidate's .so
+        candidates = builder(target, 120.0, Path(built))
+        if not done and ours is not None:
+            seeded = _seed(mod, target, ours, directory, measuring, candidates, min(missing, SEEDS), progress)
+            missing, done = missing - seeded, done + seeded
+        for space in phases:
+            if missing <= 0:
+                break
+            _search(mod, target, space, directory, measuring, candidates, missing, done, progress)
+            now = len(db.TaskRecords.load(directory, mod).records)
+            missing, done = missing - (now - done), now
     return done - start
 
 
@@ -234,8 +236,9 @@ def _tvm_target(target: Target) -> Any:
 
 
 def _seed(
-    mod: Any, target: Target, ours: Any, directory: Path, measuring: Measuring, count: int, progress: Progress
-) -> int:
+    mod: Any, target: Target, ours: Any, directory: Path, measuring: Measuring, candidates: Any, count: int,
+    progress: Progress,
+) -> int:  # fmt: skip
     """Measure our space's design spaces as they are (the hand schedule first, then its other
     structures with the hand's values) and record them as the task's first trials, so the
     evolutionary search starts from them instead of from random points; returns how many."""
@@ -244,7 +247,7 @@ def _seed(
     tvm_target = _tvm_target(target)
     spaces = ms.TuneContext(mod=mod, target=tvm_target, space_generator=ours).generate_design_space()[:count]
     requests = [ms.builder.BuilderInput(space.mod, tvm_target) for space in spaces]
-    built = builder(target, timeout_s=120.0).build(requests)
+    built = candidates.build(requests)
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     inputs = [ms.runner.RunnerInput(b.artifact_path, "cpu", args) for b in built if b.error_msg is None]
     results = iter(future.result() for future in measuring.runner.run(inputs))
@@ -261,8 +264,8 @@ def _seed(
 
 
 def _search(
-    mod: Any, target: Target, space: Any, directory: Path, measuring: Measuring, trials: int, seed: int,
-    progress: Progress,
+    mod: Any, target: Target, space: Any, directory: Path, measuring: Measuring, candidates: Any, trials: int,
+    seed: int, progress: Progress,
 ) -> None:  # fmt: skip
     from tvm.s_tir import meta_schedule as ms
 
@@ -275,7 +278,7 @@ def _search(
                 str(directory),
                 max_trials_global=trials,
                 num_trials_per_iter=min(BATCH, trials),
-                builder=builder(target, timeout_s=120.0),
+                builder=candidates,
                 runner=measuring.runner,
                 cost_model=cost_model(),
                 space=space,

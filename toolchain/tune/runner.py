@@ -44,17 +44,17 @@ def build_candidate(mod: Any, target: Any, params: Any) -> Any:
     return compile_cpu(mod, target)
 
 
-def export_candidate(target: Target, rt_mod: Any) -> str:
-    """Link a built candidate into a shared object in a fresh temp dir, as `deploy build` links
-    for `target`; return its path. Runs in MetaSchedule's builder workers (pickled there with
-    `functools.partial`)."""
-    path = os.path.join(tempfile.mkdtemp(prefix="deploy-tune-"), "candidate.so")
+def export_candidate(target: Target, into: str, rt_mod: Any) -> str:
+    """Link a built candidate into a shared object in a fresh directory inside `into` (the
+    tuning's own, removed when it ends), as `deploy build` links for `target`; return its path.
+    Runs in MetaSchedule's builder workers (pickled there with `functools.partial`)."""
+    path = os.path.join(tempfile.mkdtemp(prefix="candidate-", dir=into), "candidate.so")
     export_module(rt_mod, Path(path), target)
     return path
 
 
-def builder(target: Target, timeout_s: float) -> Any:
-    """MetaSchedule's LocalBuilder that builds and links candidates for `target`."""
+def builder(target: Target, timeout_s: float, into: Path) -> Any:
+    """MetaSchedule's LocalBuilder that builds and links candidates for `target` into `into`."""
     import functools
 
     from tvm.s_tir import meta_schedule as ms
@@ -63,7 +63,7 @@ def builder(target: Target, timeout_s: float) -> Any:
         max_workers=host_cpus(),
         timeout_sec=timeout_s,
         f_build=build_candidate,
-        f_export=functools.partial(export_candidate, target),
+        f_export=functools.partial(export_candidate, target, str(into)),
     )
 
 
