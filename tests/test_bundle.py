@@ -721,6 +721,30 @@ def test_a_graph_library_on_its_arena_threads_and_hook(small_graph, tmp_path: Pa
     }
 
 
+CHANNELS_ARGMAX = """
+name: channels_argmax
+inputs:
+  x: {shape: [2, 64, 56, 56]}
+nodes:
+  - {name: best, op: argmax, attrs: {axis: 1}, inputs: [x]}
+output: best
+"""
+
+
+def test_a_graph_kernel_with_buffers_beyond_the_stack(tmp_path: Path) -> None:
+    """Argmax over the channels keeps a running value and position per output in buffers of its
+    own, each task's too big for the stack: a graph's kernel allocates them through the runtime
+    (its lowering once failed with 'Unknown device id in current IR')."""
+    x86_runs_here()
+    (tmp_path / "g.yaml").write_text(CHANNELS_ARGMAX)
+    graph = bind_graph(load_model(tmp_path / "g.yaml"))
+    directory = bundle(graph, "x86", tmp_path / "g")
+    x = random_input(graph.inputs[0], np.random.default_rng(0))
+    done = deploy_run(directory, saved([x], tmp_path), tmp_path / "out.npy", target="x86")
+    assert done.returncode == 0, done.stderr
+    check_against_numpy(graph, [x], np.load(tmp_path / "out.npy"))
+
+
 def test_a_kernel_needing_what_the_runtime_lacks_is_refused_by_name() -> None:
     """`nm` of the linked object: a weak pointer left NULL (`V`), or a TVM function left undefined,
     would crash or fail to link on the device; libc's and libm's are the linker's to find."""

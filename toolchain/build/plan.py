@@ -108,9 +108,8 @@ def plan_arena(graph: BoundGraph, steps: Sequence[tuple[tuple[str, ...], str]]) 
 def _subroutine(func: Any, symbols: dict[str, Any]) -> Any:
     """A kernel's scheduled PrimFunc as a private subroutine: its buffers' data pointers, then
     the symbolic dims its shapes use, as plain parameters (the kernel's entry checks are the
-    caller's: `main` checks the graph's tensors, and the plan lays out the rest). Its body says
-    it runs on the CPU, as the entry's does: a buffer of its own whose size the batch decides
-    is allocated through TVMBackendAllocWorkspace, which needs the device."""
+    caller's: `main` checks the graph's tensors, and the plan lays out the rest). That it runs
+    on the CPU is said once its buffers are placed (`shared_object.subroutines_on_cpu`)."""
     import tvm
     from tvm import tirx
 
@@ -118,8 +117,6 @@ def _subroutine(func: Any, symbols: dict[str, Any]) -> Any:
     pointers = [_pointer(f"{b.name}_data", b.dtype) for b in buffers]
     declared = [tirx.DeclBuffer(b, data=p) for b, p in zip(buffers, pointers, strict=True)]
     body = tirx.SeqStmt([*declared, func.body])
-    for key, value in (("device_type", CPU_DEVICE), ("device_id", 0)):  # what an entry's would say
-        body = tirx.AttrStmt(tvm.ir.StringImm("default"), key, tirx.const(value, "int32"), body)
     params = [*pointers, *symbols.values()]
     kept = {k: v for k, v in (func.attrs or {}).items() if k != "global_symbol"}
     subroutine = tirx.PrimFunc(params, body, ret_type=tvm.ir.PrimType("int32"))  # TVM's error returns

@@ -20,7 +20,7 @@ from base.errors import DeployError, printable
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.fusion import Call
-from toolchain.build.plan import Plan, plan_arena, plan_module
+from toolchain.build.plan import CPU_DEVICE, Plan, plan_arena, plan_module
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
@@ -196,12 +196,40 @@ def software_prefetch() -> Any:
     return rewrite
 
 
+def subroutines_on_cpu() -> Any:
+    """A PrimFunc pass saying that each private subroutine (a graph's kernel, `plan_module`)
+    runs on the CPU, as MakePackedAPI says of an entry: a buffer of a kernel too big for the
+    stack is allocated through TVMBackendAllocWorkspace, which needs the device. It runs once the
+    buffers are placed: the default pipeline puts a kernel's own buffers at the top of its body,
+    outside anything the body was wrapped in before (argmax's slices of 2x64x56x56 failed to
+    lower with 'Unknown device id in current IR')."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")
+    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
+        if func.attrs is not None and "global_symbol" in func.attrs:
+            return func
+        body = func.body
+        for key, value in (("device_type", CPU_DEVICE), ("device_id", 0)):
+            body = tirx.AttrStmt(tvm.ir.StringImm("default"), key, tirx.const(value, "int32"), body)
+        return func.with_body(body)
+
+    return rewrite
+
+
 def _pipeline(**kwargs: Any) -> tuple[Any, Any, Any]:
     import tvm
     from tvm.tirx import compilation_pipeline
 
     default, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default", **kwargs)
-    passes = [default, deinterleave_stride2(), software_prefetch(), tvm.tirx.transform.CommonSubexprElim()]
+    passes = [
+        default,
+        deinterleave_stride2(),
+        software_prefetch(),
+        tvm.tirx.transform.CommonSubexprElim(),
+        subroutines_on_cpu(),
+    ]
     return tvm.transform.Sequential(passes, name="deploy_cpu"), finalize_host, finalize_device
 
 
