@@ -480,7 +480,8 @@ def test_tune_on_an_ssh_board(server, tmp_path):
         env={"COLUMNS": "250"},
     )  # fmt: skip  (at 80 a wrap could fall inside the words)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert "vs numpy on tuneboard" in result.stdout
+    # a 7x13 add takes about 20 ns: which schedule wins there is noise, the verdict is not
+    assert "vs numpy on tuneboard" in result.stdout or "found nothing faster on tuneboard" in result.stdout
     nothing_left(remote)
 
 
