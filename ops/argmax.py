@@ -74,6 +74,53 @@ def strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lan
     return index
 
 
+def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slices: int) -> te.Tensor:
+    """Argmax over a non-innermost `axis` in up to `slices` contiguous slices of it, then their
+    argmax: a stage `argmax_slice` (x's shape with `axis` -> the slices) scans each slice in
+    order, keeping a value only when strictly greater (or the first NaN), with its int32
+    position: no tie test, half the index traffic of int64, so 8 lanes a step on AVX2. The slices
+    can run on separate threads when the axes around `axis` are too small to split. A slice
+    that never moves off the identity reports (minimum, 0), which only wins when every slice
+    holds just the minimum, where 0 is the answer."""
+    extent = int(x.shape[axis])
+    per = -(-extent // slices)
+    slices = -(-extent // per)  # every slice holds a real element
+    keep = 1 if keepdims else 0
+    dtype = str(x.dtype)
+    floating = dtype.startswith("float")
+
+    def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+        take = b[0] > a[0]
+        if floating:
+            take = tirx.Or(take, tirx.And(is_nan_bits(b[0], dtype), tirx.Not(is_nan_bits(a[0], dtype))))
+        return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
+
+    def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
+        low = tirx.const(float("-inf"), value_type) if floating else tirx.min_value(value_type)
+        return low, tirx.const(0, index_type)
+
+    scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+    row = te.reduce_axis((0, per), name="row")
+
+    def partial(*i: Any) -> Any:
+        k = i[axis] * per + row
+        if extent % per:  # the last slice re-reads the last element, never strictly greater
+            k = tirx.min(k, extent - 1)
+        return scan((x[(*i[:axis], k, *i[axis + 1 :])], k.astype("int32")), axis=row)
+
+    shape = (*x.shape[:axis], slices, *x.shape[axis + 1 :])
+    p_value, p_index = te.compute(shape, partial, name="argmax_slice")
+    reducer = _argmax_reducer(dtype)
+    part = te.reduce_axis((0, slices), name="part")
+
+    def combine(*i: Any) -> Any:
+        at = (*i[:axis], part, *i[axis + keep :])
+        return reducer((p_index[at].astype(out.dtype), p_value[at]), axis=part)
+
+    index, _value = te.compute(out.shape, combine, name="argmax")
+    return index
+
+
 def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     """Argmax over the innermost axis in one vector pass: `lanes` strided partials per row, each
     keeping its strictly greatest value with that value's position (so its first) and the
@@ -160,6 +207,7 @@ class Argmax(Op):
     cases = (
         Case(((32, 1000),)),
         Case(((2, 64, 56, 56),), {"axis": 1}),
+        Case(((1, 4999, 3, 9),), {"axis": 1}),  # few outputs: the channels split into slices
         Case(((7, 13, 5),), {"axis": 0, "keepdims": True, "out_dtype": "int32"}),
         Case(((1001,),), {"axis": 0}),
         Case(((3, 4, 1, 6, 2, 3),), {"axis": -4, "keepdims": True}),
@@ -212,7 +260,7 @@ class Argmax(Op):
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
         """One reduction along the axis (in NCHW; else over the channels, wherever the layout
         keeps channel k). Targets pair their schedules with forms that vectorize or spread better
-        along one axis of NCHW (`strided_argmax`, `max_then_find`: see schedules/cpu.py and
+        along one axis of NCHW (`strided_argmax`, `sliced_argmax`, `max_then_find`: see schedules/cpu.py and
         gpu.py; `along_one_axis`)."""
         rank = len(x.shape)
         layout = layout_of(attrs)

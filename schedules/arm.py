@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from schedules.cpu import pool_window, pooling_structure
+from schedules.cpu import argmax_cpu, pool_window, pooling_structure, reduce_by_axis
 from schedules.registry import own_compute_within, register_schedule
 
 
@@ -24,3 +24,4 @@ def fmax(values: list[Any], dtype: str) -> Any:
 
 pooling_with_fmax = own_compute_within(lambda ctx: pooling_structure(ctx, fmax))
 register_schedule("arm", "max_pool2d", compute=pooling_with_fmax)(pool_window)
+register_schedule("arm", "argmax", compute=argmax_cpu)(functools.partial(reduce_by_axis, vectors=True))

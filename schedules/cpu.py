@@ -306,33 +306,74 @@ def vectorize_parts(sch: Any, parts: list[Any]) -> None:
 
 
 MIN_SPAN = 256
-"""Fewest contiguous elements a task of `reduce_outside_contiguous` reads per step of the
-reduction: argmax over 1000 channels of a 7x7 plane split in two ran 1.13x slower on two threads
-than on one (each thread's rows of 21-28 floats defeat the prefetcher); split in 1 it is not."""
+"""Fewest contiguous elements a task of `reduce_in_slices` reads per step of the reduction:
+argmax over 1000 channels of a 7x7 plane split in two ran 1.13x slower on two threads than on
+one (each thread's rows of 21-28 floats defeat the prefetcher); split in 1 it is not."""
+
+SLICE_WORK = 16 * MIN_PARALLEL_WORK
+"""Fewest input elements a slice of `argmax_slices` reads: a thread's share must outweigh its
+wake-up. Argmax over the channels of 1xCx7x7 on two x86 threads: C = 2000 (two slices of 49K
+elements) ran no faster than one slice (0.0124 ms), C = 4000 ran 1.8x faster (0.0122 against
+0.0218 ms)."""
 
 
-def reduce_outside_contiguous(sch: Any, ctx: ScheduleContext, axis: int) -> None:
-    """Reduction over a non-innermost `axis`: move the reduce loop outside the axes after it so
-    the innermost loop walks contiguous memory; parallel over the axes before it plus a split
-    of the first axis after it (enough tasks even when the leading axes are 1: one per core, a
-    search also tries two and four; no more than leave each task MIN_SPAN elements a step). The
-    contiguous loops of a task are fused into one, which LLVM vectorizes: argmax over 1000
-    channels of a 7x7 plane took 0.036 ms instead of 0.047 (x86, one thread)."""
-    block = blocks(sch)[0]
-    loops = sch.get_loops(block)
-    before, after, reduce = loops[:axis], loops[axis:-1], loops[-1]
-    if not after:
-        parallelize_reduction(sch, block)
-        return
+def contiguous_chunks(limit: int, after: list[int | None]) -> int:
+    """Tasks the first of the contiguous axes `after` a reduced one splits into: the most that
+    divides its extent (a ragged split puts a bounds test in the innermost loop, which then does
+    not vectorize: argmax over the channels of 8x1000x56x56 in 12 chunks of 56 rows took 9.7x
+    a copy on two x86 threads), at most `limit` and leaving each task MIN_SPAN elements a step
+    (a symbolic extent counts as MIN_SPAN)."""
+    span = math.prod(size or MIN_SPAN for size in after)
+    most = max(1, min(limit, after[0] or 1, span // MIN_SPAN))
+    return max(d for d in range(1, most + 1) if (after[0] or 1) % d == 0)
+
+
+def argmax_slices(ctx: ScheduleContext) -> int:
+    """Contiguous slices of argmax's non-innermost axis for `sliced_argmax`: one, unless the
+    axes before it and a split of the axes after it (`contiguous_chunks`) give fewer tasks than
+    cores: then one slice a core, each at least SLICE_WORK elements. A symbolic batch counts as
+    1, so a batch-1 call uses the cores."""
+    shape = ctx.bound.inputs[0].shape
+    axis = ctx.bound.attrs["axis"] % len(shape)
+    sizes = [size if isinstance(size, int) else None for size in shape]
+    outer = work_of(sizes[:axis])
+    tasks = outer * contiguous_chunks(-(-ctx.cores // outer), sizes[axis + 1 :])
+    if tasks >= ctx.cores:
+        return 1
+    return max(1, min(ctx.cores, shape[axis], work_of(sizes) // SLICE_WORK))
+
+
+def reduce_in_slices(sch: Any, ctx: ScheduleContext, axis: int, vectors: bool) -> None:
+    """`sliced_argmax` over a non-innermost `axis`: a task is one slice of the axes before it
+    and of a split of the first axis after it, split only as far as the axes before it leave
+    cores idle (one task per core, a search also tries two and four a core; see
+    `contiguous_chunks`): whole rows stream better (8x1000x56x56 on two x86 threads: 6.5 ms in
+    8 tasks of whole rows, 9.5 in 16 of half rows). It walks its rows with the contiguous axes
+    after them fused innermost into a running (value, position) of its own (written back at its
+    end: the slices' results share cache lines). The combine of a few values per output runs
+    after, on the caller. LLVM vectorizes the fused loop, except where it does not (aarch64's 2x16x8x32):
+    `vectors` splits the innermost axis into vectors instead where whole — not on x86, where
+    LLVM turns such a vector's select-and-store into `vmaskmovps`, microcoded on AMD (0.20
+    against 0.057 ms for 2x64x56x56)."""
+    partial = blocks(sch)[0]
+    loops = sch.get_loops(partial)
+    before, part, after, row = loops[:axis], loops[axis], loops[axis + 1 : -1], loops[-1]
     tasks = ctx.choices.pick("tasks per core", (1, 2, 4), 1)
-    span = math.prod(extent(sch, loop) or MIN_SPAN for loop in after)
-    chunks = max(1, min(ctx.cores * tasks, extent(sch, after[0]) or 1, span // MIN_SPAN))
+    outer = work_of([extent(sch, loop) for loop in before])
+    chunks = contiguous_chunks(-(-ctx.cores * tasks // outer), [extent(sch, loop) for loop in after])
     chunk, rest = sch.split(after[0], factors=[chunks, None])
-    sch.reorder(*before, chunk, reduce, rest, *after[1:])
-    parallel_outer(sch, [*before, chunk], ctx.bound.inputs[0].elements())
-    sch.decompose_reduction(block, reduce)
-    if all(extent(sch, loop) for loop in after[1:]):
-        sch.fuse(rest, *after[1:])
+    sch.reorder(*before, part, chunk, row, rest, *after[1:])
+    task = parallel_outer(sch, [*before, part, chunk], ctx.bound.inputs[0].elements())
+    copies = [sch.cache_write(partial, i, "global") for i in range(len(sch.get(partial).writes))]
+    for copy in copies:
+        sch.reverse_compute_at(copy, task)
+    inner = [rest, *after[1:]]
+    lanes = ctx.lanes(str(ctx.bound.inputs[0].dtype))
+    if vectors and lanes > 1 and (extent(sch, inner[-1]) or 1) % lanes == 0:
+        sch.vectorize(sch.split(inner[-1], factors=[None, lanes])[1])
+    elif all(extent(sch, loop) for loop in inner[1:]):
+        sch.fuse(*inner)
+    sch.decompose_reduction(partial, row)
 
 
 STEPS_UNROLLED = 16
@@ -383,32 +424,36 @@ many when that divides the axis and this does not (a ragged end re-reads with ga
 
 def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
     """Argmax over the innermost axis as max-then-find (one vector pass, see `max_then_find`)
-    when the axis is long enough; otherwise the op's plain reduction."""
-    from ops.argmax import along_one_axis, max_then_find
+    when the axis is long enough; over another axis as an ordered scan in slices (see
+    `sliced_argmax`, `argmax_slices`); else the op's plain reduction."""
+    from ops.argmax import along_one_axis, max_then_find, sliced_argmax
 
     bound = ctx.bound
     rank = len(bound.inputs[0].shape)
     extent = bound.inputs[0].shape[-1]
-    innermost = along_one_axis(bound.attrs) and bound.attrs["axis"] % rank == rank - 1
+    axis = bound.attrs["axis"] % rank
+    innermost = along_one_axis(bound.attrs) and axis == rank - 1
     if innermost and extent >= 2 * CPU_LANES:
         exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
         return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES)
+    if along_one_axis(bound.attrs) and axis != rank - 1:
+        return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx))
     return bound.op.compute(bound.attrs, bound.output, x)
 
 
 @register_schedule("cpu", "argmax", compute=argmax_cpu)
-def reduce_by_axis(sch: Any, ctx: ScheduleContext) -> None:
-    """Single-input reduction over attribute `axis` (argmax): a multi-stage form -> per-output
-    stages; innermost axis (or the channels of a layout that keeps them innermost) -> parallel
-    outputs, sequential scan; another axis -> reduce outside the contiguous axes."""
-    if len(blocks(sch)) > 1:
-        per_output_stages(sch, ctx)
-        return
+def reduce_by_axis(sch: Any, ctx: ScheduleContext, vectors: bool = False) -> None:
+    """Single-input reduction over attribute `axis` (argmax): max-then-find over the innermost
+    axis -> per-output stages; the channels of a layout that keeps them innermost, or an
+    innermost axis too short for it -> parallel outputs, sequential scan; another axis -> slices
+    (`reduce_in_slices`, in TVM's vectors where `vectors`)."""
     from ops.argmax import along_one_axis
 
     rank = len(ctx.bound.inputs[0].shape)
     axis = ctx.bound.attrs["axis"] % rank
-    if axis == rank - 1 or not along_one_axis(ctx.bound.attrs):  # channels of NHWC or packed input
-        parallelize_reduction(sch, blocks(sch)[0])
+    if along_one_axis(ctx.bound.attrs) and axis != rank - 1:
+        reduce_in_slices(sch, ctx, axis, vectors)
+    elif len(blocks(sch)) > 1:
+        per_output_stages(sch, ctx)
     else:
-        reduce_outside_contiguous(sch, ctx, axis)
+        parallelize_reduction(sch, blocks(sch)[0])
