@@ -142,8 +142,9 @@ int main(int argc, char** argv) {{
 """
 
 
-def driver(directory: Path, graph: BoundGraph) -> Path:
-    """The timing program of the bundle in `directory` (graph `graph`, static shapes)."""
+def driver(directory: Path, graph: BoundGraph, static: bool = False) -> Path:
+    """The timing program of the bundle in `directory` (graph `graph`, static shapes); `static`
+    links it statically, to run on another machine of the architecture."""
     name = Manifest.read(directory).bundle["name"]
     types = [*graph.inputs, graph.output]
     lines = []
@@ -174,6 +175,7 @@ def driver(directory: Path, graph: BoundGraph) -> Path:
             str(directory / f"lib{name}.a"),
             "-lm",
             "-lpthread",
+            *(["-static"] if static else []),
             "-o",
             str(program),
         ],
