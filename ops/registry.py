@@ -6,6 +6,7 @@ Built-in ops are every module of this package; user ops come from `--ops-path DI
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -110,7 +111,12 @@ def get_op(name: str) -> Op:
     """The op registered as `name`; a UsageError listing the known ones when there is none."""
     op = find_op(name)
     if op is None:
-        raise UsageError(f"unknown op {name!r} (known: {', '.join(sorted(_OPS))})")
+        close = difflib.get_close_matches(name, list(_OPS), n=3)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise UsageError(
+            f"unknown op {name!r}: {hint}known: {', '.join(sorted(_OPS))}; an op of your own needs"
+            " the folder of its file, as in `deploy --ops-path DIR ...`"
+        )
     return op
 
 

@@ -126,7 +126,7 @@ def changed(path: str, value: Any) -> dict[str, Any]:
         (changed("nodes.1.atrs", {}), "node 'sum': unknown key 'atrs' (allowed: name, op, attrs, inputs)"),
         (changed("nodes.1.op", None), "node 'sum': missing 'op' (the name of a registered op)"),
         (changed("nodes.1.op", ["add"]), "node 'sum': op ['add']: expected the name of a registered op"),
-        (changed("nodes.1.op", "addd"), "node 'sum': unknown op 'addd' (known: "),
+        (changed("nodes.1.op", "addd"), "node 'sum': unknown op 'addd': did you mean 'add'? known: "),
         (changed("nodes.1.inputs", None), "node 'sum': missing 'inputs' (a list of tensor names"),
         (changed("nodes.1.inputs", "pool"), "node 'sum': inputs 'pool': expected a list of tensor names"),
         (changed("nodes.1.inputs", ["pool", 2]), "node 'sum': inputs ['pool', 2]: expected a list"),

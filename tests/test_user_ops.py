@@ -12,7 +12,8 @@ from tvm import te
 
 from ops import TensorType
 from ops.attrs import Attr, Choice, Float, Int
-from tests.conftest import DEPLOY, REPO, run_deploy
+from tests.conftest import DEPLOY, REPO, invoke, run_deploy
+from toolchain.cli.main import hoist_group_options
 
 CUBE = textwrap.dedent(
     '''
@@ -261,3 +262,33 @@ def test_an_op_calling_exit_is_one_line_and_a_failure(tmp_path, code):
         "--debug", "--ops-path", str(folder), "test", "--target", "x86", "--op", "cube_exits"
     )
     assert debugged.returncode == 1 and 'cube_exits.py", line' in debugged.stderr, "--debug shows where"
+
+
+@pytest.mark.parametrize("form", ["spaced", "joined"])
+def test_ops_path_after_the_command(tmp_path, form):
+    """Where users put it (issue #36): after the command, as `--ops-path DIR` or `--ops-path=DIR`."""
+    folder = str(write_op(tmp_path / "myops", "cube"))
+    given = ["--ops-path", folder] if form == "spaced" else [f"--ops-path={folder}"]
+    tested = run_deploy("test", "--target", "x86", "--op", "cube", *given)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "4 cases passed, 0 failed" in tested.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "hoisted"),
+    [
+        (["test", "--op", "x", "--ops-path", "a"], ["--ops-path", "a", "test", "--op", "x"]),
+        (["--ops-path", "a", "ops", "--ops-path=b"], ["--ops-path", "a", "--ops-path=b", "ops"]),
+        (["run", "--", "--ops-path", "a"], ["run", "--", "--ops-path", "a"]),
+        (["test", "--ops-path"], ["test", "--ops-path"]),
+    ],
+)
+def test_group_options_are_moved_before_the_command(args, hoisted):
+    assert hoist_group_options(args) == hoisted
+
+
+def test_an_unknown_op_suggests_close_names_and_ops_path():
+    result = invoke("build", "--target", "x86", "--op", "leaky_rel", "--shape", "4")
+    assert result.exit_code == 2
+    assert "unknown op 'leaky_rel': did you mean 'leaky_relu'?" in result.output
+    assert "deploy --ops-path DIR" in result.output and len(result.output.strip().splitlines()) == 1

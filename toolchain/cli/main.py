@@ -86,8 +86,40 @@ def _unread(ctx: click.Context) -> NoReturn:
     ctx.exit(128 + signal.SIGPIPE)
 
 
+GROUP_OPTIONS_WITH_VALUE = ("--ops-path",)
+"""Options of `deploy` itself that users also put after the command (`deploy test --ops-path
+myops ...`): click takes them only before it, so they are moved there."""
+
+
+def hoist_group_options(args: list[str]) -> list[str]:
+    """`args` with each GROUP_OPTIONS_WITH_VALUE given after the command (as `--opt VALUE` or
+    `--opt=VALUE`, before any `--`) moved to the front, in order; one without its value stays
+    where it is, for click's own error."""
+    front: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            rest += args[index:]
+            break
+        if arg in GROUP_OPTIONS_WITH_VALUE and index + 1 < len(args):
+            front += args[index : index + 2]
+            index += 2
+            continue
+        if arg.split("=", 1)[0] in GROUP_OPTIONS_WITH_VALUE and "=" in arg:
+            front.append(arg)
+        else:
+            rest.append(arg)
+        index += 1
+    return front + rest
+
+
 class DeployGroup(click.Group):
     """Turns DeployError into `error: ...` and exit codes; other exceptions into one line too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_group_options(args))
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Print what an ASCII or Latin-1 stream (`PYTHONIOENCODING=ascii`, the C locale without
