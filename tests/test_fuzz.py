@@ -109,7 +109,7 @@ def test_an_infinity_matches_only_itself_within_a_tolerance(expected, actual):
     detail names the infinities, not a tolerance."""
     f = np.array([1.0, expected], dtype="float32")
     comparison = compare(f, np.array([1.0, actual], dtype="float32"), exact=False)
-    assert not comparison.ok and comparison.detail == "infinities differ in place or sign"
+    assert not comparison.ok and comparison.detail.startswith("infinities differ in place or sign: at [")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "int64"])
@@ -133,3 +133,19 @@ def test_specials_in_the_smallest_tensors():
     assert scalar.shape == () and np.isnan(scalar)
     few = random_input(TensorType((3,), "float64"), np.random.default_rng(0), specials=True)
     assert np.isnan(few).sum() == 1 and np.isinf(few).sum() == 2
+
+
+@pytest.mark.parametrize(
+    ("actual", "exact", "detail"),
+    [
+        ([[1.0, 2.0], [3.0, 4.5]], False, "beyond rtol=1e-05 atol=1e-06: at [1, 1] got 4.5, want 4.0"),
+        ([[1.0, 2.0], [3.25, 4.5]], False, "beyond rtol=1e-05 atol=1e-06: at [1, 1] got 4.5, want 4.0"),
+        ([[1.0, 2.5], [3.0, 4.5]], True, "not bit-exact: at [0, 1] got 2.5, want 2.0"),
+        ([[1.0, 2.0], [np.nan, 4.0]], False, "NaN in different places: at [1, 0] got nan, want 3.0"),
+    ],
+)
+def test_a_failure_names_the_element_and_both_values(actual, exact, detail):
+    """Issue #36: the worst element beyond the tolerance (the first that differs otherwise) with
+    its index in the output's shape, what the device gave and what numpy did."""
+    want = np.array([[1.0, 2.0], [3.0, 4.0]], dtype="float32")
+    assert compare(want, np.array(actual, dtype="float32"), exact=exact).detail == detail

@@ -43,35 +43,46 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
         part = _compare_chunk(
             flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
         )
-        if part is None:  # no error can be measured between such outputs
-            return Comparison(False, float("inf"), "NaN in different places")
-        max_error, problem = max(max_error, part[0]), problem or part[1]
+        max_error = max(max_error, part[0])
+        if part[1] and not problem:
+            what, at = part[1], start + part[2]
+            where = list(map(int, np.unravel_index(at, expected.shape)))
+            problem = f"{what}: at {where} got {flat_actual[at].item()!r}, want {flat_expected[at].item()!r}"
+        if part[0] == float("inf") and part[1].startswith("NaN"):  # no error can be measured
+            break
     return Comparison(not problem, max_error, problem)
 
 
 def _compare_chunk(
     expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
-) -> tuple[float, str] | None:
-    """(max error, what disagrees: "" where nothing does) of one chunk; None when NaN are in
-    different places."""
+) -> tuple[float, str, int]:
+    """(max error, what disagrees: "" where nothing does, the flat index in the chunk of the
+    element to show: the first that disagrees, or the worst beyond the tolerance)."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
     nan_expected = np.isnan(wide_expected)
-    if not np.array_equal(nan_expected, np.isnan(wide_actual)):
-        return None
-    finite = ~nan_expected
+    nan_moved = nan_expected != np.isnan(wide_actual)
+    if nan_moved.any():
+        return float("inf"), "NaN in different places", int(np.argmax(nan_moved))
+    finite = np.flatnonzero(~nan_expected)
     wide_expected, wide_actual = wide_expected[finite], wide_actual[finite]
     with np.errstate(invalid="ignore"):  # inf - inf; equal entries are zeroed next
         diff = np.abs(wide_expected - wide_actual)
     diff[wide_expected == wide_actual] = 0.0
     max_error = float(diff.max()) if diff.size else 0.0
     if exact:
-        return max_error, "" if np.array_equal(expected[finite], actual[finite]) else "not bit-exact"
+        differs = expected[finite] != actual[finite]
+        if differs.any():
+            return max_error, "not bit-exact", int(finite[np.argmax(differs)])
+        return max_error, "", 0
     infinite = np.isinf(wide_expected) | np.isinf(wide_actual)  # where a tolerance would be inf too
-    if not np.array_equal(wide_expected[infinite], wide_actual[infinite]):
-        return max_error, "infinities differ in place or sign"
-    if not np.all(diff <= atol + rtol * np.abs(wide_expected)):
-        return max_error, f"beyond rtol={rtol} atol={atol}"
-    return max_error, ""
+    moved = infinite & (wide_expected != wide_actual)
+    if moved.any():
+        return max_error, "infinities differ in place or sign", int(finite[np.argmax(moved)])
+    with np.errstate(invalid="ignore"):
+        excess = np.where(infinite, 0.0, diff - (atol + rtol * np.abs(wide_expected)))
+    if excess.size and excess.max() > 0:
+        return max_error, f"beyond rtol={rtol} atol={atol}", int(finite[np.argmax(excess)])
+    return max_error, "", 0
 
 
 SPECIAL_EVERY = 2000
