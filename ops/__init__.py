@@ -1,7 +1,7 @@
 """Op definitions: one file per op, registered with `@register` (see `ops/spec.py`)."""
 
 from ops.onnx_mapping import OnnxOp
-from ops.registry import all_ops, get_op, load_entry_points, load_ops_path, register
+from ops.registry import all_ops, failure_line, get_op, load_entry_points, load_ops_path, register
 from ops.spec import BoundOp, Case, Input, Op, TensorType, bind
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "TensorType",
     "all_ops",
     "bind",
+    "failure_line",
     "get_op",
     "load_entry_points",
     "load_ops_path",

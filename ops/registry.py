@@ -13,10 +13,12 @@ import importlib.util
 import pkgutil
 import re
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import TracebackType
 
 from base.errors import UsageError, reason
 from ops.attrs import Attr, AttrKind
@@ -32,6 +34,24 @@ def _source(cls: type[Op]) -> str:
     """The file that defined `cls` (its module's name where there is none: an interactive session)."""
     path = getattr(sys.modules.get(cls.__module__), "__file__", None)
     return str(Path(path).resolve()) if path else cls.__module__
+
+
+def op_frame(trace: TracebackType | None) -> str:
+    """' at FILE:LINE' of the innermost frame of `trace` in a registered op's file (where an op's
+    compute misused TVM, say Python's min on expressions); "" when none is in it."""
+    files = {_source(type(op)) for op in _OPS.values()}
+    found = ""
+    for frame, line in traceback.walk_tb(trace):
+        path = str(Path(frame.f_code.co_filename).resolve())
+        if path in files:
+            found = f" at {path}:{line}"
+    return found
+
+
+def failure_line(exc: BaseException) -> str:
+    """An unexpected exception in one line: its type, its first line of reason and, when an op's
+    code raised it, that op file's line (`op_frame`)."""
+    return f"{type(exc).__name__}: {reason(exc)}{op_frame(exc.__traceback__)}"
 
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")

@@ -292,3 +292,21 @@ def test_an_unknown_op_suggests_close_names_and_ops_path():
     assert result.exit_code == 2
     assert "unknown op 'leaky_rel': did you mean 'leaky_relu'?" in result.output
     assert "deploy --ops-path DIR" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_error_in_an_ops_code_names_its_file_and_line(tmp_path):
+    """Issue #36: Python's min on TVM expressions inside `compute` fails in TVM; the one-line
+    error says where in the op's file, for build and for test alike."""
+    folder = write_op(tmp_path / "myops", "cube", bug=" + min(x[i], 1)")
+    line = next(
+        n for n, text in enumerate((folder / "cube.py").read_text().splitlines(), 1) if "min(" in text
+    )
+    where = f"at {(folder / 'cube.py').resolve()}:{line}"
+    out = str(tmp_path / "a")
+    built = run_deploy(
+        "--ops-path", str(folder), "build", "--target", "x86", "--op", "cube", "--shape", "4", "-o", out
+    )
+    assert built.returncode == 1 and where in built.stderr and "Traceback" not in built.stderr
+    wide = {"COLUMNS": "400"}  # the failure line unwrapped
+    tested = run_deploy("--ops-path", str(folder), "test", "--target", "x86", "--op", "cube", env=wide)
+    assert tested.returncode == 1 and where in tested.stdout

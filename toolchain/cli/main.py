@@ -19,10 +19,11 @@ from typing import Any, NoReturn
 
 import click
 
-from base.errors import DeployError, first_line, reason
+from base.errors import DeployError, first_line
 from base.paths import check_places
 from base.stopping import Stopped, exit_code, stopped_by, stopping_like_ctrl_c
 from base.threads import check_thread_env
+from ops import failure_line
 from toolchain.cli.bench import bench_command
 from toolchain.cli.build import build_command, run_command
 from toolchain.cli.describe import ops_command, targets_command
@@ -170,10 +171,7 @@ class DeployGroup(click.Group):
                 _unread(ctx)
             if ctx.params.get("debug"):
                 raise
-            click.echo(
-                f"error: {type(exc).__name__}: {reason(exc)} (rerun with --debug for details)",
-                err=True,
-            )
+            click.echo(f"error: {failure_line(exc)} (rerun with --debug for details)", err=True)
             ctx.exit(1)
 
 

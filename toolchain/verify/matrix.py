@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import DeployError, reason
+from base.errors import DeployError
 from base.stopping import raise_if_stopped
 from devices import Device, DeviceLost, Session
+from ops import failure_line
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from toolchain.build.cache import cached_build
@@ -96,7 +97,7 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
         raise_if_stopped()
         if isinstance(exc, DeployError):
             return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
-        detail = f"{type(exc).__name__}: {reason(exc)}"
+        detail = failure_line(exc)
         return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
     return CaseResult(
         planned.op.name,
