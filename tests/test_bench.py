@@ -10,6 +10,7 @@ import pytest
 
 from base.errors import UsageError
 from tests.conftest import run_deploy
+from toolchain.cli.bench import versus
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
 ADD_BYTES = 3 * ADD_WRITTEN
@@ -200,3 +201,11 @@ def test_a_plot_that_is_a_link_stays_a_link(tmp_path: Path) -> None:
     done = run_deploy("bench", "--target", "x86", "--model", str(model), "--repeat", "1", "--plot", str(link))
     assert done.returncode == 0, done.stderr
     assert link.is_symlink() and real.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("speedup", "said"), [(2.0, "2.0x faster"), (0.2, "5.0x slower"), (1.0, "1.0x faster"), (None, "-")]
+)
+def test_ratios_say_faster_or_slower(speedup, said):
+    """Issue #36: 'vs numpy 0.2x' was read as faster; it meant five times slower."""
+    assert versus(speedup) == said

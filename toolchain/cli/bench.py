@@ -168,8 +168,8 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
         table.add_row(
             r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
             f"{r['gb_per_s']:.1f}", f"{r['x_floor']:.2f}", f"{r['x_roofline']:.2f}",
-            _or_dash(r["numpy_ms"], ".3f"), _or_dash(r["speedup_vs_numpy"], ".1f", "x"),
-            _or_dash(r["torch_ms"], ".3f"), _or_dash(r["speedup_vs_torch"], ".2f", "x"),
+            _or_dash(r["numpy_ms"], ".3f"), versus(r["speedup_vs_numpy"]),
+            _or_dash(r["torch_ms"], ".3f"), versus(r["speedup_vs_torch"]),
         )  # fmt: skip
     wide_console(150).print(table)
 
@@ -180,9 +180,17 @@ def _span(rows: list[dict[str, Any]], key: str) -> str:
     return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
 
 
-def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
+def versus(speedup: float | None) -> str:
+    """A baseline's time over ours in words: '2.0x faster', '5.0x slower' (a bare '0.2x' was read
+    as faster), '-' where the baseline was not measured."""
+    if speedup is None:
+        return "-"
+    return f"{speedup:.1f}x faster" if speedup >= 1 else f"{1 / speedup:.1f}x slower"
+
+
+def _or_dash(value: float | None, spec: str) -> str:
     """A baseline's figure, or '-' where it was not measured (not installed, --no-baselines)."""
-    return "-" if value is None else f"{value:{spec}}{unit}"
+    return "-" if value is None else f"{value:{spec}}"
 
 
 def plot_bench(rows: list[dict[str, Any]], path: Path, title: str) -> None:
