@@ -89,6 +89,36 @@ def test_long_lived_emulator_start_status_stop(tmp_path):
     assert run_deploy("device", "emulator", "status").returncode == 1
 
 
+def test_sessions_leave_no_directory_behind(tmp_path):
+    """Issue #36: each command on the emulator left its session directory (the uploaded modules)
+    when deploy stopped its server mid-session; now the server removes it as it stops. Two runs
+    on servers of their own, then two on a long-lived one, stopped after."""
+    sessions = Emulator().base / "sessions"
+    before = set(sessions.glob("deploy-session-*"))
+    np.save(tmp_path / "x.npy", np.arange(12, dtype="float32").reshape(3, 4))
+    args = [
+        "run",
+        "--op",
+        "argmax",
+        "--target",
+        "arm",
+        "-i",
+        str(tmp_path / "x.npy"),
+        "-o",
+        str(tmp_path / "o.npy"),
+    ]
+    for _ in range(2):
+        ran = run_deploy(*args)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert set(sessions.glob("deploy-session-*")) == before
+    assert run_deploy("device", "emulator", "start").returncode == 0
+    for _ in range(2):
+        assert run_deploy(*args).returncode == 0
+    assert set(sessions.glob("deploy-session-*")) == before, "the long-lived server kept a session"
+    assert run_deploy("device", "emulator", "stop").returncode == 0
+    assert set(sessions.glob("deploy-session-*")) == before
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_ctrl_c_term_and_hangup_stop_the_automatic_server(sig: signal.Signals):
     """Ctrl-C, `kill` and a closed terminal mid-run: the server deploy started goes with it. The

@@ -164,11 +164,32 @@ void RegisterSessionFunctions(const std::string& dir) {
   _exit(0);
 }
 
-// Wait for the session's child; kill it when it outlives `timeout_s` (0: no limit).
+// Set by SIGTERM, SIGINT or SIGHUP (deploy stops its server's process group with SIGTERM): the
+// server ends the session in progress, removes its directory and exits, instead of dying with
+// the directory left behind.
+volatile sig_atomic_t g_stop = 0;
+
+void OnStop(int) { g_stop = 1; }
+
+void CatchStops() {
+  struct sigaction action = {};
+  action.sa_handler = OnStop;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;  // no SA_RESTART: a blocked accept or read returns, and the loop sees it
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &action, nullptr);
+}
+
+// Wait for the session's child; kill it when it outlives `timeout_s` (0: no limit) or the server
+// is told to stop.
 void AwaitSession(pid_t child, int fd, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
   while (waitpid(child, &status, WNOHANG) == 0) {
+    if (g_stop) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      return;
+    }
     if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
       kill(child, SIGKILL);
       waitpid(child, &status, 0);
@@ -208,13 +229,14 @@ int Listen(Options* opt) {
 int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
   signal(SIGPIPE, SIG_IGN);
+  CatchStops();
   int listener = Listen(&opt);
   Say("bind to " + opt.host + ":" + std::to_string(opt.port));
-  for (;;) {
+  while (!g_stop) {
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     double timeout_s = 0;
-    if (!Handshake(fd, opt.key, &timeout_s)) {
+    if (g_stop || !Handshake(fd, opt.key, &timeout_s)) {
       close(fd);
       continue;
     }
@@ -223,6 +245,7 @@ int main(int argc, char** argv) {
     Say("session start");
     pid_t child = fork();
     if (child == 0) {
+      for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);  // a stop ends the session
       close(listener);
       ServeSession(fd, dir);
     }
@@ -231,4 +254,5 @@ int main(int argc, char** argv) {
     nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
     Say("session end");
   }
+  return 0;
 }
