@@ -65,6 +65,7 @@ def test_tune_x86_locally_then_build_run_and_report_from_the_records(tmp_path: P
     assert verdict["device"] == "local" and verdict["hand_ms"] > 0 and verdict["records"] == 6
     assert not verdict["record"] or verdict["sha256"][:12] == verdict["record"]  # pinned
     assert ("accepted record" if verdict["record"] else "kept the hand schedule") in tuned.stdout
+    assert "; best while searching " in tuned.stdout  # two times of one run are told apart (#36)
     assert len(records(task)) == 6
     assert json.loads((task / "task.json").read_text())["op"] == "max_pool2d"
     assert {json.loads(line)[0] for line in records(task)} == {0, 1}  # both structures measured

@@ -235,7 +235,7 @@ def _print_result(console: Console, result: TuneResult, trials: int) -> None:
     best = f"{result.best_ms:.4g} ms" if result.best_ms is not None else "none"
     console.print(
         f"{result.trials} records in {result.directory} ({result.new_trials} new, {result.valid} valid);"
-        f" best {best}",
+        f" best while searching {best}",
         highlight=False,
     )
     if result.trials < trials:
@@ -251,8 +251,9 @@ def _print_result(console: Console, result: TuneResult, trials: int) -> None:
     elif not entry["record"]:
         best = f"{entry['best_tuned_ms']:.4g} ms" if entry.get("best_tuned_ms") is not None else "none"
         console.print(
-            f"kept the hand schedule: tuning found nothing faster on {entry['device']} (hand"
-            f" {entry['hand_ms']:.4g} ms, best tuned {best}); --tuned builds use the hand schedule",
+            f"kept the hand schedule: tuning found nothing faster on {entry['device']} (timed side"
+            f" by side: hand {entry['hand_ms']:.4g} ms, best tuned {best}); --tuned builds use the hand"
+            " schedule",
             highlight=False,
         )
     else:
