@@ -144,7 +144,7 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
     done = invoke("bench", "--target", "x86", "--op", "add", "--op", "leaky_relu", "--repeat", "1",
                   "--no-baselines", "--json")  # fmt: skip
     assert done.exit_code == 1
-    wrong, right = json.loads(done.output[: done.output.rindex("]") + 1])
+    wrong, right = json.loads(done.output[: done.output.rindex("\n]") + 2])  # the error line follows
     assert "build of add differs from numpy" in wrong["wrong_answer"]
     assert wrong["median_ms"] is None and wrong["x_floor"] is None and wrong["mb_moved"] == 3 * 64 / 1e6
     assert right["wrong_answer"] is None and right["median_ms"] > 0 and right["max_error"] == 0
