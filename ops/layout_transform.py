@@ -28,7 +28,7 @@ class LayoutTransform(Op):
     exact = True
     fuses = False
     """A kernel of its own: fused, its neighbour's loops would run one layout and read or write the
-    other, under the generic schedule (README, Layouts)."""
+    other, under the generic schedule (docs/layouts.md)."""
     cases = (
         Case(((2, 7, 5, 6),), {"src": "NCHW", "dst": "NCHW4c"}),
         Case(((2, 2, 5, 6, 8),), {"src": "NCHW8c", "dst": "NCHW", "channels": 13}),

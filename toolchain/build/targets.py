@@ -80,7 +80,7 @@ class Target:
     layout: str | None = None
     """The layout a graph's pooling runs in (`ops/relayout.py`), from `--layout`. None: the
     layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
-    graph is faster only at some shapes (README, Layouts)."""
+    graph is faster only at some shapes (docs/layouts.md)."""
     alignment: int = 64
     """Bytes the data of every tensor a module is called with is aligned to, which its kernels
     assume (aligned vector loads): TVM's own allocations give 64; `--alignment 16` builds for an

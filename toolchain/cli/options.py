@@ -159,7 +159,7 @@ OP_OPTIONAL = click.option("--op", "op_name", help="Op name (see `deploy ops`)."
 MODEL = click.option(
     "--model",
     type=click.Path(dir_okay=False),
-    help="A model instead of an op: ONNX (.onnx) or a graph file (.yaml/.json), see README.",
+    help="A model instead of an op: ONNX (.onnx) or a graph file (.yaml/.json), see docs/graphs.md.",
 )
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")

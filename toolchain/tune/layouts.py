@@ -12,7 +12,7 @@ builds lay the graph out as its kernels were tuned.
 
 Whether packing pays depends on the shapes: packed pooling is several times faster than NCHW's
 on small maps, and the conversions at the graph's boundaries cost more than it saves on large
-ones (README, Layouts). So it is measured per graph and device, never assumed.
+ones (docs/layouts.md). So it is measured per graph and device, never assumed.
 """
 
 from __future__ import annotations

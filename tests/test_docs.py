@@ -1,0 +1,83 @@
+"""The README and docs/ stay honest (issue #36): every relative link names a file of the
+repository, every `deploy` command in a shell block parses (its command and options exist: the
+`--help` level), and the op with a schedule of its own in docs/adding-ops.md passes its test."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from tests.conftest import REPO, run_deploy
+from toolchain.cli.main import hoist_group_options, main
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+SHELL_BLOCK = re.compile(r"```(?:sh|bash|shell)\n(.*?)```", re.S)
+ENDS = {"|", ">", ">>", "&&", "||", ";", "2>&1", "<"}
+
+
+def links() -> list[tuple[str, str]]:
+    return [
+        (page.name, target)
+        for page in PAGES
+        for target in LINK.findall(page.read_text())
+        if not target.startswith(("http://", "https://", "#", "mailto:"))
+    ]
+
+
+@pytest.mark.parametrize(("page", "target"), links())
+def test_relative_links_name_files(page: str, target: str) -> None:
+    base = REPO if page == "README.md" else REPO / "docs"
+    assert (base / target.split("#")[0]).exists(), f"{page} links to {target}, which is not there"
+
+
+def commands() -> list[tuple[str, str]]:
+    """(page, command line) of each `deploy ...` line in the pages' shell blocks, continuation
+    lines joined, comments dropped."""
+    found = []
+    for page in PAGES:
+        for block in SHELL_BLOCK.findall(page.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words and words[0] == "deploy":
+                    found.append((page.name, line.strip()))
+    return found
+
+
+def command_of(words: list[str]) -> tuple[click.Command, list[str]]:
+    """The click command `words` (after `deploy`) run, and the words left for it."""
+    words = hoist_group_options(words)
+    while words and words[0].startswith("-"):  # deploy's own options
+        words = words[2:] if words[0] == "--ops-path" else words[1:]
+    command: click.Command = main
+    while isinstance(command, click.Group) and words and words[0] in command.commands:
+        command, words = command.commands[words[0]], words[1:]
+    return command, words
+
+
+@pytest.mark.parametrize(("page", "line"), commands())
+def test_deploy_commands_parse(page: str, line: str) -> None:
+    words = shlex.split(line, comments=True)[1:]
+    cut = next((i for i, w in enumerate(words) if w in ENDS), len(words))
+    command, rest = command_of(words[:cut])
+    assert not isinstance(command, click.Group), f"{page}: {line!r} names no command of deploy"
+    known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+    options = [w.split("=", 1)[0] for w in rest if w.startswith("-") and w != "-" and not w[1:2].isdigit()]
+    unknown = [o for o in options if o not in known]
+    assert not unknown, f"{page}: {line!r}: {command.name} has no option {unknown}"
+
+
+def test_the_op_with_its_own_schedule_passes(tmp_path: Path) -> None:
+    page = (REPO / "docs" / "adding-ops.md").read_text()
+    section = page[page.index("## An op's own schedule") :]
+    source = section[section.index("```python\n") + len("```python\n") :]
+    (tmp_path / "myops").mkdir()
+    (tmp_path / "myops" / "hard_swish.py").write_text(source[: source.index("```")])
+    folder = str(tmp_path / "myops")
+    tested = run_deploy("--ops-path", folder, "test", "--target", "x86", "--op", "hard_swish")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "cpu/hard_swish" in tested.stdout and " 0 failed" in tested.stdout
