@@ -10,7 +10,7 @@ import pytest
 
 from base.errors import UsageError
 from tests.conftest import run_deploy
-from toolchain.cli.bench import versus
+from toolchain.cli.bench import versus, warn_in_cache
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
 ADD_BYTES = 3 * ADD_WRITTEN
@@ -209,3 +209,18 @@ def test_a_plot_that_is_a_link_stays_a_link(tmp_path: Path) -> None:
 def test_ratios_say_faster_or_slower(speedup, said):
     """Issue #36: 'vs numpy 0.2x' was read as faster; it meant five times slower."""
     assert versus(speedup) == said
+
+
+def test_an_op_without_a_bench_case_is_warned_of_the_cache(capsys: pytest.CaptureFixture[str]):
+    """Issue #36: an op without `bench` is timed on its first case, a few KB that a cache holds;
+    deploy says so, and not for ops that declare one."""
+    examples = str(Path(__file__).resolve().parent.parent / "ops" / "examples")
+    ran = run_deploy("--ops-path", examples, "bench", "--target", "x86", "--op", "hard_sigmoid",
+                     "--repeat", "1", "--no-baselines")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    warned = [line for line in ran.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and "hard_sigmoid declares no bench case" in warned[0], ran.stderr
+    from ops import get_op
+
+    warn_in_cache([{"op": "add", "mb_moved": 0.1}], {"add": get_op("add")})  # add declares one
+    assert capsys.readouterr().err == ""

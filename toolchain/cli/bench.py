@@ -23,6 +23,7 @@ from toolchain.cli.options import (
     device_options,
     load_graph,
     resolve_target,
+    warn,
     wide_console,
 )
 
@@ -124,6 +125,8 @@ def bench_command(
             )
         device = where.resolve(target)
         rows = bench_ops([op for op in ops if op.name not in unsupported], dtype, target, device, options)
+        if not device.emulated and min_mb is None:
+            warn_in_cache(rows, {op.name: op for op in ops})
     device = where.resolve(target)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -141,6 +144,24 @@ def bench_command(
     refuse_wrong_answers(rows)  # the verdict on the answers first
     if unwritten is not None:
         raise unwritten
+
+
+IN_CACHE_MB = 32.0
+"""Below this many MB moved a case may be timed in a cache (this machine's last level is 32 MB),
+not memory: what an op without a `bench` case gets, its first case."""
+
+
+def warn_in_cache(rows: list[dict[str, Any]], ops: dict[str, Any]) -> None:
+    """A warning per op (of `ops`, by name) timed on its first case because it declares no
+    `bench`, when that case moves less than IN_CACHE_MB: its figure is the cache's, not the
+    memory's."""
+    for row in rows:
+        if ops[row["op"]].bench is None and row["mb_moved"] < IN_CACHE_MB:
+            warn(
+                f"{row['op']} declares no bench case: timed its first case, {row['mb_moved']:.2g} MB,"
+                " which a cache may hold; give the op `bench = Case(...)` moving more than the"
+                " last-level cache, or pass --min-mb"
+            )
 
 
 def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
