@@ -157,9 +157,14 @@ def _wheel_name(package: str, target: Platform) -> str:
     )
 
 
+FETCH_MB = 95
+"""About what the first fetch of a platform's wheels downloads (apache-tvm's is most of it)."""
+
+
 def _pinned_wheels(target: Platform) -> dict[str, Path]:
-    """The wheel of each package of WHEELS for `target`, fetched by pip unless cached, each
-    checked against its pinned sha256 before anything is taken from it. pip fetches into a
+    """The wheel of each package of WHEELS for `target`, fetched by pip unless cached (said on
+    stderr with the size, and where to copy the files instead on a machine without internet),
+    each checked against its pinned sha256 before anything is taken from it. pip fetches into a
     temporary directory, one fetch at a time, and a wheel enters the cache only once checked: a
     fetch killed midway leaves nothing there."""
     wheels = cache_root() / "wheels" / target.arch
@@ -168,6 +173,11 @@ def _pinned_wheels(target: Platform) -> dict[str, Path]:
     with locked(wheels.with_name(f"{target.arch}.lock")):
         missing = {package: path for package, path in paths.items() if not path.is_file()}
         if missing:
+            names = ", ".join(path.name for path in missing.values())
+            sys.stderr.write(
+                f"deploy: fetching the {target.arch} TVM runtime wheels once with pip ({names},"
+                f" about {FETCH_MB} MB); without internet, copy those files into {wheels}\n"
+            )
             with tempfile.TemporaryDirectory(dir=wheels.parent, prefix=".fetch-") as fetched:
                 _pip_download(target, [WHEELS[package] for package in missing], Path(fetched))
                 for path in missing.values():

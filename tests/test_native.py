@@ -181,6 +181,26 @@ def test_tampered_wheel_is_refused_before_use(tmp_path: Path, monkeypatch: pytes
     assert list((tmp_path / "runtime-libs").iterdir()) == []  # no staging, no libraries
 
 
+def test_a_fetch_is_announced_with_its_size_and_the_offline_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """Issue #36: the first ARM command fetched about 95 MB without a word. It says so first, with
+    the wheels' names and the directory to copy them into on a machine without internet."""
+    import devices.native
+
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
+
+    def offline(*args: object) -> None:
+        raise DeployError("pip could not fetch the aarch64 TVM wheels: no network")
+
+    monkeypatch.setattr(devices.native, "_pip_download", offline)
+    with pytest.raises(DeployError, match="no network"):
+        runtime_libraries(get_platform("aarch64"))
+    said = capsys.readouterr().err
+    assert "about 95 MB" in said and f"copy those files into {tmp_path / 'wheels' / 'aarch64'}" in said
+    assert all(_wheel_name(package, get_platform("aarch64")) in said for package in WHEELS)
+
+
 @pytest.mark.parametrize("arch", ["aarch64", "x86_64"])
 def test_every_wheel_is_pinned_for_this_python(arch: str):
     for package in WHEELS:
