@@ -359,7 +359,7 @@ def reduce_in_slices(sch: Any, ctx: ScheduleContext, axis: int, vectors: bool) -
     loops = sch.get_loops(partial)
     before, part, after, row = loops[:axis], loops[axis], loops[axis + 1 : -1], loops[-1]
     tasks = ctx.choices.pick("tasks per core", (1, 2, 4), 1)
-    outer = work_of([extent(sch, loop) for loop in before])
+    outer = work_of([extent(sch, loop) for loop in [*before, part]])  # the slices are tasks too
     chunks = contiguous_chunks(-(-ctx.cores * tasks // outer), [extent(sch, loop) for loop in after])
     chunk, rest = sch.split(after[0], factors=[chunks, None])
     sch.reorder(*before, part, chunk, row, rest, *after[1:])
