@@ -17,7 +17,7 @@ from base.errors import UsageError
 from ops import TensorType, all_ops, bind
 from ops.layouts import LAYOUTS
 from toolchain.build.targets import get_target
-from toolchain.verify.compare import compare, random_input
+from toolchain.verify.compare import CHUNK, compare, random_input
 from toolchain.verify.run import verify
 
 MAX_DIM = 9
@@ -149,3 +149,12 @@ def test_a_failure_names_the_element_and_both_values(actual, exact, detail):
     its index in the output's shape, what the device gave and what numpy did."""
     want = np.array([[1.0, 2.0], [3.0, 4.0]], dtype="float32")
     assert compare(want, np.array(actual, dtype="float32"), exact=exact).detail == detail
+
+
+def test_the_worst_element_is_named_across_chunks():
+    """The worst element past the tolerance is found over the whole output, not in the first
+    chunk compared (`CHUNK` elements at a time)."""
+    want = np.ones(2 * CHUNK, dtype="float32")
+    got = want.copy()
+    got[5], got[CHUNK + 7] = 1.5, 3.0
+    assert compare(want, got, exact=False).detail.endswith(f"at [{CHUNK + 7}] got 3.0, want 1.0")

@@ -38,31 +38,35 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     exact = exact or expected.dtype.kind in "iub"
     rtol, atol = (0.0, 0.0) if exact else TOLERANCES[str(expected.dtype)]
     flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
-    max_error, problem = 0.0, ""
+    max_error, shown = 0.0, None  # (what, flat index, excess) of the element the detail names
     for start in range(0, flat_expected.size, CHUNK):
-        part = _compare_chunk(
+        error, what, index, excess = _compare_chunk(
             flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
         )
-        max_error = max(max_error, part[0])
-        if part[1] and not problem:
-            what, at = part[1], start + part[2]
-            where = list(map(int, np.unravel_index(at, expected.shape)))
-            problem = f"{what}: at {where} got {flat_actual[at].item()!r}, want {flat_expected[at].item()!r}"
-        if part[0] == float("inf") and part[1].startswith("NaN"):  # no error can be measured
+        max_error = max(max_error, error)
+        if what and (shown is None or excess > shown[2]):  # a broken rule (inf) outranks a tolerance
+            shown = (what, start + index, excess)
+        if what.startswith("NaN"):  # no error can be measured
             break
-    return Comparison(not problem, max_error, problem)
+    if shown is None:
+        return Comparison(True, max_error)
+    what, at, _ = shown
+    where = list(map(int, np.unravel_index(at, expected.shape)))
+    detail = f"{what}: at {where} got {flat_actual[at].item()!r}, want {flat_expected[at].item()!r}"
+    return Comparison(False, max_error, detail)
 
 
 def _compare_chunk(
     expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
-) -> tuple[float, str, int]:
+) -> tuple[float, str, int, float]:
     """(max error, what disagrees: "" where nothing does, the flat index in the chunk of the
-    element to show: the first that disagrees, or the worst beyond the tolerance)."""
+    element to show, how far past the tolerance it is): the first element that breaks a rule
+    (NaN, bit-exactness, infinities; inf past), else the worst beyond the tolerance."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
     nan_expected = np.isnan(wide_expected)
     nan_moved = nan_expected != np.isnan(wide_actual)
     if nan_moved.any():
-        return float("inf"), "NaN in different places", int(np.argmax(nan_moved))
+        return float("inf"), "NaN in different places", int(np.argmax(nan_moved)), float("inf")
     finite = np.flatnonzero(~nan_expected)
     wide_expected, wide_actual = wide_expected[finite], wide_actual[finite]
     with np.errstate(invalid="ignore"):  # inf - inf; equal entries are zeroed next
@@ -72,17 +76,18 @@ def _compare_chunk(
     if exact:
         differs = expected[finite] != actual[finite]
         if differs.any():
-            return max_error, "not bit-exact", int(finite[np.argmax(differs)])
-        return max_error, "", 0
+            return max_error, "not bit-exact", int(finite[np.argmax(differs)]), float("inf")
+        return max_error, "", 0, 0.0
     infinite = np.isinf(wide_expected) | np.isinf(wide_actual)  # where a tolerance would be inf too
     moved = infinite & (wide_expected != wide_actual)
     if moved.any():
-        return max_error, "infinities differ in place or sign", int(finite[np.argmax(moved)])
+        return max_error, "infinities differ in place or sign", int(finite[np.argmax(moved)]), float("inf")
     with np.errstate(invalid="ignore"):
         excess = np.where(infinite, 0.0, diff - (atol + rtol * np.abs(wide_expected)))
     if excess.size and excess.max() > 0:
-        return max_error, f"beyond rtol={rtol} atol={atol}", int(finite[np.argmax(excess)])
-    return max_error, "", 0
+        worst = int(np.argmax(excess))
+        return max_error, f"beyond rtol={rtol} atol={atol}", int(finite[worst]), float(excess[worst])
+    return max_error, "", 0, 0.0
 
 
 SPECIAL_EVERY = 2000
