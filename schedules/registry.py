@@ -175,6 +175,14 @@ def register_schedule(
     return add
 
 
+def strategy_modules() -> set[str]:
+    """The modules that define a registered schedule or compute variant: a user's schedule in a
+    file of its own decides what an op builds to as much as the op's file does (the build key
+    hashes both)."""
+    functions = [fn for pair in _STRATEGIES.values() for fn in pair if fn is not None]
+    return {getattr(fn, "func", fn).__module__ for fn in functions}  # a partial: its function's
+
+
 def find_schedule(families: tuple[str, ...], op_name: str, generic: bool = True) -> Strategy | None:
     """The first hand strategy for `op_name` in `families`, else (with `generic`) the first
     generic one."""

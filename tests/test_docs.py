@@ -72,11 +72,14 @@ def test_deploy_commands_parse(page: str, line: str) -> None:
 
 
 def test_the_op_with_its_own_schedule_passes(tmp_path: Path) -> None:
+    """The op and its schedule, each written to the file its block's first line names."""
     page = (REPO / "docs" / "adding-ops.md").read_text()
     section = page[page.index("## An op's own schedule") :]
-    source = section[section.index("```python\n") + len("```python\n") :]
+    blocks = re.findall(r"```python\n# (\S+)\n(.*?)```", section, re.S)
+    assert [name for name, _ in blocks] == ["myops/hard_swish.py", "myops/hard_swish_cpu.py"]
     (tmp_path / "myops").mkdir()
-    (tmp_path / "myops" / "hard_swish.py").write_text(source[: source.index("```")])
+    for name, source in blocks:
+        (tmp_path / name).write_text(source)
     folder = str(tmp_path / "myops")
     tested = run_deploy("--ops-path", folder, "test", "--target", "x86", "--op", "hard_swish")
     assert tested.returncode == 0, tested.stdout + tested.stderr

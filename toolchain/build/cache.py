@@ -16,6 +16,7 @@ from base.files import name_part
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
+from schedules.registry import strategy_modules
 from toolchain.build.compile import LaidOut, compile_graph, compile_op, lay_out
 from toolchain.build.export import export, tvm_version
 from toolchain.build.fingerprint import code_fingerprint
@@ -52,7 +53,7 @@ def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> s
         **item.key(),
         "target": json.loads(json.dumps(settings, default=str)),
         "tvm": tvm_version(),
-        "code": code_fingerprint({type(op).__module__ for op in item.ops()}),
+        "code": code_fingerprint({type(op).__module__ for op in item.ops()} | strategy_modules()),
         "tuned": _tuned(item, target, laid),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
