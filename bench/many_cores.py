@@ -231,6 +231,18 @@ def run_gpu(directory: Path, plan: list[dict[str, Any]], rounds: int) -> None:
             )
 
 
+def thread_counts(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; anything but counts of at least 1 is argparse's one-line error (the
+    machine's own CPUs bound them there, not here)."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected thread counts like 1,2,4")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -239,7 +251,7 @@ def main() -> None:
     made.add_argument("--cores", type=int, default=16, help="the machine's cores, which builds split for")
     timing = sub.add_parser("run", help="time them (needs numpy; pyopencl for the GPU)")
     timing.add_argument("directory", type=Path)
-    timing.add_argument("--threads", default="1,2,4,8,16")
+    timing.add_argument("--threads", type=thread_counts, default=[1, 2, 4, 8, 16])
     timing.add_argument("--rounds", type=int, default=7)
     timing.add_argument("--no-gpu", action="store_true")
     timing.add_argument("--no-cpu", action="store_true")
@@ -252,7 +264,7 @@ def main() -> None:
     at_least_one(parser, "--rounds", args.rounds)
     plan = json.loads((args.directory / "plan.json").read_text())
     if not args.no_cpu:
-        run_cpu(args.directory, plan["cpu"], [int(t) for t in args.threads.split(",")], args.rounds)
+        run_cpu(args.directory, plan["cpu"], args.threads, args.rounds)
     if not args.no_gpu:
         run_gpu(args.directory, plan["gpu"], args.rounds)
 

@@ -158,7 +158,7 @@ def _wheel_name(package: str, target: Platform) -> str:
 
 
 FETCH_MB = 95
-"""About what the first fetch of a platform's wheels downloads (apache-tvm's is most of it)."""
+"""About what apache-tvm's wheel for a platform weighs (tvm-ffi's is a few MB)."""
 
 
 def _pinned_wheels(target: Platform) -> dict[str, Path]:
@@ -174,9 +174,10 @@ def _pinned_wheels(target: Platform) -> dict[str, Path]:
         missing = {package: path for package, path in paths.items() if not path.is_file()}
         if missing:
             names = ", ".join(path.name for path in missing.values())
+            size = f"about {FETCH_MB} MB" if "tvm" in missing else "a few MB"
             sys.stderr.write(
                 f"deploy: fetching the {target.arch} TVM runtime wheels once with pip ({names},"
-                f" about {FETCH_MB} MB); without internet, copy those files into {wheels}\n"
+                f" {size}); without internet, copy those files into {wheels}\n"
             )
             with tempfile.TemporaryDirectory(dir=wheels.parent, prefix=".fetch-") as fetched:
                 _pip_download(target, [WHEELS[package] for package in missing], Path(fetched))

@@ -4,8 +4,8 @@ a sysroot: nothing but the runner itself) and by one C program that links every 
 matrix at once; the example graphs (a YAML graph, the ONNX model with a custom op and its
 symbolic-batch twin) alike; bundles of two ops and of one op at two sizes in one process,
 statically and through dlopen; the C API's checks of every tensor, its threads, the engine's
-parallel hook, two application threads at once; the refusals (names, runtime symbols); the README's
-C program; tampered bundles and bad .npy files refused with one line; SHA-256 in C++ against
+parallel hook, two application threads at once; the refusals (names, runtime symbols); the C program
+of docs/bundles.md; tampered bundles and bad .npy files refused with one line; SHA-256 in C++ against
 hashlib."""
 
 from __future__ import annotations
@@ -780,15 +780,15 @@ def test_names_become_c_identifiers(tmp_path: Path) -> None:
     assert "input_1  float32  [4]  (model input 'input.1')" in header
 
 
-def readme_section() -> str:
-    """The bundles page of the docs (it was the README's section)."""
+def bundles_page() -> str:
+    """docs/bundles.md, whose commands and C program the tests run."""
     return (REPO / "docs" / "bundles.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A working directory with the README's bundle, built by the README's command."""
-    command = next(line for line in readme_section().splitlines() if line.startswith("deploy build"))
+    """A working directory with the bundle of docs/bundles.md, built by its command."""
+    command = next(line for line in bundles_page().splitlines() if line.startswith("deploy build"))
     work = tmp_path_factory.mktemp("readme")
     proc = subprocess.run(
         [str(Path(os.sys.executable).with_name("deploy")), *shlex.split(command)[1:]], cwd=work,
@@ -801,8 +801,8 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.emulator
 @needs_arm
-def test_readme_c_program(example: Path) -> None:
-    section = readme_section()
+def test_the_docs_c_program(example: Path) -> None:
+    section = bundles_page()
     source = re.search(r"```c\n(.*?)```", section, re.S).group(1)
     (compile_line,) = [line for line in section.splitlines() if line.startswith("aarch64-linux-gnu-gcc")]
     (example / "add_example.c").write_text(source)

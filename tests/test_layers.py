@@ -1,4 +1,4 @@
-"""The layering the README's "How it works" promises, read from the source: packages import only
+"""The layering docs/how-it-works.md promises, read from the source: packages import only
 the layers below them (function-level imports included), no modules import each other in a
 cycle, and in the toolchain only the CLI room prints or plots."""
 

@@ -389,7 +389,7 @@ def test_unknown_onnx_op_says_how_to_add_it(
     label = f"{domain}::{op_type}" if domain else op_type
     assert error(path) == (
         f"model {path}: node '{op_type}_0' ({label}): no registered op implements it; add an op file"
-        f' declaring onnx = ({declaration},) and pass --ops-path (see docs/adding-ops.md)'
+        f" declaring onnx = ({declaration},) and pass --ops-path (see docs/adding-ops.md)"
     )
 
 

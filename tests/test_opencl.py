@@ -296,7 +296,7 @@ def add_artifact(tmp_path_factory):
 
 
 def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
-    """The API the README shows trusts no caller (issue #15, item 11): float64 inputs, an input
+    """The API docs/devices.md shows trusts no caller (issue #15, item 11): float64 inputs, an input
     too many or too few, or an output of another shape or dtype are refused before any launch
     (they gave garbage, or kernels writing past the output buffer)."""
     from base.errors import UsageError

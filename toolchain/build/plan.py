@@ -32,8 +32,6 @@ ALIGNMENT = 64
 """Bytes every arena tensor is aligned to: what the kernels assume of their buffers (TVM's
 kAllocAlignment, which they `llvm.assume`)."""
 MAIN = "main"
-CPU_DEVICE = 1
-"""DLPack's kDLCPU."""
 
 
 @dataclass(frozen=True)

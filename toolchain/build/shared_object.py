@@ -20,7 +20,7 @@ from base.errors import DeployError, printable
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.fusion import Call
-from toolchain.build.plan import CPU_DEVICE, Plan, plan_arena, plan_module
+from toolchain.build.plan import Plan, plan_arena, plan_module
 
 if TYPE_CHECKING:
     from ops.graph import BoundGraph
@@ -194,6 +194,10 @@ def software_prefetch() -> Any:
         return tvm_ffi.structural_map(func, [(tirx.For, lower)])
 
     return rewrite
+
+
+CPU_DEVICE = 1
+"""DLPack's kDLCPU: the device type a graph's kernels say they run on."""
 
 
 def subroutines_on_cpu() -> Any:

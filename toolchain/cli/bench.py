@@ -147,8 +147,9 @@ def bench_command(
 
 
 IN_CACHE_MB = 32.0
-"""Below this many MB moved a case may be timed in a cache (this machine's last level is 32 MB),
-not memory: what an op without a `bench` case gets, its first case."""
+"""Below this many MB moved a case may be timed in a cache, not memory (a heuristic: a server's
+last-level cache holds 32 MB or more, a GPU's L2 up to 60): what an op without a `bench` case
+gets, its first case."""
 
 
 def warn_in_cache(rows: list[dict[str, Any]], ops: dict[str, Any]) -> None:

@@ -174,7 +174,7 @@ def _node(index: int, node: onnx.NodeProto, read: set[str]) -> Node:
         raise UsageError(
             f"node {name!r} ({source}): no registered op implements it; add an op file declaring"
             f' onnx = (OnnxOp("{printable(node.op_type)}"{domain}),) and pass --ops-path'
-            ' (see docs/adding-ops.md)'
+            " (see docs/adding-ops.md)"
         )
     outputs = list(node.output)
     shell = Node(name, op, {}, tuple(node.input), outputs[0] if outputs else "", source)
