@@ -147,49 +147,24 @@ def test_editing_a_helper_module_a_user_op_imports_rebuilds_it(tmp_path: Path):
         assert np.load(tmp_path / "y.npy").tolist() == [0.0, scale, 2.0 * scale, 3.0 * scale]
 
 
-TIMES = textwrap.dedent(
-    """
-    from tvm import te
-    from ops import Case, Input, Op, register
-
-    @register
-    class Times(Op):
-        \"\"\"x times a factor its CPU variant holds.\"\"\"
-        name = "times"
-        inputs = (Input("x"),)
-        dtypes = ("float32",)
-        cases = (Case(((4,),)),)
-
-        def infer(self, attrs, inputs):
-            return inputs[0]
-
-        def compute(self, attrs, out, x):
-            return te.compute(out.shape, lambda i: x[i], name="out")
-
-        def reference(self, attrs, x):
-            return x
-    """
-)
-
-
 def test_editing_a_schedule_file_beside_a_user_op_rebuilds_it(tmp_path: Path):
     """A schedule (here with a compute variant) registered in a file of its own beside the op
     file decides the module too: the key hashed the op's modules alone, so an edit of that file
     kept the cached module."""
-    (tmp_path / "ops").mkdir()
-    (tmp_path / "ops" / "times.py").write_text(TIMES)
+    folder, helpers = _scaled_op(tmp_path, 2)
     np.save(tmp_path / "x.npy", np.arange(4, dtype="float32"))
-    for factor in (2, 3):
-        (tmp_path / "ops" / "times_cpu.py").write_text(
+    for factor in (5, 7):
+        (folder / "scaled_cpu.py").write_text(
             "from tvm import te\n"
             "from schedules.cpu import generic_cpu\n"
             "from schedules.registry import register_schedule\n\n\n"
             "def times(ctx, x):\n"
             f"    return te.compute(ctx.bound.output.shape, lambda i: x[i] * {factor}.0, name='out')\n\n\n"
-            "register_schedule('cpu', 'times', compute=times)(generic_cpu)\n"
+            "register_schedule('cpu', 'scaled', compute=times)(generic_cpu)\n"
         )
-        ran = run_deploy("--ops-path", str(tmp_path / "ops"), "run", "--op", "times", "--target", "x86",
-                         "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"))  # fmt: skip
+        ran = run_deploy("--ops-path", str(folder), "run", "--op", "scaled", "--target", "x86",
+                         "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                         env={"PYTHONPATH": str(helpers)})  # fmt: skip
         assert ran.returncode == 0, ran.stderr
         assert np.load(tmp_path / "y.npy").tolist() == [0.0, factor, 2.0 * factor, 3.0 * factor]
 
