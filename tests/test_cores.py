@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import invoke
 from toolchain.build.manifest import Manifest
 
-ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "16x64x1024"]
+ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "1x64x2048"]
 
 
 def build(tmp_path: Path, name: str, *args: str) -> Manifest:
