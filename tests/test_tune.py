@@ -190,10 +190,13 @@ def _wait_for_records(proc: subprocess.Popen[str], db: Path, timeout_s: float = 
 @pytest.mark.parametrize("how", ["ctrl-c", "kill", "kill -9"])
 def test_an_interrupted_tune_keeps_its_records_and_continues(tmp_path: Path, how: str) -> None:
     db = tmp_path / "db"
+    scratch = tmp_path / "tmp"  # its candidates' directory: a SIGKILL leaves it, here not in /tmp
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
     command = [DEPLOY, "tune", "--op", "argmax", "--shape", "64x1000", "--target", "x86", "--trials", "40",
                "--db", str(db)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     try:
         _wait_for_records(proc, db)
         if how in ("ctrl-c", "kill"):  # the batch under way finishes and is recorded
@@ -202,6 +205,7 @@ def test_an_interrupted_tune_keeps_its_records_and_continues(tmp_path: Path, how
             _, err = proc.communicate(timeout=300)
             assert proc.returncode == 128 + sig, err
             assert "run the same command to continue" in err
+            assert not list(scratch.glob("deploy-tune-*")), "a stopped tune left its candidates"
         else:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
@@ -216,7 +220,7 @@ def test_an_interrupted_tune_keeps_its_records_and_continues(tmp_path: Path, how
     kept = len([line for line in records(task) if line.endswith("]")])
     assert kept >= 1
 
-    again = run_deploy(*command[1:-4], "--trials", str(kept + 4), "--db", str(db))
+    again = run_deploy(*command[1:-4], "--trials", str(kept + 4), "--db", str(db), env=env)
     assert again.returncode == 0, again.stderr
     assert f"continuing: {kept} records already in" in again.stdout
     after = records(task)
