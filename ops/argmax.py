@@ -26,6 +26,15 @@ from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType, is_symbolic
 
 
+def _lowest(value_type: str) -> Any:
+    """The identity value of a max: -inf for floats, the type minimum for integers."""
+    return (
+        tirx.const(float("-inf"), value_type)
+        if value_type.startswith("float")
+        else tirx.min_value(value_type)
+    )
+
+
 def _argmax_reducer(dtype: str) -> Any:
     """(index, value) reducer ordering values descending (NaN highest), then indices ascending."""
     floating = dtype.startswith("float")
@@ -42,8 +51,7 @@ def _argmax_reducer(dtype: str) -> Any:
         return tirx.Select(take, i1, i0), tirx.Select(take, v1, v0)
 
     def identity(index_type: str, value_type: str) -> tuple[Any, Any]:
-        low = tirx.const(float("-inf"), value_type) if floating else tirx.min_value(value_type)
-        return tirx.max_value(index_type), low
+        return tirx.max_value(index_type), _lowest(value_type)
 
     return te.comm_reducer(combine, identity, name="argmax")
 
@@ -96,8 +104,7 @@ def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slic
         return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
 
     def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
-        low = tirx.const(float("-inf"), value_type) if floating else tirx.min_value(value_type)
-        return low, tirx.const(0, index_type)
+        return _lowest(value_type), tirx.const(0, index_type)
 
     scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
     row = te.reduce_axis((0, per), name="row")
@@ -140,8 +147,7 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
         return (tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1]), *nan)
 
     def identity(*types: str) -> tuple[Any, ...]:
-        low = tirx.const(float("-inf"), types[0]) if floating else tirx.min_value(types[0])
-        return (low, tirx.const(0, types[1]), *((far,) if floating else ()))
+        return (_lowest(types[0]), tirx.const(0, types[1]), *((far,) if floating else ()))
 
     scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
     step = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")

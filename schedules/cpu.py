@@ -432,12 +432,13 @@ def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
     rank = len(bound.inputs[0].shape)
     extent = bound.inputs[0].shape[-1]
     axis = bound.attrs["axis"] % rank
-    innermost = along_one_axis(bound.attrs) and axis == rank - 1
-    if innermost and extent >= 2 * CPU_LANES:
+    if not along_one_axis(bound.attrs):
+        return bound.op.compute(bound.attrs, bound.output, x)
+    if axis != rank - 1:
+        return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx))
+    if extent >= 2 * CPU_LANES:
         exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
         return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES)
-    if along_one_axis(bound.attrs) and axis != rank - 1:
-        return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx))
     return bound.op.compute(bound.attrs, bound.output, x)
 
 
