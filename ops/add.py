@@ -23,7 +23,9 @@ class Add(Op):
     name = "add"
     inputs = (Input("a", broadcasts=True), Input("b", broadcasts=True))
     attrs = (layout_attr(doc="layout of the operands: in a packed one, an NCHW [N, 1, H, W] broadcasts"),)
-    onnx = (OnnxOp("Add", attrs=same_names()),)  # refuses opset-6 `broadcast`/`axis`
+    onnx = (  # refuses opset-6 `broadcast`/`axis`; ONNX has no packed layout
+        OnnxOp("Add", attrs=same_names(), node_attrs=lambda attrs: {} if layout_of(attrs) is NCHW else None),
+    )
     cases = (
         Case(((32, 64, 56, 56), (32, 1, 56, 56))),
         Case(((7, 13), (7, 13))),

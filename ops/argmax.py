@@ -195,6 +195,13 @@ def from_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any]:
     return {"axis": attrs.get("axis", 0), "keepdims": attrs.get("keepdims", 1), "out_dtype": "int64"}
 
 
+def to_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """argmax -> ONNX ArgMax: NCHW with int64 indices only (ONNX's are int64)."""
+    if not along_one_axis(attrs) or attrs["out_dtype"] != "int64":
+        return None
+    return {"axis": attrs["axis"], "keepdims": int(attrs["keepdims"])}
+
+
 @register
 class Argmax(Op):
     """Index of the maximum along `axis` (first on ties; NaN counts as the maximum like numpy)."""
@@ -209,7 +216,7 @@ class Argmax(Op):
         channels_attr(),
     )
     exact = True
-    onnx = (OnnxOp("ArgMax", attrs=from_onnx_argmax),)
+    onnx = (OnnxOp("ArgMax", attrs=from_onnx_argmax, node_attrs=to_onnx_argmax),)
     cases = (
         Case(((32, 1000),)),
         Case(((2, 64, 56, 56),), {"axis": 1}),

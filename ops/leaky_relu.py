@@ -23,7 +23,9 @@ class LeakyRelu(Op):
     inputs = (Input("x"),)
     attrs = (Attr("alpha", Float(), 0.01, "slope for x <= 0"),)
     dtypes = FLOAT_DTYPES
-    onnx = (OnnxOp("LeakyRelu", attrs=same_names(alpha=0.01)),)
+    onnx = (
+        OnnxOp("LeakyRelu", attrs=same_names(alpha=0.01), node_attrs=lambda attrs: {"alpha": attrs["alpha"]}),
+    )
     cases = (
         Case(((32, 64, 56, 56),)),
         Case(((7, 13),), {"alpha": 0.2}),

@@ -31,6 +31,19 @@ def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def to_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """max_pool2d -> ONNX MaxPool (NCHW only): the stride spelled out (ONNX's default is 1)."""
+    if layout_of(attrs) is not NCHW:
+        return None
+    (kh, kw), (ph, pw) = attrs["kernel"], attrs["padding"]
+    return {
+        "kernel_shape": [kh, kw],
+        "strides": list(attrs["stride"] or (kh, kw)),
+        "pads": [ph, pw, ph, pw],
+        "ceil_mode": int(attrs["ceil_mode"]),
+    }
+
+
 @register
 class MaxPool2d(Op):
     """2-D max pooling (NCHW, or `layout`); padding is -inf (floats) or the type minimum (integers)."""
@@ -39,7 +52,7 @@ class MaxPool2d(Op):
     inputs = (Input("x", min_rank=4, max_rank=5),)  # 5: a packed layout
     attrs = pool_attrs(kernel=2, stride=None, padding=0)
     exact = True
-    onnx = (OnnxOp("MaxPool", attrs=from_onnx_maxpool),)
+    onnx = (OnnxOp("MaxPool", attrs=from_onnx_maxpool, node_attrs=to_onnx_maxpool),)
     cases = (
         Case(((2, 16, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(((1, 3, 17, 23),), {"kernel": 2}),

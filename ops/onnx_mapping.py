@@ -1,10 +1,11 @@
-"""Which ONNX node an op implements: `Op.onnx = (OnnxOp("MaxPool", attrs=...),)`.
+"""Which ONNX node an op implements: `Op.onnx = (OnnxOp("MaxPool", attrs=..., node_attrs=...),)`.
 
 The ONNX reader (`toolchain/model/onnx_import.py`) finds the op for each node by its (domain,
 op_type) through `ops.registry.op_for_onnx` and converts the node's attributes with `attrs`. A
 conversion raises a one-line UsageError naming the ONNX attribute, its value and what is
 supported: a model that needs what an op does not do (asymmetric pads, dilations) is refused,
-never run with other semantics.
+never run with other semantics. `node_attrs` converts back, for a one-node model of a bound op
+(the onnxruntime baseline of `deploy bench`); tests/test_models.py checks the round trip.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class OnnxOp:
     op_type: str
     domain: str = DEFAULT_DOMAIN
     attrs: Callable[[dict[str, Any]], dict[str, Any]] = passes_through
+    node_attrs: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    """The other way: the op's bound attributes -> the node's ONNX attributes, None where ONNX
+    cannot say them (a packed layout, int32 indices); no function: the op is not exported.
+    `deploy bench` builds its onnxruntime baseline with it."""
 
     def key(self) -> tuple[str, str]:
         return domain_key(self.domain), self.op_type

@@ -10,7 +10,7 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -206,12 +206,20 @@ class Case:
         """This case with `factor` times the leading dim of each input of the highest rank whose
         leading dim is a size other than 1 (a lower-rank operand, a broadcast 1 and a symbolic
         batch stay): the same workload, up to `factor` times the memory."""
+        return self._batch(lambda size: size * factor)
+
+    def single(self) -> Case:
+        """This case at batch 1 (the leading dims `batched` grows set to 1): how an edge device
+        calls an op, its data in cache."""
+        return self._batch(lambda size: 1)
+
+    def _batch(self, size: Callable[[int], int]) -> Case:
         rank = max((len(s) for s in self.shapes), default=0)
-        grown = tuple(
-            (s[0] * factor, *s[1:]) if len(s) == rank and s and isinstance(s[0], int) and s[0] != 1 else s
+        resized = tuple(
+            (size(s[0]), *s[1:]) if len(s) == rank and s and isinstance(s[0], int) and s[0] != 1 else s
             for s in self.shapes
         )
-        return Case(grown, self.attrs)
+        return Case(resized, self.attrs)
 
     def label(self) -> str:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in self.shapes)

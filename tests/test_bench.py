@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from base.errors import UsageError
 from tests.conftest import run_deploy
+from toolchain.bench.torch_baseline import torch_version
 from toolchain.cli.bench import versus, warn_in_cache
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
@@ -22,7 +24,7 @@ ARGMAX_BYTES = 4 * 256 * 100_000 + 8 * 256
 def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
     plot = tmp_path / "bench.png"
     done = run_deploy("bench", "--target", "x86", "--op", "add", "--op", "argmax", "--repeat", "3",
-                      "--json", "--plot", str(plot))  # fmt: skip
+                      "--json", "--plot", str(plot), "--no-batch-1")  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     assert [r["op"] for r in rows] == ["add", "argmax"]
@@ -39,12 +41,45 @@ def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
         # loaded CI machine put them 1.6x apart, so this checks units (a ms/s slip is 1000x), not speed
         for ratio, of_medians in ((row["x_floor"], row["floor_ms"]), (row["x_roofline"], row["roofline_ms"])):
             assert 1 / 4 < ratio / (row["median_ms"] / of_medians) < 4
-        assert row["numpy_ms"] > 0 and "torch_ms" in row and "speedup_vs_torch" in row
+        assert row["numpy_ms"] > 0 and row["onnxruntime_ms"] > 0 and "torch_ms" in row
         assert row["max_error"] == 0, "checked against numpy on the timed inputs (both exact here)"
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert not (Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json").exists(), "nothing cached to go stale"
-    table = run_deploy("bench", "--target", "x86", "--op", "add", "--repeat", "1")
-    assert table.returncode == 0 and "bandwidth beside each op" in table.stdout and "x floor" in table.stdout
+
+def test_each_op_is_timed_at_batch_1_beside_onnxruntime_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #36: a row at batch 1 (in cache, as an edge device calls an op) after each bench
+    case, and baselines that do not allocate in the timed call: onnxruntime through IOBinding,
+    PyTorch with out= where it has it (its column marks the ones without)."""
+    from ops import get_op
+    from ops.spec import Case
+    from tests.conftest import invoke
+
+    monkeypatch.setattr(get_op("add"), "bench", Case(((4, 8, 32), (4, 8, 32))))
+    monkeypatch.setattr(get_op("max_pool2d"), "bench", Case(((3, 4, 16, 16),), {"kernel": 3, "stride": 2}))
+    monkeypatch.setattr(get_op("argmax"), "bench", Case((("N", 64),), {"axis": -1}))
+    done = invoke("bench", "--target", "x86", "--op", "add", "--op", "max_pool2d", "--op", "argmax",
+                  "--repeat", "1", "--json")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.output)
+    assert [(r["op"], r["shapes"], r["batch_1"]) for r in rows] == [
+        ("add", "4x8x32 4x8x32", False),
+        ("add", "1x8x32 1x8x32 (batch 1)", True),
+        ("max_pool2d", "3x4x16x16 kernel=3 stride=2", False),
+        ("max_pool2d", "1x4x16x16 kernel=3 stride=2 (batch 1)", True),
+        ("argmax", "Nx64 axis=-1 (N=1)", False),  # a symbolic batch is timed at 1 already
+        ("argmax", "Nx64 axis=-1 (N=32)", False),
+    ]
+    for row in rows:
+        assert row["onnxruntime_ms"] > 0 and row["speedup_vs_onnxruntime"] == pytest.approx(
+            row["onnxruntime_ms"] / row["median_ms"]
+        )
+        if torch_version() is not None:
+            assert row["torch_ms"] > 0 and row["torch_preallocated"] == (row["op"] != "max_pool2d")
+    table = invoke("bench", "--target", "x86", "--op", "max_pool2d", "--repeat", "1", "--no-batch-1")
+    assert table.exit_code == 0 and "bandwidth beside each op" in table.output and "x floor" in table.output
+    assert "(batch 1)" not in table.output and "ort ms" in table.output
+    if torch_version() is not None:
+        assert re.search(r"\d \*", table.output), "max_pool2d's torch time is marked: it allocates"
 
 
 def test_ratios_are_per_round_so_drift_cancels() -> None:
@@ -77,13 +112,13 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
     from toolchain.bench.roofline import BYTES, roofline_bytes
 
     grown = run_deploy("bench", "--target", "x86", "--op", "argmax", "--min-mb", "150", "--no-baselines",
-                       "--repeat", "1", "--json")  # fmt: skip
+                       "--repeat", "1", "--json", "--no-batch-1")  # fmt: skip
     assert grown.returncode == 0, grown.stderr
     (row,) = json.loads(grown.stdout)
     assert row["shapes"] == "512x100000 axis=-1", "256 rows times 2: 205 MB, past 150"
     assert row["mb_moved"] * 1e6 == pytest.approx(2 * ARGMAX_BYTES)
     assert row["yardstick_mb"] * 1e6 == roofline_bytes(False, 150_000_000), "the kernels stream 150 MB"
-    assert row["numpy_ms"] is None and row["torch_ms"] is None and row["speedup_vs_numpy"] is None
+    assert row["numpy_ms"] is None and row["torch_ms"] is None and row["onnxruntime_ms"] is None
     assert roofline_bytes(False, 150_000_000) >= 150_000_000 > roofline_bytes(False) == BYTES
     assert roofline_bytes(True, 150_000_000) < BYTES, "an emulator streams little whatever is asked"
 
@@ -132,7 +167,7 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
     monkeypatch.setattr(leaky, "bench", Case(((2, 8),), {"alpha": 0.1}))
     plot = tmp_path / "bench.png"
     table = invoke("bench", "--target", "x86", "--op", "add", "--op", "leaky_relu", "--repeat", "1",
-                   "--no-baselines", "--plot", str(plot))  # fmt: skip
+                   "--no-baselines", "--no-batch-1", "--plot", str(plot))  # fmt: skip
     assert table.exit_code == 1, table.output
     assert "wrong answer" in table.output and "leaky_relu" in table.output, "the table, then the error"
     last = table.output.strip().splitlines()[-1]
@@ -142,7 +177,7 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
     )
     assert plot.read_bytes()[:4] == b"\x89PNG", "the right rows are plotted"
     done = invoke("bench", "--target", "x86", "--op", "add", "--op", "leaky_relu", "--repeat", "1",
-                  "--no-baselines", "--json")  # fmt: skip
+                  "--no-baselines", "--no-batch-1", "--json")  # fmt: skip
     assert done.exit_code == 1
     wrong, right = json.loads(done.output[: done.output.rindex("\n]") + 2])  # the error line follows
     assert "build of add differs from numpy" in wrong["wrong_answer"]
@@ -211,16 +246,50 @@ def test_ratios_say_faster_or_slower(speedup, said):
     assert versus(speedup) == said
 
 
-def test_an_op_without_a_bench_case_is_warned_of_the_cache(capsys: pytest.CaptureFixture[str]):
-    """Issue #36: an op without `bench` is timed on its first case, a few KB that a cache holds;
-    deploy says so, and not for ops that declare one."""
+def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytest.CaptureFixture[str]):
+    """Issue #36: `deploy bench` printed nothing for 10-14 s on a terminal; now a line on stderr
+    names the row being built and timed (nothing where stderr is not a terminal: the other tests
+read it). An op without
+    `bench` is timed on its first case, a few KB that a cache holds: deploy says so (not of its
+    batch-1 row, in cache on purpose, and not for ops that declare one)."""
+    import pty
+    import subprocess
+    import threading
+
+    from tests.conftest import DEPLOY
+
     examples = str(Path(__file__).resolve().parent.parent / "ops" / "examples")
-    ran = run_deploy("--ops-path", examples, "bench", "--target", "x86", "--op", "hard_sigmoid",
-                     "--repeat", "1", "--no-baselines")  # fmt: skip
-    assert ran.returncode == 0, ran.stderr
-    warned = [line for line in ran.stderr.splitlines() if line.startswith("warning: ")]
-    assert len(warned) == 1 and "hard_sigmoid declares no bench case" in warned[0], ran.stderr
+    argv = [DEPLOY, "--ops-path", examples, "bench", "--target", "x86", "--op", "hard_sigmoid",
+            "--repeat", "1", "--no-baselines"]  # fmt: skip
+    terminal, stderr = pty.openpty()
+    shown = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # EIO: the other end closed
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        ran = subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=600,
+                             env={**os.environ, "TERM": "xterm", "COLUMNS": "200"})  # fmt: skip
+    finally:
+        os.close(stderr)
+        reader.join(timeout=10)
+        os.close(terminal)
+    text = shown.decode(errors="replace")
+    assert ran.returncode == 0, text
+    assert "bench: building, checking and timing hard_sigmoid 2x16x28x28" in text, text
+    warned = [line for line in text.splitlines() if "warning: " in line]
+    assert len(warned) == 1 and "hard_sigmoid declares no bench case" in warned[0], text
+    assert "(batch 1)" in ran.stdout and "bench: building" not in ran.stdout
     from ops import get_op
 
-    warn_in_cache([{"op": "add", "mb_moved": 0.1}], {"add": get_op("add")})  # add declares one
+    warn_in_cache([{"op": "add", "mb_moved": 0.1, "batch_1": False}], {"add": get_op("add")})  # it has one
     assert capsys.readouterr().err == ""

@@ -787,3 +787,39 @@ def test_an_onnx_graph_without_nodes_says_it_has_no_kernel(tmp_path: Path) -> No
     assert built.exit_code == 0, built.output
     assert "(no kernel schedule, " in built.output
     assert json.loads((out / "manifest.json").read_text())["schedule"] == "no kernel"
+
+
+def _exported_cases() -> list[Any]:
+    """(op, case) for every static case of every op that exports itself to ONNX."""
+    return [
+        pytest.param(op, case, id=f"{op.name}-{index}")
+        for op in registry.all_ops()
+        if any(m.node_attrs for m in op.onnx)
+        for index, case in enumerate(op.cases)
+        if not case.symbolic
+    ]
+
+
+@pytest.mark.parametrize(("op", "case"), _exported_cases())
+def test_an_exported_node_reads_back_and_runs_as_numpy_does(op: Any, case: Any) -> None:
+    """`node_attrs` (the onnxruntime baseline of `deploy bench`) is the inverse of the import:
+    the node's attributes read back to attributes that compute the same; and onnxruntime runs
+    the one-node model as our numpy reference does (finite inputs: see onnx_reference.py). A
+    case ONNX cannot say (a packed layout, int32 indices) exports nothing."""
+    from ops import bind
+    from toolchain.bench.onnxruntime_baseline import onnx_node, onnxruntime_call
+
+    types = [TensorType(shape, "float32") for shape in case.shapes]
+    bound = bind(op, case.attrs, types)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in types]
+    want = op.reference(bound.attrs, *inputs)
+    node = onnx_node(bound, [i.name for i in op.inputs], "y")
+    (mapping,) = op.onnx
+    if node is None:
+        assert mapping.node_attrs(bound.attrs) is None and onnxruntime_call(bound, inputs) is None
+        return
+    exported = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    read_back = bind(op, mapping.attrs(exported), types)
+    np.testing.assert_array_equal(op.reference(read_back.attrs, *inputs), want)
+    np.testing.assert_array_equal(onnxruntime_call(bound, inputs)(), want)

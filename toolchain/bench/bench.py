@@ -1,10 +1,9 @@
 """`deploy bench`: median time per op (or per model) on a device against the device's memory
-roofline, with numpy and (when installed) PyTorch on the host as baselines, all measured in the
-same run."""
+roofline, with numpy, onnxruntime and (when installed) PyTorch on the host as baselines, all
+measured in the same run."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -16,8 +15,9 @@ from base.errors import DeployError, UsageError, reason
 from devices import Device, Session
 from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
+from toolchain.bench.onnxruntime_baseline import onnxruntime_ms
 from toolchain.bench.roofline import Yardstick, read_bytes, written_bytes, yardstick
-from toolchain.bench.torch_baseline import torch_graph_ms, torch_ms
+from toolchain.bench.torch_baseline import torch_ms
 from toolchain.build.cache import Buildable, cached_build
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
@@ -34,24 +34,41 @@ class BenchOptions:
     min_bytes: int = 0
     """Bench cases grow until they move this many bytes, and the roofline streams as many."""
     baselines: bool = True
-    """Time numpy and PyTorch on the host too (at GB sizes numpy takes seconds a call)."""
+    """Time numpy, onnxruntime and PyTorch on the host too (at GB sizes numpy takes seconds a call)."""
+    single: bool = True
+    """Beside each op's bench case, a row at batch 1 (in cache: how an edge device calls it)."""
+
+
+Progress = Callable[[str, int, int], None]
+"""Told (row label, rows done, rows in all) as each row starts: `deploy bench` shows it on a terminal."""
+
+
+def _quiet(label: str, done: int, total: int) -> None:
+    """A Progress that shows nothing."""
 
 
 def bench_ops(
-    ops: list[Op], dtype: str, target: Target, device: Device, options: BenchOptions
-) -> list[dict[str, Any]]:
-    """One row per op (its bench case, in `dtype`, grown to move at least `options.min_bytes`; on
-    an emulator its first, small case): see `measure_row`. Every case is bound before the device
-    is touched, so a case that cannot grow is refused first."""
+    ops: list[Op], dtype: str, target: Target, device: Device, options: BenchOptions,
+    progress: Progress = _quiet,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows per op (its bench case, in `dtype`, grown to move at least `options.min_bytes`, then
+    that case at batch 1, `batch_1` in its row; on an emulator its first, small case): see
+    `measure_row`. Every case is bound before the device is touched, so a case that cannot grow
+    is refused first."""
     check_device(target, device)
-    cases = [sized_case(op, dtype, options.min_bytes, device.emulated) for op in ops]
+    planned = []
+    for op in ops:
+        case, bound = sized_case(op, dtype, options.min_bytes, device.emulated)
+        planned += [(bound, case.label() + at, sizes, False) for sizes, at in batches(bound.inputs)]
+        single = op.bench_case().single()
+        if options.single and not device.emulated and single != op.bench_case():
+            planned.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
     with device.open() as session, _yardstick(session, target, device, options) as stick:
         rows = []
-        for case, bound in cases:
-            torch = functools.partial(torch_ms, bound.op.name, bound.attrs)
-            for sizes, at in batches(bound.inputs):
-                label = case.label() + at
-                rows.append(measure_row(session, bound, label, target, device, stick, options, torch, sizes))
+        for index, (bound, label, sizes, in_cache) in enumerate(planned):
+            progress(f"{bound.op.name} {label}", index, len(planned))
+            row = measure_row(session, bound, label, target, device, stick, options, sizes)
+            rows.append(row | {"batch_1": in_cache})
     return rows
 
 
@@ -111,24 +128,26 @@ def batches(types: tuple[TensorType, ...]) -> list[tuple[dict[str, int], str]]:
 
 
 def bench_model(
-    graph: BoundGraph, target: Target, device: Device, options: BenchOptions
+    graph: BoundGraph, target: Target, device: Device, options: BenchOptions, progress: Progress = _quiet
 ) -> list[dict[str, Any]]:
     """One row for the model's graph as a whole (its kernels run in one call), one per size of
     BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
     with device.open() as session, _yardstick(session, target, device, options) as stick:
-        torch = functools.partial(torch_graph_ms, graph)
         rows = []
-        for sizes, at in batches(graph.inputs):
+        planned = batches(graph.inputs)
+        for index, (sizes, at) in enumerate(planned):
             label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
-            rows.append(measure_row(session, graph, label, target, device, stick, options, torch, sizes))
+            progress(f"{graph.name} {label}", index, len(planned))
+            rows.append(measure_row(session, graph, label, target, device, stick, options, sizes))
         return rows
 
 
 TIMED = ("median_ms", "max_error", "gb_per_s", "yardstick_mb", "read_gb_per_s", "write_gb_per_s",
          "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms",
-         "speedup_vs_numpy", "torch_ms", "speedup_vs_torch")  # fmt: skip
+         "speedup_vs_numpy", "onnxruntime_ms", "speedup_vs_onnxruntime", "torch_ms", "torch_preallocated",
+         "speedup_vs_torch")  # fmt: skip
 """A row's figures that only a right answer gets."""
 
 
@@ -144,15 +163,14 @@ def refuse_wrong_answers(rows: list[dict[str, Any]]) -> None:
 
 def measure_row(
     session: Session, item: Buildable, label: str, target: Target, device: Device, stick: Yardstick,
-    options: BenchOptions, torch: Callable[[list[np.ndarray], int], float | None],
-    sizes: dict[str, int] | None = None,
+    options: BenchOptions, sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
     `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs read
     once, output written once); GB/s; the median bandwidths; the floor (bytes read at the read
     bandwidth plus bytes written at the write bandwidth) and the median over rounds of the time
-    over it, and the same against the copy bandwidth alone; numpy and PyTorch
-    (`torch(inputs, repeat)`) ms on this host and our speed-up over each. An artifact whose
+    over it, and the same against the copy bandwidth alone; numpy, onnxruntime and PyTorch ms on
+    this host (`onnxruntime_ms`, `torch_ms`) and our speed-up over each. An artifact whose
     answer differs from numpy gets no time: its row says how it differs (`wrong_answer`) and its
     TIMED figures are None, so the other rows are still measured."""
     sizes = sizes or {}
@@ -175,7 +193,8 @@ def measure_row(
     beside = stick.beside(timer, options.repeat)
     median_ms, roof = beside.ms, beside.bandwidth
     numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
-    torch_time = torch(inputs, options.repeat) if options.baselines else None
+    ort = onnxruntime_ms(item, inputs, options.repeat) if options.baselines else None
+    torch = torch_ms(item, inputs, options.repeat) if options.baselines else None
     return row | {
         "wrong_answer": None,
         "median_ms": median_ms,
@@ -190,7 +209,10 @@ def measure_row(
         "roofline_ms": roof.copy_ms(moved),
         "x_roofline": beside.x_copy(moved),
         "numpy_ms": numpy,
-        "speedup_vs_numpy": numpy / median_ms if numpy is not None else None,
-        "torch_ms": torch_time,
-        "speedup_vs_torch": torch_time / median_ms if torch_time is not None else None,
+        "speedup_vs_numpy": None if numpy is None else numpy / median_ms,
+        "onnxruntime_ms": ort,
+        "speedup_vs_onnxruntime": None if ort is None else ort / median_ms,
+        "torch_ms": None if torch is None else torch.ms,
+        "torch_preallocated": None if torch is None else torch.preallocated,
+        "speedup_vs_torch": None if torch is None else torch.ms / median_ms,
     }

@@ -1,16 +1,64 @@
 """PyTorch (CPU) versions of the shipped ops, timed beside ours by `deploy bench` when torch is
-installed (`pip install torch`); ops without one show no PyTorch column."""
+installed (`pip install torch==2.13.0`, a CPU build); ops without one show no PyTorch column.
+Where PyTorch has an `out=` form the output is preallocated, as an engine calling it would;
+where it has none (max_pool2d, a graph's eager ops) every call allocates, and the row says so."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from base.threads import runtime_threads
 from ops.graph import BoundGraph, BoundNode, flow
+from ops.spec import BoundOp
 from toolchain.verify.measure import host_ms
+
+
+@dataclass(frozen=True)
+class TorchOp:
+    """An op in PyTorch: `call(attrs, *tensors)` returns a new tensor; `into(attrs, out,
+    *tensors)`, where PyTorch has an `out=` form, writes the same into `out`."""
+
+    call: Callable[..., Any]
+    into: Callable[..., Any] | None = None
+
+
+class TorchTime(NamedTuple):
+    ms: float
+    """Median milliseconds per call."""
+    preallocated: bool
+    """Whether the output was preallocated (`out=`), or allocated by every call."""
+
+
+def _leaky_relu(attrs: dict[str, Any], x: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.leaky_relu(x, attrs["alpha"])
+
+
+def _leaky_relu_into(attrs: dict[str, Any], out: Any, x: Any) -> Any:
+    import torch
+
+    return torch.ops.aten.leaky_relu.out(x, attrs["alpha"], out=out)
+
+
+def _add_into(attrs: dict[str, Any], out: Any, a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.add(a, b, out=out)
+
+
+def _argmax(attrs: dict[str, Any], x: Any) -> Any:
+    return x.argmax(dim=attrs["axis"], keepdim=attrs["keepdims"])
+
+
+def _argmax_into(attrs: dict[str, Any], out: Any, x: Any) -> Any:
+    import torch
+
+    return torch.argmax(x, dim=attrs["axis"], keepdim=attrs["keepdims"], out=out)
 
 
 def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
@@ -25,17 +73,11 @@ def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
     )
 
 
-def _leaky_relu(attrs: dict[str, Any], x: Any) -> Any:
-    import torch.nn.functional as F
-
-    return F.leaky_relu(x, attrs["alpha"])
-
-
-BASELINES: dict[str, Callable[..., Any]] = {
-    "add": lambda attrs, a, b: a + b,
-    "leaky_relu": _leaky_relu,
-    "max_pool2d": _max_pool,
-    "argmax": lambda attrs, x: x.argmax(dim=attrs["axis"], keepdim=attrs["keepdims"]),
+BASELINES: dict[str, TorchOp] = {
+    "add": TorchOp(lambda attrs, a, b: a + b, _add_into),
+    "leaky_relu": TorchOp(_leaky_relu, _leaky_relu_into),
+    "max_pool2d": TorchOp(_max_pool),
+    "argmax": TorchOp(_argmax, _argmax_into),
 }
 
 
@@ -47,18 +89,26 @@ def torch_version() -> str | None:
     return str(torch.__version__)
 
 
-def torch_ms(op: str, attrs: dict[str, Any], inputs: list[np.ndarray], repeat: int) -> float | None:
-    """Median ms of the op in PyTorch on this host's CPU with as many threads as TVM uses; None
-    without torch, without a baseline for the op, or for a dtype torch lacks."""
-    fn = BASELINES.get(op)
-    if fn is None:
+def torch_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) -> TorchTime | None:
+    """Median ms of an op in PyTorch on this host's CPU with as many threads as TVM uses, into a
+    preallocated output where PyTorch has an `out=` form; of a graph, its ops' baselines composed
+    in data-flow order (eager: one kernel per op, each allocating its output). None without
+    torch, without a baseline for an op, or for a dtype torch lacks."""
+    if isinstance(item, BoundGraph):
+        return _graph_ms(item, inputs, repeat)
+    baseline = BASELINES.get(item.op.name)
+    if baseline is None:
         return None
-    return _timed(lambda *tensors: fn(attrs, *tensors), inputs, repeat)
+    attrs, into = item.attrs, baseline.into
+    return _timed(
+        lambda *tensors: baseline.call(attrs, *tensors),
+        None if into is None else lambda out, *tensors: into(attrs, out, *tensors),
+        inputs,
+        repeat,
+    )
 
 
-def torch_graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> float | None:
-    """Median ms of the graph in PyTorch, its ops' baselines composed in data-flow order (eager:
-    one kernel per op); None when an op has none (or as `torch_ms`)."""
+def _graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> TorchTime | None:
     if any(n.bound.op.name not in BASELINES for n in graph.nodes):
         return None
 
@@ -66,15 +116,19 @@ def torch_graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> 
         values = flow(graph.nodes, dict(zip(graph.input_names, tensors, strict=True)), _baseline)
         return values[graph.graph.output]
 
-    return _timed(run, inputs, repeat)
+    return _timed(run, None, inputs, repeat)
 
 
 def _baseline(n: BoundNode, tensors: list[Any]) -> Any:
-    return BASELINES[n.bound.op.name](n.bound.attrs, *tensors)
+    return BASELINES[n.bound.op.name].call(n.bound.attrs, *tensors)
 
 
-def _timed(fn: Callable[..., Any], inputs: list[np.ndarray], repeat: int) -> float | None:
-    """Median ms of `fn(*inputs as torch tensors)`; None without torch or for a dtype it lacks."""
+def _timed(
+    call: Callable[..., Any], into: Callable[..., Any] | None, inputs: list[np.ndarray], repeat: int
+) -> TorchTime | None:
+    """Median ms of `into(out, *tensors)` with `out` allocated once (the shape and dtype of a
+    first `call(*tensors)`), or of `call(*tensors)` without `into`; None without torch or for a
+    dtype it lacks."""
     if torch_version() is None:
         return None
     import torch
@@ -83,6 +137,10 @@ def _timed(fn: Callable[..., Any], inputs: list[np.ndarray], repeat: int) -> flo
     try:
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
         with torch.no_grad():
-            return host_ms(lambda: fn(*tensors), repeat)
-    except (TypeError, RuntimeError):
+            first = call(*tensors)
+            if into is None:
+                return TorchTime(host_ms(lambda: call(*tensors), repeat), preallocated=False)
+            out = torch.empty_like(first)
+            return TorchTime(host_ms(lambda: into(out, *tensors), repeat), preallocated=True)
+    except (TypeError, RuntimeError, NotImplementedError):
         return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,14 @@ MAX_REPEAT = 1000
     "--baselines/--no-baselines",
     default=True,
     show_default=True,
-    help="Time numpy and PyTorch on this host beside the device.",
+    help="Time numpy, onnxruntime and PyTorch (when installed) on this host beside the device.",
+)
+@click.option(
+    "--batch-1/--no-batch-1",
+    "single",
+    default=True,
+    show_default=True,
+    help="Beside each op's bench case, a row of that case at batch 1 (in cache, as an edge device calls it).",
 )
 def bench_command(
     cores: int | None,
@@ -79,11 +88,13 @@ def bench_command(
     plot: str | None,
     min_mb: int | None,
     baselines: bool,
+    single: bool,
 ) -> None:
     """Median time per op (its bench case, well past the last-level cache), or of a model's graph,
     on the target's device, against its floor (bytes read at the device's read bandwidth + bytes
     written at its write bandwidth, both timed in the same rounds as the op) and its copy
-    bandwidth, numpy and (if installed) PyTorch, measured in one run."""
+    bandwidth, numpy, onnxruntime and (if installed) PyTorch, measured in one run; and each op at
+    batch 1. On a terminal, a line on stderr says which row is being built and timed."""
     from ops import all_ops, get_op
     from toolchain.bench.bench import BenchOptions, bench_model, bench_ops, refuse_wrong_answers
 
@@ -91,7 +102,7 @@ def bench_command(
         raise UsageError(f"--repeat {repeat}: expected 1 to {MAX_REPEAT}")
     if min_mb is not None and not 1 <= min_mb <= MAX_MB:
         raise UsageError(f"--min-mb {min_mb}: expected 1 to {MAX_MB}")
-    options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines)
+    options = BenchOptions(repeat=repeat, min_bytes=(min_mb or 0) * 10**6, baselines=baselines, single=single)
     if plot is not None and Path(plot).suffix.lower() != ".png":
         raise UsageError(f"--plot {plot!r}: expected a .png file path")
     if plot and not Path(plot).parent.is_dir():
@@ -112,7 +123,8 @@ def bench_command(
     target = resolve_target(target_name, tuned, cores, layout, model)
     if model is not None:
         graph = load_graph(model)
-        rows = bench_model(graph, target, where.resolve(target), options)
+        with progress_line() as progress:
+            rows = bench_model(graph, target, where.resolve(target), options, progress)
     else:
         dtype = "float32" if dtype is None else dtype
         ops = [get_op(name) for name in op_names] if op_names else all_ops()
@@ -124,7 +136,9 @@ def bench_command(
                 f"--op {', '.join(unsupported)}: does not support dtype {dtype} (see `deploy ops`)"
             )
         device = where.resolve(target)
-        rows = bench_ops([op for op in ops if op.name not in unsupported], dtype, target, device, options)
+        benched = [op for op in ops if op.name not in unsupported]
+        with progress_line() as progress:
+            rows = bench_ops(benched, dtype, target, device, options, progress)
         if not device.emulated and min_mb is None:
             warn_in_cache(rows, {op.name: op for op in ops})
     device = where.resolve(target)
@@ -146,6 +160,29 @@ def bench_command(
         raise unwritten
 
 
+@contextmanager
+def progress_line() -> Iterator[Callable[[str, int, int], None]]:
+    """A `toolchain.bench.bench.Progress` showing the row being built and timed, and how many of
+    how many, as a line on stderr that goes when the bench ends; nothing where stderr is not a
+    terminal (a log, a pipe: the table and the JSON on stdout stay as they are)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:  # rich would still end with an empty line
+        yield lambda label, done, total: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=None)
+
+        def show(label: str, done: int, total: int) -> None:
+            bar.update(task, description=f"bench: building, checking and timing {label}", completed=done,
+                       total=total)  # fmt: skip
+
+        yield show
+
+
 IN_CACHE_MB = 32.0
 """Below this many MB moved a case may be timed in a cache, not memory (a heuristic: a server's
 last-level cache holds 32 MB or more, a GPU's L2 up to 60): what an op without a `bench` case
@@ -155,9 +192,9 @@ gets, its first case."""
 def warn_in_cache(rows: list[dict[str, Any]], ops: dict[str, Any]) -> None:
     """A warning per op (of `ops`, by name) timed on its first case because it declares no
     `bench`, when that case moves less than IN_CACHE_MB: its figure is the cache's, not the
-    memory's."""
+    memory's (the batch-1 rows are in cache on purpose)."""
     for row in rows:
-        if ops[row["op"]].bench is None and row["mb_moved"] < IN_CACHE_MB:
+        if ops[row["op"]].bench is None and row["mb_moved"] < IN_CACHE_MB and not row["batch_1"]:
             warn(
                 f"{row['op']} declares no bench case: timed its first case, {row['mb_moved']:.2g} MB,"
                 " which a cache may hold; give the op `bench = Case(...)` moving more than the"
@@ -178,21 +215,26 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
         else "-"
     )
     table = Table(title=f"deploy bench --target {target} on {where}; {roof} (medians)")
-    columns = ("op", "shapes", "schedule", "ms", "MB", "GB/s", "x floor", "x copy", "numpy ms", "vs numpy",
-               "torch ms", "vs torch")  # fmt: skip
+    columns = ("op", "shapes", "schedule", "ms", "GB/s", "x floor", "numpy ms", "vs numpy", "ort ms",
+               "vs ort", "torch ms", "vs torch")  # fmt: skip
     for column in columns:
         table.add_column(column)
     for r in rows:
         if r["wrong_answer"]:
-            table.add_row(r["op"], r["shapes"], r["schedule"], "wrong answer", f"{r['mb_moved']:.1f}",
-                          *["-"] * (len(columns) - 5))  # fmt: skip
+            table.add_row(r["op"], r["shapes"], r["schedule"], "wrong answer", *["-"] * (len(columns) - 4))
             continue
         table.add_row(
-            r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['mb_moved']:.1f}",
-            f"{r['gb_per_s']:.1f}", f"{r['x_floor']:.2f}", f"{r['x_roofline']:.2f}",
-            _or_dash(r["numpy_ms"], ".3f"), versus(r["speedup_vs_numpy"]),
-            _or_dash(r["torch_ms"], ".3f"), versus(r["speedup_vs_torch"]),
+            r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['gb_per_s']:.1f}",
+            f"{r['x_floor']:.2f}", _or_dash(r["numpy_ms"], ".3f"), versus(r["speedup_vs_numpy"]),
+            _or_dash(r["onnxruntime_ms"], ".3f"), versus(r["speedup_vs_onnxruntime"]),
+            _or_dash(r["torch_ms"], ".3f") + (" *" if r["torch_preallocated"] is False else ""),
+            versus(r["speedup_vs_torch"]),
         )  # fmt: skip
+    table.caption = (
+        "Baselines on this host with as many threads: ort = onnxruntime, through IOBinding into a"
+        " preallocated output; torch into a preallocated one (out=), * where every call allocates it."
+        " --json adds MB moved and x copy (time over a copy of as many bytes)."
+    )
     wide_console(150).print(table)
 
 

@@ -33,14 +33,23 @@ class WrongAnswer(DeployError):
     """An artifact's output differs from numpy: a failed check (exit 1), never a time."""
 
 
+HOST_RUN_SECONDS = 0.02
+"""A timed run of a host function calls it enough times to last about this long."""
+
+
 def host_ms(fn: Callable[[], Any], repeat: int) -> float:
-    """Median milliseconds of `fn()` on this host over `repeat` calls, after one untimed call."""
+    """Median milliseconds per call of `fn()` on this host over `repeat` runs, after one untimed
+    call; a run averages as many calls as last about HOST_RUN_SECONDS (one of a slow `fn`), as
+    an artifact's timed run does, so a call of microseconds in cache is timed warm like ours."""
+    start = time.perf_counter()
     fn()
+    number = calls_lasting(HOST_RUN_SECONDS, time.perf_counter() - start)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - start) / number)
     return statistics.median(times) * 1e3
 
 
