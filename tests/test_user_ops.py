@@ -310,3 +310,41 @@ def test_an_error_in_an_ops_code_names_its_file_and_line(tmp_path):
     wide = {"COLUMNS": "400"}  # the failure line unwrapped
     tested = run_deploy("--ops-path", str(folder), "test", "--target", "x86", "--op", "cube", env=wide)
     assert tested.returncode == 1 and where in tested.stdout
+
+
+MYOPS = REPO / "bench" / "myops"
+"""User ops as a user writes them, no schedule of their own (bench/user_ops.py times them)."""
+
+
+@pytest.mark.parametrize(
+    ("op_name", "attrs", "shape", "loops"),
+    [
+        # rows of 28 fused into planes of 784: whole vectors, no predicated last one; a plane a task
+        ("hard_swish", {}, (1, 116, 28, 28), ["T.parallel(116)", "range(98)", "T.vectorized(8)"]),
+        # the channel order changes: planes of 49 stay planes, 6 vectors and one element each
+        ("channel_shuffle", {"groups": 2}, (1, 116, 7, 7), ["T.parallel(116)", "range(6)", "range(48, 49)"]),
+        # scale and bias are one value a plane: fused along it, not across channels
+        ("scale_bias", {}, (1, 116, 28, 28), ["T.parallel(116)", "range(98)", "T.vectorized(8)"]),
+    ],
+)
+def test_the_generic_schedule_makes_whole_vectors(op_name, attrs, shape, loops) -> None:
+    """Issue #36: an op without a schedule is fast by default at batch 1 in cache. The generic CPU
+    schedule split rows of 28 into vectors of 8 and a predicated half vector, which LLVM does not
+    vectorize; it now fuses rows until they make whole vectors, as far as the inputs are read
+    along them (bench/user_ops.py measures it against numpy and a tuned schedule)."""
+    from ops import bind, get_op, load_ops_path
+    from toolchain.build.compile import hand_schedule
+    from toolchain.build.targets import get_target
+
+    load_ops_path(MYOPS)
+    shapes = [shape, (shape[1],), (shape[1],)] if op_name == "scale_bias" else [shape]
+    bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
+    script = hand_schedule(bound, get_target("x86"))[0].script()
+    found = [loop for loop in loops if loop in script]
+    assert found == loops and "T.where" not in script, script
+
+
+def test_the_bench_user_ops_pass_on_x86() -> None:
+    """Their odd shapes (7x13, 2x12x5x7) take the scalar rest after the vectors."""
+    ran = run_deploy("--ops-path", str(MYOPS), "test", "--target", "x86", "--dtype", "float32")
+    assert ran.returncode == 0 and " 0 failed" in ran.stdout, ran.stdout + ran.stderr
