@@ -220,7 +220,6 @@ class Argmax(Op):
     cases = (
         Case(((32, 1000),)),
         Case(((2, 64, 56, 56),), {"axis": 1}),
-        Case(((1, 4999, 3, 9),), {"axis": 1}),  # few outputs: the channels split into slices
         Case(((7, 13, 5),), {"axis": 0, "keepdims": True, "out_dtype": "int32"}),
         Case(((1001,),), {"axis": 0}),
         Case(((3, 4, 1, 6, 2, 3),), {"axis": -4, "keepdims": True}),

@@ -319,6 +319,30 @@ def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessio
             pytest.fail(f"{picks}: {exc}")
 
 
+CPU_TARGETS = [t for t in all_targets() if t.default_device != "opencl"]
+
+
+@on_every_target("dtype", [("float32",), ("float16",), ("int8",)], CPU_TARGETS)
+def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_path, monkeypatch):
+    """Argmax over the channels of 1xCx3x9 has too few outputs to keep 4 cores busy: the channels
+    split into ordered slices, one a core, combined after (`sliced_argmax`), checked in every
+    structure a search may pick (tasks a core) with ties, NaN and infinities. SLICE_WORK is
+    lowered so that 251 channels split (at its value they would need 1x4999x3x9)."""
+    import schedules.cpu
+    from toolchain.build.compile import context
+
+    monkeypatch.setattr(schedules.cpu, "SLICE_WORK", 1024)
+    built_for = target.with_cores(4)
+    bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 251, 3, 9), dtype)])
+    assert schedules.cpu.argmax_slices(context(bound, built_for)) == 4
+    on = sessions.on(target)
+    for picks, compiled in every_structure(lambda picks: hand_built(bound, built_for, Picked(picks))):
+        try:
+            check(on.session, compiled, tmp_path)
+        except DeployError as exc:
+            pytest.fail(f"{picks}: {exc}")
+
+
 def hand_built(bound: BoundOp, target: Target, choices: Picked) -> tuple[Picked, Compiled]:
     """`bound` built by `target`'s strategy making its structural picks with `choices`."""
     return choices, compile_scheduled(bound, target, *hand_schedule(bound, target, choices))

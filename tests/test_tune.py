@@ -219,6 +219,8 @@ def test_an_interrupted_tune_keeps_its_records_and_continues(tmp_path: Path, how
     task = task_dir(db, "x86")
     kept = len([line for line in records(task) if line.endswith("]")])
     assert kept >= 1
+    if how == "kill":
+        return  # SIGTERM stops as Ctrl-C does: continuing is checked after that and after a SIGKILL
 
     again = run_deploy(*command[1:-4], "--trials", str(kept + 4), "--db", str(db), env=env)
     assert again.returncode == 0, again.stderr
