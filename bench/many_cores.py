@@ -258,6 +258,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode == "build":
         at_least_one(parser, "--cores", args.cores)
+        if args.directory.exists() and not args.directory.is_dir():
+            parser.error(f"{args.directory}: not a directory")
+        ours = (args.directory / "plan.json").is_file()  # a directory this script built: rebuilt in place
+        if args.directory.is_dir() and any(args.directory.iterdir()) and not ours:
+            parser.error(f"{args.directory}: not empty and not an earlier build (no plan.json); expected a"
+                         " new or empty directory")  # fmt: skip
         args.directory.mkdir(parents=True, exist_ok=True)
         build(args.directory, args.cores)
         return
