@@ -3,6 +3,11 @@
 The CLI turns them into one line on stderr and the error's exit code.
 """
 
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
 
 class DeployError(Exception):
     """A failure the user should see as one line (exit code 1)."""
@@ -26,6 +31,28 @@ def reason(exc: BaseException) -> str:
     """Why `exc` was raised, as one line safe to print: the first line of its message (which may
     quote a board, a tracker or a file) through `printable`, else the name of its type."""
     return printable(first_line(str(exc))) or type(exc).__name__
+
+
+def clipped(text: str, most: int = 48) -> str:
+    """`text` cut to its first and last characters when longer than `most`, saying how long it
+    was: a 5000-digit number or a string a YAML alias chain repeated stays a short message."""
+    if len(text) <= most:
+        return text
+    return f"{text[: most - 16]}...{text[-8:]} ({len(text)} characters)"
+
+
+SHOWN_MOST = 160
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 8, 8
+_SHORT.maxstring = _SHORT.maxlong = _SHORT.maxother = 48
+
+
+def shown(value: Any) -> str:
+    """`value`'s repr as a message quotes it, bounded however large the value is (built bounded:
+    a list a YAML alias chain made of a million long strings is never printed whole), then cut to
+    SHOWN_MOST characters."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHOWN_MOST else f"{text[: SHOWN_MOST - 20]}...{text[-16:]}"
 
 
 def printable(text: str) -> str:

@@ -33,7 +33,7 @@ def replacing(path: Path, mode: int = 0o644, through_links: bool = False) -> Ite
     shown = f"{path} (where the link {given} points)" if through_links and given.is_symlink() else str(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=".deploy-", suffix=".partial", dir=path.parent)  # any name fits
     except OSError as exc:  # a read-only store a dotfiles link points into, say
         raise DeployError(f"cannot write {shown}: {exc.strerror or reason(exc)}") from None
     temporary = Path(name)

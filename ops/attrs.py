@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from base.errors import UsageError
+from base.errors import UsageError, shown
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -23,7 +23,7 @@ _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|[+-]?(?
 
 
 def _bad(name: str, value: Any, expected: str) -> UsageError:
-    return UsageError(f"attribute {name}={value!r}: expected {expected}")
+    return UsageError(f"attribute {name}={shown(value)}: expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class Float:
             raise _bad(name, value, "a float")
         try:
             number = float(value)
-        except (TypeError, ValueError):
-            raise _bad(name, value, "a float") from None
+        except (TypeError, ValueError, OverflowError):  # an int past float's range
+            raise _bad(name, value, f"a finite float in [{self.lo}, {self.hi}]") from None
         if isinstance(value, bool) or not math.isfinite(number) or not self.lo <= number <= self.hi:
             raise _bad(name, value, f"a finite float in [{self.lo}, {self.hi}]")
         return number
@@ -81,7 +81,7 @@ class Int:
             raise _bad(name, value, expected)
         try:
             number = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # inf, nan, text past int()'s 4300 digits
             raise _bad(name, value, expected) from None
         if isinstance(value, float) and value != number:
             raise _bad(name, value, expected)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from base.errors import UsageError
+from base.errors import UsageError, clipped
 from ops.attrs import Attr, Float
 from ops.onnx_mapping import OnnxOp
 
@@ -28,7 +28,14 @@ FLOAT_DTYPES = ("float32", "float16", "float64")
 MAX_ELEMENTS = 2**31 - 1
 
 
-SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SYMBOL = re.compile(r"[A-WYZa-wyz_][A-WYZa-wyz0-9_]*")
+SYMBOL_NAMES = "a name like N or batch (letters but x, digits, _; not scalar), as --shape writes one"
+
+
+def is_symbol_name(name: str) -> bool:
+    """Whether `name` may name a symbolic dim: what `--shape` can write (x separates its dims,
+    `scalar` is rank 0), so that messages print shapes like `Nx64:float32` unambiguously."""
+    return SYMBOL.fullmatch(name) is not None and name.lower() != "scalar"
 _SYMBOLS: dict[str, Any] = {}
 _SYMBOLS_LOCK = threading.Lock()  # `deploy test` binds cases in worker threads
 
@@ -42,8 +49,8 @@ def symbol(name: str) -> Any:
     by the runtime). int32, as TVM indexes static shapes: an int64 batch makes every index int64,
     which measured 1.6x slower for argmax on x86; the whole tensor's size is checked against
     MAX_ELEMENTS when a module is called (`sizes_of`)."""
-    if not SYMBOL.fullmatch(name):
-        raise UsageError(f"symbolic dim {name!r}: expected a name like N or batch (letters, digits, _)")
+    if not is_symbol_name(name):
+        raise UsageError(f"symbolic dim {clipped(name)!r}: expected {SYMBOL_NAMES}")
     with _SYMBOLS_LOCK:
         if name not in _SYMBOLS:
             from tvm import tirx
@@ -414,7 +421,9 @@ def check_size(what: str, tensor: TensorType) -> None:
     count = tensor.elements()
     if count > MAX_ELEMENTS:
         per = " per batch item" if tensor.symbols else ""
+        shape = ", ".join(clipped(str(d)) for d in tensor.shape)
+        many = f"{count:.3g}" if count < 10**300 else f"about 1e{len(str(count)) - 1}"  # float() overflows
         raise UsageError(
-            f"{what} has shape {list(tensor.shape)}: {count:.3g} elements{per}, more than the"
+            f"{what} has shape [{shape}]: {many} elements{per}, more than the"
             f" {MAX_ELEMENTS} (2**31 - 1) one tensor may hold"
         )

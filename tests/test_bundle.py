@@ -1060,9 +1060,12 @@ def test_deploy_run_writes_its_output_as_deploy_run_o_does(x86_add: Path, tmp_pa
                             preexec_fn=lambda: os.close(1))  # fmt: skip
     assert closed.returncode == 2 and (tmp_path / "closed.npy").is_symlink(), closed.stderr
     assert (tmp_path / "lost.npy").is_symlink() and not (tmp_path / "nowhere").exists()
+    long = "o" * 250 + ".npy"  # 254 bytes: a temporary named after it would be too long (#37)
+    assert subprocess.run([*command, str(tmp_path / long)], timeout=60).returncode == 0
+    np.testing.assert_array_equal(np.load(tmp_path / long), expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["a.npy", "b.npy", "fifo", "named.txt", "link.npy", "kept.npy", "log", "new.npy", "made.npy",
-         "lost.npy", "closed.npy"]
+         "lost.npy", "closed.npy", long]
     ), "no temporary file left"  # fmt: skip
 
 

@@ -93,6 +93,25 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
         2,
         "input x of model batch is Nx4",
     ),
+    # issue #37: each was a traceback's last line and exit 1, a hang, or a model overwritten
+    (f"{MODEL} TMP/inf_kernel.yaml", 2, "node 'p' (max_pool2d): attribute kernel=inf: expected an integer"),
+    (f"{MODEL} TMP/inf_stride.json", 2, "node 'p' (max_pool2d): attribute stride=inf: expected an integer"),
+    (f"{MODEL} TMP/huge_alpha.yaml", 2, "(leaky_relu): attribute alpha=9999999999999999999999...99999"),
+    (f"{MODEL} TMP/huge_dim.yaml", 2, "(400 characters)]: about 1e399 elements, more than the 2147483647"),
+    (f"{LR} --shape {'9' * 400}", 2, "about 1e399 elements, more than the 2147483647"),
+    (f"{MODEL} TMP/long_int.yaml", 2, "long_int.yaml:1: an int of 5000 digits (9999"),
+    (f"{MODEL} TMP/scalar_batch.yaml", 2, "input 'x': shape ['scalar', 4]: expected a list of positive ints"),
+    (f"{MODEL} TMP/x_batch.yaml", 2, "input 'x': shape ['x', 4]: expected a list of positive ints"),
+    (f"{MODEL} TMP/merged.yaml", 2, "merged.yaml:1: not valid YAML: key 'shape' given by two maps it merges"),
+    (f"{MODEL} TMP/ref_attr.onnx", 2, "ONNX attribute alpha refers to a function's attribute (slope)"),
+    (
+        "run --target x86 --op leaky_relu -i TMP/fifo.npy -o out.npy",
+        2,
+        "fifo.npy' as a .npy array: not a regular",
+    ),
+    (f"run --target x86 {GOOD} -i TMP/f32_3x4.npy -o TMP/good.yaml", 2, "which this command reads"),
+    ("run --target x86 --op leaky_relu -i TMP/f32_4.npy -o TMP/f32_4.npy", 2, "which this command reads"),
+    (f"{MODEL} TMP/sparse.yaml", 2, "sparse.yaml: 1073741824 bytes, more than a graph file may hold"),
 ]
 
 MODEL_FILES = {
@@ -100,6 +119,36 @@ MODEL_FILES = {
         "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
     ),
     "model.txt": "not a model\n",
+    "inf_kernel.yaml": (
+        "inputs: {a: {shape: [1, 1, 8, 8]}}\n"
+        "nodes: [{name: p, op: max_pool2d, attrs: {kernel: .inf}, inputs: [a]}]\noutput: p\n"
+    ),
+    "inf_stride.json": (
+        '{"inputs": {"a": {"shape": [1, 1, 8, 8]}}, "output": "p",'
+        ' "nodes": [{"name": "p", "op": "max_pool2d", "attrs": {"stride": 1e999}, "inputs": ["a"]}]}'
+    ),
+    "huge_alpha.yaml": (
+        "inputs: {x: {shape: [4]}}\n"
+        f"nodes: [{{name: act, op: leaky_relu, attrs: {{alpha: {'9' * 400}}}, inputs: [x]}}]\noutput: act\n"
+    ),
+    "huge_dim.yaml": (
+        f"inputs: {{x: {{shape: [{'9' * 400}]}}}}\n"
+        "nodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
+    "long_int.yaml": (
+        f"inputs: {{x: {{shape: [2, {'9' * 5000}]}}}}\nnodes: [{{name: act, op: leaky_relu, inputs: [x]}}]\n"
+        "output: act\n"
+    ),
+    "scalar_batch.yaml": (
+        "inputs: {x: {shape: [scalar, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
+    "x_batch.yaml": (
+        "inputs: {x: {shape: [x, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
+    "merged.yaml": (
+        "inputs: {x: {<<: [{shape: [3, 4]}, {shape: [5]}]}}\n"
+        "nodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
+    ),
     "batch.yaml": (
         "inputs: {x: {shape: [N, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
     ),
@@ -565,6 +614,9 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "adir").mkdir()
     (root / "dangling").symlink_to(root / "nowhere")
     os.mkfifo(root / "fifo.yaml")
+    os.mkfifo(root / "fifo.npy")
+    (root / "sparse.yaml").touch()
+    os.truncate(root / "sparse.yaml", 2**30)  # 1 GB that takes no disk: refused before it is read
     os.mkfifo(root / "fifo.png")
     (root / "dangling.png").symlink_to(root / "nowhere.png")
     (root / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
@@ -604,6 +656,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
     for name, text in MODEL_FILES.items():
         (root / name).write_text(text)
+    (root / "ref_attr.onnx").write_bytes(ref_attr_model())
     (root / "custom.onnx").write_bytes(
         (Path(__file__).parent.parent / "examples/pool_add_leaky_hsig.onnx").read_bytes()
     )
@@ -612,6 +665,18 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for name, text in files.items():
             (root / folder / name).write_text(text)
     return root
+
+
+def ref_attr_model() -> bytes:
+    """A one-node model whose LeakyRelu's alpha refers to a function attribute (`ref_attr_name`),
+    which onnx's checker lets pass outside a function."""
+    from onnx import AttributeProto, TensorProto, helper
+
+    node = helper.make_node("LeakyRelu", ["x"], ["y"], "act")
+    node.attribute.append(AttributeProto(name="alpha", type=AttributeProto.FLOAT, ref_attr_name="slope"))
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")]
+    graph = helper.make_graph([node], "g", value[:1], value[1:])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def test_the_table_holds_150_distinct_inputs():

@@ -70,6 +70,16 @@ def test_output_symlink_is_kept_and_its_file_replaced_with_its_mode(tmp_path, x)
     assert partial_files(tmp_path) == []
 
 
+def test_an_output_name_of_254_bytes_is_written(tmp_path, x):
+    """Issue #37: the temporary beside it was named after it, 7 bytes longer: 'File name too long'
+    after the op had run."""
+    long = tmp_path / ("o" * 250 + ".npy")
+    result = invoke(*RUN, "-i", str(x), "-o", str(long))
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_allclose(np.load(long), expected_output(x))
+    assert partial_files(tmp_path) == []
+
+
 def test_output_fifo_is_written_in_place(tmp_path, x):
     """A FIFO (like /dev/stdout in a pipe) is written to, not renamed over."""
     fifo = tmp_path / "out.fifo"

@@ -373,7 +373,9 @@ void WriteNpy(const std::string& path, const Output& out, DLDataType dtype, cons
   std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   header.append(63 - (10 + header.size()) % 64, ' ');  // numpy pads to 64 bytes with the newline
   header += '\n';
-  std::string temporary = out.file + ".XXXXXX";
+  // The temporary's name is short whatever the output's: a 254-byte name plus a suffix is too long.
+  std::string::size_type slash = out.file.rfind('/');
+  std::string temporary = out.file.substr(0, slash == std::string::npos ? 0 : slash + 1) + ".deploy-run-XXXXXX";
   int fd = out.to_stdout    ? dup(1)
            : out.in_place   ? open(out.file.c_str(), O_WRONLY | O_TRUNC)
                             : mkstemp(temporary.data());

@@ -65,7 +65,10 @@ ZIP_MAGIC = b"PK\x03\x04"
 
 def load_npy(path: str) -> np.ndarray:
     """One array from a .npy file. The size its header claims is checked against the file's before
-    anything is allocated: a forged header is bad input, not a MemoryError."""
+    anything is allocated: a forged header is bad input, not a MemoryError. A FIFO or a device is
+    refused before it is opened: reading one would block until a writer came."""
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+        raise UsageError(f"cannot read input {path!r} as a .npy array: not a regular file")
     try:
         with open(path, "rb") as stream:
             if stream.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
@@ -114,6 +117,18 @@ def output_mode(path: str) -> int | None:
     return mode
 
 
+def check_not_read(output: str, reads: list[str]) -> None:
+    """`-o` may not name a file the command reads (an `-i` array, the model): the output would
+    replace it (a model overwritten with .npy bytes, exit 0)."""
+    for path in reads:
+        try:
+            same = os.path.samefile(output, path)
+        except OSError:  # one of them does not exist (yet): not the same file
+            same = False
+        if same:
+            raise UsageError(f"-o {output!r} is {path!r}, which this command reads; expected another file")
+
+
 def save_npy(path: str, array: np.ndarray) -> None:
     """Write `array` to `path` as .npy. A regular file, or the file a symlink names (the link
     stays), is replaced in one rename; a device or FIFO (`/dev/stdout`, `/dev/null`) is written in
@@ -124,7 +139,7 @@ def save_npy(path: str, array: np.ndarray) -> None:
         _write_in_place(path, array)
         return
     target = Path(os.path.realpath(path))
-    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial.npy")
+    partial = target.with_name(f".deploy-{secrets.token_hex(4)}.partial.npy")  # fits beside any name
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except OSError as exc:

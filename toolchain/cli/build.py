@@ -22,6 +22,7 @@ from toolchain.cli.options import (
     load_graph,
     op_or_model,
     resolve_target,
+    warn,
 )
 
 
@@ -193,12 +194,22 @@ def run_command(
     from ops import TensorType
     from ops.spec import sizes_of
     from toolchain.build.cache import cached_build
-    from toolchain.cli.args import load_npy, output_mode, parse_shape, save_npy, written_in_place
+    from toolchain.cli.args import (
+        check_not_read,
+        load_npy,
+        output_mode,
+        parse_shape,
+        save_npy,
+        written_in_place,
+    )
     from toolchain.verify.run import against_reference, check_device, for_device, run_artifact
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes})
     target = resolve_target(target_name, tuned, cores, layout, model)
     to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
+    check_not_read(output, [*inputs, *([model] if model is not None else [])])
+    if Path(output).suffix not in ("", ".npy"):
+        warn(f"-o {output}: writes a .npy array, whatever its suffix ({Path(output).suffix}) says")
     if shapes and len(shapes) != len(inputs):
         raise UsageError(f"--shape: give one per -i input ({len(inputs)}), got {len(shapes)}")
     declared = [parse_shape(s) for s in shapes]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from base.errors import UsageError, reason
 from base.files import read_regular
@@ -19,29 +20,49 @@ from toolchain.model.onnx_import import read_onnx
 Reader = Callable[[Path, bytes], Graph]
 """(the file's path, for messages and the default name; its bytes) -> its Graph."""
 
-READERS: dict[str, Reader] = {
-    ".onnx": read_onnx,
-    ".yaml": read_yaml,
-    ".yml": read_yaml,
-    ".json": read_json,
+
+class Format(NamedTuple):
+    """A model file format: its reader, and the most bytes a file of it may hold (checked before
+    it is read: a 1 GB sparse file took 2.5 GB of memory to be refused)."""
+
+    read: Reader
+    most_bytes: int
+    what: str
+
+
+GRAPH_FILE = Format(read_yaml, 16 * 2**20, "a graph file")
+"""A YAML graph of 100,000 nodes is about 10 MB."""
+ONNX = Format(read_onnx, 2**31 - 1, "an ONNX model")
+"""Protobuf's limit: larger models keep their weights in external data, which is not read."""
+
+READERS: dict[str, Format] = {
+    ".onnx": ONNX,
+    ".yaml": GRAPH_FILE,
+    ".yml": GRAPH_FILE,
+    ".json": GRAPH_FILE._replace(read=read_json),
 }
-"""Readers by file suffix (lower case)."""
+"""Formats by file suffix (lower case)."""
 
 
 def load_model(path: str | Path) -> Graph:
     """The Graph of the model file at `path`, chosen by its suffix; bad files are one line."""
     path = Path(path)
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
+    found = READERS.get(path.suffix.lower())
+    if found is None:
         raise UsageError(
             f"model {path}: unknown model file type {path.suffix or '(no suffix)'!r}"
             f" (known: {', '.join(READERS)})"
         )
     try:
+        size = path.stat().st_size if path.is_file() else 0
+        if size > found.most_bytes:
+            raise UsageError(
+                f"model {path}: {size} bytes, more than {found.what} may hold ({found.most_bytes} bytes)"
+            )
         data = read_regular(path)
     except OSError as exc:
         raise UsageError(f"model {path}: cannot read it: {exc.strerror or reason(exc)}") from None
-    return reader(path, data)
+    return found.read(path, data)
 
 
-__all__ = ["READERS", "Reader", "load_model"]
+__all__ = ["READERS", "Format", "Reader", "load_model"]

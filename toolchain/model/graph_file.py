@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from base.errors import UsageError, printable, reason
+from base.errors import UsageError, clipped, printable, reason, shown
 from ops.graph import Graph, Node
 from ops.registry import get_op
-from ops.spec import ALL_DTYPES, SYMBOL, TensorType, check_size
+from ops.spec import ALL_DTYPES, SYMBOL_NAMES, TensorType, check_size, is_symbol_name
 
 TOP_KEYS = ("name", "inputs", "nodes", "output")
 INPUT_KEYS = ("shape", "dtype")
@@ -77,10 +78,28 @@ class _KeysOnce(yaml.SafeLoader):
         return document
 
 
+def _merged_once(loader: _KeysOnce, merged: yaml.Node) -> None:
+    """`<<: [*a, *b]`: a key that two merged maps both give is refused. YAML takes the first
+    map's value, PyYAML the last's: the file would say one graph and build another."""
+    if not isinstance(merged, yaml.SequenceNode):
+        return
+    given: set[Any] = set()
+    for part in merged.value:
+        pairs = part.value if isinstance(part, yaml.MappingNode) else []
+        constructed = [loader.construct_object(k, deep=True) for k, _ in pairs]
+        keys = {k for k in constructed if isinstance(k, Hashable)}  # others: construct_yaml_map refuses them
+        if twice := sorted(map(str, keys & given)):
+            raise yaml.MarkedYAMLError(
+                problem=f"key {twice[0]!r} given by two maps it merges (<<)", problem_mark=part.start_mark
+            )
+        given |= keys
+
+
 def _mapping_once(loader: _KeysOnce, node: yaml.MappingNode) -> Any:
     seen: set[Any] = set()
-    for key_node, _ in node.value:
+    for key_node, value_node in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be given again
+            _merged_once(loader, value_node)
             continue
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, Hashable):  # construct_yaml_map refuses it, in its words
@@ -113,10 +132,16 @@ def _number_as_written(loader: _KeysOnce, node: yaml.ScalarNode) -> Any:
             f"{line}: number {text}: YAML 1.1 reads it as {reading}; write it in decimal without"
             " leading zeros (or quote it for a string)"
         )
+    if is_int and len(text.lstrip("+-")) > sys.get_int_max_str_digits():
+        raise _NotAsWritten(
+            f"{line}: an int of {len(text.lstrip('+-'))} digits ({clipped(text)}): at most"
+            f" {sys.get_int_max_str_digits()} are read"
+        )
     try:
         return loader.construct_yaml_int(node) if is_int else loader.construct_yaml_float(node)
     except ValueError:  # an explicit tag on another text: `!!int 1e3`
-        raise _NotAsWritten(f"{line}: {printable(text)} is not {'an int' if is_int else 'a float'}") from None
+        what = "an int" if is_int else "a float"
+        raise _NotAsWritten(f"{line}: {printable(clipped(text))} is not {what}") from None
 
 
 _KeysOnce.add_constructor("tag:yaml.org,2002:int", _number_as_written)
@@ -186,7 +211,7 @@ def graph_from_document(document: Any, default_name: str) -> Graph:
     top = _mapping("the file", document, TOP_KEYS, "a mapping")
     name = top.get("name", default_name)
     if not isinstance(name, str) or not name or not name.isprintable():
-        raise UsageError(f"name {name!r}: expected a non-empty string of printable characters")
+        raise UsageError(f"name {shown(name)}: expected a non-empty string of printable characters")
     inputs = _inputs(_required("the file", top, "inputs", "a mapping of input names to {shape, dtype}"))
     nodes = _nodes(_required("the file", top, "nodes", "a list of nodes"))
     return Graph(name, inputs, nodes, _output(_required("the file", top, "output", "the tensor it returns")))
@@ -210,12 +235,12 @@ def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
     if isinstance(value, str):
-        return f"a string {value!r}"
+        return f"a string {shown(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
         return "a mapping"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {shown(value)}"
 
 
 def _inputs(value: Any) -> tuple[tuple[str, TensorType], ...]:
@@ -229,18 +254,18 @@ def _inputs(value: Any) -> tuple[tuple[str, TensorType], ...]:
 
 def _input(name: Any, spec: Any) -> tuple[str, TensorType]:
     if not isinstance(name, str) or not name:
-        raise UsageError(f"inputs: input name {name!r}: expected a non-empty string")
-    where = f"input {name!r}"
+        raise UsageError(f"inputs: input name {shown(name)}: expected a non-empty string")
+    where = f"input {shown(name)}"
     fields = _mapping(where, spec, INPUT_KEYS, "a mapping")
     shape = _required(where, fields, "shape", "a list of positive ints")
     if not isinstance(shape, list) or any(not _dim(d, first=axis == 0) for axis, d in enumerate(shape)):
         raise UsageError(
-            f"{where}: shape {shape!r}: expected a list of positive ints, the first of them may be a"
-            " symbolic batch like N ([] for a scalar)"
+            f"{where}: shape {shown(shape)}: expected a list of positive ints ([] for a scalar),"
+            f" the first of them may be a symbolic batch: {SYMBOL_NAMES}"
         )
     dtype = fields.get("dtype", DEFAULT_DTYPE)
     if dtype not in ALL_DTYPES:
-        raise UsageError(f"{where}: dtype {dtype!r}: expected one of {', '.join(ALL_DTYPES)}")
+        raise UsageError(f"{where}: dtype {shown(dtype)}: expected one of {', '.join(ALL_DTYPES)}")
     result = TensorType(tuple(shape), dtype)
     check_size(where, result)
     return name, result
@@ -249,7 +274,7 @@ def _input(name: Any, spec: Any) -> tuple[str, TensorType]:
 def _dim(value: Any, first: bool) -> bool:
     """A size, or (the first dim) a symbolic batch's name."""
     if isinstance(value, str):
-        return first and SYMBOL.fullmatch(value) is not None
+        return first and is_symbol_name(value)
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
@@ -263,24 +288,26 @@ def _nodes(value: Any) -> tuple[Node, ...]:
 
 def _node(index: int, item: Any) -> Node:
     name = item.get("name") if isinstance(item, dict) else None
-    where = f"node {name!r}" if isinstance(name, str) and name else f"nodes[{index}]"
+    where = f"node {shown(name)}" if isinstance(name, str) and name else f"nodes[{index}]"
     fields = _mapping(where, item, NODE_KEYS, "a mapping")
     if not isinstance(name, str) or not name:
-        raise UsageError(f"{where}: name {name!r}: expected a non-empty string (it names the node's output)")
+        raise UsageError(
+            f"{where}: name {shown(name)}: expected a non-empty string (it names the node's output)"
+        )
     op_name = _required(where, fields, "op", "the name of a registered op")
     if not isinstance(op_name, str):
-        raise UsageError(f"{where}: op {op_name!r}: expected the name of a registered op")
+        raise UsageError(f"{where}: op {shown(op_name)}: expected the name of a registered op")
     try:
         op = get_op(op_name)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from None
     attrs = fields.get("attrs", {})
     if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
-        raise UsageError(f"{where}: attrs {attrs!r}: expected a mapping of attribute names to values")
+        raise UsageError(f"{where}: attrs {shown(attrs)}: expected a mapping of attribute names to values")
     expected = "a list of tensor names (graph inputs or nodes)"
     inputs = _required(where, fields, "inputs", expected)
     if not isinstance(inputs, list) or not all(isinstance(t, str) and t for t in inputs):
-        raise UsageError(f"{where}: inputs {inputs!r}: expected {expected}")
+        raise UsageError(f"{where}: inputs {shown(inputs)}: expected {expected}")
     return Node(name, op, attrs, tuple(inputs), output=name)
 
 
@@ -294,7 +321,7 @@ def _output(value: Any) -> str:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if isinstance(value, list):
-        raise UsageError(f"output {value!r}: a graph has exactly one output")
+        raise UsageError(f"output {shown(value)}: a graph has exactly one output")
     if not isinstance(value, str) or not value:
-        raise UsageError(f"output {value!r}: expected the name of the tensor the graph returns")
+        raise UsageError(f"output {shown(value)}: expected the name of the tensor the graph returns")
     return value

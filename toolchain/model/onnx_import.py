@@ -16,11 +16,11 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper
 
-from base.errors import UsageError, printable, reason
+from base.errors import UsageError, clipped, printable, reason
 from ops.graph import Graph, Node, bind_graph
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
 from ops.registry import op_for_onnx
-from ops.spec import ALL_DTYPES, SYMBOL, Op, TensorType, check_size
+from ops.spec import ALL_DTYPES, SYMBOL_NAMES, Op, TensorType, check_size, is_symbol_name
 
 DTYPES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
@@ -45,23 +45,31 @@ ATTRIBUTE_TYPES = (
 
 
 def read_onnx(path: Path, data: bytes) -> Graph:
-    """The Graph of the ONNX model in `data` (the bytes of `path`), checked by onnx's checker."""
+    """The Graph of the ONNX model in `data` (the bytes of `path`), checked by onnx's checker with
+    its shape inference: a model onnxruntime would refuse is not built."""
     try:
         model = onnx.load_model_from_string(data)
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
-    try:
-        onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, ValueError) as exc:
-        said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
-        raise UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}") from None
+    _check(path, model, full=False)
     check_opset(path, model)
     try:
         graph = graph_from_onnx(model.graph, default_name=path.stem)
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
+    _check(path, model, full=True)  # after ours, whose messages say more where both would refuse
     return graph
+
+
+def _check(path: Path, model: onnx.ModelProto, full: bool) -> None:
+    """onnx's checker; `full`: ONNX's type constraints and shape inference too (MaxPool on int32,
+    dilations of 3 values for a 2-D pool, a value_info its node contradicts)."""
+    try:
+        onnx.checker.check_model(model, full_check=full)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as exc:
+        said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
+        raise UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}") from None
 
 
 MIN_OPSET = 7
@@ -152,11 +160,9 @@ def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int
                 f"input {name!r} dim {axis} is symbolic ({dim.dim_param!r}): only the first dim (the"
                 " batch) may be symbolic"
             )
-        if not SYMBOL.fullmatch(dim.dim_param):
-            raise UsageError(
-                f"input {name!r} dim 0 is symbolic ({dim.dim_param!r}): expected a name like N or"
-                " batch (letters, digits, _)"
-            )
+        if not is_symbol_name(dim.dim_param):
+            shown = clipped(dim.dim_param)
+            raise UsageError(f"input {name!r} dim 0 is symbolic ({shown!r}): expected {SYMBOL_NAMES}")
         return dim.dim_param
     if not dim.HasField("dim_value") or dim.dim_value < 1:
         size = dim.dim_value if dim.HasField("dim_value") else "unknown"
@@ -228,6 +234,11 @@ def _attribute(attribute: onnx.AttributeProto) -> Any:
         raise UsageError(
             f"ONNX attribute {printable(attribute.name)} is a {kind}: only ints, floats, strings and lists of"
             " them are supported"
+        )
+    if attribute.ref_attr_name:  # onnx's checker lets it pass outside a function; it has no value
+        raise UsageError(
+            f"ONNX attribute {printable(attribute.name)} refers to a function's attribute"
+            f" ({clipped(printable(attribute.ref_attr_name))}): only attributes with values are read"
         )
     value = helper.get_attribute_value(attribute)
     if isinstance(value, bytes):
