@@ -264,3 +264,47 @@ def test_a_zipped_helper_is_not_read_as_a_file(
     load_ops_path(tmp_path / "ops")
     module = type(find_op("zipped")).__module__
     assert {Path(f).name for f in fingerprint.imported_sources(module)} == {"zipped.py"}
+
+
+OFFSET_OP = textwrap.dedent(
+    """
+    from pathlib import Path
+    from tvm import te
+    from ops import Case, Input, Op, register
+
+    OFFSET = float((Path(__file__).parent / "offset.txt").read_text())
+
+    @register
+    class Offset(Op):
+        \"\"\"x plus a number read from a data file beside the op.\"\"\"
+        name = "offset"
+        inputs = (Input("x"),)
+        dtypes = ("float32",)
+        cases = (Case(((4,),)),)
+
+        def infer(self, attrs, inputs):
+            return inputs[0]
+
+        def compute(self, attrs, out, x):
+            return te.compute(out.shape, lambda i: x[i] + OFFSET, name="out")
+
+        def reference(self, attrs, x):
+            return x + OFFSET
+    """
+)
+
+
+def test_a_user_op_reading_a_data_file_is_rebuilt_when_the_file_changes(tmp_path: Path):
+    """Issue #37: the key hashed the op's source, not the data file it reads: after offset.txt
+    changed, `deploy run` answered from the cached module (exit 0). A user op's computation (its
+    TIR) is in the key now."""
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    (folder / "offset.py").write_text(OFFSET_OP)
+    np.save(tmp_path / "x.npy", np.zeros(4, dtype="float32"))
+    for offset in (1, 5):
+        (folder / "offset.txt").write_text(f"{offset}\n")
+        ran = run_deploy("--ops-path", str(folder), "run", "--op", "offset", "--target", "x86",
+                         "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"))  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert np.load(tmp_path / "y.npy").tolist() == [offset] * 4

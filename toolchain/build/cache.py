@@ -17,9 +17,9 @@ from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
 from schedules.registry import strategy_modules
-from toolchain.build.compile import LaidOut, compile_graph, compile_op, lay_out
+from toolchain.build.compile import LaidOut, compile_graph, compile_op, lay_out, prim_module
 from toolchain.build.export import export, tvm_version
-from toolchain.build.fingerprint import code_fingerprint
+from toolchain.build.fingerprint import DEPLOY_PACKAGES, code_fingerprint
 from toolchain.build.manifest import Manifest, artifact_lock
 from toolchain.build.targets import Target
 
@@ -45,9 +45,24 @@ def _tuned(item: Buildable, target: Target, laid: LaidOut | None) -> Any:
     return target.tuned.verdict(item, target)
 
 
+def user_computations(item: Buildable, target: Target) -> list[str]:
+    """A hash of the computation (its TIR) of each node of `item` whose op is a user's (its file
+    outside deploy's packages): what a user op computes may hang on more than its source, on a
+    data file it reads or a module it loads with importlib, and an edited one gave the cached
+    module's stale answer (#37). Deploy's own ops are keyed by their source alone: computing a
+    TIR costs milliseconds a build, and the matrix asks thousands of times."""
+    bounds = [item] if isinstance(item, BoundOp) else [n.bound for n in item.nodes]
+    return [
+        hashlib.sha256(prim_module(bound, target).script().encode()).hexdigest()[:24]
+        for bound in bounds
+        if not any(type(op).__module__.partition(".")[0] in DEPLOY_PACKAGES for op in bound.ops())
+    ]
+
+
 def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> str:
     """The cache key of (an op or a graph, target): the item, the target's settings (its records
-    as the verdicts they give, `_tuned`: not the records object), the TVM and code versions."""
+    as the verdicts they give, `_tuned`: not the records object), the TVM and code versions, and
+    what user ops compute (`user_computations`)."""
     settings = dataclasses.asdict(dataclasses.replace(target, tuned=None))
     key = {
         **item.key(),
@@ -55,6 +70,7 @@ def build_key(item: Buildable, target: Target, laid: LaidOut | None = None) -> s
         "tvm": tvm_version(),
         "code": code_fingerprint({type(op).__module__ for op in item.ops()} | strategy_modules()),
         "tuned": _tuned(item, target, laid),
+        "user": user_computations(item, target),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
