@@ -322,11 +322,12 @@ def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessio
 CPU_TARGETS = [t for t in all_targets() if t.default_device != "opencl"]
 
 
-@on_every_target("dtype", [("float32",), ("float16",), ("int8",)], CPU_TARGETS)
+@on_every_target("dtype", [("float32",), ("int8",)], CPU_TARGETS)
 def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_path, monkeypatch):
     """Argmax over the channels of 1xCx3x9 has too few outputs to keep 4 cores busy: the channels
     split into ordered slices, one a core, combined after (`sliced_argmax`), checked in every
-    structure a search may pick (tasks a core) with ties, NaN and infinities. SLICE_WORK is
+    structure a search may pick (tasks a core) with ties, NaN and infinities, in a dtype of 4 and
+    one of 1 byte (arm-fp16 builds those as arm does). SLICE_WORK is
     lowered so that 251 channels split (at its value they would need 1x4999x3x9)."""
     import schedules.cpu
     from toolchain.build.compile import context
