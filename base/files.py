@@ -110,13 +110,20 @@ def name_part(name: str, limit: int = 64) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:limit].lstrip(".") or "_"
 
 
-def read_regular(path: Path) -> bytes:
-    """The bytes of the file `path`; an OSError when it cannot be read or is no regular file (a
-    FIFO or a device would block the reader forever: files deploy reads may be anything)."""
+def check_regular(path: Path) -> None:
+    """An OSError when `path` is a directory or another file than a regular one (a FIFO or a
+    device would block its reader forever: files deploy reads may be anything); nothing for a
+    regular file or a path that names nothing (opening it says so)."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if path.exists() and not path.is_file():
         raise OSError("not a regular file")
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the file `path`; an OSError when it cannot be read or is no regular file
+    (`check_regular`)."""
+    check_regular(path)
     return path.read_bytes()
 
 

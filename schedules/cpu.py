@@ -97,7 +97,7 @@ def vectorize_parallelize(sch: Any, block: Any, lanes: int, cores: int, choices:
     if lanes > 1 and size is not None and size > 1:
         outer, inner = sch.split(inner, factors=[None, lanes])
         sch.vectorize(inner)
-        if loops[:-1] and math.prod(size or cores for size in sizes[:-1]) >= cores:
+        if loops[:-1] and math.prod(outside or cores for outside in sizes[:-1]) >= cores:
             parallel_outer(sch, loops[:-1], work)  # whole rows a task: their addresses once a row
             outer, step = choices.split(sch, outer, 1, VECTORS_PER_STEP)
             if step is not None:

@@ -36,10 +36,6 @@ Step = tuple[BoundOp, Sequence[str], str]
 """A node to export: its bound op, the names of the tensors it reads, the name it writes."""
 
 
-def onnxruntime_version() -> str | None:
-    return None if onnxruntime is None else str(onnxruntime.__version__)
-
-
 def onnx_node(bound: BoundOp, inputs: Sequence[str], output: str) -> onnx.NodeProto | None:
     """The ONNX node of a bound op, or None where it has none: no standard-domain mapping with
     `node_attrs` (a custom domain has no onnxruntime kernel), or attributes ONNX cannot say."""

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.lib.format as npy_format
 
 from base.errors import DeployError, UsageError, reason
+from base.files import check_regular
 
 _DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-WYZa-wyz_][A-WYZa-wyz0-9_]*(?:[xX][0-9]+)+")
 """Sizes, or a symbolic batch's name first and at least one size after it (a lone name is more
@@ -67,9 +68,8 @@ def load_npy(path: str) -> np.ndarray:
     """One array from a .npy file. The size its header claims is checked against the file's before
     anything is allocated: a forged header is bad input, not a MemoryError. A FIFO or a device is
     refused before it is opened: reading one would block until a writer came."""
-    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
-        raise UsageError(f"cannot read input {path!r} as a .npy array: not a regular file")
     try:
+        check_regular(Path(path))
         with open(path, "rb") as stream:
             if stream.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
                 raise UsageError(f"input {path!r} holds several arrays (.npz); expected one .npy array")

@@ -51,25 +51,29 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         model = onnx.load_model_from_string(data)
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
-    _check(path, model, full=False)
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise _invalid(path, exc) from None
     check_opset(path, model)
     try:
         graph = graph_from_onnx(model.graph, default_name=path.stem)
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
-    _check(path, model, full=True)  # after ours, whose messages say more where both would refuse
+    try:  # what the checker's full check adds, after ours, whose messages say more where both refuse:
+        # ONNX's type constraints and shape inference (MaxPool on int32, 3 dilations on a 2-D
+        # pool, a value_info its node contradicts)
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        raise _invalid(path, exc) from None
     return graph
 
 
-def _check(path: Path, model: onnx.ModelProto, full: bool) -> None:
-    """onnx's checker; `full`: ONNX's type constraints and shape inference too (MaxPool on int32,
-    dilations of 3 values for a 2-D pool, a value_info its node contradicts)."""
-    try:
-        onnx.checker.check_model(model, full_check=full)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as exc:
-        said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
-        raise UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}") from None
+def _invalid(path: Path, exc: Exception) -> UsageError:
+    """What onnx's checker or shape inference found, as one line."""
+    said = " ".join(str(exc).split())  # the checker spreads one finding over lines (the node)
+    return UsageError(f"model {path}: not a valid ONNX model: {printable(said[:300])}")
 
 
 MIN_OPSET = 7
@@ -161,8 +165,8 @@ def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int
                 " batch) may be symbolic"
             )
         if not is_symbol_name(dim.dim_param):
-            shown = clipped(dim.dim_param)
-            raise UsageError(f"input {name!r} dim 0 is symbolic ({shown!r}): expected {SYMBOL_NAMES}")
+            param = clipped(dim.dim_param)
+            raise UsageError(f"input {name!r} dim 0 is symbolic ({param!r}): expected {SYMBOL_NAMES}")
         return dim.dim_param
     if not dim.HasField("dim_value") or dim.dim_value < 1:
         size = dim.dim_value if dim.HasField("dim_value") else "unknown"
