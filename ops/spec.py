@@ -36,6 +36,8 @@ def is_symbol_name(name: str) -> bool:
     """Whether `name` may name a symbolic dim: what `--shape` can write (x separates its dims,
     `scalar` is rank 0), so that messages print shapes like `Nx64:float32` unambiguously."""
     return SYMBOL.fullmatch(name) is not None and name.lower() != "scalar"
+
+
 _SYMBOLS: dict[str, Any] = {}
 _SYMBOLS_LOCK = threading.Lock()  # `deploy test` binds cases in worker threads
 

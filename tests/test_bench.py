@@ -46,6 +46,7 @@ def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert not (Path(os.environ["DEPLOY_CACHE_DIR"]) / "roofline.json").exists(), "nothing cached to go stale"
 
+
 def test_each_op_is_timed_at_batch_1_beside_onnxruntime_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue #36: a row at batch 1 (in cache, as an edge device calls an op) after each bench
     case, and baselines that do not allocate in the timed call: onnxruntime through IOBinding,
@@ -249,9 +250,8 @@ def test_ratios_say_faster_or_slower(speedup, said):
 def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytest.CaptureFixture[str]):
     """Issue #36: `deploy bench` printed nothing for 10-14 s on a terminal; now a line on stderr
     names the row being built and timed (nothing where stderr is not a terminal: the other tests
-read it). An op without
-    `bench` is timed on its first case, a few KB that a cache holds: deploy says so (not of its
-    batch-1 row, in cache on purpose, and not for ops that declare one)."""
+    read it). An op without `bench` is timed on its first case, a few KB that a cache holds: deploy
+    says so (not of its batch-1 row, in cache on purpose, and not for ops that declare one)."""
     import pty
     import subprocess
     import threading

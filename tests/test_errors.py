@@ -161,9 +161,11 @@ import toolchain.build.shared_object as shared_object
 from toolchain.cli.main import main
 
 rewrite = shared_object._stride2_to_shuffle
+sent = []
 
 def stopped_here(load, analyzer):  # TVM calls it from a TIR pass of ours: the signal comes in there
-    os.kill(os.getpid(), int(sys.argv[1]))
+    if not sent:  # once: the pass goes on after the stop, on a thread the command abandons
+        sent.append(os.kill(os.getpid(), int(sys.argv[1])))
     return rewrite(load, analyzer)
 
 shared_object._stride2_to_shuffle = stopped_here
@@ -188,6 +190,60 @@ def test_a_signal_inside_a_tvm_pass_stops_the_command_as_that_signal(sig, comman
     done = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True)
     assert (done.returncode, done.stderr.strip()) == (128 + sig, f"error: stopped by {sig.name}")
     assert list(tmp_path.iterdir()) == [], "nothing is written"
+
+
+ANNOUNCED_COMPILE = """
+import sys
+import toolchain.build.shared_object as shared_object
+from toolchain.cli.main import main
+
+compile_cpu = shared_object.compile_cpu
+
+def announced(mod, target):
+    print("compiling", file=sys.stderr, flush=True)
+    return compile_cpu(mod, target)
+
+shared_object.compile_cpu = announced
+main(sys.argv[1:])
+"""
+
+
+def _chain_model(path: Path, nodes: int) -> None:
+    """An ONNX chain of `nodes` alternating Add and LeakyRelu on [1, 8, 16, 16]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    made, last = [], "a"
+    for i in range(nodes):
+        ins, kind, attrs = ([last, "b"], "Add", {}) if i % 2 == 0 else ([last], "LeakyRelu", {"alpha": 0.1})
+        made.append(helper.make_node(kind, ins, [f"t{i}"], f"n{i}", **attrs))
+        last = f"t{i}"
+    shaped = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 16, 16]) for n in ("a", "b", last)]
+    graph = helper.make_graph(made, "chain", shaped[:2], shaped[2:])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_signal_during_a_long_compile_stops_the_build_at_once(tmp_path):
+    """A 600-node graph's TIR pipeline is one call into TVM of about 10 s (a 2,000-node one's 37 s),
+    and a signal's handler runs only when Python gets control back: SIGTERM waited for it."""
+    import time
+
+    model = tmp_path / "chain.onnx"
+    _chain_model(model, 600)
+    command = [sys.executable, "-c", ANNOUNCED_COMPILE, "build", "--model", str(model), "--target", "x86"]
+    build = subprocess.Popen(
+        command, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    assert build.stderr is not None
+    assert build.stderr.readline() == "compiling\n"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    build.send_signal(signal.SIGTERM)
+    said = build.stderr.read()
+    took = time.monotonic() - sent
+    assert (build.wait(), said.strip()) == (128 + signal.SIGTERM, "error: stopped by SIGTERM")
+    assert took < 3, f"stopped {took:.1f} s after SIGTERM"
+    assert list(tmp_path.iterdir()) == [model], "nothing is written"
 
 
 def test_a_paths_undecodable_bytes_print_as_they_were_read():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from base.errors import UsageError
+from base.stopping import interruptible
 from ops.graph import BoundGraph, bind_graph
 from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
@@ -173,7 +174,8 @@ def compile_scheduled(
 ) -> Compiled:
     """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
     stored = (*bound.inputs, bound.output)
-    return Compiled(bound, target, target.artifact.compile(mod, target, stored), name, record)
+    executable = interruptible(lambda: target.artifact.compile(mod, target, stored))
+    return Compiled(bound, target, executable, name, record)
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,6 @@ def compile_graph(graph: BoundGraph, target: Target, laid: LaidOut | None = None
     check_symbolic(graph.inputs, target)
     laid = laid or lay_out(graph, target)
     scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
-    executable = target.artifact.compile_graph(laid.graph, scheduled, target)
+    executable = interruptible(lambda: target.artifact.compile_graph(laid.graph, scheduled, target))
     plan = target.artifact.graph_plan(laid.graph, scheduled)
     return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name, plan)

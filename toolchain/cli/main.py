@@ -21,7 +21,7 @@ import click
 
 from base.errors import DeployError, first_line
 from base.paths import check_places
-from base.stopping import Stopped, exit_code, stopped_by, stopping_like_ctrl_c
+from base.stopping import Stopped, abandoned, exit_code, stopped_by, stopping_like_ctrl_c
 from base.threads import check_thread_env
 from ops import failure_line
 from toolchain.cli.bench import bench_command
@@ -129,7 +129,14 @@ class DeployGroup(click.Group):
         for stream in (sys.stdout, sys.stderr):
             if isinstance(stream, io.TextIOWrapper):
                 stream.reconfigure(errors=UNENCODABLE)
-        return super().main(*args, **kwargs)
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            if abandoned():  # a stopped compile still runs: end now, under it (`interruptible`)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(exc.code if isinstance(exc.code, int) else 1)
+            raise
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
