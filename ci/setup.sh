@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(python3 python3-venv python3-dev gcc g++
     gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user openssh-server openssh-client
+    gcc-arm-linux-gnueabihf g++-arm-linux-gnueabihf binutils-arm-linux-gnueabihf
+    gcc-riscv64-linux-gnu g++-riscv64-linux-gnu binutils-riscv64-linux-gnu
     pocl-opencl-icd ocl-icd-opencl-dev)
 
 missing=()

@@ -28,7 +28,7 @@ from base.files import sha256_file
 from devices.boards import Board
 from devices.elf import Version, elf_machine, provided_versions, required_versions, version_text
 from devices.native import RUNTIME_FILES, native_runtime
-from devices.platforms import Platform, get_platform
+from devices.platforms import Platform, tvm_runtime_platform
 from devices.ssh import BoardShell, ssh_connect
 
 MACHINE_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
@@ -179,7 +179,7 @@ def _stale(runtime: Path, on_board: dict[str, str]) -> list[str]:
 def check_board(board: Board, say: Callable[[str], None], accept_new_host_key: bool = False) -> bool:
     """Report what the board has against what the runtime needs (refusing a board that cannot
     run it); whether our runtime is installed there and matches this host's."""
-    platform = get_platform(board.arch)
+    platform = tvm_runtime_platform(board.arch)
     client = ssh_connect(board, accept_new_host_key)
     try:
         shell = BoardShell(board, client)
@@ -202,7 +202,7 @@ def check_board(board: Board, say: Callable[[str], None], accept_new_host_key: b
 
 def setup_board(board: Board, say: Callable[[str], None]) -> None:
     """Push the runtime unless the board already has this host's (sha256 on the board)."""
-    platform = get_platform(board.arch)
+    platform = tvm_runtime_platform(board.arch)
     client = ssh_connect(board)
     try:
         shell = BoardShell(board, client)

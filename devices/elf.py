@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from base.errors import UsageError
 
-MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
+MACHINES = {3: "i386", 40: "armv7l", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
 SHT_GNU_VERDEF = 0x6FFFFFFD
 SHT_GNU_VERNEED = 0x6FFFFFFE
 VERSION = re.compile(r"^(GLIBC|GLIBCXX)_(\d+(?:\.\d+)*)$")

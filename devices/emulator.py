@@ -24,7 +24,7 @@ from base.errors import DeployError
 from base.paths import emulator_dir
 from base.threads import THREADS_ENV, runtime_threads
 from devices.native import SERVER, native_runtime
-from devices.platforms import Platform, get_platform
+from devices.platforms import Platform, tvm_runtime_platform
 from devices.registry import register_device
 from devices.rpc import EndpointDevice, RpcEndpoint, RpcSession, connect
 from devices.server_process import Server, ServerState, accepts, free_port, new_key_file, spawn
@@ -38,7 +38,7 @@ class Emulator:
 
     def __init__(self, base: Path | None = None, arch: str = "aarch64") -> None:
         self.base = base or emulator_dir()
-        self.platform: Platform = get_platform(arch)
+        self.platform: Platform = tvm_runtime_platform(arch)
         self.state = ServerState(self.base / "server.json")
 
     def provision(self) -> Path:

@@ -138,6 +138,7 @@ class OpenClSession:
     """Runs launch plans on one OpenCL device; programs are built once per artifact."""
 
     arch = "opencl"
+    bundles = False
 
     def __init__(self, device: Any, label: str) -> None:
         cl = _cl()

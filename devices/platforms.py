@@ -1,8 +1,9 @@
 """Device platforms as data: what deploy needs to build native code for an architecture and to
 emulate it on this host.
 
-Adding an architecture is one entry here once TVM publishes runtime wheels for it (armv7 and
-riscv64 have none on PyPI yet).
+Adding an architecture is one entry here. One without TVM runtime wheels (armv7l and riscv64:
+none on PyPI) runs deploy's C bundles only, through their runner (`devices/runner.py`), never
+TVM's RPC server.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class Platform:
     (Debian's cross libc and libstdc++: no sysroot to provision)."""
     qemu_package: str = "qemu-user"
     qemu_prefix: str | None = None
+    qemu_args: tuple[str, ...] = ()
+    """What qemu needs to run the code a target builds (`-cpu rv64,v=true`: RVV 1.0)."""
+
+    @property
+    def tvm_runtime(self) -> bool:
+        """TVM publishes runtime wheels for it: its devices can run TVM's RPC server."""
+        return bool(self.wheel_tags)
 
     def tool(self, name: str) -> str:
         """The GNU tool `name` ("gcc", "nm", ...) that works on this architecture's code."""
@@ -47,32 +55,42 @@ class Platform:
             return []
         if self.qemu is None or self.qemu_prefix is None:
             raise UsageError(f"no emulator for {self.arch} on this {platform.machine()} host")
-        return [self.qemu, "-L", self.qemu_prefix]
+        return [self.qemu, *self.qemu_args, "-L", self.qemu_prefix]
 
 
-def debian_linux(arch: str, gxx_package: str, gcc_package: str, binutils_package: str) -> Platform:
-    """A Linux architecture as Debian names its tools: `ARCH-linux-gnu-g++`, `qemu-ARCH`, the cross
-    libc in `/usr/ARCH-linux-gnu`, and TVM's manylinux wheel tags for it."""
+def debian_linux(
+    arch: str, triple: str, qemu: str, wheels: bool = True, qemu_args: tuple[str, ...] = ()
+) -> Platform:
+    """A Linux architecture as Debian names its tools: `TRIPLE-g++` in `g++-TRIPLE` (the host's
+    own `g++` for the host), `qemu-ARCH`, the cross libc in `/usr/TRIPLE`, and TVM's manylinux
+    wheel tags for it where TVM publishes wheels."""
+    host = arch == "x86_64"
+    tags = ("manylinux_2_28", "manylinux2014", "manylinux_2_17") if wheels else ()
     return Platform(
         arch=arch,
-        wheel_tags=tuple(f"{tag}_{arch}" for tag in ("manylinux_2_28", "manylinux2014", "manylinux_2_17")),
-        gxx=f"{arch}-linux-gnu-g++",
-        gxx_package=gxx_package,
-        triple=f"{arch}-linux-gnu",
-        gcc_package=gcc_package,
-        binutils_package=binutils_package,
-        qemu=f"qemu-{arch}",
-        qemu_prefix=f"/usr/{arch}-linux-gnu",
+        wheel_tags=tuple(f"{tag}_{arch}" for tag in tags),
+        gxx=f"{triple}-g++",
+        gxx_package="g++" if host else f"g++-{triple}",
+        triple=triple,
+        gcc_package="gcc" if host else f"gcc-{triple}",
+        binutils_package="binutils" if host else f"binutils-{triple}",
+        qemu=f"qemu-{qemu}",
+        qemu_prefix=f"/usr/{triple}",
+        qemu_args=qemu_args,
     )
 
+
+RVV_CPU = ("-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0")
+"""qemu's riscv64 CPU with RVV 1.0 (its default has no V: vector code is SIGILL) at VLEN 128,
+the narrowest boards' (SpacemiT K1 has 256, Kendryte K230 128)."""
 
 _PLATFORMS = {
     p.arch: p
     for p in (
-        debian_linux(
-            "aarch64", "g++-aarch64-linux-gnu", "gcc-aarch64-linux-gnu", "binutils-aarch64-linux-gnu"
-        ),
-        debian_linux("x86_64", "g++", "gcc", "binutils"),
+        debian_linux("aarch64", "aarch64-linux-gnu", "aarch64"),
+        debian_linux("x86_64", "x86_64-linux-gnu", "x86_64"),
+        debian_linux("armv7l", "arm-linux-gnueabihf", "arm", wheels=False),
+        debian_linux("riscv64", "riscv64-linux-gnu", "riscv64", wheels=False, qemu_args=RVV_CPU),
     )
 }
 
@@ -80,7 +98,17 @@ _PLATFORMS = {
 def get_platform(arch: str) -> Platform:
     """The platform of `arch`; a one-line error for one deploy cannot build for."""
     if arch not in _PLATFORMS:
-        raise UsageError(
-            f"no native TVM runtime for {arch}: TVM publishes runtime wheels for {', '.join(_PLATFORMS)}"
-        )
+        raise UsageError(f"no platform {arch!r}: deploy builds for {', '.join(_PLATFORMS)}")
     return _PLATFORMS[arch]
+
+
+def tvm_runtime_platform(arch: str) -> Platform:
+    """The platform of `arch` where it has TVM's runtime (an RPC server can run there)."""
+    found = get_platform(arch)
+    if not found.tvm_runtime:
+        wheels = ", ".join(p.arch for p in _PLATFORMS.values() if p.tvm_runtime)
+        raise UsageError(
+            f"no native TVM runtime for {arch}: TVM publishes runtime wheels for {wheels};"
+            " its devices run deploy's C bundles through their runner"
+        )
+    return found

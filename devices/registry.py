@@ -22,6 +22,9 @@ class Session(Protocol):
 
     arch: str
     label: str
+    bundles: bool
+    """It runs an artifact's C bundle (through its `deploy-run`: `devices/runner.py`), not its
+    module: builds for it carry one."""
 
     def run(
         self,
@@ -71,6 +74,9 @@ class Device:
     name: str
     arch: str
     emulated: bool = False
+    protocols: tuple[str, ...] = ("tvm",)
+    """How deploy runs artifacts there: "tvm" (a TVM runtime, in this process or its RPC server),
+    "runner" (a bundle's own `deploy-run`, `devices/runner.py`), "opencl" (the OpenCL runner)."""
     measures_in_process: bool = False
     """Modules for it can be loaded and timed in worker processes of this host (the host's own CPU):
     MetaSchedule's local runner measures tuning candidates there."""
@@ -111,7 +117,7 @@ def register_device_source(find: Callable[[str], Device | None]) -> None:
     _SOURCES.append(find)
 
 
-BACKENDS = ("devices.local", "devices.emulator", "devices.ssh", "devices.opencl")
+BACKENDS = ("devices.local", "devices.emulator", "devices.runner", "devices.ssh", "devices.opencl")
 """Modules that register devices, imported on the first `get_device`."""
 
 

@@ -42,6 +42,8 @@ class TvmSession:
     `function(name)` finds a global function of that runtime; `arch` is the ELF machine it runs,
     `label` names it in messages."""
 
+    bundles = False
+
     def __init__(self, loader: Any, dev: Any, arch: str, label: str, function: Any) -> None:
         self.arch = arch
         self.label = label

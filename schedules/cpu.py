@@ -4,6 +4,7 @@ generic schedule an op gets when no family has a hand schedule for it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -256,6 +257,23 @@ def pooling_structure(ctx: ScheduleContext, window_max: WindowMax = nan_test_max
 pooling_on_cpus = own_compute_within(pooling_structure)
 
 
+def llvm_maximum(values: list[Any], dtype: str) -> Any:
+    """TE expression: the max of float `values` as a chain of `llvm.maximum` (NaN propagates),
+    which LLVM lowers to a vector unit's max instruction where it has one (`arm.py`, `riscv.py`)."""
+    return functools.reduce(lambda a, b: tirx.call_llvm_pure_intrin(dtype, "llvm.maximum", a, b), values)
+
+
+def vector_max(ctx: ScheduleContext) -> WindowMax:
+    """`llvm_maximum`, but for a dtype the vector unit lacks (`ScheduleContext.scalar_dtypes`:
+    float64 on armv7, where VFPv4 has no double max and LLVM cannot select `llvm.maximum` of
+    doubles) the NaN test."""
+    return nan_test_max if ctx.bound.output.dtype in ctx.scalar_dtypes else llvm_maximum
+
+
+pooling_with_llvm_maximum = own_compute_within(lambda ctx: pooling_structure(ctx, vector_max(ctx)))
+"""The pooling computation with windows maxed by the vector unit's max (`vector_max`)."""
+
+
 @register_schedule("cpu", "max_pool2d", compute=pooling_on_cpus)
 def pool_window(sch: Any, ctx: ScheduleContext) -> None:
     """Pooling in the op's layout: `channels_inner_window` where a vector holds a pixel's
@@ -341,7 +359,8 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
         if lanes > 1:
             chunks, _ = sch.split(steps[0], factors=[None, lanes])
             steps = partition(sch, chunks, 0, in_w // lanes)  # whole vectors, the rest
-            vectorize_parts(sch, steps)
+            whole = ctx.predicated_vectors or in_w % lanes == 0
+            vectorize_parts(sch, steps if whole else steps[:1])  # a ragged rest: scalar
             vector_bytes = lanes * np.dtype(ctx.bound.inputs[0].dtype).itemsize
             steps = [per_cache_line(sch, ctx, steps[0], vector_bytes), *steps[1:]]
         prefetch_ahead(sch, ctx, steps)
@@ -465,7 +484,8 @@ def per_output_stages(sch: Any, ctx: ScheduleContext) -> None:
         if len(inner) == 2:
             lane, step = inner
             sch.reorder(step, lane)
-            sch.vectorize(lane)
+            if ctx.lanes(str(ctx.bound.inputs[0].dtype)) > 1:  # else the lanes stay a loop
+                sch.vectorize(lane)
             vector_stages.append((stage, step))
     parallel_if_worth(sch, outer, ctx.bound.inputs[0].elements() // 16)
     for stage, step in vector_stages:

@@ -109,8 +109,14 @@ class ScheduleContext:
     threads: int = 64
     choices: Choices = field(default=HAND, compare=False)
     """How choices are made: the hand schedule's defaults, or sampled by a search space."""
+    scalar_dtypes: tuple[str, ...] = ()
+    """Dtypes the target's vector unit lacks, whose loops stay scalar (`Target.scalar_dtypes`)."""
+    predicated_vectors: bool = True
+    """TVM builds a vector with some lanes masked off for the target (`Target.predicated_vectors`)."""
 
     def lanes(self, dtype: str) -> int:
+        if dtype in self.scalar_dtypes:
+            return 1
         bits = int("".join(ch for ch in dtype if ch.isdigit()) or 8)
         return max(1, self.vector_bits // bits)
 

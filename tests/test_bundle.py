@@ -46,20 +46,36 @@ from toolchain.verify.matrix import SYMBOLIC_SIZES, PlannedCase, plan
 ARM = get_platform("aarch64")
 X86 = get_platform("x86_64")
 QEMU = ARM.emulator_command()
-needs_arm = pytest.mark.skipif(
-    any(
-        shutil.which(tool) is None for tool in (ARM.gxx, ARM.tool("gcc"), ARM.tool("objcopy"), "qemu-aarch64")
-    ),
-    reason="needs aarch64-linux-gnu-g++/gcc/binutils (g++-aarch64-linux-gnu) and qemu-aarch64 (qemu-user)",
-)
 C_DTYPES = {
     "float16": "{kDLFloat, 16, 1}", "float32": "{kDLFloat, 32, 1}", "float64": "{kDLFloat, 64, 1}",
     "int8": "{kDLInt, 8, 1}", "uint8": "{kDLUInt, 8, 1}", "int32": "{kDLInt, 32, 1}",
     "int64": "{kDLInt, 64, 1}",
 }  # fmt: skip
 PLANNED = plan(all_ops())
-TARGETS = {"x86": X86, "arm": ARM}
-"""The bundle targets the matrix runs on: natively, and the runner under qemu (no sysroot)."""
+TARGETS = {"x86": X86, "arm": ARM, "armv7": get_platform("armv7l"), "riscv64": get_platform("riscv64")}
+"""The bundle targets the matrix runs on: natively, and the runner under qemu (no sysroot). armv7
+and riscv64 have no TVM runtime: their bundles are all that runs there (#38)."""
+EMULATED = ("arm", "armv7", "riscv64")
+
+
+def needs(target: str) -> pytest.MarkDecorator:
+    """Skip unless this host has `target`'s cross tools and its qemu."""
+    platform = TARGETS[target]
+    tools = (platform.gxx, platform.tool("gcc"), platform.tool("objcopy"), platform.qemu or "")
+    return pytest.mark.skipif(
+        any(shutil.which(tool) is None for tool in tools),
+        reason=f"needs {platform.gxx} ({platform.gxx_package}, {platform.gcc_package},"
+        f" {platform.binutils_package}) and {platform.qemu} ({platform.qemu_package})",
+    )
+
+
+def on_targets(*names: str) -> pytest.MarkDecorator:
+    """Parametrize `target` over `names`: the emulated ones marked `emulator` and skipped here
+    without their tools."""
+    return pytest.mark.parametrize(
+        "target",
+        [pytest.param(t, marks=[pytest.mark.emulator, needs(t)] if t in EMULATED else []) for t in names],
+    )
 
 
 def x86_runs_here() -> None:
@@ -68,8 +84,8 @@ def x86_runs_here() -> None:
 
 
 def runs(target: str) -> list[str]:
-    """The words that run a program of `target`'s bundles here: a static program needs no sysroot."""
-    return ["qemu-aarch64"] if target == "arm" else []
+    """The words that run a program of `target`'s bundles here (qemu and its CPU options)."""
+    return TARGETS[target].emulator_command()
 
 
 def bundle(item: BoundOp | BoundGraph, target: str, directory: Path, name: str | None = None) -> Path:
@@ -143,14 +159,14 @@ def matrix_bundle(built: dict[tuple[str, int], Path], target: str, index: int, r
 
 
 def through_the_runner(target: str, planned: PlannedCase) -> bool:
-    """The cases run through `deploy-run`: every x86 case; on arm, where each run is a qemu
-    process, each op and dtype's first case and its symbolic-batch ones (every arm case is
+    """The cases run through `deploy-run`: every x86 case; on the emulators, where each run is a
+    qemu process, each op and dtype's first case and its symbolic-batch ones (every case is
     called in `test_matrix_through_one_c_program`, from the same bundles)."""
-    return target == "x86" or planned.index == 0 or planned.symbolic
+    return target not in EMULATED or planned.index == 0 or planned.symbolic
 
 
 MATRIX = [
-    pytest.param(target, index, marks=[pytest.mark.emulator] if target == "arm" else [],
+    pytest.param(target, index, marks=[pytest.mark.emulator, needs(target)] if target in EMULATED else [],
                  id=f"{target}-{p.op.name}-{p.dtype}-{p.index}")
     for target in TARGETS for index, p in enumerate(PLANNED) if through_the_runner(target, p)
 ]  # fmt: skip
@@ -162,8 +178,6 @@ def test_matrix_through_deploy_run(
 ) -> None:
     """Cases through their bundle's runner (`through_the_runner`), a symbolic batch at N = 1, 3 and
     32 from one build."""
-    if target == "arm" and any(shutil.which(t) is None for t in (ARM.tool("gcc"), "qemu-aarch64")):
-        pytest.skip("needs gcc-aarch64-linux-gnu and qemu-user")
     if target == "x86":
         x86_runs_here()
     planned = PLANNED[index]
@@ -297,9 +311,7 @@ def raw_output(work: Path, out: TensorType) -> np.ndarray:
     return np.frombuffer((work / "out.bin").read_bytes(), dtype=out.dtype).reshape(out.shape)
 
 
-@pytest.mark.parametrize(
-    "target", [pytest.param("x86"), pytest.param("arm", marks=[pytest.mark.emulator, needs_arm])]
-)
+@on_targets(*TARGETS)
 def test_matrix_through_one_c_program(target: str, matrix_bundles, tmp_path_factory, tmp_path) -> None:
     """Every case's bundle linked into one static C program (hundreds of libraries, each with its
     own runtime: only their NAME_* symbols are global), each called once (a symbolic batch at
@@ -335,9 +347,7 @@ def example_graphs() -> list[tuple[str, BoundGraph, tuple[int, ...]]]:
     ]
 
 
-@pytest.mark.parametrize(
-    "target", [pytest.param("x86"), pytest.param("arm", marks=[pytest.mark.emulator, needs_arm])]
-)
+@on_targets(*TARGETS)
 def test_example_graphs_through_bundles(target: str, example_ops, tmp_path: Path) -> None:
     """Each example graph's plan (kernels in order, the tensors between them in the arena) through
     its runner at every batch size, and the three bundles linked into one C program."""
@@ -808,7 +818,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.emulator
-@needs_arm
+@needs("arm")
 def test_the_docs_c_program(example: Path) -> None:
     section = bundles_page()
     source = re.search(r"```c\n(.*?)```", section, re.S).group(1)
@@ -824,7 +834,7 @@ def test_the_docs_c_program(example: Path) -> None:
     assert "# prints 11 22 33 44" in section
 
 
-@needs_arm
+@needs("arm")
 def test_manifest_pins_the_bundle_and_it_needs_nothing(example: Path) -> None:
     """SHA256SUMS lists every file; the runner is static (no interpreter, no library: any
     aarch64 Linux), the shared library needs libc and libm alone; the op's library is small."""

@@ -34,9 +34,15 @@ from toolchain.verify.matrix import PlannedCase, plan, verify_case
 from toolchain.verify.measure import check
 from toolchain.verify.run import for_device, run_artifact, verify
 
-ONLY_DTYPES = {"arm-fp16": ("float16",)}
-"""Targets that differ from another only for some dtypes run just those: arm-fp16 is arm plus fp16
-arithmetic, its other dtypes build as arm's do."""
+ONLY_DTYPES = {
+    "arm-fp16": ("float16",),
+    "armv7": ("float32", "float16", "float64"),
+    "riscv64": ("float32", "float16", "int64"),
+}
+"""Targets that differ from another only for some dtypes run just those here: arm-fp16 is arm plus
+fp16 arithmetic, its other dtypes build as arm's do; armv7 and riscv64 (whose whole matrix runs in
+test_bundle.py) run the edge cases in the dtypes they build their own way (NEON's and RVV's max,
+float16 by conversion, scalar float64 on armv7 and int64 on riscv64)."""
 
 
 def unavailable(target: Target, device: Device) -> str | None:
@@ -131,7 +137,7 @@ def on_every_target(
     symbolic batch where its artifact takes one); targets on the emulator are marked `emulator`."""
     params = []
     for target in all_targets() if targets is None else targets:
-        marks = [pytest.mark.emulator] if target.default_device == "emulator" else []
+        marks = [pytest.mark.emulator] if get_device(target.default_device).emulated else []
         wanted = ONLY_DTYPES.get(target.name)
         for value in values:
             planned = isinstance(value[0], PlannedCase)
@@ -142,9 +148,14 @@ def on_every_target(
     return pytest.mark.parametrize(f"target,{argnames}", params)
 
 
-THROUGH_BUNDLES = ("x86", "arm")
+THROUGH_BUNDLES = ("x86", "arm", "armv7", "riscv64")
 """Targets whose matrix runs through their C bundles (`test_bundle.py`): the same kernels as their
 modules, with the runtime and checks that ship; here the others run it through TVM's runtime."""
+BUNDLES_ONLY = ("armv7", "riscv64")
+"""Targets whose devices run bundles only (the runner protocol): here their edge cases, not the
+structures a search picks nor packed layouts, which only tuning builds (it cannot measure through
+the runner yet, #38)."""
+TUNABLE = [t for t in all_targets() if t.name not in BUNDLES_ONLY]
 
 
 @on_every_target(
@@ -262,7 +273,7 @@ def nchw_input(dtype: str, channels: int) -> np.ndarray:
     )
 
 
-@on_every_target("dtype,layout,channels", LAYOUT_SWEEP)
+@on_every_target("dtype,layout,channels", LAYOUT_SWEEP, TUNABLE)
 def test_pooling_in_a_layout_is_the_nchw_reference_transformed(target, dtype, layout, channels, sessions):
     """max_pool2d in `layout` on an NCHW input packed by numpy (padding lanes 0) is numpy's NCHW
     pooling transformed the same way, bit for bit; `layout_transform` back to NCHW (dropping the
@@ -276,7 +287,7 @@ def test_pooling_in_a_layout_is_the_nchw_reference_transformed(target, dtype, la
     np.testing.assert_array_equal(unpacked, expected)
 
 
-@on_every_target("layout,channels", [(layout, c) for layout in OTHER_LAYOUTS for c in (3, 8, 15)])
+@on_every_target("layout,channels", [(layout, c) for layout in OTHER_LAYOUTS for c in (3, 8, 15)], TUNABLE)
 def test_argmax_and_add_in_a_layout_are_the_nchw_reference_transformed(target, layout, channels, sessions):
     """Argmax over the channels of a packed input skips its padding lanes (0 there would win over
     the negative values of real channels); add broadcasts a one-channel operand over them."""
@@ -304,7 +315,7 @@ STRUCTURE_CASES = [
 
 
 @pytest.mark.slow
-@on_every_target("planned", STRUCTURE_CASES, [t for t in all_targets() if tuner_for(t).searches_structures])
+@on_every_target("planned", STRUCTURE_CASES, [t for t in TUNABLE if tuner_for(t).searches_structures])
 def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessions, tmp_path):
     """The case built as each combination of the structural picks its target's strategy makes
     (pooling: the column stage per row or per plane, vector width, border splits; generic: rows
@@ -319,7 +330,7 @@ def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessio
             pytest.fail(f"{picks}: {exc}")
 
 
-CPU_TARGETS = [t for t in all_targets() if t.default_device != "opencl"]
+CPU_TARGETS = [t for t in TUNABLE if t.default_device != "opencl"]
 
 
 @on_every_target("dtype", [("float32",), ("int8",)], CPU_TARGETS)

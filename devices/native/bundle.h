@@ -36,6 +36,7 @@ typedef struct {
   const DeployTensorSpec* tensors; /* the inputs, then the output */
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
+  int (*set_num_threads)(int n);
 } DeployRunner;
 
 #ifndef DEPLOY_RUNNER_ONLY

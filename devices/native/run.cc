@@ -2,12 +2,18 @@
 // library (libNAME.a) and runner_glue.c, which says what the bundle takes (`deploy_runner`): it
 // needs nothing on the device, not even a particular libc. Compiled once per architecture.
 //
-//   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy
+//   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy [--threads N]
+//              [--time NUMBER,REPEAT,MIN_REPEAT_MS]
 //
 // First it checks DIR/SHA256SUMS: every file listed must match (a modified bundle is refused,
 // this runner among its files). Then it reads the inputs (.npy v1-v3, little-endian
 // f2/f4/f8/i1/u1/i4/i8, C order), checks them against the bundle's signature (bundle_config.h; a
 // symbolic batch is read from them), calls NAME_run and writes the output as .npy v1.
+// --threads N: the parallel loops' threads (NAME_set_num_threads; default one per online CPU).
+// --time: after that call (the warm-up), REPEAT timed runs of NUMBER calls each, as TVM's time
+// evaluator times: a run shorter than MIN_REPEAT_MS is done again with more calls. Each run's
+// seconds per call go to stdout, one line each ("seconds-per-call 1.25e-05"). This is how deploy
+// times a device that has only the bundle (devices/runner.py).
 // Errors are one line on stderr: exit 2 for bad input or a modified bundle, 1 when the call fails.
 #include <fcntl.h>
 #include <limits.h>
@@ -15,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -87,7 +94,24 @@ struct Options {
   std::string dir;
   std::vector<std::string> inputs;
   std::string output;
+  int threads = 0;
+  long number = 0, repeat = 0, min_repeat_ms = 0;  // --time; repeat 0: no timing
 };
+
+constexpr const char* kUsage =
+    "usage: deploy-run DIR -i IN.npy ... -o OUT.npy [--threads N] [--time NUMBER,REPEAT,MIN_REPEAT_MS]";
+
+// A count from `text` in [low, high], else a bad-input exit naming `what`.
+long Count(const std::string& text, const char* what, long low, long high) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high) {
+    Bad(std::string(what) + " " + text + ": expected a whole number from " + std::to_string(low) + " to " +
+        std::to_string(high));
+  }
+  return value;
+}
 
 Options ParseArgs(int argc, char** argv) {
   Options opt;
@@ -97,13 +121,22 @@ Options ParseArgs(int argc, char** argv) {
       opt.inputs.push_back(argv[++i]);
     } else if (arg == "-o" && i + 1 < argc) {
       opt.output = argv[++i];
+    } else if (arg == "--threads" && i + 1 < argc) {
+      opt.threads = static_cast<int>(Count(argv[++i], "--threads", 1, 1024));
+    } else if (arg == "--time" && i + 1 < argc) {
+      std::string spec = argv[++i];
+      size_t first = spec.find(','), second = first == std::string::npos ? first : spec.find(',', first + 1);
+      if (second == std::string::npos) Bad("--time " + spec + ": expected NUMBER,REPEAT,MIN_REPEAT_MS");
+      opt.number = Count(spec.substr(0, first), "--time NUMBER", 1, 1L << 30);
+      opt.repeat = Count(spec.substr(first + 1, second - first - 1), "--time REPEAT", 1, 1000);
+      opt.min_repeat_ms = Count(spec.substr(second + 1), "--time MIN_REPEAT_MS", 0, 60000);
     } else if (opt.dir.empty() && !arg.empty() && arg[0] != '-') {
       opt.dir = arg;
     } else {
-      Bad("unexpected argument " + arg + " (usage: deploy-run DIR -i IN.npy ... -o OUT.npy)");
+      Bad("unexpected argument " + arg + " (" + kUsage + ")");
     }
   }
-  if (opt.dir.empty() || opt.output.empty()) Bad("usage: deploy-run DIR -i IN.npy ... -o OUT.npy");
+  if (opt.dir.empty() || opt.output.empty()) Bad(kUsage);
   return opt;
 }
 
@@ -434,7 +467,22 @@ int main(int argc, char** argv) {
   }
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
+  if (opt.threads > 0) deploy_runner.set_num_threads(opt.threads);
   if (deploy_runner.run(args.data(), inputs + 1) != 0) Exit(kFailed, deploy_runner.last_error());
   WriteNpy(opt.output, output, out.dtype, out_shape, arrays.back().buffer.data.get());
-  return 0;
+  for (long run = 0, number = opt.number; run < opt.repeat;) {
+    auto start = std::chrono::steady_clock::now();
+    for (long call = 0; call < number; ++call) {
+      if (deploy_runner.run(args.data(), inputs + 1) != 0) Exit(kFailed, deploy_runner.last_error());
+    }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seconds * 1e3 < opt.min_repeat_ms && number < (1L << 30)) {  // too short to tell: more calls
+      number = std::min(1L << 30, std::max(number * 2, static_cast<long>(number * opt.min_repeat_ms / 1e3 /
+                                                                          std::max(seconds, 1e-9) * 1.1)));
+      continue;
+    }
+    std::printf("seconds-per-call %.9g\n", seconds / number);
+    ++run;
+  }
+  return std::fflush(stdout) == 0 ? 0 : kFailed;
 }

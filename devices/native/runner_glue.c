@@ -11,4 +11,5 @@
 
 const DeployRunner deploy_runner = {
     STRING(DEPLOY_PREFIX), DEPLOY_NUM_INPUTS, deploy_symbol_names, deploy_tensors, API(_run), API(_last_error),
+    API(_set_num_threads),
 };

@@ -341,3 +341,49 @@ void* __TVMBackendParallelLaunch = (void*)&parallel_launch;
 void* __TVMBackendParallelBarrier = (void*)&parallel_barrier;
 void* __TVMBackendAllocWorkspace = (void*)&alloc_workspace;
 void* __TVMBackendFreeWorkspace = (void*)&free_workspace;
+
+/* ---- float16 conversions on riscv64 ----
+ * Without Zfh, LLVM calls __extendhfsf2 / __truncsfhf2 with the half NaN-boxed in a float
+ * register (fa0: the upper 16 bits all ones). The weak helpers TVM puts in each kernel object
+ * take it in an integer register, so every float16 result came out 0, and GCC 12's libgcc has
+ * none to fall back on: these strong ones win at link time. Round to nearest even, NaN kept
+ * NaN, overflow to infinity, subnormals exact. */
+#if defined(__riscv)
+static uint32_t float_bits(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+static float bits_float(uint32_t bits) {
+  float value;
+  memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+float __extendhfsf2(float boxed) {
+  uint32_t half = float_bits(boxed) & 0xFFFFu;
+  uint32_t sign = (half & 0x8000u) << 16, exponent = (half >> 10) & 0x1Fu, mantissa = half & 0x3FFu;
+  if (exponent == 0x1Fu) return bits_float(sign | 0x7F800000u | (mantissa << 13)); /* inf, NaN */
+  if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float */
+    float magnitude = (float)mantissa * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+float __truncsfhf2(float value) {
+  uint32_t bits = float_bits(value), sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7FFFFFFFu, half;
+  if (magnitude > 0x7F800000u) {
+    half = 0x7E00u | ((magnitude >> 13) & 0x3FFu); /* NaN, quiet */
+  } else if (magnitude >= 0x477FF000u) {
+    half = 0x7C00u; /* 65520 and up round to infinity */
+  } else if (magnitude < 0x38800000u) { /* below 2^-14: a subnormal half (or 2^-14 rounded up) */
+    volatile float scaled = bits_float(magnitude) * 0x1p24f + 0x1p23f; /* rounds to an integer, ties even */
+    half = float_bits(scaled) - float_bits(0x1p23f);
+  } else {
+    half = (magnitude + 0xFFFu + ((magnitude >> 13) & 1u) - 0x38000000u) >> 13;
+  }
+  return bits_float(0xFFFF0000u | sign | half);
+}
+#endif

@@ -23,7 +23,15 @@ from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
     """What the target's strategy sees: the op, vector width, the device's cores, work-group size,
     and how it makes its choices (the hand's defaults unless a tuner's or a test's)."""
-    return ScheduleContext(bound, target.vector_bits, target.build_cores(), target.work_group, choices)
+    return ScheduleContext(
+        bound,
+        target.vector_bits,
+        target.build_cores(),
+        target.work_group,
+        choices,
+        target.scalar_dtypes,
+        target.predicated_vectors,
+    )
 
 
 def strategy(bound: BoundOp, target: Target) -> Strategy | None:

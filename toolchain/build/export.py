@@ -70,7 +70,7 @@ def _write_artifact(
     """The artifact's files and, last, its manifest, into `staging`."""
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target)
-    bundled = write_bundle(compiled, staging, name) if bundle else None
+    bundled = write_bundle(compiled, staging, name) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),
         target=target.name,

@@ -60,6 +60,15 @@ class Target:
     """Schedule families to try in order (see `schedules/registry.py`)."""
     cpu_flags: tuple[str, ...] = ()
     """/proc/cpuinfo flags a CPU needs to run these modules."""
+    scalar_dtypes: tuple[str, ...] = ()
+    """Dtypes whose loops the schedules leave scalar, where the vector unit has none and LLVM
+    aborts on such vectors: float64 on armv7's NEON (`llvm.maximum` of <2 x double>: "Cannot
+    select setcc"), float16 on RVV 1.0 without Zvfhmin ("Scalarization of scalable vectors"), and
+    int64 on RVV, which TVM's vectorizer fails on ("Cannot broadcast ... is_scalable=1")."""
+    predicated_vectors: bool = True
+    """TVM's vectorizer builds a vector with lanes masked off (a row's ragged end) for it: not for
+    RVV, where it fails on an integer max so masked ("Cannot broadcast lanes=4 is_scalable=1"),
+    so the schedules leave such ends scalar."""
     cross_compiler: str | None = None
     cross_package: str | None = None
     """Debian package that provides `cross_compiler`."""
@@ -85,10 +94,17 @@ class Target:
     """Bytes the data of every tensor a module is called with is aligned to, which its kernels
     assume (aligned vector loads): TVM's own allocations give 64; `--alignment 16` builds for an
     engine whose allocator gives less (ncnn's on ARM), with unaligned loads."""
+    bundle: bool = False
+    """Every artifact carries its C bundle (`bundle.py`): for a device that runs bundles through
+    their runner (`devices/runner.py`), set from the device the build is for (`for_device`)."""
     fp16_storage: bool = False
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
     1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
+
+    def with_bundle(self, bundle: bool) -> Target:
+        """This target, its artifacts carrying their C bundle (True) or not."""
+        return replace(self, bundle=bundle)
 
     def with_tuning(self, tuned: TunedSchedules | None) -> Target:
         """This target, building from `tuned` where it has a schedule (None: hand schedules)."""
@@ -206,5 +222,43 @@ register_target(
         layouts=(("float32", "NHWC"), ("float16", "NHWC")),  # MindSpore Lite's GPU kernels read NHWC
         default_device="opencl",
         artifact=OPENCL_PLAN,
+    )
+)
+register_target(
+    Target(
+        name="armv7",
+        description="32-bit Arm, NEON + VFPv4, hard float (Raspberry Pi OS 32-bit, i.MX6/7, STM32MP1):"
+        " C bundles, run by their runner",
+        tvm={
+            "kind": "llvm",
+            "mtriple": "armv7a-linux-gnueabihf",
+            "mattr": ["+neon", "+vfp4"],
+            "mfloat-abi": "hard",
+        },
+        arch="armv7l",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        cpu_flags=("neon", "vfpv4"),
+        scalar_dtypes=("float64",),
+        layouts=(("float32", "NCHW4c"),),
+        cross_compiler="arm-linux-gnueabihf-gcc",
+        cross_package="gcc-arm-linux-gnueabihf",
+        default_device="emulator-armv7",
+    )
+)
+register_target(
+    Target(
+        name="riscv64",
+        description="RV64GC + RVV 1.0 (Kendryte K230, SpacemiT K1): C bundles, run by their runner",
+        tvm={"kind": "llvm", "mtriple": "riscv64-linux-gnu", "mattr": ["+m", "+a", "+f", "+d", "+c", "+v"]},
+        arch="riscv64",
+        vector_bits=128,
+        schedules=("riscv", "cpu"),
+        cpu_flags=("v",),
+        scalar_dtypes=("float16", "int64"),
+        predicated_vectors=False,
+        cross_compiler="riscv64-linux-gnu-gcc",
+        cross_package="gcc-riscv64-linux-gnu",
+        default_device="emulator-riscv64",
     )
 )

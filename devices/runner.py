@@ -1,0 +1,176 @@
+"""The runner protocol: a device that runs deploy's C bundles (`toolchain/build/bundle.py`) through
+their own runner, `deploy-run`, and needs nothing else: no TVM, no Python, any libc (the runner is
+linked statically). A call hands the device the bundle and the inputs as .npy files, runs the
+runner, and takes back the output and, when timing, its seconds per call (`deploy-run --time`: a
+warm-up call, then runs of many calls, each at least MIN_REPEAT_MS, as TVM's time evaluator).
+
+How files and commands reach the device is a `RunnerLink`: qemu-user on this host for the
+emulators of architectures TVM has no runtime for (`emulator-armv7`, `emulator-riscv64`, here),
+SFTP and a shell for boards (`devices/ssh.py`). Builds for a session of this protocol carry their
+bundle (`Session.bundles`, `toolchain/verify/run.py:for_device`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from base.errors import DeployError, printable
+from base.threads import runtime_threads
+from devices.platforms import Platform, get_platform
+from devices.registry import Device, DeviceLost, register_device
+
+RUNNER = "deploy-run"
+"""The runner's file name in a bundle (as `bundle.RUNNER`)."""
+MIN_REPEAT_MS = 20
+"""The shortest timed run: one shorter is done again with more calls (the runner's `--time`)."""
+BAD_INPUT, FAILED = 2, 1
+"""The runner's exit codes: bad input or a modified bundle; the call failed."""
+
+
+class RunnerLink(Protocol):
+    """How a runner session reaches its device."""
+
+    label: str
+
+    def bundle(self, directory: Path) -> str:
+        """Where the bundle in `directory` is on the device (handed over once per session)."""
+        ...
+
+    def call(self, bundle: str, inputs: list[Path], output: Path, options: list[str]) -> tuple[int, str, str]:
+        """Run the bundle's runner on the `inputs` (files here), its output fetched into `output`:
+        (exit status, stdout, stderr); a negative status is a signal's."""
+        ...
+
+
+class RunnerSession:
+    """A session of the runner protocol over `link`, whose runner uses `threads` threads."""
+
+    bundles = True
+
+    def __init__(self, link: RunnerLink, arch: str, threads: int) -> None:
+        self.link, self.arch, self.label, self.threads = link, arch, link.label, threads
+        self._placed: dict[Path, str] = {}
+
+    def cores(self) -> int:
+        return self.threads
+
+    def fp16_arithmetic(self) -> bool:
+        """LLVM builds compute float16 on any CPU (by conversion where it has no half arithmetic)."""
+        return True
+
+    def run(
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        entry: str = "function",
+        workspace: int = 0,
+    ) -> np.ndarray:
+        return self._call(module, inputs, out_shape, out_dtype, [])[0]
+
+    def time(
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        number: int,
+        repeat: int,
+        entry: str = "function",
+        workspace: int = 0,
+    ) -> list[float]:
+        timing = ["--time", f"{number},{repeat},{MIN_REPEAT_MS}"]
+        return self._call(module, inputs, out_shape, out_dtype, timing)[1]
+
+    def _call(
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        out_shape: tuple[int, ...],
+        out_dtype: str,
+        options: list[str],
+    ) -> tuple[np.ndarray, list[float]]:
+        """Run the bundle beside `module` (the artifact's directory) on `inputs`: the output and
+        the seconds per call of each timed run (`options`)."""
+        directory = module.parent
+        if not (directory / RUNNER).is_file():
+            raise DeployError(
+                f"{directory} has no C bundle: {self.label} runs bundles only (build with --bundle)"
+            )
+        if directory not in self._placed:
+            self._placed[directory] = self.link.bundle(directory)
+        with tempfile.TemporaryDirectory(prefix=".deploy-runner-") as scratch:
+            files = [Path(scratch, f"in{i}.npy") for i in range(len(inputs))]
+            for path, array in zip(files, inputs, strict=True):
+                np.save(path, np.require(array, requirements="C"), allow_pickle=False)
+            output = Path(scratch, "out.npy")
+            status, stdout, stderr = self.link.call(
+                self._placed[directory], files, output, ["--threads", str(self.threads), *options]
+            )
+            said = printable(stderr.strip().splitlines()[-1] if stderr.strip() else "no message")
+            if status < 0:
+                died = f"{RUNNER} of {directory.name} died on {self.label} (signal {-status})"
+                raise DeviceLost(f"{died}: {said}")
+            if status != 0:
+                raise DeployError(f"{self.label}: {said}")
+            result = np.load(output, allow_pickle=False)
+        if result.shape != tuple(out_shape) or str(result.dtype) != out_dtype:
+            raise DeployError(
+                f"{directory} returned {result.dtype}{list(result.shape)}, its manifest says"
+                f" {out_dtype}{list(out_shape)}"
+            )
+        timed = [line.split()[1] for line in stdout.splitlines() if line.startswith("seconds-per-call ")]
+        times = [float(t) for t in timed]
+        return result, times
+
+
+class EmulatedLink:
+    """The runner under qemu-user on this host: the bundle and the files stay where they are."""
+
+    def __init__(self, platform: Platform, label: str) -> None:
+        self.platform, self.label = platform, label
+
+    def bundle(self, directory: Path) -> str:
+        return str(directory)
+
+    def call(self, bundle: str, inputs: list[Path], output: Path, options: list[str]) -> tuple[int, str, str]:
+        command = [*self.platform.emulator_command(), str(Path(bundle, RUNNER)), bundle]
+        command += [arg for path in inputs for arg in ("-i", str(path))] + ["-o", str(output), *options]
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace")
+        return done.returncode, done.stdout, done.stderr
+
+
+class RunnerEmulator(Device):
+    """An architecture TVM has no runtime for, under qemu-user on this host: bundles run through
+    their runner (correctness, not performance)."""
+
+    emulated = True
+    protocols = ("runner",)
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.platform = get_platform(arch)
+        self.name = f"emulator-{EMULATED[arch]}"
+
+    @contextmanager
+    def open(self) -> Iterator[RunnerSession]:
+        qemu = self.platform.qemu
+        if not self.platform.native_here() and (qemu is None or shutil.which(qemu) is None):
+            raise DeployError(f"{qemu} not found: install the Debian package {self.platform.qemu_package}")
+        link = EmulatedLink(self.platform, f"{self.name} ({qemu})")
+        yield RunnerSession(link, self.arch, int(runtime_threads()))
+
+
+EMULATED = {"armv7l": "armv7", "riscv64": "riscv64"}
+"""The architectures emulated through the runner protocol, by their emulator's name suffix."""
+for _arch in EMULATED:
+    register_device(f"emulator-{EMULATED[_arch]}")(lambda arch=_arch: RunnerEmulator(arch))
