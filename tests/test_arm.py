@@ -19,6 +19,10 @@ from toolchain.build.export import export
 from toolchain.build.targets import get_target
 from toolchain.verify.run import run_artifact
 
+needs_cross = pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-objdump") is None or shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="needs gcc-aarch64-linux-gnu and binutils-aarch64-linux-gnu",
+)
 needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user (qemu-aarch64)")
 
 # (target, op, attrs, shapes, dtype, instruction pattern that must appear)
