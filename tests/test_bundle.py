@@ -1101,7 +1101,8 @@ def test_opencl_bundle_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
     (line,) = result.output.strip().splitlines()
     assert line == (
-        "error: --bundle needs a target whose module C can call (arm, arm-fp16, x86, x86-avx512):"
+        "error: --bundle needs a target whose module C can call (arm, arm-fp16, armv7, riscv64, x86,"
+        " x86-avx512):"
         " opencl writes opencl kernels"
     )
     assert not (tmp_path / "b").exists()

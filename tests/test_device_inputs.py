@@ -146,7 +146,7 @@ def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, mon
     "name, user, fragment",
     [
         ("opencl", "u", "device name 'opencl': a built-in device's name"),  # was added, then never used
-        ("local", "u", "(built in: emulator, local, opencl)"),
+        ("local", "u", "(built in: emulator, emulator-armv7, emulator-riscv64, local, opencl)"),
         ("x\n", "u", "device name 'x\\n'"),  # `$` matched before a final newline
         ("b", "\x1b[31mRED\x07", "board user '\\x1b[31mRED\\x07': expected a login name"),
     ],
