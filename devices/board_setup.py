@@ -167,7 +167,13 @@ def _compatible_runtime(shell: BoardShell, platform: Platform, say: Callable[[st
 
     needed = ", ".join(f"{LIBRARIES[k][0]} {_say_versions(k, v)}" for k, v in sorted(required.items()))
     say(f"{board.name}: {', '.join(map(found, sorted(LIBRARIES)))} on the board; the runtime needs {needed}")
-    require_versions(board.name, provided, required)
+    try:
+        require_versions(board.name, provided, required)
+    except DeployError as exc:  # the runner protocol needs no glibc of a version: offer it
+        raise DeployError(
+            f"{exc}; the runner protocol needs none (each bundle's deploy-run is static):"
+            f" `deploy device add {board.name} ... --protocol runner --replace`"
+        ) from None
     return runtime
 
 

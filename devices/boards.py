@@ -18,9 +18,14 @@ from base.errors import UsageError, printable, reason
 from base.files import load_json, write_json_atomically
 from base.locks import guarding
 from base.paths import config_dir
+from devices.platforms import get_platform
 from devices.registry import built_in_names
 
-ARCHES = ("aarch64", "armv7l", "x86_64")
+ARCHES = ("aarch64", "armv7l", "riscv64", "x86_64")
+PROTOCOLS = ("tvm", "runner")
+"""How deploy runs artifacts on a board: "tvm", deploy's native RPC server over TVM's runtime
+(`deploy device setup` pushes it; glibc 2.34 or newer), or "runner", each artifact's own C bundle
+and its static `deploy-run`, pushed per bundle (nothing to set up, any libc: `devices/board_runner.py`)."""
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_REMOTE_DIR = ".deploy"
 
@@ -62,6 +67,13 @@ class Board:
     key: str | None = None
     arch: str = "aarch64"
     remote_dir: str = DEFAULT_REMOTE_DIR
+    protocol: str = ""
+    """One of PROTOCOLS; "" is the arch's default: "tvm" where TVM has a runtime for it, else "runner"."""
+
+    @property
+    def speaks(self) -> str:
+        """The protocol deploy uses with the board (`protocol`, or its arch's default)."""
+        return self.protocol or ("tvm" if get_platform(self.arch).tvm_runtime else "runner")
 
     def validate(self) -> Board:
         """The board as `device add` accepts it: `check`, and its key a file."""
@@ -104,6 +116,12 @@ class Board:
             raise UsageError(f"board user {self.user!r}: expected a login name")
         if self.arch not in ARCHES:
             raise UsageError(f"board arch {self.arch!r}: expected one of {', '.join(ARCHES)}")
+        if self.protocol not in ("", *PROTOCOLS):
+            raise UsageError(f"board protocol {self.protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+        if self.speaks == "tvm" and not get_platform(self.arch).tvm_runtime:
+            raise UsageError(
+                f"board protocol tvm on {self.arch}: TVM has no runtime for it (expected --protocol runner)"
+            )
         check_remote_dir(self.remote_dir)
         return self
 

@@ -117,7 +117,14 @@ def register_device_source(find: Callable[[str], Device | None]) -> None:
     _SOURCES.append(find)
 
 
-BACKENDS = ("devices.local", "devices.emulator", "devices.runner", "devices.ssh", "devices.opencl")
+BACKENDS = (
+    "devices.local",
+    "devices.emulator",
+    "devices.runner",
+    "devices.ssh",
+    "devices.board_runner",
+    "devices.opencl",
+)
 """Modules that register devices, imported on the first `get_device`."""
 
 

@@ -544,8 +544,9 @@ def _close_link(link: subprocess.Popen[str]) -> None:
 
 
 def _configured(name: str) -> SshDevice | None:
+    """The board `name` where it speaks TVM's RPC (`devices/board_runner.py` serves the others)."""
     board = get_board(name)
-    return SshDevice(board) if board is not None else None
+    return SshDevice(board) if board is not None and board.speaks == "tvm" else None
 
 
 register_device_source(_configured)

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import paramiko
 import psutil
 import pytest
@@ -322,9 +323,13 @@ def test_bad_device_arguments(tmp_path):
     port = str(free_port())
     assert run_deploy("device", "add", "v7", "--host", "127.0.0.1", "--port", port, "--user", "u",
                       "--arch", "armv7l").returncode == 0  # fmt: skip
-    no_wheels = run_deploy("device", "setup", "v7")  # refused before connecting
-    assert no_wheels.returncode == 2
-    assert no_wheels.stderr.startswith("error: no native TVM runtime for armv7l")
+    runner = run_deploy("device", "setup", "v7")  # no TVM runtime for armv7l: the runner protocol
+    assert (runner.returncode, runner.stdout) == (
+        0,
+        "v7: the runner protocol needs nothing set up: each bundle carries its runner\n",
+    )
+    listed = run_deploy("device", "list").stdout
+    assert "v7" in listed and " armv7l runner " in listed
 
 
 def test_old_config_with_a_python_entry_still_loads(tmp_path, monkeypatch):
@@ -404,7 +409,10 @@ def test_setup_refuses_a_board_whose_glibc_is_too_old_before_pushing(server, tmp
     monkeypatch.setattr(board_setup, "required_versions", lambda paths: {"GLIBC": (2, 99)})
     result = invoke("device", "setup", "old")
     assert result.exit_code == 1
-    assert result.output.splitlines()[-1].endswith("on the board, the runtime needs 2.99")
+    assert result.output.splitlines()[-1].endswith(
+        "on the board, the runtime needs 2.99; the runner protocol needs none (each bundle's deploy-run is"
+        " static): `deploy device add old ... --protocol runner --replace`"
+    )
     assert not remote.exists()
 
 
@@ -456,6 +464,58 @@ def test_matrix_on_an_ssh_board_and_nothing_left_running(server, tmp_path):
     assert model.returncode == 0, model.stdout[-2000:] + model.stderr
     assert "cpu/max_pool2d" in model.stdout and " 0 failed" in model.stdout  # the Relax VM over the tunnel
     nothing_left(remote)
+
+
+def test_an_ssh_board_through_the_runner_protocol(server, tmp_path):
+    """A board whose glibc deploy's RPC server cannot use (or armv7, riscv64) speaks the runner
+    protocol (#38): nothing to set up; each bundle pushed once over SFTP, its sha256 checked on
+    the board by its own runner at every call, each call's files removed after it."""
+    remote = tmp_path / "oldrun"
+    added = add("oldrun", server, remote, "--protocol", "runner", "--accept-new-host-key")
+    assert added.returncode == 0, added.stderr
+    assert "(x86_64, runner protocol); next: `deploy device check oldrun`" in added.stdout
+    assert "needs nothing set up" in run_deploy("device", "setup", "oldrun").stdout
+    checked = run_deploy("device", "check", "oldrun")
+    assert checked.returncode == 0 and "x86_64 (uname -m)" in checked.stdout and "runner" in checked.stdout
+    result = run_deploy("test", "--target", "x86", "--device", "oldrun", "--op", "add", "--dtype", "int8")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert f"{len(plan([get_op('add')], ['int8']))} cases passed, 0 failed" in result.stdout
+    a = np.arange(12, dtype="float32").reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+    ran = run_deploy("run", "--op", "leaky_relu", "--target", "x86", "--device", "oldrun", "-i",
+                     str(tmp_path / "a.npy"), "-o", str(tmp_path / "out.npy"), "--check")  # fmt: skip
+    assert ran.returncode == 0 and "check passed" in ran.stdout, ran.stdout + ran.stderr
+    pushed = list((remote / "bundles").iterdir())
+    assert pushed and all((b / "SHA256SUMS").is_file() and (b / "deploy-run").is_file() for b in pushed)
+    assert list((remote / "calls").iterdir()) == [], "each call's inputs and output are removed"
+    assert settle(remote) == []
+
+
+def test_a_runner_board_of_another_arch_is_refused_before_a_push(server, tmp_path):
+    remote = tmp_path / "wrong"
+    assert (
+        add(
+            "wrongrun", server, remote, "--protocol", "runner", "--accept-new-host-key", arch="riscv64"
+        ).returncode
+        == 0
+    )
+    a = tmp_path / "a.npy"
+    np.save(a, np.zeros(4, "float32"))
+    result = run_deploy("run", "--op", "add", "--target", "riscv64", "--device", "wrongrun", "-i", str(a),
+                        "-i", str(a), "-o", str(tmp_path / "o.npy"))  # fmt: skip
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: wrongrun runs x86_64 (uname -m) but was added with arch riscv64: re-add it with --arch"
+        " x86_64 (`deploy device add wrongrun ... --replace`)\n",
+    )
+    assert not (remote / "bundles").exists() and not (tmp_path / "o.npy").exists()
+    tvm = run_deploy(
+        "device", "add", "rv", "--host", "h", "--user", "u", "--arch", "riscv64", "--protocol", "tvm"
+    )
+    assert (tvm.returncode, tvm.stderr) == (
+        2,
+        "error: board protocol tvm on riscv64: TVM has no runtime for it (expected --protocol runner)\n",
+    )
 
 
 @pytest.mark.slow

@@ -86,6 +86,12 @@ ACCEPT = click.option(
 @click.option("--key", type=click.Path(), help="Private key file (default: ssh-agent and ~/.ssh keys).")
 @click.option("--arch", default="aarch64", show_default=True, help="The board's machine (uname -m).")
 @click.option("--remote-dir", default=".deploy", show_default=True, help="Our directory on the board.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["tvm", "runner"]),
+    help="How artifacts run there: tvm (deploy's RPC server; glibc 2.34+) or runner (each bundle's own"
+    " static deploy-run, any libc) [default: tvm where TVM has a runtime for the arch, else runner].",
+)
 @click.option("--replace", is_flag=True, help="Replace a device of the same name.")
 @ACCEPT
 def device_add(
@@ -96,6 +102,7 @@ def device_add(
     key: str | None,
     arch: str,
     remote_dir: str,
+    protocol: str | None,
     replace: bool,
     accept_new_host_key: bool,
 ) -> None:
@@ -104,12 +111,13 @@ def device_add(
     from devices.ssh import ssh_connect
 
     key = str(Path(key).absolute()) if key else None  # stored: later commands run from elsewhere
-    board = Board(name, host, user, port, key, arch, remote_dir).validate()
+    board = Board(name, host, user, port, key, arch, remote_dir, protocol or "").validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
         click.echo(f"host key of {host}:{port} recorded in {known_hosts_file()}")
     add_board(board, replace)
-    click.echo(f"added {name}: {user}@{host}:{port} ({arch}); next: `deploy device setup {name}`")
+    nxt = f"deploy device setup {name}" if board.speaks == "tvm" else f"deploy device check {name}"
+    click.echo(f"added {name}: {user}@{host}:{port} ({arch}, {board.speaks} protocol); next: `{nxt}`")
 
 
 @device_group.command("list")
@@ -127,7 +135,8 @@ def device_list(as_json: bool) -> None:
     click.echo("local      this host (built in)")
     click.echo("emulator   aarch64 under qemu-aarch64 on this host (built in)")
     for name, b in boards.items():
-        click.echo(f"{name:10} {b.user}@{b.host}:{b.port} {b.arch} key={b.key or 'agent'} dir={b.remote_dir}")
+        where = f"{b.user}@{b.host}:{b.port} {b.arch} {b.speaks}"
+        click.echo(f"{name:10} {where} key={b.key or 'agent'} dir={b.remote_dir}")
     from devices.opencl import opencl_devices
 
     try:
@@ -143,12 +152,17 @@ def device_list(as_json: bool) -> None:
 @click.argument("name")
 @ACCEPT
 def device_check(name: str, accept_new_host_key: bool) -> None:
-    """Log in to a board and report its machine, its glibc and libstdc++ against what deploy's
-    runtime needs, and whether the runtime is installed (exit 1 if the board cannot serve)."""
+    """Log in to a board and report what its protocol needs against what it has: for tvm its
+    machine, glibc and libstdc++ and whether the runtime is installed (a board too old for it is
+    offered the runner protocol); for runner its machine (and RVV on riscv64). Exit 1 if the board
+    cannot serve."""
+    from devices.board_runner import check_runner
     from devices.board_setup import check_board
     from devices.boards import require_board
 
-    if not check_board(require_board(name), click.echo, accept_new_host_key):
+    board = require_board(name)
+    check = check_board if board.speaks == "tvm" else check_runner
+    if not check(board, click.echo, accept_new_host_key):
         raise click.exceptions.Exit(1)
 
 
@@ -159,7 +173,11 @@ def device_setup(name: str) -> None:
     from devices.board_setup import setup_board
     from devices.boards import require_board
 
-    setup_board(require_board(name), click.echo)
+    board = require_board(name)
+    if board.speaks != "tvm":
+        click.echo(f"{name}: the runner protocol needs nothing set up: each bundle carries its runner")
+        return
+    setup_board(board, click.echo)
 
 
 @device_group.command("serve")
