@@ -27,7 +27,7 @@ from base.files import SUMS, read_sums
 from devices.board_setup import board_machine
 from devices.boards import Board, get_board
 from devices.registry import Device, register_device_source
-from devices.runner import RUNNER, RunnerSession
+from devices.runner import RUNNER, RUNNER_PROTOCOL, RunnerSession
 from devices.ssh import BoardShell, ssh_connect
 
 ISA = re.compile(r"^isa\s*:\s*rv64([a-z]*)", re.MULTILINE)
@@ -135,7 +135,7 @@ def _make_dirs(sftp: paramiko.SFTPClient, path: str) -> None:
 class RunnerBoard(Device):
     """A board registered with `deploy device add` that speaks the runner protocol."""
 
-    protocols = ("runner",)
+    protocols = (RUNNER_PROTOCOL,)
 
     def __init__(self, board: Board) -> None:
         self.board, self.name, self.arch = board, board.name, board.arch

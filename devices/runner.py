@@ -29,6 +29,8 @@ from devices.registry import Device, DeviceLost, register_device
 
 RUNNER = "deploy-run"
 """The runner's file name in a bundle (as `bundle.RUNNER`)."""
+RUNNER_PROTOCOL = "runner"
+"""The protocol's name in `Device.protocols`."""
 MIN_REPEAT_MS = 20
 """The shortest timed run: one shorter is done again with more calls (the runner's `--time`)."""
 BAD_INPUT, FAILED = 2, 1
@@ -154,7 +156,7 @@ class RunnerEmulator(Device):
     their runner (correctness, not performance)."""
 
     emulated = True
-    protocols = ("runner",)
+    protocols = (RUNNER_PROTOCOL,)
 
     def __init__(self, arch: str) -> None:
         self.arch = arch

@@ -461,11 +461,14 @@ print(sorted(name for name in sys.modules if name.startswith("tvm.s_tir.tensor_i
 
 def test_tuning_registers_the_cpu_intrinsics_and_skips_the_gpu_ones() -> None:
     """MetaSchedule's VNNI rule still finds its intrinsic (an int8 product is tensorized with
-    it), while the CUDA, ROCm and Hexagon intrinsics that cost every `deploy tune` 15-20 s of
-    TVMScript parsing are never imported, not even by the TuneContext."""
+    it), and a RISC-V TuneContext finds RVV's registration, while the CUDA, ROCm and Hexagon
+    intrinsics that cost every `deploy tune` 15-20 s of TVMScript parsing are never imported, not
+    even by the TuneContext."""
     probe = subprocess.run([sys.executable, "-c", INTRINSICS_PROBE], capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr
     tensorized, modules = probe.stdout.splitlines()
     assert tensorized == "True"
-    loaded = [f"tvm.s_tir.tensor_intrin.{name}" for name in ("arm_cpu", "dot_product_common", "x86")]
+    loaded = [
+        f"tvm.s_tir.tensor_intrin.{name}" for name in ("arm_cpu", "dot_product_common", "riscv_cpu", "x86")
+    ]
     assert modules == str(loaded)

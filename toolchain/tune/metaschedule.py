@@ -20,7 +20,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from base.errors import UsageError
 from base.stopping import STOP_SIGNALS, handled, interrupt_for
 from base.threads import host_cpus
 from devices import Device
+from devices.runner import RUNNER_PROTOCOL as RUNNER
 from ops.spec import BoundOp
 from schedules.registry import Picked, every_structure
 from schedules.space import design_spaces
@@ -36,7 +37,7 @@ from toolchain.build.compile import Compiled, compile_scheduled, context, prim_m
 from toolchain.build.compile import strategy as compiled_strategy
 from toolchain.build.targets import Target
 from toolchain.tune import records as db
-from toolchain.tune.runner import Measuring, builder, local_runner, session_runner
+from toolchain.tune.runner import Measuring, builder, bundle_runner, local_runner, session_runner
 from toolchain.tune.tuner import Progress, TuneResult, decide
 from toolchain.verify.run import for_device
 
@@ -62,6 +63,10 @@ def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tup
     """(MetaSchedule's runner, open a verification session) for the device, kept up while tuning."""
     if device.measures_in_process:
         yield local_runner(timeout_s), device.open
+        return
+    if RUNNER in device.protocols:  # each candidate's bundle through its runner, in one session
+        with device.open() as session:
+            yield bundle_runner(session, bound), lambda: nullcontext(session)
         return
     with device.rpc_endpoint() as rpc:
         yield session_runner(rpc, bound, timeout_s), rpc.session
@@ -121,7 +126,7 @@ class MetaScheduleTuner:
         progress.started(len(before.records), db.mean_secs(best[0]) if best else None)
         missing = trials - len(before.records)
         with _measuring(device, bound, timeout_s) as (measuring, open_verify):
-            if target.cores is None:
+            if target.cores is None or RUNNER in device.protocols:  # (its candidates: bundles)
                 with open_verify() as session:
                     target = for_device(target, session)
             for index, variant in enumerate(variants):
@@ -163,8 +168,9 @@ class MetaScheduleTuner:
 
 INTRINSICS = "tvm.s_tir.tensor_intrin"
 """The package of TVM's tensor intrinsics, which `TuneContext` imports when it is made."""
-CPU_INTRINSICS = ("x86", "arm_cpu")
-"""Its modules whose intrinsics MetaSchedule's CPU rules look up by name (VNNI, AVX-512, dot)."""
+CPU_INTRINSICS = ("x86", "arm_cpu", "riscv_cpu")
+"""Its modules whose intrinsics MetaSchedule's CPU rules look up by name (VNNI, AVX-512, dot; RVV: a
+RISC-V target's TuneContext calls `register_rvv_isa_intrinsics`)."""
 
 
 def cpu_intrinsics_only() -> None:
@@ -215,9 +221,9 @@ def _search_phases(
     how many were added (fewer when the spaces ran out of untried candidates)."""
     mod = variant.mod
     start = done = len(db.TaskRecords.load(directory, mod).records)
-    ours, phases = search_spaces(bound, target, variant)
-    with tempfile.TemporaryDirectory(prefix="deploy-tune-") as built:  # every candidate's .so
-        candidates = builder(target, 120.0, Path(built))
+    with _tvm_target(target), tempfile.TemporaryDirectory(prefix="deploy-tune-") as built:
+        ours, phases = search_spaces(bound, target, variant)  # in the target: RISC-V's rules ask it
+        candidates = builder(target, 120.0, Path(built), bound)
         if not done and ours is not None:
             seeded = _seed(mod, target, ours, directory, measuring, candidates, min(missing, SEEDS), progress)
             missing, done = missing - seeded, done + seeded

@@ -4,7 +4,9 @@ Candidates are compiled in worker processes (MetaSchedule's LocalBuilder) and li
 target's compiler, so an aarch64 candidate is a shared object the board loads as it is. The local
 host measures them in worker processes (MetaSchedule's LocalRunner); an RPC device (emulator, SSH
 board, tracker) measures each in a session of its own whose length the server bounds, so a
-candidate that crashes or hangs the device fails alone and the next one gets a fresh session.
+candidate that crashes or hangs the device fails alone and the next one gets a fresh session. A
+device of the runner protocol (`devices/runner.py`) measures each candidate's C bundle through
+its own `deploy-run`, one process per candidate: a crash fails that candidate alone.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 
 from base.errors import DeployError, reason
 from base.threads import host_cpus
-from devices import DeviceLost
+from devices import DeviceLost, Session
 from devices.rpc import RpcEndpoint
-from ops.spec import BoundOp
+from ops.spec import BoundOp, TensorType
+from toolchain.build.bundle import write_bundle
 from toolchain.build.shared_object import compile_cpu, export_module
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
@@ -44,17 +47,52 @@ def build_candidate(mod: Any, target: Any, params: Any) -> Any:
     return compile_cpu(mod, target)
 
 
-def export_candidate(target: Target, into: str, rt_mod: Any) -> str:
+@dataclass(frozen=True)
+class Signature:
+    """What a candidate's C bundle is called with: the op's name, its inputs and output (picklable
+    into the builder workers, as a bound op of a user's op file is not)."""
+
+    name: str
+    inputs: tuple[tuple[str, TensorType], ...]
+    output: TensorType
+
+    @staticmethod
+    def of(bound: BoundOp) -> Signature:
+        inputs = tuple((spec.name, t) for spec, t in zip(bound.op.inputs, bound.inputs, strict=True))
+        return Signature(bound.op.name, inputs, bound.output)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A built candidate as `bundle.write_bundle` takes it (`bundle.Bundled`)."""
+
+    target: Target
+    executable: Any
+    signature: Signature
+
+    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, None]:
+        return self.signature.name, list(self.signature.inputs), self.signature.output, None
+
+
+def export_candidate(target: Target, signature: Signature, into: str, rt_mod: Any) -> str:
     """Link a built candidate into a shared object in a fresh directory inside `into` (the
     tuning's own, removed when it ends), as `deploy build` links for `target`; return its path.
-    Runs in MetaSchedule's builder workers (pickled there with `functools.partial`)."""
-    path = os.path.join(tempfile.mkdtemp(prefix="candidate-", dir=into), "candidate.so")
-    export_module(rt_mod, Path(path), target)
+    For a target whose artifacts carry their bundle (`Target.bundle`: a runner device), write the
+    candidate's bundle there instead: the path is then of a module beside it that is not written
+    (what the runner session is given, `devices/runner.py`). Runs in MetaSchedule's builder
+    workers (pickled there with `functools.partial`)."""
+    directory = tempfile.mkdtemp(prefix="candidate-", dir=into)
+    path = os.path.join(directory, "candidate.so")
+    if target.bundle:
+        write_bundle(_Candidate(target, rt_mod, signature), Path(directory), None)
+    else:
+        export_module(rt_mod, Path(path), target)
     return path
 
 
-def builder(target: Target, timeout_s: float, into: Path) -> Any:
-    """MetaSchedule's LocalBuilder that builds and links candidates for `target` into `into`."""
+def builder(target: Target, timeout_s: float, into: Path, bound: BoundOp) -> Any:
+    """MetaSchedule's LocalBuilder that builds and links candidates of `bound` for `target` into
+    `into`."""
     import functools
 
     from tvm.s_tir import meta_schedule as ms
@@ -63,7 +101,7 @@ def builder(target: Target, timeout_s: float, into: Path) -> Any:
         max_workers=host_cpus(),
         timeout_sec=timeout_s,
         f_build=build_candidate,
-        f_export=functools.partial(export_candidate, target, str(into)),
+        f_export=functools.partial(export_candidate, target, Signature.of(bound), str(into)),
     )
 
 
@@ -127,3 +165,28 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> M
 
     runner = SessionRunner()
     return Measuring(runner, lambda: runner.fatal)
+
+
+def bundle_runner(session: Session, bound: BoundOp) -> Measuring:
+    """A MetaSchedule runner measuring each candidate's bundle through the session's runner (the
+    runner protocol): a candidate that fails or crashes its process fails alone."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
+
+    @derived_object
+    class BundleRunner(ms.runner.PyRunner):
+        def run(self, runner_inputs: list[Any]) -> list[Any]:
+            results = [self._measure(Path(str(item.artifact_path))) for item in runner_inputs]
+            return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]
+
+        def _measure(self, module: Path) -> Any:
+            out = bound.output
+            try:  # the runner adds calls until a run lasts its minimum
+                runs = session.time(module, inputs, out.shape, out.dtype, 1, REPEAT)
+            except DeployError as exc:
+                return ms.runner.RunnerResult(None, str(exc))
+            return ms.runner.RunnerResult([float(t) for t in runs], None)
+
+    return Measuring(BundleRunner(), lambda: None)
