@@ -134,6 +134,12 @@ def device_list(as_json: bool) -> None:
         return
     click.echo("local      this host (built in)")
     click.echo("emulator   aarch64 under qemu-aarch64 on this host (built in)")
+    from devices.platforms import get_platform
+    from devices.runner import EMULATED
+
+    for arch, suffix in EMULATED.items():
+        qemu = get_platform(arch).qemu
+        click.echo(f"emulator-{suffix} {arch} under {qemu} on this host, runner protocol (built in)")
     for name, b in boards.items():
         where = f"{b.user}@{b.host}:{b.port} {b.arch} {b.speaks}"
         click.echo(f"{name:10} {where} key={b.key or 'agent'} dir={b.remote_dir}")
