@@ -90,7 +90,7 @@ def stopping_like_ctrl_c() -> Iterator[None]:
 
 
 _abandoned: list[threading.Event] = []
-"""When each `interruptible` call a stop left running ends."""
+"""When each `interruptible` call under way or left running by a stop ends."""
 
 
 def interruptible(call: Callable[[], T]) -> T:
@@ -113,12 +113,10 @@ def interruptible(call: Callable[[], T]) -> T:
         finally:
             ended.set()
 
+    _abandoned.append(ended)  # from before the start: a stop inside Thread.start leaves it running too
     threading.Thread(target=work, name="deploy-interruptible", daemon=True).start()
-    try:
-        ended.wait()  # a signal's handler runs in here, and its exception leaves it
-    except BaseException:
-        _abandoned.append(ended)
-        raise
+    ended.wait()  # a signal's handler runs in here, and its exception leaves it
+    _abandoned.remove(ended)
     done, value = outcome[0]
     if not done:
         raise value

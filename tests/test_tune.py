@@ -279,7 +279,7 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     from ops import TensorType, bind, get_op
     from toolchain.build.compile import prim_module
     from toolchain.build.targets import get_target
-    from toolchain.tune.runner import export_candidate, session_runner
+    from toolchain.tune.runner import Signature, export_candidate, session_runner
 
     @T.prim_func
     def hangs(a: T.Buffer((7, 13), "float32"), b: T.Buffer((7, 13), "float32"),
@@ -299,7 +299,7 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
     candidates = [crashes, hangs, prim_module(bound, target)["main"]]
     built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
-    paths = [export_candidate(target, str(tmp_path), module) for module in built]
+    paths = [export_candidate(target, Signature.of(bound), str(tmp_path), module) for module in built]
     with get_device("emulator").rpc_endpoint() as endpoint:
         measuring = session_runner(endpoint, bound, timeout_s=5.0)
         inputs = [ms.runner.RunnerInput(p, "cpu", []) for p in paths]
