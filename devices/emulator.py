@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -44,16 +43,12 @@ class Emulator:
     def provision(self) -> Path:
         """The native runtime directory (built on first use, then cached by content hash)."""
         target = self.platform
-        if not target.native_here():
-            if target.qemu is None or shutil.which(target.qemu) is None:
-                raise DeployError(
-                    f"{target.qemu} not found: install the Debian package {target.qemu_package}"
-                )
-            if target.qemu_prefix is None or not Path(target.qemu_prefix, "lib").is_dir():
-                raise DeployError(
-                    f"no {target.arch} C library in {target.qemu_prefix}: install the Debian package"
-                    f" {target.gxx_package}"
-                )
+        target.require_emulator()
+        prefix = target.qemu_prefix
+        if not target.native_here() and (prefix is None or not Path(prefix, "lib").is_dir()):
+            raise DeployError(
+                f"no {target.arch} C library in {prefix}: install the Debian package {target.gxx_package}"
+            )
         return native_runtime(target)
 
     def start(self, port: int | None = None, tracker: str | None = None, key: str = "emulator") -> Server:

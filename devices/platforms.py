@@ -9,9 +9,10 @@ TVM's RPC server.
 from __future__ import annotations
 
 import platform
+import shutil
 from dataclasses import dataclass
 
-from base.errors import UsageError
+from base.errors import DeployError, UsageError
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class Platform:
 
     def native_here(self) -> bool:
         return self.arch == platform.machine()
+
+    def require_emulator(self) -> None:
+        """A one-line DeployError naming the Debian package when its qemu is not on this host
+        (nothing is needed where it is this host's own architecture)."""
+        if not self.native_here() and (self.qemu is None or shutil.which(self.qemu) is None):
+            raise DeployError(f"{self.qemu} not found: install the Debian package {self.qemu_package}")
 
     def emulator_command(self) -> list[str]:
         """The words that run a program of this architecture on this host."""

@@ -12,7 +12,6 @@ bundle (`Session.bundles`, `toolchain/verify/run.py:for_device`).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -165,10 +164,8 @@ class RunnerEmulator(Device):
 
     @contextmanager
     def open(self) -> Iterator[RunnerSession]:
-        qemu = self.platform.qemu
-        if not self.platform.native_here() and (qemu is None or shutil.which(qemu) is None):
-            raise DeployError(f"{qemu} not found: install the Debian package {self.platform.qemu_package}")
-        link = EmulatedLink(self.platform, f"{self.name} ({qemu})")
+        self.platform.require_emulator()
+        link = EmulatedLink(self.platform, f"{self.name} ({self.platform.qemu})")
         yield RunnerSession(link, self.arch, int(runtime_threads()))
 
 
