@@ -83,18 +83,25 @@ def read_plan(path: Path) -> dict[str, Any]:
             raise ValueError("source_sha256 is not a string")
         buffers = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["buffers"]]
         scratch = [(_shape(b["shape"]), np.dtype(b["dtype"])) for b in plan["scratch"]]
+        constants = [
+            (_shape(c["shape"]), np.dtype(c["dtype"]), int(c["offset"])) for c in plan.get("constants", [])
+        ]
+        if constants and not isinstance(plan["constants_sha256"], str):
+            raise ValueError("constants_sha256 is not a string")
         n_inputs = len(buffers) - 1
         roles = {
             "input": range(n_inputs),
             "output": range(n_inputs, len(buffers)),
             "scratch": range(len(scratch)),
+            "constant": range(len(constants)),
         }
         for kernel in plan["kernels"]:
             _work_sizes(kernel)
             for arg in kernel["args"]:
                 if type(arg["index"]) is not int or arg["index"] not in roles[arg["role"]]:
                     raise ValueError(f"kernel {kernel['name']}: no {arg['role']} buffer {arg['index']}")
-        inside = (path.parent / plan["source"]).resolve().is_relative_to(path.parent.resolve())
+        files = [plan["source"], *([plan["constants_file"]] if constants else [])]
+        inside = all((path.parent / f).resolve().is_relative_to(path.parent.resolve()) for f in files)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -103,9 +110,35 @@ def read_plan(path: Path) -> dict[str, Any]:
             f"{path}: not a launch plan of this deploy ({detail}): rebuild the artifact"
         ) from None
     if not inside:
-        raise UsageError(f"{path}: source {plan['source']!r} is outside the artifact's directory")
-    plan["buffers"], plan["scratch"] = buffers, scratch
+        raise UsageError(f"{path}: source or constants {files!r} outside the artifact's directory")
+    plan["buffers"], plan["scratch"], plan["constants"] = buffers, scratch, constants
     return plan
+
+
+def _read_pinned(path: Path, sha256: str, plan_path: Path) -> bytes:
+    """The bytes of a file the launch plan pins, checked against its sha256."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UsageError(f"{path} does not match the sha256 in {plan_path.name}")
+    return data
+
+
+def _constant_arrays(plan_path: Path, plan: dict[str, Any]) -> list[np.ndarray]:
+    """The graph's constants, read from the file the plan pins, each at its offset."""
+    if not plan["constants"]:
+        return []
+    blob_path = plan_path.parent / plan["constants_file"]
+    blob = _read_pinned(blob_path, plan["constants_sha256"], plan_path)
+    arrays = []
+    for shape, dtype, offset in plan["constants"]:
+        count = int(np.prod(shape))
+        if offset < 0 or offset + count * dtype.itemsize > len(blob):
+            raise UsageError(f"{blob_path}: a constant at offset {offset} lies past its {len(blob)} bytes")
+        arrays.append(np.frombuffer(blob, dtype.newbyteorder("<"), count, offset).reshape(shape))
+    return arrays
 
 
 def _check_arrays(
@@ -146,7 +179,8 @@ class OpenClSession:
         self._context = cl.Context([device])
         self._queue = cl.CommandQueue(self._context)
         self._fp16 = "cl_khr_fp16" in device.extensions
-        self._programs: dict[Path, tuple[dict[str, Any], Any]] = {}
+        self._programs: dict[Path, tuple[dict[str, Any], Any, list[Any]]] = {}
+        """Per launch plan: the plan, its program and its constants' buffers, made once."""
 
     def cores(self) -> None:
         """Not a CPU: kernels are spread by work-groups, not split for cores."""
@@ -157,17 +191,21 @@ class OpenClSession:
         in float32 (`Target.fp16_storage`)."""
         return self._fp16
 
-    def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any]:
+    def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any, list[Any]]:
         if plan_path not in self._programs:
             cl = _cl()
             plan = read_plan(plan_path)
             source_path = plan_path.parent / plan["source"]
-            try:
-                source = source_path.read_bytes()
-            except OSError as exc:
-                raise UsageError(f"cannot read {source_path}: {exc.strerror or exc}") from None
-            if hashlib.sha256(source).hexdigest() != plan["source_sha256"]:
-                raise UsageError(f"{source_path} does not match the sha256 in {plan_path.name}")
+            source = _read_pinned(source_path, plan["source_sha256"], plan_path)
+            flags = cl.mem_flags
+            constants = [
+                cl.Buffer(
+                    self._context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)
+                )
+                if a.nbytes
+                else cl.Buffer(self._context, flags.READ_ONLY, 1)
+                for a in _constant_arrays(plan_path, plan)
+            ]
             try:
                 text = source.decode()
             except UnicodeDecodeError:
@@ -184,7 +222,7 @@ class OpenClSession:
                 errors = [line for line in lines if "error" in line.lower() and "BUILD_PROGRAM" not in line]
                 log = " | ".join((errors or lines)[:3])
                 raise DeployError(f"OpenCL kernel build failed on {self.label}: {log}") from None
-            self._programs[plan_path] = (plan, program)
+            self._programs[plan_path] = (plan, program, constants)
         return self._programs[plan_path]
 
     def _launch(
@@ -192,7 +230,7 @@ class OpenClSession:
     ) -> tuple[Any, np.ndarray, Any]:
         """Buffers for the inputs and the output, and a function that enqueues every kernel."""
         cl = _cl()
-        plan, program = self._load(plan_path)
+        plan, program, constants = self._load(plan_path)
         _check_arrays(plan_path, plan, inputs, out_shape, out_dtype)
         flags = cl.mem_flags
         out = np.empty(out_shape, dtype=out_dtype)
@@ -206,7 +244,7 @@ class OpenClSession:
         buffers.append(cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)))
         sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in plan["scratch"]]
         scratch = [cl.Buffer(self._context, flags.READ_WRITE, max(1, size)) for size in sizes]
-        pools = {"input": buffers, "output": buffers, "scratch": scratch}
+        pools = {"input": buffers, "output": buffers, "scratch": scratch, "constant": constants}
         kernels = [
             (
                 cl.Kernel(program, k["name"]),

@@ -1,5 +1,6 @@
-"""Graphs of registered ops: named input tensors, nodes (an op, its attributes, the tensors it
-reads) and one output tensor; a model file or an ONNX model becomes one (`toolchain/model`).
+"""Graphs of registered ops: named input tensors, constant tensors (their values given by the
+model), nodes (an op, its attributes, the tensors it reads) and one output tensor; a model file
+or an ONNX model becomes one (`toolchain/model`).
 
 `bind_graph` checks a graph the way `bind` checks one op: tensors that exist, no cycle, and each
 node bound with its op's own `infer` in data-flow order, so a bad graph fails with the op's own
@@ -43,14 +44,44 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Constant:
+    """A tensor whose value the model gives (an ONNX initializer or Constant node): read by the
+    nodes like an input, baked into the artifact once (`toolchain/build/constants.py`).
+    `data` is the array's bytes, C order, little-endian: hashable, so graphs stay comparable."""
+
+    name: str
+    type: TensorType
+    data: bytes
+
+    @staticmethod
+    def of(name: str, array: np.ndarray) -> Constant:
+        little = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")  # 0-d stays 0-d
+        return Constant(name, TensorType(array.shape, array.dtype.name), little.tobytes())
+
+    def array(self) -> np.ndarray:
+        """The value, read-only (every reference shares it)."""
+        shape = tuple(int(d) for d in self.type.shape)
+        return np.frombuffer(self.data, np.dtype(self.type.dtype).newbyteorder("<")).reshape(shape)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        """As the manifest and the build key list it: the value by its sha256."""
+        return {"name": self.name, **self.type.to_json(), "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
 class Graph:
-    """A graph as read from a model: `inputs` in the order a caller passes arrays, `nodes` in any
-    order, `output` the tensor it returns."""
+    """A graph as read from a model: `inputs` in the order a caller passes arrays, `constants`
+    (the tensors the model gives values), `nodes` in any order, `output` the tensor it returns."""
 
     name: str
     inputs: tuple[tuple[str, TensorType], ...]
     nodes: tuple[Node, ...]
     output: str
+    constants: tuple[Constant, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,6 +147,7 @@ class BoundGraph:
         return {
             "graph": self.name,
             "inputs": [{"name": n, **t.to_json()} for n, t in self.graph.inputs],
+            "constants": [c.to_json() for c in self.graph.constants],
             "nodes": [
                 {"name": n.node.name, **n.bound.key(), "reads": list(n.node.inputs), "writes": n.node.output}
                 for n in self.nodes
@@ -128,8 +160,9 @@ class BoundGraph:
 
     def reference(self, *arrays: np.ndarray) -> np.ndarray:
         """The ops' numpy references composed in data-flow order."""
-        values = flow(self.nodes, dict(zip(self.input_names, arrays, strict=True)), numpy_reference)
-        return values[self.graph.output]
+        given = {c.name: c.array() for c in self.graph.constants}
+        given.update(zip(self.input_names, arrays, strict=True))
+        return flow(self.nodes, given, numpy_reference)[self.graph.output]
 
 
 def ops_of(nodes: Sequence[BoundNode]) -> tuple[Op, ...]:
@@ -154,13 +187,16 @@ def numpy_reference(n: BoundNode, arrays: list[np.ndarray]) -> np.ndarray:
 
 def bind_graph(graph: Graph) -> BoundGraph:
     """Check `graph` and bind every node: tensor names unique, every input a tensor that exists,
-    no cycle, the output written by a node or an input; each node bound by its op (its own
-    messages, prefixed with the node)."""
+    no cycle, the output written by a node, an input or a constant; each node bound by its op
+    (its own messages, prefixed with the node)."""
     _check_names(graph)
     types: dict[str, TensorType] = {}
-    for name, tensor in graph.inputs:
+    for kind, name, tensor in [
+        *(("input", name, t) for name, t in graph.inputs),
+        *(("constant", c.name, c.type) for c in graph.constants),
+    ]:
         if name in types:
-            raise UsageError(f"graph {graph.name}: input {name!r} is declared twice")
+            raise UsageError(f"graph {graph.name}: {kind} {name!r} is declared twice (or as an input)")
         types[name] = tensor
     writers: dict[str, Node] = {}
     names: set[str] = set()
@@ -170,7 +206,8 @@ def bind_graph(graph: Graph) -> BoundGraph:
         names.add(node.name)
         if node.output in types or node.output in writers:
             raise UsageError(
-                f"{node.label()} writes {node.output!r}, which is already an input or another node's"
+                f"{node.label()} writes {node.output!r}, which is already an input, a constant or"
+                " another node's"
             )
         writers[node.output] = node
     for node in graph.nodes:
@@ -198,7 +235,11 @@ def _check_names(graph: Graph) -> None:
     """Every name the graph gives (its own, its inputs', nodes' and tensors') is printable text:
     messages and the build's output show them, and a model file's escape sequences must not
     reach the terminal."""
-    named = [("graph", graph.name), *(("input", name) for name, _ in graph.inputs)]
+    named = [
+        ("graph", graph.name),
+        *(("input", name) for name, _ in graph.inputs),
+        *(("constant", c.name) for c in graph.constants),
+    ]
     for node in graph.nodes:
         named += [("node", node.name), ("tensor", node.output), *(("tensor", t) for t in node.inputs)]
     for kind, name in [*named, ("output", graph.output)]:

@@ -341,18 +341,20 @@ EXAMPLES = REPO / "examples"
 
 def example_graphs() -> list[tuple[str, BoundGraph, tuple[int, ...]]]:
     """(name, graph, the batch sizes to run it at) of each example model: the YAML graph, the ONNX
-    model with a custom-domain op (its op from ops/examples) and its symbolic-batch twin."""
+    model with a custom-domain op (its op from ops/examples), its symbolic-batch twin, and the
+    model with constants (an initializer and a Constant node, linked into its bundle)."""
     return [
         ("maxpool_add", bind_graph(load_model(EXAMPLES / "maxpool_add.yaml")), (0,)),
         ("hsig", bind_graph(load_model(EXAMPLES / "pool_add_leaky_hsig.onnx")), (0,)),
         ("hsig_n", bind_graph(load_model(EXAMPLES / "pool_add_leaky_hsig_n.onnx")), SYMBOLIC_SIZES),
+        ("bias_n", bind_graph(load_model(EXAMPLES / "pool_bias_leaky.onnx")), SYMBOLIC_SIZES),
     ]
 
 
 @on_targets(*TARGETS)
 def test_example_graphs_through_bundles(target: str, example_ops, tmp_path: Path) -> None:
     """Each example graph's plan (kernels in order, the tensors between them in the arena) through
-    its runner at every batch size, and the three bundles linked into one C program."""
+    its runner at every batch size, and the four bundles linked into one C program."""
     if target == "x86":
         x86_runs_here()
     rng = np.random.default_rng(7)

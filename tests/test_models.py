@@ -417,11 +417,6 @@ FLOAT4 = ("x", TensorProto.FLOAT, [4])
             "not a valid ONNX model: Field 'shape' of 'type' is required but missing.",
         ),
         (
-            {"inputs": [FLOAT4, ("w", TensorProto.FLOAT, [4])], "initializer": ["w"]},
-            "input 'w' is an initializer: constant tensors are not supported yet",
-        ),
-        ({"initializer": ["w"]}, "initializer 'w': constant tensors are not supported yet"),
-        (
             {"outputs": ["y", "x"]},
             "the graph has 2 outputs ('y', 'x'): a graph has exactly one output",
         ),

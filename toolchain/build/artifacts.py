@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ops.graph import BoundGraph
+    from ops.graph import BoundGraph, Constant
     from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.plan import Plan
@@ -70,6 +70,7 @@ class ArtifactKind:
         """The arena its graph entry takes (None: it takes none)."""
         return None
 
-    def write(self, compiled: Any, staging: Path, target: Target) -> Path:
-        """Write the compiled form into `staging`; returns the file the manifest pins."""
+    def write(self, compiled: Any, staging: Path, target: Target, constants: tuple[Constant, ...]) -> Path:
+        """Write the compiled form into `staging`, with a graph's `constants` (as its kernels read
+        them); returns the file the manifest pins."""
         raise NotImplementedError

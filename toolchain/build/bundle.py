@@ -30,7 +30,9 @@ from base.errors import DeployError, UsageError, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include
 from devices.platforms import Platform, get_platform
+from ops.graph import Constant
 from ops.spec import TensorType, is_symbolic, symbols_of
+from toolchain.build.constants import constants_object
 from toolchain.build.manifest import MANIFEST, PARTIAL
 from toolchain.build.plan import ALIGNMENT, Plan
 from toolchain.build.targets import Target, all_targets
@@ -68,6 +70,11 @@ class Bundled(Protocol):
 
     target: Target
     executable: Any
+
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        """A graph's constants, linked into the bundle's object (an op has none)."""
+        ...
 
     def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
         """(default name, inputs (name, type) in call order, output type, arena plan or None)."""
@@ -362,9 +369,12 @@ def write_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str
     objects = [kernels, cached_object(gcc, SOURCES / "runtime.c", CFLAGS), work / "bundle.o", work / "glue.o"]
     for source, obj in (("bundle.c", objects[2]), ("runner_glue.c", objects[3])):
         _run([gcc, *CFLAGS, *includes, "-c", str(SOURCES / source), "-o", str(obj)], f"{gcc} on {source}")
+    linked = objects[:3]
+    if compiled.constants:
+        linked.append(constants_object(compiled.constants, gcc, work))
     combined = work / "combined.o"
     _run(
-        [gcc, "-r", "-nostdlib", *map(str, objects[:3]), "-o", str(combined)],
+        [gcc, "-r", "-nostdlib", *map(str, linked), "-o", str(combined)],
         f"{gcc} -r (linking {prefix}.o)",
     )
     plugin = lto_plugin(gcc)

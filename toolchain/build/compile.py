@@ -7,9 +7,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from base.errors import UsageError
 from base.stopping import interruptible
-from ops.graph import BoundGraph, bind_graph
+from ops.graph import BoundGraph, Constant, bind_graph
 from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
 from ops.spec import BoundOp, TensorType, bind, require_static
@@ -76,11 +78,21 @@ def _wide(t: TensorType) -> TensorType:
 
 
 def as_computed_graph(graph: BoundGraph, target: Target) -> BoundGraph:
-    """The graph as the target computes it (`as_computed`): its float16 inputs as float32."""
+    """The graph as the target computes it (`as_computed`): its float16 inputs and constants as
+    float32."""
     if not target.fp16_storage or all(t.dtype != "float16" for t in graph.types.values()):
         return graph
     inputs = tuple((name, _wide(t)) for name, t in graph.graph.inputs)
-    return bind_graph(replace(graph.graph, inputs=inputs))
+    constants = tuple(_wide_constant(c) for c in graph.graph.constants)
+    return bind_graph(replace(graph.graph, inputs=inputs, constants=constants))
+
+
+def _wide_constant(constant: Constant) -> Constant:
+    """`constant` as computed under `Target.fp16_storage`: float16 as float32 (its kernels read
+    it as half, as the inputs)."""
+    if constant.type.dtype != "float16":
+        return constant
+    return Constant.of(constant.name, constant.array().astype(np.float32))
 
 
 def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
@@ -114,6 +126,11 @@ class Compiled:
     def item(self) -> BoundOp:
         """What was compiled."""
         return self.bound
+
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        """An op has none: its tensors are all its caller's."""
+        return ()
 
     def describe(self) -> dict[str, Any]:
         """The manifest's fields that say what was compiled."""
@@ -244,6 +261,12 @@ class CompiledGraph:
         """What was compiled."""
         return self.graph
 
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        """Its constants as the model gives them, which the artifact stores (float16 too: where the
+        kernels compute it as float32, they load it as half, as the graph's inputs)."""
+        return self.graph.graph.constants
+
     def describe(self) -> dict[str, Any]:
         """The manifest's fields that say what was compiled: the graph as laid out (`--layout`,
         its conversions among its nodes), its nodes and kernels."""
@@ -253,6 +276,7 @@ class CompiledGraph:
             "attrs": {},
             "inputs": [{"name": name, **t.to_json()} for name, t in graph.graph.inputs],
             "output": graph.output.to_json(),
+            "constants": [c.to_json() for c in graph.graph.constants] or None,
             "schedule": self.schedule,
             "entry": self.target.artifact.graph_entry,
             "arena": self.plan.to_json() if self.plan is not None else None,

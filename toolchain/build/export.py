@@ -69,7 +69,7 @@ def _write_artifact(
 ) -> Manifest:
     """The artifact's files and, last, its manifest, into `staging`."""
     target = compiled.target
-    module = target.artifact.write(compiled.executable, staging, target)
+    module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
     bundled = write_bundle(compiled, staging, name) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),

@@ -47,8 +47,8 @@ Call = tuple[str, Any, tuple[str, ...], str]
 
 
 def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
-    """A Relax module whose `main(graph inputs...)` calls each PrimFunc in order (`call_tir`: the
-    VM allocates the tensors between them) and returns the graph's output."""
+    """A Relax module whose `main(graph inputs..., constants...)` calls each PrimFunc in order
+    (`call_tir`: the VM allocates the tensors between them) and returns the graph's output."""
     import tvm
     from tvm import relax, tirx
 
@@ -61,8 +61,9 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
         return relax.TensorType([batch[str(d.name)] if is_symbolic(d) else d for d in t.shape], t.dtype)
 
     builder = relax.BlockBuilder()
-    params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(graph.input_names)]
-    values: dict[str, Any] = dict(zip(graph.input_names, params, strict=True))
+    given = [*graph.input_names, *(c.name for c in graph.graph.constants)]  # constants: as inputs here
+    params = [relax.Var(f"input{i}", tensor_type(name)) for i, name in enumerate(given)]
+    values: dict[str, Any] = dict(zip(given, params, strict=True))
     with builder.function("main", params):
         with builder.dataflow():
             for name, func, reads, writes in calls:

@@ -75,6 +75,9 @@ class Manifest:
     graph: dict[str, Any] | None = None
     """For a graph (`op` is its name): its nodes (name, op, attributes, tensors read and written)
     and its kernels in the order they run, each with the nodes it computes and its schedule."""
+    constants: list[dict[str, Any]] | None = None
+    """For a graph with constants: each one's name, shape, dtype and the sha256 of its bytes (C
+    order, little-endian), as the model gives it; the module holds them (`constants.py`)."""
     build_key: str | None = None
     """For a build in the cache: its key (`cache.build_key`), which a hit must match (`cached`)."""
     format: int = FORMAT

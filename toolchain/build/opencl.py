@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from base.errors import DeployError
 from base.files import sha256_file
 from toolchain.build.artifacts import ArtifactKind
+from toolchain.build.constants import BLOB, write_blob
+from toolchain.build.plan import constant_offsets
 
 if TYPE_CHECKING:
-    from ops.graph import BoundGraph
+    from ops.graph import BoundGraph, Constant
     from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
@@ -296,8 +298,11 @@ def graph_plan(
 ) -> dict[str, Any]:
     """One plan for a graph's kernels (`functions`: each kernel's name in the lowered module, its
     PrimFunc, and what it computes, in the order they run). The graph's inputs and output are the
-    plan's buffers; a tensor between two kernels is scratch, like each kernel's intermediates."""
+    plan's buffers; its constants are `constants[index]`, each at its offset in the constants
+    file (`constants.py`); a tensor between two kernels is scratch, like each kernel's
+    intermediates."""
     names = [*graph.input_names, graph.graph.output]
+    constants = {c.name: index for index, c in enumerate(graph.graph.constants)}
     types = [*graph.inputs, graph.output]
     buffers = [
         {"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in zip(names, types, strict=True)
@@ -311,12 +316,19 @@ def graph_plan(
             if tensor in names:
                 index = names.index(tensor)
                 roles[str(param.name)] = ("input" if index < len(graph.inputs) else "output", index)
+            elif tensor in constants:
+                roles[str(param.name)] = ("constant", constants[tensor])
             else:
                 t = graph.types[tensor]
                 entry = {"buffer": f"tensor {tensor}", "dtype": t.dtype, "shape": list(t.shape)}
                 roles[str(param.name)] = ("scratch", _scratch_index(entry, scratch))
         kernels += _kernels(host, devices, symbol, _arguments(func, roles, scratch, f"{symbol}."))
-    return {"kernels": kernels, "buffers": buffers, "scratch": scratch}
+    offsets = constant_offsets(graph.graph.constants)
+    stored = [
+        {"name": c.name, "shape": list(c.type.shape), "dtype": c.type.dtype, "offset": offset}
+        for c, offset in zip(graph.graph.constants, offsets, strict=True)
+    ]
+    return {"kernels": kernels, "buffers": buffers, "scratch": scratch, "constants": stored}
 
 
 def _source(mod: Any, target: Any, halves: dict[str, set[str]]) -> tuple[Any, dict[Any, Any], str]:
@@ -395,22 +407,31 @@ class OpenClPlan(ArtifactKind):
         return compile_opencl_graph(graph, kernels, target.tvm_target())
 
     def files(self, module: str) -> tuple[str, ...]:
-        return (module, SOURCE_FILE)
+        return (module, SOURCE_FILE, BLOB)
 
     def whole(self, directory: Path, module: str) -> bool:
-        """kernels.cl as launch.json pins it."""
+        """kernels.cl, and constants.bin where the graph has constants, as launch.json pins them."""
         try:
             plan = json.loads((directory / module).read_text())
-            return sha256_file(directory / SOURCE_FILE) == plan["source_sha256"]
+            pinned = [(SOURCE_FILE, plan["source_sha256"])]
+            if plan.get("constants"):
+                pinned.append((BLOB, plan["constants_sha256"]))
+            return all(sha256_file(directory / name) == sha for name, sha in pinned)
         except (OSError, ValueError, TypeError, KeyError):
             return False
 
-    def write(self, compiled: OpenClProgram, staging: Path, target: Target) -> Path:
-        """kernels.cl and launch.json, which pins the source by sha256 (the manifest pins the plan)."""
+    def write(
+        self, compiled: OpenClProgram, staging: Path, target: Target, constants: tuple[Constant, ...]
+    ) -> Path:
+        """kernels.cl, constants.bin for a graph with constants, and launch.json, which pins both by
+        sha256 (the manifest pins the plan)."""
         source = staging / SOURCE_FILE
         source.write_text(compiled.source)
         plan = staging / PLAN_FILE
         body = {"source": SOURCE_FILE, "source_sha256": sha256_file(source), **compiled.plan}
+        if constants:
+            write_blob(constants, staging / BLOB)
+            body.update(constants_file=BLOB, constants_sha256=sha256_file(staging / BLOB))
         plan.write_text(json.dumps(body, indent=2) + "\n")
         return plan
 

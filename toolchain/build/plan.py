@@ -8,6 +8,10 @@ locally and over RPC: the session allocates the arena, `devices/session.py`) and
 (`bundle.py`: the caller's memory or a per-thread cache), so what `deploy test` verifies is what
 ships. No VM: the plan is machine code like the kernels.
 
+The graph's constants are one read-only blob linked into the module (`constants.py`): `main` asks
+`deploy_constants()` for its address once and passes each kernel its constant's offset in it, so
+a constant is stored once and a caller passes nothing for it.
+
 The arena holds every tensor between two kernels at an offset fixed when built (a multiple of
 ALIGNMENT bytes, from N at call time for a symbolic batch); a tensor takes the slot of one no
 longer read when both have the same size, so a chain of same-sized kernels needs two slots. The
@@ -26,12 +30,15 @@ from ops.spec import TensorType, symbol, symbols_of
 from toolchain.build.fusion import Call
 
 if TYPE_CHECKING:
-    from ops.graph import BoundGraph
+    from ops.graph import BoundGraph, Constant
 
 ALIGNMENT = 64
 """Bytes every arena tensor is aligned to: what the kernels assume of their buffers (TVM's
 kAllocAlignment, which they `llvm.assume`)."""
 MAIN = "main"
+CONSTANTS_SYMBOL = "deploy_constants"
+"""The function `main` calls for the address of the graph's constants (`constants.py` defines it,
+hidden in a module, local in a bundle)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class Size:
         return {"bytes": self.factor, "times": list(self.symbols)}
 
 
-def _aligned(size: int) -> int:
+def aligned_bytes(size: int) -> int:
+    """`size` rounded up to a multiple of ALIGNMENT."""
     return -(-size // ALIGNMENT) * ALIGNMENT
 
 
@@ -71,9 +79,18 @@ class Plan:
         return [{**size.to_json(), "tensors": held[i]} for i, size in enumerate(self.slots)]
 
 
+def constant_offsets(constants: Sequence[Constant]) -> list[int]:
+    """Each constant's byte offset in the blob: in order, each ALIGNMENT-aligned."""
+    result, end = [], 0
+    for constant in constants:
+        result.append(end)
+        end += aligned_bytes(len(constant.data))
+    return result
+
+
 def arena_bytes(slots: Sequence[Size], sizes: dict[str, int]) -> int:
     """The arena's bytes with the symbolic dims at `sizes`: at least ALIGNMENT (`_arena_expr`)."""
-    return max(sum(_aligned(size.at(sizes)) for size in slots), ALIGNMENT)
+    return max(sum(aligned_bytes(size.at(sizes)) for size in slots), ALIGNMENT)
 
 
 def plan_arena(graph: BoundGraph, steps: Sequence[tuple[tuple[str, ...], str]]) -> Plan:
@@ -148,11 +165,19 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
     offsets, total = _layout(plan, symbols)
     arena = tirx.decl_buffer((total,), "uint8", name="arena")
 
+    constants = graph.graph.constants
+    blob, bind_blob = _constants_address("uint8")
+    blob_bytes = sum(aligned_bytes(len(c.data)) for c in constants)
+    blob_buffer = tirx.decl_buffer((max(blob_bytes, 1),), "uint8", name="constant_blob", data=blob)
+    at = dict(zip((c.name for c in constants), constant_offsets(constants), strict=True))
+
     def pointer(tensor: str) -> Any:
         if tensor == graph.graph.output:
             return out.data
         if tensor in tensors:
             return tensors[tensor].data
+        if tensor in at:
+            return tirx.address_of(tirx.BufferLoad(blob_buffer, [at[tensor]]))
         return tirx.address_of(tirx.BufferLoad(arena, [offsets[plan.places[tensor]]]))
 
     steps = []
@@ -161,18 +186,39 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
         steps.append(tirx.Evaluate(tvm.ir.Call(mod.get_global_var(name), args, ret_ty="int32")))
     if graph.graph.output in tensors:  # the output is an input (an ONNX pass-through): copy it
         steps.append(_copy(tensors[graph.graph.output], out))
+    if graph.graph.output in at:  # the output is a constant: copy it
+        value = graph.types[graph.graph.output]
+        typed, bind_typed = _constants_address(value.dtype)
+        start = at[graph.graph.output] // tvm.DataType(value.dtype).itemsize
+        source = tirx.decl_buffer(value.shape, value.dtype, data=typed, elem_offset=start, name="constant")
+        steps += [bind_typed, tirx.DeclBuffer(source, data=typed), _copy(source, out)]
     body = tirx.SeqStmt(steps) if len(steps) > 1 else steps[0]
+    if constants:
+        body = tirx.SeqStmt([bind_blob, tirx.DeclBuffer(blob_buffer, data=blob), body])
     mod[MAIN] = tirx.PrimFunc([*tensors.values(), out, arena], body).with_attr("global_symbol", MAIN)
     return mod
 
 
+def _constants_address(dtype: str) -> tuple[Any, Any]:
+    """A pointer to `dtype` holding the address of the graph's constants, and the statement that
+    sets it (`deploy_constants()`)."""
+    import tvm
+    from tvm import tirx
+
+    var = tirx.Var(f"constants_{dtype}", tvm.ir.PointerType(tvm.ir.PrimType(dtype)))
+    extern = tvm.ir.Op.get("tirx.call_extern")
+    return var, tirx.Bind(var, tvm.ir.Call(extern, [tvm.ir.StringImm(CONSTANTS_SYMBOL)], ret_ty=var.ty))
+
+
 def _copy(src: Any, dst: Any) -> Any:
-    """A flat copy loop from `src` to `dst` (same shape and dtype)."""
+    """A flat copy loop from `src` (from its element offset) to `dst` (same shape and dtype)."""
     from tvm import tirx
 
     total = math.prod(src.shape) if src.shape else 1
     i = tirx.Var("i", "int32")
-    flat_src = tirx.decl_buffer((total,), src.dtype, data=src.data, name="src_flat")
+    flat_src = tirx.decl_buffer(
+        (total,), src.dtype, data=src.data, name="src_flat", elem_offset=src.elem_offset
+    )
     flat_dst = tirx.decl_buffer((total,), dst.dtype, data=dst.data, name="dst_flat")
     store = tirx.BufferStore(flat_dst, tirx.BufferLoad(flat_src, [i]), [i])
     loop = tirx.For(i, 0, total, tirx.ForKind.SERIAL, store)

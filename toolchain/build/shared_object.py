@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from base.errors import DeployError, printable
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
+from toolchain.build.constants import constants_object
 from toolchain.build.fusion import Call
 from toolchain.build.plan import Plan, plan_arena, plan_module
 
 if TYPE_CHECKING:
-    from ops.graph import BoundGraph
+    from ops.graph import BoundGraph, Constant
     from ops.spec import TensorType
     from toolchain.build.compile import ScheduledKernel
     from toolchain.build.targets import Target
@@ -251,10 +252,10 @@ CAUSES = (": error:", "cannot find", "undefined reference", "No such file")
 """What marks the line of a compiler's or linker's output that says why it failed."""
 
 
-def linker(target: Target) -> Any:
-    """The `fcompile` that links for `target` (None: this host's compiler, which TVM finds as
-    $CXX, $CC or the first of g++, gcc, clang++ ... on PATH: checked here, since TVM would pass
-    on a None or a missing file and fail with a TypeError or a FileNotFoundError)."""
+def compiler(target: Target) -> str:
+    """The compiler that links for `target`: this host's, which TVM finds as $CXX, $CC or the
+    first of g++, gcc, clang++ ... on PATH, or the target's cross compiler; checked here, since
+    TVM would pass on a None or a missing file and fail with a TypeError or a FileNotFoundError."""
     from tvm.support import cc
 
     if target.cross_compiler is None:
@@ -262,23 +263,33 @@ def linker(target: Target) -> Any:
         if host is None or shutil.which(host) is None:
             said = f"CXX or CC is {host!r}, not a program" if host else "no g++, gcc or clang++ on PATH"
             raise DeployError(f"no C++ compiler to link for target {target.name}: {said} (Debian: g++)")
-        return None
+        return host
     if shutil.which(target.cross_compiler) is None:
         raise DeployError(
             f"cross compiler {target.cross_compiler} for target {target.name} not found:"
             f" install the Debian package {target.cross_package}"
         )
-    return cc.cross_compiler(target.cross_compiler)
+    return target.cross_compiler
 
 
-def export_module(executable: Any, path: Path, target: Target) -> None:
-    """Link a compiled module into the shared object `path` with the target's linker."""
+def linker(target: Target) -> Any:
+    """The `fcompile` that links for `target` (None: this host's compiler, as TVM finds it)."""
+    from tvm.support import cc
+
+    program = compiler(target)
+    return None if target.cross_compiler is None else cc.cross_compiler(program)
+
+
+def export_module(executable: Any, path: Path, target: Target, addons: tuple[Path, ...] = ()) -> None:
+    """Link a compiled module, and the objects `addons`, into the shared object `path` with the
+    target's linker."""
     fcompile = linker(target)
+    extra = {"addons": [str(a) for a in addons]} if addons else {}
     try:
         if fcompile is None:
-            executable.export_library(str(path))
+            executable.export_library(str(path), **extra)
         else:
-            executable.export_library(str(path), fcompile=fcompile)
+            executable.export_library(str(path), fcompile=fcompile, **extra)
     except RuntimeError as exc:  # the compiler's output follows TVM's first line: name its error
         text = str(exc)
         if not text.startswith("Compilation error"):
@@ -350,9 +361,15 @@ class SharedObject(ArtifactKind):
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
         return plan_arena(graph, [(k.kernel.reads, k.kernel.writes) for k in kernels])
 
-    def write(self, compiled: Any, staging: Path, target: Target) -> Path:
+    def write(self, compiled: Any, staging: Path, target: Target, constants: tuple[Constant, ...]) -> Path:
         module = staging / MODULE_FILE
-        export_module(compiled, module, target)
+        if not constants:
+            export_module(compiled, module, target)
+            return module
+        work = staging / ".constants"
+        work.mkdir()
+        export_module(compiled, module, target, (constants_object(constants, compiler(target), work),))
+        shutil.rmtree(work)
         return module
 
 

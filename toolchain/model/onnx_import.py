@@ -1,9 +1,11 @@
 """ONNX models -> Graph: each node becomes the registered op declaring its (domain, op_type) in
-`Op.onnx`, its attributes converted by that declaration (`ops/onnx_mapping.py`).
+`Op.onnx`, its attributes converted by that declaration (`ops/onnx_mapping.py`); initializers and
+`Constant` nodes become the graph's constants (`ops.graph.Constant`), their data read here, an
+external file's only from the model's own directory.
 
-What the graphs cannot hold yet is refused in one line, never approximated: constant tensors
-(initializers), symbolic dims (`input_dim`), a node's second output that something reads, several
-graph outputs, and ONNX ops no registered op implements.
+What the graphs cannot hold yet is refused in one line, never approximated: symbolic dims other
+than the batch (`input_dim`), a node's second output that something reads, several graph outputs,
+and ONNX ops no registered op implements.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper
 
 from base.errors import UsageError, clipped, printable, reason
-from ops.graph import Graph, Node, bind_graph
+from ops.graph import Constant, Graph, Node, bind_graph
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
 from ops.registry import op_for_onnx
 from ops.spec import ALL_DTYPES, SYMBOL_NAMES, Op, TensorType, check_size, is_symbol_name
@@ -51,13 +55,19 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         model = onnx.load_model_from_string(data)
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
-    try:
-        onnx.checker.check_model(model)
+    external = [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
+    try:  # ours first: onnx's checker would say "not regular file" of a missing or outside one
+        for tensor in external:
+            _external_file(tensor, path.parent)
+    except UsageError as exc:
+        raise UsageError(f"model {path}: {exc}") from None
+    try:  # given the path, the checker finds external data beside the model, not in the working directory
+        onnx.checker.check_model(str(path) if external else model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise _invalid(path, exc) from None
     check_opset(path, model)
     try:
-        graph = graph_from_onnx(model.graph, default_name=path.stem)
+        graph = graph_from_onnx(model.graph, default_name=path.stem, directory=path.parent)
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
@@ -114,27 +124,147 @@ def check_declared_output(value: onnx.ValueInfoProto, computed: TensorType) -> N
         raise UsageError(f"{where} is declared {shown}, but its nodes compute {computed}")
 
 
-def graph_from_onnx(graph: onnx.GraphProto, default_name: str) -> Graph:
-    """`graph` as a Graph named `default_name` (ONNX graph names are mostly `main_graph`)."""
-    constants = [t.name for t in graph.initializer] + [t.values.name for t in graph.sparse_initializer]
-    for value in graph.input:
-        if value.name in constants:
-            raise UsageError(
-                f"input {value.name!r} is an initializer: constant tensors are not supported yet"
-            )
-    if constants:
-        raise UsageError(f"initializer {constants[0]!r}: constant tensors are not supported yet")
+def graph_from_onnx(graph: onnx.GraphProto, default_name: str, directory: Path) -> Graph:
+    """`graph` as a Graph named `default_name` (ONNX graph names are mostly `main_graph`); an
+    initializer's external data is read from `directory` (the model's)."""
+    for sparse in graph.sparse_initializer:
+        raise UsageError(
+            f"initializer {printable(clipped(sparse.values.name))!r} is sparse: expected a dense tensor"
+        )
+    constants = [Constant.of(t.name, initializer(t, directory)) for t in graph.initializer]
+    constants += [constant_node(node, directory) for node in graph.node if _is_constant(node)]
+    given = {c.name for c in constants}
     if len(graph.output) != 1:
         names = ", ".join(repr(v.name) for v in graph.output)
         raise UsageError(
             f"the graph has {len(graph.output)} outputs ({names}): a graph has exactly one output"
         )
     read = {t for node in graph.node for t in node.input} | {graph.output[0].name}
+    nodes = [(index, node) for index, node in enumerate(graph.node) if not _is_constant(node)]
     return Graph(
         default_name,
-        tuple((v.name, input_type(v)) for v in graph.input),
-        tuple(_node(index, node, read) for index, node in enumerate(graph.node)),
+        # an initializer listed as an input too (older exporters) is its default value: a constant here
+        tuple((v.name, input_type(v)) for v in graph.input if v.name not in given),
+        tuple(_node(index, node, read) for index, node in nodes),
         graph.output[0].name,
+        tuple(constants),
+    )
+
+
+def _is_constant(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and domain_key(node.domain) == ""
+
+
+def initializer(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
+    """The value of initializer `tensor`: its dtype one of ours, its data all there (inline, or
+    in an external file inside `directory`)."""
+    where = f"initializer {printable(clipped(tensor.name))!r}"
+    dtype = DTYPES.get(tensor.data_type)
+    if dtype is None:
+        name = (
+            TensorProto.DataType.Name(tensor.data_type)
+            if tensor.data_type in _TYPE_NAMES
+            else tensor.data_type
+        )
+        raise UsageError(f"{where} has element type {name}: expected one of {', '.join(ALL_DTYPES)}")
+    shape = tuple(tensor.dims)
+    check_size(where, TensorType(tuple(d if d > 0 else 1 for d in shape), dtype))
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return _external(tensor, shape, dtype, directory, where)
+    try:
+        array = onnx.numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as exc:  # data shorter or longer than its dims
+        raise UsageError(
+            f"{where}: its data does not hold {_shown(shape)} {dtype} values ({reason(exc)})"
+        ) from None
+    if array.shape != shape or array.dtype != np.dtype(dtype):
+        raise UsageError(f"{where}: its data does not hold {_shown(shape)} {dtype} values")
+    return array
+
+
+_TYPE_NAMES = set(TensorProto.DataType.values())
+
+
+def _shown(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "a scalar's"
+
+
+def _tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """The tensors a graph gives values: its initializers and its Constant nodes' tensors."""
+    values = [a.t for node in graph.node if _is_constant(node) for a in node.attribute if a.name == "value"]
+    return [*graph.initializer, *values]
+
+
+def _external(
+    tensor: onnx.TensorProto, shape: tuple[int, ...], dtype: str, directory: Path, where: str
+) -> np.ndarray:
+    """An initializer stored outside the model (`data_location=EXTERNAL`): read where
+    `_external_file` says."""
+    file, offset, need = _external_file(tensor, directory)
+    with file.open("rb") as f:
+        f.seek(offset)
+        data = f.read(need)
+    if len(data) != need:
+        raise UsageError(
+            f"{where}: its external data file {file} holds {len(data)} bytes at offset {offset},"
+            f" expected {need}"
+        )
+    return np.frombuffer(data, np.dtype(dtype).newbyteorder("<")).reshape(shape)
+
+
+def _external_file(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
+    """Where an external tensor's data is: (its `location`, a file inside `directory`; the
+    `offset` in it; its bytes, which `length` must match where given)."""
+    where = f"initializer {printable(clipped(tensor.name))!r}"
+    dtype = DTYPES.get(tensor.data_type, "uint8")  # an unknown dtype is refused when it is read
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    shown = printable(clipped(location))
+    base = directory.resolve()
+    file = (base / location).resolve()
+    if not location or Path(location).is_absolute() or base not in file.parents:
+        raise UsageError(
+            f"{where}: its external data {shown!r} is not a file inside the model's directory {base}"
+        )
+    if not file.is_file():
+        raise UsageError(f"{where}: its external data file {file} is missing")
+    try:
+        offset = int(entries.get("offset", "0"))
+        length = int(entries["length"]) if "length" in entries else None
+    except ValueError:
+        raise UsageError(f"{where}: its external data's offset or length is not a number") from None
+    need = int(np.prod(tuple(tensor.dims), dtype=np.int64)) * np.dtype(dtype).itemsize
+    if offset < 0 or (length is not None and length != need):
+        raise UsageError(f"{where}: its external data (offset {offset}, length {length}) is not {need} bytes")
+    return file, offset, need
+
+
+CONSTANT_VALUES = {
+    "value_float": np.float32,
+    "value_floats": np.float32,
+    "value_int": np.int64,
+    "value_ints": np.int64,
+}
+"""A Constant node's attributes that give a value other than as a tensor, and their dtypes."""
+
+
+def constant_node(node: onnx.NodeProto, directory: Path) -> Constant:
+    """The constant an ONNX `Constant` node outputs: its one value attribute (a dense tensor, a
+    float or int, or a list of them); sparse and string values are refused. A tensor's external
+    data is read from `directory`, as an initializer's."""
+    where = f"Constant node {printable(clipped(node.name or node.output[0]))!r}"
+    if len(node.attribute) != 1:
+        names = ", ".join(printable(a.name) for a in node.attribute) or "none"
+        raise UsageError(f"{where} has attributes {names}: expected exactly one value")
+    attribute = node.attribute[0]
+    if attribute.name == "value":
+        return Constant.of(node.output[0], initializer(attribute.t, directory))
+    if attribute.name in CONSTANT_VALUES:
+        value = helper.get_attribute_value(attribute)
+        return Constant.of(node.output[0], np.array(value, dtype=CONSTANT_VALUES[attribute.name]))
+    raise UsageError(
+        f"{where} has a {printable(attribute.name)} value: expected a dense tensor, a float or an int"
+        " (or a list of them)"
     )
 
 

@@ -59,7 +59,8 @@ def onnxruntime_reference(model: Path, graph: BoundGraph, arrays: list[np.ndarra
         return None
     proto = onnx.load(model)
     by_output = {node.output[0]: node for node in proto.graph.node}
-    values = dict(zip(graph.input_names, arrays, strict=True))
+    values = {c.name: c.array() for c in graph.graph.constants}
+    values.update(zip(graph.input_names, arrays, strict=True))
     for bound in graph.nodes:
         node = by_output[bound.node.output]
         inputs = [values[t] for t in bound.node.inputs]
