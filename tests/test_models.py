@@ -389,8 +389,60 @@ def test_unknown_onnx_op_says_how_to_add_it(
     label = f"{domain}::{op_type}" if domain else op_type
     assert error(path) == (
         f"model {path}: node '{op_type}_0' ({label}): no registered op implements it; add an op file"
-        f" declaring onnx = ({declaration},) and pass --ops-path (see docs/adding-ops.md)"
+        f" declaring onnx = ({declaration},) and pass --ops-path (see docs/adding-ops.md; `deploy ops"
+        f" --model {path}` reports the whole model)"
     )
+
+
+def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> None:
+    """Three op types missing, one node refused, one fine: the report says all of it, and build
+    refuses in one line naming the count and pointing at it."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["s"], "sig"),
+        helper.make_node("Mul", ["c", "s"], ["m"], "swish"),
+        helper.make_node(
+            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER"
+        ),
+        helper.make_node("LeakyRelu", ["p"], ["q"], "act"),
+        helper.make_node("Conv", ["q", "w"], ["y"], "conv2", kernel_shape=[1, 1]),
+    ]
+    weights = [helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 1, 1], [0.5] * 16)]
+    path = onnx_file(
+        tmp_path, nodes, [("x", TensorProto.FLOAT, [1, 4, 8, 8])], ("y", TensorProto.FLOAT, [1, 4, 4, 4]),
+        initializer=weights,
+    )  # fmt: skip
+    result = invoke("ops", "--model", str(path), "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert [(n["name"], n["op"], n["status"]) for n in report["nodes"]] == [
+        ("conv", None, "missing"), ("sig", None, "missing"), ("swish", None, "missing"),
+        ("pool", "max_pool2d", "refused"), ("act", "leaky_relu", "ok"), ("conv2", None, "missing"),
+    ]  # fmt: skip
+    assert report["nodes"][3]["problem"].startswith("ONNX attribute auto_pad='SAME_UPPER' is not supported")
+    assert report["missing"][0] == {
+        "domain": "",
+        "op_type": "Conv",
+        "declaration": 'onnx = (OnnxOp("Conv"),)',
+        "nodes": ["conv", "conv2"],
+        "attributes": {"kernel_shape": [[3, 3], [1, 1]], "pads": [[1, 1, 1, 1]]},
+    }
+    assert [m["op_type"] for m in report["missing"]] == ["Conv", "Sigmoid", "Mul"]
+    message = (
+        f"model {path}: 4 nodes need ONNX ops no registered op implements (3 op types: Conv, Sigmoid, Mul):"
+        f" `deploy ops --model {path}` lists each with what to add (see docs/adding-ops.md)"
+    )
+    assert report["builds"] is False and report["problem"] == message.removeprefix(f"model {path}: ")
+    built = invoke("build", "--model", str(path), "--target", "x86", "-o", str(tmp_path / "out"))
+    assert built.exit_code == 2 and built.output.strip() == f"error: {message}"
+    table = invoke("ops", "--model", str(path))
+    assert (
+        table.exit_code == 1
+        and "op types to add" in table.output
+        and "the model does not build" in table.output
+    )
+    fine = invoke("ops", "--model", str(REPO / "examples" / "pool_bias_leaky.onnx"))
+    assert fine.exit_code == 0 and fine.output.rstrip().endswith("the model builds as it is")
 
 
 FLOAT4 = ("x", TensorProto.FLOAT, [4])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -95,10 +96,54 @@ def print_targets(described: list[dict[str, Any]]) -> None:
     wide_console().print(table)
 
 
+def print_model_report(report: dict[str, Any]) -> None:
+    """`model_report` as tables: every node, then what to add per missing op type, then a line."""
+    nodes = Table(title=f"nodes of {report['model']}")
+    for column in ("node", "ONNX op", "op", "status"):
+        nodes.add_column(column)
+    for node in report["nodes"]:
+        status = node["status"] if node["status"] != "refused" else f"refused: {node['problem']}"
+        nodes.add_row(node["name"], node["onnx"], node["op"] or "-", status)
+    console = wide_console()
+    console.print(nodes, markup=False)
+    if report["missing"]:
+        missing = Table(title="op types to add (an op file each, see docs/adding-ops.md)", show_lines=True)
+        for column in ("ONNX op", "nodes", "declare", "attributes the model uses"):
+            missing.add_column(column)
+        for entry in report["missing"]:
+            label = f"{entry['domain']}::{entry['op_type']}" if entry["domain"] else entry["op_type"]
+            attrs = "\n".join(
+                f"{name}: {', '.join(map(str, values))}" for name, values in entry["attributes"].items()
+            )
+            missing.add_row(label, str(len(entry["nodes"])), entry["declaration"], attrs or "-")
+        console.print(missing, markup=False)
+    if report["builds"]:
+        click.echo("the model builds as it is")
+    else:
+        click.echo(f"the model does not build: {report['problem']}")
+
+
 @click.command("ops")
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Instead: report what this ONNX model needs (each node's op, every op type to add).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def ops_command(as_json: bool) -> None:
-    """List ops with inputs, attributes, dtypes and targets."""
+def ops_command(model: Path | None, as_json: bool) -> None:
+    """List ops with inputs, attributes, dtypes and targets; with --model, what a model needs
+    (exit 1 when it does not build as it is)."""
+    if model is not None:
+        from toolchain.model.onnx_report import model_report
+
+        report = model_report(model)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            print_model_report(report)
+        if not report["builds"]:
+            raise click.exceptions.Exit(1)
+        return
     described = describe_ops()
     if as_json:
         click.echo(json.dumps(described, indent=2))

@@ -67,7 +67,7 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         raise _invalid(path, exc) from None
     check_opset(path, model)
     try:
-        graph = graph_from_onnx(model.graph, default_name=path.stem, directory=path.parent)
+        graph = graph_from_onnx(model.graph, path)
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
@@ -124,15 +124,17 @@ def check_declared_output(value: onnx.ValueInfoProto, computed: TensorType) -> N
         raise UsageError(f"{where} is declared {shown}, but its nodes compute {computed}")
 
 
-def graph_from_onnx(graph: onnx.GraphProto, default_name: str, directory: Path) -> Graph:
-    """`graph` as a Graph named `default_name` (ONNX graph names are mostly `main_graph`); an
-    initializer's external data is read from `directory` (the model's)."""
+def graph_from_onnx(graph: onnx.GraphProto, path: Path) -> Graph:
+    """`graph` (of the model at `path`) as a Graph named as the file (ONNX graph names are mostly
+    `main_graph`); an initializer's external data is read from the model's directory. Nodes no
+    registered op implements are refused all at once, pointing at the report that lists them."""
+    directory = path.parent
     for sparse in graph.sparse_initializer:
         raise UsageError(
             f"initializer {printable(clipped(sparse.values.name))!r} is sparse: expected a dense tensor"
         )
     constants = [Constant.of(t.name, initializer(t, directory)) for t in graph.initializer]
-    constants += [constant_node(node, directory) for node in graph.node if _is_constant(node)]
+    constants += [constant_node(node, directory) for node in graph.node if is_constant(node)]
     given = {c.name for c in constants}
     if len(graph.output) != 1:
         names = ", ".join(repr(v.name) for v in graph.output)
@@ -140,18 +142,22 @@ def graph_from_onnx(graph: onnx.GraphProto, default_name: str, directory: Path) 
             f"the graph has {len(graph.output)} outputs ({names}): a graph has exactly one output"
         )
     read = {t for node in graph.node for t in node.input} | {graph.output[0].name}
-    nodes = [(index, node) for index, node in enumerate(graph.node) if not _is_constant(node)]
+    nodes = [(index, node) for index, node in enumerate(graph.node) if not is_constant(node)]
+    ops = {index: op_for_onnx(node.domain, node.op_type) for index, node in nodes}
+    missing = [(index, node) for index, node in nodes if ops[index] is None]
+    if missing:
+        raise _unimplemented(missing, path)
     return Graph(
-        default_name,
+        path.stem,
         # an initializer listed as an input too (older exporters) is its default value: a constant here
         tuple((v.name, input_type(v)) for v in graph.input if v.name not in given),
-        tuple(_node(index, node, read) for index, node in nodes),
+        tuple(convert_node(index, node, op, read) for index, node in nodes if (op := ops[index]) is not None),
         graph.output[0].name,
         tuple(constants),
     )
 
 
-def _is_constant(node: onnx.NodeProto) -> bool:
+def is_constant(node: onnx.NodeProto) -> bool:
     return node.op_type == "Constant" and domain_key(node.domain) == ""
 
 
@@ -191,7 +197,7 @@ def _shown(shape: tuple[int, ...]) -> str:
 
 def _tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
     """The tensors a graph gives values: its initializers and its Constant nodes' tensors."""
-    values = [a.t for node in graph.node if _is_constant(node) for a in node.attribute if a.name == "value"]
+    values = [a.t for node in graph.node if is_constant(node) for a in node.attribute if a.name == "value"]
     return [*graph.initializer, *values]
 
 
@@ -304,18 +310,42 @@ def input_dim(name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> int
     return dim.dim_value
 
 
-def _node(index: int, node: onnx.NodeProto, read: set[str]) -> Node:
-    """The Node of ONNX `node` (the `index`th); `read`: every tensor a node or the graph output reads."""
-    name = node.name or f"{node.op_type}_{index}"
-    source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
-    op = op_for_onnx(node.domain, node.op_type)
-    if op is None:
-        domain = f', domain="{printable(node.domain)}"' if domain_key(node.domain) else ""
-        raise UsageError(
-            f"node {name!r} ({source}): no registered op implements it; add an op file declaring"
-            f' onnx = (OnnxOp("{printable(node.op_type)}"{domain}),) and pass --ops-path'
-            " (see docs/adding-ops.md)"
+def node_name(index: int, node: onnx.NodeProto) -> str:
+    """A node's name, or `OpType_index` for an unnamed one."""
+    return node.name or f"{node.op_type}_{index}"
+
+
+def declaration(node: onnx.NodeProto) -> str:
+    """What an op file declares to implement `node`'s op type: `onnx = (OnnxOp("Relu"),)`."""
+    domain = f', domain="{printable(node.domain)}"' if domain_key(node.domain) else ""
+    return f'onnx = (OnnxOp("{printable(node.op_type)}"{domain}),)'
+
+
+def _unimplemented(missing: list[tuple[int, onnx.NodeProto]], path: Path) -> UsageError:
+    """The one line refusing a model with `missing` nodes (their op types implemented by no
+    registered op): the node and what to declare for one, the count and op types for several;
+    both point at the report of the whole model."""
+    report = f"deploy ops --model {printable(str(path))}"
+    if len(missing) == 1:
+        index, node = missing[0]
+        return UsageError(
+            f"node {node_name(index, node)!r} ({printable(onnx_label(node.domain, node.op_type))}): no"
+            f" registered op implements it; add an op file declaring {declaration(node)} and pass"
+            f" --ops-path (see docs/adding-ops.md; `{report}` reports the whole model)"
         )
+    labels = list(dict.fromkeys(printable(onnx_label(n.domain, n.op_type)) for _, n in missing))
+    shown = ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
+    return UsageError(
+        f"{len(missing)} nodes need ONNX ops no registered op implements ({len(labels)} op types: {shown}):"
+        f" `{report}` lists each with what to add (see docs/adding-ops.md)"
+    )
+
+
+def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str]) -> Node:
+    """The Node of ONNX `node` (the `index`th), which `op` implements; `read`: every tensor a
+    node or the graph output reads."""
+    name = node_name(index, node)
+    source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
     outputs = list(node.output)
     shell = Node(name, op, {}, tuple(node.input), outputs[0] if outputs else "", source)
     for position, tensor in enumerate(node.input):
@@ -334,7 +364,7 @@ def _node(index: int, node: onnx.NodeProto, read: set[str]) -> Node:
             )
     mapping = _mapping(op.onnx, node.domain, node.op_type)
     try:
-        attrs = mapping.attrs({a.name: _attribute(a) for a in node.attribute})
+        attrs = mapping.attrs({a.name: attribute_value(a) for a in node.attribute})
         _strings_only_where_text(op, attrs)
     except UsageError as exc:
         raise UsageError(f"{shell.label()}: {exc}") from None
@@ -361,7 +391,7 @@ def _strings_only_where_text(op: Op, attrs: dict[str, Any]) -> None:
             )
 
 
-def _attribute(attribute: onnx.AttributeProto) -> Any:
+def attribute_value(attribute: onnx.AttributeProto) -> Any:
     """An ONNX attribute as a Python value: int, float, str, or a list of one of them."""
     if attribute.type not in ATTRIBUTE_TYPES:
         kind = AttributeProto.AttributeType.Name(attribute.type)
