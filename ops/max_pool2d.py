@@ -59,6 +59,7 @@ class MaxPool2d(Op):
         Case(((2, 5, 9, 11),), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
         Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
         Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
+        Case(((1, 3, 8, 9),), {"kernel": 3, "stride": 2, "padding": 2}),  # more than half the kernel
         Case((("N", 5, 17, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(((1, 2, 9, 9, 4),), {"kernel": 3, "stride": 2, "padding": 1, "layout": "NCHW4c"}),
         Case(

@@ -44,7 +44,7 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
             "padding",
             IntPair(0, fuzz_hi=1),
             (padding, padding),
-            "implicit border H,W, at most kernel/2",
+            "implicit border H,W, less than the kernel",
         ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
         layout_attr(),
@@ -82,14 +82,15 @@ class Pool2d:
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output shape, in the input's layout; checks the layout's rank and pack, that the
-        kernel fits the padded input and padding <= kernel/2."""
+        kernel fits the padded input and padding < kernel (every window holds an input element,
+        as ONNX requires)."""
         self.layout.check(name, shape)
         out = list(shape)
         for axis, (label, position) in enumerate(zip("HW", self.layout.spatial, strict=True)):
             k, p = self.kernel[axis], self.padding[axis]
-            if 2 * p > k:
+            if p >= k:
                 raise UsageError(
-                    f"padding {list(self.padding)}: expected at most half the kernel {list(self.kernel)}"
+                    f"padding {list(self.padding)}: expected less than the kernel {list(self.kernel)}"
                 )
             if shape[position] + 2 * p < k:
                 raise UsageError(
@@ -112,8 +113,8 @@ class Pool2d:
         instead of kh * kw, most of them contiguous.
 
         A tap in the padding reads the nearest input element instead (its index clamped): that
-        element is in the same window — padding is at most kernel/2 and every window starts inside
-        the input or its left padding — so the max, NaN included, is unchanged, and the taps need
+        element is in the same window — padding is less than the kernel and every window starts
+        inside the input or its left padding — so the max, NaN included, is unchanged, and the taps need
         no condition (which would keep the loop from vectorizing). Where a schedule splits the
         interior off, the clamps simplify away and the loads are plain vector loads."""
         h_axis, w_axis = self.layout.spatial
