@@ -13,7 +13,7 @@ from ops.broadcast import broadcast_index, broadcast_shapes
 from ops.layouts import NCHW, Layout, Relayout, layout_attr, layout_of
 from ops.onnx_mapping import OnnxOp, same_names
 from ops.registry import register
-from ops.spec import Case, Input, Op, TensorType
+from ops.spec import ALL_DTYPES, Case, Input, Op, TensorType
 
 
 @register
@@ -23,6 +23,7 @@ class Add(Op):
     name = "add"
     inputs = (Input("a", broadcasts=True), Input("b", broadcasts=True))
     attrs = (layout_attr(doc="layout of the operands: in a packed one, an NCHW [N, 1, H, W] broadcasts"),)
+    dtypes = ALL_DTYPES
     onnx = (  # refuses opset-6 `broadcast`/`axis`; ONNX has no packed layout
         OnnxOp("Add", attrs=same_names(), node_attrs=lambda attrs: {} if layout_of(attrs) is NCHW else None),
     )

@@ -23,7 +23,11 @@ from ops.onnx_mapping import OnnxOp
 if TYPE_CHECKING:
     from ops.layouts import Layout, Relayout
 
-ALL_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
+COMMON_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int32", "int64")
+"""The dtypes an op runs in unless it says otherwise (`Op.dtypes`)."""
+MORE_INT_DTYPES = ("int16", "uint16", "uint32", "uint64")
+"""Integer dtypes ONNX models use now and then (Add on uint32): an op takes them by naming them."""
+ALL_DTYPES = (*COMMON_DTYPES, *MORE_INT_DTYPES)
 FLOAT_DTYPES = ("float32", "float16", "float64")
 MAX_ELEMENTS = 2**31 - 1
 
@@ -242,7 +246,7 @@ class Op:
     name: ClassVar[str]
     inputs: ClassVar[tuple[Input, ...]]
     attrs: ClassVar[tuple[Attr, ...]] = ()
-    dtypes: ClassVar[tuple[str, ...]] = ALL_DTYPES
+    dtypes: ClassVar[tuple[str, ...]] = COMMON_DTYPES
     exact: ClassVar[bool] = False
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
     cases: ClassVar[tuple[Case, ...]] = ()

@@ -278,7 +278,7 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{ADD} --shape 4 --shape 4 --dtype FLOAT32", 2, "FLOAT32"),
     (f"{ADD} --shape 4 --shape 4 --dtype float", 2, "dtype float for"),
     (f"{ADD} --shape 4 --shape 4 --dtype bfloat16", 2, "bfloat16"),
-    (f"{ADD} --shape 4 --shape 4 --dtype uint16", 2, "uint16"),
+    (f"{LR} --shape 4 --dtype uint16", 2, "does not support dtype uint16"),
     (f"{ADD} --shape 4 --shape 4 --dtype bool", 2, "dtype bool"),
     (f"{ADD} --shape 4 --shape 4 --dtype complex64", 2, "complex64"),
     (f"{ADD} --shape 4 --shape 4 --dtype", 2, "'--dtype' requires an argument"),

@@ -454,7 +454,7 @@ FLOAT4 = ("x", TensorProto.FLOAT, [4])
         (
             {"inputs": [("x", TensorProto.BFLOAT16, [4])]},
             "input 'x' has element type BFLOAT16: expected one of float32, float16, float64, int8, uint8,"
-            " int32, int64",
+            " int32, int64, int16, uint16, uint32, uint64",
         ),
         (
             {"inputs": [("x", TensorProto.FLOAT, [4, "N"])]},

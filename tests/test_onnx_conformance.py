@@ -39,10 +39,6 @@ CASES = {
 }
 
 NOT_YET = {
-    "test_add_int16": "element type INT16",
-    "test_add_uint16": "element type UINT16",
-    "test_add_uint32": "element type UINT32",
-    "test_add_uint64": "element type UINT64",
     "test_maxpool_1d_default": "kernel_shape=[2] is not supported",
     "test_maxpool_3d_default": "kernel_shape=[2, 2, 2] is not supported",
     "test_maxpool_2d_same_upper": "auto_pad='SAME_UPPER' is not supported",

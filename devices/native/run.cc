@@ -185,7 +185,8 @@ const std::map<std::string, DLDataType>& Descrs() {
   static const std::map<std::string, DLDataType> descrs = {
       {"<f2", {kDLFloat, 16, 1}}, {"<f4", {kDLFloat, 32, 1}}, {"<f8", {kDLFloat, 64, 1}},
       {"|i1", {kDLInt, 8, 1}},    {"|u1", {kDLUInt, 8, 1}},   {"<i4", {kDLInt, 32, 1}},
-      {"<i8", {kDLInt, 64, 1}}};
+      {"<i8", {kDLInt, 64, 1}},    {"<i2", {kDLInt, 16, 1}},   {"<u2", {kDLUInt, 16, 1}},
+      {"<u4", {kDLUInt, 32, 1}},  {"<u8", {kDLUInt, 64, 1}}};
   return descrs;
 }
 

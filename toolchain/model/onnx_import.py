@@ -34,6 +34,10 @@ DTYPES: dict[int, str] = {
     TensorProto.UINT8: "uint8",
     TensorProto.INT32: "int32",
     TensorProto.INT64: "int64",
+    TensorProto.INT16: "int16",
+    TensorProto.UINT16: "uint16",
+    TensorProto.UINT32: "uint32",
+    TensorProto.UINT64: "uint64",
 }
 """ONNX element types -> our dtype names (ops.spec.ALL_DTYPES)."""
 
