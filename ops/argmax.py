@@ -1,5 +1,6 @@
-"""argmax: index of the maximum along one axis; ties and NaNs pick the first index like numpy. In
-NHWC or a packed layout (ops/layouts.py) it reduces the channel axis, skipping padding lanes."""
+"""argmax: index of the maximum along one axis; ties and NaNs pick the first index like numpy (the
+last with `select_last`, as ONNX's select_last_index=1). In NHWC or a packed layout
+(ops/layouts.py) it reduces the channel axis, skipping padding lanes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ops.layouts import (
     static_shape,
 )
 from ops.nan import is_nan_bits
-from ops.onnx_mapping import OnnxOp, check_names, require
+from ops.onnx_mapping import OnnxOp, check_names
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType, is_symbolic
 
@@ -35,8 +36,9 @@ def _lowest(value_type: str) -> Any:
     )
 
 
-def _argmax_reducer(dtype: str) -> Any:
-    """(index, value) reducer ordering values descending (NaN highest), then indices ascending."""
+def _argmax_reducer(dtype: str, last: bool) -> Any:
+    """(index, value) reducer ordering values descending (NaN highest), then indices ascending
+    (descending when `last`: the last index on ties wins)."""
     floating = dtype.startswith("float")
 
     def combine(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -47,29 +49,33 @@ def _argmax_reducer(dtype: str) -> Any:
             tie = tirx.Or(v1 == v0, tirx.And(nan1, nan0))
         else:
             better, tie = v1 > v0, v1 == v0
-        take = tirx.Or(better, tirx.And(tie, i1 < i0))
+        take = tirx.Or(better, tirx.And(tie, i1 > i0 if last else i1 < i0))
         return tirx.Select(take, i1, i0), tirx.Select(take, v1, v0)
 
-    def identity(index_type: str, value_type: str) -> tuple[Any, Any]:
-        return tirx.max_value(index_type), _lowest(value_type)
+    def identity(index_type: str, value_type: str) -> tuple[Any, Any]:  # an index every tie beats
+        return tirx.min_value(index_type) if last else tirx.max_value(index_type), _lowest(value_type)
 
     return te.comm_reducer(combine, identity, name="argmax")
 
 
-def strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int) -> te.Tensor:
+def strided_argmax(
+    x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int, last: bool = False
+) -> te.Tensor:
     """`lanes` strided partial argmaxes per output (lane l takes elements l, l + lanes, ...),
-    then their argmax. Past the end a lane re-reads the last element (no condition) under index
-    `extent`, which loses every tie with the real one."""
+    then their argmax (the last index on ties where `last`). Past the end a lane re-reads the
+    last element (no condition) under index `extent` (-1 where `last`), which loses every tie
+    with the real one."""
     extent = int(x.shape[axis])
     keep = 1 if keepdims else 0
-    reducer = _argmax_reducer(str(x.dtype))
+    reducer = _argmax_reducer(str(x.dtype), last)
+    beyond = -1 if last else extent
     steps = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
 
     def partial(*i: Any) -> Any:
         *outer, lane = i
         k = steps * lanes + lane
         index = (*outer[:axis], tirx.min(k, extent - 1), *outer[axis + keep :])
-        position = tirx.Select(k < extent, k, extent).astype(out.dtype)
+        position = tirx.Select(k < extent, k, beyond).astype(out.dtype)
         return reducer((position, x[index]), axis=steps)
 
     p_index, p_value = te.compute((*out.shape, lanes), partial, name="argmax_partial")
@@ -82,14 +88,18 @@ def strided_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lan
     return index
 
 
-def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slices: int) -> te.Tensor:
+def sliced_argmax(
+    x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slices: int, last: bool = False
+) -> te.Tensor:
     """Argmax over a non-innermost `axis` in up to `slices` contiguous slices of it, then their
     argmax: a stage `argmax_slice` (x's shape with `axis` -> the slices) scans each slice in
     order, keeping a value only when strictly greater (or the first NaN), with its int32
     position: no tie test, half the index traffic of int64, so 8 lanes a step on AVX2. The slices
     can run on separate threads when the axes around `axis` are too small to split. A slice
     that never moves off the identity reports (minimum, 0), which only wins when every slice
-    holds just the minimum, where 0 is the answer."""
+    holds just the minimum, where 0 is the answer. Where `last`, a slice keeps a value when
+    greater or equal (or any NaN, a number never replacing one): its last maximum, and the
+    slices' argmax takes the last of them."""
     extent = int(x.shape[axis])
     per = -(-extent // slices)
     slices = -(-extent // per)  # every slice holds a real element
@@ -98,9 +108,10 @@ def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slic
     floating = dtype.startswith("float")
 
     def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
-        take = b[0] > a[0]
+        take = b[0] >= a[0] if last else b[0] > a[0]
         if floating:
-            take = tirx.Or(take, tirx.And(is_nan_bits(b[0], dtype), tirx.Not(is_nan_bits(a[0], dtype))))
+            nan_b = is_nan_bits(b[0], dtype)
+            take = tirx.Or(take, nan_b if last else tirx.And(nan_b, tirx.Not(is_nan_bits(a[0], dtype))))
         return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
 
     def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
@@ -117,7 +128,7 @@ def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slic
 
     shape = (*x.shape[:axis], slices, *x.shape[axis + 1 :])
     p_value, p_index = te.compute(shape, partial, name="argmax_slice")
-    reducer = _argmax_reducer(dtype)
+    reducer = _argmax_reducer(dtype, last)
     part = te.reduce_axis((0, slices), name="part")
 
     def combine(*i: Any) -> Any:
@@ -128,22 +139,27 @@ def sliced_argmax(x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slic
     return index
 
 
-def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
+def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False) -> te.Tensor:
     """Argmax over the innermost axis in one vector pass: `lanes` strided partials per row, each
     keeping its strictly greatest value with that value's position (so its first) and the
     position of its first NaN; a per-row stage then takes the first NaN if any, else the
     greatest value's first position. A lane that never moves off the identity reports (minimum,
     0), which only wins when the whole row is the minimum, where 0 is the answer. Past the end
-    a lane re-reads the last element under a position past the end, which loses every tie."""
-    *rows, last = x.shape
-    extent = int(last)
+    a lane re-reads the last element under a position past the end, which loses every tie.
+
+    Where `last`: each lane keeps a value greater or equal (its last maximum) and its last NaN's
+    position, a position past the end is -1, and the row takes the last NaN, else the greatest
+    value's last position. A lane's re-read past the end may replace its maximum with the last
+    element under -1, which then loses its tie with the lane that holds the last element."""
+    *rows, inner = x.shape
+    extent = int(inner)
     dtype = str(x.dtype)
     floating = dtype.startswith("float")
-    far = tirx.const(extent, "int32")
+    far = tirx.const(-1 if last else extent, "int32")
 
     def keep_greatest(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
-        take = b[0] > a[0]
-        nan = (tirx.min(a[2], b[2]),) if floating else ()
+        take = b[0] >= a[0] if last else b[0] > a[0]
+        nan = ((tirx.max if last else tirx.min)(a[2], b[2]),) if floating else ()
         return (tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1]), *nan)
 
     def identity(*types: str) -> tuple[Any, ...]:
@@ -155,11 +171,13 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
     def partial(*i: Any) -> Any:
         position = step * lanes + i[-1]
         value = x[(*i[:-1], tirx.min(position, extent - 1))]
+        if last and extent % lanes:
+            position = tirx.Select(position < extent, position, far)
         nan = (tirx.Select(is_nan_bits(value, dtype), position, far),) if floating else ()
         return scan((value, position, *nan), axis=step)
 
     partials = te.compute((*rows, lanes), partial, name="argmax_partial")
-    reducer = _argmax_reducer(dtype)
+    reducer = _argmax_reducer(dtype, last)
     lane = te.reduce_axis((0, lanes), name="lane")
     p_value, p_index = partials[0], partials[1]
     best, _value = te.compute(
@@ -172,11 +190,12 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int) -> te.Tensor:
         return te.compute(out.shape, lambda *r: best[r[:kept]].astype(out.dtype), name="argmax")
     p_nan = partials[2]
     lane2 = te.reduce_axis((0, lanes), name="lane2")
-    first_nan = te.compute(tuple(rows), lambda *r: te.min(p_nan[(*r, lane2)], axis=lane2), name="argmax_nan")
+    extreme = te.max if last else te.min
+    found_nan = te.compute(tuple(rows), lambda *r: extreme(p_nan[(*r, lane2)], axis=lane2), name="argmax_nan")
 
     def answer(*r: Any) -> Any:
-        nan = first_nan[r[:kept]]
-        return tirx.Select(nan < far, nan, best[r[:kept]]).astype(out.dtype)
+        nan = found_nan[r[:kept]]
+        return tirx.Select(nan != far, nan, best[r[:kept]]).astype(out.dtype)
 
     return te.compute(out.shape, answer, name="argmax")
 
@@ -188,29 +207,39 @@ def along_one_axis(attrs: dict[str, Any]) -> bool:
 
 
 def from_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any]:
-    """ONNX ArgMax -> argmax: axis (default 0), keepdims (default 1), int64 indices; the first
-    index on ties (select_last_index=1 would take the last)."""
+    """ONNX ArgMax -> argmax: axis (default 0), keepdims (default 1), select_last_index (default
+    0: the first index on ties), int64 indices."""
     check_names(attrs, ("axis", "keepdims", "select_last_index"))
-    require(attrs, "select_last_index", 0, "only 0 (the first index on ties)")
-    return {"axis": attrs.get("axis", 0), "keepdims": attrs.get("keepdims", 1), "out_dtype": "int64"}
+    return {
+        "axis": attrs.get("axis", 0),
+        "keepdims": attrs.get("keepdims", 1),
+        "select_last": attrs.get("select_last_index", 0),
+        "out_dtype": "int64",
+    }
 
 
 def to_onnx_argmax(attrs: dict[str, Any]) -> dict[str, Any] | None:
     """argmax -> ONNX ArgMax: NCHW with int64 indices only (ONNX's are int64)."""
     if not along_one_axis(attrs) or attrs["out_dtype"] != "int64":
         return None
-    return {"axis": attrs["axis"], "keepdims": int(attrs["keepdims"])}
+    return {
+        "axis": attrs["axis"],
+        "keepdims": int(attrs["keepdims"]),
+        "select_last_index": int(attrs["select_last"]),
+    }
 
 
 @register
 class Argmax(Op):
-    """Index of the maximum along `axis` (first on ties; NaN counts as the maximum like numpy)."""
+    """Index of the maximum along `axis` (first on ties, or last with `select_last`; NaN counts as
+    the maximum like numpy)."""
 
     name = "argmax"
     inputs = (Input("x", min_rank=1),)
     attrs = (
         Attr("axis", Int(-6, 5), -1, "axis to reduce, negative counts from the end"),
         Attr("keepdims", Bool(), False, "keep the reduced axis with size 1"),
+        Attr("select_last", Bool(), False, "on ties (and among NaNs) the last index, not the first"),
         Attr("out_dtype", Choice(("int64", "int32")), "int64", "index dtype"),
         layout_attr(doc="layout of the input; other than NCHW, axis=1 (NCHW's C) is reduced"),
         channels_attr(),
@@ -227,6 +256,8 @@ class Argmax(Op):
         Case((("N", 3, 40),), {"axis": -1}),
         Case(((2, 2, 5, 6, 4),), {"axis": 1, "layout": "NCHW4c", "channels": 7}),
         Case(((1, 5, 3, 9),), {"axis": 1, "layout": "NHWC", "keepdims": True}),
+        Case(((7, 45),), {"select_last": True}),
+        Case(((3, 37, 5),), {"axis": 1, "keepdims": True, "select_last": True}),
     )
     bench = Case(((256, 100_000),), {"axis": -1})  # 102 MB read
 
@@ -276,7 +307,7 @@ class Argmax(Op):
         gpu.py; `along_one_axis`)."""
         rank = len(x.shape)
         layout = layout_of(attrs)
-        reducer = _argmax_reducer(str(x.dtype))
+        reducer = _argmax_reducer(str(x.dtype), attrs["select_last"])
         keep = 1 if attrs["keepdims"] else 0
         if layout is not NCHW:  # the channels, out (n, [0,] h, w): k's element is wherever c=k is
             k = te.reduce_axis((0, self._channels(attrs, static_shape(x))), name="k")
@@ -302,6 +333,9 @@ class Argmax(Op):
             x, axis = layout.to_nchw(x, self._channels(attrs, x.shape)), 1
         else:
             axis = self._axis(attrs, x.ndim)
+        if attrs["select_last"]:  # the first in the flipped array, counted from the end
+            flipped = np.argmax(np.flip(x, axis), axis=axis, keepdims=attrs["keepdims"])
+            return (x.shape[axis] - 1 - flipped).astype(attrs["out_dtype"])
         result = np.argmax(x, axis=axis, keepdims=attrs["keepdims"])
         return result.astype(attrs["out_dtype"])
 

@@ -520,11 +520,12 @@ def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
     axis = bound.attrs["axis"] % rank
     if not along_one_axis(bound.attrs):
         return bound.op.compute(bound.attrs, bound.output, x)
+    last = bound.attrs["select_last"]
     if axis != rank - 1:
-        return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx))
+        return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx), last)
     if extent >= 2 * CPU_LANES:
         exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
-        return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES)
+        return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES, last)
     return bound.op.compute(bound.attrs, bound.output, x)
 
 

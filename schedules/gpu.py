@@ -99,7 +99,8 @@ def strided_argmax_gpu(ctx: ScheduleContext, x: Any) -> Any:
     extent = bound.inputs[0].shape[axis]
     if extent < 2 or not along_one_axis(bound.attrs):
         return bound.op.compute(bound.attrs, bound.output, x)
-    return strided_argmax(x, bound.output, axis, bound.attrs["keepdims"], min(ctx.threads, extent))
+    lanes = min(ctx.threads, extent)
+    return strided_argmax(x, bound.output, axis, bound.attrs["keepdims"], lanes, bound.attrs["select_last"])
 
 
 UNROLL = 4

@@ -271,7 +271,7 @@ def test_onnx_defaults_are_onnx_ones(tmp_path: Path) -> None:
     pool = load_model(one_node(tmp_path, "MaxPool", [1, 1, 6, 6], [1, 1, 4, 4], kernel_shape=[3, 3]))
     assert pool.nodes[0].attrs == {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0), "ceil_mode": 0}
     argmax = load_model(one_node(tmp_path, "ArgMax", [3, 5], [1, 5]))
-    assert argmax.nodes[0].attrs == {"axis": 0, "keepdims": 1, "out_dtype": "int64"}
+    assert argmax.nodes[0].attrs == {"axis": 0, "keepdims": 1, "select_last": 0, "out_dtype": "int64"}
     assert bind_graph(argmax).output.shape == (1, 5)
     leaky = load_model(one_node(tmp_path, "LeakyRelu", [4], [4]))
     assert leaky.nodes[0].attrs == {"alpha": 0.01}
@@ -325,7 +325,6 @@ def test_op_for_onnx_default_domain_has_two_names() -> None:
             "ONNX attribute kernel_shape=[3] is not supported: only 2-D pooling",
         ),
         ("MaxPool", {"strides": [1, 1, 1]}, "ONNX attribute strides=[1, 1, 1] is not supported: only 2-D"),
-        ("ArgMax", {"select_last_index": 1}, "ONNX attribute select_last_index=1 is not supported: only 0"),
     ],
 )
 def test_unsupported_onnx_attributes_are_refused(

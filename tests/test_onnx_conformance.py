@@ -50,14 +50,6 @@ NOT_YET = {
     "test_maxpool_3d_dilations_use_ref_impl_large": "dilations=[2, 2, 2] is not supported",
     "test_maxpool_with_argmax_2d_precomputed_pads": "the graph has 2 outputs",
     "test_maxpool_with_argmax_2d_precomputed_strides": "the graph has 2 outputs",
-    "test_argmax_no_keepdims_example_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_no_keepdims_random_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_keepdims_example_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_keepdims_random_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_default_axis_example_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_default_axis_random_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_negative_axis_keepdims_example_select_last_index": "select_last_index=1 is not supported",
-    "test_argmax_negative_axis_keepdims_random_select_last_index": "select_last_index=1 is not supported",
 }
 """Cases refused for now, and what their refusal says."""
 
