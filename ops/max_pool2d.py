@@ -9,7 +9,7 @@ import numpy as np
 from tvm import te
 
 from ops.layouts import NCHW, Layout, Relayout, layout_of
-from ops.onnx_mapping import OnnxOp, check_names, no_dilation, pair, require, symmetric_pads
+from ops.onnx_mapping import OnnxOp, check_names, no_dilation, pads, pair, require
 from ops.pooling import Pool2d, pool_attrs, pooled_type
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
@@ -17,16 +17,19 @@ from ops.spec import Case, Input, Op, TensorType
 
 def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
     """ONNX MaxPool -> max_pool2d: 2-D kernel_shape, strides (ONNX default 1, not the kernel),
-    symmetric pads, ceil_mode; dense windows, and no Indices layout to choose (storage_order)."""
+    pads (`padding_end` where they differ after the axis), ceil_mode; dense windows, and no
+    Indices layout to choose (storage_order)."""
     check_names(
         attrs, ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order")
     )
     no_dilation(attrs)
     require(attrs, "storage_order", 0, "only 0 (row-major Indices)")
+    before, after = pads(attrs)
     return {
         "kernel": pair(attrs, "kernel_shape", []),
         "stride": pair(attrs, "strides", [1, 1]),
-        "padding": symmetric_pads(attrs),
+        "padding": before,
+        **({"padding_end": after} if after != before else {}),
         "ceil_mode": attrs.get("ceil_mode", 0),
     }
 
@@ -39,7 +42,7 @@ def to_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any] | None:
     return {
         "kernel_shape": [kh, kw],
         "strides": list(attrs["stride"] or (kh, kw)),
-        "pads": [ph, pw, ph, pw],
+        "pads": [ph, pw, *(attrs.get("padding_end") or (ph, pw))],
         "ceil_mode": int(attrs["ceil_mode"]),
     }
 
@@ -59,7 +62,7 @@ class MaxPool2d(Op):
         Case(((2, 5, 9, 11),), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
         Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
         Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
-        Case(((1, 3, 8, 9),), {"kernel": 3, "stride": 2, "padding": 2}),  # more than half the kernel
+        Case(((1, 3, 8, 9),), {"kernel": 3, "stride": 2, "padding": 2, "padding_end": "0,1"}),
         Case((("N", 5, 17, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(((1, 2, 9, 9, 4),), {"kernel": 3, "stride": 2, "padding": 1, "layout": "NCHW4c"}),
         Case(

@@ -89,20 +89,21 @@ def pair(attrs: dict[str, Any], name: str, default: list[int]) -> tuple[int, int
     return value[0], value[1]
 
 
-def symmetric_pads(attrs: dict[str, Any]) -> tuple[int, int]:
-    """ONNX `auto_pad` and `pads` [h_begin, w_begin, h_end, w_end] as the symmetric pair (h, w):
-    auto_pad NOTSET (the pads as given) or VALID (none); SAME_* would pad by the input size."""
+def pads(attrs: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """ONNX `auto_pad` and 2-D `pads` [h_begin, w_begin, h_end, w_end] as ((h, w) before, (h, w)
+    after): auto_pad NOTSET (the pads as given) or VALID (none). SAME_UPPER and SAME_LOWER pad by
+    the input's size: the importer makes them explicit pads first (`onnx_import.explicit_pads`)."""
     auto_pad = attrs.get("auto_pad", "NOTSET")
-    pads = attrs.get("pads", [0, 0, 0, 0])
+    given = attrs.get("pads", [0, 0, 0, 0])
     if auto_pad not in ("NOTSET", "VALID"):
-        raise unsupported("auto_pad", auto_pad, "only NOTSET (explicit pads) or VALID (no padding)")
-    if not isinstance(pads, list) or len(pads) != 4:
-        raise unsupported("pads", pads, "only 2-D pads [h_begin, w_begin, h_end, w_end]")
-    if auto_pad == "VALID" and any(pads):
-        raise unsupported("pads", pads, "pads together with auto_pad=VALID")
-    if pads[:2] != pads[2:]:
-        raise unsupported("pads", pads, "only symmetric pads (begin == end on each axis)")
-    return pads[0], pads[1]
+        raise unsupported(
+            "auto_pad", auto_pad, "NOTSET (explicit pads), VALID (none), or SAME_* on an input of known size"
+        )
+    if not isinstance(given, list) or len(given) != 4:
+        raise unsupported("pads", given, "only 2-D pads [h_begin, w_begin, h_end, w_end]")
+    if auto_pad == "VALID" and any(given):
+        raise unsupported("pads", given, "pads together with auto_pad=VALID")
+    return (given[0], given[1]), (given[2], given[3])
 
 
 def no_dilation(attrs: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 (`ops/layouts.py`: the window slides over the layout's H and W axes), and the window-max
 variants schedules pick.
 
-Output size follows PyTorch: floor((H + 2p - k) / s) + 1, or ceil with `ceil_mode`, where the last
-window must start inside the input or its left padding. Padding never wins the max: padded taps
+Output size follows PyTorch: floor((H + p + p_end - k) / s) + 1, or ceil with `ceil_mode`, where
+the last window must start inside the input or its left padding (p_end is p unless `padding_end`
+says otherwise: ONNX's asymmetric pads). Padding never wins the max: padded taps
 are -inf for floats and the type minimum for integers.
 """
 
@@ -44,7 +45,14 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
             "padding",
             IntPair(0, fuzz_hi=1),
             (padding, padding),
-            "implicit border H,W, less than the kernel",
+            "border H,W before each axis (and after it unless padding_end says), less than the kernel",
+        ),
+        Attr(
+            "padding_end",
+            IntPair(0, fuzz_hi=1),
+            None,
+            "border after H,W where it differs (ONNX's pads, TensorFlow's SAME), less than the kernel",
+            optional=True,
         ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
         layout_attr(),
@@ -53,14 +61,16 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
 
 @dataclass(frozen=True)
 class Pool2d:
-    """Kernel, stride and padding as (h, w) pairs, the rounding mode, and the layout of the input
-    and output."""
+    """Kernel, stride and the padding before and after each axis as (h, w) pairs, the rounding
+    mode, and the layout of the input and output."""
 
     kernel: tuple[int, int]
     stride: tuple[int, int]
     padding: tuple[int, int]
     ceil_mode: bool
     layout: Layout = NCHW
+    padding_end: tuple[int, int] | None = None
+    """None: as `padding` (symmetric)."""
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
@@ -70,11 +80,17 @@ class Pool2d:
             attrs["padding"],
             attrs["ceil_mode"],
             layout_of(attrs),
+            attrs.get("padding_end"),
         )
+
+    @property
+    def after(self) -> tuple[int, int]:
+        """The padding after each axis."""
+        return self.padding if self.padding_end is None else self.padding_end
 
     def out_size(self, axis: int, size: int) -> int:
         k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
-        span = size + 2 * p - k
+        span = size + p + self.after[axis] - k
         out = (math.ceil(span / s) if self.ceil_mode else span // s) + 1
         if self.ceil_mode and (out - 1) * s >= size + p:
             out -= 1
@@ -82,17 +98,18 @@ class Pool2d:
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output shape, in the input's layout; checks the layout's rank and pack, that the
-        kernel fits the padded input and padding < kernel (every window holds an input element,
-        as ONNX requires)."""
+        kernel fits the padded input and padding < kernel on each side (every window holds an
+        input element, as ONNX requires)."""
         self.layout.check(name, shape)
         out = list(shape)
         for axis, (label, position) in enumerate(zip("HW", self.layout.spatial, strict=True)):
-            k, p = self.kernel[axis], self.padding[axis]
-            if p >= k:
-                raise UsageError(
-                    f"padding {list(self.padding)}: expected less than the kernel {list(self.kernel)}"
-                )
-            if shape[position] + 2 * p < k:
+            k, p, after = self.kernel[axis], self.padding[axis], self.after[axis]
+            for attr, pads in (("padding", self.padding), ("padding_end", self.after)):
+                if pads[axis] >= k:
+                    raise UsageError(
+                        f"{attr} {list(pads)}: expected less than the kernel {list(self.kernel)}"
+                    )
+            if shape[position] + p + after < k:
                 raise UsageError(
                     f"input {name} has shape {list(shape)}: {label}={shape[position]} plus padding is"
                     f" smaller than the kernel {list(self.kernel)}"
@@ -164,16 +181,16 @@ class Pool2d:
         """Numpy max pooling of an NCHW array."""
         oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
         extra = [
-            max(0, (o - 1) * s + k - (size + 2 * p))
-            for o, s, k, size, p in zip(
-                (oh, ow), self.stride, self.kernel, data.shape[2:], self.padding, strict=True
+            max(0, (o - 1) * s + k - (size + p + after))
+            for o, s, k, size, p, after in zip(
+                (oh, ow), self.stride, self.kernel, data.shape[2:], self.padding, self.after, strict=True
             )
         ]
         widths = (
             (0, 0),
             (0, 0),
-            (self.padding[0], self.padding[0] + extra[0]),
-            (self.padding[1], self.padding[1] + extra[1]),
+            (self.padding[0], self.after[0] + extra[0]),
+            (self.padding[1], self.after[1] + extra[1]),
         )
         padded = np.pad(data, widths, constant_values=numpy_pad_value(data.dtype))
         windows = np.lib.stride_tricks.sliding_window_view(padded, self.kernel, axis=(2, 3))

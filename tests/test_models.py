@@ -289,6 +289,34 @@ def test_onnx_defaults_are_onnx_ones(tmp_path: Path) -> None:
     assert valid.nodes[0].attrs["padding"] == (0, 0)
 
 
+@pytest.mark.parametrize(
+    ("attrs", "padding", "padding_end"),
+    [
+        ({"kernel_shape": [3, 3], "pads": [2, 0, 1, 1]}, (2, 0), (1, 1)),  # asymmetric, as given
+        ({"auto_pad": "SAME_UPPER"}, (0, 0), (1, 1)),  # 5 at stride 1, kernel 2: one more after
+        ({"auto_pad": "SAME_LOWER"}, (1, 1), (0, 0)),  # ... or before
+        ({"auto_pad": "SAME_UPPER", "strides": [2, 2], "kernel_shape": [3, 3]}, (1, 1), None),  # even
+    ],
+)
+def test_onnx_pads_and_same_padding_become_the_pools_borders(tmp_path, attrs, padding, padding_end) -> None:
+    """SAME_* pads by the input's size (from ONNX's shape inference): explicit before the op sees
+    it; either way the pool is onnxruntime's."""
+    attrs = {"kernel_shape": [2, 2], **attrs}
+    path = one_node(tmp_path, "MaxPool", [1, 1, 5, 5], [1, 1, 5, 5], **attrs)
+    model = onnx.load(path)
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # as shape inference finds it
+    inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
+    model.graph.output[0].CopyFrom(inferred)
+    onnx.save(model, path)
+    graph = load_model(path)
+    assert (
+        graph.nodes[0].attrs["padding"] == padding and graph.nodes[0].attrs.get("padding_end") == padding_end
+    )
+    bound = bind_graph(graph)
+    x = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
+    np.testing.assert_array_equal(bound.reference(x), onnxruntime_reference(path, bound, [x]))
+
+
 def test_op_for_onnx_default_domain_has_two_names() -> None:
     assert op_for_onnx("", "MaxPool") is op_for_onnx("ai.onnx", "MaxPool") is not None
     assert op_for_onnx("", "Relu") is None and op_for_onnx("com.example", "MaxPool") is None
@@ -300,18 +328,8 @@ def test_op_for_onnx_default_domain_has_two_names() -> None:
     [
         (
             "MaxPool",
-            {"pads": [1, 1, 0, 0]},
-            "ONNX attribute pads=[1, 1, 0, 0] is not supported: only symmetric pads",
-        ),
-        (
-            "MaxPool",
             {"dilations": [2, 2]},
             "ONNX attribute dilations=[2, 2] is not supported: only dilations of 1",
-        ),
-        (
-            "MaxPool",
-            {"auto_pad": "SAME_UPPER"},
-            "ONNX attribute auto_pad='SAME_UPPER' is not supported: only NOTSET",
         ),
         ("MaxPool", {"storage_order": 1}, "ONNX attribute storage_order=1 is not supported: only 0"),
         (
@@ -401,7 +419,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         helper.make_node("Sigmoid", ["c"], ["s"], "sig"),
         helper.make_node("Mul", ["c", "s"], ["m"], "swish"),
         helper.make_node(
-            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER"
+            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2]
         ),
         helper.make_node("LeakyRelu", ["p"], ["q"], "act"),
         helper.make_node("Conv", ["q", "w"], ["y"], "conv2", kernel_shape=[1, 1]),
@@ -418,7 +436,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         ("conv", None, "missing"), ("sig", None, "missing"), ("swish", None, "missing"),
         ("pool", "max_pool2d", "refused"), ("act", "leaky_relu", "ok"), ("conv2", None, "missing"),
     ]  # fmt: skip
-    assert report["nodes"][3]["problem"].startswith("ONNX attribute auto_pad='SAME_UPPER' is not supported")
+    assert report["nodes"][3]["problem"].startswith("ONNX attribute dilations=[2, 2] is not supported")
     assert report["missing"][0] == {
         "domain": "",
         "op_type": "Conv",

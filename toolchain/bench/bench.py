@@ -166,17 +166,19 @@ def measure_row(
     options: BenchOptions, sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
-    `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs read
-    once, output written once); GB/s; the median bandwidths; the floor (bytes read at the read
-    bandwidth plus bytes written at the write bandwidth) and the median over rounds of the time
-    over it, and the same against the copy bandwidth alone; numpy, onnxruntime and PyTorch ms on
-    this host (`onnxruntime_ms`, `torch_ms`) and our speed-up over each. An artifact whose
-    answer differs from numpy gets no time: its row says how it differs (`wrong_answer`) and its
-    TIMED figures are None, so the other rows are still measured."""
+    `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs and a
+    graph's constants read once, output written once); GB/s; the median bandwidths; the floor
+    (bytes read at the read bandwidth plus bytes written at the write bandwidth) and the median
+    over rounds of the time over it, and the same against the copy bandwidth alone; numpy,
+    onnxruntime and PyTorch ms on this host (`onnxruntime_ms`, `torch_ms`) and our speed-up over
+    each. An artifact whose answer differs from numpy gets no time: its row says how it differs
+    (`wrong_answer`) and its TIMED figures are None, so the other rows are still measured."""
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    read, written = read_bytes(inputs), written_bytes(item.output.at(sizes))
+    constants = item.graph.constants if isinstance(item, BoundGraph) else ()
+    read = read_bytes(inputs) + sum(len(c.data) for c in constants)  # a graph's constants are read too
+    written = written_bytes(item.output.at(sizes))
     moved = read + written
     row: dict[str, Any] = {
         "op": item.name,

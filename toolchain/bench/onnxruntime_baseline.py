@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from base.threads import runtime_threads
-from ops.graph import BoundGraph
+from ops.graph import BoundGraph, Constant
 from ops.onnx_mapping import domain_key
 from ops.spec import BoundOp
 from toolchain.verify.measure import host_ms
@@ -49,10 +49,15 @@ def onnx_node(bound: BoundOp, inputs: Sequence[str], output: str) -> onnx.NodePr
 
 
 def onnx_model(
-    steps: Sequence[Step], inputs: dict[str, np.ndarray], output: str, output_dtype: str
+    steps: Sequence[Step],
+    inputs: dict[str, np.ndarray],
+    output: str,
+    output_dtype: str,
+    constants: Sequence[Constant] = (),
 ) -> onnx.ModelProto | None:
-    """A model of `steps` in order, its inputs typed and shaped as `inputs`, its output of
-    `output_dtype` (onnxruntime infers the shape); None when a step has no ONNX node."""
+    """A model of `steps` in order, its inputs typed and shaped as `inputs`, `constants` its
+    initializers, its output of `output_dtype` (onnxruntime infers the shape); None when a step
+    has no ONNX node."""
     nodes = [onnx_node(*step) for step in steps]
     if any(node is None for node in nodes):
         return None
@@ -65,6 +70,7 @@ def onnx_model(
         "baseline",
         [value_info(name, a.dtype, a.shape) for name, a in inputs.items()],
         [value_info(output, np.dtype(output_dtype), None)],
+        [numpy_helper.from_array(c.array(), c.name) for c in constants],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
@@ -96,7 +102,8 @@ def onnxruntime_call(item: BoundOp | BoundGraph, inputs: list[np.ndarray]) -> An
         return None
     steps, names, output = graph_steps(item) if isinstance(item, BoundGraph) else op_steps(item)
     feeds = dict(zip(names, (np.ascontiguousarray(a) for a in inputs), strict=True))
-    model = onnx_model(steps, feeds, output, item.output.dtype)
+    constants = item.graph.constants if isinstance(item, BoundGraph) else ()
+    model = onnx_model(steps, feeds, output, item.output.dtype, constants)
     if model is None:
         return None
     options = onnxruntime.SessionOptions()

@@ -20,10 +20,12 @@ from toolchain.verify.measure import host_ms
 @dataclass(frozen=True)
 class TorchOp:
     """An op in PyTorch: `call(attrs, *tensors)` returns a new tensor; `into(attrs, out,
-    *tensors)`, where PyTorch has an `out=` form, writes the same into `out`."""
+    *tensors)`, where PyTorch has an `out=` form, writes the same into `out`; `says(attrs)`:
+    whether PyTorch can say the op with these attributes (else no baseline)."""
 
     call: Callable[..., Any]
     into: Callable[..., Any] | None = None
+    says: Callable[[dict[str, Any]], bool] = lambda attrs: True
 
 
 class TorchTime(NamedTuple):
@@ -73,11 +75,17 @@ def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
     )
 
 
+def _pool_says(attrs: dict[str, Any]) -> bool:
+    """PyTorch pads both sides alike, by at most half the kernel."""
+    symmetric = attrs.get("padding_end") in (None, attrs["padding"])
+    return symmetric and all(2 * p <= k for p, k in zip(attrs["padding"], attrs["kernel"], strict=True))
+
+
 BASELINES: dict[str, TorchOp] = {
     "add": TorchOp(lambda attrs, a, b: a + b, _add_into),
     "leaky_relu": TorchOp(_leaky_relu, _leaky_relu_into),
-    "max_pool2d": TorchOp(_max_pool),
-    "argmax": TorchOp(_argmax, _argmax_into),
+    "max_pool2d": TorchOp(_max_pool, says=_pool_says),
+    "argmax": TorchOp(_argmax, _argmax_into, says=lambda attrs: not attrs["select_last"]),  # first on ties
 }
 
 
@@ -97,7 +105,7 @@ def torch_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) 
     if isinstance(item, BoundGraph):
         return _graph_ms(item, inputs, repeat)
     baseline = BASELINES.get(item.op.name)
-    if baseline is None:
+    if baseline is None or not baseline.says(item.attrs):
         return None
     attrs, into = item.attrs, baseline.into
     return _timed(
@@ -109,11 +117,21 @@ def torch_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) 
 
 
 def _graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> TorchTime | None:
-    if any(n.bound.op.name not in BASELINES for n in graph.nodes):
+    if any(
+        n.bound.op.name not in BASELINES or not BASELINES[n.bound.op.name].says(n.bound.attrs)
+        for n in graph.nodes
+    ):
         return None
+    if torch_version() is None:
+        return None
+    import torch
+
+    constants = {c.name: torch.from_numpy(c.array().copy()) for c in graph.graph.constants}
 
     def run(*tensors: Any) -> Any:
-        values = flow(graph.nodes, dict(zip(graph.input_names, tensors, strict=True)), _baseline)
+        values = flow(
+            graph.nodes, {**constants, **dict(zip(graph.input_names, tensors, strict=True))}, _baseline
+        )
         return values[graph.graph.output]
 
     return _timed(run, None, inputs, repeat)

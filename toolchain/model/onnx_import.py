@@ -71,7 +71,7 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         raise _invalid(path, exc) from None
     check_opset(path, model)
     try:
-        graph = graph_from_onnx(model.graph, path)
+        graph = graph_from_onnx(model.graph, path, inferred_shapes(model))
         check_declared_output(model.graph.output[0], bind_graph(graph).output)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
@@ -128,10 +128,11 @@ def check_declared_output(value: onnx.ValueInfoProto, computed: TensorType) -> N
         raise UsageError(f"{where} is declared {shown}, but its nodes compute {computed}")
 
 
-def graph_from_onnx(graph: onnx.GraphProto, path: Path) -> Graph:
+def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph:
     """`graph` (of the model at `path`) as a Graph named as the file (ONNX graph names are mostly
-    `main_graph`); an initializer's external data is read from the model's directory. Nodes no
-    registered op implements are refused all at once, pointing at the report that lists them."""
+    `main_graph`); an initializer's external data is read from the model's directory; `shapes`:
+    the tensors' shapes as far as known (`inferred_shapes`). Nodes no registered op implements
+    are refused all at once, pointing at the report that lists them."""
     directory = path.parent
     for sparse in graph.sparse_initializer:
         raise UsageError(
@@ -155,10 +156,60 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path) -> Graph:
         path.stem,
         # an initializer listed as an input too (older exporters) is its default value: a constant here
         tuple((v.name, input_type(v)) for v in graph.input if v.name not in given),
-        tuple(convert_node(index, node, op, read) for index, node in nodes if (op := ops[index]) is not None),
+        tuple(
+            convert_node(index, node, op, read, shapes.get(node.input[0]) if node.input else None)
+            for index, node in nodes
+            if (op := ops[index]) is not None
+        ),
         graph.output[0].name,
         tuple(constants),
     )
+
+
+Dims = tuple[int | None, ...]
+"""A tensor's dims as ONNX's shape inference knows them (None: unknown, a symbolic batch)."""
+Shapes = dict[str, Dims]
+
+
+def inferred_shapes(model: onnx.ModelProto) -> Shapes:
+    """Every tensor's dims that ONNX's shape inference finds (none where it fails: the checks
+    after say why)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        inferred = model
+    graph = inferred.graph
+    shapes: Shapes = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = value.type.tensor_type
+        if value.type.WhichOneof("value") == "tensor_type" and tensor.HasField("shape"):
+            shapes[value.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim
+            )
+    return shapes
+
+
+def explicit_pads(attrs: dict[str, Any], shape: Dims | None) -> dict[str, Any]:
+    """A pooling or convolution node's `auto_pad` SAME_UPPER or SAME_LOWER as the explicit `pads`
+    it means on an input of `shape` [N, C, spatial...]: per axis an output of ceil(size / stride),
+    the padding that takes split in two, the odd one after (UPPER) or before (LOWER). Left as
+    given where the spatial size is unknown or pads are given too (the op's mapping refuses it)."""
+    auto_pad = attrs.get("auto_pad")
+    kernel = attrs.get("kernel_shape")
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER") or "pads" in attrs or not isinstance(kernel, list):
+        return attrs
+    spatial = shape[2:] if shape is not None else ()
+    if len(spatial) != len(kernel) or any(size is None for size in spatial):
+        return attrs
+    strides = attrs.get("strides", [1] * len(kernel))
+    dilations = attrs.get("dilations", [1] * len(kernel))
+    before, after = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=False):
+        total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        before.append(first)
+        after.append(total - first)
+    return {**{n: v for n, v in attrs.items() if n != "auto_pad"}, "pads": before + after}
 
 
 def is_constant(node: onnx.NodeProto) -> bool:
@@ -345,9 +396,9 @@ def _unimplemented(missing: list[tuple[int, onnx.NodeProto]], path: Path) -> Usa
     )
 
 
-def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str]) -> Node:
+def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shape: Dims | None) -> Node:
     """The Node of ONNX `node` (the `index`th), which `op` implements; `read`: every tensor a
-    node or the graph output reads."""
+    node or the graph output reads; `shape`: its first input's, where known (for auto_pad)."""
     name = node_name(index, node)
     source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
     outputs = list(node.output)
@@ -368,7 +419,7 @@ def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str]) -> No
             )
     mapping = _mapping(op.onnx, node.domain, node.op_type)
     try:
-        attrs = mapping.attrs({a.name: attribute_value(a) for a in node.attribute})
+        attrs = mapping.attrs(explicit_pads({a.name: attribute_value(a) for a in node.attribute}, shape))
         _strings_only_where_text(op, attrs)
     except UsageError as exc:
         raise UsageError(f"{shell.label()}: {exc}") from None

@@ -20,6 +20,7 @@ from toolchain.model.onnx_import import (
     attribute_value,
     convert_node,
     declaration,
+    inferred_shapes,
     is_constant,
     node_name,
     read_onnx,
@@ -50,6 +51,7 @@ def model_report(path: Path) -> dict[str, Any]:
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
     read = {t for node in model.graph.node for t in node.input} | {v.name for v in model.graph.output}
+    shapes = inferred_shapes(model)
     nodes, missing = [], {}
     for index, node in enumerate(model.graph.node):
         entry = {"name": node_name(index, node), "onnx": onnx_label(node.domain, node.op_type), "op": None}
@@ -65,7 +67,7 @@ def model_report(path: Path) -> dict[str, Any]:
         else:
             entry["op"] = op.name
             try:
-                convert_node(index, node, op, read)
+                convert_node(index, node, op, read, shapes.get(node.input[0]) if node.input else None)
                 entry["status"] = "ok"
             except UsageError as exc:  # its row names the node: the message without its label
                 label = Node(entry["name"], op, {}, (), "", printable(entry["onnx"])).label()
