@@ -370,11 +370,12 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     if lanes > 1:
         lo, hi = pool.interior(1, in_w)
         first, last = -(-lo // lanes), hi // lanes
+        ragged = not ctx.predicated_vectors and ctx.bound.output.shape[-1] % lanes != 0
         for row_loop in rows:
             row_block = sch.get_child_blocks(row_loop)[-1]
             chunk_loop = sch.get_loops(row_block)[-2]
             parts = partition(sch, chunk_loop, first, max(first, last)) if borders else [chunk_loop]
-            vectorize_parts(sch, parts)
+            vectorize_parts(sch, parts[:-1] if ragged else parts)  # a ragged last vector: scalar
             if not stages:
                 prefetch_ahead(sch, ctx, parts)
     if fused is not None:

@@ -46,11 +46,15 @@ from toolchain.verify.matrix import SYMBOLIC_SIZES, PlannedCase, plan
 ARM = get_platform("aarch64")
 X86 = get_platform("x86_64")
 QEMU = ARM.emulator_command()
-C_DTYPES = {
-    "float16": "{kDLFloat, 16, 1}", "float32": "{kDLFloat, 32, 1}", "float64": "{kDLFloat, 64, 1}",
-    "int8": "{kDLInt, 8, 1}", "uint8": "{kDLUInt, 8, 1}", "int32": "{kDLInt, 32, 1}",
-    "int64": "{kDLInt, 64, 1}",
-}  # fmt: skip
+DLPACK_KINDS = {"f": "kDLFloat", "i": "kDLInt", "u": "kDLUInt"}
+
+
+def c_dtype(dtype: str) -> str:
+    """The DLDataType initializer of `dtype`: `{kDLInt, 16, 1}`."""
+    found = np.dtype(dtype)
+    return f"{{{DLPACK_KINDS[found.kind]}, {found.itemsize * 8}, 1}}"
+
+
 PLANNED = plan(all_ops())
 TARGETS = {"x86": X86, "arm": ARM, "armv7": get_platform("armv7l"), "riscv64": get_platform("riscv64")}
 """The bundle targets the matrix runs on: natively, and the runner under qemu (no sysroot). armv7
@@ -194,7 +198,7 @@ def test_matrix_through_deploy_run(
 
 def c_tensor(name: str, t: TensorType, data: str) -> str:
     dims = ", ".join(map(str, t.shape)) or "0"
-    fields = f"{data}, {{kDLCPU, 0}}, {len(t.shape)}, {C_DTYPES[t.dtype]}, shape_{name}, NULL, 0"
+    fields = f"{data}, {{kDLCPU, 0}}, {len(t.shape)}, {c_dtype(t.dtype)}, shape_{name}, NULL, 0"
     return f"  static int64_t shape_{name}[] = {{{dims}}};\n  DLTensor {name} = {{{fields}}};"
 
 

@@ -64,7 +64,7 @@ class Target:
     """Dtypes whose loops the schedules leave scalar, where the vector unit has none and LLVM
     aborts on such vectors: float64 on armv7's NEON (`llvm.maximum` of <2 x double>: "Cannot
     select setcc"), float16 on RVV 1.0 without Zvfhmin ("Scalarization of scalable vectors"), and
-    int64 on RVV, which TVM's vectorizer fails on ("Cannot broadcast ... is_scalable=1")."""
+    int64 and uint64 on RVV, which TVM's vectorizer fails on ("Cannot broadcast ... is_scalable=1")."""
     predicated_vectors: bool = True
     """TVM's vectorizer builds a vector with lanes masked off (a row's ragged end) for it: not for
     RVV, where it fails on an integer max so masked ("Cannot broadcast lanes=4 is_scalable=1"),
@@ -255,7 +255,7 @@ register_target(
         vector_bits=128,
         schedules=("riscv", "cpu"),
         cpu_flags=("v",),
-        scalar_dtypes=("float16", "int64"),
+        scalar_dtypes=("float16", "int64", "uint64"),
         predicated_vectors=False,
         cross_compiler="riscv64-linux-gnu-gcc",
         cross_package="gcc-riscv64-linux-gnu",
