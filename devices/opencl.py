@@ -100,8 +100,12 @@ def read_plan(path: Path) -> dict[str, Any]:
             for arg in kernel["args"]:
                 if type(arg["index"]) is not int or arg["index"] not in roles[arg["role"]]:
                     raise ValueError(f"kernel {kernel['name']}: no {arg['role']} buffer {arg['index']}")
-        files = [plan["source"], *([plan["constants_file"]] if constants else [])]
-        inside = all((path.parent / f).resolve().is_relative_to(path.parent.resolve()) for f in files)
+        files = {"source": plan["source"], **({"constants": plan["constants_file"]} if constants else {})}
+        outside = [
+            (kind, name)
+            for kind, name in files.items()
+            if not (path.parent / name).resolve().is_relative_to(path.parent.resolve())
+        ]
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -109,8 +113,9 @@ def read_plan(path: Path) -> dict[str, Any]:
         raise UsageError(
             f"{path}: not a launch plan of this deploy ({detail}): rebuild the artifact"
         ) from None
-    if not inside:
-        raise UsageError(f"{path}: source or constants {files!r} outside the artifact's directory")
+    if outside:
+        kind, name = outside[0]
+        raise UsageError(f"{path}: {kind} {name!r} is outside the artifact's directory")
     plan["buffers"], plan["scratch"], plan["constants"] = buffers, scratch, constants
     return plan
 

@@ -30,7 +30,9 @@ __asm__(".section .rodata\\n"
         "deploy_constant_blob:\\n"
         ".incbin \\"{BLOB}\\"\\n"
         ".previous\\n");
-extern const unsigned char deploy_constant_blob[];
+/* hidden: addressed PC-relative, never through a GOT entry (aarch64's GOT relocations against a
+ * local label plus an addend give another address in a static link) */
+extern const unsigned char deploy_constant_blob[] __attribute__((visibility("hidden")));
 __attribute__((visibility("hidden"))) const void* {CONSTANTS_SYMBOL}(void) {{ return deploy_constant_blob; }}
 """
 

@@ -24,6 +24,7 @@ from base.errors import DeployError, reason
 from base.threads import host_cpus
 from devices import DeviceLost, Session
 from devices.rpc import RpcEndpoint
+from ops.graph import Constant
 from ops.spec import BoundOp, TensorType
 from toolchain.build.bundle import write_bundle
 from toolchain.build.shared_object import compile_cpu, export_module
@@ -69,6 +70,8 @@ class _Candidate:
     target: Target
     executable: Any
     signature: Signature
+    constants: tuple[Constant, ...] = ()
+    """A kernel reads a graph's constants as inputs: the candidate itself holds none."""
 
     def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, None]:
         return self.signature.name, list(self.signature.inputs), self.signature.output, None
