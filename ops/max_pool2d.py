@@ -9,7 +9,7 @@ import numpy as np
 from tvm import te
 
 from ops.layouts import NCHW, Layout, Relayout, layout_of
-from ops.onnx_mapping import OnnxOp, check_names, no_dilation, pads, pair, require
+from ops.onnx_mapping import OnnxOp, check_names, pads, pair, require
 from ops.pooling import Pool2d, pool_attrs, pooled_type
 from ops.registry import register
 from ops.spec import Case, Input, Op, TensorType
@@ -17,12 +17,11 @@ from ops.spec import Case, Input, Op, TensorType
 
 def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
     """ONNX MaxPool -> max_pool2d: 2-D kernel_shape, strides (ONNX default 1, not the kernel),
-    pads (`padding_end` where they differ after the axis), ceil_mode; dense windows, and no
-    Indices layout to choose (storage_order)."""
+    pads (`padding_end` where they differ after the axis), ceil_mode, dilations; no Indices
+    layout to choose (storage_order)."""
     check_names(
         attrs, ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order")
     )
-    no_dilation(attrs)
     require(attrs, "storage_order", 0, "only 0 (row-major Indices)")
     before, after = pads(attrs)
     return {
@@ -31,6 +30,7 @@ def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
         "padding": before,
         **({"padding_end": after} if after != before else {}),
         "ceil_mode": attrs.get("ceil_mode", 0),
+        "dilation": pair(attrs, "dilations", [1, 1]),
     }
 
 
@@ -44,6 +44,7 @@ def to_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any] | None:
         "strides": list(attrs["stride"] or (kh, kw)),
         "pads": [ph, pw, *(attrs.get("padding_end") or (ph, pw))],
         "ceil_mode": int(attrs["ceil_mode"]),
+        "dilations": list(attrs["dilation"]),
     }
 
 
@@ -63,6 +64,7 @@ class MaxPool2d(Op):
         Case(((1, 2, 8, 7),), {"kernel": "3,2", "stride": "1,2", "padding": "1,0"}),
         Case(((1, 1, 5, 5),), {"kernel": 5, "stride": 3, "padding": 2, "ceil_mode": True}),
         Case(((1, 3, 8, 9),), {"kernel": 3, "stride": 2, "padding": 2, "padding_end": "0,1"}),
+        Case(((1, 3, 10, 11),), {"kernel": "2,3", "stride": 1, "padding": 1, "dilation": "3,2"}),
         Case((("N", 5, 17, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(((1, 2, 9, 9, 4),), {"kernel": 3, "stride": 2, "padding": 1, "layout": "NCHW4c"}),
         Case(

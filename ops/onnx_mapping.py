@@ -3,7 +3,7 @@
 The ONNX reader (`toolchain/model/onnx_import.py`) finds the op for each node by its (domain,
 op_type) through `ops.registry.op_for_onnx` and converts the node's attributes with `attrs`. A
 conversion raises a one-line UsageError naming the ONNX attribute, its value and what is
-supported: a model that needs what an op does not do (asymmetric pads, dilations) is refused,
+supported: a model that needs what an op does not do (1-D pooling, storage_order=1) is refused,
 never run with other semantics. `node_attrs` converts back, for a one-node model of a bound op
 (the onnxruntime baseline of `deploy bench`); tests/test_models.py checks the round trip.
 """
@@ -104,10 +104,3 @@ def pads(attrs: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, int]]:
     if auto_pad == "VALID" and any(given):
         raise unsupported("pads", given, "pads together with auto_pad=VALID")
     return (given[0], given[1]), (given[2], given[3])
-
-
-def no_dilation(attrs: dict[str, Any]) -> None:
-    """ONNX `dilations`, where given, must be all 1: the ops read dense windows."""
-    dilations = attrs.get("dilations", [])
-    if not isinstance(dilations, list) or any(d != 1 for d in dilations):
-        raise unsupported("dilations", dilations, "only dilations of 1 (dense windows)")

@@ -55,6 +55,7 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
             optional=True,
         ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
+        Attr("dilation", IntPair(1, MAX_KERNEL, fuzz_hi=2), (1, 1), "spacing of a window's taps H,W"),
         layout_attr(),
     )
 
@@ -71,6 +72,8 @@ class Pool2d:
     layout: Layout = NCHW
     padding_end: tuple[int, int] | None = None
     """None: as `padding` (symmetric)."""
+    dilation: tuple[int, int] = (1, 1)
+    """Taps `dilation` apart: a window spans (kernel - 1) * dilation + 1 elements."""
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
@@ -81,7 +84,12 @@ class Pool2d:
             attrs["ceil_mode"],
             layout_of(attrs),
             attrs.get("padding_end"),
+            attrs.get("dilation", (1, 1)),
         )
+
+    def span(self, axis: int) -> int:
+        """The elements a window covers along `axis`, its taps and the gaps between them."""
+        return (self.kernel[axis] - 1) * self.dilation[axis] + 1
 
     @property
     def after(self) -> tuple[int, int]:
@@ -89,8 +97,8 @@ class Pool2d:
         return self.padding if self.padding_end is None else self.padding_end
 
     def out_size(self, axis: int, size: int) -> int:
-        k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
-        span = size + p + self.after[axis] - k
+        s, p = self.stride[axis], self.padding[axis]
+        span = size + p + self.after[axis] - self.span(axis)
         out = (math.ceil(span / s) if self.ceil_mode else span // s) + 1
         if self.ceil_mode and (out - 1) * s >= size + p:
             out -= 1
@@ -98,8 +106,8 @@ class Pool2d:
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output shape, in the input's layout; checks the layout's rank and pack, that the
-        kernel fits the padded input and padding < kernel on each side (every window holds an
-        input element, as ONNX requires)."""
+        window (the kernel, dilated) fits the padded input and padding < kernel on each side
+        (every window holds an input element, as ONNX requires)."""
         self.layout.check(name, shape)
         out = list(shape)
         for axis, (label, position) in enumerate(zip("HW", self.layout.spatial, strict=True)):
@@ -109,13 +117,27 @@ class Pool2d:
                     raise UsageError(
                         f"{attr} {list(pads)}: expected less than the kernel {list(self.kernel)}"
                     )
-            if shape[position] + p + after < k:
+            if shape[position] + p + after < self.span(axis):
                 raise UsageError(
                     f"input {name} has shape {list(shape)}: {label}={shape[position]} plus padding is"
                     f" smaller than the kernel {list(self.kernel)}"
                 )
             out[position] = self.out_size(axis, shape[position])
+            self._check_taps(axis, label, shape[position], out[position])
         return tuple(out)
+
+    def _check_taps(self, axis: int, label: str, size: int, out: int) -> None:
+        """Every window of a dilated pool has a tap inside the input (else its max would be the
+        padding's)."""
+        k, s, p, d = self.kernel[axis], self.stride[axis], self.padding[axis], self.dilation[axis]
+        if d == 1:
+            return
+        for o in range(out):
+            if not any(0 <= o * s - p + i * d < size for i in range(k)):
+                raise UsageError(
+                    f"dilation {list(self.dilation)}: the window at output {label}={o} has no tap inside"
+                    f" the input ({label}={size}, padding {list(self.padding)})"
+                )
 
     def windows(self, data: te.Tensor) -> Callable[..., Any]:
         """(output index...) -> TE expression: the max of the window at that output of `data`
@@ -131,9 +153,13 @@ class Pool2d:
 
         A tap in the padding reads the nearest input element instead (its index clamped): that
         element is in the same window — padding is less than the kernel and every window starts
-        inside the input or its left padding — so the max, NaN included, is unchanged, and the taps need
-        no condition (which would keep the loop from vectorizing). Where a schedule splits the
-        interior off, the clamps simplify away and the loads are plain vector loads."""
+        inside the input or its left padding — so the max, NaN included, is unchanged, and the
+        taps need no condition (which would keep the loop from vectorizing). Where a schedule
+        splits the interior off, the clamps simplify away and the loads are plain vector loads.
+        Dilated taps skip elements, so the nearest element may lie between two taps: there a tap
+        outside the input reads the window's nearest tap inside it instead (`output_shape` checks
+        every window has one), again with no condition. (A select would not do: its unread branch
+        still loads, and LLVM takes an in-bounds load to mean the index is in range.)"""
         h_axis, w_axis = self.layout.spatial
         height, width = int(data.shape[h_axis]), int(data.shape[w_axis])
         dtype = str(data.dtype)
@@ -141,11 +167,21 @@ class Pool2d:
         def at(index: tuple[Any, ...], axis: int, value: Any) -> tuple[Any, ...]:
             return (*index[:axis], value, *index[axis + 1 :])
 
+        def tap(axis: int, out: Any, step: int, size: int) -> Any:
+            """The index tap `step` of the window at output `out` reads along `axis`."""
+            d, start = self.dilation[axis], out * self.stride[axis] - self.padding[axis]
+            index = start + step * d
+            if d == 1:
+                return clamp(index, size)
+            first = start + te.max(0, tirx.floordiv(d - 1 - start, d)) * d  # its first tap inside
+            last = start + te.min(self.kernel[axis] - 1, tirx.floordiv(size - 1 - start, d)) * d
+            return te.max(te.min(index, last), first)
+
         def row(oh: Any, dh: int) -> Any:
-            return clamp(oh * self.stride[0] + (dh - self.padding[0]), height)
+            return tap(0, oh, dh, height)
 
         def col(ow: Any, dw: int) -> Any:
-            return clamp(ow * self.stride[1] + (dw - self.padding[1]), width)
+            return tap(1, ow, dw, width)
 
         rows, cols = range(self.kernel[0]), range(self.kernel[1])
         if not _COLUMNS_FIRST.get():
@@ -167,10 +203,10 @@ class Pool2d:
 
     def interior(self, axis: int, size: int) -> tuple[int, int]:
         """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
-        k, s, p = self.kernel[axis], self.stride[axis], self.padding[axis]
+        s, p = self.stride[axis], self.padding[axis]
         out = self.out_size(axis, size)
         lo = min(out, -(-p // s))
-        return lo, max(lo, min(out, (size - k + p) // s + 1))
+        return lo, max(lo, min(out, (size - self.span(axis) + p) // s + 1))
 
     def reference(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an array in this pool's layout (via NCHW; a packed layout's
@@ -180,10 +216,11 @@ class Pool2d:
     def _pool_nchw(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an NCHW array."""
         oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
+        spans = (self.span(0), self.span(1))
         extra = [
             max(0, (o - 1) * s + k - (size + p + after))
             for o, s, k, size, p, after in zip(
-                (oh, ow), self.stride, self.kernel, data.shape[2:], self.padding, self.after, strict=True
+                (oh, ow), self.stride, spans, data.shape[2:], self.padding, self.after, strict=True
             )
         ]
         widths = (
@@ -193,8 +230,9 @@ class Pool2d:
             (self.padding[1], self.after[1] + extra[1]),
         )
         padded = np.pad(data, widths, constant_values=numpy_pad_value(data.dtype))
-        windows = np.lib.stride_tricks.sliding_window_view(padded, self.kernel, axis=(2, 3))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=(2, 3))
         windows = windows[:, :, :: self.stride[0], :: self.stride[1]][:, :, :oh, :ow]
+        windows = windows[..., :: self.dilation[0], :: self.dilation[1]]  # the taps of each window
         return windows.max(axis=(4, 5))
 
 

@@ -256,7 +256,13 @@ def test_example_onnx_model_maps_every_node(example_ops: None) -> None:
     ]
     pool, add, leaky, hsig = graph.nodes
     assert (pool.op.name, pool.source, pool.inputs, pool.output) == ("max_pool2d", "MaxPool", ("a",), "pool")
-    assert pool.attrs == {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": 0}
+    assert pool.attrs == {
+        "kernel": (3, 3),
+        "stride": (2, 2),
+        "padding": (1, 1),
+        "ceil_mode": 0,
+        "dilation": (1, 1),
+    }
     assert (add.op.name, add.source, add.inputs, add.attrs) == ("add", "Add", ("pool", "b"), {})
     assert (leaky.op.name, leaky.source) == ("leaky_relu", "LeakyRelu")
     assert leaky.attrs["alpha"] == pytest.approx(0.1)
@@ -269,7 +275,9 @@ def test_example_onnx_model_maps_every_node(example_ops: None) -> None:
 def test_onnx_defaults_are_onnx_ones(tmp_path: Path) -> None:
     """MaxPool strides default to 1 (ours to the kernel), ArgMax keeps dims on axis 0."""
     pool = load_model(one_node(tmp_path, "MaxPool", [1, 1, 6, 6], [1, 1, 4, 4], kernel_shape=[3, 3]))
-    assert pool.nodes[0].attrs == {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0), "ceil_mode": 0}
+    assert pool.nodes[0].attrs == {
+        "kernel": (3, 3), "stride": (1, 1), "padding": (0, 0), "ceil_mode": 0, "dilation": (1, 1)
+    }  # fmt: skip
     argmax = load_model(one_node(tmp_path, "ArgMax", [3, 5], [1, 5]))
     assert argmax.nodes[0].attrs == {"axis": 0, "keepdims": 1, "select_last": 0, "out_dtype": "int64"}
     assert bind_graph(argmax).output.shape == (1, 5)
@@ -326,11 +334,6 @@ def test_op_for_onnx_default_domain_has_two_names() -> None:
 @pytest.mark.parametrize(
     ("op_type", "attrs", "expected"),
     [
-        (
-            "MaxPool",
-            {"dilations": [2, 2]},
-            "ONNX attribute dilations=[2, 2] is not supported: only dilations of 1",
-        ),
         ("MaxPool", {"storage_order": 1}, "ONNX attribute storage_order=1 is not supported: only 0"),
         (
             "MaxPool",
@@ -419,7 +422,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         helper.make_node("Sigmoid", ["c"], ["s"], "sig"),
         helper.make_node("Mul", ["c", "s"], ["m"], "swish"),
         helper.make_node(
-            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2]
+            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], storage_order=1
         ),
         helper.make_node("LeakyRelu", ["p"], ["q"], "act"),
         helper.make_node("Conv", ["q", "w"], ["y"], "conv2", kernel_shape=[1, 1]),
@@ -436,7 +439,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         ("conv", None, "missing"), ("sig", None, "missing"), ("swish", None, "missing"),
         ("pool", "max_pool2d", "refused"), ("act", "leaky_relu", "ok"), ("conv2", None, "missing"),
     ]  # fmt: skip
-    assert report["nodes"][3]["problem"].startswith("ONNX attribute dilations=[2, 2] is not supported")
+    assert report["nodes"][3]["problem"].startswith("ONNX attribute storage_order=1 is not supported")
     assert report["missing"][0] == {
         "domain": "",
         "op_type": "Conv",
@@ -733,15 +736,15 @@ def test_onnxruntime_agrees_on_nan_where_it_says_so(
 
 def test_a_model_onnx_does_not_define_is_refused_when_read(tmp_path: Path) -> None:
     """Issue #37: ONNX defines MaxPool on floats and 8-bit integers, and 2-D dilations as two
-    values; ours pools int32 and ignored the count, so deploy built what onnxruntime refuses. The
-    checker's full check (type constraints, shape inference) runs after our own checks."""
+    values; ours pools int32, so deploy built what onnxruntime refuses. The checker's full check
+    (type constraints, shape inference) runs after our own checks, which refuse the count."""
     int32 = one_node(tmp_path, "MaxPool", [1, 1, 4, 4], [1, 1, 3, 3], TensorProto.INT32, kernel_shape=[2, 2])
     assert "(op_type:MaxPool, node name: n): X typestr: T, has unsupported type: tensor(int32)" in error(
         int32
     )
     dilations = one_node(tmp_path, "MaxPool", [1, 1, 4, 4], [1, 1, 3, 3], TensorProto.FLOAT,
                          kernel_shape=[2, 2], dilations=[1, 1, 1])  # fmt: skip
-    assert "Attribute dilations has incorrect size" in error(dilations)
+    assert "ONNX attribute dilations=[1, 1, 1] is not supported: only 2-D pooling" in error(dilations)
 
 
 def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:

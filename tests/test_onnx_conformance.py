@@ -41,10 +41,9 @@ CASES = {
 NOT_YET = {
     "test_maxpool_1d_default": "kernel_shape=[2] is not supported",
     "test_maxpool_3d_default": "kernel_shape=[2, 2, 2] is not supported",
-    "test_maxpool_2d_dilations": "dilations=[2, 2] is not supported",
-    "test_maxpool_3d_dilations": "dilations=[2, 2, 2] is not supported",
-    "test_maxpool_3d_dilations_use_ref_impl": "dilations=[2, 2, 2] is not supported",
-    "test_maxpool_3d_dilations_use_ref_impl_large": "dilations=[2, 2, 2] is not supported",
+    "test_maxpool_3d_dilations": "kernel_shape=[2, 2, 2] is not supported",
+    "test_maxpool_3d_dilations_use_ref_impl": "kernel_shape=[2, 2, 2] is not supported",
+    "test_maxpool_3d_dilations_use_ref_impl_large": "kernel_shape=[5, 5, 5] is not supported",
     "test_maxpool_with_argmax_2d_precomputed_pads": "the graph has 2 outputs",
     "test_maxpool_with_argmax_2d_precomputed_strides": "the graph has 2 outputs",
 }

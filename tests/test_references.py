@@ -13,19 +13,19 @@ from ops.pooling import Pool2d
 
 
 def naive_max_pool(x: np.ndarray, pool: Pool2d) -> np.ndarray:
+    """Every window's taps one by one: `kernel` of them `dilation` apart from the window's start,
+    those inside the input."""
     n, c, h, w = x.shape
     oh, ow = pool.out_size(0, h), pool.out_size(1, w)
     out = np.empty((n, c, oh, ow), dtype=x.dtype)
+    (kh, kw), (dh, dw) = pool.kernel, pool.dilation
     for i, j, y, z in itertools.product(range(n), range(c), range(oh), range(ow)):
+        top, left = y * pool.stride[0] - pool.padding[0], z * pool.stride[1] - pool.padding[1]
         taps = [
-            x[i, j, yy, zz]
-            for yy in range(
-                y * pool.stride[0] - pool.padding[0], y * pool.stride[0] - pool.padding[0] + pool.kernel[0]
-            )
-            for zz in range(
-                z * pool.stride[1] - pool.padding[1], z * pool.stride[1] - pool.padding[1] + pool.kernel[1]
-            )
-            if 0 <= yy < h and 0 <= zz < w
+            x[i, j, top + a * dh, left + b * dw]
+            for a in range(kh)
+            for b in range(kw)
+            if 0 <= top + a * dh < h and 0 <= left + b * dw < w
         ]
         out[i, j, y, z] = max(taps)
     return out
@@ -37,6 +37,9 @@ POOLS = [
     Pool2d((2, 3), (1, 2), (1, 0), True),
     Pool2d((4, 4), (3, 3), (2, 2), True),
     Pool2d((1, 1), (2, 2), (0, 0), False),
+    Pool2d((3, 2), (2, 1), (2, 0), True, padding_end=(0, 1)),
+    Pool2d((2, 3), (1, 2), (1, 1), False, dilation=(3, 2)),
+    Pool2d((3, 3), (2, 2), (2, 1), True, padding_end=(1, 2), dilation=(2, 2)),
 ]
 
 

@@ -71,6 +71,7 @@ def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
         kernel_size=attrs["kernel"],
         stride=attrs["stride"] or attrs["kernel"],
         padding=attrs["padding"],
+        dilation=attrs["dilation"],
         ceil_mode=attrs["ceil_mode"],
     )
 
