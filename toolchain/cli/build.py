@@ -137,6 +137,14 @@ def build_command(
         click.echo(
             f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule{record}): nodes {nodes}{note}"
         )
+    if manifest.constants:
+        names = ", ".join(c["name"] for c in manifest.constants[:4]) + (
+            ", ..." if len(manifest.constants) > 4 else ""
+        )
+        size = sum(len(c.data) for c in compiled.constants)
+        click.echo(
+            f"  constants: {len(manifest.constants)} ({names}), {size} bytes, stored once in the artifact"
+        )
     if manifest.bundle is not None:
         from devices.platforms import get_platform
 
