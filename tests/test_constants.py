@@ -125,6 +125,16 @@ def test_the_example_lists_its_constants_and_matches_onnxruntime(tmp_path):
     assert not (tmp_path / "a" / BLOB).exists() and not list((tmp_path / "a").glob(".*"))  # in module.so
 
 
+@pytest.mark.emulator
+def test_the_example_matches_onnxruntime_on_the_emulator():
+    """Its module on the arm emulator (qemu, TVM's runtime) against numpy and onnxruntime, every
+    batch size from one build."""
+    pytest.importorskip("onnxruntime")
+    result = invoke("test", "--model", str(EXAMPLE), "--target", "arm")
+    assert result.exit_code == 0, result.output
+    assert "onnxruntime" in result.output and "15 cases passed, 0 failed" in result.output
+
+
 def test_a_constant_is_stored_once_however_many_kernels_read_it(tmp_path):
     """A 4 MB constant read by two kernels: the module grows by it once."""
     big = np.arange(2 * 4 * 256 * 256, dtype=np.float32).reshape(2, 4, 256, 256) % 97
