@@ -54,7 +54,7 @@ def one_node(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...]]) -> B
     names = [f"x{i}" for i in range(len(shapes))]
     node = Node("y", get_op(op), attrs, tuple(names), "y")
     return bind_graph(
-        Graph(op, tuple((n, TensorType(s, F32)) for n, s in zip(names, shapes, strict=True)), (node,), "y")
+        Graph(op, tuple((n, TensorType(s, F32)) for n, s in zip(names, shapes, strict=True)), (node,), ("y",))
     )
 
 
@@ -67,7 +67,9 @@ def ladder(kernels: int) -> BoundGraph:
         nodes.append(Node(f"t{i}", get_op("add"), {}, last, f"t{i}"))
         last = (last[1], f"t{i}")
     return bind_graph(
-        Graph("ladder", (("a", TensorType(shape, F32)), ("b", TensorType(shape, F32))), tuple(nodes), last[1])
+        Graph(
+            "ladder", (("a", TensorType(shape, F32)), ("b", TensorType(shape, F32))), tuple(nodes), (last[1],)
+        )
     )
 
 
@@ -146,7 +148,7 @@ def driver(directory: Path, graph: BoundGraph, static: bool = False) -> Path:
     """The timing program of the bundle in `directory` (graph `graph`, static shapes); `static`
     links it statically, to run on another machine of the architecture."""
     name = Manifest.read(directory).bundle["name"]
-    types = [*graph.inputs, graph.output]
+    types = [*graph.inputs, *graph.outputs]
     lines = []
     for i, t in enumerate(types):
         code = {"float": "kDLFloat", "int": "kDLInt"}[t.dtype.rstrip("0123456789")]
@@ -245,7 +247,8 @@ def ort_timer(graph: BoundGraph, model: bytes, inputs: list[np.ndarray], threads
     binding = session.io_binding()
     for arg, array in zip(session.get_inputs(), inputs, strict=True):
         binding.bind_cpu_input(arg.name, array)
-    out = np.empty(graph.output.shape, graph.output.dtype)
+    (result,) = graph.outputs
+    out = np.empty(result.shape, result.dtype)
     binding.bind_output(session.get_outputs()[0].name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
     session.run_with_iobinding(binding)
     start = time.perf_counter()
@@ -306,7 +309,8 @@ def onnx_model(label: str, graph: BoundGraph) -> bytes:
         else:
             nodes.append(helper.make_node("Add", list(n.node.inputs), [n.node.output]))
     inputs = [helper.make_tensor_value_info(name, types[t.dtype], t.shape) for name, t in graph.graph.inputs]
-    output = helper.make_tensor_value_info(graph.graph.output, types[graph.output.dtype], graph.output.shape)
+    (name,), (result,) = graph.graph.outputs, graph.outputs
+    output = helper.make_tensor_value_info(name, types[result.dtype], result.shape)
     made = helper.make_model(
         helper.make_graph(nodes, "bench", inputs, [output]), opset_imports=[helper.make_opsetid("", 17)]
     )
@@ -406,7 +410,7 @@ def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Pa
         np.save(paths[-1], array)
     command = [str(directory / "deploy-run"), str(directory), *[w for p in paths for w in ("-i", str(p))]]
     subprocess.run([*command, "-o", str(work / "out.npy")], check=True)
-    result = compare(np.asarray(graph.reference(*inputs)), np.load(work / "out.npy"), graph.exact)
+    result = compare(np.asarray(graph.references(*inputs)[0]), np.load(work / "out.npy"), graph.exact)
     if not result.ok:
         raise SystemExit(f"error: the bundle of {graph.name} differs from numpy: {result.detail}")
     return paths

@@ -69,7 +69,7 @@ def build(directory: Path, cores: int) -> None:
     def copy_of(moved: int) -> Any:
         shape = (moved // 8,)  # reads and writes 4 bytes an element
         node = Node("y", Copy(), {}, ("x0",), "y")
-        return bind_graph(Graph("copy", (("x0", TensorType(shape, F32)),), (node,), "y"))
+        return bind_graph(Graph("copy", (("x0", TensorType(shape, F32)),), (node,), ("y",)))
 
     def graph_at(batch: int, dtype: str) -> Any:
         graph = load_model(REPO / "examples" / "maxpool_add.yaml")
@@ -77,7 +77,7 @@ def build(directory: Path, cores: int) -> None:
         return bind_graph(replace(graph, inputs=inputs))
 
     def moved_by(graph: Any) -> int:
-        return sum(t.nbytes() for t in graph.inputs) + graph.output.nbytes()
+        return sum(t.nbytes() for t in (*graph.inputs, *graph.outputs))
 
     def cpu_bundle(name: str, graph: Any) -> str:
         target = directory / name
@@ -123,7 +123,7 @@ def build(directory: Path, cores: int) -> None:
                 "label": label,
                 "op": op,
                 "inputs": [[list(t.shape), t.dtype] for t in item.inputs],
-                "output": [list(item.output.shape), item.output.dtype],
+                "output": [list(item.outputs[0].shape), item.outputs[0].dtype],
                 "moved": moved,
                 "plan": f"gpu{index}/launch.json",
                 "copy": f"gcopy{index}/launch.json",
@@ -209,19 +209,19 @@ def run_gpu(directory: Path, plan: list[dict[str, Any]], rounds: int) -> None:
                 rng.standard_normal(tuple(shape), dtype=np.float32).astype(dtype)
                 for shape, dtype in item["inputs"]
             ]
-            shape, dtype = tuple(item["output"][0]), item["output"][1]
-            got = session.run(directory / item["plan"], inputs, shape, dtype)
+            outputs = [(tuple(item["output"][0]), item["output"][1])]
+            (got,) = session.run(directory / item["plan"], inputs, outputs)
+            dtype = outputs[0][1]
             want = reference(item, inputs)
             if not np.array_equal(got, want.astype(dtype)):
                 raise SystemExit(f"error: {item['label']} differs from numpy on {session.label}")
-            number = max(1, int(0.05 / session.time(directory / item["plan"], inputs, shape, dtype, 1, 1)[0]))
-            op = [
-                t * 1e3 for t in session.time(directory / item["plan"], inputs, shape, dtype, number, rounds)
-            ]
+            number = max(1, int(0.05 / session.time(directory / item["plan"], inputs, outputs, 1, 1)[0]))
+            op = [t * 1e3 for t in session.time(directory / item["plan"], inputs, outputs, number, rounds)]
             source = [np.zeros(item["copy_elements"], dtype=np.float32)]
             copy_plan = directory / item["copy"]
             copy = [
-                t * 1e3 for t in session.time(copy_plan, source, source[0].shape, "float32", number, rounds)
+                t * 1e3
+                for t in session.time(copy_plan, source, [(source[0].shape, "float32")], number, rounds)
             ]
             ms, copy_ms = statistics.median(op), statistics.median(copy)
             print(

@@ -94,7 +94,9 @@ class SshRunnerLink:
             sftp.rename(staging, remote)
         return remote
 
-    def call(self, bundle: str, inputs: list[Path], output: Path, options: list[str]) -> tuple[int, str, str]:
+    def call(
+        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+    ) -> tuple[int, str, str]:
         work = posixpath.join(self.calls, secrets.token_hex(8))
         try:
             with self.shell.files(f"pushing the inputs to {work}") as sftp:
@@ -102,11 +104,13 @@ class SshRunnerLink:
                 for path in inputs:
                     sftp.put(str(path), posixpath.join(work, path.name))
             args = [posixpath.join(bundle, RUNNER), bundle]
-            args += [word for path in inputs for word in ("-i", path.name)] + ["-o", "out.npy", *options]
+            args += [word for path in inputs for word in ("-i", path.name)]
+            args += [word for path in outputs for word in ("-o", path.name)] + options
             reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=600)
             if reply.status == 0:
-                with self.shell.files(f"fetching {work}/out.npy") as sftp:
-                    sftp.get(posixpath.join(work, "out.npy"), str(output))
+                with self.shell.files(f"fetching the outputs from {work}") as sftp:
+                    for path in outputs:
+                        sftp.get(posixpath.join(work, path.name), str(path))
         finally:
             self.shell.run(f"rm -rf -- {shlex.quote(work)}")
         status = -(reply.status - 128) if reply.status > 128 else reply.status  # the shell's 128 + signal

@@ -24,7 +24,7 @@ import numpy as np
 from base.errors import DeployError, UsageError, reason
 from base.files import load_json, read_regular
 from base.paths import cache_root
-from devices.registry import Device, register_device, register_device_source
+from devices.registry import Device, Outputs, register_device, register_device_source
 
 
 def _cl() -> Any:
@@ -88,7 +88,10 @@ def read_plan(path: Path) -> dict[str, Any]:
         ]
         if constants and not isinstance(plan["constants_sha256"], str):
             raise ValueError("constants_sha256 is not a string")
-        n_inputs = len(buffers) - 1
+        n_outputs = plan.get("outputs", 1)
+        if type(n_outputs) is not int or not 1 <= n_outputs < len(buffers) + 1:
+            raise ValueError(f"outputs {n_outputs!r} is not a count of its buffers")
+        n_inputs = len(buffers) - n_outputs
         roles = {
             "input": range(n_inputs),
             "output": range(n_inputs, len(buffers)),
@@ -146,12 +149,11 @@ def _constant_arrays(plan_path: Path, plan: dict[str, Any]) -> list[np.ndarray]:
     return arrays
 
 
-def _check_arrays(
-    path: Path, plan: dict[str, Any], inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
-) -> None:
+def _check_arrays(path: Path, plan: dict[str, Any], inputs: list[np.ndarray], outputs: Outputs) -> None:
     """The caller's arrays against the plan's buffers: as many inputs, each of the shape and dtype
-    the kernels were built for, and the output likewise (a one-line UsageError otherwise)."""
-    *expected, (shape, dtype) = plan["buffers"]
+    the kernels were built for, and the outputs likewise (a one-line UsageError otherwise)."""
+    n_inputs = len(plan["buffers"]) - plan.get("outputs", 1)
+    expected, written = plan["buffers"][:n_inputs], plan["buffers"][n_inputs:]
     if len(inputs) != len(expected):
         raise UsageError(f"{path} takes {len(expected)} input(s), got {len(inputs)}")
     for number, (array, (shape_in, dtype_in)) in enumerate(zip(inputs, expected, strict=True)):
@@ -162,14 +164,18 @@ def _check_arrays(
             raise UsageError(
                 f"{where}: expected shape {shape_in} {dtype_in}, got shape {array.shape} {array.dtype}"
             )
-    try:
-        asked = (tuple(out_shape), np.dtype(out_dtype))
-    except TypeError:
-        asked = None
-    if asked != (shape, dtype):
-        raise UsageError(
-            f"output of {path}: its kernels write shape {shape} {dtype}, not {out_shape} {out_dtype}"
-        )
+    if len(outputs) != len(written):
+        raise UsageError(f"{path} writes {len(written)} output(s), asked for {len(outputs)}")
+    for number, ((out_shape, out_dtype), (shape, dtype)) in enumerate(zip(outputs, written, strict=True)):
+        try:
+            asked = (tuple(out_shape), np.dtype(out_dtype))
+        except TypeError:
+            asked = None
+        if asked != (shape, dtype):
+            raise UsageError(
+                f"output {number} of {path}: its kernels write shape {shape} {dtype},"
+                f" not {out_shape} {out_dtype}"
+            )
 
 
 class OpenClSession:
@@ -231,14 +237,14 @@ class OpenClSession:
         return self._programs[plan_path]
 
     def _launch(
-        self, plan_path: Path, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str
-    ) -> tuple[Any, np.ndarray, Any]:
-        """Buffers for the inputs and the output, and a function that enqueues every kernel."""
+        self, plan_path: Path, inputs: list[np.ndarray], outputs: Outputs
+    ) -> tuple[Any, list[np.ndarray], list[Any]]:
+        """Buffers for the inputs and the outputs, and a function that enqueues every kernel."""
         cl = _cl()
         plan, program, constants = self._load(plan_path)
-        _check_arrays(plan_path, plan, inputs, out_shape, out_dtype)
+        _check_arrays(plan_path, plan, inputs, outputs)
         flags = cl.mem_flags
-        out = np.empty(out_shape, dtype=out_dtype)
+        outs = [np.empty(shape, dtype=dtype) for shape, dtype in outputs]
         copy = flags.READ_ONLY | flags.COPY_HOST_PTR
         buffers = [
             cl.Buffer(self._context, copy, hostbuf=np.require(a, requirements="C"))
@@ -246,7 +252,7 @@ class OpenClSession:
             else cl.Buffer(self._context, flags.READ_ONLY, 1)
             for a in inputs
         ]
-        buffers.append(cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)))
+        buffers += [cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)) for out in outs]
         sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in plan["scratch"]]
         scratch = [cl.Buffer(self._context, flags.READ_WRITE, max(1, size)) for size in sizes]
         pools = {"input": buffers, "output": buffers, "scratch": scratch, "constant": constants}
@@ -267,39 +273,38 @@ class OpenClSession:
                 event = cl.enqueue_nd_range_kernel(self._queue, kernel, global_size, local_size)
             return event
 
-        return enqueue, out, buffers[-1]
+        return enqueue, outs, buffers[len(inputs) :]
 
     def run(
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         entry: str = "function",
         workspace: int = 0,
-    ) -> np.ndarray:
+    ) -> list[np.ndarray]:
         """Launch the plan's kernels in order (an op's or a graph's alike: `entry` is not used,
         and its scratch buffers are the plan's own, not a `workspace`)."""
         cl = _cl()
-        enqueue, out, out_buffer = self._launch(module, inputs, out_shape, out_dtype)
+        enqueue, outs, out_buffers = self._launch(module, inputs, outputs)
         enqueue()
-        if out.nbytes:
-            cl.enqueue_copy(self._queue, out, out_buffer)
+        for out, out_buffer in zip(outs, out_buffers, strict=True):
+            if out.nbytes:
+                cl.enqueue_copy(self._queue, out, out_buffer)
         self._queue.finish()
-        return out
+        return outs
 
     def time(
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         number: int,
         repeat: int,
         entry: str = "function",
         workspace: int = 0,
     ) -> list[float]:
-        enqueue, _, _ = self._launch(module, inputs, out_shape, out_dtype)
+        enqueue, _, _ = self._launch(module, inputs, outputs)
         enqueue()
         self._queue.finish()
         results = []

@@ -12,6 +12,23 @@ import numpy as np
 
 from base.errors import DeployError, UsageError
 
+Outputs = list[tuple[tuple[int, ...], str]]
+"""The outputs a call writes, in order: each one's (shape, dtype name)."""
+
+
+def checked_outputs(results: list[np.ndarray], outputs: Outputs, module: Path) -> list[np.ndarray]:
+    """`results` if they are `outputs` (count, shapes, dtypes); else a DeployError naming the
+    first that is not, against the manifest."""
+    if len(results) != len(outputs):
+        raise DeployError(f"{module} returned {len(results)} outputs, its manifest says {len(outputs)}")
+    for result, (shape, dtype) in zip(results, outputs, strict=True):
+        if result.shape != tuple(shape) or str(result.dtype) != dtype:
+            raise DeployError(
+                f"{module} returned {result.dtype}{list(result.shape)}, its manifest says"
+                f" {dtype}{list(shape)}"
+            )
+    return results
+
 
 class DeviceLost(DeployError):
     """The device stopped answering (server died, connection dropped)."""
@@ -30,22 +47,20 @@ class Session(Protocol):
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         entry: str = "function",
         workspace: int = 0,
-    ) -> np.ndarray:
+    ) -> list[np.ndarray]:
         """Load `module` (cached per path), call its main through `entry` (`session.ENTRIES`:
-        main(inputs..., out), or a graph's plan main(inputs..., out, arena) with an arena of
-        `workspace` bytes), return out."""
+        main(inputs..., outputs...), or a graph's plan main(inputs..., outputs..., arena) with an
+        arena of `workspace` bytes), return the outputs, of the (shape, dtype) `outputs` says."""
         ...
 
     def time(
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         number: int,
         repeat: int,
         entry: str = "function",

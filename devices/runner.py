@@ -1,7 +1,7 @@
 """The runner protocol: a device that runs deploy's C bundles (`toolchain/build/bundle.py`) through
 their own runner, `deploy-run`, and needs nothing else: no TVM, no Python, any libc (the runner is
 linked statically). A call hands the device the bundle and the inputs as .npy files, runs the
-runner, and takes back the output and, when timing, its seconds per call (`deploy-run --time`: a
+runner, and takes back the outputs and, when timing, its seconds per call (`deploy-run --time`: a
 warm-up call, then runs of many calls, each at least MIN_REPEAT_MS, as TVM's time evaluator).
 
 How files and commands reach the device is a `RunnerLink`: qemu-user on this host for the
@@ -24,7 +24,7 @@ import numpy as np
 from base.errors import DeployError, printable
 from base.threads import runtime_threads
 from devices.platforms import Platform, get_platform
-from devices.registry import Device, DeviceLost, register_device
+from devices.registry import Device, DeviceLost, Outputs, checked_outputs, register_device
 
 RUNNER = "deploy-run"
 """The runner's file name in a bundle (as `bundle.RUNNER`)."""
@@ -45,9 +45,11 @@ class RunnerLink(Protocol):
         """Where the bundle in `directory` is on the device (handed over once per session)."""
         ...
 
-    def call(self, bundle: str, inputs: list[Path], output: Path, options: list[str]) -> tuple[int, str, str]:
-        """Run the bundle's runner on the `inputs` (files here), its output fetched into `output`:
-        (exit status, stdout, stderr); a negative status is a signal's."""
+    def call(
+        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+    ) -> tuple[int, str, str]:
+        """Run the bundle's runner on the `inputs` (files here), its outputs fetched into
+        `outputs`: (exit status, stdout, stderr); a negative status is a signal's."""
         ...
 
 
@@ -71,36 +73,29 @@ class RunnerSession:
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         entry: str = "function",
         workspace: int = 0,
-    ) -> np.ndarray:
-        return self._call(module, inputs, out_shape, out_dtype, [])[0]
+    ) -> list[np.ndarray]:
+        return self._call(module, inputs, outputs, [])[0]
 
     def time(
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         number: int,
         repeat: int,
         entry: str = "function",
         workspace: int = 0,
     ) -> list[float]:
         timing = ["--time", f"{number},{repeat},{MIN_REPEAT_MS}"]
-        return self._call(module, inputs, out_shape, out_dtype, timing)[1]
+        return self._call(module, inputs, outputs, timing)[1]
 
     def _call(
-        self,
-        module: Path,
-        inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
-        options: list[str],
-    ) -> tuple[np.ndarray, list[float]]:
-        """Run the bundle beside `module` (the artifact's directory) on `inputs`: the output and
+        self, module: Path, inputs: list[np.ndarray], outputs: Outputs, options: list[str]
+    ) -> tuple[list[np.ndarray], list[float]]:
+        """Run the bundle beside `module` (the artifact's directory) on `inputs`: the outputs and
         the seconds per call of each timed run (`options`)."""
         directory = module.parent
         if not (directory / RUNNER).is_file():
@@ -113,9 +108,9 @@ class RunnerSession:
             files = [Path(scratch, f"in{i}.npy") for i in range(len(inputs))]
             for path, array in zip(files, inputs, strict=True):
                 np.save(path, np.require(array, requirements="C"), allow_pickle=False)
-            output = Path(scratch, "out.npy")
+            written = [Path(scratch, f"out{i}.npy") for i in range(len(outputs))]
             status, stdout, stderr = self.link.call(
-                self._placed[directory], files, output, ["--threads", str(self.threads), *options]
+                self._placed[directory], files, written, ["--threads", str(self.threads), *options]
             )
             said = printable(stderr.strip().splitlines()[-1] if stderr.strip() else "no message")
             if status < 0:
@@ -123,15 +118,12 @@ class RunnerSession:
                 raise DeviceLost(f"{died}: {said}")
             if status != 0:
                 raise DeployError(f"{self.label}: {said}")
-            result = np.load(output, allow_pickle=False)
-        if result.shape != tuple(out_shape) or str(result.dtype) != out_dtype:
-            raise DeployError(
-                f"{directory} returned {result.dtype}{list(result.shape)}, its manifest says"
-                f" {out_dtype}{list(out_shape)}"
+            results = checked_outputs(
+                [np.load(path, allow_pickle=False) for path in written], outputs, directory
             )
         timed = [line.split()[1] for line in stdout.splitlines() if line.startswith("seconds-per-call ")]
         times = [float(t) for t in timed]
-        return result, times
+        return results, times
 
 
 class EmulatedLink:
@@ -143,9 +135,12 @@ class EmulatedLink:
     def bundle(self, directory: Path) -> str:
         return str(directory)
 
-    def call(self, bundle: str, inputs: list[Path], output: Path, options: list[str]) -> tuple[int, str, str]:
+    def call(
+        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+    ) -> tuple[int, str, str]:
         command = [*self.platform.emulator_command(), str(Path(bundle, RUNNER)), bundle]
-        command += [arg for path in inputs for arg in ("-i", str(path))] + ["-o", str(output), *options]
+        command += [arg for path in inputs for arg in ("-i", str(path))]
+        command += [arg for path in outputs for arg in ("-o", str(path))] + options
         done = subprocess.run(command, capture_output=True, text=True, errors="replace")
         return done.returncode, done.stdout, done.stderr
 

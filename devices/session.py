@@ -1,9 +1,9 @@
 """A session over any TVM runtime device, local or over RPC: load, run, time.
 
 A module is called through its entry (the manifest's `entry`): "function", an op's PrimFunc
-`main(inputs..., out)`, or "plan", a graph's `main(inputs..., out, arena)` (toolchain/build/
-plan.py), whose arena of `workspace` bytes the session allocates on the device once per call
-site, as a C bundle's caller does.
+`main(inputs..., out)`, or "plan", a graph's `main(inputs..., outputs..., arena)` (toolchain/
+build/plan.py), whose arena of `workspace` bytes the session allocates on the device once per
+call site, as a C bundle's caller does.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import DeployError, UsageError
+from base.errors import UsageError
+from devices.registry import Outputs, checked_outputs
 
 
 @dataclass(frozen=True)
 class Entry:
-    """How a loaded module's `main` is called: on the inputs and the output, then an arena
+    """How a loaded module's `main` is called: on the inputs and the outputs, then an arena
     (`takes_arena`) or not."""
 
     takes_arena: bool
@@ -76,14 +77,12 @@ class TvmSession:
             self._loaded[module] = self._loader(module)
         return self._loaded[module]
 
-    def _args(
-        self, inputs: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str, entry: str, workspace: int
-    ) -> list[Any]:
-        """The inputs, the output and, for an entry that takes one, an arena of `workspace` bytes."""
+    def _args(self, inputs: list[np.ndarray], outputs: Outputs, entry: str, workspace: int) -> list[Any]:
+        """The inputs, the outputs and, for an entry that takes one, an arena of `workspace` bytes."""
         import tvm
 
         tensors = [tvm.runtime.tensor(np.require(a, requirements="C"), self._dev) for a in inputs]
-        tensors.append(tvm.runtime.empty(out_shape, out_dtype, self._dev))
+        tensors += [tvm.runtime.empty(shape, dtype, self._dev) for shape, dtype in outputs]
         if entry_named(entry).takes_arena:
             tensors.append(tvm.runtime.empty((workspace,), "uint8", self._dev))
         return tensors
@@ -92,32 +91,25 @@ class TvmSession:
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         entry: str = "function",
         workspace: int = 0,
-    ) -> np.ndarray:
-        args = self._args(inputs, out_shape, out_dtype, entry, workspace)
+    ) -> list[np.ndarray]:
+        args = self._args(inputs, outputs, entry, workspace)
         self._callable(module)["main"](*args)
-        result = args[len(inputs)].numpy()
-        if result.shape != tuple(out_shape) or str(result.dtype) != out_dtype:
-            raise DeployError(
-                f"{module} returned {result.dtype}{list(result.shape)}, its manifest says"
-                f" {out_dtype}{list(out_shape)}"
-            )
-        return result
+        results = [a.numpy() for a in args[len(inputs) : len(inputs) + len(outputs)]]
+        return checked_outputs(results, outputs, module)
 
     def time(
         self,
         module: Path,
         inputs: list[np.ndarray],
-        out_shape: tuple[int, ...],
-        out_dtype: str,
+        outputs: Outputs,
         number: int,
         repeat: int,
         entry: str = "function",
         workspace: int = 0,
     ) -> list[float]:
         evaluator = self._callable(module).time_evaluator("main", self._dev, number=number, repeat=repeat)
-        args = self._args(inputs, out_shape, out_dtype, entry, workspace)
+        args = self._args(inputs, outputs, entry, workspace)
         return [float(t) for t in evaluator(*args).results]

@@ -1,5 +1,5 @@
 """Graphs of registered ops: named input tensors, constant tensors (their values given by the
-model), nodes (an op, its attributes, the tensors it reads) and one output tensor; a model file
+model), nodes (an op, its attributes, the tensors it reads) and output tensors; a model file
 or an ONNX model becomes one (`toolchain/model`).
 
 `bind_graph` checks a graph the way `bind` checks one op: tensors that exist, no cycle, and each
@@ -75,12 +75,13 @@ class Constant:
 @dataclass(frozen=True)
 class Graph:
     """A graph as read from a model: `inputs` in the order a caller passes arrays, `constants`
-    (the tensors the model gives values), `nodes` in any order, `output` the tensor it returns."""
+    (the tensors the model gives values), `nodes` in any order, `outputs` the tensors it returns,
+    in the order a caller receives them."""
 
     name: str
     inputs: tuple[tuple[str, TensorType], ...]
     nodes: tuple[Node, ...]
-    output: str
+    outputs: tuple[str, ...]
     constants: tuple[Constant, ...] = ()
 
 
@@ -117,8 +118,8 @@ class BoundGraph:
         return tuple(name for name, _ in self.graph.inputs)
 
     @property
-    def output(self) -> TensorType:
-        return self.types[self.graph.output]
+    def outputs(self) -> tuple[TensorType, ...]:
+        return tuple(self.types[name] for name in self.graph.outputs)
 
     @property
     def exact(self) -> bool:
@@ -152,17 +153,18 @@ class BoundGraph:
                 {"name": n.node.name, **n.bound.key(), "reads": list(n.node.inputs), "writes": n.node.output}
                 for n in self.nodes
             ],
-            "output": self.graph.output,
+            "outputs": list(self.graph.outputs),
         }
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()[:24]
 
-    def reference(self, *arrays: np.ndarray) -> np.ndarray:
-        """The ops' numpy references composed in data-flow order."""
+    def references(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The outputs by the ops' numpy references composed in data-flow order."""
         given = {c.name: c.array() for c in self.graph.constants}
         given.update(zip(self.input_names, arrays, strict=True))
-        return flow(self.nodes, given, numpy_reference)[self.graph.output]
+        values = flow(self.nodes, given, numpy_reference)
+        return [values[name] for name in self.graph.outputs]
 
 
 def ops_of(nodes: Sequence[BoundNode]) -> tuple[Op, ...]:
@@ -187,8 +189,8 @@ def numpy_reference(n: BoundNode, arrays: list[np.ndarray]) -> np.ndarray:
 
 def bind_graph(graph: Graph) -> BoundGraph:
     """Check `graph` and bind every node: tensor names unique, every input a tensor that exists,
-    no cycle, the output written by a node, an input or a constant; each node bound by its op
-    (its own messages, prefixed with the node)."""
+    no cycle, each output written by a node, an input or a constant and given once; each node
+    bound by its op (its own messages, prefixed with the node)."""
     _check_names(graph)
     types: dict[str, TensorType] = {}
     for kind, name, tensor in [
@@ -217,8 +219,13 @@ def bind_graph(graph: Graph) -> BoundGraph:
                     f"{node.label()} reads {tensor!r}, which is no graph input and no node's output"
                     f" (inputs: {', '.join(types) or 'none'})"
                 )
-    if graph.output not in types and graph.output not in writers:
-        raise UsageError(f"graph {graph.name}: output {graph.output!r} is no input and no node's output")
+    if not graph.outputs:
+        raise UsageError(f"graph {graph.name} has no output")
+    for position, output in enumerate(graph.outputs):
+        if output not in types and output not in writers:
+            raise UsageError(f"graph {graph.name}: output {output!r} is no input and no node's output")
+        if output in graph.outputs[:position]:
+            raise UsageError(f"graph {graph.name}: output {output!r} is given twice: each output once")
     order = _data_flow_order(graph, writers)
     bound: list[BoundNode] = []
     for node in order:
@@ -242,7 +249,7 @@ def _check_names(graph: Graph) -> None:
     ]
     for node in graph.nodes:
         named += [("node", node.name), ("tensor", node.output), *(("tensor", t) for t in node.inputs)]
-    for kind, name in [*named, ("output", graph.output)]:
+    for kind, name in [*named, *(("output", name) for name in graph.outputs)]:
         if not isinstance(name, str) or not name or not name.isprintable():
             raise UsageError(f"{kind} name {name!r}: expected printable characters")
 

@@ -6,8 +6,8 @@ Each spatial node (pooling: `Relayout.starts`) moves to the layout the target ru
 it, so a chain of such nodes stays in the layout with no conversion between them. A
 `layout_transform` is inserted only where a node reads a tensor in another layout than it needs:
 the graph's inputs entering the first moved node, a node that cannot move reading a moved
-tensor, and the graph's output, which leaves in NCHW under its own name, as the model declares
-it. One conversion of a tensor serves all its readers. The rewritten graph takes and returns the
+tensor, and the graph's outputs, which leave in NCHW under their own names, as the model
+declares them. One conversion of a tensor serves all its readers. The rewritten graph takes and returns the
 same arrays as the original, and its reference computes the same values bit for bit (padding
 lanes are never read into a real channel).
 """
@@ -27,7 +27,7 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
     """`graph` with its spatial nodes in `layout` and the conversions that needs; `graph` itself
     when nothing moves (NCHW, or no node can)."""
     moved: dict[str, Layout] = {}  # tensor -> its layout, for each the pass put in another than NCHW
-    stored: dict[str, str] = {}  # the graph's output, moved: the name it is written under until converted
+    stored: dict[str, str] = {}  # a graph output, moved: the name it is written under until converted
     nodes: list[Node] = []
     taken = {n.node.name for n in graph.nodes} | set(graph.types)
     conversions: dict[tuple[str, str], str] = {}
@@ -43,8 +43,8 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
             attrs: dict[str, Any] = {"src": have.name, "dst": need.name}
             if have.packed:
                 attrs["channels"] = graph.types[tensor].shape[1]
-            # the graph's output, converted back, keeps its name: the model's interface is unchanged
-            written = tensor if need is NCHW and tensor == graph.graph.output else name
+            # a graph output, converted back, keeps its name: the model's interface is unchanged
+            written = tensor if need is NCHW and tensor in graph.graph.outputs else name
             source = stored.get(tensor, tensor)
             nodes.append(Node(name, get_op(LayoutTransform.name), attrs, (source,), written))
             conversions[key] = written
@@ -62,13 +62,14 @@ def relayout(graph: BoundGraph, layout: Layout) -> BoundGraph:
         written = n.node.output
         if found.output is not NCHW:
             moved[written] = found.output
-            if written == graph.graph.output:
+            if written in graph.graph.outputs:
                 stored[written] = _fresh(f"{written}_{found.output.name}", taken)
                 written = stored[written]
         nodes.append(replace(n.node, attrs=found.attrs, inputs=reads, output=written, layout=layout.name))
     if not moved:
         return graph
-    read(graph.graph.output, NCHW)  # the output leaves in NCHW: its conversion back, if it moved
+    for output in graph.graph.outputs:  # the outputs leave in NCHW: their conversions back, if they moved
+        read(output, NCHW)
     return bind_graph(replace(graph.graph, nodes=tuple(nodes)))
 
 

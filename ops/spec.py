@@ -318,9 +318,18 @@ class BoundOp:
         """The op definitions the build of this op depends on."""
         return self.op.parts()
 
+    @property
+    def outputs(self) -> tuple[TensorType, ...]:
+        """Its one output, as a graph's outputs are listed."""
+        return (self.output,)
+
     def reference(self, *arrays: np.ndarray) -> np.ndarray:
         """The op's numpy reference on `arrays`."""
         return self.op.reference(self.attrs, *arrays)
+
+    def references(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """`reference` as a graph's outputs are listed."""
+        return [self.reference(*arrays)]
 
     def computed(self, out: Any) -> Any:
         """`out`, what the op's compute returned, if it is the te.Tensor `infer` said (rank, static

@@ -119,14 +119,10 @@ def saved(arrays: list[np.ndarray], work: Path, prefix: str = "in") -> list[Path
 
 
 def check_against_numpy(item: BoundOp | BoundGraph, arrays: list[np.ndarray], actual: np.ndarray) -> None:
+    """`actual`, an op's or a single-output graph's output, against numpy."""
     with np.errstate(invalid="ignore", over="ignore"):
-        expected = (
-            item.reference(*arrays)
-            if isinstance(item, BoundGraph)
-            else item.op.reference(item.attrs, *arrays)
-        )
-    exact = item.exact if isinstance(item, BoundGraph) else item.op.exact
-    result = compare(np.asarray(expected), actual, exact)
+        (expected,) = item.references(*arrays)
+    result = compare(np.asarray(expected), actual, item.exact)
     assert result.ok, result.detail
 
 
@@ -330,7 +326,7 @@ def test_matrix_through_one_c_program(target: str, matrix_bundles, tmp_path_fact
         directory = matrix_bundle(matrix_bundles, target, index, tmp_path_factory.getbasetemp())
         bound = planned.bind()
         sizes = batch_sizes(bound.inputs, (3,))[0]
-        inputs, out = [t.at(sizes) for t in bound.inputs], bound.output.at(sizes)
+        inputs, out = [t.at(sizes) for t in bound.inputs], bound.outputs[0].at(sizes)
         arrays = case_inputs(planned, sizes)
         cases.append((bound, arrays, raw_inputs(arrays, tmp_path / f"c{index}"), out))
         calls.append((f"m{index}", directory, inputs, out))
@@ -374,7 +370,7 @@ def test_example_graphs_through_bundles(target: str, example_ops, tmp_path: Path
             check_against_numpy(graph, arrays, np.load(tmp_path / "out.npy"))
         sizes = dict.fromkeys(graph.graph.inputs[0][1].symbols, 3)
         arrays = [random_input(t.at(sizes), rng, ties=True) for t in graph.inputs]
-        out = graph.output.at(sizes)
+        out = graph.outputs[0].at(sizes)
         cases.append((graph, arrays, raw_inputs(arrays, tmp_path / f"c-{name}"), out))
         calls.append((name, directory, [t.at(sizes) for t in graph.inputs], out))
     proc = run_calls(c_program(calls, tmp_path / "graphs", target), [c[2] for c in cases], target)
@@ -555,8 +551,8 @@ EXPECTED_BAD_CALLS = {
     "strides": "-1 add: a is not compact (C order)",
     "data": "-1 add: a.data is NULL",
     "null": "-1 add: a is NULL",
-    "count": "-1 add: expected 2 inputs and the output (3 tensors), got 2",
-    "no-args": "-1 add: args is NULL: expected an array of the inputs and the output",
+    "count": "-1 add: expected 2 inputs and 1 output (3 tensors), got 2",
+    "no-args": "-1 add: args is NULL: expected an array of the inputs and the outputs",
     "offset": "0 ",
     "out": "1 1",
     "run": "0 ",
@@ -1211,7 +1207,7 @@ def test_a_bundle_built_for_16_byte_alignment_takes_such_buffers(tmp_path: Path)
     graph = bind_graph(load_model(tmp_path / "g.yaml"))
     a = (np.arange(2 * 16 * 32 * 32) % 97).astype(np.float32).reshape(2, 16, 32, 32)
     b = (np.arange(2 * 16 * 16) % 5).astype(np.float32).reshape(2, 1, 16, 16)
-    expected = graph.reference(a, b)
+    (expected,) = graph.references(a, b)
     assert proc.stdout.splitlines() == [
         f"0  {expected.flat[0]:g} {expected.flat[-1]:g}",
         "-1 pa: a.data + byte_offset is not 16-byte aligned",

@@ -90,7 +90,7 @@ def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypa
 
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
     node = Node("act", get_op("leaky_relu"), {}, ("x",), "act")
-    g = bind_graph(Graph(name, (("x", TensorType((4, 8), "float32")),), (node,), "act"))
+    g = bind_graph(Graph(name, (("x", TensorType((4, 8), "float32")),), (node,), ("act",)))
     directory, _ = cache.cached_build(g, get_target("x86"))
     assert directory.parent == tmp_path / "cache" / "builds" and not directory.name.startswith(".")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] and len(directory.name) < 128

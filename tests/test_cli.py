@@ -62,10 +62,13 @@ def test_build_writes_module_and_manifest(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = Manifest.read(out)
     assert manifest.op == "max_pool2d" and manifest.target == "x86"
-    pool = {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False, "layout": "NCHW"}
+    pool = {
+        "kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "padding_end": None, "ceil_mode": False,
+        "dilation": [1, 1], "layout": "NCHW",
+    }  # fmt: skip
     assert manifest.attrs == pool
     assert manifest.inputs == [{"name": "x", "shape": [2, 4, 16, 16], "dtype": "float32"}]
-    assert manifest.output == {"shape": [2, 4, 8, 8], "dtype": "float32"}
+    assert manifest.outputs == [{"name": "out", "shape": [2, 4, 8, 8], "dtype": "float32"}]
     assert manifest.schedule == "cpu/max_pool2d"
     assert manifest.tvm_version == tvm.__version__
     assert manifest.sha256 == sha256_file(out / manifest.module)

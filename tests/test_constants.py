@@ -193,6 +193,16 @@ def test_bad_constants_are_one_line(tmp_path):
         f"initializer 'bias': its external data file {tmp_path.resolve() / 'short.bin'} holds 10 bytes at"
         " offset 0, expected 96"
     )
+    (tmp_path / "w.bin").write_bytes(BIAS.tobytes())
+    for offset in (10**30, 2**63 - 1, -4):  # past what seek takes, past the file, before it
+        message = error(external(tmp_path, "w.bin", offset))
+        assert message.endswith(f"(offset {offset}, length None) is not 96 bytes inside its file of 96"), (
+            message
+        )
+    assert "is not a file inside the model's directory" in error(external(tmp_path, "a" * 5000))
+    assert "is not a file inside the model's directory" in error(external(tmp_path, "w.bin\0x"))
+    (tmp_path / "folder").mkdir()
+    assert error(external(tmp_path, "folder")).endswith("folder is not a regular file")
     truncated = numpy_helper.from_array(BIAS, "bias")
     truncated.raw_data = truncated.raw_data[:-4]
     add = [POOL, helper.make_node("Add", ["p", "bias"], ["y"])]

@@ -112,7 +112,7 @@ from devices.opencl import OpenClDevice
 art = Path(sys.argv[1])
 x = np.load(art / "x.npy")
 with OpenClDevice().open() as session:
-    out = session.run(art / "launch.json", [x], (1, 4, 8, 8), "float32")
+    (out,) = session.run(art / "launch.json", [x], [((1, 4, 8, 8), "float32")])
 np.save(art / "out.npy", out)
 assert not [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")], "tvm was imported"
 print("ran without tvm")
@@ -143,17 +143,17 @@ def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
     source = art / "kernels.cl"
     source.write_text(source.read_text() + "\nthis is not OpenCL;\n")
     with pytest.raises(UsageError, match="does not match the sha256"):
-        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+        cl_session.run(art / "launch.json", [x, x], [((4, 4), "float32")])
     import hashlib
 
     plan_ = json.loads((art / "launch.json").read_text())
     plan_["source_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
     (art / "launch.json").write_text(json.dumps(plan_))
     with pytest.raises(UsageError, match=r"launch\.json does not match the sha256 in .*manifest\.json"):
-        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+        cl_session.run(art / "launch.json", [x, x], [((4, 4), "float32")])
     (art / "manifest.json").unlink()  # a runner that holds the plan alone builds what it says
     with pytest.raises(DeployError, match=r"OpenCL kernel build failed on .*error"):
-        cl_session.run(art / "launch.json", [x, x], (4, 4), "float32")
+        cl_session.run(art / "launch.json", [x, x], [((4, 4), "float32")])
 
 
 def test_fp16_is_stored_as_half_where_the_device_has_no_half_arithmetic(cl_session, tmp_path):
@@ -178,7 +178,7 @@ def test_fp16_is_stored_as_half_where_the_device_has_no_half_arithmetic(cl_sessi
         export(native, tmp_path / "native")
         a, b = (np.ones(t.shape, "float16") for t in bound.inputs)
         with pytest.raises(DeployError, match=r"kernels\.cl computes in half, which needs cl_khr_fp16"):
-            cl_session.run(tmp_path / "native" / "launch.json", [a, b], (2, 4, 8), "float16")
+            cl_session.run(tmp_path / "native" / "launch.json", [a, b], [((2, 4, 8), "float16")])
 
 
 @pytest.mark.skipif(FP16, reason="this device has half arithmetic: float16 kernels stay float16")
@@ -303,7 +303,7 @@ def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
 
     plan_path = add_artifact / "launch.json"
     a, b = np.arange(16, dtype="float32").reshape(4, 4), np.ones(4, "float32")
-    np.testing.assert_array_equal(cl_session.run(plan_path, [a, b], (4, 4), "float32"), a + b)
+    np.testing.assert_array_equal(cl_session.run(plan_path, [a, b], [((4, 4), "float32")])[0], a + b)
     bad = {
         r"input 0 of .*: expected shape \(4, 4\) float32, got shape \(4, 4\) float64": (
             [a.astype("float64"), b], (4, 4), "float32"),
@@ -318,9 +318,9 @@ def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
     }  # fmt: skip
     for message, (inputs, shape, dtype) in bad.items():
         with pytest.raises(UsageError, match=message):
-            cl_session.run(plan_path, inputs, shape, dtype)
+            cl_session.run(plan_path, inputs, [(shape, dtype)])
         with pytest.raises(UsageError, match=message):
-            cl_session.time(plan_path, inputs, shape, dtype, 1, 1)
+            cl_session.time(plan_path, inputs, [(shape, dtype)], 1, 1)
 
 
 def _edited_plan(original, tmp_path, edit, keep_manifest=False):
@@ -352,7 +352,7 @@ def test_a_plan_source_outside_the_artifact_is_refused(add_artifact, cl_session,
 
         plan_path = _edited_plan(add_artifact, tmp_path / source.replace("/", "_"), point)
         with pytest.raises(UsageError, match=r"source '.*x\.cl' is outside the artifact's directory"):
-            cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
+            cl_session.run(plan_path, [x, x[0]], [((4, 4), "float32")])
 
 
 def test_a_plan_edited_beside_its_manifest_is_refused(add_artifact, cl_session, tmp_path):
@@ -366,7 +366,7 @@ def test_a_plan_edited_beside_its_manifest_is_refused(add_artifact, cl_session, 
     x = np.ones((4, 4), "float32")
     plan_path = _edited_plan(add_artifact, tmp_path, wider, keep_manifest=True)
     with pytest.raises(UsageError, match="does not match the sha256 in"):
-        cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
+        cl_session.run(plan_path, [x, x[0]], [((4, 4), "float32")])
 
 
 def test_a_malformed_plan_is_one_line(add_artifact, cl_session, tmp_path):
@@ -390,4 +390,4 @@ def test_a_malformed_plan_is_one_line(add_artifact, cl_session, tmp_path):
     for number, (message, edit) in enumerate(cases.items()):
         plan_path = _edited_plan(add_artifact, tmp_path / str(number), edit)
         with pytest.raises(UsageError, match=f"not a launch plan of this deploy .*{message}.*: rebuild"):
-            cl_session.run(plan_path, [x, x[0]], (4, 4), "float32")
+            cl_session.run(plan_path, [x, x[0]], [((4, 4), "float32")])

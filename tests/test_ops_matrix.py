@@ -83,7 +83,8 @@ class OnTarget:
         """Build `op_name` for these arrays and run it on them: its output."""
         target = for_device(self.target, self.session)
         directory, manifest = cached_build(self.bound(op_name, attrs, arrays), target)
-        return run_artifact(self.session, directory, manifest, list(arrays))
+        (output,) = run_artifact(self.session, directory, manifest, list(arrays))
+        return output
 
     @staticmethod
     def bound(op_name: str, attrs: dict[str, Any], arrays: tuple[np.ndarray, ...]) -> BoundOp:

@@ -59,8 +59,9 @@ def test_a_session_times_through_the_runner() -> None:
         directory, manifest = cached_build(bound, for_device(target, session))
         assert manifest.bundle is not None, "a build for a runner device carries its bundle"
         expected = bound.op.reference(bound.attrs, x)
-        np.testing.assert_array_equal(run_artifact(session, directory, manifest, [x]), expected)
-        times = session.time(directory / manifest.module, [x], (4, 1000), "float32", number=1, repeat=3)
+        np.testing.assert_array_equal(run_artifact(session, directory, manifest, [x])[0], expected)
+        outputs = [((4, 1000), "float32")]
+        times = session.time(directory / manifest.module, [x], outputs, number=1, repeat=3)
     assert len(times) == 3 and all(0 < t < 1 for t in times), times
 
 
@@ -72,7 +73,7 @@ def test_a_build_without_its_bundle_is_refused_by_name(tmp_path: Path) -> None:
     bound = bind(get_op("add"), {}, [TensorType((3,), "float32")] * 2)
     manifest = export(compile_op(bound, get_target("armv7")), tmp_path / "art")
     with get_device("emulator-armv7").open() as session, pytest.raises(DeployError, match="has no C bundle"):
-        session.run(tmp_path / "art" / manifest.module, [np.zeros(3, "float32")] * 2, (3,), "float32")
+        session.run(tmp_path / "art" / manifest.module, [np.zeros(3, "float32")] * 2, [((3,), "float32")])
 
 
 @pytest.mark.parametrize(

@@ -110,10 +110,10 @@ def test_one_module_runs_every_batch_and_checks_them(tmp_path):
     assert built.exit_code == 0, built.output
     manifest = json.loads((art / "manifest.json").read_text())
     assert [i["shape"] for i in manifest["inputs"]] == [["N", 8, 9, 10], ["N", 1, 9, 10]]
-    assert manifest["output"]["shape"] == ["N", 8, 9, 10]
-    assert Manifest.read(art).output_type([(32, 8, 9, 10), (32, 1, 9, 10)]) == TensorType(
-        (32, 8, 9, 10), "float32"
-    )
+    assert manifest["outputs"][0]["shape"] == ["N", 8, 9, 10]
+    assert Manifest.read(art).output_types([(32, 8, 9, 10), (32, 1, 9, 10)]) == [
+        TensorType((32, 8, 9, 10), "float32")
+    ]
     rng = np.random.default_rng(0)
     for n in (1, 3, 32):
         np.save(tmp_path / f"a{n}.npy", rng.standard_normal((n, 8, 9, 10), "float32"))

@@ -38,7 +38,7 @@ typedef struct {
 } TVMFFIAny;
 enum { kTVMFFIDLTensorPtr = 7 };
 
-/* The plan's (or the op's) entry, from the kernel object: main(inputs..., out[, arena]). */
+/* The plan's (or the op's) entry, from the kernel object: main(inputs..., outputs...[, arena]). */
 int __tvm_ffi_main(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
 
 static _Thread_local char last_error[512];
@@ -221,10 +221,10 @@ EXPORT int API(_with_workspace)(DEPLOY_PARAMS, void* workspace, size_t workspace
 
 EXPORT int API(_run)(DLTensor* const* args, int num_args) {
   last_error[0] = '\0';
-  if (args == NULL) return fail(BAD_ARGUMENT, "args is NULL: expected an array of the inputs and the output");
+  if (args == NULL) return fail(BAD_ARGUMENT, "args is NULL: expected an array of the inputs and the outputs");
   if (num_args != DEPLOY_NUM_TENSORS) {
-    return fail(BAD_ARGUMENT, "expected %d inputs and the output (%d tensors), got %d", DEPLOY_NUM_INPUTS,
-                DEPLOY_NUM_TENSORS, num_args);
+    return fail(BAD_ARGUMENT, "expected %d inputs and %d output%s (%d tensors), got %d", DEPLOY_NUM_INPUTS,
+                DEPLOY_NUM_OUTPUTS, DEPLOY_NUM_OUTPUTS == 1 ? "" : "s", DEPLOY_NUM_TENSORS, num_args);
   }
   return run((const DLTensor* const*)args, NULL, 0, 0);
 }

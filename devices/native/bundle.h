@@ -1,7 +1,7 @@
 /* What a bundle was built for, shared by its API (bundle.c) and its runner (run.cc, runner_glue.c).
  *
  * deploy generates `bundle_config.h` per bundle (found on the include path): the public prefix,
- * one DeployTensorSpec per input and one for the output in call order, the symbolic dims, and
+ * one DeployTensorSpec per input and one per output in call order, the symbolic dims, and
  * the arena's slots when it is a graph's plan (toolchain/build/plan.py lays them out).
  */
 #ifndef DEPLOY_BUNDLE_H_
@@ -32,8 +32,9 @@ typedef struct { /* an arena region: bytes times the product of some symbolic di
 typedef struct {
   const char* name; /* the bundle's prefix */
   int num_inputs;
+  int num_outputs;
   const char* const* symbol_names;
-  const DeployTensorSpec* tensors; /* the inputs, then the output */
+  const DeployTensorSpec* tensors; /* the inputs, then the outputs */
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
   int (*set_num_threads)(int n);
@@ -42,7 +43,7 @@ typedef struct {
 #ifndef DEPLOY_RUNNER_ONLY
 #include "bundle_config.h"
 
-#define DEPLOY_NUM_TENSORS (DEPLOY_NUM_INPUTS + 1)
+#define DEPLOY_NUM_TENSORS (DEPLOY_NUM_INPUTS + DEPLOY_NUM_OUTPUTS)
 
 /* The arena's size for the symbolic dims `symbols` as the plan's `main` computes it: each slot
  * rounded up to DEPLOY_ALIGNMENT, at least one alignment in all; 0 when it overflows. */

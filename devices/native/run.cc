@@ -2,13 +2,14 @@
 // library (libNAME.a) and runner_glue.c, which says what the bundle takes (`deploy_runner`): it
 // needs nothing on the device, not even a particular libc. Compiled once per architecture.
 //
-//   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy [--threads N]
+//   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy [-o out2.npy ...] [--threads N]
 //              [--time NUMBER,REPEAT,MIN_REPEAT_MS]
 //
 // First it checks DIR/SHA256SUMS: every file listed must match (a modified bundle is refused,
 // this runner among its files). Then it reads the inputs (.npy v1-v3, little-endian
 // f2/f4/f8/i1/u1/i4/i8, C order), checks them against the bundle's signature (bundle_config.h; a
-// symbolic batch is read from them), calls NAME_run and writes the output as .npy v1.
+// symbolic batch is read from them), calls NAME_run and writes each output as .npy v1 (-o once
+// per output, in the bundle's order).
 // --threads N: the parallel loops' threads (NAME_set_num_threads; default one per online CPU).
 // --time: after that call (the warm-up), REPEAT timed runs of NUMBER calls each, as TVM's time
 // evaluator times: a run shorter than MIN_REPEAT_MS is done again with more calls. Each run's
@@ -93,13 +94,13 @@ int64_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
 struct Options {
   std::string dir;
   std::vector<std::string> inputs;
-  std::string output;
+  std::vector<std::string> outputs;
   int threads = 0;
   long number = 0, repeat = 0, min_repeat_ms = 0;  // --time; repeat 0: no timing
 };
 
 constexpr const char* kUsage =
-    "usage: deploy-run DIR -i IN.npy ... -o OUT.npy [--threads N] [--time NUMBER,REPEAT,MIN_REPEAT_MS]";
+    "usage: deploy-run DIR -i IN.npy ... -o OUT.npy ... [--threads N] [--time NUMBER,REPEAT,MIN_REPEAT_MS]";
 
 // A count from `text` in [low, high], else a bad-input exit naming `what`.
 long Count(const std::string& text, const char* what, long low, long high) {
@@ -120,7 +121,7 @@ Options ParseArgs(int argc, char** argv) {
     if (arg == "-i" && i + 1 < argc) {
       opt.inputs.push_back(argv[++i]);
     } else if (arg == "-o" && i + 1 < argc) {
-      opt.output = argv[++i];
+      opt.outputs.push_back(argv[++i]);
     } else if (arg == "--threads" && i + 1 < argc) {
       opt.threads = static_cast<int>(Count(argv[++i], "--threads", 1, 1024));
     } else if (arg == "--time" && i + 1 < argc) {
@@ -136,7 +137,7 @@ Options ParseArgs(int argc, char** argv) {
       Bad("unexpected argument " + arg + " (" + kUsage + ")");
     }
   }
-  if (opt.dir.empty() || opt.output.empty()) Bad(kUsage);
+  if (opt.dir.empty() || opt.outputs.empty()) Bad(kUsage);
   return opt;
 }
 
@@ -447,34 +448,47 @@ DLTensor Tensor(const DeployTensorSpec& spec, std::vector<int64_t>& shape, void*
 int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
   VerifyBundle(opt.dir);
-  Output output = OutputFile(opt.output);  // before any work, as `deploy run` checks it
-  const int inputs = deploy_runner.num_inputs;
+  const int inputs = deploy_runner.num_inputs, outputs = deploy_runner.num_outputs;
+  auto names = [](int from, int count) {
+    std::string text;
+    for (int i = from; i < from + count; ++i) text += (i > from ? ", " : "") + std::string(deploy_runner.tensors[i].name);
+    return text;
+  };
+  if (static_cast<int>(opt.outputs.size()) != outputs) {
+    Bad(std::string(deploy_runner.name) + " writes " + std::to_string(outputs) + " output(s) (" +
+        names(inputs, outputs) + "): give -o once for each, got " + std::to_string(opt.outputs.size()));
+  }
+  std::vector<Output> files;
+  for (const std::string& path : opt.outputs) files.push_back(OutputFile(path));  // before any work
   if (static_cast<int>(opt.inputs.size()) != inputs) {
-    std::string names;
-    for (int i = 0; i < inputs; ++i) names += (i ? ", " : "") + std::string(deploy_runner.tensors[i].name);
-    Bad(std::string(deploy_runner.name) + " takes " + std::to_string(inputs) + " inputs (" + names + "), got " +
-        std::to_string(opt.inputs.size()));
+    Bad(std::string(deploy_runner.name) + " takes " + std::to_string(inputs) + " inputs (" + names(0, inputs) +
+        "), got " + std::to_string(opt.inputs.size()));
   }
   std::vector<int64_t> symbols(inputs * DEPLOY_MAX_DIMS + 1, 0);  // more than the symbolic dims
   std::vector<Array> arrays;
   for (int i = 0; i < inputs; ++i) arrays.push_back(ReadNpy(opt.inputs[i], deploy_runner.tensors[i], symbols.data()));
-  const DeployTensorSpec& out = deploy_runner.tensors[inputs];
-  std::vector<int64_t> out_shape = ShapeAt(out, symbols.data());
-  arrays.push_back(Array{Buffer(NumBytes(out_shape, out.dtype)), out_shape});
+  for (int k = 0; k < outputs; ++k) {
+    std::vector<int64_t> shape = ShapeAt(deploy_runner.tensors[inputs + k], symbols.data());
+    arrays.push_back(Array{Buffer(NumBytes(shape, deploy_runner.tensors[inputs + k].dtype)), shape});
+  }
 
   std::vector<DLTensor> tensors;
-  for (int i = 0; i <= inputs; ++i) {
+  for (int i = 0; i < inputs + outputs; ++i) {
     tensors.push_back(Tensor(deploy_runner.tensors[i], arrays[i].shape, arrays[i].buffer.data.get()));
   }
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
   if (opt.threads > 0) deploy_runner.set_num_threads(opt.threads);
-  if (deploy_runner.run(args.data(), inputs + 1) != 0) Exit(kFailed, deploy_runner.last_error());
-  WriteNpy(opt.output, output, out.dtype, out_shape, arrays.back().buffer.data.get());
+  const int count = inputs + outputs;
+  if (deploy_runner.run(args.data(), count) != 0) Exit(kFailed, deploy_runner.last_error());
+  for (int k = 0; k < outputs; ++k) {
+    const Array& out = arrays[inputs + k];
+    WriteNpy(opt.outputs[k], files[k], deploy_runner.tensors[inputs + k].dtype, out.shape, out.buffer.data.get());
+  }
   for (long run = 0, number = opt.number; run < opt.repeat;) {
     auto start = std::chrono::steady_clock::now();
     for (long call = 0; call < number; ++call) {
-      if (deploy_runner.run(args.data(), inputs + 1) != 0) Exit(kFailed, deploy_runner.last_error());
+      if (deploy_runner.run(args.data(), count) != 0) Exit(kFailed, deploy_runner.last_error());
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (seconds * 1e3 < opt.min_repeat_ms && number < (1L << 30)) {  // too short to tell: more calls

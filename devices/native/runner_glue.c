@@ -10,6 +10,6 @@
 #define STRING(x) STRING_(x)
 
 const DeployRunner deploy_runner = {
-    STRING(DEPLOY_PREFIX), DEPLOY_NUM_INPUTS, deploy_symbol_names, deploy_tensors, API(_run), API(_last_error),
-    API(_set_num_threads),
+    STRING(DEPLOY_PREFIX), DEPLOY_NUM_INPUTS, DEPLOY_NUM_OUTPUTS, deploy_symbol_names, deploy_tensors, API(_run),
+    API(_last_error), API(_set_num_threads),
 };

@@ -167,7 +167,7 @@ def measure_row(
 ) -> dict[str, Any]:  # fmt: skip
     """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
     `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs and a
-    graph's constants read once, output written once); GB/s; the median bandwidths; the floor
+    graph's constants read once, outputs written once); GB/s; the median bandwidths; the floor
     (bytes read at the read bandwidth plus bytes written at the write bandwidth) and the median
     over rounds of the time over it, and the same against the copy bandwidth alone; numpy,
     onnxruntime and PyTorch ms on this host (`onnxruntime_ms`, `torch_ms`) and our speed-up over
@@ -178,12 +178,12 @@ def measure_row(
     directory, manifest = cached_build(item, for_device(target, session))
     constants = item.graph.constants if isinstance(item, BoundGraph) else ()
     read = read_bytes(inputs) + sum(len(c.data) for c in constants)  # a graph's constants are read too
-    written = written_bytes(item.output.at(sizes))
+    written = sum(written_bytes(t.at(sizes)) for t in item.outputs)
     moved = read + written
     row: dict[str, Any] = {
         "op": item.name,
         "shapes": label,
-        "dtype": item.inputs[0].dtype if item.inputs else item.output.dtype,
+        "dtype": item.inputs[0].dtype if item.inputs else item.outputs[0].dtype,
         "schedule": manifest.schedule,
         "mb_moved": moved / 1e6,
         "emulated": device.emulated,
@@ -194,7 +194,7 @@ def measure_row(
         return row | dict.fromkeys(TIMED, None) | {"wrong_answer": reason(exc)}
     beside = stick.beside(timer, options.repeat)
     median_ms, roof = beside.ms, beside.bandwidth
-    numpy = host_ms(lambda: item.reference(*inputs), options.repeat) if options.baselines else None
+    numpy = host_ms(lambda: item.references(*inputs), options.repeat) if options.baselines else None
     ort = onnxruntime_ms(item, inputs, options.repeat) if options.baselines else None
     torch = torch_ms(item, inputs, options.repeat) if options.baselines else None
     return row | {

@@ -51,13 +51,12 @@ def onnx_node(bound: BoundOp, inputs: Sequence[str], output: str) -> onnx.NodePr
 def onnx_model(
     steps: Sequence[Step],
     inputs: dict[str, np.ndarray],
-    output: str,
-    output_dtype: str,
+    outputs: dict[str, str],
     constants: Sequence[Constant] = (),
 ) -> onnx.ModelProto | None:
     """A model of `steps` in order, its inputs typed and shaped as `inputs`, `constants` its
-    initializers, its output of `output_dtype` (onnxruntime infers the shape); None when a step
-    has no ONNX node."""
+    initializers, its outputs of the dtypes `outputs` gives (onnxruntime infers the shapes); None
+    when a step has no ONNX node."""
     nodes = [onnx_node(*step) for step in steps]
     if any(node is None for node in nodes):
         return None
@@ -69,22 +68,22 @@ def onnx_model(
         nodes,
         "baseline",
         [value_info(name, a.dtype, a.shape) for name, a in inputs.items()],
-        [value_info(output, np.dtype(output_dtype), None)],
+        [value_info(name, np.dtype(dtype), None) for name, dtype in outputs.items()],
         [numpy_helper.from_array(c.array(), c.name) for c in constants],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
-def op_steps(bound: BoundOp) -> tuple[list[Step], list[str], str]:
-    """One step for an op: (steps, input names, output name)."""
+def op_steps(bound: BoundOp) -> tuple[list[Step], list[str], dict[str, str]]:
+    """One step for an op: (steps, input names, output name -> dtype)."""
     names = [i.name for i in bound.op.inputs]
-    return [(bound, names, "y")], names, "y"
+    return [(bound, names, "y")], names, {"y": bound.output.dtype}
 
 
-def graph_steps(graph: BoundGraph) -> tuple[list[Step], list[str], str]:
-    """A graph's nodes in data-flow order: (steps, input names, output name)."""
+def graph_steps(graph: BoundGraph) -> tuple[list[Step], list[str], dict[str, str]]:
+    """A graph's nodes in data-flow order: (steps, input names, output name -> dtype)."""
     steps: list[Step] = [(n.bound, n.node.inputs, n.node.output) for n in graph.nodes]
-    return steps, list(graph.input_names), graph.graph.output
+    return steps, list(graph.input_names), {name: graph.types[name].dtype for name in graph.graph.outputs}
 
 
 def onnxruntime_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) -> float | None:
@@ -96,14 +95,14 @@ def onnxruntime_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat:
 
 
 def onnxruntime_call(item: BoundOp | BoundGraph, inputs: list[np.ndarray]) -> Any:
-    """A function running `item` once in onnxruntime into a preallocated output (returned by
-    each call), or None as `onnxruntime_ms` says."""
+    """A function running `item` once in onnxruntime into preallocated outputs (returned by
+    each call, a list), or None as `onnxruntime_ms` says."""
     if onnxruntime is None:
         return None
-    steps, names, output = graph_steps(item) if isinstance(item, BoundGraph) else op_steps(item)
+    steps, names, outputs = graph_steps(item) if isinstance(item, BoundGraph) else op_steps(item)
     feeds = dict(zip(names, (np.ascontiguousarray(a) for a in inputs), strict=True))
     constants = item.graph.constants if isinstance(item, BoundGraph) else ()
-    model = onnx_model(steps, feeds, output, item.output.dtype, constants)
+    model = onnx_model(steps, feeds, outputs, constants)
     if model is None:
         return None
     options = onnxruntime.SessionOptions()
@@ -114,17 +113,18 @@ def onnxruntime_call(item: BoundOp | BoundGraph, inputs: list[np.ndarray]) -> An
         session = onnxruntime.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        first = session.run(None, feeds)[0]  # the output's shape and dtype, and a warm-up
+        first = session.run(None, feeds)  # the outputs' shapes and dtypes, and a warm-up
     except UNSUPPORTED:
         return None
-    out = np.empty_like(first)
+    outs = [np.empty_like(array) for array in first]
     binding = session.io_binding()
     for name, array in feeds.items():
         binding.bind_cpu_input(name, array)
-    binding.bind_output(output, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+    for name, out in zip(outputs, outs, strict=True):
+        binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
 
-    def call() -> np.ndarray:
+    def call() -> list[np.ndarray]:
         session.run_with_iobinding(binding)
-        return out
+        return outs
 
     return call

@@ -133,7 +133,7 @@ def _graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> Torch
         values = flow(
             graph.nodes, {**constants, **dict(zip(graph.input_names, tensors, strict=True))}, _baseline
         )
-        return values[graph.graph.output]
+        return [values[name] for name in graph.graph.outputs]
 
     return _timed(run, None, inputs, repeat)
 

@@ -64,6 +64,10 @@ CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
 RUNNER_FLAGS = ("-std=c++17", "-O2", "-Wall")
 
 
+BundleSignature = tuple[str, list[tuple[str, TensorType]], list[tuple[str, TensorType]], Plan | None]
+"""(default name, inputs (name, type) in call order, outputs likewise, arena plan or None)."""
+
+
 class Bundled(Protocol):
     """What a bundle wraps (`Compiled`, `CompiledGraph`): a name, the tensors of its entry and,
     for a graph, the arena plan of its kernels."""
@@ -76,21 +80,30 @@ class Bundled(Protocol):
         """A graph's constants, linked into the bundle's object (an op has none)."""
         ...
 
-    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
-        """(default name, inputs (name, type) in call order, output type, arena plan or None)."""
+    def bundle_signature(self) -> BundleSignature:
+        """(default name, inputs and outputs (name, type) in call order, arena plan or None)."""
         ...
 
 
 @dataclass(frozen=True)
 class Signature:
-    """A bundle's C signature: its prefix, the C name and type of each input and of the output,
-    the symbolic dims in order (each a C name), and the arena of a graph's plan."""
+    """A bundle's C signature: its prefix, the C name and type of each input and each output, the
+    symbolic dims in order (each a C name), and the arena of a graph's plan."""
 
     name: str
     params: tuple[tuple[str, str, TensorType], ...]
-    """(C name, name in the op or model, type): the inputs, then the output."""
+    """(C name, name in the op or model, type): the inputs, then the outputs."""
+    num_outputs: int
     symbols: tuple[str, ...]
     plan: Plan | None
+
+    @property
+    def inputs(self) -> tuple[tuple[str, str, TensorType], ...]:
+        return self.params[: len(self.params) - self.num_outputs]
+
+    @property
+    def outputs(self) -> tuple[tuple[str, str, TensorType], ...]:
+        return self.params[len(self.params) - self.num_outputs :]
 
 
 def check_name(name: str, what: str = "--name") -> str:
@@ -131,16 +144,20 @@ def _c_name(name: str, taken: set[str]) -> str:
 
 
 def signature(compiled: Bundled, name: str | None) -> Signature:
-    """The C signature of `compiled` under `name` (default: the op's or graph's own)."""
-    default, inputs, output, plan = compiled.bundle_signature()
+    """The C signature of `compiled` under `name` (default: the op's or graph's own): an op's
+    output is `out`, a graph's outputs are named as the model names them (as C names)."""
+    default, inputs, outputs, plan = compiled.bundle_signature()
     prefix = check_name(name) if name is not None else check_name(default, "the name")
-    taken = {OUTPUT_PARAM}
+    single = len(outputs) == 1
+    taken = {OUTPUT_PARAM} if single else set()
     params = [(_c_name(n, taken), n, t) for n, t in inputs]
-    params.append((OUTPUT_PARAM, OUTPUT_PARAM, output))
+    params += [(OUTPUT_PARAM, n, t) if single else (_c_name(n, taken), n, t) for n, t in outputs]
     if any(len(t.shape) > MAX_DIMS for _, _, t in params):
         raise UsageError(f"a bundle's tensors have at most {MAX_DIMS} dims")
     symbols = symbols_of([t for _, t in inputs])
-    return Signature(prefix, tuple(params), tuple(_c_name(s, set(taken)) for s in symbols), plan)
+    return Signature(
+        prefix, tuple(params), len(outputs), tuple(_c_name(s, set(taken)) for s in symbols), plan
+    )
 
 
 def _dlpack_dtype(dtype: str) -> str:
@@ -152,9 +169,9 @@ def _dlpack_dtype(dtype: str) -> str:
 
 
 def _c_params(sig: Signature) -> str:
-    """The C parameter list of NAME(): the inputs read-only, then the output it writes."""
+    """The C parameter list of NAME(): the inputs read-only, then the outputs it writes."""
     return ", ".join(
-        f"DLTensor* {c}" if c == OUTPUT_PARAM else f"const DLTensor* {c}" for c, _, _ in sig.params
+        [*(f"const DLTensor* {c}" for c, _, _ in sig.inputs), *(f"DLTensor* {c}" for c, _, _ in sig.outputs)]
     )
 
 
@@ -165,7 +182,7 @@ def _dims(t: TensorType, names: tuple[str, ...]) -> list[str]:
 
 def _symbol_names(sig: Signature) -> tuple[str, ...]:
     """The symbolic dims as the model names them, in the order of `sig.symbols`."""
-    return symbols_of([t for _, _, t in sig.params[:-1]])
+    return symbols_of([t for _, _, t in sig.inputs])
 
 
 def _shape_text(t: TensorType) -> str:
@@ -176,9 +193,16 @@ def header(sig: Signature, target: Target, what: str) -> str:
     """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
     name, upper = sig.name, sig.name.upper()
     width = max(len(c) for c, _, _ in sig.params)
+    written = {c for c, _, _ in sig.outputs}
     rows = "\n".join(
         f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}"
-        + ("  (written)" if c == OUTPUT_PARAM else f"  (model input {n!r})" if c != n else "")
+        + (
+            ("  (written)" if c in (n, OUTPUT_PARAM) else f"  (written: model output {n!r})")
+            if c in written
+            else f"  (model input {n!r})"
+            if c != n
+            else ""
+        )
         for c, n, t in sig.params
     )
     names = _symbol_names(sig)
@@ -221,7 +245,8 @@ def header(sig: Signature, target: Target, what: str) -> str:
 extern "C" {{
 #endif
 
-#define {upper}_NUM_INPUTS {len(sig.params) - 1}
+#define {upper}_NUM_INPUTS {len(sig.inputs)}
+#define {upper}_NUM_OUTPUTS {len(sig.outputs)}
 #define {upper}_ALIGNMENT {target.alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
 #define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor or argument: nothing was computed */
 #define {upper}_ERR_KERNEL (-2)    /* a kernel failed */
@@ -230,7 +255,7 @@ extern "C" {{
 /* Each tensor's rank, shape (-1, -2, ...: the symbolic dims in the order above) and dtype. */
 {constants}
 
-/* Run {name} on the tensors (inputs, then the output it writes). A graph's tensors between its
+/* Run {name} on the tensors (inputs, then the outputs it writes). A graph's tensors between its
  * kernels live in an arena taken from a per-thread cache (allocated once per thread and size). */
 int {name}({params});
 /* The same on the caller's workspace (an engine's memory): at least {name}_workspace_size()
@@ -238,7 +263,7 @@ int {name}({params});
 int {name}_with_workspace({params}, void* workspace, size_t workspace_bytes);
 /* The workspace {name}_with_workspace needs{at_sizes} (0 for an invalid size). */
 size_t {name}_workspace_size({symbol_params});
-/* {name} on an array of the inputs and the output, in call order. */
+/* {name} on an array of the inputs and the outputs, in call order. */
 int {name}_run(DLTensor* const* args, int num_args);
 /* This thread's last call's error: "" when it succeeded. */
 const char* {name}_last_error(void);
@@ -285,7 +310,8 @@ def config_header(sig: Signature, alignment: int) -> str:
     return f"""/* Generated by deploy: the signature of {sig.name} that this bundle is built for. */
 #define DEPLOY_PREFIX {sig.name}
 #define DEPLOY_HEADER "{sig.name}.h"
-#define DEPLOY_NUM_INPUTS {len(sig.params) - 1}
+#define DEPLOY_NUM_INPUTS {len(sig.inputs)}
+#define DEPLOY_NUM_OUTPUTS {len(sig.outputs)}
 #define DEPLOY_NUM_SYMBOLS {len(names)}
 #define DEPLOY_HAS_ARENA {int(sig.plan is not None)}
 #define DEPLOY_TENSOR_ALIGNMENT {alignment}
@@ -296,7 +322,7 @@ def config_header(sig: Signature, alignment: int) -> str:
 #define DEPLOY_SYMBOL_ARGS {", ".join(sig.symbols) or "0"}
 
 static const char* const deploy_symbol_names[] = {{{symbol_names}}};
-static const DeployTensorSpec deploy_tensors[] = {{  /* the inputs, then the output */
+static const DeployTensorSpec deploy_tensors[] = {{  /* the inputs, then the outputs */
 {tensors}
 }};
 static const DeploySlot deploy_slots[] = {{  /* the arena, as the plan lays it out */

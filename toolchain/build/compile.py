@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,13 @@ from schedules.registry import HAND, Choices, computed_module
 from toolchain.build.fusion import Kernel, kernels
 from toolchain.build.plan import Plan
 from toolchain.build.targets import KEPT_HAND, REFUSED, Target
+
+if TYPE_CHECKING:
+    from toolchain.build.bundle import BundleSignature
+
+
+OUTPUT = "out"
+"""An op's output, as manifests and bundles name it."""
 
 
 def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
@@ -140,16 +147,16 @@ class Compiled:
             "op": bound.op.name,
             "attrs": bound.key()["attrs"],
             "inputs": [{"name": spec.name, **t.to_json()} for spec, t in inputs],
-            "output": bound.output.to_json(),
+            "outputs": [{"name": OUTPUT, **bound.output.to_json()}],
             "schedule": self.schedule,
             "tuning_record": self.tuning_record,
             "tuning": self.tuning,
         }
 
-    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
+    def bundle_signature(self) -> BundleSignature:
         """What a C bundle of the op calls: `main(inputs..., out)`, no arena."""
         inputs = [(spec.name, t) for spec, t in zip(self.bound.op.inputs, self.bound.inputs, strict=True)]
-        return self.bound.op.name, inputs, self.bound.output, None
+        return self.bound.op.name, inputs, [(OUTPUT, self.bound.output)], None
 
 
 @dataclass(frozen=True)
@@ -275,7 +282,7 @@ class CompiledGraph:
             "op": graph.name,
             "attrs": {},
             "inputs": [{"name": name, **t.to_json()} for name, t in graph.graph.inputs],
-            "output": graph.output.to_json(),
+            "outputs": [{"name": name, **graph.types[name].to_json()} for name in graph.graph.outputs],
             "constants": [c.to_json() for c in graph.graph.constants] or None,
             "schedule": self.schedule,
             "entry": self.target.artifact.graph_entry,
@@ -283,14 +290,15 @@ class CompiledGraph:
             "graph": {
                 "layout": self.layout,
                 "nodes": graph.key()["nodes"],
-                "output": graph.graph.output,
+                "outputs": list(graph.graph.outputs),
                 "kernels": [k.describe() for k in self.kernels],
             },
         }
 
-    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, Plan | None]:
-        """What a C bundle of the graph calls: its plan's `main(inputs..., out, arena)`."""
-        return self.graph.name, list(self.graph.graph.inputs), self.graph.output, self.plan
+    def bundle_signature(self) -> BundleSignature:
+        """What a C bundle of the graph calls: its plan's `main(inputs..., outputs..., arena)`."""
+        outputs = [(name, self.graph.types[name]) for name in self.graph.graph.outputs]
+        return self.graph.name, list(self.graph.graph.inputs), outputs, self.plan
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ Call = tuple[str, Any, tuple[str, ...], str]
 
 def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
     """A Relax module whose `main(graph inputs..., constants...)` calls each PrimFunc in order
-    (`call_tir`: the VM allocates the tensors between them) and returns the graph's output."""
+    (`call_tir`: the VM allocates the tensors between them) and returns the graph's outputs."""
     import tvm
     from tvm import relax, tirx
 
@@ -70,7 +70,8 @@ def relax_main(graph: BoundGraph, calls: list[Call]) -> Any:
                 gvar = builder.add_func(func, name)
                 call = relax.call_tir(gvar, [values[t] for t in reads], tensor_type(writes))
                 values[writes] = builder.emit(call)
-            output = builder.emit_output(values[graph.graph.output])
+            outputs = [values[name] for name in graph.graph.outputs]
+            output = builder.emit_output(outputs[0] if len(outputs) == 1 else relax.Tuple(outputs))
         builder.emit_func_output(output)
     return tvm.IRModule(builder.get().functions)
 
@@ -157,7 +158,7 @@ def _chunks(
         count = sum(reads[i][output] * (1 if i in kept else copies[i]) for i in inlined)
         most = max((1 if i in kept else copies[i] for i in inlined), default=1)
         nested = max((0 if i in kept else nesting[i] for i in inlined), default=0) + (count > most)
-        inside = output != graph.graph.output and bool(readers) and all(i in run for i in readers)
+        inside = output not in graph.graph.outputs and bool(readers) and all(i in run for i in readers)
         if inside and count <= MAX_COPIES and nested <= MAX_NESTING:
             run.insert(0, index)
             copies[index], nesting[index] = count, nested
@@ -204,7 +205,7 @@ def _patterns(fused: Any) -> dict[int, int]:
 
 def kernels(graph: BoundGraph) -> list[Kernel]:
     """The graph's kernels in the order they run. A group whose inner tensors are read outside
-    it (by another kernel or as the graph's output) is split into one kernel per node; one that
+    it (by another kernel or as a graph output) is split into one kernel per node; one that
     would inline a node too many times, into runs (`_chunks`)."""
     fused, reads = _relax_of(graph)
     patterns = _patterns(fused)
@@ -212,7 +213,7 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
     for group in [run for found in _groups(fused) for run in _chunks(graph, found, reads, patterns)]:
         nodes = [graph.nodes[i] for i in group]
         inner = {n.node.output for n in nodes[:-1]}
-        outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | {graph.graph.output}
+        outside = {t for n in graph.nodes if n not in nodes for t in n.node.inputs} | set(graph.graph.outputs)
         if len(nodes) > 1 and not inner & outside:
             anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], OPAQUE), i))
             result.append(_fused_kernel(graph, nodes, anchor))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from toolchain.build.artifacts import ArtifactKind
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2
+"""2: `outputs`, a list (a graph may return several), where 1 had one `output`."""
 PARTIAL = ".deploy-partial"
 """The file inside the directories an export sets aside (the artifact it writes, the one it
 replaces) until it is done with them: one that a killed export (SIGKILL, a power cut) left
@@ -45,7 +46,8 @@ class Manifest:
     op: str
     attrs: dict[str, Any]
     inputs: list[dict[str, Any]]
-    output: dict[str, Any]
+    outputs: list[dict[str, Any]]
+    """Each output's name, shape and dtype, in the order the module writes them (an op's: "out")."""
     target: str
     tvm_target: dict[str, Any]
     arch: str
@@ -89,7 +91,13 @@ class Manifest:
     def read(cls, directory: Path) -> Manifest:
         path = directory / MANIFEST
         try:
-            return cls(**load_json(path))
+            fields = load_json(path)
+            if isinstance(fields, dict) and fields.get("format", FORMAT) != FORMAT:
+                raise UsageError(
+                    f"artifact manifest {path} is format {fields['format']!r}; this deploy reads format"
+                    f" {FORMAT}: rebuild the artifact"
+                )
+            return cls(**fields)
         except (OSError, ValueError, TypeError) as exc:
             raise UsageError(f"cannot read artifact manifest {path}: {reason(exc)}") from None
 
@@ -118,26 +126,33 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"artifact manifest of {self.op}: malformed arena ({reason(exc)})") from None
 
-    def output_type(self, shapes: list[tuple[int, ...]]) -> TensorType:
-        """The output's type when the module runs on arrays of `shapes`: a symbolic dim (a batch)
+    def output_types(self, shapes: list[tuple[int, ...]]) -> list[TensorType]:
+        """The outputs' types when the module runs on arrays of `shapes`: a symbolic dim (a batch)
         sized as the inputs give it, once they are checked against the manifest's inputs (each
         static dim as built, every symbolic dim the same in all of them)."""
-        sizes, output = self._sizes(shapes)
-        if set(output.symbols) - set(sizes):
-            raise UsageError(f"artifact manifest of {self.op}: output {output} has a dim no input gives")
-        return output.at(sizes)
+        sizes, outputs = self._sizes(shapes)
+        for output in outputs:
+            if set(output.symbols) - set(sizes):
+                raise UsageError(f"artifact manifest of {self.op}: output {output} has a dim no input gives")
+        return [output.at(sizes) for output in outputs]
 
-    def _sizes(self, shapes: list[tuple[int, ...]]) -> tuple[dict[str, int], TensorType]:
+    @property
+    def output_names(self) -> list[str]:
+        return [str(o.get("name", f"output {i}")) for i, o in enumerate(self.outputs)]
+
+    def _sizes(self, shapes: list[tuple[int, ...]]) -> tuple[dict[str, int], list[TensorType]]:
         """The symbolic dims' sizes on arrays of `shapes` (checked against the inputs), and the
-        declared output type."""
+        declared output types."""
         try:
             declared = [(str(i["name"]), TensorType(tuple(i["shape"]), i["dtype"])) for i in self.inputs]
-            output = TensorType(tuple(self.output["shape"]), self.output["dtype"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"artifact manifest of {self.op}: malformed inputs or output ({exc})") from None
+            outputs = [TensorType(tuple(o["shape"]), o["dtype"]) for o in self.outputs]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"artifact manifest of {self.op}: malformed inputs or outputs ({exc})") from None
+        if not outputs:
+            raise UsageError(f"artifact manifest of {self.op}: no outputs")
         if len(shapes) != len(declared):
             raise UsageError(f"{self.op} takes {len(declared)} input(s), got {len(shapes)}")
-        return sizes_of(declared, shapes), output
+        return sizes_of(declared, shapes), outputs
 
     @property
     def built_with(self) -> str:

@@ -282,28 +282,39 @@ def _float16(plan: dict[str, Any], halves: dict[str, set[str]]) -> dict[str, str
 def launch_plan(mod: Any, host: Any, devices: dict[Any, Any], n_inputs: int) -> dict[str, Any]:
     """Kernels in launch order, each with its arguments and global/local sizes. An argument is
     main's buffer `index` (role input or output: main's parameters are the inputs, then the
-    output) or `scratch[index]`, an intermediate the runner allocates (role scratch). The plan
-    lists main's buffers with their shapes and dtypes, which the runner checks its arrays
-    against. `mod` is the scheduled module; `host` and `devices` its lowering (`_lower`)."""
+    outputs, `outputs` of them) or `scratch[index]`, an intermediate the runner allocates (role
+    scratch). The plan lists main's buffers with their shapes and dtypes, which the runner
+    checks its arrays against. `mod` is the scheduled module; `host` and `devices` its lowering
+    (`_lower`)."""
     main = mod["main"]
     buffers = [_buffer(param) for param in main.params]
     roles = {b["name"]: ("input" if i < n_inputs else "output", i) for i, b in enumerate(buffers)}
     scratch: list[dict[str, Any]] = []
     kernels = _kernels(host, devices, "main", _arguments(main, roles, scratch, ""))
-    return {"kernels": kernels, "buffers": buffers, "scratch": scratch}
+    return {"kernels": kernels, "buffers": buffers, "outputs": len(buffers) - n_inputs, "scratch": scratch}
 
 
 def graph_plan(
     graph: BoundGraph, functions: list[tuple[str, Any, ScheduledKernel]], host: Any, devices: dict[Any, Any]
 ) -> dict[str, Any]:
     """One plan for a graph's kernels (`functions`: each kernel's name in the lowered module, its
-    PrimFunc, and what it computes, in the order they run). The graph's inputs and output are the
-    plan's buffers; its constants are `constants[index]`, each at its offset in the constants
+    PrimFunc, and what it computes, in the order they run). The graph's inputs and outputs are
+    the plan's buffers; its constants are `constants[index]`, each at its offset in the constants
     file (`constants.py`); a tensor between two kernels is scratch, like each kernel's
     intermediates."""
-    names = [*graph.input_names, graph.graph.output]
+    outputs = graph.graph.outputs
+    written = {k.kernel.writes for _, _, k in functions}
+    for name in outputs:
+        if name not in written:  # an input or a constant passed through
+            raise DeployError(
+                f"target opencl: output {name!r} is no kernel's (an input or a constant passed through);"
+                " CPU targets copy it"
+            )
+    names = [*graph.input_names, *outputs]
+    at = {name: index for index, name in enumerate(graph.input_names)}
+    at.update({name: len(graph.inputs) + k for k, name in enumerate(outputs)})
     constants = {c.name: index for index, c in enumerate(graph.graph.constants)}
-    types = [*graph.inputs, graph.output]
+    types = [*graph.inputs, *graph.outputs]
     buffers = [
         {"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in zip(names, types, strict=True)
     ]
@@ -313,8 +324,8 @@ def graph_plan(
         roles = {}
         tensors = [*item.kernel.reads, item.kernel.writes]
         for param, tensor in zip(func.params, tensors, strict=True):
-            if tensor in names:
-                index = names.index(tensor)
+            if tensor in at:
+                index = at[tensor]
                 roles[str(param.name)] = ("input" if index < len(graph.inputs) else "output", index)
             elif tensor in constants:
                 roles[str(param.name)] = ("constant", constants[tensor])
@@ -328,7 +339,13 @@ def graph_plan(
         {"name": c.name, "shape": list(c.type.shape), "dtype": c.type.dtype, "offset": offset}
         for c, offset in zip(graph.graph.constants, offsets, strict=True)
     ]
-    return {"kernels": kernels, "buffers": buffers, "scratch": scratch, "constants": stored}
+    return {
+        "kernels": kernels,
+        "buffers": buffers,
+        "outputs": len(outputs),
+        "scratch": scratch,
+        "constants": stored,
+    }
 
 
 def _source(mod: Any, target: Any, halves: dict[str, set[str]]) -> tuple[Any, dict[Any, Any], str]:

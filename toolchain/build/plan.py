@@ -1,7 +1,7 @@
 """A graph's execution plan on CPUs, in TIR: its kernels as private subroutines, called in order by
 one PrimFunc over the graph's tensors, the tensors between them in one arena:
 
-    main(inputs..., out, arena)      arena: uint8[arena bytes at the batch the inputs have]
+    main(inputs..., outputs..., arena)      arena: uint8[arena bytes at the batch the inputs have]
 
 This is the one way a graph runs on a CPU: through TVM's runtime (`deploy run/test/bench/tune`,
 locally and over RPC: the session allocates the arena, `devices/session.py`) and in a C bundle
@@ -95,7 +95,7 @@ def arena_bytes(slots: Sequence[Size], sizes: dict[str, int]) -> int:
 
 def plan_arena(graph: BoundGraph, steps: Sequence[tuple[tuple[str, ...], str]]) -> Plan:
     """Slots for the tensors the kernels write (`steps`: the tensors each reads, the one it
-    writes, in order) that are not the graph's output, in the order written: a tensor reuses a
+    writes, in order) that are not graph outputs, in the order written: a tensor reuses a
     slot of the same size whose tensor no later kernel reads."""
     last_read: dict[str, int] = {}
     for index, (reads, _) in enumerate(steps):
@@ -105,7 +105,7 @@ def plan_arena(graph: BoundGraph, steps: Sequence[tuple[tuple[str, ...], str]]) 
     places: dict[str, int] = {}
     holder: dict[int, str] = {}
     for index, (_, tensor) in enumerate(steps):
-        if tensor == graph.graph.output:
+        if tensor in graph.graph.outputs:
             continue
         size = Size.of(graph.types[tensor])
         free = [
@@ -147,8 +147,8 @@ def _pointer(name: str, dtype: Any) -> Any:
 
 
 def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGNMENT) -> Any:
-    """The IRModule of the graph's plan: `main(inputs..., out, arena)` calling one private
-    subroutine per kernel of `calls` (each named as given), in order; its inputs and output
+    """The IRModule of the graph's plan: `main(inputs..., outputs..., arena)` calling one private
+    subroutine per kernel of `calls` (each named as given), in order; its inputs and outputs
     assumed `alignment`-byte aligned (the arena is ALIGNMENT-aligned whatever it is)."""
     import tvm
     from tvm import tirx
@@ -161,7 +161,11 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
         return tirx.decl_buffer(t.shape, t.dtype, name=name, data_alignment=alignment)
 
     tensors = {name: buffer(f"input{i}", t) for i, (name, t) in enumerate(graph.graph.inputs)}
-    out = buffer("out", graph.output)
+    several = len(graph.graph.outputs) > 1
+    outs = {
+        name: buffer(f"out{i}" if several else "out", graph.types[name])
+        for i, name in enumerate(graph.graph.outputs)
+    }
     offsets, total = _layout(plan, symbols)
     arena = tirx.decl_buffer((total,), "uint8", name="arena")
 
@@ -172,30 +176,37 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
     at = dict(zip((c.name for c in constants), constant_offsets(constants), strict=True))
 
     def pointer(tensor: str) -> Any:
-        if tensor == graph.graph.output:
-            return out.data
+        """Where a kernel finds `tensor`: an input or a constant where it is one (an output that
+        is one too is a copy of it, made last), else its output buffer or its arena slot."""
         if tensor in tensors:
             return tensors[tensor].data
         if tensor in at:
             return tirx.address_of(tirx.BufferLoad(blob_buffer, [at[tensor]]))
+        if tensor in outs:
+            return outs[tensor].data
         return tirx.address_of(tirx.BufferLoad(arena, [offsets[plan.places[tensor]]]))
 
     steps = []
     for name, _, reads, writes in calls:
         args = [pointer(t) for t in (*reads, writes)] + list(symbols.values())
         steps.append(tirx.Evaluate(tvm.ir.Call(mod.get_global_var(name), args, ret_ty="int32")))
-    if graph.graph.output in tensors:  # the output is an input (an ONNX pass-through): copy it
-        steps.append(_copy(tensors[graph.graph.output], out))
-    if graph.graph.output in at:  # the output is a constant: copy it
-        value = graph.types[graph.graph.output]
-        typed, bind_typed = _constants_address(value.dtype)
-        start = at[graph.graph.output] // tvm.DataType(value.dtype).itemsize
-        source = tirx.decl_buffer(value.shape, value.dtype, data=typed, elem_offset=start, name="constant")
-        steps += [bind_typed, tirx.DeclBuffer(source, data=typed), _copy(source, out)]
+    for name, out in outs.items():
+        if name in tensors:  # an output that is an input (an ONNX pass-through): copy it
+            steps.append(_copy(tensors[name], out))
+        if name in at:  # an output that is a constant: copy it
+            value = graph.types[name]
+            typed, bind_typed = _constants_address(value.dtype)
+            start = at[name] // tvm.DataType(value.dtype).itemsize
+            source = tirx.decl_buffer(
+                value.shape, value.dtype, data=typed, elem_offset=start, name="constant"
+            )
+            steps += [bind_typed, tirx.DeclBuffer(source, data=typed), _copy(source, out)]
     body = tirx.SeqStmt(steps) if len(steps) > 1 else steps[0]
     if constants:
         body = tirx.SeqStmt([bind_blob, tirx.DeclBuffer(blob_buffer, data=blob), body])
-    mod[MAIN] = tirx.PrimFunc([*tensors.values(), out, arena], body).with_attr("global_symbol", MAIN)
+    mod[MAIN] = tirx.PrimFunc([*tensors.values(), *outs.values(), arena], body).with_attr(
+        "global_symbol", MAIN
+    )
     return mod
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from base.errors import DeployError, UsageError
+from base.errors import DeployError, UsageError, clipped, printable
 from toolchain.cli.options import (
     ATTR,
     CORES,
@@ -104,7 +104,7 @@ def build_command(
         check_bundle(target, bundle_name)
     if model is not None:
         graph = load_graph(model)
-        name, output = graph.name, graph.output
+        name, output = graph.name, ", ".join(map(str, graph.outputs))
     else:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
@@ -138,9 +138,8 @@ def build_command(
             f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule{record}): nodes {nodes}{note}"
         )
     if manifest.constants:
-        names = ", ".join(c["name"] for c in manifest.constants[:4]) + (
-            ", ..." if len(manifest.constants) > 4 else ""
-        )
+        shown = [printable(clipped(c["name"])) for c in manifest.constants[:4]]
+        names = ", ".join(shown) + (", ..." if len(manifest.constants) > 4 else "")
         size = sum(len(c.data) for c in compiled.constants)
         click.echo(
             f"  constants: {len(manifest.constants)} ({names}), {size} bytes, stored once in the artifact"
@@ -150,11 +149,13 @@ def build_command(
 
         emulator = " ".join(get_platform(target.arch).emulator_command())
         inputs = " ".join(f"-i {spec['name']}.npy" for spec in manifest.inputs)
+        several = len(manifest.outputs) > 1
+        outputs = " ".join(f"-o {name if several else 'out'}.npy" for name in manifest.output_names)
         bundled = manifest.bundle
         click.echo(
             f"bundle: {directory / bundled['header']} + {bundled['static_library']} / {bundled['library']};"
             f" run it with {emulator + ' ' if emulator else ''}{directory / bundled['runner']} {directory}"
-            f" {inputs} -o out.npy"
+            f" {inputs} {outputs}"
         )
 
 
@@ -175,7 +176,14 @@ def build_command(
     required=True,
     help="Input .npy, once per input in order (a model's: in the order it lists them).",
 )
-@click.option("-o", "--output", "output", required=True, help="Where to write the output .npy.")
+@click.option(
+    "-o",
+    "--output",
+    "outputs",
+    multiple=True,
+    required=True,
+    help="Where to write an output .npy, once per output in order (a model's: in the order it lists them).",
+)
 @click.option(
     "--shape",
     "shapes",
@@ -193,7 +201,7 @@ def run_command(
     attrs: tuple[str, ...],
     where: DeviceChoice,
     inputs: tuple[str, ...],
-    output: str,
+    outputs: tuple[str, ...],
     shapes: tuple[str, ...],
     check: bool,
 ) -> None:
@@ -214,10 +222,13 @@ def run_command(
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes})
     target = resolve_target(target_name, tuned, cores, layout, model)
-    to_stderr = written_in_place(output, output_mode(output))  # -o /dev/stdout: the array alone there
-    check_not_read(output, [*inputs, *([model] if model is not None else [])])
-    if Path(output).suffix not in ("", ".npy"):
-        warn(f"-o {output}: writes a .npy array, whatever its suffix ({Path(output).suffix}) says")
+    to_stderr = any(
+        written_in_place(o, output_mode(o)) for o in outputs
+    )  # -o /dev/stdout: arrays alone there
+    for number, output in enumerate(outputs):
+        check_not_read(output, [*inputs, *([model] if model is not None else []), *outputs[:number]])
+        if Path(output).suffix not in ("", ".npy"):
+            warn(f"-o {output}: writes a .npy array, whatever its suffix ({Path(output).suffix}) says")
     if shapes and len(shapes) != len(inputs):
         raise UsageError(f"--shape: give one per -i input ({len(inputs)}), got {len(shapes)}")
     declared = [parse_shape(s) for s in shapes]
@@ -226,9 +237,17 @@ def run_command(
     if model is not None:
         item = load_graph(model)
         item.check_inputs(types, inputs)
+        names = list(item.graph.outputs)
+        if len(outputs) != len(names):
+            raise UsageError(
+                f"model {item.name} writes {len(names)} output(s) ({', '.join(names)}): give -o once for"
+                f" each, got {len(outputs)}"
+            )
     else:
         built = [TensorType(s, t.dtype) for s, t in zip(declared, types, strict=True)] if shapes else types
         item = bind_op(op_name, attrs, built)
+        if len(outputs) != 1:
+            raise UsageError(f"op {item.name} writes one output: give -o once, got {len(outputs)}")
         sizes_of(
             [(spec.name, t) for spec, t in zip(item.op.inputs, built, strict=True)], [t.shape for t in types]
         )
@@ -236,13 +255,16 @@ def run_command(
     check_device(target, device)
     with device.open() as session:
         directory, manifest = cached_build(item, for_device(target, session))
-        result = run_artifact(session, directory, manifest, arrays)
-    save_npy(output, result)
-    written = TensorType(result.shape, str(result.dtype))
-    wrote = f"{item.name} on {device.name} ({manifest.built_with}): wrote {output} {written}"
-    click.echo(wrote, err=to_stderr)
+        results = run_artifact(session, directory, manifest, arrays)
+    for output, result in zip(outputs, results, strict=True):
+        save_npy(output, result)
+    written = ", ".join(
+        f"{output} {TensorType(result.shape, str(result.dtype))}"
+        for output, result in zip(outputs, results, strict=True)
+    )
+    click.echo(f"{item.name} on {device.name} ({manifest.built_with}): wrote {written}", err=to_stderr)
     if check:
-        comparison = against_reference(item, arrays, result)
+        comparison = against_reference(item, arrays, results)
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
         click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy", err=to_stderr)

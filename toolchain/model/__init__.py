@@ -53,16 +53,21 @@ def load_model(path: str | Path) -> Graph:
             f"model {path}: unknown model file type {path.suffix or '(no suffix)'!r}"
             f" (known: {', '.join(READERS)})"
         )
+    return found.read(path, model_bytes(path, found))
+
+
+def model_bytes(path: Path, found: Format) -> bytes:
+    """The bytes of the model file at `path`, of format `found`: a regular file (no FIFO, no
+    device), at most as large as the format may be; a one-line UsageError otherwise."""
     try:
         size = path.stat().st_size if path.is_file() else 0
         if size > found.most_bytes:
             raise UsageError(
                 f"model {path}: {size} bytes, more than {found.what} may hold ({found.most_bytes} bytes)"
             )
-        data = read_regular(path)
+        return read_regular(path)
     except OSError as exc:
         raise UsageError(f"model {path}: cannot read it: {exc.strerror or reason(exc)}") from None
-    return found.read(path, data)
 
 
-__all__ = ["READERS", "Format", "Reader", "load_model"]
+__all__ = ["READERS", "Format", "Reader", "load_model", "model_bytes"]

@@ -11,7 +11,7 @@
         attrs: {kernel: 3, stride: 2, padding: 1}   # optional, as `-a` gives them
         inputs: [a]
       - {name: sum, op: add, inputs: [pool, b]}
-    output: sum
+    output: sum                  # or a list of tensors: [sum, pool], returned in that order
 
 Structure only is checked here, each problem one line naming the node (by name, or as
 `nodes[2]` where it has none); tensors, cycles and the ops' own checks are `ops.graph.bind_graph`'s.
@@ -214,7 +214,8 @@ def graph_from_document(document: Any, default_name: str) -> Graph:
         raise UsageError(f"name {shown(name)}: expected a non-empty string of printable characters")
     inputs = _inputs(_required("the file", top, "inputs", "a mapping of input names to {shape, dtype}"))
     nodes = _nodes(_required("the file", top, "nodes", "a list of nodes"))
-    return Graph(name, inputs, nodes, _output(_required("the file", top, "output", "the tensor it returns")))
+    outputs = _outputs(_required("the file", top, "output", "the tensor it returns, or a list of them"))
+    return Graph(name, inputs, nodes, outputs)
 
 
 def _mapping(where: str, value: Any, keys: tuple[str, ...], expected: str) -> dict[str, Any]:
@@ -317,11 +318,12 @@ def _required(where: str, fields: dict[str, Any], key: str, expected: str) -> An
     return fields[key]
 
 
-def _output(value: Any) -> str:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if isinstance(value, list):
-        raise UsageError(f"output {shown(value)}: a graph has exactly one output")
-    if not isinstance(value, str) or not value:
-        raise UsageError(f"output {shown(value)}: expected the name of the tensor the graph returns")
-    return value
+def _outputs(value: Any) -> tuple[str, ...]:
+    """`output`: a tensor's name, or a non-empty list of them (returned in that order)."""
+    names = value if isinstance(value, list) else [value]
+    if not names:
+        raise UsageError("output []: expected the tensor the graph returns, or a list of them")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"output {shown(value)}: expected the names of the tensors the graph returns")
+    return tuple(names)

@@ -4,7 +4,7 @@
 external file's only from the model's own directory.
 
 What the graphs cannot hold yet is refused in one line, never approximated: symbolic dims other
-than the batch (`input_dim`), a node's second output that something reads, several graph outputs,
+than the batch (`input_dim`), a node's second output that something reads (an op computes one),
 and ONNX ops no registered op implements.
 """
 
@@ -59,6 +59,10 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         model = onnx.load_model_from_string(data)
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
+    try:
+        check_text(model.graph)
+    except UsageError as exc:
+        raise UsageError(f"model {path}: {exc}") from None
     external = [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
     try:  # ours first: onnx's checker would say "not regular file" of a missing or outside one
         for tensor in external:
@@ -72,7 +76,9 @@ def read_onnx(path: Path, data: bytes) -> Graph:
     check_opset(path, model)
     try:
         graph = graph_from_onnx(model.graph, path, inferred_shapes(model))
-        check_declared_output(model.graph.output[0], bind_graph(graph).output)
+        bound = bind_graph(graph)
+        for value, computed in zip(model.graph.output, bound.outputs, strict=True):
+            check_declared_output(value, computed)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
     try:  # what the checker's full check adds, after ours, whose messages say more where both refuse:
@@ -82,6 +88,24 @@ def read_onnx(path: Path, data: bytes) -> Graph:
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
         raise _invalid(path, exc) from None
     return graph
+
+
+def check_text(graph: onnx.GraphProto) -> None:
+    """Every name the graph gives (nodes' names, op types, domains and tensors; inputs',
+    outputs' and initializers') is UTF-8 text, as ONNX requires: protobuf hands other bytes over
+    as bytes, which no message or op lookup could use."""
+    named = [
+        *(("node", n.name) for n in graph.node),
+        *(("op type", n.op_type) for n in graph.node),
+        *(("domain", n.domain) for n in graph.node),
+        *(("tensor", t) for n in graph.node for t in (*n.input, *n.output)),
+        *(("tensor", v.name) for v in (*graph.input, *graph.output, *graph.initializer)),
+    ]
+    for kind, value in named:
+        if not isinstance(value, str):
+            raise UsageError(
+                f"a {kind} name {printable(clipped(repr(value)))} is not UTF-8 text, as ONNX requires"
+            )
 
 
 def _invalid(path: Path, exc: Exception) -> UsageError:
@@ -141,12 +165,8 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph
     constants = [Constant.of(t.name, initializer(t, directory)) for t in graph.initializer]
     constants += [constant_node(node, directory) for node in graph.node if is_constant(node)]
     given = {c.name for c in constants}
-    if len(graph.output) != 1:
-        names = ", ".join(repr(v.name) for v in graph.output)
-        raise UsageError(
-            f"the graph has {len(graph.output)} outputs ({names}): a graph has exactly one output"
-        )
-    read = {t for node in graph.node for t in node.input} | {graph.output[0].name}
+    outputs = tuple(v.name for v in graph.output)
+    read = {t for node in graph.node for t in node.input} | set(outputs)
     nodes = [(index, node) for index, node in enumerate(graph.node) if not is_constant(node)]
     ops = {index: op_for_onnx(node.domain, node.op_type) for index, node in nodes}
     missing = [(index, node) for index, node in nodes if ops[index] is None]
@@ -161,7 +181,7 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph
             for index, node in nodes
             if (op := ops[index]) is not None
         ),
-        graph.output[0].name,
+        outputs,
         tuple(constants),
     )
 
@@ -203,6 +223,8 @@ def explicit_pads(attrs: dict[str, Any], shape: Dims | None) -> dict[str, Any]:
         return attrs
     strides = attrs.get("strides", [1] * len(kernel))
     dilations = attrs.get("dilations", [1] * len(kernel))
+    if any(not isinstance(v, int) or v < 1 for v in [*kernel, *strides, *dilations]):
+        return attrs  # a size below 1: the op's mapping or ONNX's checks refuse it
     before, after = [], []
     for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=False):
         total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
@@ -262,9 +284,14 @@ def _external(
     """An initializer stored outside the model (`data_location=EXTERNAL`): read where
     `_external_file` says."""
     file, offset, need = _external_file(tensor, directory)
-    with file.open("rb") as f:
-        f.seek(offset)
-        data = f.read(need)
+    try:
+        with file.open("rb") as f:
+            f.seek(offset)
+            data = f.read(need)
+    except OSError as exc:
+        raise UsageError(
+            f"{where}: cannot read its external data file {file}: {exc.strerror or exc}"
+        ) from None
     if len(data) != need:
         raise UsageError(
             f"{where}: its external data file {file} holds {len(data)} bytes at offset {offset},"
@@ -274,29 +301,43 @@ def _external(
 
 
 def _external_file(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
-    """Where an external tensor's data is: (its `location`, a file inside `directory`; the
-    `offset` in it; its bytes, which `length` must match where given)."""
+    """Where an external tensor's data is: (its `location`, a regular file inside `directory`;
+    the `offset` in it, within the file; its bytes, which `length` must match where given)."""
     where = f"initializer {printable(clipped(tensor.name))!r}"
     dtype = DTYPES.get(tensor.data_type, "uint8")  # an unknown dtype is refused when it is read
     entries = {e.key: e.value for e in tensor.external_data}
     location = entries.get("location", "")
     shown = printable(clipped(location))
     base = directory.resolve()
-    file = (base / location).resolve()
-    if not location or Path(location).is_absolute() or base not in file.parents:
-        raise UsageError(
-            f"{where}: its external data {shown!r} is not a file inside the model's directory {base}"
-        )
-    if not file.is_file():
-        raise UsageError(f"{where}: its external data file {file} is missing")
+    outside = UsageError(
+        f"{where}: its external data {shown!r} is not a file inside the model's directory {base}"
+    )
+    if not location or "\0" in location or Path(location).is_absolute():
+        raise outside
+    try:
+        file = (base / location).resolve()
+        inside, regular = base in file.parents, file.is_file()
+        size = file.stat().st_size if regular else 0
+    except (OSError, ValueError):  # a name too long for the file system
+        raise outside from None
+    if not inside:
+        raise outside
+    if not regular:
+        what = "is not a regular file" if file.exists() else "is missing"
+        raise UsageError(f"{where}: its external data file {printable(str(file))} {what}")
+    if any(d < 0 for d in tensor.dims):
+        raise UsageError(f"{where} has dims {list(tensor.dims)}: expected sizes of 0 or more")
     try:
         offset = int(entries.get("offset", "0"))
         length = int(entries["length"]) if "length" in entries else None
     except ValueError:
         raise UsageError(f"{where}: its external data's offset or length is not a number") from None
     need = int(np.prod(tuple(tensor.dims), dtype=np.int64)) * np.dtype(dtype).itemsize
-    if offset < 0 or (length is not None and length != need):
-        raise UsageError(f"{where}: its external data (offset {offset}, length {length}) is not {need} bytes")
+    if not 0 <= offset <= size or (length is not None and length != need):
+        raise UsageError(
+            f"{where}: its external data (offset {clipped(str(offset))}, length {clipped(str(length))})"
+            f" is not {need} bytes inside its file of {size}"
+        )
     return file, offset, need
 
 

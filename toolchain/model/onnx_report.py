@@ -6,18 +6,21 @@ written for them). Build, run and test refuse such a model in one line pointing 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from base.errors import UsageError, printable, reason
+from base.errors import UsageError, clipped, printable, reason
 from ops.graph import Node
 from ops.onnx_mapping import domain_key, onnx_label
 from ops.registry import op_for_onnx
+from toolchain.model import ONNX, model_bytes
 from toolchain.model.onnx_import import (
     attribute_value,
+    check_text,
     convert_node,
     declaration,
     inferred_shapes,
@@ -44,17 +47,21 @@ def model_report(path: Path) -> dict[str, Any]:
     """
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"model {path}: the report reads ONNX models (.onnx); a graph file names our ops")
+    data = model_bytes(path, ONNX)
     try:
-        model = onnx.load_model_from_string(path.read_bytes())
-    except OSError as exc:
-        raise UsageError(f"model {path}: cannot read it: {exc.strerror or reason(exc)}") from None
+        model = onnx.load_model_from_string(data)
     except DecodeError as exc:
         raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
+    try:
+        check_text(model.graph)
+    except UsageError as exc:
+        raise UsageError(f"model {path}: {exc}") from None
     read = {t for node in model.graph.node for t in node.input} | {v.name for v in model.graph.output}
     shapes = inferred_shapes(model)
     nodes, missing = [], {}
     for index, node in enumerate(model.graph.node):
-        entry = {"name": node_name(index, node), "onnx": onnx_label(node.domain, node.op_type), "op": None}
+        label = printable(onnx_label(node.domain, node.op_type))
+        entry = {"name": printable(node_name(index, node)), "onnx": label, "op": None}
         op = op_for_onnx(node.domain, node.op_type)
         if is_constant(node):
             entry["status"] = "constant"
@@ -70,12 +77,12 @@ def model_report(path: Path) -> dict[str, Any]:
                 convert_node(index, node, op, read, shapes.get(node.input[0]) if node.input else None)
                 entry["status"] = "ok"
             except UsageError as exc:  # its row names the node: the message without its label
-                label = Node(entry["name"], op, {}, (), "", printable(entry["onnx"])).label()
+                label = Node(node_name(index, node), op, {}, (), "", label).label()
                 entry["status"], entry["problem"] = "refused", str(exc).removeprefix(f"{label}: ")
         nodes.append(entry)
     problem = None
     try:
-        read_onnx(path, path.read_bytes())
+        read_onnx(path, data)
     except UsageError as exc:
         problem = str(exc).removeprefix(f"model {path}: ")
     for entry in missing.values():
@@ -95,12 +102,16 @@ def model_report(path: Path) -> dict[str, Any]:
 
 def _missing_entry(node: onnx.NodeProto) -> dict[str, Any]:
     return {
-        "domain": domain_key(node.domain),
-        "op_type": node.op_type,
+        "domain": printable(domain_key(node.domain)),
+        "op_type": printable(node.op_type),
         "declaration": declaration(node),
         "nodes": [],
         "attributes": {},
     }
+
+
+MOST_LISTED = 16
+"""The most items of one list value a report shows (then how many there are)."""
 
 
 def _add_attributes(attributes: dict[str, list[Any]], node: onnx.NodeProto) -> None:
@@ -111,7 +122,18 @@ def _add_attributes(attributes: dict[str, list[Any]], node: onnx.NodeProto) -> N
             value = attribute_value(attribute)
         except UsageError:
             value = f"<{onnx.AttributeProto.AttributeType.Name(attribute.type)}>"
-        shown = value if not isinstance(value, str) else printable(value)
-        seen = attributes.setdefault(printable(attribute.name), [])
+        shown = _shown(value)
+        seen = attributes.setdefault(printable(clipped(attribute.name)), [])
         if shown not in seen:
             seen.append(shown)
+
+
+def _shown(value: Any) -> Any:
+    """An attribute value as the report shows it, JSON of any parser: text escaped and clipped,
+    NaN and infinities as text, a long list cut to its first MOST_LISTED items."""
+    if isinstance(value, list):
+        items = [_shown(v) for v in value[:MOST_LISTED]]
+        return items if len(value) <= MOST_LISTED else [*items, f"... ({len(value)} values)"]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return printable(clipped(value)) if isinstance(value, str) else value

@@ -26,7 +26,8 @@ from devices import DeviceLost, Session
 from devices.rpc import RpcEndpoint
 from ops.graph import Constant
 from ops.spec import BoundOp, TensorType
-from toolchain.build.bundle import write_bundle
+from toolchain.build.bundle import BundleSignature, write_bundle
+from toolchain.build.compile import OUTPUT
 from toolchain.build.shared_object import compile_cpu, export_module
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input
@@ -73,8 +74,8 @@ class _Candidate:
     constants: tuple[Constant, ...] = ()
     """A kernel reads a graph's constants as inputs: the candidate itself holds none."""
 
-    def bundle_signature(self) -> tuple[str, list[tuple[str, TensorType]], TensorType, None]:
-        return self.signature.name, list(self.signature.inputs), self.signature.output, None
+    def bundle_signature(self) -> BundleSignature:
+        return self.signature.name, list(self.signature.inputs), [(OUTPUT, self.signature.output)], None
 
 
 def export_candidate(target: Target, signature: Signature, into: str, rt_mod: Any) -> str:
@@ -144,14 +145,14 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> M
             return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]
 
         def _measure(self, module: Path) -> Any:
-            out = bound.output
+            outputs = [(bound.output.shape, bound.output.dtype)]
             opened = False
             try:
                 with endpoint.session(timeout_s) as session:
                     opened = True
-                    once = session.time(module, self.inputs, out.shape, out.dtype, 1, 1)[0]
+                    once = session.time(module, self.inputs, outputs, 1, 1)[0]
                     number = calls_lasting(MIN_REPEAT_S, once)
-                    runs = session.time(module, self.inputs, out.shape, out.dtype, number, REPEAT)
+                    runs = session.time(module, self.inputs, outputs, number, REPEAT)
             except DeployError as exc:
                 if not opened:  # the device itself is gone: stop tuning, keep the records
                     self.fatal = exc
@@ -185,9 +186,9 @@ def bundle_runner(session: Session, bound: BoundOp) -> Measuring:
             return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]
 
         def _measure(self, module: Path) -> Any:
-            out = bound.output
+            outputs = [(bound.output.shape, bound.output.dtype)]
             try:  # the runner adds calls until a run lasts its minimum
-                runs = session.time(module, inputs, out.shape, out.dtype, 1, REPEAT)
+                runs = session.time(module, inputs, outputs, 1, REPEAT)
             except DeployError as exc:
                 return ms.runner.RunnerResult(None, str(exc))
             return ms.runner.RunnerResult([float(t) for t in runs], None)

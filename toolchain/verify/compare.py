@@ -56,6 +56,22 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
     return Comparison(False, max_error, detail)
 
 
+def compare_all(
+    expected: list[np.ndarray], actual: list[np.ndarray], exact: bool, names: list[str]
+) -> Comparison:
+    """Each output of `actual` against `expected` (`compare`): the first that differs, named
+    where there are several, else all fine with the largest error."""
+    if len(actual) != len(expected):
+        return Comparison(False, float("inf"), f"got {len(actual)} outputs, expected {len(expected)}")
+    found = [compare(np.asarray(e), a, exact) for e, a in zip(expected, actual, strict=True)]
+    worst = max(c.max_error for c in found)
+    for name, comparison in zip(names, found, strict=True):
+        if not comparison.ok:
+            detail = f"output {name!r}: {comparison.detail}" if len(found) > 1 else comparison.detail
+            return Comparison(False, worst, detail)
+    return Comparison(True, worst)
+
+
 def _compare_chunk(
     expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
 ) -> tuple[float, str, int, float]:

@@ -22,7 +22,7 @@ from ops.graph import BoundGraph
 from ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from toolchain.build.cache import cached_build
 from toolchain.build.targets import Target
-from toolchain.verify.compare import INPUT_SETS, Comparison, InputSet, compare, random_input
+from toolchain.verify.compare import INPUT_SETS, Comparison, InputSet, compare_all, random_input
 from toolchain.verify.run import check_device, for_device, run_artifact, verify
 
 
@@ -205,11 +205,11 @@ def run_matrix(
 
 @dataclass(frozen=True)
 class Reference:
-    """What a model's output is compared with: `expected(arrays)` (None: not available here),
+    """What a model's outputs are compared with: `expected(arrays)` (None: not available here),
     on the input sets `applies` accepts."""
 
     name: str
-    expected: Callable[[list[np.ndarray]], np.ndarray | None]
+    expected: Callable[[list[np.ndarray]], list[np.ndarray] | None]
     applies: Callable[[InputSet], bool] = lambda inputs: True
 
 
@@ -238,7 +238,7 @@ def model_references(graph: BoundGraph, model: Path) -> tuple[list[Reference], l
     """The graph's numpy reference (its ops' references composed) and, for a model file of a
     kind with one (`FILE_REFERENCES`), its runtime's; with a line for each reference the model
     has but this host cannot run."""
-    references = [Reference("numpy", lambda arrays: graph.reference(*arrays))]
+    references = [Reference("numpy", lambda arrays: graph.references(*arrays))]
     notes = []
     second = FILE_REFERENCES.get(model.suffix.lower())
     found = second(graph, model) if second is not None else None
@@ -257,7 +257,7 @@ def verify_model(
     input set, size and reference that applies to it."""
     results = []
     directory, manifest = cached_build(graph, for_device(target, session))
-    dtype = graph.inputs[0].dtype if graph.inputs else graph.output.dtype
+    dtype = graph.inputs[0].dtype if graph.inputs else graph.outputs[0].dtype
     for (index, inputs), sizes in itertools.product(
         enumerate(INPUT_SETS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)
     ):
@@ -274,7 +274,7 @@ def verify_model(
                 expected = reference.expected(arrays)
             if expected is None:
                 continue
-            comparison = compare(np.asarray(expected), actual, graph.exact)
+            comparison = compare_all(expected, actual, graph.exact, list(graph.graph.outputs))
             results.append(
                 CaseResult(
                     f"{graph.name} vs {reference.name}",

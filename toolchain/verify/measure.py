@@ -69,20 +69,21 @@ class Timer:
         item: Buildable | None = None,
     ) -> None:  # fmt: skip
         start = time.perf_counter()
-        output = run_artifact(session, directory, manifest, inputs)
+        outputs = run_artifact(session, directory, manifest, inputs)
         once = time.perf_counter() - start
-        self.max_error = None if item is None else max_error(item, inputs, output, manifest)
+        self.max_error = None if item is None else max_error(item, inputs, outputs, manifest)
         self.number = calls_lasting(TARGET_SECONDS, once)
         self.session, self.inputs = session, inputs
         self.module = manifest.check_module(directory)
         shapes = [a.shape for a in inputs]
-        self.out, self.entry = manifest.output_type(shapes), manifest.entry
+        self.outputs = [(t.shape, t.dtype) for t in manifest.output_types(shapes)]
+        self.entry = manifest.entry
         self.workspace = manifest.arena_bytes(shapes)
 
     def runs(self, repeat: int) -> list[float]:
         """`repeat` timed runs, milliseconds per call."""
         runs = self.session.time(
-            self.module, self.inputs, self.out.shape, self.out.dtype, self.number, repeat, entry=self.entry,
+            self.module, self.inputs, self.outputs, self.number, repeat, entry=self.entry,
             workspace=self.workspace,
         )  # fmt: skip
         return [t * 1e3 for t in runs]
@@ -97,15 +98,17 @@ def check_artifact(session: Session, bound: Buildable, directory: Path, manifest
     for kind in INPUT_SETS:
         rng = np.random.default_rng(1)
         inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in bound.inputs]
-        output = run_artifact(session, directory, manifest, inputs)
-        worst = max(worst, max_error(bound, inputs, output, manifest))
+        outputs = run_artifact(session, directory, manifest, inputs)
+        worst = max(worst, max_error(bound, inputs, outputs, manifest))
     return worst
 
 
-def max_error(item: Buildable, inputs: list[np.ndarray], output: np.ndarray, manifest: Manifest) -> float:
-    """The largest difference of `output` (the artifact of `item` `manifest` describes, run on
+def max_error(
+    item: Buildable, inputs: list[np.ndarray], outputs: list[np.ndarray], manifest: Manifest
+) -> float:
+    """The largest difference of `outputs` (of the artifact of `item` `manifest` describes, run on
     `inputs`) from the numpy reference; a WrongAnswer saying how it differs when it does."""
-    comparison = against_reference(item, inputs, output)
+    comparison = against_reference(item, inputs, outputs)
     if not comparison.ok:
         raise WrongAnswer(f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}")
     return comparison.max_error

@@ -51,8 +51,10 @@ def agrees_on_nan(model: Path) -> bool:
     )
 
 
-def onnxruntime_reference(model: Path, graph: BoundGraph, arrays: list[np.ndarray]) -> np.ndarray | None:
-    """The output of `model` (read into `graph`) for `arrays`, in the graph's input order, node
+def onnxruntime_reference(
+    model: Path, graph: BoundGraph, arrays: list[np.ndarray]
+) -> list[np.ndarray] | None:
+    """The outputs of `model` (read into `graph`) for `arrays`, in the graph's input order, node
     by node; None when onnxruntime is not installed. A node onnxruntime cannot run (MaxPool on
     int32, which ONNX does not define) is a UsageError naming it."""
     if onnxruntime is None:
@@ -71,7 +73,7 @@ def onnxruntime_reference(model: Path, graph: BoundGraph, arrays: list[np.ndarra
             values[bound.node.output] = _run_node(proto, node, graph.types, inputs)
         except OnnxruntimeError as exc:
             raise UsageError(f"{bound.node.label()}: onnxruntime cannot run it: {exc}") from None
-    return values[graph.graph.output]
+    return [values[name] for name in graph.graph.outputs]
 
 
 def _run_node(

@@ -10,10 +10,12 @@ import numpy as np
 from base.errors import UsageError
 from devices import Device, Session
 from devices.elf import check_machine
+from ops.graph import BoundGraph
 from toolchain.build.cache import Buildable, cached_build
+from toolchain.build.compile import OUTPUT
 from toolchain.build.manifest import Manifest
 from toolchain.build.targets import Target, get_target
-from toolchain.verify.compare import Comparison, compare
+from toolchain.verify.compare import Comparison, compare_all
 
 
 def check_device(target: Target, device: Device) -> None:
@@ -31,17 +33,18 @@ def check_device(target: Target, device: Device) -> None:
 
 def run_artifact(
     session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
-) -> np.ndarray:
-    """Check the module (sha256 against the manifest, ELF machine against the device), run it."""
+) -> list[np.ndarray]:
+    """Check the module (sha256 against the manifest, ELF machine against the device), run it:
+    its outputs, in order."""
     module = manifest.check_module(directory)
     if get_target(manifest.target).artifact.machine_code:
         check_machine(module, session.arch, session.label)
     elif manifest.arch != session.arch:
         raise UsageError(f"artifact {directory} is for {manifest.arch}; {session.label} runs {session.arch}")
     shapes = [a.shape for a in inputs]
-    out = manifest.output_type(shapes)
+    outputs = [(t.shape, t.dtype) for t in manifest.output_types(shapes)]
     workspace = manifest.arena_bytes(shapes)
-    return session.run(module, inputs, out.shape, out.dtype, entry=manifest.entry, workspace=workspace)
+    return session.run(module, inputs, outputs, entry=manifest.entry, workspace=workspace)
 
 
 def for_device(target: Target, session: Session) -> Target:
@@ -63,8 +66,13 @@ def verify(
     return against_reference(item, inputs, actual), manifest.built_with
 
 
-def against_reference(item: Buildable, inputs: list[np.ndarray], actual: np.ndarray) -> Comparison:
-    """`actual` (the output of an op or a graph on `inputs`) compared with its numpy reference."""
+def output_names(item: Buildable) -> list[str]:
+    """The outputs of an op (`out`) or a graph, as messages name them."""
+    return list(item.graph.outputs) if isinstance(item, BoundGraph) else [OUTPUT]
+
+
+def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np.ndarray]) -> Comparison:
+    """`actual` (the outputs of an op or a graph on `inputs`) compared with its numpy reference."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
-        expected = item.reference(*inputs)
-    return compare(np.asarray(expected), actual, item.exact)
+        expected = item.references(*inputs)
+    return compare_all(expected, actual, item.exact, output_names(item))
