@@ -53,8 +53,12 @@ ATTRIBUTE_TYPES = (
 
 
 def read_onnx(path: Path, data: bytes) -> Graph:
-    """The Graph of the ONNX model in `data` (the bytes of `path`), checked by onnx's checker with
-    its shape inference: a model onnxruntime would refuse is not built."""
+    """The Graph of the ONNX model in `data` (the bytes of `path`): `graph_of` its `decode_onnx`."""
+    return graph_of(path, decode_onnx(path, data))
+
+
+def decode_onnx(path: Path, data: bytes) -> onnx.ModelProto:
+    """The ONNX model in `data` (the bytes of `path`), its names UTF-8 text (`check_text`)."""
     try:
         model = onnx.load_model_from_string(data)
     except DecodeError as exc:
@@ -63,6 +67,12 @@ def read_onnx(path: Path, data: bytes) -> Graph:
         check_text(model.graph)
     except UsageError as exc:
         raise UsageError(f"model {path}: {exc}") from None
+    return model
+
+
+def graph_of(path: Path, model: onnx.ModelProto) -> Graph:
+    """The Graph of `model` (read from `path`), checked by onnx's checker with its shape
+    inference: a model onnxruntime would refuse is not built."""
     external = [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
     try:  # ours first: onnx's checker would say "not regular file" of a missing or outside one
         for tensor in external:
@@ -165,8 +175,7 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph
     constants = [Constant.of(t.name, initializer(t, directory)) for t in graph.initializer]
     constants += [constant_node(node, directory) for node in graph.node if is_constant(node)]
     given = {c.name for c in constants}
-    outputs = tuple(v.name for v in graph.output)
-    read = {t for node in graph.node for t in node.input} | set(outputs)
+    read = node_reads(graph)
     nodes = [(index, node) for index, node in enumerate(graph.node) if not is_constant(node)]
     ops = {index: op_for_onnx(node.domain, node.op_type) for index, node in nodes}
     missing = [(index, node) for index, node in nodes if ops[index] is None]
@@ -177,11 +186,11 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph
         # an initializer listed as an input too (older exporters) is its default value: a constant here
         tuple((v.name, input_type(v)) for v in graph.input if v.name not in given),
         tuple(
-            convert_node(index, node, op, read, shapes.get(node.input[0]) if node.input else None)
+            convert_node(index, node, op, read, shapes)
             for index, node in nodes
             if (op := ops[index]) is not None
         ),
-        outputs,
+        tuple(v.name for v in graph.output),
         tuple(constants),
     )
 
@@ -232,6 +241,12 @@ def explicit_pads(attrs: dict[str, Any], shape: Dims | None) -> dict[str, Any]:
         before.append(first)
         after.append(total - first)
     return {**{n: v for n, v in attrs.items() if n != "auto_pad"}, "pads": before + after}
+
+
+def node_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor a node or the graph's output reads (a node's second output in it is refused:
+    an op computes one)."""
+    return {t for node in graph.node for t in node.input} | {v.name for v in graph.output}
 
 
 def is_constant(node: onnx.NodeProto) -> bool:
@@ -437,9 +452,9 @@ def _unimplemented(missing: list[tuple[int, onnx.NodeProto]], path: Path) -> Usa
     )
 
 
-def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shape: Dims | None) -> Node:
-    """The Node of ONNX `node` (the `index`th), which `op` implements; `read`: every tensor a
-    node or the graph output reads; `shape`: its first input's, where known (for auto_pad)."""
+def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shapes: Shapes) -> Node:
+    """The Node of ONNX `node` (the `index`th), which `op` implements; `read`: `node_reads`;
+    `shapes`: `inferred_shapes` (its first input's for auto_pad)."""
     name = node_name(index, node)
     source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
     outputs = list(node.output)
@@ -460,6 +475,7 @@ def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shape
             )
     mapping = _mapping(op.onnx, node.domain, node.op_type)
     try:
+        shape = shapes.get(node.input[0]) if node.input else None
         attrs = mapping.attrs(explicit_pads({a.name: attribute_value(a) for a in node.attribute}, shape))
         _strings_only_where_text(op, attrs)
     except UsageError as exc:

@@ -11,22 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
 
-from base.errors import UsageError, clipped, printable, reason
+from base.errors import UsageError, clipped, printable
 from ops.graph import Node
 from ops.onnx_mapping import domain_key, onnx_label
 from ops.registry import op_for_onnx
 from toolchain.model import ONNX, model_bytes
 from toolchain.model.onnx_import import (
     attribute_value,
-    check_text,
     convert_node,
     declaration,
+    decode_onnx,
+    graph_of,
     inferred_shapes,
     is_constant,
     node_name,
-    read_onnx,
+    node_reads,
 )
 
 MAX_VALUES = 8
@@ -47,17 +47,8 @@ def model_report(path: Path) -> dict[str, Any]:
     """
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"model {path}: the report reads ONNX models (.onnx); a graph file names our ops")
-    data = model_bytes(path, ONNX)
-    try:
-        model = onnx.load_model_from_string(data)
-    except DecodeError as exc:
-        raise UsageError(f"model {path}: not an ONNX model: {reason(exc)}") from None
-    try:
-        check_text(model.graph)
-    except UsageError as exc:
-        raise UsageError(f"model {path}: {exc}") from None
-    read = {t for node in model.graph.node for t in node.input} | {v.name for v in model.graph.output}
-    shapes = inferred_shapes(model)
+    model = decode_onnx(path, model_bytes(path, ONNX))
+    read, shapes = node_reads(model.graph), inferred_shapes(model)
     nodes, missing = [], {}
     for index, node in enumerate(model.graph.node):
         label = printable(onnx_label(node.domain, node.op_type))
@@ -74,7 +65,7 @@ def model_report(path: Path) -> dict[str, Any]:
         else:
             entry["op"] = op.name
             try:
-                convert_node(index, node, op, read, shapes.get(node.input[0]) if node.input else None)
+                convert_node(index, node, op, read, shapes)
                 entry["status"] = "ok"
             except UsageError as exc:  # its row names the node: the message without its label
                 label = Node(node_name(index, node), op, {}, (), "", label).label()
@@ -82,7 +73,7 @@ def model_report(path: Path) -> dict[str, Any]:
         nodes.append(entry)
     problem = None
     try:
-        read_onnx(path, data)
+        graph_of(path, model)
     except UsageError as exc:
         problem = str(exc).removeprefix(f"model {path}: ")
     for entry in missing.values():
