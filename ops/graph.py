@@ -122,6 +122,14 @@ class BoundGraph:
         return tuple(self.types[name] for name in self.graph.outputs)
 
     @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.graph.outputs
+
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        return self.graph.constants
+
+    @property
     def exact(self) -> bool:
         """Bit-exact when every op is (max pooling, argmax): else floats get tolerances."""
         return all(n.bound.op.exact for n in self.nodes)

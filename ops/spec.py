@@ -29,6 +29,8 @@ MORE_INT_DTYPES = ("int16", "uint16", "uint32", "uint64")
 """Integer dtypes ONNX models use now and then (Add on uint32): an op takes them by naming them."""
 ALL_DTYPES = (*COMMON_DTYPES, *MORE_INT_DTYPES)
 FLOAT_DTYPES = ("float32", "float16", "float64")
+OUTPUT = "out"
+"""The name of an op's one output (manifests, C bundles) and of a C bundle's single output."""
 MAX_ELEMENTS = 2**31 - 1
 
 
@@ -322,6 +324,15 @@ class BoundOp:
     def outputs(self) -> tuple[TensorType, ...]:
         """Its one output, as a graph's outputs are listed."""
         return (self.output,)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return (OUTPUT,)
+
+    @property
+    def constants(self) -> tuple[()]:
+        """An op has none: its tensors are all its caller's (a graph's `constants`)."""
+        return ()
 
     def reference(self, *arrays: np.ndarray) -> np.ndarray:
         """The op's numpy reference on `arrays`."""

@@ -176,8 +176,7 @@ def measure_row(
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
     directory, manifest = cached_build(item, for_device(target, session))
-    constants = item.graph.constants if isinstance(item, BoundGraph) else ()
-    read = read_bytes(inputs) + sum(len(c.data) for c in constants)  # a graph's constants are read too
+    read = read_bytes(inputs) + sum(len(c.data) for c in item.constants)  # a graph's constants are read too
     written = sum(written_bytes(t.at(sizes)) for t in item.outputs)
     moved = read + written
     row: dict[str, Any] = {

@@ -101,8 +101,7 @@ def onnxruntime_call(item: BoundOp | BoundGraph, inputs: list[np.ndarray]) -> An
         return None
     steps, names, outputs = graph_steps(item) if isinstance(item, BoundGraph) else op_steps(item)
     feeds = dict(zip(names, (np.ascontiguousarray(a) for a in inputs), strict=True))
-    constants = item.graph.constants if isinstance(item, BoundGraph) else ()
-    model = onnx_model(steps, feeds, outputs, constants)
+    model = onnx_model(steps, feeds, outputs, item.constants)
     if model is None:
         return None
     options = onnxruntime.SessionOptions()

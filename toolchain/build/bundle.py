@@ -31,7 +31,7 @@ from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include
 from devices.platforms import Platform, get_platform
 from ops.graph import Constant
-from ops.spec import TensorType, is_symbolic, symbols_of
+from ops.spec import OUTPUT, TensorType, is_symbolic, symbols_of
 from toolchain.build.constants import constants_object
 from toolchain.build.manifest import MANIFEST, PARTIAL
 from toolchain.build.plan import ALIGNMENT, Plan
@@ -39,7 +39,6 @@ from toolchain.build.targets import Target, all_targets
 
 RUNNER = "deploy-run"
 DLPACK_HEADER = "include/dlpack/dlpack.h"
-OUTPUT_PARAM = "out"
 MAX_DIMS = 16
 """As `DEPLOY_MAX_DIMS` in bundle.h."""
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
@@ -149,9 +148,9 @@ def signature(compiled: Bundled, name: str | None) -> Signature:
     default, inputs, outputs, plan = compiled.bundle_signature()
     prefix = check_name(name) if name is not None else check_name(default, "the name")
     single = len(outputs) == 1
-    taken = {OUTPUT_PARAM} if single else set()
+    taken = {OUTPUT} if single else set()
     params = [(_c_name(n, taken), n, t) for n, t in inputs]
-    params += [(OUTPUT_PARAM, n, t) if single else (_c_name(n, taken), n, t) for n, t in outputs]
+    params += [(OUTPUT, n, t) if single else (_c_name(n, taken), n, t) for n, t in outputs]
     if any(len(t.shape) > MAX_DIMS for _, _, t in params):
         raise UsageError(f"a bundle's tensors have at most {MAX_DIMS} dims")
     symbols = symbols_of([t for _, t in inputs])
@@ -197,7 +196,7 @@ def header(sig: Signature, target: Target, what: str) -> str:
     rows = "\n".join(
         f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}"
         + (
-            ("  (written)" if c in (n, OUTPUT_PARAM) else f"  (written: model output {n!r})")
+            ("  (written)" if c in (n, OUTPUT) else f"  (written: model output {n!r})")
             if c in written
             else f"  (model input {n!r})"
             if c != n

@@ -14,7 +14,7 @@ from base.stopping import interruptible
 from ops.graph import BoundGraph, Constant, bind_graph
 from ops.layouts import LAYOUTS, NCHW, Layout
 from ops.relayout import relayout
-from ops.spec import BoundOp, TensorType, bind, require_static
+from ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static
 from schedules import ScheduleContext, Strategy, strategy_for
 from schedules.registry import HAND, Choices, computed_module
 from toolchain.build.fusion import Kernel, kernels
@@ -23,10 +23,6 @@ from toolchain.build.targets import KEPT_HAND, REFUSED, Target
 
 if TYPE_CHECKING:
     from toolchain.build.bundle import BundleSignature
-
-
-OUTPUT = "out"
-"""An op's output, as manifests and bundles name it."""
 
 
 def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
@@ -135,9 +131,8 @@ class Compiled:
         return self.bound
 
     @property
-    def constants(self) -> tuple[Constant, ...]:
-        """An op has none: its tensors are all its caller's."""
-        return ()
+    def constants(self) -> tuple[()]:
+        return self.bound.constants
 
     def describe(self) -> dict[str, Any]:
         """The manifest's fields that say what was compiled."""
@@ -272,7 +267,7 @@ class CompiledGraph:
     def constants(self) -> tuple[Constant, ...]:
         """Its constants as the model gives them, which the artifact stores (float16 too: where the
         kernels compute it as float32, they load it as half, as the graph's inputs)."""
-        return self.graph.graph.constants
+        return self.graph.constants
 
     def describe(self) -> dict[str, Any]:
         """The manifest's fields that say what was compiled: the graph as laid out (`--layout`,

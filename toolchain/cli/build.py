@@ -149,8 +149,10 @@ def build_command(
 
         emulator = " ".join(get_platform(target.arch).emulator_command())
         inputs = " ".join(f"-i {spec['name']}.npy" for spec in manifest.inputs)
+        from ops.spec import OUTPUT
+
         several = len(manifest.outputs) > 1
-        outputs = " ".join(f"-o {name if several else 'out'}.npy" for name in manifest.output_names)
+        outputs = " ".join(f"-o {name if several else OUTPUT}.npy" for name in manifest.output_names)
         bundled = manifest.bundle
         click.echo(
             f"bundle: {directory / bundled['header']} + {bundled['static_library']} / {bundled['library']};"

@@ -25,9 +25,8 @@ from base.threads import host_cpus
 from devices import DeviceLost, Session
 from devices.rpc import RpcEndpoint
 from ops.graph import Constant
-from ops.spec import BoundOp, TensorType
+from ops.spec import OUTPUT, BoundOp, TensorType
 from toolchain.build.bundle import BundleSignature, write_bundle
-from toolchain.build.compile import OUTPUT
 from toolchain.build.shared_object import compile_cpu, export_module
 from toolchain.build.targets import Target
 from toolchain.verify.compare import random_input

@@ -10,9 +10,7 @@ import numpy as np
 from base.errors import UsageError
 from devices import Device, Session
 from devices.elf import check_machine
-from ops.graph import BoundGraph
 from toolchain.build.cache import Buildable, cached_build
-from toolchain.build.compile import OUTPUT
 from toolchain.build.manifest import Manifest
 from toolchain.build.targets import Target, get_target
 from toolchain.verify.compare import Comparison, compare_all
@@ -66,13 +64,8 @@ def verify(
     return against_reference(item, inputs, actual), manifest.built_with
 
 
-def output_names(item: Buildable) -> list[str]:
-    """The outputs of an op (`out`) or a graph, as messages name them."""
-    return list(item.graph.outputs) if isinstance(item, BoundGraph) else [OUTPUT]
-
-
 def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np.ndarray]) -> Comparison:
     """`actual` (the outputs of an op or a graph on `inputs`) compared with its numpy reference."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
         expected = item.references(*inputs)
-    return compare_all(expected, actual, item.exact, output_names(item))
+    return compare_all(expected, actual, item.exact, list(item.output_names))
