@@ -120,6 +120,7 @@ def read_plan(path: Path) -> dict[str, Any]:
         kind, name = outside[0]
         raise UsageError(f"{path}: {kind} {name!r} is outside the artifact's directory")
     plan["buffers"], plan["scratch"], plan["constants"] = buffers, scratch, constants
+    plan["outputs"] = n_outputs  # a plan of an earlier deploy says none: it writes one
     return plan
 
 
@@ -152,7 +153,7 @@ def _constant_arrays(plan_path: Path, plan: dict[str, Any]) -> list[np.ndarray]:
 def _check_arrays(path: Path, plan: dict[str, Any], inputs: list[np.ndarray], outputs: Outputs) -> None:
     """The caller's arrays against the plan's buffers: as many inputs, each of the shape and dtype
     the kernels were built for, and the outputs likewise (a one-line UsageError otherwise)."""
-    n_inputs = len(plan["buffers"]) - plan.get("outputs", 1)
+    n_inputs = len(plan["buffers"]) - plan["outputs"]
     expected, written = plan["buffers"][:n_inputs], plan["buffers"][n_inputs:]
     if len(inputs) != len(expected):
         raise UsageError(f"{path} takes {len(expected)} input(s), got {len(inputs)}")
@@ -208,15 +209,7 @@ class OpenClSession:
             plan = read_plan(plan_path)
             source_path = plan_path.parent / plan["source"]
             source = _read_pinned(source_path, plan["source_sha256"], plan_path)
-            flags = cl.mem_flags
-            constants = [
-                cl.Buffer(
-                    self._context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)
-                )
-                if a.nbytes
-                else cl.Buffer(self._context, flags.READ_ONLY, 1)
-                for a in _constant_arrays(plan_path, plan)
-            ]
+            constants = [self._read_only(a) for a in _constant_arrays(plan_path, plan)]
             try:
                 text = source.decode()
             except UnicodeDecodeError:
@@ -236,6 +229,17 @@ class OpenClSession:
             self._programs[plan_path] = (plan, program, constants)
         return self._programs[plan_path]
 
+    def _read_only(self, array: np.ndarray) -> Any:
+        """A device buffer holding `array` (C order), which kernels only read; an empty array's
+        is one byte (OpenCL has no empty buffer)."""
+        cl = _cl()
+        flags = cl.mem_flags
+        if not array.nbytes:
+            return cl.Buffer(self._context, flags.READ_ONLY, 1)
+        return cl.Buffer(
+            self._context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.require(array, requirements="C")
+        )
+
     def _launch(
         self, plan_path: Path, inputs: list[np.ndarray], outputs: Outputs
     ) -> tuple[Any, list[np.ndarray], list[Any]]:
@@ -245,13 +249,7 @@ class OpenClSession:
         _check_arrays(plan_path, plan, inputs, outputs)
         flags = cl.mem_flags
         outs = [np.empty(shape, dtype=dtype) for shape, dtype in outputs]
-        copy = flags.READ_ONLY | flags.COPY_HOST_PTR
-        buffers = [
-            cl.Buffer(self._context, copy, hostbuf=np.require(a, requirements="C"))
-            if a.nbytes > 0
-            else cl.Buffer(self._context, flags.READ_ONLY, 1)
-            for a in inputs
-        ]
+        buffers = [self._read_only(a) for a in inputs]
         buffers += [cl.Buffer(self._context, flags.READ_WRITE, max(out.nbytes, 1)) for out in outs]
         sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in plan["scratch"]]
         scratch = [cl.Buffer(self._context, flags.READ_WRITE, max(1, size)) for size in sizes]
