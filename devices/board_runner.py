@@ -27,7 +27,7 @@ from base.files import SUMS, read_sums
 from devices.board_setup import board_machine
 from devices.boards import Board, get_board
 from devices.registry import Device, register_device_source
-from devices.runner import RUNNER, RUNNER_PROTOCOL, RunnerSession
+from devices.runner import RUNNER, RUNNER_PROTOCOL, RunnerSession, file_args
 from devices.ssh import BoardShell, ssh_connect
 
 ISA = re.compile(r"^isa\s*:\s*rv64([a-z]*)", re.MULTILINE)
@@ -104,8 +104,7 @@ class SshRunnerLink:
                 for path in inputs:
                     sftp.put(str(path), posixpath.join(work, path.name))
             args = [posixpath.join(bundle, RUNNER), bundle]
-            args += [word for path in inputs for word in ("-i", path.name)]
-            args += [word for path in outputs for word in ("-o", path.name)] + options
+            args += [*file_args([p.name for p in inputs], [p.name for p in outputs]), *options]
             reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=600)
             if reply.status == 0:
                 with self.shell.files(f"fetching the outputs from {work}") as sftp:

@@ -53,6 +53,11 @@ class RunnerLink(Protocol):
         ...
 
 
+def file_args(inputs: list[str], outputs: list[str]) -> list[str]:
+    """The runner's arguments naming its files: `-i` each input, then `-o` each output."""
+    return [*(w for path in inputs for w in ("-i", path)), *(w for path in outputs for w in ("-o", path))]
+
+
 class RunnerSession:
     """A session of the runner protocol over `link`, whose runner uses `threads` threads."""
 
@@ -139,8 +144,7 @@ class EmulatedLink:
         self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
     ) -> tuple[int, str, str]:
         command = [*self.platform.emulator_command(), str(Path(bundle, RUNNER)), bundle]
-        command += [arg for path in inputs for arg in ("-i", str(path))]
-        command += [arg for path in outputs for arg in ("-o", str(path))] + options
+        command += [*file_args(list(map(str, inputs)), list(map(str, outputs))), *options]
         done = subprocess.run(command, capture_output=True, text=True, errors="replace")
         return done.returncode, done.stdout, done.stderr
 
