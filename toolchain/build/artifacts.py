@@ -33,7 +33,7 @@ class ArtifactKind:
     """`deploy build --bundle` can wrap it in a C library (it is a TVM module a runtime loads)."""
     graph_entry: str
     """How a runtime calls the compiled form of a graph (the manifest's `entry`): "plan"
-    (`main(inputs..., out, arena)`, `plan.py`) or "function" (like an op's: `main(inputs..., out)`)."""
+    (`main(inputs..., outputs..., arena)`, `plan.py`) or "function" (like an op's: `main(inputs..., out)`)."""
     symbolic_batch: bool
     """One module runs every size of a symbolic batch (the runtime reads N from the arrays); an
     OpenCL plan's launch sizes are numbers, fixed when it is built."""

@@ -188,20 +188,21 @@ def _shape_text(t: TensorType) -> str:
     return "[" + ", ".join(str(d.name) if is_symbolic(d) else str(d) for d in t.shape) + "]"
 
 
+def _row_note(c_name: str, name: str, written: bool) -> str:
+    """What a header row says after a tensor's type: that the call writes it, and its model
+    name where the C name differs."""
+    if written:
+        return "  (written)" if c_name in (name, OUTPUT) else f"  (written: model output {name!r})"
+    return "" if c_name == name else f"  (model input {name!r})"
+
+
 def header(sig: Signature, target: Target, what: str) -> str:
     """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
     name, upper = sig.name, sig.name.upper()
     width = max(len(c) for c, _, _ in sig.params)
     written = {c for c, _, _ in sig.outputs}
     rows = "\n".join(
-        f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}"
-        + (
-            ("  (written)" if c in (n, OUTPUT) else f"  (written: model output {n!r})")
-            if c in written
-            else f"  (model input {n!r})"
-            if c != n
-            else ""
-        )
+        f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}{_row_note(c, n, c in written)}"
         for c, n, t in sig.params
     )
     names = _symbol_names(sig)

@@ -3,7 +3,7 @@ offset, stored once however many kernels read it.
 
 On CPUs the blob is linked into the module (and the C bundle) as read-only data behind one hidden
 function, `deploy_constants()`, which the plan's `main` calls for the blob's address
-(`plan.py`): the module runs as before, `main(inputs..., out, arena)`, with nothing for a caller
+(`plan.py`): the module runs as before, `main(inputs..., outputs..., arena)`, with nothing for a caller
 to pass. OpenCL plans keep the blob as a file beside kernels.cl, pinned by launch.json's sha256,
 which the runner uploads once (`opencl.py`).
 

@@ -68,7 +68,7 @@ class Manifest:
     names, and the sha256 of SHA256SUMS (which pins every other file of the bundle)."""
     entry: str = "function"
     """How a runtime calls the module: "function" (`main(inputs..., out)`) or "plan" (a graph's
-    `main(inputs..., out, arena)`, `plan.py`)."""
+    `main(inputs..., outputs..., arena)`, `plan.py`)."""
     alignment: int = 64
     """Bytes the data of the tensors the module is called with must be aligned to."""
     arena: list[dict[str, Any]] | None = None
