@@ -105,8 +105,8 @@ def torch_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) 
     torch, without a baseline for an op, or for a dtype torch lacks."""
     if isinstance(item, BoundGraph):
         return _graph_ms(item, inputs, repeat)
-    baseline = BASELINES.get(item.op.name)
-    if baseline is None or not baseline.says(item.attrs):
+    baseline = _baseline_for(item)
+    if baseline is None:
         return None
     attrs, into = item.attrs, baseline.into
     return _timed(
@@ -117,11 +117,14 @@ def torch_ms(item: BoundOp | BoundGraph, inputs: list[np.ndarray], repeat: int) 
     )
 
 
+def _baseline_for(bound: BoundOp) -> TorchOp | None:
+    """The PyTorch twin of `bound`, if PyTorch has one for its op and can say its attributes."""
+    baseline = BASELINES.get(bound.op.name)
+    return baseline if baseline is not None and baseline.says(bound.attrs) else None
+
+
 def _graph_ms(graph: BoundGraph, inputs: list[np.ndarray], repeat: int) -> TorchTime | None:
-    if any(
-        n.bound.op.name not in BASELINES or not BASELINES[n.bound.op.name].says(n.bound.attrs)
-        for n in graph.nodes
-    ):
+    if any(_baseline_for(n.bound) is None for n in graph.nodes):
         return None
     if torch_version() is None:
         return None

@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from ops.onnx_mapping import onnx_label
 from toolchain.cli.options import wide_console
 
 
@@ -111,7 +112,7 @@ def print_model_report(report: dict[str, Any]) -> None:
         for column in ("ONNX op", "nodes", "declare", "attributes the model uses"):
             missing.add_column(column)
         for entry in report["missing"]:
-            label = f"{entry['domain']}::{entry['op_type']}" if entry["domain"] else entry["op_type"]
+            label = onnx_label(entry["domain"], entry["op_type"])
             attrs = "\n".join(
                 f"{name}: {', '.join(map(str, values))}" for name, values in entry["attributes"].items()
             )
