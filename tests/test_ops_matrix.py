@@ -164,7 +164,25 @@ MORE_INT_CASES = (2, 6, 7)
 matrices here and in test_bundle.py: broadcast both ways, an odd length (a vector's tail) and a
 symbolic batch. Its other cases differ from int8's and int64's in shape only (`deploy test` runs
 them all)."""
-MATRIX = [c for c in plan(all_ops()) if c.dtype not in MORE_INT_DTYPES or c.index in MORE_INT_CASES]
+INDEX_ATTRS = ("padding_end", "dilation", "select_last")
+"""Attributes whose cases test index arithmetic (asymmetric pads, dilated taps, the last index on
+ties): they run in the dtypes that take another path through it, in the matrices here and in
+test_bundle.py: a float max with its NaN test, float16 by conversion, an integer max, and int64
+(scalar on RVV). float64, uint8 and int32 take float32's and int8's paths (`deploy test` runs
+them all)."""
+INDEX_DTYPES = ("float32", "float16", "int8", "int64")
+
+
+def _in_matrix(planned: PlannedCase) -> bool:
+    """Whether the test matrices run `planned` (see MORE_INT_CASES, INDEX_ATTRS)."""
+    if planned.dtype in MORE_INT_DTYPES:
+        return planned.index in MORE_INT_CASES
+    if any(attr in planned.case.attrs for attr in INDEX_ATTRS):
+        return planned.dtype in INDEX_DTYPES
+    return True
+
+
+MATRIX = [c for c in plan(all_ops()) if _in_matrix(c)]
 
 
 @on_every_target(
