@@ -26,6 +26,15 @@ def _bad(name: str, value: Any, expected: str) -> UsageError:
     return UsageError(f"attribute {name}={shown(value)}: expected {expected}")
 
 
+def _parts(value: Any) -> list[Any]:
+    """The items of a list attribute: `3,2` split at commas, a list or tuple as it is, one value alone."""
+    if isinstance(value, str):
+        return [p.strip() for p in value.split(",")]
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
 @dataclass(frozen=True)
 class Float:
     """A finite float in [lo, hi]."""
@@ -107,12 +116,7 @@ class IntPair:
 
     def normalize(self, name: str, value: Any) -> tuple[int, int]:
         expected = f"an integer in [{self.lo}, {self.hi}] or a pair 'H,W' of them"
-        if isinstance(value, str):
-            parts: list[Any] = [p.strip() for p in value.split(",")]
-        elif isinstance(value, list | tuple):
-            parts = list(value)
-        else:
-            parts = [value]
+        parts = _parts(value)
         if len(parts) == 1:
             parts = parts * 2
         if len(parts) != 2:
@@ -127,6 +131,33 @@ class IntPair:
     def strategy(self, st: Any) -> Any:
         one = st.integers(self.lo, self.fuzz_hi)
         return st.tuples(one, one)
+
+
+@dataclass(frozen=True)
+class Ints:
+    """Up to `most` integers in [lo, hi], written `1,-1,0`; normalized to a tuple."""
+
+    lo: int
+    hi: int
+    most: int = 8
+    takes_text: ClassVar[bool] = False
+
+    def type_name(self) -> str:
+        return "int,int,..."
+
+    def normalize(self, name: str, value: Any) -> tuple[int, ...]:
+        expected = f"1 to {self.most} integers in [{self.lo}, {self.hi}], as '1,-1,0'"
+        parts = _parts(value)
+        if not 1 <= len(parts) <= self.most:
+            raise _bad(name, value, expected)
+        scalar = Int(self.lo, self.hi)
+        try:
+            return tuple(scalar.normalize(name, p) for p in parts)
+        except UsageError:
+            raise _bad(name, value, expected) from None
+
+    def strategy(self, st: Any) -> Any:
+        return st.lists(st.integers(self.lo, 4), min_size=1, max_size=4).map(tuple)
 
 
 @dataclass(frozen=True)
@@ -172,7 +203,7 @@ class Choice:
         return st.sampled_from(self.values)
 
 
-AttrKind = Float | Int | IntPair | Bool | Choice
+AttrKind = Float | Int | IntPair | Ints | Bool | Choice
 
 
 @dataclass(frozen=True)
