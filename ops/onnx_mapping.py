@@ -26,6 +26,15 @@ def passes_through(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class OnnxOutput:
+    """A further output of an ONNX node: the op computing it from the node's inputs, and the
+    conversion of the node's attributes to that op's."""
+
+    op: str
+    attrs: Callable[[dict[str, Any]], dict[str, Any]] = passes_through
+
+
+@dataclass(frozen=True)
 class OnnxOp:
     """An ONNX (domain, op_type) an op implements, and its attribute conversion: ONNX values
     (ints, floats, lists of ints, str) -> the op's attribute dict (defaults as ONNX has them)."""
@@ -37,6 +46,17 @@ class OnnxOp:
     """The other way: the op's bound attributes -> the node's ONNX attributes, None where ONNX
     cannot say them (a packed layout, int32 indices); no function: the op is not exported.
     `deploy bench` builds its onnxruntime baseline with it."""
+    chain: (
+        Callable[[dict[str, Any], tuple[int | None, ...] | None], list[tuple[str, dict[str, Any]]] | None]
+        | None
+    ) = None
+    """For nodes this op alone does not compute (1-D and 3-D MaxPool): (the node's ONNX
+    attributes, its first input's dims where known, None for a symbolic one) -> the ops that do,
+    as (op name, attributes), each reading the one before (the first the node's input, the last
+    writing its output); None where the op alone does."""
+    more_outputs: tuple[OnnxOutput, ...] = ()
+    """How the node's second, third... outputs are computed (MaxPool's Indices): a model reading
+    such an output gets a node of that op beside this one."""
 
     def key(self) -> tuple[str, str]:
         return domain_key(self.domain), self.op_type

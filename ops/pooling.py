@@ -24,7 +24,7 @@ from tvm import te, tirx
 from base.errors import UsageError
 from ops.attrs import Attr, Bool, IntPair
 from ops.layouts import NCHW, Layout, layout_attr, layout_of
-from ops.nan import any_nan_bits
+from ops.nan import any_nan_bits, is_nan_bits
 from ops.spec import TensorType
 
 MAX_KERNEL = 16
@@ -167,21 +167,11 @@ class Pool2d:
         def at(index: tuple[Any, ...], axis: int, value: Any) -> tuple[Any, ...]:
             return (*index[:axis], value, *index[axis + 1 :])
 
-        def tap(axis: int, out: Any, step: int, size: int) -> Any:
-            """The index tap `step` of the window at output `out` reads along `axis`."""
-            d, start = self.dilation[axis], out * self.stride[axis] - self.padding[axis]
-            index = start + step * d
-            if d == 1:
-                return clamp(index, size)
-            first = start + te.max(0, tirx.floordiv(d - 1 - start, d)) * d  # its first tap inside
-            last = start + te.min(self.kernel[axis] - 1, tirx.floordiv(size - 1 - start, d)) * d
-            return te.max(te.min(index, last), first)
-
         def row(oh: Any, dh: int) -> Any:
-            return tap(0, oh, dh, height)
+            return self.tap(0, oh, dh, height)
 
         def col(ow: Any, dw: int) -> Any:
-            return tap(1, ow, dw, width)
+            return self.tap(1, ow, dw, width)
 
         rows, cols = range(self.kernel[0]), range(self.kernel[1])
         if not _COLUMNS_FIRST.get():
@@ -201,6 +191,51 @@ class Pool2d:
         )
         return lambda *i: max_of([columns[at(i, w_axis, col(i[w_axis], dw))] for dw in cols], dtype)
 
+    def tap(self, axis: int, out: Any, step: int, size: int) -> Any:
+        """The index tap `step` of the window at output `out` reads along `axis` (0: H, 1: W) of
+        an input `size` long: clamped into the input, a dilated tap onto the window's nearest tap
+        inside it (`windows`)."""
+        d, start = self.dilation[axis], out * self.stride[axis] - self.padding[axis]
+        index = start + step * d
+        if d == 1:
+            return clamp(index, size)
+        first = start + te.max(0, tirx.floordiv(d - 1 - start, d)) * d  # its first tap inside
+        last = start + te.min(self.kernel[axis] - 1, tirx.floordiv(size - 1 - start, d)) * d
+        return te.max(te.min(index, last), first)
+
+    def indices(self, data: te.Tensor, index_type: str, column_major: bool) -> Callable[..., Any]:
+        """(output index...) -> TE expression: where the max of the window at that output of NCHW
+        `data` is, as a flat index into `data` (ONNX MaxPool's Indices): (n * C + c) * H * W plus
+        h * W + w, or w * H + h where `column_major`. The first in row-major order among equal
+        maxima, the first NaN where the max is NaN. The taps are `windows`' (clamped, no
+        condition): clamping keeps their row-major order, so the first tap holding the max is the
+        first input element holding it."""
+        _, channels, height, width = data.shape
+        dtype = str(data.dtype)
+
+        def body(n: Any, c: Any, oh: Any, ow: Any) -> Any:
+            taps = [
+                (self.tap(0, oh, dh, int(height)), self.tap(1, ow, dw, int(width)))
+                for dh in range(self.kernel[0])
+                for dw in range(self.kernel[1])
+            ]
+            values = [data[n, c, h, w] for h, w in taps]
+            top = max_of(values, dtype)
+            plane = (n.astype(index_type) * channels + c.astype(index_type)) * height * width
+            flat = [
+                plane + (w * height + h if column_major else h * width + w).astype(index_type)
+                for h, w in taps
+            ]
+            found = flat[-1]
+            for value, index in zip(reversed(values[:-1]), reversed(flat[:-1]), strict=True):
+                hit = value == top
+                if dtype.startswith("float"):
+                    hit = tirx.Or(hit, is_nan_bits(value, dtype))
+                found = tirx.Select(hit, index, found)
+            return found
+
+        return body
+
     def interior(self, axis: int, size: int) -> tuple[int, int]:
         """Outputs [lo, hi) along `axis` (0: H, 1: W) whose windows lie inside the input."""
         s, p = self.stride[axis], self.padding[axis]
@@ -215,6 +250,29 @@ class Pool2d:
 
     def _pool_nchw(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an NCHW array."""
+        return self._taps_nchw(data, numpy_pad_value(data.dtype)).max(axis=(4, 5))
+
+    def reference_indices(self, data: np.ndarray, column_major: bool) -> np.ndarray:
+        """Numpy: `indices` of an NCHW array, int64: per window, among its taps inside the input
+        in row-major order, the first NaN, else the first equal to their max."""
+        flat = np.arange(data.size, dtype=np.int64).reshape(data.shape)
+        if column_major:  # each plane numbered column by column
+            flat = flat.reshape(*data.shape[:2], data.shape[3], data.shape[2]).swapaxes(2, 3)
+        index = self._taps_nchw(flat, -1)
+        inside = index >= 0
+        shape = (*index.shape[:4], -1)
+        index, inside = index.reshape(shape), inside.reshape(shape)
+        values = self._taps_nchw(data, numpy_pad_value(data.dtype)).reshape(shape)
+        with np.errstate(invalid="ignore"):
+            top = np.where(inside, values, numpy_pad_value(data.dtype)).max(axis=-1, keepdims=True)
+            hit = inside & (values == top)
+        if np.issubdtype(data.dtype, np.floating):
+            nan = inside & np.isnan(values)
+            hit = np.where(nan.any(axis=-1, keepdims=True), nan, hit)
+        return np.take_along_axis(index, hit.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+
+    def _taps_nchw(self, data: np.ndarray, pad: Any) -> np.ndarray:
+        """The taps of every window of an NCHW array, padded with `pad`: N x C x OH x OW x KH x KW."""
         oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
         spans = (self.span(0), self.span(1))
         extra = [
@@ -229,11 +287,10 @@ class Pool2d:
             (self.padding[0], self.after[0] + extra[0]),
             (self.padding[1], self.after[1] + extra[1]),
         )
-        padded = np.pad(data, widths, constant_values=numpy_pad_value(data.dtype))
+        padded = np.pad(data, widths, constant_values=pad)
         windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=(2, 3))
         windows = windows[:, :, :: self.stride[0], :: self.stride[1]][:, :, :oh, :ow]
-        windows = windows[..., :: self.dilation[0], :: self.dilation[1]]  # the taps of each window
-        return windows.max(axis=(4, 5))
+        return windows[..., :: self.dilation[0], :: self.dilation[1]]  # the taps of each window
 
 
 WindowMax = Callable[[list[Any], str], Any]

@@ -80,10 +80,11 @@ def branch_max(values: list[Any], dtype: str) -> Any:
 pooling_with_branch_max = own_compute_within(lambda ctx: windows_maxed_by(branch_max))
 
 
+@register_schedule("gpu", "max_pool2d_indices", compute=pooling_with_branch_max)
 @register_schedule("gpu", "max_pool2d", compute=pooling_with_branch_max)
 def max_pool2d_gpu(sch: Any, ctx: ScheduleContext) -> None:
-    """One output per work-item: TVM does not vectorize the window max's NaN branch, and a
-    vector of outputs would run as a loop of them in one work-item."""
+    """One output (a max, or where it is) per work-item: TVM does not vectorize the window max's
+    NaN branch, and a vector of outputs would run as a loop of them in one work-item."""
     bind_work_items(sch, ctx, vectorize=False)
 
 

@@ -339,7 +339,11 @@ def test_op_for_onnx_default_domain_has_two_names() -> None:
 @pytest.mark.parametrize(
     ("op_type", "attrs", "expected"),
     [
-        ("MaxPool", {"storage_order": 1}, "ONNX attribute storage_order=1 is not supported: only 0"),
+        (
+            "MaxPool",
+            {"kernel_shape": [3, 3, 3, 3]},
+            "ONNX attribute kernel_shape=[3, 3, 3, 3] is not supported: 1, 2 or 3 values",
+        ),
         (
             "MaxPool",
             {"auto_pad": "VALID", "pads": [1, 1, 1, 1]},
@@ -347,10 +351,10 @@ def test_op_for_onnx_default_domain_has_two_names() -> None:
         ),
         (
             "MaxPool",
-            {"kernel_shape": [3]},
-            "ONNX attribute kernel_shape=[3] is not supported: only 2-D pooling",
+            {"kernel_shape": [3], "strides": [1, 1]},
+            "ONNX attribute strides=[1, 1] is not supported: 1 value for the 1-D kernel_shape",
         ),
-        ("MaxPool", {"strides": [1, 1, 1]}, "ONNX attribute strides=[1, 1, 1] is not supported: only 2-D"),
+        ("MaxPool", {"strides": [1, 1, 1]}, "strides=[1, 1, 1] is not supported: 2 values for the 2-D"),
     ],
 )
 def test_unsupported_onnx_attributes_are_refused(
@@ -448,9 +452,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         helper.make_node("Conv", ["x", "w"], ["c"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Sigmoid", ["c"], ["s"], "sig"),
         helper.make_node("Mul", ["c", "s"], ["m"], "swish"),
-        helper.make_node(
-            "MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], storage_order=1
-        ),
+        helper.make_node("MaxPool", ["m"], ["p"], "pool", kernel_shape=[2, 2], strides=[2, 2], dilations=[1]),
         helper.make_node("LeakyRelu", ["p"], ["q"], "act"),
         helper.make_node("Conv", ["q", "w"], ["y"], "conv2", kernel_shape=[1, 1]),
     ]
@@ -466,7 +468,7 @@ def test_the_report_lists_everything_a_model_needs_at_once(tmp_path: Path) -> No
         ("conv", None, "missing"), ("sig", None, "missing"), ("swish", None, "missing"),
         ("pool", "max_pool2d", "refused"), ("act", "leaky_relu", "ok"), ("conv2", None, "missing"),
     ]  # fmt: skip
-    assert report["nodes"][3]["problem"].startswith("ONNX attribute storage_order=1 is not supported")
+    assert report["nodes"][3]["problem"].startswith("ONNX attribute dilations=[1] is not supported")
     assert report["missing"][0] == {
         "domain": "",
         "op_type": "Conv",
@@ -552,7 +554,9 @@ def test_a_sequence_input_is_refused(tmp_path: Path) -> None:
     assert error(path).endswith("input 'x' is a sequence_type: expected a tensor")
 
 
-def test_a_node_output_we_do_not_compute_is_refused(tmp_path: Path) -> None:
+def test_a_further_output_is_computed_by_its_own_op_where_one_is_declared(tmp_path: Path) -> None:
+    """MaxPool's Indices, read, is a max_pool2d_indices node beside the pool (`OnnxOp.more_outputs`);
+    unread, nothing computes it; of a 1-D pool (reshapes around a 2-D one) it is refused."""
     node = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
     path = onnx_file(
         tmp_path,
@@ -560,15 +564,26 @@ def test_a_node_output_we_do_not_compute_is_refused(tmp_path: Path) -> None:
         [("x", TensorProto.FLOAT, [1, 1, 4, 4])],
         ("indices", TensorProto.INT64, [1, 1, 3, 3]),
     )
-    assert error(path).endswith(
-        "node 'pool' (MaxPool -> max_pool2d): output 1 ('indices') is read, but op max_pool2d computes only"
-        " the first output"
-    )
+    graph = bind_graph(load_model(path))
+    assert [(n.node.name, n.bound.op.name) for n in graph.nodes] == [
+        ("pool", "max_pool2d"),
+        ("pool:1", "max_pool2d_indices"),
+    ]
+    x = np.array([[[[1, 5, 5, 2], [0, 3, np.nan, 2], [7, 7, 1, 1], [0, 7, 1, 0]]]], np.float32)
+    np.testing.assert_array_equal(graph.references(x)[0], [[[[1, 6, 6], [8, 6, 6], [8, 9, 10]]]])
     unused = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
     path = onnx_file(
         tmp_path, [unused], [("x", TensorProto.FLOAT, [1, 1, 4, 4])], ("y", TensorProto.FLOAT, [1, 1, 3, 3])
     )
-    assert bind_graph(load_model(path)).outputs[0].shape == (1, 1, 3, 3)
+    assert [n.node.op.name for n in bind_graph(load_model(path)).nodes] == ["max_pool2d"]
+    flat = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2])
+    path = onnx_file(
+        tmp_path, [flat], [("x", TensorProto.FLOAT, [1, 1, 4])], ("indices", TensorProto.INT64, [1, 1, 3])
+    )
+    assert error(path).endswith(
+        "node 'pool' (MaxPool -> max_pool2d): output 1 ('indices') is read: max_pool2d computes it"
+        " only in 2-D"
+    )
 
 
 @pytest.mark.parametrize(
@@ -771,7 +786,7 @@ def test_a_model_onnx_does_not_define_is_refused_when_read(tmp_path: Path) -> No
     )
     dilations = one_node(tmp_path, "MaxPool", [1, 1, 4, 4], [1, 1, 3, 3], TensorProto.FLOAT,
                          kernel_shape=[2, 2], dilations=[1, 1, 1])  # fmt: skip
-    assert "ONNX attribute dilations=[1, 1, 1] is not supported: only 2-D pooling" in error(dilations)
+    assert "ONNX attribute dilations=[1, 1, 1] is not supported: 2 values for the 2-D" in error(dilations)
 
 
 def test_a_yaml_merge_key_may_give_a_key_again(tmp_path: Path) -> None:

@@ -38,15 +38,7 @@ CASES = {
     if all(node.op_type in MAPPED and not domain_key(node.domain) for node in case.model.graph.node)
 }
 
-NOT_YET = {
-    "test_maxpool_1d_default": "kernel_shape=[2] is not supported",
-    "test_maxpool_3d_default": "kernel_shape=[2, 2, 2] is not supported",
-    "test_maxpool_3d_dilations": "kernel_shape=[2, 2, 2] is not supported",
-    "test_maxpool_3d_dilations_use_ref_impl": "kernel_shape=[2, 2, 2] is not supported",
-    "test_maxpool_3d_dilations_use_ref_impl_large": "kernel_shape=[5, 5, 5] is not supported",
-    "test_maxpool_with_argmax_2d_precomputed_pads": "output 1 ('z') is read, but op max_pool2d",
-    "test_maxpool_with_argmax_2d_precomputed_strides": "output 1 ('z') is read, but op max_pool2d",
-}
+NOT_YET: dict[str, str] = {}
 """Cases refused for now, and what their refusal says."""
 
 SAMPLE = ("test_add_bcast", "test_argmax_keepdims_random", "test_leakyrelu", "test_maxpool_2d_ceil")

@@ -173,8 +173,16 @@ them all)."""
 INDEX_DTYPES = ("float32", "float16", "int8", "int64")
 
 
+FEW_DTYPES = {"max_pool2d_indices": ("float32", "float16", "int8"), "reshape": ("float16", "int64")}
+"""Ops whose matrices run a few of their dtypes: the pooling indices compare with a float max
+(its NaN test), float16's by conversion and an integer max; a reshape moves elements and computes
+nothing (two element sizes)."""
+
+
 def _in_matrix(planned: PlannedCase) -> bool:
-    """Whether the test matrices run `planned` (see MORE_INT_CASES, INDEX_ATTRS)."""
+    """Whether the test matrices run `planned` (see MORE_INT_CASES, INDEX_ATTRS, FEW_DTYPES)."""
+    if planned.op.name in FEW_DTYPES:
+        return planned.dtype in FEW_DTYPES[planned.op.name]
     if planned.dtype in MORE_INT_DTYPES:
         return planned.index in MORE_INT_CASES
     if any(attr in planned.case.attrs for attr in INDEX_ATTRS):
@@ -336,7 +344,9 @@ one's structure with more rows, and takes a minute per op on the emulator."""
 STRUCTURE_CASES = [
     (c,)
     for c in plan(all_ops(), STRUCTURE_DTYPES)
-    if not c.symbolic and sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
+    if not c.symbolic
+    and sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
+    and _in_matrix(c)
 ]
 """Static cases only: tuning takes static shapes, so a symbolic batch is only ever built by hand."""
 

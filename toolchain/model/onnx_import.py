@@ -23,7 +23,7 @@ from onnx import AttributeProto, TensorProto, helper
 from base.errors import UsageError, clipped, printable, reason
 from ops.graph import Constant, Graph, Node, bind_graph
 from ops.onnx_mapping import OnnxOp, domain_key, onnx_label
-from ops.registry import op_for_onnx
+from ops.registry import get_op, op_for_onnx
 from ops.spec import ALL_DTYPES, SYMBOL_NAMES, Op, TensorType, check_size, is_symbol_name
 
 DTYPES: dict[int, str] = {
@@ -186,9 +186,10 @@ def graph_from_onnx(graph: onnx.GraphProto, path: Path, shapes: Shapes) -> Graph
         # an initializer listed as an input too (older exporters) is its default value: a constant here
         tuple((v.name, input_type(v)) for v in graph.input if v.name not in given),
         tuple(
-            convert_node(index, node, op, read, shapes)
+            converted
             for index, node in nodes
             if (op := ops[index]) is not None
+            for converted in convert_node(index, node, op, read, shapes)
         ),
         tuple(v.name for v in graph.output),
         tuple(constants),
@@ -244,8 +245,8 @@ def explicit_pads(attrs: dict[str, Any], shape: Dims | None) -> dict[str, Any]:
 
 
 def node_reads(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor a node or the graph's output reads (a node's second output in it is refused:
-    an op computes one)."""
+    """Every tensor a node or the graph's output reads (a node's further output in it needs an op
+    computing it: `OnnxOp.more_outputs`)."""
     return {t for node in graph.node for t in node.input} | {v.name for v in graph.output}
 
 
@@ -452,9 +453,10 @@ def _unimplemented(missing: list[tuple[int, onnx.NodeProto]], path: Path) -> Usa
     )
 
 
-def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shapes: Shapes) -> Node:
-    """The Node of ONNX `node` (the `index`th), which `op` implements; `read`: `node_reads`;
-    `shapes`: `inferred_shapes` (its first input's for auto_pad)."""
+def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shapes: Shapes) -> list[Node]:
+    """The Nodes of ONNX `node` (the `index`th), which `op` implements: its own, and one per
+    further output that is read, of the op the mapping names for it (`OnnxOp.more_outputs`);
+    `read`: `node_reads`; `shapes`: `inferred_shapes` (its first input's for auto_pad)."""
     name = node_name(index, node)
     source = printable(onnx_label(node.domain, node.op_type))  # a label, not a repr: escape it here
     outputs = list(node.output)
@@ -467,20 +469,50 @@ def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shape
             )
     if not shell.output:
         raise UsageError(f"{shell.label()}: its first output is omitted: op {op.name} computes that one")
-    for position, tensor in enumerate(outputs[1:], start=1):
-        if tensor in read:
-            raise UsageError(
-                f"{shell.label()}: output {position} ({tensor!r}) is read, but op {op.name}"
-                " computes only the first output"
-            )
     mapping = _mapping(op.onnx, node.domain, node.op_type)
+    more = []
+    for position, tensor in enumerate(outputs[1:], start=1):
+        if tensor not in read:
+            continue
+        computed = 1 + len(mapping.more_outputs)
+        if position >= computed:
+            raise UsageError(
+                f"{shell.label()}: output {position} ({tensor!r}) is read, but op {op.name} computes"
+                f" {'only the first output' if computed == 1 else f'only the first {computed} outputs'}"
+            )
+        more.append((position, tensor, mapping.more_outputs[position - 1]))
     try:
         shape = shapes.get(node.input[0]) if node.input else None
-        attrs = mapping.attrs(explicit_pads({a.name: attribute_value(a) for a in node.attribute}, shape))
-        _strings_only_where_text(op, attrs)
+        given = explicit_pads({a.name: attribute_value(a) for a in node.attribute}, shape)
+        steps = mapping.chain(given, shape) if mapping.chain else None
+        nodes = [replace(shell, attrs=mapping.attrs(given))] if steps is None else _chained(shell, steps)
+        for position, tensor, output in more:
+            if steps is not None:
+                raise UsageError(f"output {position} ({tensor!r}) is read: {op.name} computes it only in 2-D")
+            extra = get_op(output.op)
+            nodes.append(
+                replace(shell, name=f"{name}:{position}", op=extra, attrs=output.attrs(given), output=tensor)
+            )
+        for converted in nodes:
+            _strings_only_where_text(converted.op, converted.attrs)
     except UsageError as exc:
         raise UsageError(f"{shell.label()}: {exc}") from None
-    return replace(shell, attrs=attrs)
+    return nodes
+
+
+def _chained(node: Node, steps: list[tuple[str, dict[str, Any]]]) -> list[Node]:
+    """`node` as the chain of ops `steps` (`OnnxOp.chain`): step k is node `name:k` writing
+    `output:k`, the last one the node's output."""
+    chain = []
+    for k, (op_name, attrs) in enumerate(steps):
+        reads = node.inputs if k == 0 else (chain[-1].output,)
+        writes = node.output if k == len(steps) - 1 else f"{node.output}:{k}"
+        chain.append(
+            replace(
+                node, name=f"{node.name}:{k}", op=get_op(op_name), attrs=attrs, inputs=reads, output=writes
+            )
+        )
+    return chain
 
 
 def _mapping(declared: tuple[OnnxOp, ...], domain: str, op_type: str) -> OnnxOp:

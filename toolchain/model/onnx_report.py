@@ -65,7 +65,8 @@ def model_report(path: Path) -> dict[str, Any]:
         else:
             entry["op"] = op.name
             try:
-                convert_node(index, node, op, read, shapes)
+                converted = convert_node(index, node, op, read, shapes)
+                entry["op"] = " + ".join(dict.fromkeys(n.op.name for n in converted))
                 entry["status"] = "ok"
             except UsageError as exc:  # its row names the node: the message without its label
                 label = Node(node_name(index, node), op, {}, (), "", label).label()
