@@ -88,6 +88,64 @@ def strided_argmax(
     return index
 
 
+def vector_strided_argmax(
+    x: te.Tensor, out: TensorType, lanes: int, width: int, last: bool = False
+) -> te.Tensor:
+    """Argmax over the innermost axis (extent a multiple of `width`) as `lanes` x `width` strided
+    partials per row: lane l reads the `width` consecutive elements of vector l, l + lanes, ...
+    (one vector load a step), each of its `width` partials keeping its strictly greatest value
+    (or first NaN) with an int32 position, then their argmax in `out.dtype`. Positions stay
+    int32 so that a vector select's mask (the value compare's: int4 for float4) is as wide as
+    the positions it picks between, as OpenCL's `select` requires. A partial that never moves
+    off the identity reports (minimum, 0), which only wins when the whole row is the minimum,
+    where 0 is the answer. Past the end a lane re-reads the last vector under its own positions,
+    after every element it reads in place: no partial then drops the first maximum it holds
+    (nothing is greater), and one that takes a re-read maximum takes a real pair. Where `last`:
+    a partial keeps a value greater or equal (or any NaN, a number never replacing one): its
+    last, which a re-read of the last vector never moves below; the argmax takes the last index.
+    (A re-read under a position past the end would need a select on a scalar test, which TVM
+    prints as a vector of 0/1 where OpenCL reads the mask's top bit.)"""
+    *rows, inner = x.shape
+    extent = int(inner)
+    vectors = extent // width
+    dtype = str(x.dtype)
+    floating = dtype.startswith("float")
+
+    def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+        take = b[0] >= a[0] if last else b[0] > a[0]
+        if floating:
+            nan_b = is_nan_bits(b[0], dtype)
+            take = tirx.Or(take, nan_b if last else tirx.And(nan_b, tirx.Not(is_nan_bits(a[0], dtype))))
+        return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
+
+    def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
+        return _lowest(value_type), tirx.const(0, index_type)
+
+    scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+    step = te.reduce_axis((0, -(-vectors // lanes)), name="step")
+
+    def partial(*i: Any) -> Any:
+        *outer, lane, element = i
+        vector = step * lanes + lane
+        if vectors % lanes:
+            vector = tirx.min(vector, vectors - 1)
+        position = vector * width + element
+        return scan((x[(*outer, position)], position), axis=step)
+
+    p_value, p_index = te.compute((*rows, lanes, width), partial, name="argmax_partial")
+    reducer = _argmax_reducer(dtype, last)
+    lane = te.reduce_axis((0, lanes), name="lane")
+    element = te.reduce_axis((0, width), name="element")
+    kept = len(rows)  # keepdims adds a trailing axis of extent 1
+
+    def combine(*r: Any) -> Any:
+        at = (*r[:kept], lane, element)
+        return reducer((p_index[at].astype(out.dtype), p_value[at]), axis=[lane, element])
+
+    index, _value = te.compute(out.shape, combine, name="argmax")
+    return index
+
+
 def sliced_argmax(
     x: te.Tensor, out: TensorType, axis: int, keepdims: bool, slices: int, last: bool = False
 ) -> te.Tensor:

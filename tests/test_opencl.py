@@ -4,6 +4,7 @@ without TVM, and the error paths (every op against numpy is in the matrix, tests
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zlib
@@ -66,9 +67,12 @@ def test_argmax_reduces_across_a_work_group_in_local_memory(tmp_path):
     source = (tmp_path / "art" / "kernels.cl").read_text()
     assert manifest.schedule == "gpu/argmax"
     assert "__local " in source and "barrier(CLK_LOCAL_MEM_FENCE)" in source
-    # each work-item's running (index, max) is private and reaches local memory once, at its end
-    assert "argmax_partial_v1_local_ptr[1];" in source
-    assert source.count("argmax_partial_v1_shared_ptr[(convert_int(get_local_id(0)))] =") == 1
+    # each work-item's running (max, int32 position) of 4 lanes is private, is updated a float4
+    # load a step and reaches local memory once, at its end
+    assert "float argmax_partial_v0_local_ptr[4];" in source
+    assert "int argmax_partial_v1_local_ptr[4];" in source
+    assert "vload4(0, x_ptr + " in source
+    assert source.count("argmax_partial_v1_shared_ptr[(((convert_int(get_local_id(0))) * 4) + ") == 1
     (kernel,) = json.loads((tmp_path / "art" / "launch.json").read_text())["kernels"]
     assert kernel["local"][0] == 64 and kernel["global"][0] == 4 * 64
 
@@ -276,14 +280,165 @@ def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
 def test_argmax_kernel_follows_the_work_group_size(work_group, cl_session, tmp_path):
     """The size `deploy tune --target opencl` searches reaches the argmax kernel (issue #13, defect
     2: it used a fixed 64 work-items whatever the size), and each size still matches numpy."""
-    bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((4, 300), "float32")])
+    bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((4, 1200), "float32")])
     target = replace(get_target("opencl"), work_group=work_group)
     compiled = compile_op(bound, target)
     assert [k["local"] for k in compiled.executable.plan["kernels"]] == [[work_group, 1, 1]]
-    assert f"argmax_partial_v1_shared_ptr[{work_group}];" in compiled.executable.source
+    assert f"argmax_partial_v1_shared_ptr[{work_group * 4}];" in compiled.executable.source  # float4 each
 
     export(compiled, tmp_path / "argmax")
     assert check_artifact(cl_session, bound, tmp_path / "argmax", Manifest.read(tmp_path / "argmax")) == 0
+
+
+CL_TYPE = re.compile(r"(?:u?(?:char|short|int|long)|float|double|half)(?:2|3|4|8|16)?")
+ELEMENT_BITS = {"char": 8, "short": 16, "half": 16, "int": 32, "float": 32, "long": 64, "double": 64}
+
+
+def _declared(source: str) -> dict[str, str]:
+    """Name -> OpenCL type of every variable, array and pointer the kernels declare."""
+    found = re.findall(rf"\b({CL_TYPE.pattern})\s*\*?\s*(?:restrict\s+)?(\w+)\s*(?:=|;|\[|,|\))", source)
+    return {name: kind for kind, name in found}
+
+
+def _call_args(text: str, start: int) -> tuple[list[str], int]:
+    """The top-level comma-separated arguments of the call whose "(" is at `start`, and the end."""
+    depth, args, begin = 0, [], start + 1
+    for at in range(start, len(text)):
+        if text[at] == "(":
+            depth += 1
+        elif text[at] == ")":
+            depth -= 1
+            if depth == 0:
+                return [*args, text[begin:at].strip()], at
+        elif text[at] == "," and depth == 1:
+            args.append(text[begin:at].strip())
+            begin = at + 1
+    raise AssertionError(f"unbalanced call at {text[start : start + 80]!r}")
+
+
+def _cl_type(expr: str, declared: dict[str, str]) -> str | None:
+    """The OpenCL type of expression `expr` where its outermost form says it (a cast, convert_T,
+    a vector literal, vloadN, a nested select, a declared variable, an integer literal), else None."""
+    while expr.startswith("("):  # outer parentheses around the whole expression
+        inner, end = _call_args(expr, 0)
+        if end != len(expr) - 1 or len(inner) != 1:
+            break
+        expr = inner[0]
+    if match := re.match(rf"\(({CL_TYPE.pattern})\)", expr):
+        return match.group(1)
+    if match := re.match(rf"convert_({CL_TYPE.pattern})(?:_sat)?\(", expr):
+        return match.group(1)
+    if match := re.match(r"vload_half(\d*)\(", expr):
+        return "float" + match.group(1)
+    if match := re.match(r"vload(\d+)\(0, (\w+)", expr):
+        return declared[match.group(2)] + match.group(1)
+    if expr.startswith("select("):
+        a, b, _ = _call_args(expr, len("select"))[0]
+        return _cl_type(a, declared) or _cl_type(b, declared)
+    if match := re.fullmatch(r"(\w+)(?:\[.*\])?", expr):
+        name = match.group(1)
+        return "int" if name.isdigit() else declared.get(name)
+    return None
+
+
+def _width(kind: str) -> tuple[int, int]:
+    """(element bits, lanes) of an OpenCL type."""
+    base, lanes = re.fullmatch(r"u?([a-z]+)(\d*)", kind).groups()
+    return ELEMENT_BITS[base], int(lanes or 1)
+
+
+def select_mask_mismatches(source: str) -> list[str]:
+    """Every `select(a, b, mask)` in `source` whose mask is not as wide as its operands (OpenCL
+    leaves that undefined: NVIDIA's driver gave wrong argmax answers for long4 operands under an
+    int4 mask), whose types cannot be told, or whose vector mask is built from scalar tests (0/1
+    lanes, where a vector select reads each lane's top bit)."""
+    declared = _declared(source)
+    bad = []
+    for found in re.finditer(r"\bselect\(", source):
+        (a, b, mask), _ = _call_args(source, found.end() - 1)
+        operand = _cl_type(a, declared) or _cl_type(b, declared)
+        test = _cl_type(mask, declared)
+        call = f"select({a[:60]}, ..., {mask[:60]})"
+        if operand is None or test is None:
+            bad.append(f"types unknown: {call}")
+        elif _width(operand) != _width(test):
+            bad.append(f"{operand} operands, {test} mask: {call}")
+        elif _width(test)[1] > 1 and re.match(r"\(*convert_\w+\(\(*\(u?int\d+\)\(", mask):
+            bad.append(f"mask of scalar tests: {call}")
+    return bad
+
+
+ARGMAX_BUILDS = [
+    ("float32", False, {}, "vload4"),
+    ("float32", False, {"select_last": True}, "vload4"),
+    ("float16", True, {}, "vload_half4"),
+    ("float16", False, {}, None),  # half4 compares give short4 masks: one element a step
+    ("int32", False, {"keepdims": True}, "vload4"),
+    ("float64", False, {}, None),
+    ("int64", False, {}, None),
+    ("int8", False, {}, None),
+]
+
+
+@pytest.mark.parametrize(("dtype", "storage", "attrs", "loads"), ARGMAX_BUILDS)
+def test_argmax_selects_have_masks_as_wide_as_their_operands(dtype, storage, attrs, loads):
+    """Every OpenCL select in an argmax kernel (rows of 1000: vectors a step where the dtype
+    allows, with a ragged last step) has a mask of its operands' element width and lanes:
+    `select(long4, long4, int4)` passed on PoCL and gave wrong answers on NVIDIA's driver."""
+    bound = bind(get_op("argmax"), attrs, [TensorType((3, 1000), dtype)])
+    source = compile_op(bound, TARGET.with_fp16_storage(storage)).executable.source
+    assert (loads in source) if loads else ("vload" not in source)
+    assert select_mask_mismatches(source) == []
+
+
+def test_the_select_check_sees_a_narrow_mask():
+    """The check above finds the source NVIDIA's driver got wrong, and masks of scalar tests."""
+    source = """__kernel void k(__global long* restrict o) {
+  long4 a = ((long4)(1, 2, 3, 4));
+  float4 v = vload4(0, f + 0);
+  long4 p = select(a, ((long4)(5, 6, 7, 8)), (convert_int4((v < v))));
+  int2 q = select(((int2)(0, 0)), ((int2)(1, 1)), (convert_int2(((uint2)((i < 3), (i < 3))))));
+  int4 r = select(((int4)(0, 0, 0, 0)), ((int4)(1, 1, 1, 1)), (convert_int4((v < v))));
+}"""
+    bad = select_mask_mismatches(source)
+    assert len(bad) == 2
+    assert bad[0].startswith("long4 operands, int4 mask") and bad[1].startswith("mask of scalar")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "storage", "extent", "attrs"),
+    [
+        ("float32", False, 1000, {}),
+        ("float32", False, 1024, {"select_last": True}),
+        ("float32", False, 1000, {"select_last": True, "keepdims": True}),
+        ("float16", True, 1000, {}),
+        ("float16", True, 1000, {"select_last": True}),
+        ("int32", False, 1000, {"select_last": True, "out_dtype": "int32"}),
+    ],
+)
+def test_vector_argmax_specials_like_numpy(dtype, storage, extent, attrs, cl_session, tmp_path):
+    """The vector-a-step argmax (whole and ragged last steps, first and last index) on the edges:
+    ties of the max across lanes and vectors, NaN anywhere (first or last wins), rows all NaN,
+    all minimum, all -inf but one +inf, the max in the last vector only."""
+    rng = np.random.default_rng(extent)
+    floating = np.issubdtype(np.dtype(dtype), np.floating)
+    x = rng.integers(0, 5, size=(9, extent)).astype(dtype)
+    x[1] = -np.inf if floating else np.iinfo(dtype).min
+    x[6, extent - 3] = 9
+    x[7, [2, extent - 1]] = 9
+    if floating:
+        x[2, [extent - 1, 7, 300]] = np.nan
+        x[3] = np.nan
+        x[4, 17] = np.nan
+        x[5, :] = -np.inf
+        x[5, extent - 2] = np.inf
+        x[8, [5, 6]] = np.inf
+    bound = bind(get_op("argmax"), attrs, [TensorType(x.shape, dtype)])
+    compiled = compile_op(bound, TARGET.with_fp16_storage(storage))
+    assert ("vload_half4" if storage else "vload4") in compiled.executable.source
+    export(compiled, tmp_path / "art")
+    (out,) = cl_session.run(tmp_path / "art" / "launch.json", [x], [(bound.output.shape, bound.output.dtype)])
+    np.testing.assert_array_equal(out, bound.op.reference(bound.attrs, x))
 
 
 @pytest.fixture(scope="module")
