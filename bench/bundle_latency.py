@@ -86,8 +86,8 @@ def workloads() -> list[tuple[str, BoundGraph]]:
             bind_graph(_batch_one(load_model(REPO / "examples" / "maxpool_add.yaml"))),
         ),
         (
-            "pool_add_leaky_hsig.onnx 1x8x32x32",
-            bind_graph(load_model(REPO / "examples" / "pool_add_leaky_hsig.onnx")),
+            "pool_add_leaky_htanh.onnx 1x8x32x32",
+            bind_graph(load_model(REPO / "examples" / "pool_add_leaky_htanh.onnx")),
         ),
         ("ladder of 16 add kernels 1x64x56x56", ladder(16)),
         ("max_pool2d k3s2p1 32x64x112x112", one_node("max_pool2d", pool, [(32, 64, 112, 112)])),
@@ -269,15 +269,23 @@ def ort_timer(graph: BoundGraph, model: bytes, inputs: list[np.ndarray], threads
 
 
 def onnx_model(label: str, graph: BoundGraph) -> bytes:
-    """The workload as onnxruntime runs it: the example model with its custom-domain HardSigmoid
-    in the standard domain (the same math), else the graph's nodes as standard ONNX nodes."""
+    """The workload as onnxruntime runs it: the example model with its custom-domain HardTanh as
+    the standard Clip (the same math, its bounds as inputs), else the graph's nodes as standard
+    ONNX nodes."""
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
-    if label.startswith("pool_add_leaky_hsig"):
-        model = onnx.load(REPO / "examples" / "pool_add_leaky_hsig.onnx")
+    if label.startswith("pool_add_leaky_htanh"):
+        model = onnx.load(REPO / "examples" / "pool_add_leaky_htanh.onnx")
         for node in model.graph.node:
-            node.domain = ""
+            if node.domain == "com.example":
+                bounds = {a.name: a.f for a in node.attribute}
+                for name in ("min_val", "max_val"):
+                    model.graph.initializer.append(numpy_helper.from_array(np.float32(bounds[name]), name))
+                clip = helper.make_node(
+                    "Clip", [node.input[0], "min_val", "max_val"], list(node.output), node.name
+                )
+                node.CopyFrom(clip)
         del model.opset_import[1:]
         return model.SerializeToString()
     types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}

@@ -1,11 +1,12 @@
 """Writes the example ONNX models next to this script: `python examples/make_models.py`.
 
-pool_add_leaky_hsig.onnx: MaxPool(3x3, stride 2, pads 1) on `a` [1, 8, 32, 32], plus `b`
-[1, 1, 16, 16] broadcast over channels, LeakyRelu(0.1), then com.example::HardSigmoid, a custom
-domain that only the example op `ops/examples/hard_sigmoid.py` implements (load it with
-`--ops-path ops/examples`). Opset 17 and com.example opset 1; float32 throughout.
+pool_add_leaky_htanh.onnx: MaxPool(3x3, stride 2, pads 1) on `a` [1, 8, 32, 32], plus `b`
+[1, 1, 16, 16] broadcast over channels, LeakyRelu(0.1), then com.example::HardTanh to [-0.1, 1]
+(both ends clip some of the values), a custom domain that only the example op
+`ops/examples/hard_tanh.py` implements (load it with `--ops-path ops/examples`). Opset 17 and
+com.example opset 1; float32 throughout.
 
-pool_add_leaky_hsig_n.onnx: the same with a symbolic batch, `dim_param` N: a [N, 8, 32, 32], b
+pool_add_leaky_htanh_n.onnx: the same with a symbolic batch, `dim_param` N: a [N, 8, 32, 32], b
 [N, 1, 16, 16] (one module for every N).
 
 pool_bias_leaky.onnx: as exporters write a model, its learned values inside it: MaxPool(2x2,
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = Path(__file__).resolve().parent
 
 
-def pool_add_leaky_hsig(batch: int | str = 1) -> onnx.ModelProto:
+def pool_add_leaky_htanh(batch: int | str = 1) -> onnx.ModelProto:
     """The model with inputs of batch `batch` (a str: a symbolic batch of that name)."""
     nodes = [
         helper.make_node(
@@ -33,12 +34,12 @@ def pool_add_leaky_hsig(batch: int | str = 1) -> onnx.ModelProto:
         helper.make_node("Add", ["pool", "b"], ["sum"], "sum"),
         helper.make_node("LeakyRelu", ["sum"], ["leaky"], "leaky", alpha=0.1),
         helper.make_node(
-            "HardSigmoid", ["leaky"], ["out"], "hsig", domain="com.example", alpha=0.25, beta=0.5
+            "HardTanh", ["leaky"], ["out"], "htanh", domain="com.example", min_val=-0.1, max_val=1.0
         ),
     ]
     graph = helper.make_graph(
         nodes,
-        "pool_add_leaky_hsig" if batch == 1 else f"pool_add_leaky_hsig_{str(batch).lower()}",
+        "pool_add_leaky_htanh" if batch == 1 else f"pool_add_leaky_htanh_{str(batch).lower()}",
         [
             helper.make_tensor_value_info("a", TensorProto.FLOAT, [batch, 8, 32, 32]),
             helper.make_tensor_value_info("b", TensorProto.FLOAT, [batch, 1, 16, 16]),
@@ -75,6 +76,6 @@ def pool_bias_leaky() -> onnx.ModelProto:
 
 
 if __name__ == "__main__":
-    onnx.save(pool_add_leaky_hsig(), HERE / "pool_add_leaky_hsig.onnx")
-    onnx.save(pool_add_leaky_hsig("N"), HERE / "pool_add_leaky_hsig_n.onnx")
+    onnx.save(pool_add_leaky_htanh(), HERE / "pool_add_leaky_htanh.onnx")
+    onnx.save(pool_add_leaky_htanh("N"), HERE / "pool_add_leaky_htanh_n.onnx")
     onnx.save(pool_bias_leaky(), HERE / "pool_bias_leaky.onnx")

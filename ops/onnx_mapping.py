@@ -68,7 +68,7 @@ def domain_key(domain: str) -> str:
 
 
 def onnx_label(domain: str, op_type: str) -> str:
-    """How messages name an ONNX op: `MaxPool`, or `com.example::HardSigmoid` outside the standard set."""
+    """How messages name an ONNX op: `MaxPool`, or `com.example::HardTanh` outside the standard set."""
     key = domain_key(domain)
     return f"{key}::{op_type}" if key else op_type
 

@@ -91,7 +91,7 @@ def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def example_ops(own_registry: None) -> None:
-    """The example ops (`ops/examples`: hard_sigmoid) registered for one test."""
+    """The example ops (`ops/examples`: hard_tanh) registered for one test."""
     from ops import load_ops_path
 
     load_ops_path(Path(__file__).resolve().parent.parent / "ops" / "examples")

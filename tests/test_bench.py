@@ -259,7 +259,7 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
     from tests.conftest import DEPLOY
 
     examples = str(Path(__file__).resolve().parent.parent / "ops" / "examples")
-    argv = [DEPLOY, "--ops-path", examples, "bench", "--target", "x86", "--op", "hard_sigmoid",
+    argv = [DEPLOY, "--ops-path", examples, "bench", "--target", "x86", "--op", "hard_tanh",
             "--repeat", "1", "--no-baselines"]  # fmt: skip
     terminal, stderr = pty.openpty()
     shown = bytearray()
@@ -285,9 +285,9 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
         os.close(terminal)
     text = shown.decode(errors="replace")
     assert ran.returncode == 0, text
-    assert "bench: building, checking and timing hard_sigmoid 2x16x28x28" in text, text
+    assert "bench: building, checking and timing hard_tanh 2x16x28x28" in text, text
     warned = [line for line in text.splitlines() if "warning: " in line]
-    assert len(warned) == 1 and "hard_sigmoid declares no bench case" in warned[0], text
+    assert len(warned) == 1 and "hard_tanh declares no bench case" in warned[0], text
     assert "(batch 1)" in ran.stdout and "bench: building" not in ran.stdout
     from ops import get_op
 

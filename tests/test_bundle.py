@@ -346,8 +346,8 @@ def example_graphs() -> list[tuple[str, BoundGraph, tuple[int, ...]]]:
     model with constants (an initializer and a Constant node, linked into its bundle)."""
     return [
         ("maxpool_add", bind_graph(load_model(EXAMPLES / "maxpool_add.yaml")), (0,)),
-        ("hsig", bind_graph(load_model(EXAMPLES / "pool_add_leaky_hsig.onnx")), (0,)),
-        ("hsig_n", bind_graph(load_model(EXAMPLES / "pool_add_leaky_hsig_n.onnx")), SYMBOLIC_SIZES),
+        ("htanh", bind_graph(load_model(EXAMPLES / "pool_add_leaky_htanh.onnx")), (0,)),
+        ("htanh_n", bind_graph(load_model(EXAMPLES / "pool_add_leaky_htanh_n.onnx")), SYMBOLIC_SIZES),
         ("bias_n", bind_graph(load_model(EXAMPLES / "pool_bias_leaky.onnx")), SYMBOLIC_SIZES),
     ]
 
@@ -377,8 +377,8 @@ def test_example_graphs_through_bundles(target: str, example_ops, tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     for graph, arrays, work, out in cases:
         check_against_numpy(graph, arrays, raw_output(work, out))
-    manifest = Manifest.read(tmp_path / "hsig_n")
-    assert manifest.entry == "plan" and manifest.bundle["name"] == "hsig_n"
+    manifest = Manifest.read(tmp_path / "htanh_n")
+    assert manifest.entry == "plan" and manifest.bundle["name"] == "htanh_n"
 
 
 TWO_OPS = """#define _GNU_SOURCE

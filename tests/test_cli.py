@@ -17,7 +17,7 @@ from tests.conftest import invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from toolchain.build.manifest import Manifest
 
-BUILTIN = {"add", "argmax", "layout_transform", "leaky_relu", "max_pool2d"}
+BUILTIN = {"add", "argmax", "hard_sigmoid", "layout_transform", "leaky_relu", "max_pool2d"}
 POOL = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False, "layout": "NCHW"}
 
 

@@ -2,7 +2,7 @@
 its anchor op, compiled into one artifact, run on the target's device and compared with the ops'
 numpy references composed (NaN, infinities and ties planted in every case). Then the CLI with
 `--model`: a graph file and the ONNX example (max pooling -> add -> leaky_relu -> a custom-domain
-HardSigmoid), against numpy and onnxruntime."""
+HardTanh), against numpy and onnxruntime."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from toolchain.verify.compare import random_input
 from toolchain.verify.run import for_device, verify
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_hsig.onnx"
+EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_htanh.onnx"
 EXAMPLE_YAML = REPO / "examples" / "maxpool_add.yaml"
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 
@@ -172,14 +172,12 @@ def test_run_model_checks_inputs_and_result(tmp_path, example_ops):
     assert "check passed" in ran.output
     pooled = get_op("max_pool2d").reference({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1),
                                              "ceil_mode": False, "layout": "NCHW"}, a) + b  # fmt: skip
-    expected = np.clip(
-        np.where(pooled > 0, pooled, pooled * np.float32(0.1)) * np.float32(0.25) + np.float32(0.5), 0, 1
-    )
+    expected = np.clip(np.where(pooled > 0, pooled, pooled * np.float32(0.1)), np.float32(-0.1), 1)
     np.testing.assert_allclose(np.load(out), expected, rtol=1e-6)
     swapped = invoke("run", "--model", model, "--target", "x86", "-i", str(tmp_path / "b.npy"),
                      "-i", str(tmp_path / "a.npy"), "-o", str(out))  # fmt: skip
     assert swapped.exit_code == 2
-    assert "input a of model pool_add_leaky_hsig is 1x8x32x32:float32" in swapped.output
+    assert "input a of model pool_add_leaky_htanh is 1x8x32x32:float32" in swapped.output
 
 
 def test_test_model_compares_with_numpy_and_onnxruntime(example_ops):
@@ -213,7 +211,7 @@ def test_bench_model_reports_the_graph_against_the_roofline():
 
 @pytest.mark.emulator
 def test_onnx_model_with_a_custom_op_on_the_emulator(example_ops):
-    """Done-when of #16: MaxPool -> Add -> LeakyRelu -> com.example::HardSigmoid, one fused kernel,
+    """Done-when of #16: MaxPool -> Add -> LeakyRelu -> com.example::HardTanh, one fused kernel,
     cross-compiled for arm, verified on the emulator against onnxruntime and numpy."""
     pytest.importorskip("onnxruntime")
     result = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "arm")
@@ -325,8 +323,8 @@ def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
     "body,message",
     [
         (
-            {"op": "hard_sigmoid", "attrs": {}, "inputs": [{"shape": [4], "dtype": "float32"}]},
-            "unknown op 'hard_sigmoid'",
+            {"op": "hard_tanh", "attrs": {}, "inputs": [{"shape": [4], "dtype": "float32"}]},
+            "unknown op 'hard_tanh'",
         ),
         ("[1, 2", "Expecting ',' delimiter"),
         ({"op": "add", "attrs": {}}, "inputs null: expected a list of {shape, dtype}, one per input"),
@@ -354,7 +352,7 @@ def test_a_task_that_cannot_be_rebuilt_is_named_in_one_line(body, message, tmp_p
     from toolchain.tune import records
     from toolchain.tune.report import task_bound
 
-    directory = tmp_path / "x86" / "hard_sigmoid-000000000000"
+    directory = tmp_path / "x86" / "hard_tanh-000000000000"
     directory.mkdir(parents=True)
     (directory / records.TASK).write_text(body if isinstance(body, str) else json.dumps(body))
     with pytest.raises(UsageError, match=r"^cannot read .*task\.json: ") as raised:

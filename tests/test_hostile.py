@@ -52,7 +52,7 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/twice_attr.yaml", 2, "twice_attr.yaml:2: not valid YAML: key 'alpha' given twice"),
     (f"{MODEL} TMP/twice.json", 2, "twice.json: not valid JSON: key 'name' given twice"),
     (f"{MODEL} TMP/escape.yaml", 2, "node name 'act\\x1b]0;title\\x07': expected printable characters"),
-    (f"{MODEL} TMP/custom.onnx", 2, "(com.example::HardSigmoid): no registered op implements it"),
+    (f"{MODEL} TMP/custom.onnx", 2, "(com.example::HardTanh): no registered op implements it"),
     (f"{MODEL} TMP/good.yaml --op add", 2, "give --op NAME or --model FILE (one of them)"),
     (f"{MODEL} TMP/good.yaml --shape 4", 2, "--shape describe an op; the model file gives its own"),
     (f"{MODEL} TMP/good.yaml --dtype ''", 2, "--dtype describe an op"),
@@ -658,7 +658,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name).write_text(text)
     (root / "ref_attr.onnx").write_bytes(ref_attr_model())
     (root / "custom.onnx").write_bytes(
-        (Path(__file__).parent.parent / "examples/pool_add_leaky_hsig.onnx").read_bytes()
+        (Path(__file__).parent.parent / "examples/pool_add_leaky_htanh.onnx").read_bytes()
     )
     for folder, files in OP_DIRS.items():
         (root / folder).mkdir(parents=True)

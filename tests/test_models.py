@@ -27,7 +27,7 @@ from toolchain.verify.compare import compare
 from toolchain.verify.onnx_reference import AGREES_ON_NAN, agrees_on_nan, onnxruntime_reference
 
 EXAMPLE_YAML = REPO / "examples" / "maxpool_add.yaml"
-EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_hsig.onnx"
+EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_htanh.onnx"
 
 
 def error(path: Path) -> str:
@@ -254,12 +254,12 @@ def one_node(
 
 def test_example_onnx_model_maps_every_node(example_ops: None) -> None:
     graph = load_model(EXAMPLE_ONNX)
-    assert graph.name == "pool_add_leaky_hsig" and graph.outputs == ("out",)
+    assert graph.name == "pool_add_leaky_htanh" and graph.outputs == ("out",)
     assert [(name, t.shape, t.dtype) for name, t in graph.inputs] == [
         ("a", (1, 8, 32, 32), "float32"),
         ("b", (1, 1, 16, 16), "float32"),
     ]
-    pool, add, leaky, hsig = graph.nodes
+    pool, add, leaky, htanh = graph.nodes
     assert (pool.op.name, pool.source, pool.inputs, pool.output) == ("max_pool2d", "MaxPool", ("a",), "pool")
     assert pool.attrs == {
         "kernel": (3, 3),
@@ -271,9 +271,9 @@ def test_example_onnx_model_maps_every_node(example_ops: None) -> None:
     assert (add.op.name, add.source, add.inputs, add.attrs) == ("add", "Add", ("pool", "b"), {})
     assert (leaky.op.name, leaky.source) == ("leaky_relu", "LeakyRelu")
     assert leaky.attrs["alpha"] == pytest.approx(0.1)
-    assert (hsig.op.name, hsig.source, hsig.output) == ("hard_sigmoid", "com.example::HardSigmoid", "out")
-    assert hsig.attrs == {"alpha": 0.25, "beta": 0.5}
-    assert hsig.label() == "node 'hsig' (com.example::HardSigmoid -> hard_sigmoid)"
+    assert (htanh.op.name, htanh.source, htanh.output) == ("hard_tanh", "com.example::HardTanh", "out")
+    assert htanh.attrs == {"min_val": pytest.approx(-0.1), "max_val": 1.0}
+    assert htanh.label() == "node 'htanh' (com.example::HardTanh -> hard_tanh)"
     assert bind_graph(graph).outputs[0].shape == (1, 8, 16, 16)
 
 
@@ -368,42 +368,48 @@ def test_unsupported_onnx_attributes_are_refused(
 
 
 def test_custom_domain_attributes_are_checked_by_the_mapping(tmp_path: Path, example_ops: None) -> None:
-    """The checker knows no com.example schema: the mapping refuses unknown attributes itself."""
-    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", gamma=1.0)
+    """The checker knows no com.example schema: the mapping refuses unknown attributes itself, and
+    the op's `infer` what only it knows (its bounds in order)."""
+    node = helper.make_node("HardTanh", ["x"], ["y"], "ht", domain="com.example", gamma=1.0)
     message = error(
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
     assert message.endswith(
-        "node 'hs' (com.example::HardSigmoid -> hard_sigmoid): ONNX attribute gamma=1.0 is not supported:"
-        " the attributes supported are alpha, beta"
+        "node 'ht' (com.example::HardTanh -> hard_tanh): ONNX attribute gamma=1.0 is not supported:"
+        " the attributes supported are min_val, max_val"
     )
     tensor = helper.make_tensor("t", TensorProto.FLOAT, [1], [1.0])
-    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", alpha=tensor)
+    node = helper.make_node("HardTanh", ["x"], ["y"], "ht", domain="com.example", min_val=tensor)
     message = error(
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
-    assert "ONNX attribute alpha is a TENSOR: only ints, floats, strings and lists of them" in message
-    node = helper.make_node("HardSigmoid", ["x"], ["y"], "hs", domain="com.example", alpha="0.3")
+    assert "ONNX attribute min_val is a TENSOR: only ints, floats, strings and lists of them" in message
+    node = helper.make_node("HardTanh", ["x"], ["y"], "ht", domain="com.example", min_val="0.3")
     message = error(
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
     assert message.endswith(
-        "node 'hs' (com.example::HardSigmoid -> hard_sigmoid): ONNX attribute alpha='0.3' is a string:"
+        "node 'ht' (com.example::HardTanh -> hard_tanh): ONNX attribute min_val='0.3' is a string:"
         " expected float"
     )
-    node = helper.make_node("HardSigmoid", ["x", ""], ["y"], "hs", domain="com.example")
+    node = helper.make_node("HardTanh", ["x", ""], ["y"], "ht", domain="com.example")
     message = error(
         onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
-    assert "input 1 is omitted (an empty optional input): op hard_sigmoid takes no optional inputs" in message
+    assert "input 1 is omitted (an empty optional input): op hard_tanh takes no optional inputs" in message
     nodes = [
-        helper.make_node("HardSigmoid", ["x"], ["", "z"], "hs", domain="com.example"),
+        helper.make_node("HardTanh", ["x"], ["", "z"], "ht", domain="com.example"),
         helper.make_node("Add", ["z", "z"], ["y"], "sum"),
     ]
     message = error(
         onnx_file(tmp_path, nodes, [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
     )
-    assert message.endswith("its first output is omitted: op hard_sigmoid computes that one")
+    assert message.endswith("its first output is omitted: op hard_tanh computes that one")
+    node = helper.make_node("HardTanh", ["x"], ["y"], "ht", domain="com.example", min_val=1.0, max_val=1.0)
+    message = error(
+        onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, [4])], ("y", TensorProto.FLOAT, [4]))
+    )
+    assert message.endswith("attributes min_val=1.0 and max_val=1.0: expected min_val below max_val")
 
 
 @pytest.mark.parametrize(
@@ -720,6 +726,8 @@ F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
         ("LeakyRelu", F32, [3, 17], {}),
         ("LeakyRelu", F32, [3, 17], {"alpha": 0.1}),
         ("LeakyRelu", F64, [3, 17], {"alpha": -1.5}),
+        ("HardSigmoid", F32, [3, 17], {}),
+        ("HardSigmoid", F32, [3, 17], {"alpha": 1 / 6, "beta": 0.5}),
         ("ArgMax", F32, [4, 7, 5], {}),
         ("ArgMax", F32, [4, 7, 5], {"axis": -1, "keepdims": 0}),
         ("ArgMax", TensorProto.INT8, [4, 50], {"axis": 1}),
@@ -759,12 +767,15 @@ def test_onnxruntime_maxpool_and_argmax_differ_from_numpy_on_nan(tmp_path: Path)
         bound_argmax.references(row)[0].item() == 1
         and onnxruntime_reference(argmax, bound_argmax, [row])[0].item() == 2
     )
-    assert not agrees_on_nan(pool) and not agrees_on_nan(argmax) and {"Add", "LeakyRelu"} == AGREES_ON_NAN
+    assert not agrees_on_nan(pool) and not agrees_on_nan(argmax)
+    assert {"Add", "LeakyRelu", "HardSigmoid"} == AGREES_ON_NAN
 
 
 @pytest.mark.parametrize(
-    ("op_type", "attrs"), [("Add", {"b": [6]}), ("LeakyRelu", {}), ("LeakyRelu", {"alpha": 0.0})]
-)
+    ("op_type", "attrs"),
+    [("Add", {"b": [6]}), ("LeakyRelu", {}), ("LeakyRelu", {"alpha": 0.0}), ("HardSigmoid", {}),
+     ("HardSigmoid", {"alpha": 0.0})],
+)  # fmt: skip
 def test_onnxruntime_agrees_on_nan_where_it_says_so(
     tmp_path: Path, op_type: str, attrs: dict[str, Any]
 ) -> None:

@@ -460,7 +460,8 @@ def test_matrix_on_an_ssh_board_and_nothing_left_running(server, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert f"{len(plan([get_op('add')], ['int8']))} cases passed, 0 failed" in result.stdout
     model = run_deploy("--ops-path", str(REPO / "ops" / "examples"), "test", "--target", "x86", "--device",
-                       "board", "--model", str(REPO / "examples" / "pool_add_leaky_hsig_n.onnx"))  # fmt: skip
+                       "board", "--model",
+                       str(REPO / "examples" / "pool_add_leaky_htanh_n.onnx"))  # fmt: skip
     assert model.returncode == 0, model.stdout[-2000:] + model.stderr
     assert "cpu/max_pool2d" in model.stdout and " 0 failed" in model.stdout  # the Relax VM over the tunnel
     nothing_left(remote)

@@ -24,7 +24,7 @@ from toolchain.cli.args import parse_shape
 from toolchain.model import load_model
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_N = REPO / "examples" / "pool_add_leaky_hsig_n.onnx"
+EXAMPLE_N = REPO / "examples" / "pool_add_leaky_htanh_n.onnx"
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 
 
@@ -170,7 +170,7 @@ def test_graph_file_takes_a_named_batch(tmp_path):
     [("x86", "cpu/max_pool2d"), pytest.param("arm", "arm/max_pool2d", marks=pytest.mark.emulator)],
 )
 def test_the_batched_onnx_example_at_1_3_and_32(target, schedule, example_ops):
-    """MaxPool -> Add -> LeakyRelu -> com.example::HardSigmoid with dim_param N: one fused kernel,
+    """MaxPool -> Add -> LeakyRelu -> com.example::HardTanh with dim_param N: one fused kernel,
     one module, verified at N = 1, 3 and 32 against numpy and onnxruntime."""
     pytest.importorskip("onnxruntime")
     result = invoke("test", "--model", str(EXAMPLE_N), "--target", target)

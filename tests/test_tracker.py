@@ -90,7 +90,7 @@ def test_a_symbolic_model_on_the_farm(farm):
     repo = Path(__file__).resolve().parent.parent
     result = run_deploy("--ops-path", str(repo / "ops" / "examples"), "test", "--target", "arm", "--tracker",
                         f"127.0.0.1:{port}", "--key", KEY, "--model",
-                        str(repo / "examples" / "pool_add_leaky_hsig_n.onnx"))  # fmt: skip
+                        str(repo / "examples" / "pool_add_leaky_htanh_n.onnx"))  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "arm/max_pool2d" in result.stdout and " 0 failed" in result.stdout
 

@@ -5,6 +5,7 @@ where it has none (max_pool2d, a graph's eager ops) every call allocates, and th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -47,6 +48,24 @@ def _leaky_relu_into(attrs: dict[str, Any], out: Any, x: Any) -> Any:
     return torch.ops.aten.leaky_relu.out(x, attrs["alpha"], out=out)
 
 
+def _hard_sigmoid(attrs: dict[str, Any], x: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.hardsigmoid(x)
+
+
+def _hard_sigmoid_into(attrs: dict[str, Any], out: Any, x: Any) -> Any:
+    import torch
+
+    return torch.ops.aten.hardsigmoid.out(x, out=out)
+
+
+def _hard_sigmoid_says(attrs: dict[str, Any]) -> bool:
+    """PyTorch's hardsigmoid is MobileNetV3's, alpha 1/6 and beta 0.5 (1/6 as an ONNX model's float32
+    attribute says it too)."""
+    return math.isclose(attrs["alpha"], 1 / 6, rel_tol=1e-6) and attrs["beta"] == 0.5
+
+
 def _add_into(attrs: dict[str, Any], out: Any, a: Any, b: Any) -> Any:
     import torch
 
@@ -85,6 +104,7 @@ def _pool_says(attrs: dict[str, Any]) -> bool:
 BASELINES: dict[str, TorchOp] = {
     "add": TorchOp(lambda attrs, a, b: a + b, _add_into),
     "leaky_relu": TorchOp(_leaky_relu, _leaky_relu_into),
+    "hard_sigmoid": TorchOp(_hard_sigmoid, _hard_sigmoid_into, says=_hard_sigmoid_says),
     "max_pool2d": TorchOp(_max_pool, says=_pool_says),
     "argmax": TorchOp(_argmax, _argmax_into, says=lambda attrs: not attrs["select_last"]),  # first on ties
 }

@@ -3,7 +3,7 @@
 `BoundGraph.reference` composes our ops' numpy references; this runs each standard-domain node
 as a one-node model in onnxruntime (its types from the bound graph, the model's opsets), so an
 ONNX mapping that converts an attribute wrongly (a default, the stride) shows as a difference.
-Nodes in other domains (`com.example::HardSigmoid`) have no onnxruntime kernel: they run our
+Nodes in other domains (`com.example::HardTanh`) have no onnxruntime kernel: they run our
 op's numpy reference.
 
 Where onnxruntime's semantics differ from numpy's (checked in tests/test_models.py):
@@ -12,7 +12,7 @@ Where onnxruntime's semantics differ from numpy's (checked in tests/test_models.
   dropped); ours is NaN whenever the window holds one, as numpy's max.
 - ArgMax with NaN: onnxruntime skips NaN (except at index 0); ours picks the first NaN, as
   numpy's argmax.
-- Add and LeakyRelu agree with numpy on NaN and +-inf.
+- Add, LeakyRelu and HardSigmoid agree with numpy on NaN and +-inf.
 So compare on NaN inputs only where `agrees_on_nan`; else on finite inputs.
 """
 
@@ -35,7 +35,7 @@ try:
 except ImportError:  # an optional test dependency: without it there is no second reference
     onnxruntime = None
 
-AGREES_ON_NAN = frozenset({"Add", "LeakyRelu"})
+AGREES_ON_NAN = frozenset({"Add", "LeakyRelu", "HardSigmoid"})
 """Standard ONNX op types whose onnxruntime kernels treat NaN as numpy does."""
 
 
