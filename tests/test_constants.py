@@ -17,9 +17,11 @@ from onnx import TensorProto, helper, numpy_helper
 from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 from base.errors import UsageError
-from ops.graph import bind_graph
+from ops.graph import Constant, bind_graph
+from ops.spec import TensorType
 from toolchain.build.cache import cached_build
 from toolchain.build.constants import BLOB
+from toolchain.build.plan import MAX_BLOB_BYTES, constant_offsets
 from toolchain.build.targets import get_target
 from toolchain.model import load_model
 from toolchain.verify.compare import random_input
@@ -231,3 +233,18 @@ def test_bad_constants_are_one_line(tmp_path):
     proto.graph.sparse_initializer.append(sparse)
     onnx.save(proto, tmp_path / "model.onnx")
     assert error(tmp_path / "model.onnx") == "initializer 'bias' is sparse: expected a dense tensor"
+
+
+def test_constants_past_what_the_plan_addresses_are_refused():
+    """The plan reaches constants at int32 offsets: a blob over 2 GiB is one line, not a wrong
+    address (the types say the sizes; no gigabytes are made here)."""
+    big = TensorType((2**29 - 32,), "float32")  # 128 bytes short of 2 GiB
+    small = TensorType((1,), "int8")  # 64 bytes in the blob
+    fits = [Constant("a", small, b"\0"), Constant("w", big, b"")]
+    assert constant_offsets(fits) == [0, 64]
+    with pytest.raises(UsageError) as refused:
+        constant_offsets([*fits, Constant("b", small, b"\0")])
+    assert str(refused.value) == (
+        f"the graph's 3 constants take {2**31} bytes: expected at most {MAX_BLOB_BYTES} (2 GiB; the plan"
+        " addresses them with 32-bit offsets)"
+    )

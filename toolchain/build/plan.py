@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from base.errors import UsageError
 from ops.spec import TensorType, symbol, symbols_of
 from toolchain.build.fusion import Call
 
@@ -79,12 +80,23 @@ class Plan:
         return [{**size.to_json(), "tensors": held[i]} for i, size in enumerate(self.slots)]
 
 
+MAX_BLOB_BYTES = 2**31 - 1
+"""The most bytes of constants a graph holds: the plan addresses the blob with int32 offsets, as
+TVM indexes a buffer of static size."""
+
+
 def constant_offsets(constants: Sequence[Constant]) -> list[int]:
-    """Each constant's byte offset in the blob: in order, each ALIGNMENT-aligned."""
+    """Each constant's byte offset in the blob: in order, each ALIGNMENT-aligned; a blob past
+    MAX_BLOB_BYTES is refused in one line."""
     result, end = [], 0
     for constant in constants:
         result.append(end)
-        end += aligned_bytes(len(constant.data))
+        end += aligned_bytes(constant.type.nbytes())
+    if end > MAX_BLOB_BYTES:
+        raise UsageError(
+            f"the graph's {len(constants)} constants take {end} bytes: expected at most {MAX_BLOB_BYTES}"
+            " (2 GiB; the plan addresses them with 32-bit offsets)"
+        )
     return result
 
 
