@@ -593,6 +593,35 @@ def test_a_further_output_is_computed_by_its_own_op_where_one_is_declared(tmp_pa
 
 
 @pytest.mark.parametrize(
+    ("attrs", "shape", "out", "outputs"),
+    [
+        ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [2, 3, 9, 11], [2, 3, 5, 6], 2),
+        ({"kernel_shape": [2, 3, 3], "strides": [1, 2, 2], "pads": [0, 1, 1, 0, 1, 1], "ceil_mode": 1},
+         [2, 3, 5, 9, 11], [2, 3, 4, 5, 6], 1),
+        ({"kernel_shape": [3], "strides": [2], "dilations": [2]}, [2, 3, 17], [2, 3, 7], 1),
+    ],
+)  # fmt: skip
+def test_onnxruntime_runs_a_model_node_that_is_several_of_ours(
+    tmp_path: Path, attrs: dict[str, Any], shape: list[int], out: list[int], outputs: int
+) -> None:
+    """The second reference runs the model's nodes, not the graph's: a MaxPool whose Indices are
+    read (two nodes of ours) and 3-D and 1-D ones (reshapes around 2-D pools) match onnxruntime."""
+    names = ["y", "i"][:outputs]
+    node = helper.make_node("MaxPool", ["x"], names, "pool", **attrs)
+    values = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT if n == "y" else TensorProto.INT64, out)
+        for n in names
+    ]
+    path = onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, shape)], ("y", 0, []), outputs=values)
+    bound = bind_graph(load_model(path))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32).round(1)  # ties
+    found = onnxruntime_reference(path, bound, [x])
+    assert found is not None and len(found) == outputs
+    for ours, theirs in zip(bound.references(x), found, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize(
     ("data", "expected"),
     [(b"\x07not protobuf", "not an ONNX model: "), (b"", "not a valid ONNX model: ")],
 )

@@ -19,7 +19,6 @@ So compare on NaN inputs only where `agrees_on_nan`; else on finite inputs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -55,34 +54,46 @@ def onnxruntime_reference(
     model: Path, graph: BoundGraph, arrays: list[np.ndarray]
 ) -> list[np.ndarray] | None:
     """The outputs of `model` (read into `graph`) for `arrays`, in the graph's input order, node
-    by node; None when onnxruntime is not installed. A node onnxruntime cannot run (MaxPool on
-    int32, which ONNX does not define) is a UsageError naming it."""
+    by node of the model (one may be several of the graph's: a chain, a further output), each
+    output the graph computes; None when onnxruntime is not installed. A node onnxruntime cannot
+    run (MaxPool on int32, which ONNX does not define) is a UsageError naming it."""
     if onnxruntime is None:
         return None
     proto = onnx.load(model)
-    by_output = {node.output[0]: node for node in proto.graph.node}
+    ours = {bound.node.output: bound for bound in graph.nodes}
     values = {c.name: c.array() for c in graph.graph.constants}
     values.update(zip(graph.input_names, arrays, strict=True))
-    for bound in graph.nodes:
-        node = by_output[bound.node.output]
-        inputs = [values[t] for t in bound.node.inputs]
+    for node in proto.graph.node:
+        computed = [t for t in node.output if t in ours]
+        if not computed:  # a Constant node: a constant of the graph
+            continue
+        inputs = [values[t] for t in node.input]
         if domain_key(node.domain):
-            values[bound.node.output] = bound.bound.op.reference(bound.bound.attrs, *inputs)
+            bound = ours[computed[0]].bound
+            values[computed[0]] = bound.op.reference(bound.attrs, *inputs)
             continue
         try:
-            values[bound.node.output] = _run_node(proto, node, graph.types, inputs)
+            values.update(zip(computed, _run_node(proto, node, graph.types, inputs, computed), strict=True))
         except OnnxruntimeError as exc:
-            raise UsageError(f"{bound.node.label()}: onnxruntime cannot run it: {exc}") from None
+            raise UsageError(f"{ours[computed[0]].node.label()}: onnxruntime cannot run it: {exc}") from None
     return [values[name] for name in graph.graph.outputs]
 
 
 def _run_node(
-    model: onnx.ModelProto, node: onnx.NodeProto, types: dict[str, TensorType], arrays: list[np.ndarray]
-) -> Any:
-    """`node` alone in onnxruntime, as a model with `model`'s opsets: its first output."""
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    types: dict[str, TensorType],
+    arrays: list[np.ndarray],
+    outputs: list[str],
+) -> list[np.ndarray]:
+    """`node` alone in onnxruntime, as a model with `model`'s opsets: its `outputs` (the others
+    omitted, as ONNX writes an optional output nobody reads)."""
     one = onnx.NodeProto()
     one.CopyFrom(node)
-    del one.output[1:]
+    kept = [t if t in outputs else "" for t in node.output]
+    while kept and not kept[-1]:
+        kept.pop()
+    one.output[:] = kept
 
     def value_info(name: str) -> onnx.ValueInfoProto:
         elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(types[name].dtype))
@@ -90,7 +101,7 @@ def _run_node(
 
     feeds = dict(zip(node.input, arrays, strict=True))
     graph = helper.make_graph(
-        [one], node.name or node.op_type, [value_info(t) for t in feeds], [value_info(node.output[0])]
+        [one], node.name or node.op_type, [value_info(t) for t in feeds], [value_info(t) for t in outputs]
     )
     single = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
     options = onnxruntime.SessionOptions()
@@ -100,6 +111,6 @@ def _run_node(
         session = onnxruntime.InferenceSession(
             single.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        return session.run(None, feeds)[0]
+        return session.run(None, feeds)
     except Exception as exc:  # onnxruntime raises a class of its own per status code
         raise OnnxruntimeError(reason(exc)) from None
