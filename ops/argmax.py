@@ -58,6 +58,25 @@ def _argmax_reducer(dtype: str, last: bool) -> Any:
     return te.comm_reducer(combine, identity, name="argmax")
 
 
+def _keep_greatest(dtype: str, last: bool) -> Any:
+    """(value, position) reducer of a scan in order: keeps a value only when strictly greater (or
+    the first NaN), no tie test; where `last`, when greater or equal (or any NaN, a number never
+    replacing one). Its identity is (minimum, 0)."""
+    floating = dtype.startswith("float")
+
+    def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+        take = b[0] >= a[0] if last else b[0] > a[0]
+        if floating:
+            nan_b = is_nan_bits(b[0], dtype)
+            take = tirx.Or(take, nan_b if last else tirx.And(nan_b, tirx.Not(is_nan_bits(a[0], dtype))))
+        return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
+
+    def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
+        return _lowest(value_type), tirx.const(0, index_type)
+
+    return te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+
+
 def strided_argmax(
     x: te.Tensor, out: TensorType, axis: int, keepdims: bool, lanes: int, last: bool = False
 ) -> te.Tensor:
@@ -109,19 +128,7 @@ def vector_strided_argmax(
     extent = int(inner)
     vectors = extent // width
     dtype = str(x.dtype)
-    floating = dtype.startswith("float")
-
-    def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
-        take = b[0] >= a[0] if last else b[0] > a[0]
-        if floating:
-            nan_b = is_nan_bits(b[0], dtype)
-            take = tirx.Or(take, nan_b if last else tirx.And(nan_b, tirx.Not(is_nan_bits(a[0], dtype))))
-        return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
-
-    def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
-        return _lowest(value_type), tirx.const(0, index_type)
-
-    scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+    scan = _keep_greatest(dtype, last)
     step = te.reduce_axis((0, -(-vectors // lanes)), name="step")
 
     def partial(*i: Any) -> Any:
@@ -163,19 +170,7 @@ def sliced_argmax(
     slices = -(-extent // per)  # every slice holds a real element
     keep = 1 if keepdims else 0
     dtype = str(x.dtype)
-    floating = dtype.startswith("float")
-
-    def keep_greatest(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
-        take = b[0] >= a[0] if last else b[0] > a[0]
-        if floating:
-            nan_b = is_nan_bits(b[0], dtype)
-            take = tirx.Or(take, nan_b if last else tirx.And(nan_b, tirx.Not(is_nan_bits(a[0], dtype))))
-        return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
-
-    def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
-        return _lowest(value_type), tirx.const(0, index_type)
-
-    scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
+    scan = _keep_greatest(dtype, last)
     row = te.reduce_axis((0, per), name="row")
 
     def partial(*i: Any) -> Any:
