@@ -41,7 +41,14 @@ CASES = {
 NOT_YET: dict[str, str] = {}
 """Cases refused for now, and what their refusal says."""
 
-SAMPLE = ("test_add_bcast", "test_argmax_keepdims_random", "test_leakyrelu", "test_maxpool_2d_ceil")
+SAMPLE = (
+    "test_add_bcast",
+    "test_argmax_keepdims_random",
+    "test_leakyrelu",
+    "test_maxpool_2d_ceil",
+    "test_maxpool_with_argmax_2d_precomputed_strides",
+    "test_maxpool_3d_dilations",
+)
 """The cases run on the other kinds of target too."""
 
 
