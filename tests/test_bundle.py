@@ -1100,16 +1100,12 @@ def test_runner_reads_v2_v3_and_checks_the_count(copy_of: Path, tmp_path: Path) 
     one_line_error(deploy_run(copy_of, inputs, tmp_path / "no" / "out.npy", "x86"), 2, "cannot write output")
 
 
-def test_opencl_bundle_is_a_usage_error(tmp_path: Path) -> None:
-    result = invoke("build", "--op", "add", "--target", "opencl", "--shape", "4", "--shape", "4", "--bundle",
-                    "-o", str(tmp_path / "b"))  # fmt: skip
+def test_host_arch_is_an_opencl_bundles_alone(tmp_path: Path) -> None:
+    result = invoke("build", "--op", "add", "--target", "x86", "--shape", "4", "--shape", "4", "--bundle",
+                    "--host-arch", "aarch64", "-o", str(tmp_path / "b"))  # fmt: skip
     assert result.exit_code == 2
     (line,) = result.output.strip().splitlines()
-    assert line == (
-        "error: --bundle needs a target whose module C can call (arm, arm-fp16, armv7, riscv64, x86,"
-        " x86-avx512):"
-        " opencl writes opencl kernels"
-    )
+    assert line == "error: --host-arch applies to OpenCL bundles: x86 bundles run on x86_64"
     assert not (tmp_path / "b").exists()
 
 

@@ -403,7 +403,7 @@ ROWS: list[tuple[str, int, str]] = [
     # a symbolic batch: where a name may go, what takes static shapes only, arrays against it
     (f"{ADD} --shape 3xN --shape 4", 2, "--shape '3xN': expected dims like 32x64x112x112"),
     (f"{LR} --shape Nx4 --target opencl", 2, "target opencl needs static shapes: the batch N is symbolic"),
-    (f"{LR} --shape Nx4 --bundle --target opencl", 2, "--bundle needs a target whose module C can call"),
+    (f"{LR} --shape Nx4 --bundle --target opencl", 2, "target opencl needs static shapes: the batch N"),
     (f"{TUNE} --shape Nx4", 2, "tuning leaky_relu needs static shapes: the batch N is symbolic"),
     (f"{LR} --shape maxx4", 2, "--shape 'maxx4': expected dims like"),
     (f"{ADD} --shape Nx1x3 --shape 2x1x1x3", 2, "the output of add has shape [2, N, 1, 3]: only the first"),

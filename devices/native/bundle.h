@@ -37,7 +37,8 @@ typedef struct {
   const DeployTensorSpec* tensors; /* the inputs, then the outputs */
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
-  int (*set_num_threads)(int n);
+  int (*set_num_threads)(int n); /* NULL: an OpenCL bundle, whose kernels run on its device */
+  int (*select_device)(int platform, int device); /* NAME_cl_open of an OpenCL bundle, else NULL */
 } DeployRunner;
 
 #ifndef DEPLOY_RUNNER_ONLY

@@ -3,7 +3,7 @@
 // needs nothing on the device, not even a particular libc. Compiled once per architecture.
 //
 //   deploy-run DIR -i a.npy [-i b.npy ...] -o out.npy [-o out2.npy ...] [--threads N]
-//              [--time NUMBER,REPEAT,MIN_REPEAT_MS]
+//              [--cl-device P:D] [--time NUMBER,REPEAT,MIN_REPEAT_MS]
 //
 // First it checks DIR/SHA256SUMS: every file listed must match (a modified bundle is refused,
 // this runner among its files). Then it reads the inputs (.npy v1-v3, little-endian
@@ -11,6 +11,7 @@
 // symbolic batch is read from them), calls NAME_run and writes each output as .npy v1 (-o once
 // per output, in the bundle's order).
 // --threads N: the parallel loops' threads (NAME_set_num_threads; default one per online CPU).
+// --cl-device P:D: an OpenCL bundle's device, platform P device D (NAME_cl_open; default 0:0).
 // --time: after that call (the warm-up), REPEAT timed runs of NUMBER calls each, as TVM's time
 // evaluator times: a run shorter than MIN_REPEAT_MS is done again with more calls. Each run's
 // seconds per call go to stdout, one line each ("seconds-per-call 1.25e-05"). This is how deploy
@@ -96,11 +97,13 @@ struct Options {
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
   int threads = 0;
+  int platform = -1, device = -1;  // --cl-device; -1: the bundle's default
   long number = 0, repeat = 0, min_repeat_ms = 0;  // --time; repeat 0: no timing
 };
 
 constexpr const char* kUsage =
-    "usage: deploy-run DIR -i IN.npy ... -o OUT.npy ... [--threads N] [--time NUMBER,REPEAT,MIN_REPEAT_MS]";
+    "usage: deploy-run DIR -i IN.npy ... -o OUT.npy ... [--threads N] [--cl-device P:D]"
+    " [--time NUMBER,REPEAT,MIN_REPEAT_MS]";
 
 // A count from `text` in [low, high], else a bad-input exit naming `what`.
 long Count(const std::string& text, const char* what, long low, long high) {
@@ -124,6 +127,14 @@ Options ParseArgs(int argc, char** argv) {
       opt.outputs.push_back(argv[++i]);
     } else if (arg == "--threads" && i + 1 < argc) {
       opt.threads = static_cast<int>(Count(argv[++i], "--threads", 1, 1024));
+      if (deploy_runner.set_num_threads == nullptr) Bad("--threads applies to CPU bundles: this one runs on OpenCL");
+    } else if (arg == "--cl-device" && i + 1 < argc) {
+      std::string spec = argv[++i];
+      size_t colon = spec.find(':');
+      if (deploy_runner.select_device == nullptr) Bad("--cl-device applies to OpenCL bundles: this one runs on the CPU");
+      if (colon == std::string::npos) Bad("--cl-device " + spec + ": expected PLATFORM:DEVICE, e.g. 0:0");
+      opt.platform = static_cast<int>(Count(spec.substr(0, colon), "--cl-device PLATFORM", 0, 1023));
+      opt.device = static_cast<int>(Count(spec.substr(colon + 1), "--cl-device DEVICE", 0, 1023));
     } else if (arg == "--time" && i + 1 < argc) {
       std::string spec = argv[++i];
       size_t first = spec.find(','), second = first == std::string::npos ? first : spec.find(',', first + 1);
@@ -479,6 +490,10 @@ int main(int argc, char** argv) {
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
   if (opt.threads > 0) deploy_runner.set_num_threads(opt.threads);
+  if (opt.platform >= 0) {  // -1 (NAME_ERR_ARGUMENT): no such device, bad input; else no OpenCL
+    int status = deploy_runner.select_device(opt.platform, opt.device);
+    if (status != 0) Exit(status == -1 ? kBadInput : kFailed, deploy_runner.last_error());
+  }
   const int count = inputs + outputs;
   if (deploy_runner.run(args.data(), count) != 0) Exit(kFailed, deploy_runner.last_error());
   for (int k = 0; k < outputs; ++k) {

@@ -115,9 +115,16 @@ def check_name(name: str, what: str = "--name") -> str:
     return name
 
 
-def check_bundle(target: Target, name: str | None) -> None:
+def check_bundle(target: Target, name: str | None, host: str | None = None) -> None:
     """A one-line error, before anything is compiled, for what cannot become a bundle: a target
-    whose artifact C cannot call, a name that cannot prefix C functions."""
+    whose artifact C cannot call, a name that cannot prefix C functions, a host architecture for
+    a bundle whose host code is the target's own (a CPU's)."""
+    if host is not None:
+        if target.arch != "opencl":
+            raise UsageError(
+                f"--host-arch applies to OpenCL bundles: {target.name} bundles run on {target.arch}"
+            )
+        get_platform(host)
     if not target.artifact.bundles:
         able = ", ".join(t.name for t in all_targets() if t.artifact.bundles)
         raise UsageError(
@@ -370,12 +377,32 @@ def check_symbols(listing: str, name: str) -> None:
             )
 
 
-def write_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str, str]:
+def write_bundle(
+    compiled: Bundled, staging: Path, name: str | None, host: str | None = None
+) -> dict[str, str]:
     """Write the bundle's files into `staging` (the artifact being written), last SHA256SUMS;
     returns the manifest's `bundle` entry. Its intermediate files go in a directory inside
-    `staging`, removed with it if the build fails or is killed."""
+    `staging`, removed with it if the build fails or is killed. An OpenCL bundle's host code is
+    for `host` (default x86_64; `cl_bundle.py`); a CPU bundle's is the target's."""
     target = compiled.target
-    check_bundle(target, name)
+    check_bundle(target, name, host)
+    if target.arch == "opencl":
+        from toolchain.build.cl_bundle import write_cl_bundle
+
+        entry = write_cl_bundle(compiled, staging, name, host or "x86_64")
+    else:
+        entry = _write_cpu_bundle(compiled, staging, name)
+    files = sorted(
+        path.relative_to(staging).as_posix()
+        for path in staging.rglob("*")
+        if path.is_file() and path.name not in (SUMS, MANIFEST, PARTIAL)
+    )
+    return {**entry, "sha256sums": sha256_file(write_sums(staging, files))}
+
+
+def _write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str, str]:
+    """A CPU bundle's files (all but SHA256SUMS) into `staging`; the manifest's `bundle` entry."""
+    target = compiled.target
     sig = signature(compiled, name)
     platform = get_platform(target.arch)
     gcc = _require(platform, "gcc", platform.gcc_package)
@@ -424,19 +451,12 @@ def write_bundle(compiled: Bundled, staging: Path, name: str | None) -> dict[str
         f"{gxx} (deploy-run)",
     )  # fmt: skip
     shutil.rmtree(work)
-    files = sorted(
-        path.relative_to(staging).as_posix()
-        for path in staging.rglob("*")
-        if path.is_file() and path.name not in (SUMS, MANIFEST, PARTIAL)
-    )
-    sums = write_sums(staging, files)
     return {
         "name": prefix,
         "header": f"{prefix}.h",
         "library": shared.name,
         "static_library": static.name,
         "runner": RUNNER,
-        "sha256sums": sha256_file(sums),
     }
 
 

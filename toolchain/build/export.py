@@ -35,10 +35,12 @@ def export(
     bundle: bool = False,
     cache_key: str | None = None,
     name: str | None = None,
+    host: str | None = None,
 ) -> Manifest:
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
     `bundle`, also the C library of the op or graph, its functions prefixed `name` (default: the
-    op's or graph's name; see `bundle.py`). Concurrent exports
+    op's or graph's name; see `bundle.py`), an OpenCL bundle's host code for `host` (default
+    x86_64). Concurrent exports
     into one directory take turns (`artifact_lock`). With `cache_key`, `directory` is the build
     cache's entry for that key: the manifest records it, an export that finds the entry built
     whole (by a concurrent build) keeps it, and a damaged entry (`Manifest.cached`) is replaced,
@@ -55,7 +57,7 @@ def export(
             remove_entry(directory)
         staging = _set_aside(directory.parent, f".{directory.name}.")
         try:
-            manifest = _write_artifact(compiled, staging, bundle, cache_key, name)
+            manifest = _write_artifact(compiled, staging, bundle, cache_key, name, host)
             _replace_dir(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -65,12 +67,17 @@ def export(
 
 
 def _write_artifact(
-    compiled: Compiled | CompiledGraph, staging: Path, bundle: bool, cache_key: str | None, name: str | None
+    compiled: Compiled | CompiledGraph,
+    staging: Path,
+    bundle: bool,
+    cache_key: str | None,
+    name: str | None,
+    host: str | None = None,
 ) -> Manifest:
     """The artifact's files and, last, its manifest, into `staging`."""
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
-    bundled = write_bundle(compiled, staging, name) if bundle or target.bundle else None
+    bundled = write_bundle(compiled, staging, name, host) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),
         target=target.name,

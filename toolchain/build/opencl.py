@@ -457,7 +457,7 @@ OPENCL_PLAN = OpenClPlan(
     "opencl",
     splits_for_cores=False,
     builds_unscheduled=False,
-    bundles=False,
+    bundles=True,
     graph_entry="function",
     symbolic_batch=False,
     machine_code=False,

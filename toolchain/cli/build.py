@@ -66,6 +66,11 @@ from toolchain.cli.options import (
     "bundle_name",
     help="The bundle's C prefix: NAME(...), NAME_last_error() ... [default: the op's or model's name].",
 )
+@click.option(
+    "--host-arch",
+    help="An OpenCL bundle's host CPU, which its library and deploy-run are compiled for:"
+    " x86_64, aarch64, armv7l or riscv64 [default: x86_64].",
+)
 def build_command(
     op_name: str | None,
     model: str | None,
@@ -81,6 +86,7 @@ def build_command(
     bundle: bool,
     alignment: str | None,
     bundle_name: str | None,
+    host_arch: str | None,
 ) -> None:
     """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
     and manifest.json (split for --cores, else for the cores of --device or the target's default
@@ -95,13 +101,15 @@ def build_command(
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if bundle_name is not None and not bundle:
         raise UsageError("--name names a bundle: give --bundle too")
+    if host_arch is not None and not bundle:
+        raise UsageError("--host-arch is an OpenCL bundle's host CPU: give --bundle too")
     target = resolve_target(target_name, tuned, cores, layout, model)
     if alignment is not None and not target.artifact.machine_code:
         kind = target.artifact.name
         raise UsageError(f"--alignment applies to CPU targets; {target.name} writes {kind} kernels")
     target = target.with_alignment(int(alignment) if alignment else None)
     if bundle:
-        check_bundle(target, bundle_name)
+        check_bundle(target, bundle_name, host_arch)
     if model is not None:
         graph = load_graph(model)
         name, output = graph.name, ", ".join(map(str, graph.outputs))
@@ -119,7 +127,7 @@ def build_command(
         with where.resolve(target).open() as session:
             target = for_device(target, session)
     compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
-    manifest = export(compiled, directory, bundle=bundle, name=bundle_name)
+    manifest = export(compiled, directory, bundle=bundle, name=bundle_name, host=host_arch)
     if tuned is not None and manifest.graph is None and manifest.tuning_record is None:
         click.echo(_untuned(tuned, manifest.tuning, manifest.schedule, "this op and these shapes were"))
     record = f" record {manifest.tuning_record}" if manifest.tuning_record else ""
@@ -147,7 +155,8 @@ def build_command(
     if manifest.bundle is not None:
         from devices.platforms import get_platform
 
-        emulator = " ".join(get_platform(target.arch).emulator_command())
+        bundled = manifest.bundle
+        emulator = " ".join(get_platform(bundled.get("arch", target.arch)).emulator_command())
         inputs = " ".join(f"-i {spec['name']}.npy" for spec in manifest.inputs)
         from ops.spec import OUTPUT
 

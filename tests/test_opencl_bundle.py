@@ -1,0 +1,393 @@
+"""OpenCL bundles (`deploy build --target opencl --bundle`) on a real OpenCL runtime (PoCL here),
+called from C with no Python in the process: through their deploy-run and through C programs
+linking their libraries, against numpy; the errors of a missing library, platform or device, a
+kernel that does not build, bad tensors and bad cl_mem buffers; the aarch64 host build."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_bundle import c_tensor, check_against_numpy, nbytes, raw_inputs, raw_output
+from test_constants import graphs
+
+from devices.elf import elf_machine
+from ops import TensorType, bind, get_op
+from ops.graph import bind_graph
+from tests.conftest import REPO, invoke
+from toolchain.build.compile import compile_graph, compile_op
+from toolchain.build.export import export
+from toolchain.build.opencl import OpenClProgram
+from toolchain.build.targets import get_target
+from toolchain.model import load_model
+from toolchain.verify.compare import random_input
+
+
+def _platforms() -> int:
+    try:
+        from devices.opencl import opencl_devices
+
+        return len(opencl_devices())
+    except Exception:
+        return 0
+
+
+pytestmark = [
+    pytest.mark.skipif(
+        not _platforms(), reason="needs an OpenCL platform (Debian: pocl-opencl-icd) and pyopencl"
+    ),
+    pytest.mark.skipif(not Path("/usr/include/CL/cl.h").is_file(), reason="needs opencl-c-headers"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
+]
+TARGET = get_target("opencl")
+STORAGE = TARGET.with_fp16_storage(True)  # PoCL has no cl_khr_fp16
+
+
+def _op(name: str, attrs: dict[str, object], shapes: list[tuple[int, ...]], dtype: str = "float32"):
+    return bind(get_op(name), {k: str(v) for k, v in attrs.items()}, [TensorType(s, dtype) for s in shapes])
+
+
+def cases(tmp: Path) -> dict[str, tuple[object, object]]:
+    """Bundle name -> (op or graph, target): every op, float32 and some int32 and float16 (half
+    storage), and graphs with constants (float32, float16) and without."""
+    made = graphs(tmp)
+    return {
+        "add_f32": (_op("add", {}, [(4, 5), (4, 5)]), TARGET),
+        "add_i32": (_op("add", {}, [(3, 7), (7,)], "int32"), TARGET),
+        "add_f16": (_op("add", {}, [(4, 5), (4, 5)], "float16"), STORAGE),
+        "argmax": (_op("argmax", {"axis": 1, "out_dtype": "int32"}, [(3, 50)]), TARGET),
+        "hard_sigmoid": (_op("hard_sigmoid", {}, [(2, 33)]), TARGET),
+        "leaky_f16": (_op("leaky_relu", {}, [(2, 3, 8, 8)], "float16"), STORAGE),
+        "pool": (_op("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(1, 4, 9, 9)]), TARGET),
+        "pool_i32": (_op("max_pool2d_indices", {"kernel": 2, "stride": 2}, [(1, 2, 6, 6)]), TARGET),
+        "reshape": (_op("reshape", {"shape": "6,4"}, [(2, 3, 4)], "int32"), TARGET),
+        "maxpool_add": (bind_graph(load_model(REPO / "examples" / "maxpool_add.yaml")), TARGET),
+        "shared": (bind_graph(load_model(made["shared"])), TARGET),
+        "half_bias": (bind_graph(load_model(made["float16"])), STORAGE),
+    }
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, Path]]:
+    """Every case's bundle, built once for the module."""
+    tmp = tmp_path_factory.mktemp("cl-bundles")
+    built = {}
+    for name, (item, target) in cases(tmp / "models").items():
+        compile_ = compile_graph if hasattr(item, "graph") else compile_op
+        compiled = compile_(item, target)
+        export(compiled, tmp / name, bundle=True, name=name)
+        built[name] = (item, tmp / name)
+    return built
+
+
+def inputs_of(item: object, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [random_input(t, rng, ties=True) for t in item.inputs]  # type: ignore[attr-defined]
+
+
+def deploy_run(directory: Path, arrays: list[np.ndarray], work: Path, *extra: str, **kw: object):
+    work.mkdir(parents=True, exist_ok=True)
+    args = []
+    for index, array in enumerate(arrays):
+        np.save(work / f"in{index}.npy", array)
+        args += ["-i", str(work / f"in{index}.npy")]
+    command = [str(directory / "deploy-run"), str(directory), *args, "-o", str(work / "out.npy"), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload]
+
+
+def test_every_case_through_deploy_run(bundles, tmp_path: Path) -> None:
+    for name, (item, directory) in bundles.items():
+        arrays = inputs_of(item, 1)
+        proc = deploy_run(directory, arrays, tmp_path / name)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        check_against_numpy(item, arrays, np.load(tmp_path / name / "out.npy"))
+
+
+C_PROGRAM = """/* Every bundle called on raw files (argv: a directory per call), then NAME_run. */
+#include <stdio.h>
+#include <stdlib.h>
+{includes}
+
+static void* load(const char* dir, const char* name, size_t bytes) {{
+  char path[4096];
+  void* data = malloc(bytes + 1);
+  FILE* file;
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  file = fopen(path, "rb");
+  if (data == NULL || file == NULL || fread(data, 1, bytes, file) != bytes) exit(3);
+  fclose(file);
+  return data;
+}}
+
+static int save(const char* dir, const void* data, size_t bytes) {{
+  char path[4096];
+  FILE* file;
+  snprintf(path, sizeof(path), "%s/out.bin", dir);
+  file = fopen(path, "wb");
+  if (file == NULL || fwrite(data, 1, bytes, file) != bytes) return 3;
+  fclose(file);
+  return 0;
+}}
+{functions}
+int main(int argc, char** argv) {{
+  int (*calls[])(const char*) = {{{calls}}};
+  int i, failed = 0;
+  if (argc != {count} + 1) return 3;
+  for (i = 0; i < {count}; ++i) failed |= calls[i](argv[i + 1]);
+  return failed;
+}}
+"""
+
+C_FUNCTION = """
+static int call_{index}(const char* dir) {{
+{tensors}
+  DLTensor* all[] = {{{pointers}}};
+  if ({name}({args}) != 0 || {name}_run(all, {count}) != 0) {{
+    fprintf(stderr, "%s: %s\\n", dir, {name}_last_error());
+    return 1;
+  }}
+  return save(dir, out.data, {out_bytes});
+}}
+"""
+
+
+def test_every_case_from_one_c_program(bundles, tmp_path: Path) -> None:
+    """All the bundles linked into one C program (each keeps its symbols but NAME_* local), each
+    called by NAME() and NAME_run() on its own inputs."""
+    functions, work, checks = [], [], []
+    for index, (name, (item, _)) in enumerate(bundles.items()):
+        inputs, (out,) = list(item.inputs), list(item.outputs)  # type: ignore[attr-defined]
+        names = [f"t{i}" for i in range(len(inputs))]
+        tensors = [
+            c_tensor(n, t, f'load(dir, "in{i}.bin", {nbytes(t)})')
+            for i, (n, t) in enumerate(zip(names, inputs, strict=True))
+        ]
+        tensors.append(c_tensor("out", out, f"malloc({nbytes(out)} + 1)"))
+        args = [f"&{n}" for n in [*names, "out"]]
+        functions.append(C_FUNCTION.format(index=index, name=name, tensors="\n".join(tensors),
+                                           pointers=", ".join(args), args=", ".join(args), count=len(args),
+                                           out_bytes=nbytes(out)))  # fmt: skip
+        arrays = inputs_of(item, 2)
+        work.append(raw_inputs(arrays, tmp_path / name))
+        checks.append((item, arrays, out))
+    source = tmp_path / "all.c"
+    includes = "\n".join(f'#include "{n}.h"' for n in bundles)
+    calls = ", ".join(f"call_{i}" for i in range(len(bundles)))
+    source.write_text(
+        C_PROGRAM.format(includes=includes, functions="".join(functions), count=len(bundles), calls=calls)
+    )
+    flags = [f for _, d in bundles.values() for f in (f"-I{d}", f"-I{d / 'include'}")]
+    libraries = [str(d / f"lib{d.name}.a") for _, d in bundles.values()]
+    program = tmp_path / "all"
+    cc = ["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", *flags, str(source), *libraries, "-ldl",
+          "-lpthread", "-o", str(program)]  # fmt: skip
+    compiled = subprocess.run(cc, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr[:3000]
+    proc = subprocess.run([str(program), *map(str, work)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for (item, arrays, out), directory in zip(checks, work, strict=True):
+        check_against_numpy(item, arrays, raw_output(directory, out))
+
+
+ENGINE = r"""/* An engine's own context, queue and buffers through add_f32_cl_enqueue; then the checks. */
+#include <stdio.h>
+#include <string.h>
+#include "add_f32.h"
+
+#define REPORT(what, call) printf("%s %d %s\n", what, (int)(call), add_f32_last_error())
+
+int main(void) {
+  float a[20], b[20], out[20] = {0};
+  int64_t shape[2] = {4, 5};
+  cl_platform_id platform;
+  cl_device_id device;
+  cl_int err;
+  for (int i = 0; i < 20; ++i) a[i] = (float)i, b[i] = 100.0f * (float)i;
+  clGetPlatformIDs(1, &platform, NULL);
+  clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL);
+  cl_context context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+  cl_context other = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+  cl_command_queue queue = clCreateCommandQueue(context, device, 0, &err);
+  cl_command_queue other_queue = clCreateCommandQueue(other, device, 0, &err);
+  cl_mem ma = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(a), a, &err);
+  cl_mem mb = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(b), b, &err);
+  cl_mem mout = clCreateBuffer(context, CL_MEM_READ_WRITE, sizeof(out), NULL, &err);
+  cl_mem small = clCreateBuffer(context, CL_MEM_READ_WRITE, 16, NULL, &err);
+  cl_mem elsewhere = clCreateBuffer(other, CL_MEM_READ_WRITE, sizeof(out), NULL, &err);
+  for (int call = 0; call < 2; ++call) {  /* the second call finds its program built */
+    REPORT("enqueue", add_f32_cl_enqueue(context, queue, ma, mb, mout));
+  }
+  clEnqueueReadBuffer(queue, mout, CL_TRUE, 0, sizeof(out), out, 0, NULL, NULL);
+  printf("values %g %g %g\n", out[0], out[1], out[19]);
+  REPORT("small", add_f32_cl_enqueue(context, queue, ma, mb, small));
+  REPORT("elsewhere", add_f32_cl_enqueue(context, queue, elsewhere, mb, mout));
+  REPORT("queue", add_f32_cl_enqueue(context, other_queue, ma, mb, mout));
+  REPORT("null", add_f32_cl_enqueue(context, queue, ma, NULL, mout));
+  REPORT("platform", add_f32_cl_open(7, 0));
+  REPORT("device", add_f32_cl_open(0, 9));
+  DLTensor ta = {a, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, NULL, 0}, tb = ta, tout = ta;
+  tb.data = b;
+  tout.data = out;
+  DLTensor wrong = ta;
+  wrong.dtype.code = kDLInt;
+  REPORT("dtype", add_f32(&wrong, &tb, &tout));
+  wrong = ta;
+  wrong.device.device_type = kDLOpenCL;
+  REPORT("memory", add_f32(&wrong, &tb, &tout));
+  wrong = ta;
+  wrong.ndim = 1;
+  REPORT("rank", add_f32(&wrong, &tb, &tout));
+  memset(out, 0, sizeof(out));
+  REPORT("open", add_f32_cl_open(0, 0));
+  REPORT("host", add_f32(&ta, &tb, &tout));
+  printf("values %g %g %g\n", out[0], out[1], out[19]);
+  add_f32_cl_close();
+  REPORT("reopened", add_f32(&ta, &tb, &tout));
+  return 0;
+}
+"""
+
+
+def test_an_engines_context_and_every_check(bundles, tmp_path: Path) -> None:
+    directory = bundles["add_f32"][1]
+    (tmp_path / "engine.c").write_text(ENGINE)
+    cc = ["gcc", "-std=c11", "-Wall", "-Werror", f"-I{directory}", f"-I{directory / 'include'}",
+          str(tmp_path / "engine.c"), str(directory / "libadd_f32.a"), "-lOpenCL", "-ldl", "-lpthread",
+          "-o", str(tmp_path / "engine")]  # fmt: skip
+    compiled = subprocess.run(cc, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr[:3000]
+    proc = subprocess.run([str(tmp_path / "engine")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "enqueue 0 ",
+        "enqueue 0 ",
+        "values 0 101 1919",
+        "small -1 add_f32: out has 16 bytes, expected at least 80 (float32 [4, 5])",
+        "elsewhere -1 add_f32: a belongs to another cl_context than the one given",
+        "queue -1 add_f32: the cl_command_queue belongs to another cl_context than the one given",
+        "null -1 add_f32: b is NULL",
+        "platform -1 add_f32: no OpenCL platform 7: expected 0 to 0",
+        "device -1 add_f32: no OpenCL device 0:9: platform 0 has 1 device",
+        "dtype -1 add_f32: a is int32, expected float32",
+        "memory -1 add_f32: a is on device (type 4, id 0): this call takes host memory"
+        " (add_f32_cl_enqueue takes cl_mem) (kDLCPU, id 0)",
+        "rank -1 add_f32: a has 1 dim, expected [4, 5]",
+        "open 0 ",
+        "host 0 ",
+        "values 0 101 1919",
+        "reopened 0 ",
+    ]
+
+
+def one_line(proc: subprocess.CompletedProcess[str], code: int, message: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.splitlines() == [f"deploy-run: {message}"]
+
+
+def test_deploy_run_errors(bundles, tmp_path: Path) -> None:
+    item, directory = bundles["add_f32"]
+    arrays = inputs_of(item, 3)
+    one_line(deploy_run(directory, arrays, tmp_path, "--cl-device", "3:0"), 2,
+             "add_f32: no OpenCL platform 3: expected 0 to 0")  # fmt: skip
+    one_line(deploy_run(directory, arrays, tmp_path, "--cl-device", "0"), 2,
+             "--cl-device 0: expected PLATFORM:DEVICE, e.g. 0:0")  # fmt: skip
+    one_line(deploy_run(directory, arrays, tmp_path, "--threads", "2"), 2,
+             "--threads applies to CPU bundles: this one runs on OpenCL")  # fmt: skip
+    assert deploy_run(directory, arrays, tmp_path, "--cl-device", "0:0").returncode == 0
+    one_line(deploy_run(directory, [arrays[0].astype(np.float64), arrays[1]], tmp_path), 2,
+             f"input a ({tmp_path}/in0.npy) is float64 [4, 5], expected float32 [4, 5]")  # fmt: skip
+
+
+def _isolated(script: str) -> list[str]:
+    """`script` in a user and mount namespace (to hide the OpenCL library or its drivers)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("needs unshare -rm (user namespaces) to hide the OpenCL library")
+    return ["unshare", "-rm", "sh", "-c", script]
+
+
+def test_no_opencl_library_or_platform(bundles, tmp_path: Path) -> None:
+    item, directory = bundles["add_f32"]
+    arrays = inputs_of(item, 4)
+    found = "readlink -f $(ldconfig -p | grep -m1 'libOpenCL.so.1 ' | sed 's/.*=> //')"
+    library = subprocess.run(["sh", "-c", found], capture_output=True, text=True).stdout.strip()
+    runner = (
+        f"{directory}/deploy-run {directory} -i {tmp_path}/in0.npy -i {tmp_path}/in1.npy -o {tmp_path}/o.npy"
+    )
+    deploy_run(directory, arrays, tmp_path)  # writes the inputs
+    proc = subprocess.run(_isolated(f"mount --bind /dev/null {library} && {runner}"), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("deploy-run: add_f32: no OpenCL library (libOpenCL.so.1, libOpenCL.so: ")
+    assert proc.stderr.endswith("(on Debian: ocl-icd-libopencl1 and pocl-opencl-icd)\n")
+    vendors = subprocess.run(_isolated(f"mount -t tmpfs none /etc/OpenCL/vendors && {runner}"),
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    one_line(vendors, 1, "add_f32: no OpenCL platform: install an OpenCL driver (on Debian: pocl-opencl-icd)")
+
+
+def test_kernels_that_cannot_build_or_need_fp16(tmp_path: Path) -> None:
+    """A source the device's compiler refuses (its log's first lines), and half arithmetic on a
+    device without cl_khr_fp16 (PoCL here), each a one-line failure."""
+    add = _op("add", {}, [(4, 5), (4, 5)])
+    compiled = compile_op(add, TARGET)
+    broken = OpenClProgram(compiled.executable.source.replace("__kernel void", "__kernel vod", 1),
+                           compiled.executable.plan)  # fmt: skip
+    export(replace(compiled, executable=broken), tmp_path / "broken", bundle=True)
+    proc = deploy_run(tmp_path / "broken", inputs_of(add, 5), tmp_path / "w")
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.splitlines()[-1]  # PoCL's compiler also writes "1 error generated." there
+    assert line.startswith("deploy-run: add: the kernels failed to build (OpenCL error -11): ")
+    assert "error" in line and "vod" in line
+    half = _op("add", {}, [(4, 5), (4, 5)], "float16")
+    export(compile_op(half, TARGET), tmp_path / "native", bundle=True)
+    assert "float16 is computed in half" in (tmp_path / "native" / "add.h").read_text()
+    proc = deploy_run(tmp_path / "native", inputs_of(half, 6), tmp_path / "w")
+    assert proc.returncode == 1
+    assert "the kernels compute in half, which needs cl_khr_fp16 and" in proc.stderr
+
+
+def test_layout_header_and_the_cli(tmp_path: Path) -> None:
+    result = invoke("build", "--op", "add", "--target", "opencl", "--shape", "4", "--shape", "4", "--bundle",
+                    "-o", str(tmp_path / "b"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    files = sorted(
+        p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*") if p.is_file()
+    )
+    assert files == [
+        "SHA256SUMS", "add.h", "deploy-run", "include/CL/cl.h", "include/CL/cl_platform.h",
+        "include/CL/cl_version.h", "include/dlpack/dlpack.h", "kernels.cl", "launch.json", "libadd.a",
+        "libadd.so", "manifest.json",
+    ]  # fmt: skip
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(tmp_path / "b" / "libadd.so")],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert sorted(line.split()[-1] for line in symbols.splitlines()) == [
+        "add", "add_cl_close", "add_cl_enqueue", "add_cl_open", "add_last_error", "add_run",
+    ]  # fmt: skip
+    needed = subprocess.run(["objdump", "-p", str(tmp_path / "b" / "libadd.so")], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    assert "libOpenCL" not in needed  # loaded at run time
+    refused = invoke("build", "--op", "add", "--target", "opencl", "--shape", "4", "--shape", "4", "--bundle",
+                     "--host-arch", "sparc", "-o", str(tmp_path / "c"))  # fmt: skip
+    assert refused.exit_code == 2 and "no platform 'sparc'" in refused.output
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="needs gcc-aarch64-linux-gnu")
+def test_aarch64_host_build(tmp_path: Path) -> None:
+    """The host code for an aarch64 board compiles and links (no aarch64 OpenCL driver here: under
+    qemu its runner says there is no OpenCL library)."""
+    add = _op("add", {}, [(4,), (4,)])
+    export(compile_op(add, TARGET), tmp_path / "a", bundle=True, host="aarch64")
+    for name in ("libadd.so", "deploy-run"):
+        assert elf_machine(tmp_path / "a" / name) == "aarch64"
+    if shutil.which("qemu-aarch64") is None:
+        return
+    np.save(tmp_path / "x.npy", np.ones(4, np.float32))
+    x, runner = str(tmp_path / "x.npy"), str(tmp_path / "a" / "deploy-run")
+    command = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", runner, str(tmp_path / "a"), "-i", x, "-i", x,
+               "-o", str(tmp_path / "o.npy")]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "no OpenCL library" in proc.stderr, proc.stderr
