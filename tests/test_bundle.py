@@ -1116,7 +1116,7 @@ def test_failed_bundle_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.
     def broken(*args: object, **kwargs: object) -> None:
         raise DeployError("gcc failed")
 
-    monkeypatch.setattr(toolchain.build.bundle, "_run", broken)
+    monkeypatch.setattr(toolchain.build.bundle, "run_tool", broken)
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     with pytest.raises(DeployError, match="gcc failed"):
         export(compile_op(bound, get_target("x86")), tmp_path / "b", bundle=True)

@@ -8,6 +8,7 @@ kind (`targets.py`); the code of each kind lives in a module of its own (`shared
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ class ArtifactKind:
     machine_code: bool
     """Its module is machine code (an ELF shared object), whose machine is checked against the
     device's before it is loaded; any other module is checked by the manifest's `arch`."""
+    bundle_host: str | None = None
+    """The CPU a bundle's host code is compiled for unless `--host-arch` says another (an OpenCL
+    bundle's); None: a bundle is the target's own CPU code."""
 
     def tvm_target(self, spec: dict[str, Any]) -> Any:
         """The TVM target for the target's `spec` dict."""
@@ -74,3 +78,27 @@ class ArtifactKind:
         """Write the compiled form into `staging`, with a graph's `constants` (as its kernels read
         them); returns the file the manifest pins."""
         raise NotImplementedError
+
+    def write_bundle(
+        self, compiled: Any, staging: Path, name: str | None, host: str | None
+    ) -> dict[str, str]:
+        """Write the C library of the compiled form into `staging` (all but SHA256SUMS), its
+        functions prefixed `name`, host code for `host` where `bundle_host` applies; returns the
+        manifest's `bundle` entry. The writer is the one registered for this kind."""
+        return _BUNDLE_WRITERS[self.name](compiled, staging, name, host or self.bundle_host)
+
+
+BundleWriter = Callable[[Any, Path, "str | None", "str | None"], dict[str, str]]
+"""(compiled form, staging directory, C prefix, host arch) -> the manifest's `bundle` entry."""
+_BUNDLE_WRITERS: dict[str, BundleWriter] = {}
+
+
+def bundle_writer(kind: str) -> Callable[[BundleWriter], BundleWriter]:
+    """Register the function writing the C bundles of the artifact kind named `kind` (a module
+    of its own: `bundle.py` for CPU code, `cl_bundle.py` for OpenCL plans)."""
+
+    def add(writer: BundleWriter) -> BundleWriter:
+        _BUNDLE_WRITERS[kind] = writer
+        return writer
+
+    return add

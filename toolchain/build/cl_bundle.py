@@ -26,6 +26,7 @@ from base.errors import DeployError
 from devices.native import SOURCES, cached_object, ffi_include
 from devices.platforms import get_platform
 from ops.spec import TensorType
+from toolchain.build.artifacts import bundle_writer
 from toolchain.build.bundle import (
     CFLAGS,
     DLPACK_HEADER,
@@ -33,14 +34,14 @@ from toolchain.build.bundle import (
     RUNNER_FLAGS,
     Bundled,
     Signature,
-    _c_params,
-    _dlpack_dtype,
-    _require,
-    _row_note,
-    _run,
-    _shape_text,
+    c_params,
     config_header,
+    dlpack_dtype,
     lto_plugin,
+    require_tool,
+    row_note,
+    run_tool,
+    shape_text,
     signature,
 )
 from toolchain.build.constants import BLOB, write_blob
@@ -99,13 +100,13 @@ def header(sig: Signature, plan: dict[str, Any], host: str, what: str) -> str:
     width = max(len(c) for c, _, _ in sig.params)
     written = {c for c, _, _ in sig.outputs}
     rows = "\n".join(
-        f" *   {c:<{width}}  {t.dtype:<8} {_shape_text(t)}{_row_note(c, n, c in written)}"
+        f" *   {c:<{width}}  {t.dtype:<8} {shape_text(t)}{row_note(c, n, c in written)}"
         for c, n, t in sig.params
     )
     constants = "\n".join(
         f"#define {upper}_{c.upper()}_NDIM {len(t.shape)}\n"
         f"#define {upper}_{c.upper()}_SHAPE {{{', '.join(map(str, t.shape)) or '0'}}}\n"
-        f"#define {upper}_{c.upper()}_DTYPE {_dlpack_dtype(t.dtype)}"
+        f"#define {upper}_{c.upper()}_DTYPE {dlpack_dtype(t.dtype)}"
         for c, _, t in sig.params
     )
     half = {
@@ -154,7 +155,7 @@ extern "C" {{
 /* Run {name} on host tensors (kDLCPU: inputs, then the outputs it writes) on the bundle's own
  * device (0:0 unless {name}_cl_open chose another, opened at the first call): uploads the inputs,
  * runs the kernels, downloads the outputs and returns when they are written. */
-int {name}({_c_params(sig)});
+int {name}({c_params(sig)});
 /* {name} on an array of the inputs and the outputs, in call order. */
 int {name}_run(DLTensor* const* args, int num_args);
 /* The bundle's own device: OpenCL platform `platform`, its device `device` (0, 0 first). */
@@ -187,16 +188,18 @@ def _plan_signature(compiled: Bundled, name: str | None) -> Signature:
     return replace(sig, params=params)
 
 
-def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: str) -> dict[str, str]:
+@bundle_writer("opencl")
+def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: str | None) -> dict[str, str]:
     """An OpenCL bundle's files, host code for `host`, into `staging` (SHA256SUMS is the caller's);
     returns the manifest's `bundle` entry."""
     sig = _plan_signature(compiled, name)
     plan, source = compiled.executable.plan, compiled.executable.source.encode()
+    assert host is not None, "the OpenCL kind's bundle_host is the default"
     platform = get_platform(host)
-    gcc = _require(platform, "gcc", platform.gcc_package)
-    gxx = _require(platform, "g++", platform.gxx_package)
-    objcopy = _require(platform, "objcopy", platform.binutils_package)
-    ar = _require(platform, "ar", platform.binutils_package)
+    gcc = require_tool(platform, "gcc", platform.gcc_package)
+    gxx = require_tool(platform, "g++", platform.gxx_package)
+    objcopy = require_tool(platform, "objcopy", platform.binutils_package)
+    ar = require_tool(platform, "ar", platform.binutils_package)
     missing = [h for h in CL_HEADERS if not (CL_INCLUDE / h).is_file()]
     if missing:
         raise DeployError(f"{CL_INCLUDE / missing[0]} not found: install the Debian package opencl-c-headers")
@@ -221,24 +224,24 @@ def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: st
     includes = [f"-I{work}", f"-I{staging.resolve()}", f"-I{include}", f"-I{SOURCES}"]
     api, glue = work / "api.o", work / "glue.o"
     for source_file, obj in (("cl_bundle.c", api), ("runner_glue.c", glue)):
-        _run(
+        run_tool(
             [gcc, *CFLAGS, *includes, f"-Wa,-I{work}", "-c", str(SOURCES / source_file), "-o", str(obj)],
             f"{gcc} on {source_file}",
         )  # -Wa,-I: where .incbin finds kernels.cl and constants.bin
     names = work / "api.txt"
     names.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
     single = work / f"{prefix}.o"
-    _run([objcopy, f"--keep-global-symbols={names}", str(api), str(single)], "objcopy")
+    run_tool([objcopy, f"--keep-global-symbols={names}", str(api), str(single)], "objcopy")
     static = staging / f"lib{prefix}.a"
-    _run([ar, *lto_plugin(gcc), "rcs", str(static), str(single)], "ar")
+    run_tool([ar, *lto_plugin(gcc), "rcs", str(static), str(single)], "ar")
     shared = staging / f"lib{prefix}.so"
-    _run(
+    run_tool(
         [gcc, "-shared", "-static-libgcc", f"-Wl,-soname,lib{prefix}.so", str(single), "-o", str(shared),
          "-ldl", "-lpthread"],
         f"{gcc} -shared (lib{prefix}.so)",
     )  # fmt: skip
     runner = cached_object(gxx, SOURCES / "run.cc", RUNNER_FLAGS)
-    _run(
+    run_tool(
         [gxx, "-s", "-static-libstdc++", "-static-libgcc", str(runner), str(glue), str(static), "-o",
          str(staging / RUNNER), "-ldl", "-lpthread"],
         f"{gxx} (deploy-run)",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from base.errors import UsageError, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
+from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
 from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, PARTIAL, Manifest, artifact_lock

@@ -461,4 +461,5 @@ OPENCL_PLAN = OpenClPlan(
     graph_entry="function",
     symbolic_batch=False,
     machine_code=False,
+    bundle_host="x86_64",
 )
