@@ -253,7 +253,7 @@ int main(int argc, char** argv) {{
 C_FUNCTION = """
 static int call_{index}(const char* dir) {{
 {tensors}
-  if ({name}({args}) != 0) {{
+{listed}  if ({name}({args}) != 0{also}) {{
     fprintf(stderr, "%s: %s\\n", dir, {name}_last_error());
     return 1;
   }}
@@ -262,7 +262,8 @@ static int call_{index}(const char* dir) {{
 """
 
 
-def c_function(index: int, name: str, inputs: list[TensorType], out: TensorType) -> str:
+def c_function(index: int, name: str, inputs: list[TensorType], out: TensorType, via_run: bool) -> str:
+    """`call_INDEX(dir)`: NAME() on the inputs in `dir`, then (`via_run`) NAME_run() too."""
     names = [f"t{i}" for i in range(len(inputs))]
     tensors = [
         c_tensor(n, t, f'load(dir, "in{i}.bin", {nbytes(t)})')
@@ -270,18 +271,32 @@ def c_function(index: int, name: str, inputs: list[TensorType], out: TensorType)
     ]
     tensors.append(c_tensor("out", out, f"aligned({nbytes(out)})"))
     args = ", ".join(f"&{n}" for n in [*names, "out"])
+    listed = f"  DLTensor* all[] = {{{args}}};\n" if via_run else ""
+    also = f" || {name}_run(all, {len(names) + 1}) != 0" if via_run else ""
     return C_FUNCTION.format(
-        index=index, name=name, tensors="\n".join(tensors), args=args, out_bytes=nbytes(out)
-    )
+        index=index, name=name, tensors="\n".join(tensors), args=args, listed=listed, also=also,
+        out_bytes=nbytes(out),
+    )  # fmt: skip
+
+
+STATIC = ("-lm", "-lpthread", "-static")
+"""How a CPU bundle's test program links: static, as deploy-run is."""
 
 
 def c_program(
-    calls: list[tuple[str, Path, list[TensorType], TensorType]], program: Path, target: str
+    calls: list[tuple[str, Path, list[TensorType], TensorType]],
+    program: Path,
+    target: str,
+    via_run: bool = False,
+    libs: tuple[str, ...] = STATIC,
 ) -> Path:
-    """One C program calling each (bundle name, directory, input types, output type) in turn,
-    linked with every bundle's static library (warnings are errors)."""
+    """One C program calling each (bundle name, directory, input types, output type) in turn, by
+    NAME() and (`via_run`) NAME_run(), linked with every bundle's static library and `libs`
+    (warnings are errors)."""
     includes = "\n".join(f'#include "{name}.h"' for name in dict.fromkeys(c[0] for c in calls))
-    functions = "".join(c_function(i, name, inputs, out) for i, (name, _, inputs, out) in enumerate(calls))
+    functions = "".join(
+        c_function(i, name, inputs, out, via_run) for i, (name, _, inputs, out) in enumerate(calls)
+    )
     source = C_PROGRAM.format(
         includes=includes, functions=functions, calls=", ".join(f"call_{i}" for i in range(len(calls))),
         count=len(calls),
@@ -291,8 +306,7 @@ def c_program(
     flags = [f for d in directories for f in (f"-I{d}", f"-I{d / 'include'}")]
     libraries = [str(d / f"lib{Manifest.read(d).bundle['name']}.a") for d in directories]
     cmd = [TARGETS[target].tool("gcc"), "-std=c99", "-Wall", "-Wextra", "-Werror", *flags,
-           str(program.with_suffix(".c")), *libraries, "-lm", "-lpthread", "-static", "-o",
-           str(program)]  # fmt: skip
+           str(program.with_suffix(".c")), *libraries, *libs, "-o", str(program)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[:3000]
     return program

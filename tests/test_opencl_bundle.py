@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bundle import c_tensor, check_against_numpy, nbytes, raw_inputs, raw_output
+from test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
 from test_constants import graphs
 
 from devices.elf import elf_machine
@@ -107,86 +107,17 @@ def test_every_case_through_deploy_run(bundles, tmp_path: Path) -> None:
         check_against_numpy(item, arrays, np.load(tmp_path / name / "out.npy"))
 
 
-C_PROGRAM = """/* Every bundle called on raw files (argv: a directory per call), then NAME_run. */
-#include <stdio.h>
-#include <stdlib.h>
-{includes}
-
-static void* load(const char* dir, const char* name, size_t bytes) {{
-  char path[4096];
-  void* data = malloc(bytes + 1);
-  FILE* file;
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  file = fopen(path, "rb");
-  if (data == NULL || file == NULL || fread(data, 1, bytes, file) != bytes) exit(3);
-  fclose(file);
-  return data;
-}}
-
-static int save(const char* dir, const void* data, size_t bytes) {{
-  char path[4096];
-  FILE* file;
-  snprintf(path, sizeof(path), "%s/out.bin", dir);
-  file = fopen(path, "wb");
-  if (file == NULL || fwrite(data, 1, bytes, file) != bytes) return 3;
-  fclose(file);
-  return 0;
-}}
-{functions}
-int main(int argc, char** argv) {{
-  int (*calls[])(const char*) = {{{calls}}};
-  int i, failed = 0;
-  if (argc != {count} + 1) return 3;
-  for (i = 0; i < {count}; ++i) failed |= calls[i](argv[i + 1]);
-  return failed;
-}}
-"""
-
-C_FUNCTION = """
-static int call_{index}(const char* dir) {{
-{tensors}
-  DLTensor* all[] = {{{pointers}}};
-  if ({name}({args}) != 0 || {name}_run(all, {count}) != 0) {{
-    fprintf(stderr, "%s: %s\\n", dir, {name}_last_error());
-    return 1;
-  }}
-  return save(dir, out.data, {out_bytes});
-}}
-"""
-
-
 def test_every_case_from_one_c_program(bundles, tmp_path: Path) -> None:
     """All the bundles linked into one C program (each keeps its symbols but NAME_* local), each
-    called by NAME() and NAME_run() on its own inputs."""
-    functions, work, checks = [], [], []
-    for index, (name, (item, _)) in enumerate(bundles.items()):
+    called by NAME() and NAME_run() on its own inputs; glibc shared, as the driver is dlopened."""
+    calls, work, checks = [], [], []
+    for name, (item, directory) in bundles.items():
         inputs, (out,) = list(item.inputs), list(item.outputs)  # type: ignore[attr-defined]
-        names = [f"t{i}" for i in range(len(inputs))]
-        tensors = [
-            c_tensor(n, t, f'load(dir, "in{i}.bin", {nbytes(t)})')
-            for i, (n, t) in enumerate(zip(names, inputs, strict=True))
-        ]
-        tensors.append(c_tensor("out", out, f"malloc({nbytes(out)} + 1)"))
-        args = [f"&{n}" for n in [*names, "out"]]
-        functions.append(C_FUNCTION.format(index=index, name=name, tensors="\n".join(tensors),
-                                           pointers=", ".join(args), args=", ".join(args), count=len(args),
-                                           out_bytes=nbytes(out)))  # fmt: skip
+        calls.append((name, directory, inputs, out))
         arrays = inputs_of(item, 2)
         work.append(raw_inputs(arrays, tmp_path / name))
         checks.append((item, arrays, out))
-    source = tmp_path / "all.c"
-    includes = "\n".join(f'#include "{n}.h"' for n in bundles)
-    calls = ", ".join(f"call_{i}" for i in range(len(bundles)))
-    source.write_text(
-        C_PROGRAM.format(includes=includes, functions="".join(functions), count=len(bundles), calls=calls)
-    )
-    flags = [f for _, d in bundles.values() for f in (f"-I{d}", f"-I{d / 'include'}")]
-    libraries = [str(d / f"lib{d.name}.a") for _, d in bundles.values()]
-    program = tmp_path / "all"
-    cc = ["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", *flags, str(source), *libraries, "-ldl",
-          "-lpthread", "-o", str(program)]  # fmt: skip
-    compiled = subprocess.run(cc, capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr[:3000]
+    program = c_program(calls, tmp_path / "all", "x86", via_run=True, libs=("-ldl", "-lpthread"))
     proc = subprocess.run([str(program), *map(str, work)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for (item, arrays, out), directory in zip(checks, work, strict=True):

@@ -13,12 +13,7 @@
 #include "runtime.h"
 #include DEPLOY_HEADER
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define API(suffix) CAT(DEPLOY_PREFIX, suffix)
-#define STRING_(x) #x
-#define STRING(x) STRING_(x)
-#define EXPORT __attribute__((visibility("default"))) /* the rest is hidden (-fvisibility=hidden) */
+#include "bundle_names.h"
 
 #include "bundle_check.h"
 
@@ -99,12 +94,8 @@ EXPORT int API(_with_workspace)(DEPLOY_PARAMS, void* workspace, size_t workspace
 }
 
 EXPORT int API(_run)(DLTensor* const* args, int num_args) {
-  last_error[0] = '\0';
-  if (args == NULL) return fail(BAD_ARGUMENT, "args is NULL: expected an array of the inputs and the outputs");
-  if (num_args != DEPLOY_NUM_TENSORS) {
-    return fail(BAD_ARGUMENT, "expected %d inputs and %d output%s (%d tensors), got %d", DEPLOY_NUM_INPUTS,
-                DEPLOY_NUM_OUTPUTS, DEPLOY_NUM_OUTPUTS == 1 ? "" : "s", DEPLOY_NUM_TENSORS, num_args);
-  }
+  int checked = check_run_args(args, num_args);
+  if (checked != OK) return checked;
   return run((const DLTensor* const*)args, NULL, 0, 0);
 }
 

@@ -1,5 +1,5 @@
 /* The checks every bundle's API makes of its tensors (bundle.c, cl_bundle.c) and its one-line
- * error: included once by the API's source, after bundle.h and with STRING() defined. A bundle
+ * error: included once by the API's source, after bundle.h and bundle_names.h. A bundle
  * that takes host memory for a device defines DEPLOY_HOST_ONLY_TEXT to say so.
  */
 #ifndef DEPLOY_BUNDLE_CHECK_H_
@@ -123,6 +123,17 @@ static int check_tensor(const DLTensor* given, const DeployTensorSpec* spec, int
 }
 
 /* Check every tensor, find the symbolic dims; `*folded` as the kernels take them. */
+/* NAME_run's array: there, and one tensor per parameter (last_error cleared first). */
+static int check_run_args(DLTensor* const* args, int num_args) {
+  last_error[0] = '\0';
+  if (args == NULL) return fail(BAD_ARGUMENT, "args is NULL: expected an array of the inputs and the outputs");
+  if (num_args != DEPLOY_NUM_TENSORS) {
+    return fail(BAD_ARGUMENT, "expected %d inputs and %d output%s (%d tensors), got %d", DEPLOY_NUM_INPUTS,
+                DEPLOY_NUM_OUTPUTS, DEPLOY_NUM_OUTPUTS == 1 ? "" : "s", DEPLOY_NUM_TENSORS, num_args);
+  }
+  return OK;
+}
+
 static int check_all(const DLTensor* const* args, DLTensor* folded, int64_t* symbols) {
   const char* giver[DEPLOY_NUM_SYMBOLS + 1] = {NULL};
   for (int i = 0; i < DEPLOY_NUM_TENSORS; ++i) {

@@ -3,11 +3,7 @@
 
 #include DEPLOY_HEADER
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define API(suffix) CAT(DEPLOY_PREFIX, suffix)
-#define STRING_(x) #x
-#define STRING(x) STRING_(x)
+#include "bundle_names.h"
 
 #ifdef DEPLOY_OPENCL /* bundle_config.h of an OpenCL bundle: no threads, a device to choose */
 #define THREADS NULL

@@ -204,15 +204,20 @@ def row_note(c_name: str, name: str, written: bool) -> str:
     return "" if c_name == name else f"  (model input {name!r})"
 
 
-def header(sig: Signature, target: Target, what: str) -> str:
-    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
-    name, upper = sig.name, sig.name.upper()
+def tensor_rows(sig: Signature) -> str:
+    """The header comment's rows: each tensor in call order with its dtype, shape and note."""
     width = max(len(c) for c, _, _ in sig.params)
     written = {c for c, _, _ in sig.outputs}
-    rows = "\n".join(
+    return "\n".join(
         f" *   {c:<{width}}  {t.dtype:<8} {shape_text(t)}{row_note(c, n, c in written)}"
         for c, n, t in sig.params
     )
+
+
+def header(sig: Signature, target: Target, what: str) -> str:
+    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
+    name, upper = sig.name, sig.name.upper()
+    rows = tensor_rows(sig)
     names = _symbol_names(sig)
     batch = (
         f" * {', '.join(names)}: read from the tensors at each call (the same in all, 1 to 2^31-1).\n"
@@ -433,21 +438,39 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     api.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
     single = work / f"{prefix}.o"
     run_tool([binutils["objcopy"], f"--keep-global-symbols={api}", str(combined), str(single)], "objcopy")
+    entry = libraries_and_runner(
+        (gcc, gxx, binutils["ar"]), single, objects[3], staging, prefix, ("-lm", "-lpthread"), ("-static",)
+    )
+    shutil.rmtree(work)
+    return entry
+
+
+def libraries_and_runner(
+    tools: tuple[str, str, str],
+    single: Path,
+    glue: Path,
+    staging: Path,
+    prefix: str,
+    libs: tuple[str, ...],
+    runner_flags: tuple[str, ...],
+) -> dict[str, str]:
+    """From the bundle's one object `single` (its API alone global): libPREFIX.a, libPREFIX.so
+    and deploy-run (run.cc with `glue`, linked with `runner_flags`), each linked with `libs`, by
+    `tools` (gcc, g++, ar) into `staging`; the manifest's `bundle` entry."""
+    gcc, gxx, ar = tools
     static = staging / f"lib{prefix}.a"
-    run_tool([binutils["ar"], *plugin, "rcs", str(static), str(single)], "ar")
+    run_tool([ar, *lto_plugin(gcc), "rcs", str(static), str(single)], "ar")
     shared = staging / f"lib{prefix}.so"
     run_tool(
         [gcc, "-shared", "-static-libgcc", f"-Wl,-soname,lib{prefix}.so", str(single), "-o", str(shared),
-         "-lm", "-lpthread"],
+         *libs],
         f"{gcc} -shared (lib{prefix}.so)",
     )  # fmt: skip
     runner = cached_object(gxx, SOURCES / "run.cc", RUNNER_FLAGS)
     run_tool(
-        [gxx, "-static", "-s", str(runner), str(objects[3]), str(static), "-o", str(staging / RUNNER), "-lm",
-         "-lpthread"],
+        [gxx, *runner_flags, "-s", str(runner), str(glue), str(static), "-o", str(staging / RUNNER), *libs],
         f"{gxx} (deploy-run)",
-    )  # fmt: skip
-    shutil.rmtree(work)
+    )
     return {
         "name": prefix,
         "header": f"{prefix}.h",

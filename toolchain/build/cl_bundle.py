@@ -23,26 +23,23 @@ from typing import Any
 import numpy as np
 
 from base.errors import DeployError
-from devices.native import SOURCES, cached_object, ffi_include
+from devices.native import SOURCES, ffi_include
 from devices.platforms import get_platform
 from ops.spec import TensorType
 from toolchain.build.artifacts import bundle_writer
 from toolchain.build.bundle import (
     CFLAGS,
     DLPACK_HEADER,
-    RUNNER,
-    RUNNER_FLAGS,
     Bundled,
     Signature,
     c_params,
     config_header,
     dlpack_dtype,
-    lto_plugin,
+    libraries_and_runner,
     require_tool,
-    row_note,
     run_tool,
-    shape_text,
     signature,
+    tensor_rows,
 )
 from toolchain.build.constants import BLOB, write_blob
 
@@ -97,12 +94,7 @@ static const DeployClConstant deploy_cl_constants[] = {{  /* offset in the blob,
 def header(sig: Signature, plan: dict[str, Any], host: str, what: str) -> str:
     """`NAME.h`: the API (C99) and the tensors it was built for."""
     name, upper = sig.name, sig.name.upper()
-    width = max(len(c) for c, _, _ in sig.params)
-    written = {c for c, _, _ in sig.outputs}
-    rows = "\n".join(
-        f" *   {c:<{width}}  {t.dtype:<8} {shape_text(t)}{row_note(c, n, c in written)}"
-        for c, n, t in sig.params
-    )
+    rows = tensor_rows(sig)
     constants = "\n".join(
         f"#define {upper}_{c.upper()}_NDIM {len(t.shape)}\n"
         f"#define {upper}_{c.upper()}_SHAPE {{{', '.join(map(str, t.shape)) or '0'}}}\n"
@@ -232,26 +224,15 @@ def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: st
     names.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
     single = work / f"{prefix}.o"
     run_tool([objcopy, f"--keep-global-symbols={names}", str(api), str(single)], "objcopy")
-    static = staging / f"lib{prefix}.a"
-    run_tool([ar, *lto_plugin(gcc), "rcs", str(static), str(single)], "ar")
-    shared = staging / f"lib{prefix}.so"
-    run_tool(
-        [gcc, "-shared", "-static-libgcc", f"-Wl,-soname,lib{prefix}.so", str(single), "-o", str(shared),
-         "-ldl", "-lpthread"],
-        f"{gcc} -shared (lib{prefix}.so)",
-    )  # fmt: skip
-    runner = cached_object(gxx, SOURCES / "run.cc", RUNNER_FLAGS)
-    run_tool(
-        [gxx, "-s", "-static-libstdc++", "-static-libgcc", str(runner), str(glue), str(static), "-o",
-         str(staging / RUNNER), "-ldl", "-lpthread"],
-        f"{gxx} (deploy-run)",
-    )  # fmt: skip
+    # deploy-run dlopens the driver: glibc stays shared (a static program cannot dlopen)
+    entry = libraries_and_runner(
+        (gcc, gxx, ar),
+        single,
+        glue,
+        staging,
+        prefix,
+        ("-ldl", "-lpthread"),
+        ("-static-libstdc++", "-static-libgcc"),
+    )
     shutil.rmtree(work)
-    return {
-        "name": prefix,
-        "header": f"{prefix}.h",
-        "library": shared.name,
-        "static_library": static.name,
-        "runner": RUNNER,
-        "arch": host,
-    }
+    return {**entry, "arch": host}
