@@ -5,6 +5,7 @@ kernel that does not build, bad tensors and bad cl_mem buffers; the aarch64 host
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -304,6 +305,22 @@ def test_layout_header_and_the_cli(tmp_path: Path) -> None:
                      "--host-arch", "sparc", "-o", str(tmp_path / "c"))  # fmt: skip
     assert refused.exit_code == 2 and "no platform 'sparc'" in refused.output
     assert not (tmp_path / "c").exists()
+    cpu = invoke("build", "--op", "add", "--target", "x86", "--shape", "4", "--shape", "4", "--fp16",
+                 "storage", "-o", str(tmp_path / "d"))  # fmt: skip
+    assert cpu.exit_code == 2 and "--fp16 applies to OpenCL targets; x86 writes" in cpu.output
+
+
+def test_half_storage_from_the_cli_runs_where_half_arithmetic_is_refused(tmp_path: Path) -> None:
+    """`deploy build --fp16 storage`: float16 computed in float32, on PoCL (no cl_khr_fp16)."""
+    built = invoke("build", "--op", "add", "--target", "opencl", "--shape", "3x5", "--shape", "5", "--dtype",
+                   "float16", "--fp16", "storage", "--bundle", "-o", str(tmp_path / "b"))  # fmt: skip
+    assert built.exit_code == 0, built.output
+    assert json.loads((tmp_path / "b" / "launch.json").read_text())["float16"] == "storage"
+    half = _op("add", {}, [(3, 5), (5,)], "float16")
+    arrays = inputs_of(half, 7)
+    proc = deploy_run(tmp_path / "b", arrays, tmp_path / "w")
+    assert proc.returncode == 0, proc.stderr
+    check_against_numpy(half, arrays, np.load(tmp_path / "w" / "out.npy"))
 
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="needs gcc-aarch64-linux-gnu")

@@ -113,7 +113,7 @@ static int check_fp16(cl_context context) {
     if (strstr(extensions, "cl_khr_fp16") == NULL) {
       ocl.clGetDeviceInfo(devices[i], CL_DEVICE_NAME, sizeof(name) - 1, name, NULL);
       return fail(NO_OPENCL, "the kernels compute in half, which needs cl_khr_fp16 and %s has none: build"
-                  " float16 as half storage for this device", name);
+                  " with --fp16 storage for this device", name);
     }
   }
   return OK;

@@ -41,6 +41,9 @@ class ArtifactKind:
     machine_code: bool
     """Its module is machine code (an ELF shared object), whose machine is checked against the
     device's before it is loaded; any other module is checked by the manifest's `arch`."""
+    fp16_choice: bool = False
+    """float16 builds either way, half arithmetic or half storage computed in float32 (`deploy
+    build --fp16`), for devices that lack half arithmetic (an OpenCL device without cl_khr_fp16)."""
     bundle_host: str | None = None
     """The CPU a bundle's host code is compiled for unless `--host-arch` says another (an OpenCL
     bundle's); None: a bundle is the target's own CPU code."""

@@ -461,5 +461,6 @@ OPENCL_PLAN = OpenClPlan(
     graph_entry="function",
     symbolic_batch=False,
     machine_code=False,
+    fp16_choice=True,
     bundle_host="x86_64",
 )

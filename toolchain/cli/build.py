@@ -71,6 +71,12 @@ from toolchain.cli.options import (
     help="An OpenCL bundle's host CPU, which its library and deploy-run are compiled for:"
     " x86_64, aarch64, armv7l or riscv64 [default: x86_64].",
 )
+@click.option(
+    "--fp16",
+    type=click.Choice(["native", "storage"]),
+    help="OpenCL float16: native half arithmetic (devices with cl_khr_fp16: Mali, Adreno), or storage:"
+    " half in memory, computed in float32 (NVIDIA, PoCL) [default: native].",
+)
 def build_command(
     op_name: str | None,
     model: str | None,
@@ -87,6 +93,7 @@ def build_command(
     alignment: str | None,
     bundle_name: str | None,
     host_arch: str | None,
+    fp16: str | None,
 ) -> None:
     """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
     and manifest.json (split for --cores, else for the cores of --device or the target's default
@@ -108,6 +115,10 @@ def build_command(
         kind = target.artifact.name
         raise UsageError(f"--alignment applies to CPU targets; {target.name} writes {kind} kernels")
     target = target.with_alignment(int(alignment) if alignment else None)
+    if fp16 is not None and not target.artifact.fp16_choice:
+        kind = target.artifact.name
+        raise UsageError(f"--fp16 applies to OpenCL targets; {target.name} writes {kind} kernels")
+    target = target.with_fp16_storage(fp16 == "storage")
     if bundle:
         check_bundle(target, bundle_name, host_arch)
     if model is not None:
