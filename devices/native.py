@@ -31,6 +31,11 @@ from devices.platforms import Platform
 SOURCES = Path(__file__).resolve().parent / "native"
 SERVER_SOURCE = SOURCES / "rpc_server.cc"
 SERVER = "deploy-rpc-server"
+CL_PROBE = "deploy-cl-probe"
+"""The program that says what a board's OpenCL device is (cl_probe.c: its name and extensions)."""
+CL_INCLUDE = Path("/usr/include/CL")
+CL_HEADERS = ("cl.h", "cl_platform.h", "cl_version.h")
+"""Khronos' OpenCL headers (Debian's opencl-c-headers) that OpenCL host code is compiled with."""
 WHEELS = {"tvm": "apache-tvm==0.27.0.post1", "tvm_ffi": "apache-tvm-ffi==0.1.14.post1"}
 WHEEL_SHA256 = {
     "apache_tvm-0.27.0.post1-py3-none-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl":
@@ -311,3 +316,35 @@ def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
             ]
             _compile(cmd, compiler, source)
     return directory / name[0]
+
+
+def cl_include(into: Path) -> Path:
+    """`into` with a copy of the OpenCL headers in `into/CL` (a cross compiler does not search
+    /usr/include), for `-I`; a one-line DeployError naming the package when they are missing."""
+    missing = [h for h in CL_HEADERS if not (CL_INCLUDE / h).is_file()]
+    if missing:
+        raise DeployError(f"{CL_INCLUDE / missing[0]} not found: install the Debian package opencl-c-headers")
+    (into / "CL").mkdir(parents=True, exist_ok=True)
+    for name in CL_HEADERS:
+        shutil.copy2(CL_INCLUDE / name, into / "CL" / name)
+    return into
+
+
+def cl_probe(target: Platform) -> Path:
+    """A directory with `deploy-cl-probe` for `target` and its SHA256SUMS (cl_probe.c, linked
+    with glibc dynamically: it dlopens the OpenCL library), built once per content hash."""
+    gcc = target.tool("gcc")
+    if shutil.which(gcc) is None:
+        package = target.gcc_package
+        raise DeployError(f"{gcc} for {target.arch} not found: install the Debian package {package}")
+    source = SOURCES / "cl_probe.c"
+    flags = ("-std=gnu99", "-O2", "-Wall", "-s")
+    digest = hashlib.sha256(" ".join((gcc, *flags, _compiler_version(gcc))).encode())
+    digest.update(source.read_bytes())
+    directory = cache_root() / "cl-probe" / f"{target.arch}-{digest.hexdigest()[:16]}"
+    if not _whole(directory, (CL_PROBE,)):
+        with _staged(directory, (CL_PROBE,)) as staging, tempfile.TemporaryDirectory() as headers:
+            include = cl_include(Path(headers))
+            cmd = [gcc, *flags, f"-I{include}", str(source), "-o", str(staging / CL_PROBE), "-ldl"]
+            _compile(cmd, gcc, source)
+    return directory

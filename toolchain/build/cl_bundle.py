@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import DeployError
-from devices.native import SOURCES, ffi_include
+from devices.native import SOURCES, cl_include, ffi_include
 from devices.platforms import get_platform
 from ops.spec import TensorType
 from toolchain.build.artifacts import bundle_writer
@@ -43,9 +42,6 @@ from toolchain.build.bundle import (
 )
 from toolchain.build.constants import BLOB, write_blob
 
-CL_INCLUDE = Path("/usr/include/CL")
-CL_HEADERS = ("cl.h", "cl_platform.h", "cl_version.h")
-"""Khronos' OpenCL headers NAME.h includes (Debian's opencl-c-headers), shipped in include/CL."""
 API_SUFFIXES = ("", "_run", "_last_error", "_cl_open", "_cl_close", "_cl_enqueue")
 ROLES = {"input": "DEPLOY_CL_TENSOR", "output": "DEPLOY_CL_TENSOR", "scratch": "DEPLOY_CL_SCRATCH",
          "constant": "DEPLOY_CL_CONSTANT"}  # fmt: skip
@@ -192,18 +188,13 @@ def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: st
     gxx = require_tool(platform, "g++", platform.gxx_package)
     objcopy = require_tool(platform, "objcopy", platform.binutils_package)
     ar = require_tool(platform, "ar", platform.binutils_package)
-    missing = [h for h in CL_HEADERS if not (CL_INCLUDE / h).is_file()]
-    if missing:
-        raise DeployError(f"{CL_INCLUDE / missing[0]} not found: install the Debian package opencl-c-headers")
     prefix = sig.name
     work = (staging / ".bundle-build").resolve()
     work.mkdir()
     include = (staging / "include").resolve()
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
-    (include / "CL").mkdir()
-    for name_ in CL_HEADERS:
-        shutil.copy2(CL_INCLUDE / name_, include / "CL" / name_)
+    cl_include(include)  # the OpenCL headers NAME.h includes, shipped in include/CL
     what = f"the {'graph' if plan.get('constants') is not None else 'op'} {compiled.bundle_signature()[0]}"
     (staging / f"{prefix}.h").write_text(header(sig, plan, host, what))
     (work / "bundle_config.h").write_text("#define DEPLOY_OPENCL 1\n" + config_header(sig, 1))
