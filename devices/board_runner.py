@@ -72,7 +72,9 @@ class SshRunnerLink:
         self.bundles = posixpath.join(shell.remote_dir, "bundles")
         self.calls = posixpath.join(shell.remote_dir, "calls")
 
-    def bundle(self, directory: Path) -> str:
+    def bundle(self, directory: Path, program: str = RUNNER) -> str:
+        """Where the files `directory`'s SHA256SUMS lists are on the board, pushed unless they are
+        there already, `program` among them made executable."""
         sums = (directory / SUMS).read_bytes()
         remote = posixpath.join(self.bundles, hashlib.sha256(sums).hexdigest()[:24])
         with (
@@ -90,7 +92,7 @@ class SshRunnerLink:
                 _make_dirs(sftp, folder)
             for name in files:
                 sftp.put(str(directory / name), posixpath.join(staging, name))
-            sftp.chmod(posixpath.join(staging, RUNNER), 0o755)
+            sftp.chmod(posixpath.join(staging, program), 0o755)
             sftp.rename(staging, remote)
         return remote
 

@@ -27,6 +27,8 @@ PROTOCOLS = ("tvm", "runner")
 (`deploy device setup` pushes it; glibc 2.34 or newer), or "runner", each artifact's own C bundle
 and its static `deploy-run`, pushed per bundle (nothing to set up, any libc: `devices/board_runner.py`)."""
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+OPENCL_DEVICE = re.compile(r"[0-9]{1,4}:[0-9]{1,4}")
+"""A board's OpenCL device as `--opencl` gives it: PLATFORM:DEVICE, OpenCL's indices."""
 DEFAULT_REMOTE_DIR = ".deploy"
 
 
@@ -69,6 +71,9 @@ class Board:
     remote_dir: str = DEFAULT_REMOTE_DIR
     protocol: str = ""
     """One of PROTOCOLS; "" is the arch's default: "tvm" where TVM has a runtime for it, else "runner"."""
+    opencl: str = ""
+    """The board's OpenCL device, PLATFORM:DEVICE ("0:0"), which runs `--target opencl` builds as
+    OpenCL bundles through their runner (`devices/board_opencl.py`); "": it has none."""
 
     @property
     def speaks(self) -> str:
@@ -85,7 +90,8 @@ class Board:
     def check(self) -> Board:
         """Every field of the right type and in range (the config file may be edited by hand);
         a UsageError naming the first that is not."""
-        texts = {"name": self.name, "host": self.host, "user": self.user, "arch": self.arch}
+        texts = {"name": self.name, "host": self.host, "user": self.user, "arch": self.arch,
+                 "opencl": self.opencl}  # fmt: skip
         for field_name, value in {**texts, "remote_dir": self.remote_dir}.items():
             if not isinstance(value, str):
                 raise UsageError(f"board {field_name} {value!r}: expected a string")
@@ -121,6 +127,10 @@ class Board:
         if self.speaks == "tvm" and not get_platform(self.arch).tvm_runtime:
             raise UsageError(
                 f"board protocol tvm on {self.arch}: TVM has no runtime for it (expected --protocol runner)"
+            )
+        if self.opencl and not OPENCL_DEVICE.fullmatch(self.opencl):
+            raise UsageError(
+                f"board opencl {self.opencl!r}: expected PLATFORM:DEVICE, OpenCL's indices (e.g. 0:0)"
             )
         check_remote_dir(self.remote_dir)
         return self

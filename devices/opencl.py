@@ -184,6 +184,7 @@ class OpenClSession:
 
     arch = "opencl"
     bundles = False
+    bundle_host: str | None = None
 
     def __init__(self, device: Any, label: str) -> None:
         cl = _cl()

@@ -42,6 +42,9 @@ class Session(Protocol):
     bundles: bool
     """It runs an artifact's C bundle (through its `deploy-run`: `devices/runner.py`), not its
     module: builds for it carry one."""
+    bundle_host: str | None
+    """The CPU its bundles' host code runs on where that is not the device (an OpenCL device's
+    board: `Target.bundle_host`); None: the device's own, or the kind's default."""
 
     def run(
         self,
@@ -115,6 +118,7 @@ class Device:
 
 _DEVICES: dict[str, Callable[[], Device]] = {}
 _SOURCES: list[Callable[[str], Device | None]] = []
+_SIDES: list[Callable[[str, str], Device | None]] = []
 
 
 def register_device(name: str) -> Callable[[Callable[[], Device]], Callable[[], Device]]:
@@ -132,6 +136,12 @@ def register_device_source(find: Callable[[str], Device | None]) -> None:
     _SOURCES.append(find)
 
 
+def register_device_side(find: Callable[[str, str], Device | None]) -> None:
+    """Add a lookup for another side of the device named `name`, the one that runs `arch`
+    modules where the device itself runs others (a board's OpenCL device beside its CPU)."""
+    _SIDES.append(find)
+
+
 BACKENDS = (
     "devices.local",
     "devices.emulator",
@@ -139,6 +149,7 @@ BACKENDS = (
     "devices.ssh",
     "devices.board_runner",
     "devices.opencl",
+    "devices.board_opencl",
 )
 """Modules that register devices, imported on the first `get_device`."""
 
@@ -151,14 +162,18 @@ def built_in_names() -> list[str]:
     return sorted(_DEVICES)
 
 
-def get_device(name: str) -> Device:
+def get_device(name: str, arch: str | None = None) -> Device:
     """The device called `name`: a backend's (local, emulator, opencl ...) or a board of
-    devices.json; a UsageError when there is none."""
+    devices.json; with `arch`, the side of it that runs `arch` modules where it has one
+    (`register_device_side`); a UsageError when there is none."""
     if name in built_in_names():
         return _DEVICES[name]()
     for find in _SOURCES:
         device = find(name)
         if device is not None:
+            if arch is not None and device.arch != arch:
+                sides = (side(name, arch) for side in _SIDES)
+                return next((side for side in sides if side is not None), device)
             return device
     raise UsageError(
         f"unknown device {name!r} (built in: {', '.join(built_in_names())}; add a board with"

@@ -59,20 +59,34 @@ def file_args(inputs: list[str], outputs: list[str]) -> list[str]:
 
 
 class RunnerSession:
-    """A session of the runner protocol over `link`, whose runner uses `threads` threads."""
+    """A session of the runner protocol over `link`: bundles of `arch` modules, whose runner
+    uses `threads` threads (a CPU's) or, with `threads` None, runs on the device `options` name
+    (an OpenCL bundle's `--cl-device P:D`, its host code running on the CPU `bundle_host`)."""
 
     bundles = True
 
-    def __init__(self, link: RunnerLink, arch: str, threads: int) -> None:
+    def __init__(
+        self,
+        link: RunnerLink,
+        arch: str,
+        threads: int | None,
+        options: tuple[str, ...] = (),
+        fp16: bool = True,
+        bundle_host: str | None = None,
+    ) -> None:
         self.link, self.arch, self.label, self.threads = link, arch, link.label, threads
+        self.bundle_host = bundle_host
+        self._options = [*(["--threads", str(threads)] if threads is not None else []), *options]
+        self._fp16 = fp16
         self._placed: dict[Path, str] = {}
 
-    def cores(self) -> int:
+    def cores(self) -> int | None:
         return self.threads
 
     def fp16_arithmetic(self) -> bool:
-        """LLVM builds compute float16 on any CPU (by conversion where it has no half arithmetic)."""
-        return True
+        """LLVM builds compute float16 on any CPU (by conversion where it has no half arithmetic);
+        an OpenCL device only with cl_khr_fp16 (`fp16`, as its board says)."""
+        return self._fp16
 
     def run(
         self,
@@ -115,7 +129,7 @@ class RunnerSession:
                 np.save(path, np.require(array, requirements="C"), allow_pickle=False)
             written = [Path(scratch, f"out{i}.npy") for i in range(len(outputs))]
             status, stdout, stderr = self.link.call(
-                self._placed[directory], files, written, ["--threads", str(self.threads), *options]
+                self._placed[directory], files, written, [*self._options, *options]
             )
             said = printable(stderr.strip().splitlines()[-1] if stderr.strip() else "no message")
             if status < 0:

@@ -44,6 +44,7 @@ class TvmSession:
     `label` names it in messages."""
 
     bundles = False
+    bundle_host: str | None = None
 
     def __init__(self, loader: Any, dev: Any, arch: str, label: str, function: Any) -> None:
         self.arch = arch

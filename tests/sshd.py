@@ -79,8 +79,8 @@ def _board_path(directory: Path, tools: tuple[str, ...]) -> Path:
     return directory
 
 
-def start(directory: Path, tools: tuple[str, ...] = BOARD_TOOLS) -> Sshd:
-    """An sshd whose logins have only `tools` on their PATH."""
+def start(directory: Path, tools: tuple[str, ...] = BOARD_TOOLS, env: dict[str, str] | None = None) -> Sshd:
+    """An sshd whose logins have only `tools` on their PATH, and the variables `env`."""
     directory.mkdir(parents=True, exist_ok=True)
     path = _board_path(directory / "board-bin", tools)
     home = directory / "board-home"
@@ -106,7 +106,9 @@ def start(directory: Path, tools: tuple[str, ...] = BOARD_TOOLS) -> Sshd:
                 "Subsystem sftp internal-sftp",
                 "PermitRootLogin prohibit-password",
                 f"PidFile {directory / 'sshd.pid'}",
-                f"SetEnv PATH={path} HOME={home}",
+                " ".join(
+                    ["SetEnv", f"PATH={path}", f"HOME={home}", *(f"{k}={v}" for k, v in (env or {}).items())]
+                ),
                 "",
             ]
         )

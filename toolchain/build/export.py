@@ -78,6 +78,7 @@ def _write_artifact(
     """The artifact's files and, last, its manifest, into `staging`."""
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
+    host = host or target.bundle_host
     bundled = write_bundle(compiled, staging, name, host) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),

@@ -97,14 +97,18 @@ class Target:
     bundle: bool = False
     """Every artifact carries its C bundle (`bundle.py`): for a device that runs bundles through
     their runner (`devices/runner.py`), set from the device the build is for (`for_device`)."""
+    bundle_host: str | None = None
+    """The CPU those bundles' host code is compiled for where the artifact kind has a choice (an
+    OpenCL bundle's: its board's arch); None: the kind's `bundle_host`."""
     fp16_storage: bool = False
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
     1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
 
-    def with_bundle(self, bundle: bool) -> Target:
-        """This target, its artifacts carrying their C bundle (True) or not."""
-        return replace(self, bundle=bundle)
+    def with_bundle(self, bundle: bool, host: str | None = None) -> Target:
+        """This target, its artifacts carrying their C bundle (True) or not, its host code for
+        `host` where the kind has a choice (None: the kind's default)."""
+        return replace(self, bundle=bundle, bundle_host=host if bundle else None)
 
     def with_tuning(self, tuned: TunedSchedules | None) -> Target:
         """This target, building from `tuned` where it has a schedule (None: hand schedules)."""

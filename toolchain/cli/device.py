@@ -92,6 +92,12 @@ ACCEPT = click.option(
     help="How artifacts run there: tvm (deploy's RPC server; glibc 2.34+) or runner (each bundle's own"
     " static deploy-run, any libc) [default: tvm where TVM has a runtime for the arch, else runner].",
 )
+@click.option(
+    "--opencl",
+    metavar="P:D",
+    help="The board's OpenCL device (platform:device, e.g. 0:0): `--target opencl --device NAME` runs"
+    " OpenCL bundles there through their runner [default: none].",
+)
 @click.option("--replace", is_flag=True, help="Replace a device of the same name.")
 @ACCEPT
 def device_add(
@@ -103,6 +109,7 @@ def device_add(
     arch: str,
     remote_dir: str,
     protocol: str | None,
+    opencl: str | None,
     replace: bool,
     accept_new_host_key: bool,
 ) -> None:
@@ -111,13 +118,14 @@ def device_add(
     from devices.ssh import ssh_connect
 
     key = str(Path(key).absolute()) if key else None  # stored: later commands run from elsewhere
-    board = Board(name, host, user, port, key, arch, remote_dir, protocol or "").validate()
+    board = Board(name, host, user, port, key, arch, remote_dir, protocol or "", opencl or "").validate()
     if accept_new_host_key:
         ssh_connect(board, accept_new_host_key=True).close()
         click.echo(f"host key of {host}:{port} recorded in {known_hosts_file()}")
     add_board(board, replace)
     nxt = f"deploy device setup {name}" if board.speaks == "tvm" else f"deploy device check {name}"
-    click.echo(f"added {name}: {user}@{host}:{port} ({arch}, {board.speaks} protocol); next: `{nxt}`")
+    gpu = f", OpenCL {board.opencl}" if board.opencl else ""
+    click.echo(f"added {name}: {user}@{host}:{port} ({arch}, {board.speaks} protocol{gpu}); next: `{nxt}`")
 
 
 @device_group.command("list")
@@ -141,7 +149,7 @@ def device_list(as_json: bool) -> None:
         qemu = get_platform(arch).qemu
         click.echo(f"emulator-{suffix} {arch} under {qemu} on this host, runner protocol (built in)")
     for name, b in boards.items():
-        where = f"{b.user}@{b.host}:{b.port} {b.arch} {b.speaks}"
+        where = f"{b.user}@{b.host}:{b.port} {b.arch} {b.speaks}{f' opencl={b.opencl}' if b.opencl else ''}"
         click.echo(f"{name:10} {where} key={b.key or 'agent'} dir={b.remote_dir}")
     from devices.opencl import opencl_devices
 
@@ -160,8 +168,8 @@ def device_list(as_json: bool) -> None:
 def device_check(name: str, accept_new_host_key: bool) -> None:
     """Log in to a board and report what its protocol needs against what it has: for tvm its
     machine, glibc and libstdc++ and whether the runtime is installed (a board too old for it is
-    offered the runner protocol); for runner its machine (and RVV on riscv64). Exit 1 if the board
-    cannot serve."""
+    offered the runner protocol); for runner its machine (and RVV on riscv64); its OpenCL device
+    where it was added with one. Exit 1 if the board cannot serve."""
     from devices.board_runner import check_runner
     from devices.board_setup import check_board
     from devices.boards import require_board
@@ -170,6 +178,10 @@ def device_check(name: str, accept_new_host_key: bool) -> None:
     check = check_board if board.speaks == "tvm" else check_runner
     if not check(board, click.echo, accept_new_host_key):
         raise click.exceptions.Exit(1)
+    if board.opencl:
+        from devices.board_opencl import check_opencl
+
+        check_opencl(board, click.echo)
 
 
 @device_group.command("setup")

@@ -127,7 +127,7 @@ class DeviceChoice:
                 raise UsageError("--tracker and --key go together, instead of --device")
             host, port = parse_address(self.tracker)
             return TrackerDevice(host, port, self.key, target.arch)
-        return get_device(self.name or target.default_device)
+        return get_device(self.name or target.default_device, target.arch)
 
 
 def device_options(command: Callable[..., Any]) -> Callable[..., Any]:

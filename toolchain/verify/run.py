@@ -48,10 +48,11 @@ def run_artifact(
 def for_device(target: Target, session: Session) -> Target:
     """`target` building for the session's device: split for its cores, unless --cores said,
     float16 computed in float32 where the device has no half arithmetic, and with the C bundle
-    where the device runs bundles (the runner protocol)."""
+    where the device runs bundles (the runner protocol), its host code for the CPU that runs it
+    (an OpenCL device's board)."""
     cores = session.cores() if target.cores is None else None
     built = target.with_cores(cores).with_fp16_storage(not session.fp16_arithmetic())
-    return built.with_bundle(session.bundles)
+    return built.with_bundle(session.bundles, session.bundle_host)
 
 
 def verify(

@@ -1,0 +1,119 @@
+"""`--target opencl` on a board over SSH with no Python: a real sshd on loopback whose "board" is
+this x86_64 machine (tests/sshd.py), its OpenCL driver PoCL. Each artifact's OpenCL bundle is
+pushed and run by its deploy-run (`devices/board_opencl.py`); a board without OpenCL, or added
+with a device it lacks, is a one-line error naming it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests import sshd
+from tests.conftest import invoke
+
+
+def _platforms() -> int:
+    try:
+        from devices.opencl import opencl_devices
+
+        return len(opencl_devices())
+    except Exception:
+        return 0
+
+
+pytestmark = [
+    pytest.mark.skipif(not sshd.available(), reason="needs openssh-server (/usr/sbin/sshd) and ssh-keygen"),
+    pytest.mark.skipif(
+        not _platforms(), reason="needs an OpenCL platform (Debian: pocl-opencl-icd) and pyopencl"
+    ),
+    pytest.mark.skipif(not Path("/usr/include/CL/cl.h").is_file(), reason="needs opencl-c-headers"),
+    pytest.mark.skipif(shutil.which("x86_64-linux-gnu-gcc") is None, reason="needs gcc (x86_64)"),
+]
+POCL_TOOLS = (*sshd.BOARD_TOOLS, "ld")
+"""PoCL's CPU device links each kernel it builds with `ld` from the PATH (it aborts without one)."""
+GRAPH = """name: pool_add
+inputs:
+  a: {shape: [1, 4, 8, 8], dtype: float32}
+  b: {shape: [1, 1, 4, 4], dtype: float32}
+nodes:
+  - {name: pool, op: max_pool2d, attrs: {kernel: 3, stride: 2, padding: 1}, inputs: [a]}
+  - {name: sum, op: add, inputs: [pool, b]}
+output: sum
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    running = sshd.start(tmp_path_factory.mktemp("sshd"), POCL_TOOLS)
+    yield running
+    sshd.stop(running)
+
+
+def add(name: str, server: sshd.Sshd, remote_dir: Path, *extra: str):
+    return invoke(
+        "device", "add", name, "--host", "127.0.0.1", "--port", str(server.port), "--user", server.user,
+        "--key", str(server.key), "--arch", "x86_64", "--remote-dir", str(remote_dir), "--protocol", "runner",
+        "--accept-new-host-key", *extra,
+    )  # fmt: skip
+
+
+def test_opencl_on_a_board_through_its_bundles(server, tmp_path):
+    """An op's cases (float16 as half storage: PoCL has no cl_khr_fp16) and a graph pass on the
+    board's OpenCL device, each through its bundle's deploy-run; bench times there too."""
+    remote = tmp_path / "gpu"
+    added = add("gpu", server, remote, "--opencl", "0:0")
+    assert added.exit_code == 0 and "(x86_64, runner protocol, OpenCL 0:0)" in added.stdout, added.stderr
+    assert " opencl=0:0" in invoke("device", "list").stdout
+    checked = invoke("device", "check", "gpu")
+    assert checked.exit_code == 0 and "gpu: OpenCL 0:0 is " in checked.stdout, checked.output
+    assert "no cl_khr_fp16: float16 is built as half storage" in checked.stdout
+    tested = invoke("test", "--target", "opencl", "--device", "gpu", "--op", "add",
+                        "--dtype", "float16")  # fmt: skip
+    assert tested.exit_code == 0, tested.stdout[-2000:] + tested.stderr
+    assert " passed, 0 failed" in tested.stdout
+    graph = tmp_path / "pool_add.yaml"
+    graph.write_text(GRAPH)
+    tested = invoke("test", "--target", "opencl", "--device", "gpu", "--model", str(graph))
+    assert tested.exit_code == 0, tested.stdout[-2000:] + tested.stderr
+    bundles = list((remote / "bundles").iterdir())
+    assert any((b / "deploy-run").is_file() for b in bundles) and any(
+        (b / "deploy-cl-probe").is_file() for b in bundles
+    )
+    assert list((remote / "calls").iterdir()) == [], "each call's inputs and outputs are removed"
+
+
+def test_a_board_without_opencl_is_one_line_naming_it(server, tmp_path):
+    """No OpenCL platform on the board (its ICD loader finds no driver), a device it lacks, a
+    board added without one, and a bad --opencl: one line each, naming the board."""
+    bare = sshd.start(tmp_path / "sshd", POCL_TOOLS, env={"OCL_ICD_VENDORS": str(tmp_path / "no-vendors")})
+    try:
+        (tmp_path / "no-vendors").mkdir()
+        assert add("bare", bare, tmp_path / "bare", "--opencl", "0:0").exit_code == 0
+        failed = invoke("test", "--target", "opencl", "--device", "bare", "--op", "add", "--dtype", "float32")
+        assert failed.exit_code == 1, failed.stdout
+        assert failed.stderr.startswith("error: bare cannot run OpenCL bundles: no OpenCL platform"), (
+            failed.stderr
+        )
+        assert len(failed.stderr.splitlines()) == 1, failed.stderr
+    finally:
+        sshd.stop(bare)
+    assert add("nodev", server, tmp_path / "nodev", "--opencl", "0:7").exit_code == 0
+    failed = invoke("test", "--target", "opencl", "--device", "nodev", "--op", "add", "--dtype", "float32")
+    assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.stderr
+    assert failed.stderr.startswith("error: nodev: no OpenCL device 0:7: platform 0 has 1 device"), (
+        failed.stderr
+    )
+    assert add("cpu", server, tmp_path / "cpu").exit_code == 0
+    failed = invoke("test", "--target", "opencl", "--device", "cpu", "--op", "add")
+    assert (failed.exit_code, failed.stderr) == (
+        2,
+        "error: board cpu has no OpenCL device: add it with --opencl P:D (`deploy device add cpu ... --opencl"
+        " 0:0 --replace`)\n",
+    )
+    bad = add("badcl", server, tmp_path / "badcl", "--opencl", "gpu0")
+    assert (bad.exit_code, bad.stderr) == (
+        2,
+        "error: board opencl 'gpu0': expected PLATFORM:DEVICE, OpenCL's indices (e.g. 0:0)\n",
+    )
