@@ -1,8 +1,8 @@
 """Boards registered with `deploy device add`: stored in `$XDG_CONFIG_HOME/deploy/devices.json`.
 
-Only connection facts are stored (host, port, user, key path, architecture, our directory there);
-never passwords. Entries written by older versions may carry keys we no longer use ("python"):
-they are ignored. Accepted host keys go to `known_hosts` next to it.
+Only connection facts are stored (host, port, user, key path, architecture, our directory there,
+the OpenCL device's indices); never passwords. Entries written by older versions may carry keys
+we no longer use ("python"): they are ignored. Accepted host keys go to `known_hosts` next to it.
 """
 
 from __future__ import annotations
