@@ -9,26 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_opencl_bundle import NEEDS_OPENCL
 
 from tests import sshd
 from tests.conftest import invoke
 
-
-def _platforms() -> int:
-    try:
-        from devices.opencl import opencl_devices
-
-        return len(opencl_devices())
-    except Exception:
-        return 0
-
-
 pytestmark = [
     pytest.mark.skipif(not sshd.available(), reason="needs openssh-server (/usr/sbin/sshd) and ssh-keygen"),
-    pytest.mark.skipif(
-        not _platforms(), reason="needs an OpenCL platform (Debian: pocl-opencl-icd) and pyopencl"
-    ),
-    pytest.mark.skipif(not Path("/usr/include/CL/cl.h").is_file(), reason="needs opencl-c-headers"),
+    *NEEDS_OPENCL,
     pytest.mark.skipif(shutil.which("x86_64-linux-gnu-gcc") is None, reason="needs gcc (x86_64)"),
 ]
 POCL_TOOLS = (*sshd.BOARD_TOOLS, "ld")

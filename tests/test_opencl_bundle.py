@@ -37,11 +37,15 @@ def _platforms() -> int:
         return 0
 
 
-pytestmark = [
+NEEDS_OPENCL = [
     pytest.mark.skipif(
         not _platforms(), reason="needs an OpenCL platform (Debian: pocl-opencl-icd) and pyopencl"
     ),
     pytest.mark.skipif(not Path("/usr/include/CL/cl.h").is_file(), reason="needs opencl-c-headers"),
+]
+"""What building and running an OpenCL bundle here needs (tests/test_opencl_board.py too)."""
+pytestmark = [
+    *NEEDS_OPENCL,
     pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
 ]
 TARGET = get_target("opencl")
