@@ -6,6 +6,7 @@ with a device it lacks, is a one-line error naming it."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,15 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     sshd.stop(running)
 
 
+@pytest.fixture(autouse=True)
+def boards_removed() -> Iterator[None]:
+    """The boards a test adds (named ocl...) are removed after it: the session's other tests
+    share deploy's config (tests/test_ssh.py adds a board `bare` too)."""
+    yield
+    for name in ("oclgpu", "oclbare", "oclnodev", "oclcpu"):
+        invoke("device", "remove", name)
+
+
 def add(name: str, server: sshd.Sshd, remote_dir: Path, *extra: str):
     return invoke(
         "device", "add", name, "--host", "127.0.0.1", "--port", str(server.port), "--user", server.user,
@@ -50,20 +60,20 @@ def add(name: str, server: sshd.Sshd, remote_dir: Path, *extra: str):
 def test_opencl_on_a_board_through_its_bundles(server, tmp_path):
     """An op's cases (float16 as half storage: PoCL has no cl_khr_fp16) and a graph pass on the
     board's OpenCL device, each through its bundle's deploy-run; bench times there too."""
-    remote = tmp_path / "gpu"
-    added = add("gpu", server, remote, "--opencl", "0:0")
+    remote = tmp_path / "oclgpu"
+    added = add("oclgpu", server, remote, "--opencl", "0:0")
     assert added.exit_code == 0 and "(x86_64, runner protocol, OpenCL 0:0)" in added.stdout, added.stderr
     assert " opencl=0:0" in invoke("device", "list").stdout
-    checked = invoke("device", "check", "gpu")
-    assert checked.exit_code == 0 and "gpu: OpenCL 0:0 is " in checked.stdout, checked.output
+    checked = invoke("device", "check", "oclgpu")
+    assert checked.exit_code == 0 and "oclgpu: OpenCL 0:0 is " in checked.stdout, checked.output
     assert "no cl_khr_fp16: float16 is built as half storage" in checked.stdout
-    tested = invoke("test", "--target", "opencl", "--device", "gpu", "--op", "add",
+    tested = invoke("test", "--target", "opencl", "--device", "oclgpu", "--op", "add",
                         "--dtype", "float16")  # fmt: skip
     assert tested.exit_code == 0, tested.stdout[-2000:] + tested.stderr
     assert " passed, 0 failed" in tested.stdout
     graph = tmp_path / "pool_add.yaml"
     graph.write_text(GRAPH)
-    tested = invoke("test", "--target", "opencl", "--device", "gpu", "--model", str(graph))
+    tested = invoke("test", "--target", "opencl", "--device", "oclgpu", "--model", str(graph))
     assert tested.exit_code == 0, tested.stdout[-2000:] + tested.stderr
     bundles = list((remote / "bundles").iterdir())
     assert any((b / "deploy-run").is_file() for b in bundles) and any(
@@ -78,29 +88,29 @@ def test_a_board_without_opencl_is_one_line_naming_it(server, tmp_path):
     bare = sshd.start(tmp_path / "sshd", POCL_TOOLS, env={"OCL_ICD_VENDORS": str(tmp_path / "no-vendors")})
     try:
         (tmp_path / "no-vendors").mkdir()
-        assert add("bare", bare, tmp_path / "bare", "--opencl", "0:0").exit_code == 0
-        failed = invoke("test", "--target", "opencl", "--device", "bare", "--op", "add", "--dtype", "float32")
+        assert add("oclbare", bare, tmp_path / "oclbare", "--opencl", "0:0").exit_code == 0
+        failed = invoke("test", "--target", "opencl", "--device", "oclbare", "--op", "add")
         assert failed.exit_code == 1, failed.stdout
-        assert failed.stderr.startswith("error: bare cannot run OpenCL bundles: no OpenCL platform"), (
+        assert failed.stderr.startswith("error: oclbare cannot run OpenCL bundles: no OpenCL platform"), (
             failed.stderr
         )
         assert len(failed.stderr.splitlines()) == 1, failed.stderr
     finally:
         sshd.stop(bare)
-    assert add("nodev", server, tmp_path / "nodev", "--opencl", "0:7").exit_code == 0
-    failed = invoke("test", "--target", "opencl", "--device", "nodev", "--op", "add", "--dtype", "float32")
+    assert add("oclnodev", server, tmp_path / "oclnodev", "--opencl", "0:7").exit_code == 0
+    failed = invoke("test", "--target", "opencl", "--device", "oclnodev", "--op", "add", "--dtype", "float32")
     assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.stderr
-    assert failed.stderr.startswith("error: nodev: no OpenCL device 0:7: platform 0 has 1 device"), (
+    assert failed.stderr.startswith("error: oclnodev: no OpenCL device 0:7: platform 0 has 1 device"), (
         failed.stderr
     )
-    assert add("cpu", server, tmp_path / "cpu").exit_code == 0
-    failed = invoke("test", "--target", "opencl", "--device", "cpu", "--op", "add")
+    assert add("oclcpu", server, tmp_path / "oclcpu").exit_code == 0
+    failed = invoke("test", "--target", "opencl", "--device", "oclcpu", "--op", "add")
     assert (failed.exit_code, failed.stderr) == (
         2,
-        "error: board cpu has no OpenCL device: add it with --opencl P:D (`deploy device add cpu ... --opencl"
-        " 0:0 --replace`)\n",
+        "error: board oclcpu has no OpenCL device: add it with --opencl P:D (`deploy device add oclcpu ..."
+        " --opencl 0:0 --replace`)\n",
     )
-    bad = add("badcl", server, tmp_path / "badcl", "--opencl", "gpu0")
+    bad = add("oclbad", server, tmp_path / "oclbad", "--opencl", "gpu0")
     assert (bad.exit_code, bad.stderr) == (
         2,
         "error: board opencl 'gpu0': expected PLATFORM:DEVICE, OpenCL's indices (e.g. 0:0)\n",
