@@ -17,7 +17,7 @@ from test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
 from test_constants import graphs
 
 from devices.elf import elf_machine
-from ops import TensorType, bind, get_op
+from ops import TensorType, bind, get_op, load_ops_path, registry
 from ops.graph import bind_graph
 from tests.conftest import REPO, invoke
 from toolchain.build.compile import compile_graph, compile_op
@@ -56,11 +56,22 @@ def _op(name: str, attrs: dict[str, object], shapes: list[tuple[int, ...]], dtyp
     return bind(get_op(name), {k: str(v) for k, v in attrs.items()}, [TensorType(s, dtype) for s in shapes])
 
 
+def at_batch(model: Path, batch: int) -> object:
+    """The model's graph with its symbolic batch fixed (an OpenCL plan's sizes are numbers)."""
+    graph = load_model(model)
+    inputs = tuple((n, TensorType((batch, *t.shape[1:]), t.dtype)) for n, t in graph.inputs)
+    return bind_graph(replace(graph, inputs=inputs))
+
+
 def cases(tmp: Path) -> dict[str, tuple[object, object]]:
     """Bundle name -> (op or graph, target): every op, float32 and some int32 and float16 (half
-    storage), and graphs with constants (float32, float16) and without."""
+    storage), the example graphs (their symbolic batch fixed; the custom op's needs the example
+    ops registered) and graphs with constants (float32, float16)."""
     made = graphs(tmp)
+    examples = REPO / "examples"
     return {
+        "htanh": (bind_graph(load_model(examples / "pool_add_leaky_htanh.onnx")), TARGET),
+        "bias": (at_batch(examples / "pool_bias_leaky.onnx", 2), TARGET),
         "add_f32": (_op("add", {}, [(4, 5), (4, 5)]), TARGET),
         "add_i32": (_op("add", {}, [(3, 7), (7,)], "int32"), TARGET),
         "add_f16": (_op("add", {}, [(4, 5), (4, 5)], "float16"), STORAGE),
@@ -81,11 +92,16 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object,
     """Every case's bundle, built once for the module."""
     tmp = tmp_path_factory.mktemp("cl-bundles")
     built = {}
-    for name, (item, target) in cases(tmp / "models").items():
-        compile_ = compile_graph if hasattr(item, "graph") else compile_op
-        compiled = compile_(item, target)
-        export(compiled, tmp / name, bundle=True, name=name)
-        built[name] = (item, tmp / name)
+    registry.load_builtin()
+    with pytest.MonkeyPatch.context() as patch:  # the example ops, registered for these builds only
+        patch.setattr(registry, "_OPS", dict(registry._OPS))
+        patch.setattr(registry, "_ONNX", dict(registry._ONNX))
+        load_ops_path(REPO / "ops" / "examples")
+        for name, (item, target) in cases(tmp / "models").items():
+            compile_ = compile_graph if hasattr(item, "graph") else compile_op
+            compiled = compile_(item, target)
+            export(compiled, tmp / name, bundle=True, name=name)
+            built[name] = (item, tmp / name)
     return built
 
 
