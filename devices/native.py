@@ -330,13 +330,18 @@ def cl_include(into: Path) -> Path:
     return into
 
 
+def require_tool(platform: Platform, tool: str, package: str) -> str:
+    """`platform`'s `tool` (gcc, objcopy ...), or a one-line DeployError naming its package."""
+    program = platform.tool(tool)
+    if shutil.which(program) is None:
+        raise DeployError(f"{program} for {platform.arch} not found: install the Debian package {package}")
+    return program
+
+
 def cl_probe(target: Platform) -> Path:
     """A directory with `deploy-cl-probe` for `target` and its SHA256SUMS (cl_probe.c, linked
     with glibc dynamically: it dlopens the OpenCL library), built once per content hash."""
-    gcc = target.tool("gcc")
-    if shutil.which(gcc) is None:
-        package = target.gcc_package
-        raise DeployError(f"{gcc} for {target.arch} not found: install the Debian package {package}")
+    gcc = require_tool(target, "gcc", target.gcc_package)
     source = SOURCES / "cl_probe.c"
     flags = ("-std=gnu99", "-O2", "-Wall", "-s")
     digest = hashlib.sha256(" ".join((gcc, *flags, _compiler_version(gcc))).encode())

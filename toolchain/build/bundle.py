@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from base.errors import DeployError, UsageError, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
-from devices.native import SOURCES, cached_object, ffi_include
-from devices.platforms import Platform, get_platform
+from devices.native import SOURCES, cached_object, ffi_include, require_tool
+from devices.platforms import get_platform
 from ops.graph import Constant
 from ops.spec import OUTPUT, TensorType, is_symbolic, symbols_of
 from toolchain.build.artifacts import bundle_writer
@@ -352,13 +352,6 @@ def run_tool(command: list[str], what: str) -> str:
         said = [line for line in lines if "error" in line or "undefined reference" in line] or lines
         raise DeployError(f"{what} failed: {printable(' | '.join(said[:2]))}")
     return proc.stdout
-
-
-def require_tool(platform: Platform, tool: str, package: str) -> str:
-    program = platform.tool(tool)
-    if shutil.which(program) is None:
-        raise DeployError(f"{program} for {platform.arch} not found: install the Debian package {package}")
-    return program
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.native import SOURCES, cl_include, ffi_include
+from devices.native import SOURCES, cl_include, ffi_include, require_tool
 from devices.platforms import get_platform
 from ops.spec import TensorType
 from toolchain.build.artifacts import bundle_writer
@@ -35,7 +35,6 @@ from toolchain.build.bundle import (
     config_header,
     dlpack_dtype,
     libraries_and_runner,
-    require_tool,
     run_tool,
     signature,
     tensor_rows,
