@@ -19,8 +19,10 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,7 @@ from test_ops_matrix import MATRIX
 
 from base.errors import DeployError, UsageError
 from base.files import sha256_file
+from base.threads import host_cpus
 from devices import get_device
 from devices.platforms import get_platform
 from ops import TensorType, bind, get_op
@@ -36,7 +39,7 @@ from ops.graph import BoundGraph, bind_graph
 from ops.spec import BoundOp, batch_sizes
 from tests.conftest import REPO, invoke
 from toolchain.build.bundle import C_KEYWORDS, check_symbols, signature
-from toolchain.build.compile import compile_graph, compile_op
+from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from toolchain.build.export import export
 from toolchain.build.manifest import Manifest
 from toolchain.build.targets import get_target
@@ -93,11 +96,14 @@ def runs(target: str) -> list[str]:
     return TARGETS[target].emulator_command()
 
 
+def compiled_for(item: BoundOp | BoundGraph, target: str) -> Compiled | CompiledGraph:
+    t = get_target(target).with_cores(2)
+    return compile_graph(item, t) if isinstance(item, BoundGraph) else compile_op(item, t)
+
+
 def bundle(item: BoundOp | BoundGraph, target: str, directory: Path, name: str | None = None) -> Path:
     """`item` built for `target` as a bundle in `directory`, prefixed `name`."""
-    t = get_target(target).with_cores(2)
-    compiled = compile_graph(item, t) if isinstance(item, BoundGraph) else compile_op(item, t)
-    export(compiled, directory, bundle=True, name=name)
+    export(compiled_for(item, target), directory, bundle=True, name=name)
     return directory
 
 
@@ -144,19 +150,53 @@ def case_inputs(planned: PlannedCase, sizes: dict[str, int]) -> list[np.ndarray]
     return [random_input(t.at(sizes), rng, ties=planned.index % 2 == 1, specials=True) for t in bound.inputs]
 
 
+class MatrixBundles:
+    """The bundles of the matrix's cases, each prefixed m<index>, built once per module: on a
+    target's first use, every case of it that this run's selected tests call, side by side: the
+    compiles here, one after another; the exports (the compilers, binutils and linkers they
+    run, most of a bundle's time) in `host_cpus()` threads, each into a directory of its own,
+    since exports into one directory take turns (`artifact_lock`), while the next compiles."""
+
+    def __init__(self, root: Path, needed: dict[str, set[int]]) -> None:
+        self.root, self.needed = root, needed
+        self.built: dict[tuple[str, int], Path] = {}
+
+    def __call__(self, target: str, index: int) -> Path:
+        """The directory of case `index`'s bundle for `target`."""
+        if (target, index) not in self.built:
+            todo = sorted(self.needed.get(target, set()) | {index})
+            places = [self.root / f"{target}-m{i}" / "bundle" for i in todo]
+            with ThreadPoolExecutor(host_cpus()) as pool:
+                exports = [
+                    pool.submit(
+                        export, compiled_for(PLANNED[i].bind(), target), place, bundle=True, name=f"m{i}"
+                    )
+                    for i, place in zip(todo, places, strict=True)
+                ]
+            for i, place, done in zip(todo, places, exports, strict=True):
+                done.result()
+                self.built[(target, i)] = place
+        return self.built[(target, index)]
+
+
+def needed_cases(items: list[pytest.Item]) -> dict[str, set[int]]:
+    """target -> the indices in PLANNED that `items` (the run's selected tests) build bundles of."""
+    needed: dict[str, set[int]] = {}
+    for item in items:
+        params = getattr(item, "callspec", None)
+        name = getattr(item, "originalname", "")
+        if params is None or item.module is not sys.modules[__name__]:
+            continue
+        if name == "test_matrix_through_deploy_run":
+            needed.setdefault(params.params["target"], set()).add(params.params["index"])
+        elif name == "test_matrix_through_one_c_program":
+            needed.setdefault(params.params["target"], set()).update(range(len(PLANNED)))
+    return needed
+
+
 @pytest.fixture(scope="module")
-def matrix_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    """Bundles of the matrix's cases, built once per module: (target, index in PLANNED) -> directory,
-    each prefixed m<index>."""
-    return {}
-
-
-def matrix_bundle(built: dict[tuple[str, int], Path], target: str, index: int, root: Path) -> Path:
-    if (target, index) not in built:
-        built[(target, index)] = bundle(
-            PLANNED[index].bind(), target, root / f"{target}-m{index}", f"m{index}"
-        )
-    return built[(target, index)]
+def matrix_bundle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> MatrixBundles:
+    return MatrixBundles(tmp_path_factory.mktemp("matrix"), needed_cases(request.session.items))
 
 
 def through_the_runner(target: str, planned: PlannedCase) -> bool:
@@ -177,14 +217,14 @@ MATRIX = [
 
 @pytest.mark.parametrize(("target", "index"), MATRIX)
 def test_matrix_through_deploy_run(
-    target: str, index: int, matrix_bundles, tmp_path_factory, tmp_path
+    target: str, index: int, matrix_bundle: MatrixBundles, tmp_path: Path
 ) -> None:
     """Cases through their bundle's runner (`through_the_runner`), a symbolic batch at N = 1, 3 and
     32 from one build."""
     if target == "x86":
         x86_runs_here()
     planned = PLANNED[index]
-    directory = matrix_bundle(matrix_bundles, target, index, tmp_path_factory.getbasetemp())
+    directory = matrix_bundle(target, index)
     bound = planned.bind()
     for sizes in batch_sizes(bound.inputs, SYMBOLIC_SIZES):
         arrays = case_inputs(planned, sizes)
@@ -329,7 +369,7 @@ def raw_output(work: Path, out: TensorType) -> np.ndarray:
 
 
 @on_targets(*TARGETS)
-def test_matrix_through_one_c_program(target: str, matrix_bundles, tmp_path_factory, tmp_path) -> None:
+def test_matrix_through_one_c_program(target: str, matrix_bundle: MatrixBundles, tmp_path: Path) -> None:
     """Every case's bundle linked into one static C program (hundreds of libraries, each with its
     own runtime: only their NAME_* symbols are global), each called once (a symbolic batch at
     N = 3) on its own inputs, in one process."""
@@ -337,7 +377,7 @@ def test_matrix_through_one_c_program(target: str, matrix_bundles, tmp_path_fact
         x86_runs_here()
     calls, cases = [], []
     for index, planned in enumerate(PLANNED):
-        directory = matrix_bundle(matrix_bundles, target, index, tmp_path_factory.getbasetemp())
+        directory = matrix_bundle(target, index)
         bound = planned.bind()
         sizes = batch_sizes(bound.inputs, (3,))[0]
         inputs, out = [t.at(sizes) for t in bound.inputs], bound.outputs[0].at(sizes)
