@@ -672,7 +672,10 @@ def test_board_serves_a_tracker(server, tmp_path):
         wait_free(address.port, "boards", 1, serving)
         status = run_deploy("tracker", "status", "--tracker", where)
         assert "boards: 1 free, 0 waiting requests" in status.stdout, status.stdout + status.stderr
-        result = run_deploy("test", "--target", "x86", "--tracker", where, "--key", "boards", "--op", "add")
+        result = run_deploy(
+            "test", "--target", "x86", "--tracker", where, "--key", "boards", "--op", "add",
+            "--dtype", "float32",
+        )  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr
         assert " 0 failed" in result.stdout
         wait_free(address.port, "boards", 1, serving)  # offered again once the session ended
@@ -892,7 +895,7 @@ def test_a_server_directory_whose_server_is_gone_is_removed_by_the_next(server, 
             (remote / "servers" / name).mkdir(parents=True)
             if pgid is not None:
                 (remote / "servers" / name / "pgid").write_text(f"{pgid} {os.uname().nodename}\n")
-        result = run_deploy("test", "--target", "x86", "--device", "tidy", "--op", "add")
+        result = run_deploy("test", "--target", "x86", "--device", "tidy", "--op", "add", "--dtype", "int8")
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr
         assert sorted(p.name for p in (remote / "servers").iterdir()) == ["running", "starting"]
     finally:
