@@ -31,13 +31,14 @@ class MaxPool2dIndices(Op):
         Case(((2, 3, 9, 11),), {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
         Case(((1, 2, 10, 11),), {"kernel": "2,3", "stride": 1, "padding": "1,0", "dilation": "3,2"}),
         Case((("N", 3, 8, 9),), {"kernel": 2, "column_major": True}),
+        Case(((1, 2, 9, 10),), {"kernel": "4,3", "stride": 2, "padding": "2,1"}),  # staged (12 taps)
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         return TensorType(pooled_type("x", inputs[0], _pool(attrs)).shape, "int64")
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        return te.compute(out.shape, _pool(attrs).indices(x, out.dtype, attrs["column_major"]), name="out")
+        return _pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"])
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return _pool(attrs).reference_indices(x, attrs["column_major"])
