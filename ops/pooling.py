@@ -239,7 +239,7 @@ class Pool2d:
         def body(n: Any, c: Any, oh: Any, ow: Any) -> Any:
             at = taps(oh, ow)
             values = [data[n, c, h, w] for h, w in at]
-            most = top[n, c, oh, ow] if top is not None else window_max(n, c, oh, ow)
+            most = top[n, c, oh, ow] if top is not None else max_of(values, dtype)
             plane = (n.astype(index_type) * channels + c.astype(index_type)) * height * width
             flat = [
                 plane + (w * height + h if column_major else h * width + w).astype(index_type) for h, w in at
