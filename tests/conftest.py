@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -79,19 +80,37 @@ def at_once(
     return [process.exitcode for process in processes]
 
 
-@pytest.fixture
-def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ops a test loads (the example ops, duplicates) leave the registry as it was."""
+@contextmanager
+def registry_kept() -> Iterator[None]:
+    """Ops loaded inside (the example ops, duplicates) leave the registry as it was."""
     from ops import registry
 
     registry.load_builtin()
-    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
-    monkeypatch.setattr(registry, "_ONNX", dict(registry._ONNX))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "_OPS", dict(registry._OPS))
+        patch.setattr(registry, "_ONNX", dict(registry._ONNX))
+        yield
+
+
+@contextmanager
+def examples_registered() -> Iterator[None]:
+    """The example ops (`ops/examples`: hard_tanh) registered inside, and only there."""
+    from ops import load_ops_path
+
+    with registry_kept():
+        load_ops_path(REPO / "ops" / "examples")
+        yield
 
 
 @pytest.fixture
-def example_ops(own_registry: None) -> None:
-    """The example ops (`ops/examples`: hard_tanh) registered for one test."""
-    from ops import load_ops_path
+def own_registry() -> Iterator[None]:
+    """Ops a test loads leave the registry as it was."""
+    with registry_kept():
+        yield
 
-    load_ops_path(Path(__file__).resolve().parent.parent / "ops" / "examples")
+
+@pytest.fixture
+def example_ops() -> Iterator[None]:
+    """The example ops registered for one test."""
+    with examples_registered():
+        yield

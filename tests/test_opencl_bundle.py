@@ -17,9 +17,9 @@ from test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
 from test_constants import graphs
 
 from devices.elf import elf_machine
-from ops import TensorType, bind, get_op, load_ops_path, registry
+from ops import TensorType, bind, get_op
 from ops.graph import bind_graph
-from tests.conftest import REPO, invoke
+from tests.conftest import REPO, examples_registered, invoke
 from toolchain.build.compile import compile_graph, compile_op
 from toolchain.build.export import export
 from toolchain.build.opencl import OpenClProgram
@@ -92,11 +92,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object,
     """Every case's bundle, built once for the module."""
     tmp = tmp_path_factory.mktemp("cl-bundles")
     built = {}
-    registry.load_builtin()
-    with pytest.MonkeyPatch.context() as patch:  # the example ops, registered for these builds only
-        patch.setattr(registry, "_OPS", dict(registry._OPS))
-        patch.setattr(registry, "_ONNX", dict(registry._ONNX))
-        load_ops_path(REPO / "ops" / "examples")
+    with examples_registered():  # the example model's custom op, for these builds only
         for name, (item, target) in cases(tmp / "models").items():
             compile_ = compile_graph if hasattr(item, "graph") else compile_op
             compiled = compile_(item, target)
