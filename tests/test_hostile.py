@@ -114,6 +114,14 @@ MODEL_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/sparse.yaml", 2, "sparse.yaml: 1073741824 bytes, more than a graph file may hold"),
 ]
 
+RUNNER_ROWS: list[tuple[str, int, str]] = [
+    # what deploy-run refuses too, in the same words (#49; tests/test_runner_refuses.py runs it)
+    (f"{RUN} -i TMP/f32_4.npy -o ./out.npy", 2, "-o './out.npy' is 'out.npy', which another -o writes"),
+    ("run --target x86 --op leaky_relu -i TMP/f32_4.npy -o TMP/./f32_4.npy", 2, "which this command reads"),
+    (f"{RUN} -i TMP/digits.npy", 2, " (5057 characters)"),  # the header's 5,000-digit shape, cut
+    (f"{RUN} -i TMP/fortran0.npy", 2, "fortran_order is not a valid bool: 0"),
+]
+
 MODEL_FILES = {
     "good.yaml": (
         "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
@@ -563,6 +571,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("tracker start --host no-such-host.invalid", 2, "expected an address of this host"),
     ("device emulator start --port 70000", 2, "--port 70000: expected a port from 1 to 65535"),
     *MODEL_ROWS,
+    *RUNNER_ROWS,
 ]
 
 OP_FILE = textwrap.dedent(
@@ -653,6 +662,9 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         forged.write(bytes(64))
     with open(root / "v3.npy", "wb") as v3:
         np.lib.format.write_array(v3, np.ones(4, "float32"), version=(3, 0))
+    for name, header in (("digits", f"'shape': ({BIG},)"), ("fortran0", "'shape': (4,), 'fortran_order': 0")):
+        text = f"{{'descr': '<f4', {header}, }}\n".encode()
+        (root / f"{name}.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text)
     (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
     for name, text in MODEL_FILES.items():
         (root / name).write_text(text)

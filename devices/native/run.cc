@@ -92,6 +92,29 @@ int64_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
 
 [[noreturn]] void Bad(const std::string& message) { Exit(kBadInput, message); }
 
+// `text` on one line: a byte a terminal acts on as \xNN, and (`quote`) ' and \ escaped.
+std::string Escaped(const std::string& text, bool quote) {
+  std::string escaped;
+  for (char c : text) {
+    unsigned char byte = static_cast<unsigned char>(c);
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "\\x%02x", byte);
+    escaped += byte < 0x20 || byte == 0x7f ? hex : quote && (c == '\'' || c == '\\') ? std::string("\\") + c
+                                                                                      : std::string(1, c);
+  }
+  return escaped;
+}
+
+// A value read from a file, as a message shows it: on one line, cut to its first 40 bytes when
+// longer than 48 (a 5,000-digit shape), saying how long it was.
+std::string Shown(const std::string& text) {
+  if (text.size() <= 48) return Escaped(text, false);
+  return Escaped(text.substr(0, 40), false) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
+// A path as `deploy run` quotes it: 'a.npy', on one line.
+std::string Quoted(const std::string& path) { return "'" + Escaped(path, true) + "'"; }
+
 struct Options {
   std::string dir;
   std::vector<std::string> inputs;
@@ -152,8 +175,9 @@ Options ParseArgs(int argc, char** argv) {
   return opt;
 }
 
-// Every file in DIR/SHA256SUMS matches it, this runner and the library among them.
-void VerifyBundle(const std::string& dir) {
+// Every file in DIR/SHA256SUMS matches it, this runner and the library among them. Returns the
+// bundle's files (SHA256SUMS and those it lists), which -o may not name.
+std::vector<std::string> VerifyBundle(const std::string& dir) {
   // Opened without blocking and read only as a regular file: a FIFO there would block the open.
   std::string path = dir + "/SHA256SUMS";
   int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -187,18 +211,23 @@ void VerifyBundle(const std::string& dir) {
     listed[path] = digest;
     line.clear();
   }
+  std::vector<std::string> files = {path};
   for (const std::string& file : {std::string("deploy-run"), "lib" + std::string(deploy_runner.name) + ".a"}) {
     if (listed.find(file) == listed.end()) Bad(dir + "/SHA256SUMS does not list " + file);
   }
+  for (const auto& [file, digest] : listed) files.push_back(dir + "/" + file);
+  return files;
 }
 
-// numpy's dtype strings ("<f4") that deploy-run reads and writes, as DLPack dtypes.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "'=' and '|' in a .npy dtype read as '<' here");
+
+// numpy's type codes ("f4", after the byte order of "<f4") that deploy-run reads and writes.
 const std::map<std::string, DLDataType>& Descrs() {
   static const std::map<std::string, DLDataType> descrs = {
-      {"<f2", {kDLFloat, 16, 1}}, {"<f4", {kDLFloat, 32, 1}}, {"<f8", {kDLFloat, 64, 1}},
-      {"|i1", {kDLInt, 8, 1}},    {"|u1", {kDLUInt, 8, 1}},   {"<i4", {kDLInt, 32, 1}},
-      {"<i8", {kDLInt, 64, 1}},    {"<i2", {kDLInt, 16, 1}},   {"<u2", {kDLUInt, 16, 1}},
-      {"<u4", {kDLUInt, 32, 1}},  {"<u8", {kDLUInt, 64, 1}}};
+      {"f2", {kDLFloat, 16, 1}}, {"f4", {kDLFloat, 32, 1}}, {"f8", {kDLFloat, 64, 1}},
+      {"i1", {kDLInt, 8, 1}},    {"u1", {kDLUInt, 8, 1}},   {"i4", {kDLInt, 32, 1}},
+      {"i8", {kDLInt, 64, 1}},   {"i2", {kDLInt, 16, 1}},   {"u2", {kDLUInt, 16, 1}},
+      {"u4", {kDLUInt, 32, 1}},  {"u8", {kDLUInt, 64, 1}}};
   return descrs;
 }
 
@@ -227,7 +256,7 @@ std::map<std::string, std::string> HeaderFields(const std::string& header, const
     size_t close = header.find('\'', at + 1);
     if (close == std::string::npos) malformed("a key is not closed");
     std::string key = header.substr(at + 1, close - at - 1);
-    if (key != "descr" && key != "fortran_order" && key != "shape") malformed("unexpected key '" + key + "'");
+    if (key != "descr" && key != "fortran_order" && key != "shape") malformed("unexpected key '" + Shown(key) + "'");
     if (fields.count(key)) malformed("'" + key + "' given twice");
     at = skip(close + 1);
     if (at == header.size() || header[at] != ':') malformed("no ':' after '" + key + "'");
@@ -256,9 +285,8 @@ std::map<std::string, std::string> HeaderFields(const std::string& header, const
 }
 
 std::vector<int64_t> ParseShape(const std::string& text, const std::string& path) {
-  if (text.size() < 2 || text.front() != '(' || text.back() != ')') {
-    Bad(path + ": malformed .npy shape " + text);
-  }
+  auto malformed = [&]() { Bad(path + ": malformed .npy shape " + Shown(text)); };
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')') malformed();
   std::vector<int64_t> shape;
   const char* cursor = text.c_str() + 1;  // after '('
   for (;;) {  // "(2, 3)", "(4,)", "()": each dim followed by a comma or the closing parenthesis
@@ -267,16 +295,34 @@ std::vector<int64_t> ParseShape(const std::string& text, const std::string& path
     char* end = nullptr;
     errno = 0;
     long long dim = std::strtoll(cursor, &end, 10);
-    if (end == cursor || errno != 0 || dim < 0 || shape.size() >= 32) {
-      Bad(path + ": malformed .npy shape " + text);
-    }
+    if (end == cursor || errno != 0 || dim < 0 || shape.size() >= 32) malformed();
     shape.push_back(dim);
     for (cursor = end; *cursor == ' ';) ++cursor;
     if (*cursor == ',') ++cursor;
-    else if (*cursor != ')') Bad(path + ": malformed .npy shape " + text);
+    else if (*cursor != ')') malformed();
   }
-  if (cursor + 1 != text.c_str() + text.size()) Bad(path + ": malformed .npy shape " + text);
+  if (cursor + 1 != text.c_str() + text.size()) malformed();
   return shape;
+}
+
+// An input opened for reading, refused as `deploy run` refuses it when it is no regular file (a
+// FIFO or a device would block the read forever): checked before it is opened, and again on what
+// was opened (opened without blocking, should a FIFO take the file's place between the two).
+std::FILE* OpenInput(const std::string& path) {
+  auto refuse = [&](const std::string& why) { Bad("cannot read input " + Quoted(path) + " as a .npy array: " + why); };
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) refuse(std::strerror(errno));
+  if (S_ISDIR(info.st_mode)) refuse("it is a directory");
+  if (!S_ISREG(info.st_mode)) refuse("not a regular file");
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) refuse(std::strerror(errno));
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    refuse("not a regular file");
+  }
+  std::FILE* file = fdopen(fd, "rb");
+  if (file == nullptr) refuse(std::strerror(errno));
+  return file;
 }
 
 // A .npy file's data and shape.
@@ -288,8 +334,7 @@ struct Array {
 // Read a .npy file that must hold `spec` (dtype, shape, C order); its symbolic dims bind
 // `symbols` (0: not yet bound), which earlier inputs may have bound already.
 Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* symbols) {
-  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) Bad("cannot read input " + path + ": " + std::strerror(errno));
+  std::unique_ptr<std::FILE, decltype(&std::fclose)> file(OpenInput(path), &std::fclose);
   unsigned char preamble[12];
   if (std::fread(preamble, 1, 8, file.get()) != 8 || std::memcmp(preamble, "\x93NUMPY", 6) != 0) {
     Bad(path + " is not a .npy file");
@@ -311,12 +356,14 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   }
   descr = descr.substr(1, descr.size() - 2);
   if (descr.find('O') != std::string::npos) Bad(path + " has object dtype: deploy-run reads numeric arrays");
-  if (descr[0] == '>') Bad(path + " is big-endian (" + descr + "): save it little-endian");
-  auto known = Descrs().find(descr);
-  if (known == Descrs().end()) Bad(path + " has dtype " + descr + ": not one deploy-run reads");
-  if (fields["fortran_order"] != "False") {
-    Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
-  }
+  // numpy reads "<f4", "=f4", "|f4" and "f4" alike here (little-endian); ">" of one byte too
+  bool ordered = !descr.empty() && std::strchr("<>=|", descr[0]) != nullptr;
+  auto known = Descrs().find(ordered ? descr.substr(1) : descr);
+  if (known == Descrs().end()) Bad(path + " has dtype " + Shown(descr) + ": not one deploy-run reads");
+  if (descr[0] == '>' && known->second.bits > 8) Bad(path + " is big-endian (" + descr + "): save it little-endian");
+  const std::string& order = fields["fortran_order"];
+  if (order == "True") Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
+  if (order != "False") Bad(path + ": malformed .npy header ('fortran_order' is " + Shown(order) + ", expected False)");
   std::vector<int64_t> shape = ParseShape(fields["shape"], path);
   std::string is = "input " + std::string(spec.name) + " (" + path + ") is " + DtypeText(known->second) + " " +
                    ShapeText(shape.data(), static_cast<int>(shape.size()));
@@ -335,11 +382,24 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   }
   int64_t total = 1;
   for (int64_t dim : shape) {
-    if (__builtin_mul_overflow(total, dim, &total) || total > (INT64_MAX >> 4)) Bad(is + ": too many elements");
+    if (__builtin_mul_overflow(total, dim, &total) || total > (INT64_MAX >> 4)) total = INT64_MAX >> 4;
   }
-  size_t bytes = static_cast<size_t>(NumBytes(shape, spec.dtype));
+  // The data's size against the file's before anything is allocated: a forged header is no
+  // allocation of terabytes.
+  uint64_t bytes = static_cast<uint64_t>(total) * ((spec.dtype.bits * spec.dtype.lanes + 7) / 8);
+  struct stat info {};
+  long at = std::ftell(file.get());
+  uint64_t held = fstat(fileno(file.get()), &info) == 0 && at >= 0 && info.st_size >= at ? info.st_size - at : 0;
+  if (held < bytes) {
+    Bad(path + " is truncated: " + std::to_string(held) + " of " + std::to_string(bytes) + " data bytes");
+  }
+  if (held > bytes) Bad(path + " has bytes after its data");
+  if (total > INT32_MAX) {
+    Bad(is + ": " + std::to_string(total) + " elements, more than the " + std::to_string(INT32_MAX) +
+        " (2**31 - 1) one tensor may hold");
+  }
   Buffer buffer(static_cast<int64_t>(bytes));
-  size_t got = std::fread(buffer.data.get(), 1, bytes, file.get());
+  size_t got = std::fread(buffer.data.get(), 1, static_cast<size_t>(bytes), file.get());
   if (got != bytes) {
     Bad(path + " is truncated: " + std::to_string(got) + " of " + std::to_string(bytes) + " data bytes");
   }
@@ -404,14 +464,62 @@ Output OutputFile(const std::string& path) {
   return out;
 }
 
+// What a path names, to tell whether two paths are one file: the file's device and inode through
+// any links (`./a.npy`, a link, a hard link), or for a path that names nothing yet, its directory
+// resolved and its last name.
+struct Identity {
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string where;
+
+  explicit Identity(const std::string& path) {
+    struct stat info {};
+    if (stat(path.c_str(), &info) == 0) {
+      exists = true, dev = info.st_dev, ino = info.st_ino;
+      return;
+    }
+    size_t slash = path.rfind('/');
+    std::string parent = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    char resolved[PATH_MAX];
+    where = (realpath(parent.c_str(), resolved) ? resolved : parent) + "/" + path.substr(slash + 1);
+  }
+  bool operator==(const Identity& other) const {
+    return exists == other.exists && (exists ? dev == other.dev && ino == other.ino : where == other.where);
+  }
+};
+
+// -o may not name what `deploy run -o` may not: a file this command reads (an input, a file of
+// the bundle, this runner) or what another -o writes; either would be lost.
+void CheckOutputs(const Options& opt, const std::vector<std::string>& bundle_files) {
+  std::vector<std::pair<std::string, std::string>> taken;  // a path, and what it is to this command
+  for (const std::string& input : opt.inputs) taken.emplace_back(input, "which this command reads");
+  for (const std::string& file : bundle_files) taken.emplace_back(file, "a file of the bundle");
+  taken.emplace_back("/proc/self/exe", "which this command runs");  // this runner, wherever it was started from
+  for (size_t k = 0; k < opt.outputs.size(); ++k) {
+    const std::string& output = opt.outputs[k];
+    Identity out(output);
+    for (const auto& [path, what] : taken) {
+      if (!out.exists || !(Identity(path) == out)) continue;
+      std::string shown = path == "/proc/self/exe" ? "this deploy-run" : Quoted(path);
+      Bad("-o " + Quoted(output) + " is " + shown + ", " + what + "; expected another file");
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (Identity(opt.outputs[j]) == out) {
+        Bad("-o " + Quoted(output) + " is " + Quoted(opt.outputs[j]) + ", which another -o writes; expected another file");
+      }
+    }
+  }
+}
+
 // Write `data` as `spec` to a .npy v1 file at `out` (OutputFile): a regular file through a fresh
 // temporary name beside it (never half a file at the path, never another file of that name
 // touched, the temporary removed on every failure), anything else in place.
 void WriteNpy(const std::string& path, const Output& out, DLDataType dtype, const std::vector<int64_t>& shape,
               const void* data) {
   std::string descr;
-  for (const auto& [text, known] : Descrs()) {
-    if (SameDtype(known, dtype)) descr = text;
+  for (const auto& [code, known] : Descrs()) {
+    if (SameDtype(known, dtype)) descr = (known.bits == 8 ? "|" : "<") + code;
   }
   std::string dims;
   for (int64_t dim : shape) dims += std::to_string(dim) + (shape.size() == 1 ? "," : ", ");
@@ -458,7 +566,7 @@ DLTensor Tensor(const DeployTensorSpec& spec, std::vector<int64_t>& shape, void*
 
 int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
-  VerifyBundle(opt.dir);
+  std::vector<std::string> bundle_files = VerifyBundle(opt.dir);
   const int inputs = deploy_runner.num_inputs, outputs = deploy_runner.num_outputs;
   auto names = [](int from, int count) {
     std::string text;
@@ -469,6 +577,7 @@ int main(int argc, char** argv) {
     Bad(std::string(deploy_runner.name) + " writes " + std::to_string(outputs) + " output(s) (" +
         names(inputs, outputs) + "): give -o once for each, got " + std::to_string(opt.outputs.size()));
   }
+  CheckOutputs(opt, bundle_files);
   std::vector<Output> files;
   for (const std::string& path : opt.outputs) files.push_back(OutputFile(path));  // before any work
   if (static_cast<int>(opt.inputs.size()) != inputs) {

@@ -13,7 +13,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.lib.format as npy_format
 
-from base.errors import DeployError, UsageError, reason
+from base.errors import DeployError, UsageError, clipped, reason
 from base.files import check_regular
 
 _DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-WYZa-wyz_][A-WYZa-wyz0-9_]*(?:[xX][0-9]+)+")
@@ -92,7 +92,8 @@ def load_npy(path: str) -> np.ndarray:
             stream.seek(0)
             return npy_format.read_array(stream, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise UsageError(f"cannot read input {path!r} as a .npy array: {reason(exc)}") from None
+        why = clipped(reason(exc), 160)  # numpy quotes the whole header: a 5,000-digit shape
+        raise UsageError(f"cannot read input {path!r} as a .npy array: {why}") from None
 
 
 def output_mode(path: str) -> int | None:
@@ -117,16 +118,20 @@ def output_mode(path: str) -> int | None:
     return mode
 
 
-def check_not_read(output: str, reads: list[str]) -> None:
-    """`-o` may not name a file the command reads (an `-i` array, the model): the output would
-    replace it (a model overwritten with .npy bytes, exit 0)."""
-    for path in reads:
+def check_not_read(output: str, reads: list[str], writes: list[str]) -> None:
+    """`-o` may not name a file the command reads (an `-i` array, the model), nor one an earlier
+    `-o` writes: the output would replace it (a model overwritten with .npy bytes, exit 0), or
+    one output the other. deploy-run refuses the same, in the same words."""
+    for path, which in [
+        *((r, "which this command reads") for r in reads),
+        *((w, "which another -o writes") for w in writes),
+    ]:
         try:
             same = os.path.samefile(output, path)
-        except OSError:  # one of them does not exist (yet): not the same file
-            same = False
+        except OSError:  # one of them does not exist (yet): one file if both paths name it
+            same = os.path.realpath(output) == os.path.realpath(path)
         if same:
-            raise UsageError(f"-o {output!r} is {path!r}, which this command reads; expected another file")
+            raise UsageError(f"-o {output!r} is {path!r}, {which}; expected another file")
 
 
 def save_npy(path: str, array: np.ndarray) -> None:

@@ -248,7 +248,7 @@ def run_command(
         written_in_place(o, output_mode(o)) for o in outputs
     )  # -o /dev/stdout: arrays alone there
     for number, output in enumerate(outputs):
-        check_not_read(output, [*inputs, *([model] if model is not None else []), *outputs[:number]])
+        check_not_read(output, [*inputs, *([model] if model is not None else [])], list(outputs[:number]))
         if Path(output).suffix not in ("", ".npy"):
             warn(f"-o {output}: writes a .npy array, whatever its suffix ({Path(output).suffix}) says")
     if shapes and len(shapes) != len(inputs):
