@@ -584,6 +584,9 @@ int main(void) {
   bad = t[0]; bad.strides = strides; bad.data = data[0] - 16; bad.byte_offset = 64;
   report("offset", add(&bad, &t[1], &t[2]));
   printf("out %g %g\\n", data[2][0], data[2][3]);
+  bad = t[0]; bad.byte_offset = (uint64_t)0 - 64; report("wrap", add(&bad, &t[1], &t[2]));
+  bad = t[0]; bad.data = (void*)(UINTPTR_MAX & ~(uintptr_t)63); bad.byte_offset = 56;
+  report("wrap-end", add(&bad, &t[1], &t[2]));
   report("run", add_run(args, 3));
   report("workspace", add_with_workspace(&t[0], &t[1], &t[2], NULL, 0));
   printf("size %zu\\n", add_workspace_size());
@@ -609,6 +612,10 @@ EXPECTED_BAD_CALLS = {
     "no-args": "-1 add: args is NULL: expected an array of the inputs and the outputs",
     "offset": "0 ",
     "out": "1 1",
+    "wrap": "-1 add: a.byte_offset 18446744073709551552 wraps past the end of memory: expected the offset"
+    " of the tensor in data",  # -64: read the 64 bytes before the buffer
+    "wrap-end": "-1 add: a.byte_offset 56 wraps past the end of memory: expected the offset of the tensor"
+    " in data",
     "run": "0 ",
     "workspace": "0 ",  # an op takes no workspace: NULL and 0 do
     "size": "0",

@@ -101,6 +101,20 @@ static int check_tensor(const DLTensor* given, const DeployTensorSpec* spec, int
       return fail(BAD_ARGUMENT, "%s has shape %s: more elements than memory holds", name, GOT);
     }
   }
+  if (elements > INT32_MAX) { /* the kernels index with int32: a symbolic batch can pass the cap */
+    return fail(BAD_ARGUMENT, "%s has shape %s: %" PRIu64 " elements, more than the %d (2**31 - 1) one tensor may hold",
+                name, GOT, elements, INT32_MAX);
+  }
+  /* data + byte_offset must address the whole tensor without wrapping: a "negative" offset
+   * (-64 as uint64) would otherwise pass the alignment check and read before the buffer. */
+  uint64_t bytes = elements * ((spec->dtype.bits * spec->dtype.lanes + 7u) / 8u);
+  uintptr_t start = 0;
+  if ((uint64_t)(uintptr_t)given->byte_offset != given->byte_offset ||
+      __builtin_add_overflow((uintptr_t)given->data, (uintptr_t)given->byte_offset, &start) ||
+      bytes > UINTPTR_MAX - start) {
+    return fail(BAD_ARGUMENT, "%s.byte_offset %" PRIu64 " wraps past the end of memory: expected the offset of the"
+                " tensor in data", name, (uint64_t)given->byte_offset);
+  }
 #undef WANT
 #undef GOT
   if (given->strides != NULL) {
