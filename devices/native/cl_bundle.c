@@ -141,10 +141,15 @@ static int build_failed(cl_context context, cl_program program, cl_int err) {
   if (ocl.clGetContextInfo(context, CL_CONTEXT_DEVICES, sizeof(device), &device, NULL) == CL_SUCCESS) {
     ocl.clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, sizeof(log) - 1, log, NULL);
   }
-  size_t used = 0;
-  for (char* line = strtok(log, "\n"); line != NULL && used + 4 < sizeof(said); line = strtok(NULL, "\n")) {
-    if (line[strspn(line, " \t\r")] == '\0') continue;
-    used += (size_t)snprintf(said + used, sizeof(said) - used, "%s%s", used ? " | " : "", line);
+  size_t used = 0; /* the log's lines that are not blank, joined (no strtok: its state is the process's) */
+  for (char* line = log; *line != '\0' && used + 4 < sizeof(said);) {
+    size_t length = strcspn(line, "\n");
+    char* next = line + length + (line[length] == '\n');
+    line[length] = '\0';
+    if (line[strspn(line, " \t\r")] != '\0') {
+      used += (size_t)snprintf(said + used, sizeof(said) - used, "%s%s", used ? " | " : "", line);
+    }
+    line = next;
   }
   return fail(KERNEL_FAILED, "the kernels failed to build (OpenCL error %d): %s", (int)err,
               said[0] ? said : "no build log");
@@ -299,14 +304,27 @@ static int run_host(const DLTensor* const* args) {
   return status;
 }
 
-/* Check the engine's cl_mem `mem` for tensor `spec`: of `context`, at least its bytes. */
-static int check_mem(cl_mem mem, const DeployTensorSpec* spec, cl_context context) {
+/* Check the engine's cl_mem `mem` for tensor `spec`: a buffer (an image's layout is the
+ * driver's) of `context`, at least its bytes, and one the kernels may write if it is an `output`. */
+static int check_mem(cl_mem mem, const DeployTensorSpec* spec, cl_context context, int output) {
   cl_context of = NULL;
+  cl_mem_object_type type = 0;
+  cl_mem_flags flags = 0;
   size_t size = 0, bytes = spec_bytes(spec);
   if (mem == NULL) return fail(BAD_ARGUMENT, "%s is NULL", spec->name);
   if (ocl.clGetMemObjectInfo(mem, CL_MEM_CONTEXT, sizeof(of), &of, NULL) != CL_SUCCESS ||
+      ocl.clGetMemObjectInfo(mem, CL_MEM_TYPE, sizeof(type), &type, NULL) != CL_SUCCESS ||
+      ocl.clGetMemObjectInfo(mem, CL_MEM_FLAGS, sizeof(flags), &flags, NULL) != CL_SUCCESS ||
       ocl.clGetMemObjectInfo(mem, CL_MEM_SIZE, sizeof(size), &size, NULL) != CL_SUCCESS) {
     return fail(BAD_ARGUMENT, "%s is not a cl_mem buffer", spec->name);
+  }
+  if (type != CL_MEM_OBJECT_BUFFER) {
+    return fail(BAD_ARGUMENT, "%s is an image or a pipe (cl_mem type 0x%x): expected a buffer", spec->name,
+                (unsigned)type);
+  }
+  if (output && (flags & CL_MEM_READ_ONLY)) {
+    return fail(BAD_ARGUMENT, "%s is an output and its buffer is CL_MEM_READ_ONLY: expected one the kernels may"
+                " write", spec->name);
   }
   if (of != context) return fail(BAD_ARGUMENT, "%s belongs to another cl_context than the one given", spec->name);
   if (size < bytes) {
@@ -356,7 +374,9 @@ static int run_engine(cl_context context, cl_command_queue queue, const cl_mem* 
   } else if (status == OK && of != context) {
     status = fail(BAD_ARGUMENT, "the cl_command_queue belongs to another cl_context than the one given");
   }
-  for (int i = 0; i < DEPLOY_NUM_TENSORS && status == OK; ++i) status = check_mem(mems[i], &deploy_tensors[i], context);
+  for (int i = 0; i < DEPLOY_NUM_TENSORS && status == OK; ++i) {
+    status = check_mem(mems[i], &deploy_tensors[i], context, i >= DEPLOY_NUM_INPUTS);
+  }
   if (status == OK) status = built_for(context, &b);
   if (status == OK) status = enqueue(b, queue, mems);
   pthread_mutex_unlock(&lock);
