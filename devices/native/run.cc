@@ -352,7 +352,7 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   std::map<std::string, std::string> fields = HeaderFields(header, path);
   std::string descr = fields["descr"];
   if (descr.size() < 2 || descr.front() != '\'' || descr.back() != '\'') {
-    Bad(path + " has a structured dtype " + descr + ": deploy-run reads plain numeric arrays");
+    Bad(path + " has a structured dtype " + Shown(descr) + ": deploy-run reads plain numeric arrays");
   }
   descr = descr.substr(1, descr.size() - 2);
   if (descr.find('O') != std::string::npos) Bad(path + " has object dtype: deploy-run reads numeric arrays");
