@@ -230,7 +230,8 @@ int main(void) {
 
 def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path) -> None:
     """NAME_cl_enqueue took a read-only buffer or an image as its output (what the kernels wrote
-    there is undefined; an image's layout is the driver's)."""
+    there is undefined; an image's layout is the driver's). The bundle's runner, run.cc as a CPU
+    bundle's, refuses a FIFO input too."""
     from test_opencl_bundle import NEEDS_OPENCL, TARGET, _op
 
     for mark in NEEDS_OPENCL:
@@ -255,6 +256,10 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
         "read-only -1 add: out is an output and its buffer is CL_MEM_READ_ONLY: expected one the kernels"
         " may write",
     ]
+    os.mkfifo(tmp_path / "fifo.npy")
+    fifo = str(tmp_path / "fifo.npy")
+    one_line_error(run(directory, "-i", fifo, "-i", fifo, "-o", str(tmp_path / "o.npy")), 2,
+                   f"cannot read input '{fifo}' as a .npy array: not a regular file")  # fmt: skip
     assert lines[2:] in ([], [
         "image -1 add: out is an image or a pipe (cl_mem type 0x10f1): expected a buffer",
         "image-input -1 add: a is an image or a pipe (cl_mem type 0x10f1): expected a buffer",
