@@ -6,7 +6,9 @@
 //              [--cl-device P:D] [--time NUMBER,REPEAT,MIN_REPEAT_MS]
 //
 // First it checks DIR/SHA256SUMS: every file listed must match (a modified bundle is refused,
-// this runner among its files). Then it reads the inputs (.npy v1-v3, little-endian
+// this runner among its files). It refuses what `deploy run` refuses, in its words: an -i that is
+// no regular file (a FIFO would block), an -o naming an input, a file of the bundle, this runner
+// or another -o's file. Then it reads the inputs (.npy v1-v3 as numpy reads them, little-endian
 // f2/f4/f8/i1/u1/i4/i8, C order), checks them against the bundle's signature (bundle_config.h; a
 // symbolic batch is read from them), calls NAME_run and writes each output as .npy v1 (-o once
 // per output, in the bundle's order).
