@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from base.ctext import IDENTIFIER, c_identifier, c_string, declared_names, why_reserved
 from base.errors import DeployError, UsageError, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
@@ -43,21 +44,25 @@ DLPACK_HEADER = "include/dlpack/dlpack.h"
 MAX_DIMS = 16
 """As `DEPLOY_MAX_DIMS` in bundle.h."""
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
-C_KEYWORDS = frozenset(
-    {
-        "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
-        "extern", "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return",
-        "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
-        "volatile", "while", "bool", "true", "false",
-    }
-)  # fmt: skip
-"""C99 keywords (and C23's bool/true/false): not usable as names."""
-C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 API_SUFFIXES = (
     "", "_run", "_with_workspace", "_workspace_size", "_last_error", "_set_num_threads", "_num_threads",
     "_set_parallel_for",
 )  # fmt: skip
 """The functions a bundle exports, as NAME + suffix: every other symbol of its object is local."""
+NAMED_SUFFIXES = (*API_SUFFIXES, "_task", "_parallel_for", "_cl_open", "_cl_close", "_cl_enqueue")
+"""What NAME.h names NAME + suffix (the CPU's and OpenCL's functions, and the hook's types)."""
+MACRO_SUFFIXES = (
+    "_H_", "_NUM_INPUTS", "_NUM_OUTPUTS", "_ALIGNMENT", "_ERR_ARGUMENT", "_ERR_KERNEL", "_ERR_MEMORY",
+    "_ERR_NO_OPENCL",
+)  # fmt: skip
+"""What NAME.h names NAME upper-cased + suffix (its include guard and constants)."""
+API_SOURCES = (
+    "bundle.c", "bundle.h", "bundle_check.h", "bundle_names.h", "cl_bundle.c", "runner_glue.c", "runtime.h",
+)  # fmt: skip
+"""The C that includes NAME.h and bundle_config.h (with dlpack.h): no C parameter name takes a name
+they give."""
+RUNTIME_SOURCES = (*API_SOURCES, "runtime.c", "run.cc")
+"""All the C a bundle is compiled from: no --name takes a name they give."""
 RUNTIME_SYMBOLS = re.compile(r"_*(TVM|tvm)")
 """Names of what a kernel may ask of a runtime: any left undefined or weak (NULL) is refused."""
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
@@ -106,13 +111,30 @@ class Signature:
         return self.params[len(self.params) - self.num_outputs :]
 
 
+@functools.cache
+def runtime_names(sources: tuple[str, ...] = RUNTIME_SOURCES) -> frozenset[str]:
+    """The names devices/native's `sources` and dlpack.h give (`declared_names`)."""
+    paths = [SOURCES / name for name in sources] + [ffi_include() / "dlpack" / "dlpack.h"]
+    return declared_names(path.read_text() for path in paths)
+
+
 def check_name(name: str, what: str = "--name") -> str:
-    """`name` as a bundle's C prefix: a C identifier, not a keyword (a one-line UsageError)."""
-    if not C_IDENTIFIER.fullmatch(name) or name in C_KEYWORDS:
-        raise UsageError(
-            f"{what} {name!r} is not a C identifier (letters, digits and _, not first a digit, at most 63,"
-            " not a C keyword): it prefixes the bundle's C functions"
-        )
+    """`name` as a bundle's C prefix (a one-line UsageError): a C identifier that is no keyword,
+    no name of the C library or the runtime, and makes none (NAME_run, NAME_H_...)."""
+    expected = (
+        "expected letters, digits and _, not first a digit, at most 63, that no keyword, C library or"
+        " deploy runtime name takes: it prefixes the bundle's C functions"
+    )
+    if not IDENTIFIER.fullmatch(name):
+        raise UsageError(f"{what} {printable(repr(name))} is not a C identifier ({expected})")
+    made = [name + suffix for suffix in NAMED_SUFFIXES] + [name.upper() + suffix for suffix in MACRO_SUFFIXES]
+    for c_name in made:
+        why = why_reserved(c_name, runtime_names())
+        if why is not None:
+            said = "it is" if c_name == name else f"it makes {c_name}, which is"
+            raise UsageError(
+                f"{what} {name!r} is not a C identifier a bundle can take: {said} {why} ({expected})"
+            )
     return name
 
 
@@ -137,17 +159,9 @@ def check_bundle(target: Target, name: str | None, host: str | None = None) -> N
 
 
 def _c_name(name: str, taken: set[str]) -> str:
-    """`name` as a C parameter name: other characters as _, a leading digit or a keyword
-    prefixed, unique among `taken` ignoring case (header macros upper-case it)."""
-    base = re.sub(r"[^A-Za-z0-9_]", "_", name)[:48] or "t"
-    if base[0].isdigit() or base in C_KEYWORDS:
-        base = f"t_{base}"
-    chosen, count = base, 1
-    while chosen.lower() in taken:
-        count += 1
-        chosen = f"{base}_{count}"
-    taken.add(chosen.lower())
-    return chosen
+    """`name` as a C parameter name deploy makes (`c_identifier`), clear of the names the C that
+    declares it gives."""
+    return c_identifier(name, taken, runtime_names(API_SOURCES))
 
 
 def signature(compiled: Bundled, name: str | None) -> Signature:
@@ -198,10 +212,10 @@ def shape_text(t: TensorType) -> str:
 
 def row_note(c_name: str, name: str, written: bool) -> str:
     """What a header row says after a tensor's type: that the call writes it, and its model
-    name where the C name differs."""
+    name where the C name differs (as a C string literal: the row is in a comment)."""
     if written:
-        return "  (written)" if c_name in (name, OUTPUT) else f"  (written: model output {name!r})"
-    return "" if c_name == name else f"  (model input {name!r})"
+        return "  (written)" if c_name in (name, OUTPUT) else f"  (written: model output {c_string(name)})"
+    return "" if c_name == name else f"  (model input {c_string(name)})"
 
 
 def tensor_rows(sig: Signature) -> str:
@@ -306,7 +320,8 @@ def config_header(sig: Signature, alignment: int) -> str:
     """`bundle_config.h`: what bundle.c and run.cc are compiled for."""
     names = _symbol_names(sig)
     tensors = "\n".join(
-        f'    {{"{c}", {dlpack_dtype(t.dtype)}, {len(t.shape)}, {{{", ".join(_dims(t, names)) or "0"}}}}},'
+        f"    {{{c_string(c)}, "
+        f"{dlpack_dtype(t.dtype)}, {len(t.shape)}, {{{', '.join(_dims(t, names)) or '0'}}}}},"
         for c, _, t in sig.params
     )
     slots = sig.plan.slots if sig.plan is not None else ()
@@ -319,7 +334,7 @@ def config_header(sig: Signature, alignment: int) -> str:
         or "    {0u, 0, {0}},"
     )
     params = c_params(sig)
-    symbol_names = ", ".join(f'"{s}"' for s in names) or '""'
+    symbol_names = ", ".join(map(c_string, names)) or '""'
     return f"""/* Generated by deploy: the signature of {sig.name} that this bundle is built for. */
 #define DEPLOY_PREFIX {sig.name}
 #define DEPLOY_HEADER "{sig.name}.h"
@@ -408,7 +423,7 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     work.mkdir()
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
-    what = f"the {'graph' if sig.plan is not None else 'op'} {compiled.bundle_signature()[0]}"
+    what = f"the {'graph' if sig.plan is not None else 'op'} {c_string(compiled.bundle_signature()[0])}"
     (staging / f"{prefix}.h").write_text(header(sig, target, what))
     (work / "bundle_config.h").write_text(config_header(sig, target.alignment))
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
