@@ -99,11 +99,12 @@ C_LIBRARY = frozenset(_LIBRARY_WORDS.split())
 """Names of the C and POSIX library (functions, objects, types, macros): a program that links a
 bundle, or the bundle's own runtime, uses them."""
 
-RESERVED_PREFIXES = re.compile(
-    r"_|deploy_|DEPLOY_|Deploy|TVM|tvm|kDL|DL[A-Z_]|pthread_|PTHREAD_|cl_|CL_|k\d+_"
+RESERVED = re.compile(
+    r"(_|deploy_|DEPLOY_|Deploy|TVM|tvm|kDL|DL[A-Z_]|pthread_|PTHREAD_|cl_|CL_|k\d+_).*|.*_compute_"
 )
-"""Beginnings that are reserved: `_` (the C implementation's), the runtime's and glue's
-(deploy_, TVM's, DLPack's, OpenCL's), POSIX threads', and the kernels' own symbols (k0_add)."""
+"""Names that are reserved by how they begin or end: `_` (the C implementation's), the runtime's
+and glue's (deploy_, TVM's, DLPack's, OpenCL's), POSIX threads', and the kernels' own symbols
+(k0_add, and TVM's parallel closures: main_compute_)."""
 
 _KEPT = frozenset(ord(c) for c in '\\"?*/')
 """Printable ASCII a literal still escapes: `\\` and `"` (the literal's own), `?` (no trigraph
@@ -136,10 +137,10 @@ def why_reserved(name: str, declared: frozenset[str] = frozenset()) -> str | Non
         return "a name of the C or POSIX library"
     if name in declared:
         return "a name deploy's bundle runtime or glue gives"
-    if RESERVED_PREFIXES.match(name):
+    if RESERVED.fullmatch(name):
         return (
-            "reserved (_, deploy_, DEPLOY_, TVM, tvm, DL, kDL, pthread_, cl_, CL_ and k<digits>_ begin"
-            " the names of C, the runtime, DLPack, OpenCL and the kernels)"
+            "reserved (_, deploy_, DEPLOY_, TVM, tvm, DL, kDL, pthread_, cl_, CL_ and k<digits>_ begin,"
+            " and _compute_ ends, the names of C, the runtime, DLPack, OpenCL and the kernels)"
         )
     return None
 
@@ -172,8 +173,9 @@ def c_identifier(text: str, taken: set[str], declared: frozenset[str] = frozense
     return chosen
 
 
-_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-_STRING = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+_TEXT = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|/\*.*?\*/|//[^\n]*', re.S)
+"""A string or character literal (group 1), or a comment: read in one pass, so that neither hides
+the other."""
 _WORD = re.compile(r"\b[A-Za-z_]\w*")
 _ENTRY_PARAMS = ("DEPLOY_PARAMS", "DEPLOY_SYMBOL_PARAMS", "DEPLOY_CL_PARAMS")
 _PARAMS = re.compile(r"(?<=[\w)])\([^()]*\)?")
@@ -181,16 +183,22 @@ _PARAMS = re.compile(r"(?<=[\w)])\([^()]*\)?")
 _DEFINED = re.compile(r"#\s*define\s+(\w+)")
 
 
+def _blank(match: re.Match[str]) -> str:
+    """A literal as `""`, a comment as the line breaks it held (lines stay where they were)."""
+    return '""' if match.group(1) else "\n" * match.group(0).count("\n") or " "
+
+
 def declared_names(sources: Iterable[str]) -> frozenset[str]:
     """The names C `sources` give at file scope, as a regular reading finds them: the identifiers
     of each line that begins in column 0 (declarations, definitions, `} Name;`) but for its
     parameter lists, each macro `#define` names, and every identifier of a function that takes
     a bundle's tensors or symbolic dims (`DEPLOY_PARAMS`...: a parameter named as one of its
-    own, a local or a callee would not compile). More than the exact set, never fewer."""
+    own, a local or a callee would not compile). Deploy's C keeps its file-scope declarations
+    in column 0, so this holds more than the exact set rather than fewer."""
     found: set[str] = set()
     for source in sources:
         body = False
-        for line in _STRING.sub('""', _COMMENT.sub(" ", source)).splitlines():
+        for line in _TEXT.sub(_blank, source).splitlines():
             if line.startswith("#"):
                 found.update(_DEFINED.findall(line))
             elif line[:1].isalpha() or line[:1] in "_}":

@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from base.ctext import c_string
+from base.ctext import IDENTIFIER, c_string
 from base.errors import UsageError
 from devices.platforms import get_platform
 from ops.graph import bind_graph
 from tests.conftest import invoke
+from toolchain.build.bundle import check_name
 from toolchain.build.compile import compile_graph
 from toolchain.build.export import export
 from toolchain.build.targets import get_target
@@ -151,11 +152,12 @@ def test_names_are_inert_in_every_generated_file(model, kind, bundles, tmp_path)
     )
     assert proc.returncode == 0, proc.stderr
     assert PAYLOAD_TOKENS.findall(proc.stdout) == []
-    for library in ("libnames.a", "libnames.so"):
+    libraries = ["libnames.a", "libnames.so"] + (["module.so"] if kind != "opencl" else [])
+    for library, dynamic in [(name, flag) for name in libraries for flag in ([], ["-D"])]:
         symbols = subprocess.run(
-            [nm_tool(kind), str(directory / library)], capture_output=True, text=True, check=True
+            [nm_tool(kind), *dynamic, str(directory / library)], capture_output=True, text=True, check=True
         ).stdout
-        assert PAYLOAD_TOKENS.findall(symbols) == []
+        assert PAYLOAD_TOKENS.findall(symbols) == [], library
     if kind == "opencl":
         source = (directory / "kernels.cl").read_text()
         assert source.isascii() and "pwned" not in source.lower()
@@ -322,3 +324,20 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     ran = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert np.allclose(np.load(tmp_path / "o1.npy"), 2.0)
+
+
+@pytest.mark.parametrize("kind", ["x86", "arm", "opencl"])
+def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
+    """Every name the built library's symbol table holds (its functions and data, local or not,
+    and the C library's it calls) but its own API is refused as --name: what `check_name` reads
+    from the sources and lists covers what the linker sees."""
+    available(kind)
+    listing = subprocess.run(
+        [nm_tool(kind), str(bundles["yaml", kind] / "libnames.a")], capture_output=True, text=True, check=True
+    ).stdout
+    symbols = {line.split()[-1] for line in listing.splitlines() if len(line.split()) >= 2}
+    others = {s for s in symbols if IDENTIFIER.fullmatch(s) and s != "names" and not s.startswith("names_")}
+    assert "pthread_create" in others or kind == "opencl"
+    for symbol in sorted(others):
+        with pytest.raises(UsageError, match="is not a C identifier a bundle can take"):
+            check_name(symbol)
