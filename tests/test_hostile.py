@@ -127,9 +127,15 @@ NAMES_ROWS: list[tuple[str, int, str]] = [
     (f"{ADD} --bundle --name hooked", 2, "--name 'hooked' is not a C identifier a bundle can take: it makes"),
     (f"{ADD} --bundle --name dlpack_dlpack", 2, "it makes DLPACK_DLPACK_H_, which is a name deploy's bundle"),
     (f"{ADD} --bundle --name k0_add", 2, "'k0_add' is not a C identifier a bundle can take: it is reserved"),
+    # a model's own name, the default prefix, that would have closed NAME.h's comment
+    (f"{MODEL} TMP/c_payload.yaml --bundle", 2, "the name 'g */ int pwned; /*' is not a C identifier ("),
 ]  # fmt: skip
 
 MODEL_FILES = {
+    "c_payload.yaml": (
+        "name: 'g */ int pwned; /*'\ninputs: {x: {shape: [4]}}\n"
+        "nodes: [{name: a, op: leaky_relu, inputs: [x]}]\noutput: a\n"
+    ),
     "good.yaml": (
         "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
     ),
