@@ -364,3 +364,37 @@ def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
     for symbol in sorted(others):
         with pytest.raises(UsageError, match="is not a C identifier a bundle can take"):
             check_name(symbol)
+
+
+def opencl_here() -> bool:
+    try:
+        from devices.opencl import opencl_devices
+
+        return bool(opencl_devices())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(
+    not opencl_here(), reason="needs an OpenCL platform (Debian: pocl-opencl-icd) and pyopencl"
+)
+def test_two_names_alike_in_c_stay_two_arguments_of_an_opencl_kernel(tmp_path, monkeypatch):
+    """Inputs `a.b` and `a_b`, read by one fused kernel: its OpenCL arguments are named apart
+    (both were `a_b`, and the plan, which finds arguments by name, passed `a_b` twice: 6, not 4)."""
+    monkeypatch.chdir(tmp_path)
+    graph = {
+        "inputs": {"a.b": {"shape": [8]}, "a_b": {"shape": [8]}},
+        "nodes": [
+            {"name": "s", "op": "add", "inputs": ["a.b", "a_b"]},
+            {"name": "t", "op": "leaky_relu", "inputs": ["s"]},
+        ],
+        "output": "t",
+    }
+    (tmp_path / "m.yaml").write_text(json.dumps(graph))
+    np.save(tmp_path / "a.npy", np.ones(8, np.float32))
+    np.save(tmp_path / "b.npy", np.full(8, 3, np.float32))
+    result = invoke(
+        "run", "--target", "opencl", "--model", "m.yaml", "-i", "a.npy", "-i", "b.npy", "-o", "out.npy"
+    )
+    assert result.exit_code == 0, result.output
+    assert np.array_equal(np.load(tmp_path / "out.npy"), np.full(8, 4, np.float32))
