@@ -310,42 +310,45 @@ def test_c_string_is_the_same_bytes_in_code_and_comment(tmp_path):
 
 TAKEN = {
     "name": "taken",
-    "inputs": {"args": {"shape": ["symbols", 4]}, "workspace": {"shape": ["symbols", 4]}},
+    "inputs": {name: {"shape": ["symbols", 4]} for name in ("args", "workspace", "PRIu64", "linux")},
     "nodes": [
         {"name": "errno", "op": "add", "inputs": ["args", "workspace"]},
-        {"name": "NULL", "op": "leaky_relu", "inputs": ["errno"]},
+        {"name": "both", "op": "add", "inputs": ["PRIu64", "linux"]},
+        {"name": "NULL", "op": "add", "inputs": ["errno", "both"]},
     ],
     "output": ["errno", "NULL"],
 }
 """Names C already gives: the API's own locals and parameters (args, workspace, symbols), the C
-library's (errno, NULL)."""
+library's (errno, NULL) and its headers' macros (PRIu64; linux in GNU C)."""
 
 
 def test_names_c_gives_become_other_parameters(tmp_path):
-    """Tensors and a symbolic dim named as bundle.c's locals and parameters or the C library's
-    names: the bundle builds (its C had redeclared them), its header compiles beside <errno.h>
-    and <stddef.h>, and deploy-run runs it."""
+    """Tensors and a symbolic dim named as bundle.c's locals and parameters, the C library's
+    names or its macros: the bundle builds (its C had redeclared them), its header compiles
+    in GNU C beside <errno.h> and <inttypes.h>, and deploy-run runs it."""
     (tmp_path / "taken.yaml").write_text(json.dumps(TAKEN))
     graph = bind_graph(load_model(tmp_path / "taken.yaml"))
     export(compile_graph(graph, get_target("x86").with_cores(2)), tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "taken.h").read_text()
-    assert "int taken(const DLTensor* t_args, const DLTensor* t_workspace, DLTensor* t_errno," in header
+    params = ", ".join(f"const DLTensor* t_{name}" for name in ("args", "workspace", "PRIu64", "linux"))
+    assert f"int taken({params}, DLTensor* t_errno, DLTensor* t_NULL);" in header
     assert "size_t taken_workspace_size(int64_t t_symbols);" in header
     program = tmp_path / "p.c"
     program.write_text(
-        '#include <errno.h>\n#include <stddef.h>\n#include "taken.h"\nint main(void) { return 0; }\n'
+        '#include <errno.h>\n#include <inttypes.h>\n#include "taken.h"\nint main(void) { return 0; }\n'
     )
     include = ["-I", str(tmp_path / "b"), "-I", str(tmp_path / "b" / "include")]
     subprocess.run(
-        ["gcc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", *include, str(program)], check=True
+        ["gcc", "-std=gnu99", "-Wall", "-Werror", "-fsyntax-only", *include, str(program)], check=True
     )
     command = [str(tmp_path / "b" / "deploy-run"), str(tmp_path / "b")]
-    for index in range(2):
+    for index in range(4):
         np.save(tmp_path / f"i{index}.npy", np.ones((3, 4), np.float32))
-        command += ["-i", str(tmp_path / f"i{index}.npy"), "-o", str(tmp_path / f"o{index}.npy")]
+        command += ["-i", str(tmp_path / f"i{index}.npy")]
+    command += ["-o", str(tmp_path / "o0.npy"), "-o", str(tmp_path / "o1.npy")]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
-    assert np.allclose(np.load(tmp_path / "o1.npy"), 2.0)
+    assert np.allclose(np.load(tmp_path / "o0.npy"), 2.0) and np.allclose(np.load(tmp_path / "o1.npy"), 4.0)
 
 
 @pytest.mark.parametrize("kind", ["x86", "arm", "opencl"])

@@ -113,9 +113,26 @@ class Signature:
 
 @functools.cache
 def runtime_names(sources: tuple[str, ...] = RUNTIME_SOURCES) -> frozenset[str]:
-    """The names devices/native's `sources` and dlpack.h give (`declared_names`)."""
+    """The names devices/native's `sources` and dlpack.h give (`declared_names`), and the macros
+    of the C library headers they include (`header_macros`)."""
     paths = [SOURCES / name for name in sources] + [ffi_include() / "dlpack" / "dlpack.h"]
-    return declared_names(path.read_text() for path in paths)
+    texts = [path.read_text() for path in paths]
+    return declared_names(texts) | header_macros(
+        tuple(sorted(set(re.findall(r"#include <([^>]+)>", "".join(texts)))))
+    )
+
+
+@functools.cache
+def header_macros(headers: tuple[str, ...]) -> frozenset[str]:
+    """The macros gcc defines with `headers` included (those it has; in GNU C, as an engine may
+    compile NAME.h: `linux` too): a C parameter named as one would not compile (`PRIu64`).
+    None where there is no gcc (nothing can be built then)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return frozenset()
+    text = "".join(f"#if __has_include(<{h}>)\n#include <{h}>\n#endif\n" for h in headers)
+    proc = subprocess.run([gcc, "-dM", "-E", "-x", "c", "-"], input=text, capture_output=True, text=True)
+    return frozenset(re.findall(r"^#define (\w+)", proc.stdout, re.M))
 
 
 def check_name(name: str, what: str = "--name") -> str:
