@@ -310,16 +310,21 @@ def test_c_string_is_the_same_bytes_in_code_and_comment(tmp_path):
 
 TAKEN = {
     "name": "taken",
-    "inputs": {name: {"shape": ["symbols", 4]} for name in ("args", "workspace", "PRIu64", "linux")},
+    "inputs": {
+        name: {"shape": ["errno" if name == "args" else "t_errno", 4]}
+        for name in ("args", "workspace", "PRIu64", "linux", "TAKEN_ERR_KERNEL")
+    },
     "nodes": [
-        {"name": "errno", "op": "add", "inputs": ["args", "workspace"]},
+        {"name": "errno", "op": "add", "inputs": ["args", "args"]},
         {"name": "both", "op": "add", "inputs": ["PRIu64", "linux"]},
-        {"name": "NULL", "op": "add", "inputs": ["errno", "both"]},
+        {"name": "three", "op": "add", "inputs": ["both", "TAKEN_ERR_KERNEL"]},
+        {"name": "NULL", "op": "add", "inputs": ["workspace", "three"]},
     ],
     "output": ["errno", "NULL"],
 }
-"""Names C already gives: the API's own locals and parameters (args, workspace, symbols), the C
-library's (errno, NULL) and its headers' macros (PRIu64; linux in GNU C)."""
+"""Names C already gives: the API's own locals and parameters (args, workspace), the C library's
+(errno, NULL: a tensor's and a symbolic dim's, beside a dim named as errno's C name becomes), its
+headers' macros (PRIu64; linux in GNU C), and NAME.h's own (TAKEN_ERR_KERNEL)."""
 
 
 def test_names_c_gives_become_other_parameters(tmp_path):
@@ -330,9 +335,10 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     graph = bind_graph(load_model(tmp_path / "taken.yaml"))
     export(compile_graph(graph, get_target("x86").with_cores(2)), tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "taken.h").read_text()
-    params = ", ".join(f"const DLTensor* t_{name}" for name in ("args", "workspace", "PRIu64", "linux"))
+    names = ("args", "workspace", "PRIu64", "linux", "TAKEN_ERR_KERNEL")
+    params = ", ".join(f"const DLTensor* t_{name}" for name in names)
     assert f"int taken({params}, DLTensor* t_errno, DLTensor* t_NULL);" in header
-    assert "size_t taken_workspace_size(int64_t t_symbols);" in header
+    assert "size_t taken_workspace_size(int64_t t_errno_2, int64_t t_errno_3);" in header
     program = tmp_path / "p.c"
     program.write_text(
         '#include <errno.h>\n#include <inttypes.h>\n#include "taken.h"\nint main(void) { return 0; }\n'
@@ -342,8 +348,8 @@ def test_names_c_gives_become_other_parameters(tmp_path):
         ["gcc", "-std=gnu99", "-Wall", "-Werror", "-fsyntax-only", *include, str(program)], check=True
     )
     command = [str(tmp_path / "b" / "deploy-run"), str(tmp_path / "b")]
-    for index in range(4):
-        np.save(tmp_path / f"i{index}.npy", np.ones((3, 4), np.float32))
+    for index in range(5):
+        np.save(tmp_path / f"i{index}.npy", np.ones((3 if index == 0 else 2, 4), np.float32))
         command += ["-i", str(tmp_path / f"i{index}.npy")]
     command += ["-o", str(tmp_path / "o0.npy"), "-o", str(tmp_path / "o1.npy")]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.ctext import IDENTIFIER, c_identifier, c_string, declared_names, why_reserved
+from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, why_reserved
 from base.errors import DeployError, UsageError, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
@@ -175,9 +175,12 @@ def check_bundle(target: Target, name: str | None, host: str | None = None) -> N
         check_name(name)
 
 
-def _c_name(name: str, taken: set[str]) -> str:
+def _c_name(name: str, taken: set[str], prefix: str) -> str:
     """`name` as a C parameter name deploy makes (`c_identifier`), clear of the names the C that
-    declares it gives."""
+    declares it gives and of NAME.h's own macros (PREFIX_..., upper case: `t_` goes before)."""
+    word = c_word(name)
+    if word == word.upper() and word.startswith(f"{prefix.upper()}_"):
+        name = f"t_{name}"
     return c_identifier(name, taken, runtime_names(API_SOURCES))
 
 
@@ -188,14 +191,13 @@ def signature(compiled: Bundled, name: str | None) -> Signature:
     prefix = check_name(name) if name is not None else check_name(default, "the name")
     single = len(outputs) == 1
     taken = {OUTPUT} if single else set()
-    params = [(_c_name(n, taken), n, t) for n, t in inputs]
-    params += [(OUTPUT, n, t) if single else (_c_name(n, taken), n, t) for n, t in outputs]
+    params = [(_c_name(n, taken, prefix), n, t) for n, t in inputs]
+    params += [(OUTPUT, n, t) if single else (_c_name(n, taken, prefix), n, t) for n, t in outputs]
     if any(len(t.shape) > MAX_DIMS for _, _, t in params):
         raise UsageError(f"a bundle's tensors have at most {MAX_DIMS} dims")
-    symbols = symbols_of([t for _, t in inputs])
-    return Signature(
-        prefix, tuple(params), len(outputs), tuple(_c_name(s, set(taken)) for s in symbols), plan
-    )
+    apart = set(taken)  # a symbolic dim's C name is apart from the tensors' and the other dims'
+    symbols = tuple(_c_name(s, apart, prefix) for s in symbols_of([t for _, t in inputs]))
+    return Signature(prefix, tuple(params), len(outputs), symbols, plan)
 
 
 def dlpack_dtype(dtype: str) -> str:
