@@ -406,3 +406,20 @@ def test_two_names_alike_in_c_stay_two_arguments_of_an_opencl_kernel(tmp_path, m
     )
     assert result.exit_code == 0, result.output
     assert np.array_equal(np.load(tmp_path / "out.npy"), np.full(8, 4, np.float32))
+
+
+@pytest.mark.skipif(shutil.which("arm-linux-gnueabihf-gcc") is None, reason="needs gcc-arm-linux-gnueabihf")
+@pytest.mark.parametrize(
+    "name,prefix", [("pool", "t_pool"), ("my-model", "my_model"), ("hooked", "t_hooked"), ("mpa", "mpa")]
+)
+def test_a_bundle_deploy_builds_for_itself_makes_its_prefix(name, prefix, tmp_path):
+    """armv7 runs bundles (`deploy run` builds one, and takes no --name): a model named as no
+    prefix may be gets one made from its name, where `deploy build --bundle` would refuse it."""
+    graph = {"name": name, "inputs": {"x": {"shape": [4]}}, "output": "y"}
+    graph["nodes"] = [{"name": "y", "op": "leaky_relu", "inputs": ["x"]}]
+    (tmp_path / "m.json").write_text(json.dumps(graph))
+    compiled = compile_graph(
+        bind_graph(load_model(tmp_path / "m.json")), get_target("armv7").with_bundle(True)
+    )
+    assert export(compiled, tmp_path / "b").bundle["name"] == prefix
+    assert (tmp_path / "b" / f"{prefix}.h").is_file()

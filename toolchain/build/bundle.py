@@ -155,6 +155,20 @@ def check_name(name: str, what: str = "--name") -> str:
     return name
 
 
+def made_prefix(compiled: Bundled) -> str:
+    """The prefix of a bundle deploy builds for itself (a device that runs bundles: `deploy run`
+    names none): the model's or op's name where it can be one (`check_name`), else an identifier
+    made from it (my-model -> my_model, pool -> t_pool)."""
+    default = compiled.bundle_signature()[0]
+    made = c_identifier(default, set(), runtime_names())
+    for candidate in (default, made, f"t_{made}"):  # t_: clear of what `made` would make (NAME_task)
+        try:
+            return check_name(candidate)
+        except UsageError:
+            continue
+    return check_name(default)
+
+
 def check_bundle(target: Target, name: str | None, host: str | None = None) -> None:
     """A one-line error, before anything is compiled, for what cannot become a bundle: a target
     whose artifact C cannot call, a name that cannot prefix C functions, a host architecture for
