@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, why_reserved
-from base.errors import DeployError, UsageError, printable
+from base.errors import DeployError, UsageError, clipped, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
 from devices.platforms import get_platform
@@ -135,15 +135,16 @@ def header_macros(headers: tuple[str, ...]) -> frozenset[str]:
     return frozenset(re.findall(r"^#define (\w+)", proc.stdout, re.M))
 
 
-def check_name(name: str, what: str = "--name") -> str:
-    """`name` as a bundle's C prefix (a one-line UsageError): a C identifier that is no keyword,
-    no name of the C library or the runtime, and makes none (NAME_run, NAME_H_...)."""
+def check_name(name: str, what: str = "--name", hint: str = "") -> str:
+    """`name` as a bundle's C prefix (a one-line UsageError, ending in `hint`): a C identifier
+    that is no keyword, no name of the C library or the runtime, and makes none (NAME_run,
+    NAME_H_...)."""
     expected = (
         "expected letters, digits and _, not first a digit, at most 63, that no keyword, C library or"
-        " deploy runtime name takes: it prefixes the bundle's C functions"
+        f" deploy runtime name takes: it prefixes the bundle's C functions{hint}"
     )
     if not IDENTIFIER.fullmatch(name):
-        raise UsageError(f"{what} {printable(repr(name))} is not a C identifier ({expected})")
+        raise UsageError(f"{what} {printable(repr(clipped(name)))} is not a C identifier ({expected})")
     made = [name + suffix for suffix in NAMED_SUFFIXES] + [name.upper() + suffix for suffix in MACRO_SUFFIXES]
     for c_name in made:
         why = why_reserved(c_name, runtime_names())
@@ -202,7 +203,7 @@ def signature(compiled: Bundled, name: str | None) -> Signature:
     """The C signature of `compiled` under `name` (default: the op's or graph's own): an op's
     output is `out`, a graph's outputs are named as the model names them (as C names)."""
     default, inputs, outputs, plan = compiled.bundle_signature()
-    prefix = check_name(name) if name is not None else check_name(default, "the name")
+    prefix = check_name(name) if name is not None else check_name(default, "the name", "; give --name")
     single = len(outputs) == 1
     taken = {OUTPUT} if single else set()
     params = [(_c_name(n, taken, prefix), n, t) for n, t in inputs]
