@@ -4,9 +4,10 @@ escaped string literal (`base.ctext.c_string`) or an identifier deploy made; `--
 keyword and no name of the C library or of deploy's runtime.
 
 Each model holds a payload that, compiled, is a constructor printing PWNED and a global symbol:
-every bundle built from it (x86 with its module, aarch64, OpenCL's host code) is checked by the
-real tools: its header preprocessed (no name left outside a comment), `nm` (no symbol from a
-name), and the x86 library loaded and its deploy-run run (nothing printed).
+every bundle built from it (x86 with its module, aarch64, armv7, riscv64, OpenCL's host code) is
+checked by the real tools: its header preprocessed (no name left outside a comment), `nm` (no
+symbol from a name), the x86 libraries loaded and their deploy-run run (nothing printed; the
+OpenCL one on PoCL), and aarch64's under qemu-user.
 """
 
 from __future__ import annotations
@@ -66,9 +67,13 @@ joined by _, as one identifier: no boundary inside)."""
 TARGETS = {
     "x86": ("x86", None),
     "arm": ("arm", "aarch64-linux-gnu-gcc"),
+    "armv7": ("armv7", "arm-linux-gnueabihf-gcc"),
+    "riscv64": ("riscv64", "riscv64-linux-gnu-gcc"),
     "opencl": ("opencl", "/usr/include/CL/cl.h"),
 }
 """Each bundle built here: its target, and what building it needs beyond gcc."""
+ARCHES = {"arm": "aarch64", "armv7": "armv7l", "riscv64": "riscv64"}
+"""The platforms of the cross-compiled bundles (their gcc and nm)."""
 
 
 def onnx_model() -> bytes:
@@ -126,8 +131,9 @@ def model_names(model: str) -> list[str]:
     return list(NAMES.values()) if model == "yaml" else list(ONNX_NAMES.values())
 
 
-def nm_tool(kind: str) -> str:
-    return get_platform("aarch64").tool("nm") if kind == "arm" else "nm"
+def tool(kind: str, name: str) -> str:
+    """`name` (gcc, nm) for the CPU of `kind`'s bundle."""
+    return get_platform(ARCHES[kind]).tool(name) if kind in ARCHES else name
 
 
 @pytest.mark.parametrize("kind", list(TARGETS))
@@ -144,7 +150,7 @@ def test_names_are_inert_in_every_generated_file(model, kind, bundles, tmp_path)
             assert name not in header
     for name in (PAYLOAD, OUTPUT) if model == "yaml" else (ONNX_NAMES["input"],):
         assert c_string(name) in header, name
-    gcc = get_platform("aarch64").tool("gcc") if kind == "arm" else "gcc"
+    gcc = tool(kind, "gcc")
     proc = subprocess.run(
         [gcc, "-E", "-P", "-I", str(directory), "-I", str(directory / "include"), str(directory / "names.h")],
         capture_output=True,
@@ -155,7 +161,7 @@ def test_names_are_inert_in_every_generated_file(model, kind, bundles, tmp_path)
     libraries = ["libnames.a", "libnames.so"] + (["module.so"] if kind != "opencl" else [])
     for library, dynamic in [(name, flag) for name in libraries for flag in ([], ["-D"])]:
         symbols = subprocess.run(
-            [nm_tool(kind), *dynamic, str(directory / library)], capture_output=True, text=True, check=True
+            [tool(kind, "nm"), *dynamic, str(directory / library)], capture_output=True, text=True, check=True
         ).stdout
         assert PAYLOAD_TOKENS.findall(symbols) == [], library
     if kind == "opencl":
@@ -357,14 +363,17 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     assert np.allclose(np.load(tmp_path / "o0.npy"), 2.0) and np.allclose(np.load(tmp_path / "o1.npy"), 4.0)
 
 
-@pytest.mark.parametrize("kind", ["x86", "arm", "opencl"])
+@pytest.mark.parametrize("kind", list(TARGETS))
 def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
     """Every name the built library's symbol table holds (its functions and data, local or not,
     and the C library's it calls) but its own API is refused as --name: what `check_name` reads
     from the sources and lists covers what the linker sees."""
     available(kind)
     listing = subprocess.run(
-        [nm_tool(kind), str(bundles["yaml", kind] / "libnames.a")], capture_output=True, text=True, check=True
+        [tool(kind, "nm"), str(bundles["yaml", kind] / "libnames.a")],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     symbols = {line.split()[-1] for line in listing.splitlines() if len(line.split()) >= 2}
     others = {s for s in symbols if IDENTIFIER.fullmatch(s) and s != "names" and not s.startswith("names_")}
