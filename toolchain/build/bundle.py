@@ -167,7 +167,7 @@ def made_prefix(compiled: Bundled) -> str:
             return check_name(candidate)
         except UsageError:
             continue
-    return check_name(default)
+    return check_name(default, "the name")
 
 
 def check_bundle(target: Target, name: str | None, host: str | None = None) -> None:
