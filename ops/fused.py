@@ -8,21 +8,17 @@ and each node's output by its block name (`block_name`), which the composition s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from tvm import te
 
+from base.ctext import c_identifier, c_word
 from base.errors import UsageError, reason
 from ops.graph import Apply, BoundNode, Node, flow, numpy_reference, ops_of
 from ops.registry import get_op
 from ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType, bind
-
-
-def _identifier(text: str) -> str:
-    return re.sub(r"\W", "_", text) or "t"
 
 
 def named(tensor: te.Tensor, name: str) -> te.Tensor:
@@ -68,7 +64,8 @@ class FusedOp(Op):
         self.reads = tuple(reads)
         self.anchor = anchor
         self.name = "fused_" + "_".join(n.bound.op.name for n in self.nodes)
-        self.inputs = tuple(Input(_identifier(name)) for name in self.reads)
+        taken: set[str] = set()  # TIR and OpenCL C name them: identifiers deploy makes, each once
+        self.inputs = tuple(Input(c_identifier(name, taken)) for name in self.reads)
         self.exact = all(n.bound.op.exact for n in self.nodes)
 
     def parts(self) -> tuple[Op, ...]:
@@ -78,7 +75,7 @@ class FusedOp(Op):
         """The block that computes node `index`'s output in the fused PrimFunc, named after the
         tensor it writes (which the group's key holds, unlike node names: a tuned trace found by
         the key finds its blocks)."""
-        return f"node{index}_{_identifier(self.nodes[index].node.output)}"
+        return f"node{index}_{c_word(self.nodes[index].node.output)}"
 
     def bind(self, types: dict[str, TensorType]) -> BoundOp:
         """The group as a bound op: the input types read from `types` (every tensor's type); its

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from test_ops_matrix import MATRIX
 
+from base.ctext import C_KEYWORDS
 from base.errors import DeployError, UsageError
 from base.files import sha256_file
 from base.threads import host_cpus
@@ -38,7 +39,7 @@ from ops import TensorType, bind, get_op
 from ops.graph import BoundGraph, bind_graph
 from ops.spec import BoundOp, batch_sizes
 from tests.conftest import REPO, invoke
-from toolchain.build.bundle import C_KEYWORDS, check_symbols, signature
+from toolchain.build.bundle import check_symbols, signature
 from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from toolchain.build.export import export
 from toolchain.build.manifest import Manifest
@@ -861,7 +862,7 @@ def test_names_become_c_identifiers(tmp_path: Path) -> None:
         "int m(const DLTensor* input_1, const DLTensor* out_2, const DLTensor* Out_3, DLTensor* out);"
         in header
     )
-    assert "input_1  float32  [4]  (model input 'input.1')" in header
+    assert 'input_1  float32  [4]  (model input "input.1")' in header
 
 
 def bundles_page() -> str:

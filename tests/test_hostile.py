@@ -122,7 +122,28 @@ RUNNER_ROWS: list[tuple[str, int, str]] = [
     (f"{RUN} -i TMP/fortran0.npy", 2, "fortran_order is not a valid bool: 0"),
 ]
 
+TAKEN = {
+    "name of the C or POSIX library": ("pthread_create", "main", "free", "errno", "size_t", "memcpy"),
+    "C or C++ keyword": ("_Bool", "_Alignas", "asm", "typeof"),
+    "name deploy's bundle runtime or glue gives": ("DLTensor", "deploy_rt_scratch", "call", "__tvm_ffi_main"),
+}
+"""Names --name may not take (#49), by why: each would have failed at link time, or linked wrong."""
+NAMES_ROWS: list[tuple[str, int, str]] = [
+    # --name: refused before the build, the name or one it makes (NAME_task, NAME_H_) being taken
+    *((f"{ADD} --bundle --name {n}", 2, f"--name '{n}' is not a C identifier a bundle can take: it is a {w}")
+      for w, names in TAKEN.items() for n in names),
+    (f"{ADD} --bundle --name hooked", 2, "--name 'hooked' is not a C identifier a bundle can take: it makes"),
+    (f"{ADD} --bundle --name dlpack_dlpack", 2, "it makes DLPACK_DLPACK_H_, which is a name deploy's bundle"),
+    (f"{ADD} --bundle --name k0_add", 2, "'k0_add' is not a C identifier a bundle can take: it is reserved"),
+    # a model's own name, the default prefix, that would have closed NAME.h's comment
+    (f"{MODEL} TMP/c_payload.yaml --bundle", 2, "the name 'g */ int pwned; /*' is not a C identifier ("),
+]  # fmt: skip
+
 MODEL_FILES = {
+    "c_payload.yaml": (
+        "name: 'g */ int pwned; /*'\ninputs: {x: {shape: [4]}}\n"
+        "nodes: [{name: a, op: leaky_relu, inputs: [x]}]\noutput: a\n"
+    ),
     "good.yaml": (
         "inputs: {x: {shape: [3, 4]}}\nnodes: [{name: act, op: leaky_relu, inputs: [x]}]\noutput: act\n"
     ),
@@ -572,6 +593,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("device emulator start --port 70000", 2, "--port 70000: expected a port from 1 to 65535"),
     *MODEL_ROWS,
     *RUNNER_ROWS,
+    *NAMES_ROWS,
 ]
 
 OP_FILE = textwrap.dedent(

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.errors import DeployError, UsageError, printable
+from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, why_reserved
+from base.errors import DeployError, UsageError, clipped, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
 from devices.platforms import get_platform
@@ -43,21 +44,25 @@ DLPACK_HEADER = "include/dlpack/dlpack.h"
 MAX_DIMS = 16
 """As `DEPLOY_MAX_DIMS` in bundle.h."""
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
-C_KEYWORDS = frozenset(
-    {
-        "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
-        "extern", "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return",
-        "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
-        "volatile", "while", "bool", "true", "false",
-    }
-)  # fmt: skip
-"""C99 keywords (and C23's bool/true/false): not usable as names."""
-C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 API_SUFFIXES = (
     "", "_run", "_with_workspace", "_workspace_size", "_last_error", "_set_num_threads", "_num_threads",
     "_set_parallel_for",
 )  # fmt: skip
 """The functions a bundle exports, as NAME + suffix: every other symbol of its object is local."""
+NAMED_SUFFIXES = (*API_SUFFIXES, "_task", "_parallel_for", "_cl_open", "_cl_close", "_cl_enqueue")
+"""What NAME.h names NAME + suffix (the CPU's and OpenCL's functions, and the hook's types)."""
+MACRO_SUFFIXES = (
+    "_H_", "_NUM_INPUTS", "_NUM_OUTPUTS", "_ALIGNMENT", "_ERR_ARGUMENT", "_ERR_KERNEL", "_ERR_MEMORY",
+    "_ERR_NO_OPENCL",
+)  # fmt: skip
+"""What NAME.h names NAME upper-cased + suffix (its include guard and constants)."""
+API_SOURCES = (
+    "bundle.c", "bundle.h", "bundle_check.h", "bundle_names.h", "cl_bundle.c", "runner_glue.c", "runtime.h",
+)  # fmt: skip
+"""The C that includes NAME.h and bundle_config.h (with dlpack.h): no C parameter name takes a name
+they give."""
+RUNTIME_SOURCES = (*API_SOURCES, "runtime.c", "run.cc")
+"""All the C a bundle is compiled from: no --name takes a name they give."""
 RUNTIME_SYMBOLS = re.compile(r"_*(TVM|tvm)")
 """Names of what a kernel may ask of a runtime: any left undefined or weak (NULL) is refused."""
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
@@ -106,14 +111,63 @@ class Signature:
         return self.params[len(self.params) - self.num_outputs :]
 
 
-def check_name(name: str, what: str = "--name") -> str:
-    """`name` as a bundle's C prefix: a C identifier, not a keyword (a one-line UsageError)."""
-    if not C_IDENTIFIER.fullmatch(name) or name in C_KEYWORDS:
-        raise UsageError(
-            f"{what} {name!r} is not a C identifier (letters, digits and _, not first a digit, at most 63,"
-            " not a C keyword): it prefixes the bundle's C functions"
-        )
+@functools.cache
+def runtime_names(sources: tuple[str, ...] = RUNTIME_SOURCES) -> frozenset[str]:
+    """The names devices/native's `sources` and dlpack.h give (`declared_names`), and the macros
+    of the C library headers they include (`header_macros`)."""
+    paths = [SOURCES / name for name in sources] + [ffi_include() / "dlpack" / "dlpack.h"]
+    texts = [path.read_text() for path in paths]
+    return declared_names(texts) | header_macros(
+        tuple(sorted(set(re.findall(r"#include <([^>]+)>", "".join(texts)))))
+    )
+
+
+@functools.cache
+def header_macros(headers: tuple[str, ...]) -> frozenset[str]:
+    """The macros gcc defines with `headers` included (those it has; in GNU C, as an engine may
+    compile NAME.h: `linux` too): a C parameter named as one would not compile (`PRIu64`).
+    None where there is no gcc (nothing can be built then)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return frozenset()
+    text = "".join(f"#if __has_include(<{h}>)\n#include <{h}>\n#endif\n" for h in headers)
+    proc = subprocess.run([gcc, "-dM", "-E", "-x", "c", "-"], input=text, capture_output=True, text=True)
+    return frozenset(re.findall(r"^#define (\w+)", proc.stdout, re.M))
+
+
+def check_name(name: str, what: str = "--name", hint: str = "") -> str:
+    """`name` as a bundle's C prefix (a one-line UsageError, ending in `hint`): a C identifier
+    that is no keyword, no name of the C library or the runtime, and makes none (NAME_run,
+    NAME_H_...)."""
+    expected = (
+        "expected letters, digits and _, not first a digit, at most 63, that no keyword, C library or"
+        f" deploy runtime name takes: it prefixes the bundle's C functions{hint}"
+    )
+    if not IDENTIFIER.fullmatch(name):
+        raise UsageError(f"{what} {printable(repr(clipped(name)))} is not a C identifier ({expected})")
+    made = [name + suffix for suffix in NAMED_SUFFIXES] + [name.upper() + suffix for suffix in MACRO_SUFFIXES]
+    for c_name in made:
+        why = why_reserved(c_name, runtime_names())
+        if why is not None:
+            said = "it is" if c_name == name else f"it makes {c_name}, which is"
+            raise UsageError(
+                f"{what} {name!r} is not a C identifier a bundle can take: {said} {why} ({expected})"
+            )
     return name
+
+
+def made_prefix(compiled: Bundled) -> str:
+    """The prefix of a bundle deploy builds for itself (a device that runs bundles: `deploy run`
+    names none): the model's or op's name where it can be one (`check_name`), else an identifier
+    made from it (my-model -> my_model, pool -> t_pool)."""
+    default = compiled.bundle_signature()[0]
+    made = c_identifier(default, set(), runtime_names())
+    for candidate in (default, made, f"t_{made}"):  # t_: clear of what `made` would make (NAME_task)
+        try:
+            return check_name(candidate)
+        except UsageError:
+            continue
+    return check_name(default, "the name")
 
 
 def check_bundle(target: Target, name: str | None, host: str | None = None) -> None:
@@ -136,35 +190,29 @@ def check_bundle(target: Target, name: str | None, host: str | None = None) -> N
         check_name(name)
 
 
-def _c_name(name: str, taken: set[str]) -> str:
-    """`name` as a C parameter name: other characters as _, a leading digit or a keyword
-    prefixed, unique among `taken` ignoring case (header macros upper-case it)."""
-    base = re.sub(r"[^A-Za-z0-9_]", "_", name)[:48] or "t"
-    if base[0].isdigit() or base in C_KEYWORDS:
-        base = f"t_{base}"
-    chosen, count = base, 1
-    while chosen.lower() in taken:
-        count += 1
-        chosen = f"{base}_{count}"
-    taken.add(chosen.lower())
-    return chosen
+def _c_name(name: str, taken: set[str], prefix: str) -> str:
+    """`name` as a C parameter name deploy makes (`c_identifier`), clear of the names the C that
+    declares it gives and of NAME.h's own macros (PREFIX_..., upper case: `t_` goes before)."""
+    word = c_word(name)
+    if word == word.upper() and word.startswith(f"{prefix.upper()}_"):
+        name = f"t_{name}"
+    return c_identifier(name, taken, runtime_names(API_SOURCES))
 
 
 def signature(compiled: Bundled, name: str | None) -> Signature:
     """The C signature of `compiled` under `name` (default: the op's or graph's own): an op's
     output is `out`, a graph's outputs are named as the model names them (as C names)."""
     default, inputs, outputs, plan = compiled.bundle_signature()
-    prefix = check_name(name) if name is not None else check_name(default, "the name")
+    prefix = check_name(name) if name is not None else check_name(default, "the name", "; give --name")
     single = len(outputs) == 1
     taken = {OUTPUT} if single else set()
-    params = [(_c_name(n, taken), n, t) for n, t in inputs]
-    params += [(OUTPUT, n, t) if single else (_c_name(n, taken), n, t) for n, t in outputs]
+    params = [(_c_name(n, taken, prefix), n, t) for n, t in inputs]
+    params += [(OUTPUT, n, t) if single else (_c_name(n, taken, prefix), n, t) for n, t in outputs]
     if any(len(t.shape) > MAX_DIMS for _, _, t in params):
         raise UsageError(f"a bundle's tensors have at most {MAX_DIMS} dims")
-    symbols = symbols_of([t for _, t in inputs])
-    return Signature(
-        prefix, tuple(params), len(outputs), tuple(_c_name(s, set(taken)) for s in symbols), plan
-    )
+    apart = set(taken)  # a symbolic dim's C name is apart from the tensors' and the other dims'
+    symbols = tuple(_c_name(s, apart, prefix) for s in symbols_of([t for _, t in inputs]))
+    return Signature(prefix, tuple(params), len(outputs), symbols, plan)
 
 
 def dlpack_dtype(dtype: str) -> str:
@@ -198,10 +246,10 @@ def shape_text(t: TensorType) -> str:
 
 def row_note(c_name: str, name: str, written: bool) -> str:
     """What a header row says after a tensor's type: that the call writes it, and its model
-    name where the C name differs."""
+    name where the C name differs (as a C string literal: the row is in a comment)."""
     if written:
-        return "  (written)" if c_name in (name, OUTPUT) else f"  (written: model output {name!r})"
-    return "" if c_name == name else f"  (model input {name!r})"
+        return "  (written)" if c_name in (name, OUTPUT) else f"  (written: model output {c_string(name)})"
+    return "" if c_name == name else f"  (model input {c_string(name)})"
 
 
 def tensor_rows(sig: Signature) -> str:
@@ -306,7 +354,8 @@ def config_header(sig: Signature, alignment: int) -> str:
     """`bundle_config.h`: what bundle.c and run.cc are compiled for."""
     names = _symbol_names(sig)
     tensors = "\n".join(
-        f'    {{"{c}", {dlpack_dtype(t.dtype)}, {len(t.shape)}, {{{", ".join(_dims(t, names)) or "0"}}}}},'
+        f"    {{{c_string(c)}, "
+        f"{dlpack_dtype(t.dtype)}, {len(t.shape)}, {{{', '.join(_dims(t, names)) or '0'}}}}},"
         for c, _, t in sig.params
     )
     slots = sig.plan.slots if sig.plan is not None else ()
@@ -319,7 +368,7 @@ def config_header(sig: Signature, alignment: int) -> str:
         or "    {0u, 0, {0}},"
     )
     params = c_params(sig)
-    symbol_names = ", ".join(f'"{s}"' for s in names) or '""'
+    symbol_names = ", ".join(map(c_string, names)) or '""'
     return f"""/* Generated by deploy: the signature of {sig.name} that this bundle is built for. */
 #define DEPLOY_PREFIX {sig.name}
 #define DEPLOY_HEADER "{sig.name}.h"
@@ -408,7 +457,7 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     work.mkdir()
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
-    what = f"the {'graph' if sig.plan is not None else 'op'} {compiled.bundle_signature()[0]}"
+    what = f"the {'graph' if sig.plan is not None else 'op'} {c_string(compiled.bundle_signature()[0])}"
     (staging / f"{prefix}.h").write_text(header(sig, target, what))
     (work / "bundle_config.h").write_text(config_header(sig, target.alignment))
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]

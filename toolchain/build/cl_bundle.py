@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from base.ctext import c_string
 from devices.native import SOURCES, cl_include, ffi_include, require_tool
 from devices.platforms import get_platform
 from ops.spec import TensorType
@@ -60,7 +61,7 @@ def plan_header(sig: Signature, plan: dict[str, Any], source_bytes: int) -> str:
     for kernel in plan["kernels"]:
         sizes = [", ".join(map(str, kernel[key])) for key in ("global", "local")]
         counts = f"{len(args)}, {len(kernel['args'])}"
-        kernels.append(f'    {{"{kernel["name"]}", {counts}, {{{sizes[0]}}}, {{{sizes[1]}}}}},')
+        kernels.append(f"    {{{c_string(kernel['name'])}, {counts}, {{{sizes[0]}}}, {{{sizes[1]}}}}},")
         args += [f"    {{{ROLES[a['role']]}, {a['index']}}}," for a in kernel["args"]]
     scratch = ", ".join(f"{_bytes(s)}u" for s in plan["scratch"]) or "0"
     stored = plan.get("constants", [])
@@ -194,7 +195,8 @@ def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: st
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
     cl_include(include)  # the OpenCL headers NAME.h includes, shipped in include/CL
-    what = f"the {'graph' if plan.get('constants') is not None else 'op'} {compiled.bundle_signature()[0]}"
+    kind = "graph" if plan.get("constants") is not None else "op"
+    what = f"the {kind} {c_string(compiled.bundle_signature()[0])}"
     (staging / f"{prefix}.h").write_text(header(sig, plan, host, what))
     (work / "bundle_config.h").write_text("#define DEPLOY_OPENCL 1\n" + config_header(sig, 1))
     (work / "cl_plan.h").write_text(plan_header(sig, plan, len(source)))

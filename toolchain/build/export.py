@@ -11,7 +11,7 @@ from pathlib import Path
 from base.errors import UsageError, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
-from toolchain.build.bundle import bundle_files, write_bundle
+from toolchain.build.bundle import bundle_files, made_prefix, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, PARTIAL, Manifest, artifact_lock
 from toolchain.build.targets import get_target
@@ -79,6 +79,8 @@ def _write_artifact(
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
     host = host or target.bundle_host
+    if not bundle and target.bundle:  # deploy's own, for a device that runs bundles
+        name = made_prefix(compiled)
     bundled = write_bundle(compiled, staging, name, host) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),
