@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import invoke
+from tests.conftest import invoke, run_deploy
+from tests.test_hostile import LLVM_ABORT_OP
 
 DEAD = 2000
 
@@ -36,3 +37,15 @@ def test_dead_nodes_are_dropped_with_a_note(tmp_path):
     graph = json.loads((tmp_path / "out/manifest.json").read_text())["graph"]
     assert [n["name"] for n in graph["nodes"]] == ["y"]
     assert [k["nodes"] for k in graph["kernels"]] == [["y"]]
+
+
+def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
+    """LLVM aborts the process it emits code in; the CLI's build emits it in a child, and says so."""
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops/crc.py").write_text(LLVM_ABORT_OP)
+    args = ["--ops-path", str(tmp_path / "ops"), "build", "--target", "x86", "--op", "crc32w", "--shape", "1"]
+    result = run_deploy(*args, "--dtype", "int32", "--cores", "1", "-o", str(tmp_path / "out"))
+    assert result.returncode == 1, result.stderr
+    said = "compiling module.so for target x86: LLVM aborted: Cannot select: intrinsic %llvm.aarch64.crc32w"
+    assert result.stderr.splitlines() == [f"error: {said}"]
+    assert not (tmp_path / "out").exists()
