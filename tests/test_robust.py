@@ -4,10 +4,21 @@ cache, and a hung emulated run (issue #49, items 6, 7 and 9)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from devices import get_device
+from devices.registry import DeviceLost
+from ops import TensorType, bind, get_op
 from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
+from tests.test_runner import needs
+from toolchain.build.cache import cached_build
+from toolchain.build.targets import get_target
+from toolchain.verify.run import for_device
 
 DEAD = 2000
 
@@ -49,3 +60,29 @@ def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     said = "compiling module.so for target x86: LLVM aborted: Cannot select: intrinsic %llvm.aarch64.crc32w"
     assert result.stderr.splitlines() == [f"error: {said}"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.emulator
+def test_an_emulated_run_past_its_timeout_is_stopped_whole():
+    """Tuning's --timeout bounds each run of the runner under qemu, as an RPC session's: a run of
+    a million calls is stopped at 0.5 s, qemu and all, and is a DeviceLost (the candidate fails)."""
+    needs("armv7")
+    bound = bind(get_op("leaky_relu"), {}, [TensorType((4, 1000), "float32")])
+    x = np.ones((4, 1000), "float32")
+    with get_device("emulator-armv7").open() as session:
+        directory, manifest = cached_build(bound, for_device(get_target("armv7"), session))
+        session.timeout_s = 0.5
+        start = time.monotonic()
+        with pytest.raises(DeviceLost, match=r"ran over the 0.5 s limit \(--timeout\) on emulator-armv7"):
+            session.time(directory / manifest.module, [x], [((4, 1000), "float32")], 10**6, 3)
+        assert time.monotonic() - start < 10
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(directory).encode() in _read(p)]
+    assert left == [], "no process of the run is left"
+
+
+def _read(path: Path) -> bytes:
+    """A /proc file's bytes; empty for a process that ended meanwhile."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
