@@ -4,7 +4,10 @@ cache, and a hung emulated run (issue #49, items 6, 7 and 9)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +89,68 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount a small tmpfs (`mount -o OPTIONS`) at a fresh directory; skipped where this process
+    may not mount (not root, no CAP_SYS_ADMIN)."""
+    points: list[Path] = []
+
+    def mount(options: str) -> Path:
+        point = tmp_path / f"mnt{len(points)}"
+        point.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+        points.append(point)
+        return point
+
+    yield mount
+    for point in points:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+@pytest.mark.parametrize("free_kb", [0, 40, 700])
+def test_a_full_disk_is_named_as_such(mounted, free_kb):
+    """Wherever the disk fills (TVM's link of module.so, a copied header, the runner's link), one
+    line says so, not `ld returned 1` or an OSError, and nothing is left there."""
+    disk = mounted("size=4m")
+    room = os.statvfs(disk)
+    (disk / "fill").write_bytes(bytes(room.f_bavail * room.f_frsize - free_kb * 1024))
+    out = disk / "out"
+    result = invoke(*ADD_BUNDLE, "-o", str(out))
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines() == [f"error: writing the artifact {out}: No space left on device"]
+    assert sorted(p.name for p in disk.iterdir()) == ["fill"]
+
+
+ADD_BUNDLE = (
+    "build",
+    "--target",
+    "x86",
+    "--op",
+    "add",
+    "--shape",
+    "4",
+    "--shape",
+    "4",
+    "--cores",
+    "1",
+    "--bundle",
+)
+
+
+def test_a_read_only_cache_is_named_as_such(mounted, monkeypatch, tmp_path):
+    cache = mounted("ro,size=1m")
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(cache))
+    np.save(tmp_path / "a.npy", np.ones(4, "float32"))
+    a = str(tmp_path / "a.npy")
+    result = invoke(
+        "run", "--target", "x86", "--op", "add", "-i", a, "-i", a, "-o", str(tmp_path / "out.npy")
+    )
+    assert result.exit_code == 2, result.output
+    said = f"error: the build cache {cache}/builds is not writable: Read-only file system"
+    assert result.stderr.splitlines() == [said]

@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from base.files import name_part
+from base.errors import UsageError, reason
+from base.files import check_writable, name_part
 from base.paths import cache_root
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
@@ -84,11 +85,24 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
     laid = lay_out(item, target) if graph and target.tuned is not None else None
     key = build_key(item, target, laid)
     directory = cache_root() / "builds" / f"{name_part(item.name)}-{target.name}-{key}"
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with _BUILDING:
-        with artifact_lock(directory, shared=True):
-            manifest = Manifest.cached(directory, key, target.artifact)
-        if manifest is not None:
-            return directory, manifest
-        compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
-        return directory, export(compiled, directory, cache_key=key)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with _BUILDING:
+            with artifact_lock(directory, shared=True):
+                manifest = Manifest.cached(directory, key, target.artifact)
+            if manifest is not None:
+                return directory, manifest
+            compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
+            return directory, export(compiled, directory, cache_key=key)
+    except OSError:
+        _check_cache(directory.parent)
+        raise
+
+
+def _check_cache(builds: Path) -> None:
+    """A one-line UsageError when `builds` cannot be written (a read-only mount, no permission):
+    what an OSError of a build meant; checked only after one, as a cache that can is the rule."""
+    try:
+        check_writable(builds)
+    except OSError as exc:
+        raise UsageError(f"the build cache {builds} is not writable: {exc.strerror or reason(exc)}") from None

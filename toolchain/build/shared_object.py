@@ -249,7 +249,7 @@ def compile_cpu(mod: Any, target: Any) -> Any:
         return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
-CAUSES = (": error:", "cannot find", "undefined reference", "No such file")
+CAUSES = (": error:", "cannot find", "undefined reference", "No such file", "No space left on device")
 """What marks the line of a compiler's or linker's output that says why it failed."""
 
 
