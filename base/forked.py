@@ -63,8 +63,7 @@ def _child(action: Callable[[], None], writer: int, stderr: int) -> None:
     try:
         faulthandler.disable()  # a test runner's, which would print the abort's Python stack
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-        sys.stderr.flush()
-        os.dup2(stderr, 2)
+        os.dup2(stderr, 2)  # LLVM's own line; Python's buffers are the parent's, never flushed here
         action()
     except BaseException as exc:  # handed to the parent, raised there
         code = 1
