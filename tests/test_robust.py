@@ -53,6 +53,31 @@ def test_dead_nodes_are_dropped_with_a_note(tmp_path):
     assert [k["nodes"] for k in graph["kernels"]] == [["y"]]
 
 
+def test_an_onnx_models_dead_nodes_are_dropped_too(tmp_path):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("LeakyRelu", ["x"], [name], name) for name in ("y", "unread")]
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", value[:1], value[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    result = invoke(
+        "build",
+        "--target",
+        "x86",
+        "--cores",
+        "1",
+        "--model",
+        str(tmp_path / "m.onnx"),
+        "-o",
+        str(tmp_path / "out"),
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 node(s) compute nothing its outputs read; dropped: 'unread'" in result.stderr
+    kernels = json.loads((tmp_path / "out/manifest.json").read_text())["graph"]["kernels"]
+    assert [k["nodes"] for k in kernels] == [["y"]]
+
+
 def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     """LLVM aborts the process it emits code in; the CLI's build emits it in a child, and says so."""
     (tmp_path / "ops").mkdir()
