@@ -169,13 +169,15 @@ ADD_BUNDLE = (
 
 
 def test_a_read_only_cache_is_named_as_such(mounted, monkeypatch, tmp_path):
+    """The build cache (`run`) and the cache of the runtime's objects (`build --bundle -o`)."""
     cache = mounted("ro,size=1m")
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(cache))
     np.save(tmp_path / "a.npy", np.ones(4, "float32"))
     a = str(tmp_path / "a.npy")
-    result = invoke(
-        "run", "--target", "x86", "--op", "add", "-i", a, "-i", a, "-o", str(tmp_path / "out.npy")
-    )
-    assert result.exit_code == 2, result.output
-    said = f"error: the build cache {cache}/builds is not writable: Read-only file system"
-    assert result.stderr.splitlines() == [said]
+    run = ("run", "--target", "x86", "--op", "add", "-i", a, "-i", a, "-o", str(tmp_path / "out.npy"))
+    for args, place in [(run, "builds"), ((*ADD_BUNDLE, "-o", str(tmp_path / "out")), "objects")]:
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        said = f"the cache {cache}/{place} (from $DEPLOY_CACHE_DIR) is not writable: Read-only file system"
+        assert result.stderr.splitlines() == [f"error: {said}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "mnt0"]

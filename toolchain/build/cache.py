@@ -12,9 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from base.errors import UsageError, reason
-from base.files import check_writable, name_part
-from base.paths import cache_root
+from base.files import name_part
+from base.paths import cache_root, check_cache_writable
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
 from schedules.registry import strategy_modules
@@ -95,14 +94,5 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
             compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
             return directory, export(compiled, directory, cache_key=key)
     except OSError:
-        _check_cache(directory.parent)
+        check_cache_writable(directory.parent)
         raise
-
-
-def _check_cache(builds: Path) -> None:
-    """A one-line UsageError when `builds` cannot be written (a read-only mount, no permission):
-    what an OSError of a build meant; checked only after one, as a cache that can is the rule."""
-    try:
-        check_writable(builds)
-    except OSError as exc:
-        raise UsageError(f"the build cache {builds} is not writable: {exc.strerror or reason(exc)}") from None
