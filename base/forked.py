@@ -37,8 +37,11 @@ def in_child(action: Callable[[], None]) -> None:
         reader, writer = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
-            os.close(reader)
-            _child(action, writer, said.fileno())
+            try:
+                os.close(reader)
+                _child(action, writer, said.fileno())
+            finally:  # even a signal's exception before `_child` takes over never runs our caller
+                os._exit(1)
         os.close(writer)
         try:
             with os.fdopen(reader, "rb") as pipe:
