@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from base.errors import UsageError
+from base.errors import UsageError, reason
+from base.files import check_writable
 
 
 def _own(variable: str) -> Path | None:
@@ -48,6 +49,19 @@ def _emulator_place() -> tuple[Path, str]:
 def cache_root() -> Path:
     """`$DEPLOY_CACHE_DIR`, else `$XDG_CACHE_HOME/deploy`, else `~/.cache/deploy`."""
     return _cache_place()[0]
+
+
+def check_cache_writable(directory: Path) -> None:
+    """A one-line UsageError when `directory`, in the cache root, cannot be written (a read-only
+    mount, no permission), naming it, the variable that put it there and why: what an OSError
+    writing there meant. Asked after one: a cache that cannot be written still serves what it
+    holds."""
+    try:
+        check_writable(directory)
+    except OSError as exc:
+        source = _cache_place()[1]
+        said = exc.strerror or reason(exc)
+        raise UsageError(f"the cache {directory} (from {source}) is not writable: {said}") from None
 
 
 def config_dir() -> Path:

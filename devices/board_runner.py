@@ -97,7 +97,12 @@ class SshRunnerLink:
         return remote
 
     def call(
-        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+        self,
+        bundle: str,
+        inputs: list[Path],
+        outputs: list[Path],
+        options: list[str],
+        timeout_s: float | None = None,
     ) -> tuple[int, str, str]:
         work = posixpath.join(self.calls, secrets.token_hex(8))
         try:
@@ -107,7 +112,7 @@ class SshRunnerLink:
                     sftp.put(str(path), posixpath.join(work, path.name))
             args = [posixpath.join(bundle, RUNNER), bundle]
             args += [*file_args([p.name for p in inputs], [p.name for p in outputs]), *options]
-            reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=600)
+            reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=timeout_s or 600)
             if reply.status == 0:
                 with self.shell.files(f"fetching the outputs from {work}") as sftp:
                     for path in outputs:

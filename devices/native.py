@@ -24,7 +24,7 @@ from pathlib import Path
 from base.errors import DeployError
 from base.files import SUMS, fresh_directory, read_sums, remove_entry, sha256_file, write_sums
 from base.locks import guarding, locked
-from base.paths import cache_root
+from base.paths import cache_root, check_cache_writable
 from devices.elf import elf_machine
 from devices.platforms import Platform
 
@@ -100,8 +100,12 @@ def _staged(final: Path, names: tuple[str, ...]) -> Iterator[Path]:
     it is pinned (SHA256SUMS) and becomes `final` in one rename, under `final`'s lock: a
     concurrent writer's whole `final` wins (ours is dropped); a damaged one (`_whole`) is
     replaced."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = fresh_directory(final.parent, f".{final.name}.")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = fresh_directory(final.parent, f".{final.name}.")
+    except OSError:
+        check_cache_writable(final.parent)
+        raise
     try:
         yield staging
         write_sums(staging, names)

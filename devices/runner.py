@@ -12,6 +12,8 @@ bundle (`Session.bundles`, `toolchain/verify/run.py:for_device`).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -46,10 +48,16 @@ class RunnerLink(Protocol):
         ...
 
     def call(
-        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+        self,
+        bundle: str,
+        inputs: list[Path],
+        outputs: list[Path],
+        options: list[str],
+        timeout_s: float | None = None,
     ) -> tuple[int, str, str]:
         """Run the bundle's runner on the `inputs` (files here), its outputs fetched into
-        `outputs`: (exit status, stdout, stderr); a negative status is a signal's."""
+        `outputs`: (exit status, stdout, stderr); a negative status is a signal's. A run past
+        `timeout_s` (None: no limit) is stopped, a DeviceLost."""
         ...
 
 
@@ -79,6 +87,8 @@ class RunnerSession:
         self._options = [*(["--threads", str(threads)] if threads is not None else []), *options]
         self._fp16 = fp16
         self._placed: dict[Path, str] = {}
+        self.timeout_s: float | None = None
+        """The longest a run may take (tuning's `--timeout`, as an RPC session's); None: no limit."""
 
     def cores(self) -> int | None:
         return self.threads
@@ -129,7 +139,7 @@ class RunnerSession:
                 np.save(path, np.require(array, requirements="C"), allow_pickle=False)
             written = [Path(scratch, f"out{i}.npy") for i in range(len(outputs))]
             status, stdout, stderr = self.link.call(
-                self._placed[directory], files, written, [*self._options, *options]
+                self._placed[directory], files, written, [*self._options, *options], self.timeout_s
             )
             said = printable(stderr.strip().splitlines()[-1] if stderr.strip() else "no message")
             if status < 0:
@@ -155,12 +165,35 @@ class EmulatedLink:
         return str(directory)
 
     def call(
-        self, bundle: str, inputs: list[Path], outputs: list[Path], options: list[str]
+        self,
+        bundle: str,
+        inputs: list[Path],
+        outputs: list[Path],
+        options: list[str],
+        timeout_s: float | None = None,
     ) -> tuple[int, str, str]:
         command = [*self.platform.emulator_command(), str(Path(bundle, RUNNER)), bundle]
         command += [*file_args(list(map(str, inputs)), list(map(str, outputs))), *options]
-        done = subprocess.run(command, capture_output=True, text=True, errors="replace")
-        return done.returncode, done.stdout, done.stderr
+        with subprocess.Popen(  # a group of its own: a stop ends whatever qemu started too
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout_s)
+            except BaseException as exc:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                if not isinstance(exc, subprocess.TimeoutExpired):
+                    raise
+                raise DeviceLost(
+                    f"{RUNNER} of {Path(bundle).name} ran over the {timeout_s:g} s limit (--timeout)"
+                    f" on {self.label}: stopped"
+                ) from None
+        return process.returncode, stdout, stderr
 
 
 class RunnerEmulator(Device):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,8 @@ class BoundGraph:
     graph: Graph
     nodes: tuple[BoundNode, ...]
     types: dict[str, TensorType]
+    dropped: tuple[str, ...] = ()
+    """The nodes of the graph as given that no output reads (`bind_graph` leaves them out)."""
 
     @property
     def name(self) -> str:
@@ -198,7 +200,9 @@ def numpy_reference(n: BoundNode, arrays: list[np.ndarray]) -> np.ndarray:
 def bind_graph(graph: Graph) -> BoundGraph:
     """Check `graph` and bind every node: tensor names unique, every input a tensor that exists,
     no cycle, each output written by a node, an input or a constant and given once; each node
-    bound by its op (its own messages, prefixed with the node)."""
+    bound by its op (its own messages, prefixed with the node). Nodes whose outputs no graph
+    output reads are checked, then left out (`BoundGraph.dropped`): each would be a kernel, and
+    a file of 10,000 of them did not build in 300 s."""
     _check_names(graph)
     types: dict[str, TensorType] = {}
     for kind, name, tensor in [
@@ -243,7 +247,25 @@ def bind_graph(graph: Graph) -> BoundGraph:
             raise UsageError(f"{node.label()}: {exc}") from None
         types[node.output] = b.output
         bound.append(BoundNode(node, b))
-    return BoundGraph(graph, tuple(bound), types)
+    live = _live(graph.outputs, writers)
+    if len(live) == len(bound):
+        return BoundGraph(graph, tuple(bound), types)
+    kept = tuple(n for n in bound if n.node.name in live)
+    dropped = tuple(n.name for n in graph.nodes if n.name not in live)
+    nodes = tuple(n for n in graph.nodes if n.name in live)
+    return BoundGraph(replace(graph, nodes=nodes), kept, types, dropped)
+
+
+def _live(outputs: Sequence[str], writers: dict[str, Node]) -> set[str]:
+    """The names of the nodes the tensors `outputs` are computed from."""
+    live: set[str] = set()
+    pending = [writers[t] for t in outputs if t in writers]
+    while pending:
+        node = pending.pop()
+        if node.name not in live:
+            live.add(node.name)
+            pending += [writers[t] for t in node.inputs if t in writers]
+    return live
 
 
 def _check_names(graph: Graph) -> None:

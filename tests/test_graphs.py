@@ -547,14 +547,15 @@ def test_a_moved_output_read_by_another_node_keeps_its_name():
                 Node("pool", get_op("max_pool2d"), POOL, ("a",), "pool"),
                 Node("act", get_op("leaky_relu"), {}, ("pool",), "act"),
             ),
-            ("pool",),
+            ("pool", "act"),  # act an output too: a node no output reads is dropped
         )
     )
     laid = relayout(g, LAYOUTS["NCHW8c"])
     writers = {n.node.output: n for n in laid.nodes}
-    assert laid.graph.outputs == ("pool",) and writers["pool"].bound.op.name == "layout_transform"
+    assert laid.graph.outputs == ("pool", "act") and writers["pool"].bound.op.name == "layout_transform"
     packed = writers["pool"].node.inputs[0]
-    assert writers["act"].node.inputs == (packed,) and writers[packed].node.name == "pool"
+    named = {n.node.name: n for n in laid.nodes}
+    assert named["act"].node.inputs == (packed,) and writers[packed].node.name == "pool"
     rng = np.random.default_rng(4)
     a = random_input(g.inputs[0], rng, specials=True)
     np.testing.assert_array_equal(laid.references(a)[0], g.references(a)[0])

@@ -139,6 +139,27 @@ NAMES_ROWS: list[tuple[str, int, str]] = [
     (f"{MODEL} TMP/c_payload.yaml --bundle", 2, "the name 'g */ int pwned; /*' is not a C identifier ("),
 ]  # fmt: skip
 
+ROBUST_ROWS: list[tuple[str, int, str]] = [
+    # a dead node is checked before it is dropped; LLVM aborting in codegen is one line, exit 1
+    (f"{MODEL} TMP/dead_bad.yaml", 2, "node 'dead' (max_pool2d): attribute kernel"),
+    (
+        "--ops-path TMP/ops_llvm_abort build --target x86 --op crc32w --shape 1 --dtype int32 --cores 1",
+        1,
+        "compiling module.so for target x86: LLVM aborted: Cannot select: intrinsic %llvm.aarch64.crc32w",
+    ),
+]
+
+LLVM_ABORT_OP = (
+    "import tvm\nfrom tvm import te\nfrom ops import Case, Input, Op, register\n\n@register\n"
+    "class Crc(Op):\n    name = 'crc32w'\n    inputs = (Input('x'),)\n    dtypes = ('int32',)\n"
+    "    cases = (Case(((1,),)),)\n\n    def infer(self, attrs, inputs):\n        return inputs[0]\n\n"
+    "    def compute(self, attrs, out, x):  # an aarch64 intrinsic, which LLVM cannot select for x86\n"
+    "        crc = tvm.tirx.call_llvm_pure_intrin\n"
+    "        return te.compute(out.shape, lambda *i: crc('int32', 'llvm.aarch64.crc32w', x[i], x[i]))\n\n"
+    "    def reference(self, attrs, x):\n        return x\n"
+)
+"""A user op whose kernel LLVM aborts on (`base/forked.py`)."""
+
 MODEL_FILES = {
     "c_payload.yaml": (
         "name: 'g */ int pwned; /*'\ninputs: {x: {shape: [4]}}\n"
@@ -205,6 +226,10 @@ MODEL_FILES = {
     "twice_attr.yaml": (
         "inputs: {x: {shape: [3, 4]}}\n"
         "nodes: [{name: act, op: leaky_relu, attrs: {alpha: 0.5, alpha: 0.25}, inputs: [x]}]\noutput: act\n"
+    ),
+    "dead_bad.yaml": (
+        "inputs: {x: {shape: [1, 1, 8, 8]}}\nnodes: [{name: dead, op: max_pool2d, attrs: {kernel: abc},"
+        " inputs: [x]}, {name: y, op: leaky_relu, inputs: [x]}]\noutput: y\n"
     ),
     "twice.json": (
         '{"inputs": {"x": {"shape": [4]}}, "nodes": [{"name": "a", "op": "leaky_relu", "inputs": ["x"],'
@@ -594,6 +619,7 @@ ROWS: list[tuple[str, int, str]] = [
     *MODEL_ROWS,
     *RUNNER_ROWS,
     *NAMES_ROWS,
+    *ROBUST_ROWS,
 ]
 
 OP_FILE = textwrap.dedent(
@@ -634,6 +660,7 @@ OP_DIRS = {
     },
     "first/ops": {"lr.py": OP_FILE.format(name="hostile_namesake", cls="Namesake")},
     "second/ops": {"lr.py": OP_FILE.format(name="hostile_namesake", cls="Namesake")},
+    "ops_llvm_abort": {"crc.py": LLVM_ABORT_OP},
 }
 
 

@@ -398,7 +398,8 @@ def run_tool(command: list[str], what: str) -> str:
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or "no output").splitlines()
-        said = [line for line in lines if "error" in line or "undefined reference" in line] or lines
+        marks = ("error", "undefined reference", "No space left on device")  # ld's "final link failed: No..."
+        said = [line for line in lines if any(mark in line for mark in marks)] or lines
         raise DeployError(f"{what} failed: {printable(' | '.join(said[:2]))}")
     return proc.stdout
 

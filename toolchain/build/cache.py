@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from base.files import name_part
-from base.paths import cache_root
+from base.paths import cache_root, check_cache_writable
 from ops.graph import BoundGraph
 from ops.spec import BoundOp
 from schedules.registry import strategy_modules
@@ -84,11 +84,15 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
     laid = lay_out(item, target) if graph and target.tuned is not None else None
     key = build_key(item, target, laid)
     directory = cache_root() / "builds" / f"{name_part(item.name)}-{target.name}-{key}"
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with _BUILDING:
-        with artifact_lock(directory, shared=True):
-            manifest = Manifest.cached(directory, key, target.artifact)
-        if manifest is not None:
-            return directory, manifest
-        compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
-        return directory, export(compiled, directory, cache_key=key)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with _BUILDING:
+            with artifact_lock(directory, shared=True):
+                manifest = Manifest.cached(directory, key, target.artifact)
+            if manifest is not None:
+                return directory, manifest
+            compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
+            return directory, export(compiled, directory, cache_key=key)
+    except OSError:
+        check_cache_writable(directory.parent)
+        raise

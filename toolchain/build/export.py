@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from base.errors import UsageError, reason
+from base.errors import DeployError, UsageError, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
 from toolchain.build.bundle import bundle_files, made_prefix, write_bundle
@@ -60,8 +61,10 @@ def export(
         try:
             manifest = _write_artifact(compiled, staging, bundle, cache_key, name, host)
             _replace_dir(staging, directory)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if _no_room(exc):
+                raise DeployError(f"writing the artifact {directory}: {NO_ROOM}") from None
             raise
         (directory / PARTIAL).unlink()  # kept through the swap: a kill mid-way leaves it marked
     return manifest
@@ -98,6 +101,19 @@ def _write_artifact(
     )
     manifest.write(staging)
     return manifest
+
+
+NO_ROOM = os.strerror(errno.ENOSPC)
+"""What a tool that found the disk full says ("No space left on device")."""
+
+
+def _no_room(exc: BaseException) -> bool:
+    """Whether `exc` is a write that found the disk (or the quota) full: an OSError of ours, or a
+    compiler's or linker's failure that says so (`run_tool`, `export_module` keep that line);
+    their own messages named only the driver's `ld returned 1`."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, DeployError) and NO_ROOM in str(exc)
 
 
 ABANDONED = re.compile(r"\.(?P<name>.+?)\.(?P<old>old\.)?[0-9a-f]{8}")

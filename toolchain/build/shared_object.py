@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from base.errors import DeployError, printable
+from base.errors import DeployError, clipped, printable
+from base.forked import ChildDied, in_child
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.constants import constants_object
@@ -248,7 +249,7 @@ def compile_cpu(mod: Any, target: Any) -> Any:
         return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
-CAUSES = (": error:", "cannot find", "undefined reference", "No such file")
+CAUSES = (": error:", "cannot find", "undefined reference", "No such file", "No space left on device")
 """What marks the line of a compiler's or linker's output that says why it failed."""
 
 
@@ -285,11 +286,18 @@ def export_module(executable: Any, path: Path, target: Target, addons: tuple[Pat
     target's linker."""
     fcompile = linker(target)
     extra = {"addons": [str(a) for a in addons]} if addons else {}
-    try:
-        if fcompile is None:
-            executable.export_library(str(path), **extra)
-        else:
-            executable.export_library(str(path), fcompile=fcompile, **extra)
+    if fcompile is not None:
+        extra["fcompile"] = fcompile
+    try:  # LLVM emits the object code here, and aborts the process on what it cannot (`in_child`)
+        in_child(lambda: executable.export_library(str(path), **extra))
+    except ChildDied as exc:
+        said = next((line for line in exc.said.splitlines() if "LLVM ERROR:" in line), None)
+        why = (
+            f"LLVM aborted: {said.split('LLVM ERROR:', 1)[1].strip()}" if said else f"the compiler was {exc}"
+        )
+        raise DeployError(
+            f"compiling {path.name} for target {target.name}: {printable(clipped(why, 200))}"
+        ) from None
     except RuntimeError as exc:  # the compiler's output follows TVM's first line: name its error
         text = str(exc)
         if not text.startswith("Compilation error"):

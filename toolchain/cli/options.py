@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from base.errors import UsageError
+from base.errors import UsageError, shown
 
 
 class _Console(Console):
@@ -81,11 +81,25 @@ def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:
 
 
 def load_graph(path: str) -> Any:
-    """The model file at `path` (ONNX or a graph file) as a checked graph (`ops.graph.BoundGraph`)."""
+    """The model file at `path` (ONNX or a graph file) as a checked graph (`ops.graph.BoundGraph`),
+    with a note naming the nodes it left out as computing nothing its outputs read."""
     from ops.graph import bind_graph
     from toolchain.model import load_model
 
-    return bind_graph(load_model(path))
+    graph = bind_graph(load_model(path))
+    if graph.dropped:
+        names = ", ".join(shown(name) for name in graph.dropped[:DROPPED_SHOWN])
+        more = " ..." if len(graph.dropped) > DROPPED_SHOWN else ""
+        click.echo(
+            f"note: model {path}: {len(graph.dropped)} node(s) compute nothing its outputs read;"
+            f" dropped: {names}{more}",
+            err=True,
+        )
+    return graph
+
+
+DROPPED_SHOWN = 5
+"""The most dropped nodes a note names."""
 
 
 def op_or_model(op_name: str | None, model: str | None, **op_only: Any) -> None:

@@ -66,7 +66,7 @@ def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tup
         return
     if RUNNER in device.protocols:  # each candidate's bundle through its runner, in one session
         with device.open() as session:
-            yield bundle_runner(session, bound), lambda: nullcontext(session)
+            yield bundle_runner(session, bound, timeout_s), lambda: nullcontext(session)
         return
     with device.rpc_endpoint() as rpc:
         yield session_runner(rpc, bound, timeout_s), rpc.session

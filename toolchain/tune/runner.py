@@ -170,9 +170,10 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> M
     return Measuring(runner, lambda: runner.fatal)
 
 
-def bundle_runner(session: Session, bound: BoundOp) -> Measuring:
+def bundle_runner(session: Session, bound: BoundOp, timeout_s: float) -> Measuring:
     """A MetaSchedule runner measuring each candidate's bundle through the session's runner (the
-    runner protocol): a candidate that fails or crashes its process fails alone."""
+    runner protocol): a candidate that fails, crashes its process or runs past `timeout_s`
+    fails alone."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -186,10 +187,13 @@ def bundle_runner(session: Session, bound: BoundOp) -> Measuring:
 
         def _measure(self, module: Path) -> Any:
             outputs = [(bound.output.shape, bound.output.dtype)]
+            session.timeout_s = timeout_s  # type: ignore[attr-defined]  # measuring only, not verifying
             try:  # the runner adds calls until a run lasts its minimum
                 runs = session.time(module, inputs, outputs, 1, REPEAT)
             except DeployError as exc:
                 return ms.runner.RunnerResult(None, str(exc))
+            finally:
+                session.timeout_s = None  # type: ignore[attr-defined]
             return ms.runner.RunnerResult([float(t) for t in runs], None)
 
     return Measuring(BundleRunner(), lambda: None)
