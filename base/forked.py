@@ -17,7 +17,13 @@ import resource
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
+
+FORK_LOCK = threading.Lock()
+"""Held while this process forks, and by whoever calls into LLVM in this process (`tvm.compile`):
+a fork while another thread is inside LLVM would copy its locks held, and the child could wait
+on them forever. (Other TVM calls take no lock the child's emission needs.)"""
 
 
 class ChildDied(Exception):
@@ -35,7 +41,8 @@ def in_child(action: Callable[[], None]) -> None:
     working directory)."""
     with tempfile.TemporaryFile() as said:
         reader, writer = os.pipe()
-        pid = os.fork()
+        with FORK_LOCK:
+            pid = os.fork()
         if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
             try:
                 os.close(reader)

@@ -12,12 +12,13 @@ loops a schedule annotated with `schedules.cpu.PREFETCH` (TVM has no prefetch st
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import DeployError, clipped, printable
-from base.forked import ChildDied, in_child
+from base.forked import FORK_LOCK, ChildDied, in_child
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
 from toolchain.build.constants import constants_object
@@ -245,7 +246,7 @@ def compile_cpu(mod: Any, target: Any) -> Any:
     from tvm.tirx import compilation_pipeline
 
     compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)
-    with tvm.transform.PassContext(opt_level=3, config=CONFIG):
+    with FORK_LOCK, tvm.transform.PassContext(opt_level=3, config=CONFIG):  # no fork mid-LLVM
         return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
@@ -281,6 +282,22 @@ def linker(target: Target) -> Any:
     return None if target.cross_compiler is None else cc.cross_compiler(program)
 
 
+def emitting(action: Callable[[], None], what: str, target: Target) -> None:
+    """`action()`, which has LLVM emit object code (`export_library`, `write_to_file`), in a child
+    process: LLVM aborts the process on what it cannot select (`in_child`), which is then one line
+    naming `what` and `target`."""
+    try:
+        in_child(action)
+    except ChildDied as exc:
+        said = next((line for line in exc.said.splitlines() if "LLVM ERROR:" in line), None)
+        why = (
+            f"LLVM aborted: {said.split('LLVM ERROR:', 1)[1].strip()}" if said else f"the compiler was {exc}"
+        )
+        raise DeployError(
+            f"compiling {what} for target {target.name}: {printable(clipped(why, 200))}"
+        ) from None
+
+
 def export_module(executable: Any, path: Path, target: Target, addons: tuple[Path, ...] = ()) -> None:
     """Link a compiled module, and the objects `addons`, into the shared object `path` with the
     target's linker."""
@@ -288,16 +305,8 @@ def export_module(executable: Any, path: Path, target: Target, addons: tuple[Pat
     extra = {"addons": [str(a) for a in addons]} if addons else {}
     if fcompile is not None:
         extra["fcompile"] = fcompile
-    try:  # LLVM emits the object code here, and aborts the process on what it cannot (`in_child`)
-        in_child(lambda: executable.export_library(str(path), **extra))
-    except ChildDied as exc:
-        said = next((line for line in exc.said.splitlines() if "LLVM ERROR:" in line), None)
-        why = (
-            f"LLVM aborted: {said.split('LLVM ERROR:', 1)[1].strip()}" if said else f"the compiler was {exc}"
-        )
-        raise DeployError(
-            f"compiling {path.name} for target {target.name}: {printable(clipped(why, 200))}"
-        ) from None
+    try:
+        emitting(lambda: executable.export_library(str(path), **extra), path.name, target)
     except RuntimeError as exc:  # the compiler's output follows TVM's first line: name its error
         text = str(exc)
         if not text.startswith("Compilation error"):
