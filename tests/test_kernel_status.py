@@ -1,0 +1,134 @@
+"""A kernel that fails makes the call fail (#49): an engine's parallel-for hook returning nonzero
+and a kernel's workspace allocation refused under RLIMIT_AS, through a C program linking a
+bundle of one op and of a graph's plan, on x86 and on aarch64 under qemu; and `deploy run` of a
+graph whose kernel cannot allocate its workspace, through TVM's runtime."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
+
+from ops import TensorType, bind, get_op
+from ops.graph import bind_graph
+from toolchain.model import load_model
+
+SIDE = 1024
+"""argmax over 4 channels of SIDE x SIDE keeps its running maxima in workspace buffers of
+SIDE * SIDE * 4 bytes (4 MiB), allocated at call time: past glibc's mmap threshold, so a
+limit on the address space refuses them."""
+LIMIT = 1 << 30
+"""The address space the program runs in: its RLIMIT_AS natively; under qemu, which ignores a
+guest's RLIMIT_AS (and starves itself under its own), the guest's space qemu reserves (-R)."""
+MARGIN = 2 << 20
+"""What the program leaves free of LIMIT before the call: less than one workspace buffer."""
+
+GRAPH = f"""name: k
+inputs:
+  x: {{shape: [1, 4, {SIDE}, {SIDE}]}}
+nodes:
+  - {{name: pool, op: max_pool2d, attrs: {{kernel: 3, stride: 1, padding: 1}}, inputs: [x]}}
+  - {{name: best, op: argmax, attrs: {{axis: 1}}, inputs: [pool]}}
+output: best
+"""
+
+PROGRAM = f"""#define _DEFAULT_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "k.h"
+
+/* Runs k once on its caller's memory and prints "STATUS LAST_ERROR". `hook`: with an engine's
+ * parallel-for that runs every task and then returns 7. `memory`: on one thread, once it has
+ * reserved all of its address space but {MARGIN} bytes (in ever smaller mappings). */
+static void* aligned(size_t bytes) {{
+  void* data = NULL;
+  if (bytes == 0) return NULL;
+  if (posix_memalign(&data, 64, bytes) != 0) exit(3);
+  memset(data, 1, bytes);
+  return data;
+}}
+
+static int failing_hook(void* user, k_task task, void* context, int count) {{
+  (void)user;
+  for (int i = 0; i < count; ++i) task(i, context);
+  return 7;
+}}
+
+int main(int argc, char** argv) {{
+  int64_t sx[4] = {{1, 4, {SIDE}, {SIDE}}}, so[3] = {{1, {SIDE}, {SIDE}}};
+  size_t bytes = k_workspace_size();
+  DLTensor x = {{aligned(4 * {SIDE} * {SIDE} * 4), {{kDLCPU, 0}}, 4, {{kDLFloat, 32, 1}}, sx, NULL, 0}};
+  DLTensor out = {{aligned({SIDE} * {SIDE} * 8), {{kDLCPU, 0}}, 3, {{kDLInt, 64, 1}}, so, NULL, 0}};
+  void* workspace = aligned(bytes);
+  if (argc != 2) return 2;
+  if (strcmp(argv[1], "hook") == 0) {{
+    k_set_num_threads(2);
+    k_set_parallel_for(failing_hook, NULL);
+  }} else {{
+    char* first = NULL;
+    k_set_num_threads(1);
+    for (size_t size = (size_t)1 << 30; size >= 4096; size /= 2) {{
+      void* taken;
+      int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+      while ((taken = mmap(NULL, size, PROT_NONE, flags, -1, 0)) != MAP_FAILED) {{
+        if (first == NULL && size >= {MARGIN}) first = taken;
+      }}
+    }}
+    if (first == NULL || munmap(first, {MARGIN}) != 0) return 4;
+  }}
+  int status = k_with_workspace(&x, &out, workspace, bytes);
+  printf("%d %s\\n", status, k_last_error());
+  return 0;
+}}
+"""
+
+
+def program_for(graph: bool, target: str, work: Path) -> Path:
+    """PROGRAM linked with a bundle named k of argmax alone or of GRAPH, for `target`."""
+    if graph:
+        (work / "k.yaml").write_text(GRAPH)
+        item = bind_graph(load_model(work / "k.yaml"))
+    else:
+        item = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 4, SIDE, SIDE), "float32")])
+    directory = bundle(item, target, work / "k", name="k")
+    return build_c(PROGRAM, directory, work / "calls", target, ("-static",) if target != "x86" else ())
+
+
+def last_line(proc: subprocess.CompletedProcess[str]) -> tuple[int, str]:
+    assert proc.returncode == 0, proc.stderr
+    status, _, error = proc.stdout.splitlines()[-1].partition(" ")
+    return int(status), error
+
+
+def limited(target: str, program: Path) -> subprocess.CompletedProcess[str]:
+    """`program memory` in LIMIT bytes of address space."""
+    if target == "x86":
+        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))  # noqa: E731
+        return subprocess.run([str(program), "memory"], capture_output=True, text=True, timeout=300,
+                              preexec_fn=limit)  # fmt: skip
+    qemu, *options = runs(target)
+    command = [qemu, "-R", str(LIMIT), *options, str(program), "memory"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@on_targets("x86", "arm")
+@pytest.mark.parametrize("graph", [False, True], ids=["op", "graph"])
+def test_a_failing_kernel_fails_the_call(target: str, graph: bool, tmp_path: Path) -> None:
+    if target == "x86":
+        x86_runs_here()
+    built = program_for(graph, target, tmp_path)
+    program = [*runs(target), str(built)]
+    first = "RuntimeError: kernel 1 of 2 (max_pool2d) failed: " if graph else ""
+    hooked = subprocess.run([*program, "hook"], capture_output=True, text=True, timeout=300)
+    assert last_line(hooked) == (-2, f"k: {first}the parallel_for hook returned 7")
+    refused = limited(target, built)
+    second = "RuntimeError: kernel 2 of 2 (argmax) failed: " if graph else ""
+    assert last_line(refused) == (
+        -2,
+        f"k: {second}workspace allocation of {SIDE * SIDE * 4} bytes failed",
+    )
