@@ -5,15 +5,19 @@ graph whose kernel cannot allocate its workspace, through TVM's runtime."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
 
 from ops import TensorType, bind, get_op
 from ops.graph import bind_graph
+from tests.conftest import DEPLOY, REPO
 from toolchain.model import load_model
 
 SIDE = 1024
@@ -132,3 +136,50 @@ def test_a_failing_kernel_fails_the_call(target: str, graph: bool, tmp_path: Pat
         -2,
         f"k: {second}workspace allocation of {SIDE * SIDE * 4} bytes failed",
     )
+
+
+LIMITED_RUN = """import resource, sys
+from devices.session import TvmSession
+from toolchain.cli.main import main
+
+loaded = TvmSession._callable
+
+
+def loaded_then_limited(self, module):
+    found = loaded(self, module)
+    with open("/proc/self/statm") as statm:
+        held = int(statm.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (held + MARGIN, resource.RLIM_INFINITY))
+    return found
+
+
+TvmSession._callable = loaded_then_limited
+main(sys.argv[1:], prog_name="deploy")
+"""
+
+
+ARGMAX = GRAPH.replace("[pool]", "[x]").replace("  - {name: pool", "#")
+"""GRAPH without its pooling: its arena, which the session allocates, would leave freed memory
+that the workspace could take (a session tensor once gone: glibc keeps such blocks)."""
+
+
+def test_deploy_run_reports_a_failing_kernel(tmp_path: Path) -> None:
+    """Through TVM's runtime: `deploy run` of ARGMAX, its address space limited to what it
+    holds plus MARGIN once the module is loaded (the session's own step, wrapped): the argmax
+    kernel's workspace is refused, and the run ends in one line, exit 1, writing nothing. One
+    malloc arena: a pool thread's own is address space held already."""
+    x86_runs_here()
+    (tmp_path / "k.yaml").write_text(ARGMAX)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((1, 4, SIDE, SIDE), "float32"))
+    (tmp_path / "run.py").write_text(LIMITED_RUN.replace("MARGIN", str(MARGIN)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_ARENA_MAX": "1"}
+    model = ["--model", "k.yaml", "--target", "x86"]
+    built = subprocess.run([DEPLOY, "build", *model], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr  # cached: compiling would leave freed memory to take
+    done = subprocess.run(
+        [sys.executable, "run.py", "run", *model, "-i", "x.npy", "-o", "out.npy"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    assert not (tmp_path / "out.npy").exists()
