@@ -1,14 +1,12 @@
 """A kernel that fails makes the call fail (#49): an engine's parallel-for hook returning nonzero
 and a kernel's workspace allocation refused under RLIMIT_AS, through a C program linking a
-bundle of one op and of a graph's plan, on x86 and on aarch64 under qemu; and `deploy run` of a
-graph whose kernel cannot allocate its workspace, through TVM's runtime."""
+bundle of one op and of a graph's plan, on x86 and on aarch64 under qemu; and the plan through
+TVM's runtime (what `deploy run` and `deploy test` call) with a kernel failing its own check."""
 
 from __future__ import annotations
 
-import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,6 @@ from test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
 
 from ops import TensorType, bind, get_op
 from ops.graph import bind_graph
-from tests.conftest import DEPLOY, REPO
 from toolchain.model import load_model
 
 SIDE = 1024
@@ -138,48 +135,33 @@ def test_a_failing_kernel_fails_the_call(target: str, graph: bool, tmp_path: Pat
     )
 
 
-LIMITED_RUN = """import resource, sys
-from devices.session import TvmSession
-from toolchain.cli.main import main
+def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> None:
+    """The plan as `deploy run/test` call it (TVM's runtime, `devices/session.py`), its first
+    kernel one whose body fails its own check: main raises naming that kernel and does not
+    run the second (the output keeps what it held); before, it returned 0 over that output."""
+    import tvm
 
-loaded = TvmSession._callable
+    from toolchain.build.compile import ScheduledKernel, lay_out, schedule_op
+    from toolchain.build.plan import arena_bytes, plan_arena, plan_module
+    from toolchain.build.shared_object import _calls, compile_cpu
+    from toolchain.build.targets import get_target
 
-
-def loaded_then_limited(self, module):
-    found = loaded(self, module)
-    with open("/proc/self/statm") as statm:
-        held = int(statm.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (held + MARGIN, resource.RLIM_INFINITY))
-    return found
-
-
-TvmSession._callable = loaded_then_limited
-main(sys.argv[1:], prog_name="deploy")
-"""
-
-
-ARGMAX = GRAPH.replace("[pool]", "[x]").replace("  - {name: pool", "#")
-"""GRAPH without its pooling: its arena, which the session allocates, would leave freed memory
-that the workspace could take (a session tensor once gone: glibc keeps such blocks)."""
-
-
-def test_deploy_run_reports_a_failing_kernel(tmp_path: Path) -> None:
-    """Through TVM's runtime: `deploy run` of ARGMAX, its address space limited to what it
-    holds plus MARGIN once the module is loaded (the session's own step, wrapped): the argmax
-    kernel's workspace is refused, and the run ends in one line, exit 1, writing nothing. One
-    malloc arena: a pool thread's own is address space held already."""
-    x86_runs_here()
-    (tmp_path / "k.yaml").write_text(ARGMAX)
-    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((1, 4, SIDE, SIDE), "float32"))
-    (tmp_path / "run.py").write_text(LIMITED_RUN.replace("MARGIN", str(MARGIN)))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_ARENA_MAX": "1"}
-    model = ["--model", "k.yaml", "--target", "x86"]
-    built = subprocess.run([DEPLOY, "build", *model], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr  # cached: compiling would leave freed memory to take
-    done = subprocess.run(
-        [sys.executable, "run.py", "run", *model, "-i", "x.npy", "-o", "out.npy"], cwd=tmp_path,
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
-    assert not (tmp_path / "out.npy").exists()
+    (tmp_path / "k.yaml").write_text(GRAPH.replace(str(SIDE), "8"))
+    graph = bind_graph(load_model(tmp_path / "k.yaml"))
+    target = get_target("x86").with_cores(1)
+    laid = lay_out(graph, target)
+    calls = _calls([ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels], 64)
+    name, func, reads, writes = calls[0]
+    check = tvm.tirx.AssertStmt(
+        tvm.tirx.const(False), tvm.ir.StringImm("ValueError"), [tvm.ir.StringImm("its check failed")]
+    )
+    calls[0] = (name, func.with_body(check), reads, writes)
+    main = compile_cpu(plan_module(laid.graph, calls), target.tvm_target()).mod["main"]
+    x = tvm.runtime.tensor(np.zeros((1, 4, 8, 8), "float32"))
+    out = tvm.runtime.tensor(np.full((1, 8, 8), -7, "int64"))
+    slots = plan_arena(laid.graph, [(r, w) for _, _, r, w in calls]).slots
+    arena = tvm.runtime.empty((arena_bytes(slots, {}),), "uint8")
+    with pytest.raises(RuntimeError) as raised:
+        main(x, out, arena)
+    assert "kernel 1 of 2 (max_pool2d) failed" in str(raised.value).splitlines()[0]
+    assert (out.numpy() == -7).all()
