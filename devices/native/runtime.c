@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,17 +24,46 @@ typedef struct {
 } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
-/* ---- errors: a kernel's message, per thread ---- */
+/* ---- errors: a kernel's message, per thread ----
+ * A failure's first reason is set where it happens (a kernel's check, a refused workspace, an
+ * engine's hook); what raises later in the same call (a graph's plan naming the kernel that
+ * failed) goes in front of it: "kernel 2 of 3 (argmax) failed: workspace allocation ... failed". */
 
-static _Thread_local char kernel_error[512];
+#define ERROR_BYTES 512
+
+static _Thread_local char kernel_error[ERROR_BYTES];
 
 void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+  char reason[ERROR_BYTES];
+  memcpy(reason, kernel_error, sizeof(reason));
   size_t used = (size_t)snprintf(kernel_error, sizeof(kernel_error), "%s: ", kind ? kind : "Error");
   for (int32_t i = 0; i < num_parts && used < sizeof(kernel_error) - 1; ++i) {
     if (parts[i] == NULL) continue;
     used += (size_t)snprintf(kernel_error + used, sizeof(kernel_error) - used, "%s", parts[i]);
   }
   kernel_error[strcspn(kernel_error, "\n")] = '\0';  /* one line: TVM adds a call trace after it */
+  used = strlen(kernel_error);
+  if (reason[0]) snprintf(kernel_error + used, sizeof(kernel_error) - used, ": %s", reason);
+}
+
+/* The reason for a failure the runtime sees itself, on this thread. */
+static void set_reason(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(kernel_error, sizeof(kernel_error), format, args);
+  va_end(args);
+}
+
+/* Keep this thread's reason for a failed task in `first` unless a task failed before. */
+static void keep_first(atomic_int* failed, char* first) {
+  if (atomic_exchange(failed, 1) == 0) memcpy(first, kernel_error, ERROR_BYTES);
+}
+
+/* After a launch whose task failed: its reason on the launching thread. */
+static int task_failed(const char* first) {
+  if (first[0]) memcpy(kernel_error, first, ERROR_BYTES);
+  else set_reason("a parallel task failed");
+  return -1;
 }
 
 const char* deploy_rt_kernel_error(void) { return kernel_error; }
@@ -98,7 +128,9 @@ void deploy_rt_release(void* block) {
 
 static void* alloc_workspace(int device_type, int device_id, uint64_t nbytes, int code, int bits) {
   (void)device_type, (void)device_id, (void)code, (void)bits;
-  return nbytes > SIZE_MAX ? NULL : deploy_rt_scratch((size_t)nbytes);
+  void* block = nbytes > SIZE_MAX ? NULL : deploy_rt_scratch((size_t)nbytes);
+  if (block == NULL) set_reason("workspace allocation of %llu bytes failed", (unsigned long long)nbytes);
+  return block;
 }
 
 static int free_workspace(int device_type, int device_id, void* ptr) {
@@ -145,6 +177,7 @@ typedef struct {
   atomic_int sleeping;
   atomic_int done;            /* tasks of the current launch finished */
   atomic_int failed;
+  char error[ERROR_BYTES];    /* the reason of the launch's first failed task */
   int stopping;
   FTVMParallelLambda fn;
   void* cdata;
@@ -175,7 +208,8 @@ static void run_tasks(uint32_t generation) {
     TVMParallelGroupEnv env = {&pool.barrier, TASKS(atomic_load(&pool.state))};
     int nested = in_task;
     in_task = 1;
-    if (pool.fn(index, &env, pool.cdata) != 0) atomic_store(&pool.failed, 1);
+    kernel_error[0] = '\0';
+    if (pool.fn(index, &env, pool.cdata) != 0) keep_first(&pool.failed, pool.error);
     in_task = nested;
     atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
   }
@@ -268,6 +302,8 @@ typedef struct {
   FTVMParallelLambda fn;
   void* cdata;
   int count;
+  atomic_int failed;
+  char error[ERROR_BYTES];
 } HookJob;
 
 static int hooked_task(int index, void* context) {  /* one task on an engine's thread */
@@ -275,7 +311,9 @@ static int hooked_task(int index, void* context) {  /* one task on an engine's t
   TVMParallelGroupEnv env = {NULL, job->count};  /* no barrier: its tasks need not run at once */
   int nested = in_task;
   in_task = 1;
+  kernel_error[0] = '\0';
   int status = job->fn(index, &env, job->cdata);
+  if (status != 0) keep_first(&job->failed, job->error);
   in_task = nested;
   return status;
 }
@@ -290,8 +328,11 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   if (num_task > 0 && num_task < threads) threads = num_task;
   if (in_task || threads == 1) return run_serially(fn, cdata);
   if (hook != NULL) {
-    HookJob job = {fn, cdata, threads};
-    return hook(hook_user, hooked_task, &job, threads) == 0 ? 0 : -1;
+    HookJob job = {fn, cdata, threads, 0, ""};
+    int status = hook(hook_user, hooked_task, &job, threads);
+    if (atomic_load(&job.failed)) return task_failed(job.error);  /* even if the hook said 0 */
+    if (status != 0) set_reason("the parallel_for hook returned %d", status);
+    return status == 0 ? 0 : -1;
   }
   if (pthread_mutex_trylock(&pool.launching) != 0) return run_serially(fn, cdata);
   size_pool(threads);
@@ -301,6 +342,7 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   pool.barrier.count = threads;
   atomic_store(&pool.barrier.arrived, 0);
   atomic_store(&pool.failed, 0);
+  pool.error[0] = '\0';
   atomic_store(&pool.done, 0);
   run_tasks(publish(threads));
   for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < threads; ++spin) {
@@ -308,6 +350,7 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
     else sched_yield();
   }
   int failed = atomic_load(&pool.failed);
+  if (failed) task_failed(pool.error);
   pthread_mutex_unlock(&pool.launching);
   return failed ? -1 : 0;
 }

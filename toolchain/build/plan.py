@@ -199,9 +199,10 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
         return tirx.address_of(tirx.BufferLoad(arena, [offsets[plan.places[tensor]]]))
 
     steps = []
-    for name, _, reads, writes in calls:
+    for index, (name, _, reads, writes) in enumerate(calls):
         args = [pointer(t) for t in (*reads, writes)] + list(symbols.values())
-        steps.append(tirx.Evaluate(tvm.ir.Call(mod.get_global_var(name), args, ret_ty="int32")))
+        call = tvm.ir.Call(mod.get_global_var(name), args, ret_ty="int32")
+        steps += _checked(call, f"kernel {index + 1} of {len(calls)} ({name.split('_', 1)[-1]}) failed")
     for name, out in outs.items():
         if name in tensors:  # an output that is an input (an ONNX pass-through): copy it
             steps.append(_copy(tensors[name], out))
@@ -220,6 +221,18 @@ def plan_module(graph: BoundGraph, calls: Sequence[Call], alignment: int = ALIGN
         "global_symbol", MAIN
     )
     return mod
+
+
+def _checked(call: Any, failure: str) -> list[Any]:
+    """`call` (a kernel, int32: 0 or TVM's -1 after a failed parallel task or workspace
+    allocation), then `main` stops and returns nonzero with `failure` raised when it failed:
+    the plan's caller (`NAME()`, TVM's runtime) sees the error instead of an unwritten output."""
+    import tvm
+    from tvm import tirx
+
+    status = tirx.Var("status", "int32")
+    failed = tirx.AssertStmt(status == 0, tvm.ir.StringImm("RuntimeError"), [tvm.ir.StringImm(failure)])
+    return [tirx.Bind(status, call), failed]
 
 
 def _constants_address(dtype: str) -> tuple[Any, Any]:
