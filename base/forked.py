@@ -1,11 +1,13 @@
 """Work that can kill its process, run in a forked child: LLVM ends the process with abort() on an
 error it cannot report ("LLVM ERROR: Cannot select: ..." from an op whose computation calls an
-intrinsic of another architecture), which would take the CLI down with exit 134 and no message.
+intrinsic of another architecture), or with exit(1) (`report_fatal_error`), which would take the
+CLI down with no message.
 
 The child is forked from the calling thread only and does the one call; its result is what it
-writes to files, so nothing but an exception travels back. A fork costs a few milliseconds;
-a process of its own each time would cost a second to import TVM, and ops a user's file
-registered in this process would be unknown there.
+writes to files, so nothing but an exception travels back, through a temporary file (a pipe's
+write end would be inherited by another thread's child, and reading to its end would wait for
+that child too). A fork costs a few milliseconds; a process of its own each time would cost a
+second to import TVM, and ops a user's file registered in this process would be unknown there.
 """
 
 from __future__ import annotations
@@ -18,73 +20,110 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
+from typing import IO
 
 FORK_LOCK = threading.Lock()
 """Held while this process forks, and by whoever calls into LLVM in this process (`tvm.compile`):
 a fork while another thread is inside LLVM would copy its locks held, and the child could wait
-on them forever. (Other TVM calls take no lock the child's emission needs.)"""
+on them forever. That other TVM calls take no lock the child's emission needs is assumed, not
+checked: a child that waits anyway is killed at its deadline (`DEADLINE_S`)."""
+
+DEADLINE_S = 30 * 60.0
+"""Longest a child may run: far past any export (seconds), short of a build hung for good."""
 
 
 class ChildDied(Exception):
-    """The child was killed by `signum`; `said` is what it wrote on stderr."""
+    """The child ended without a result: killed by a signal or at its deadline, or exited nonzero
+    with no exception sent; `said` is what it wrote on stderr."""
 
-    def __init__(self, signum: int, said: str) -> None:
-        super().__init__(f"killed by {signal.Signals(signum).name}")
-        self.signum = signum
+    def __init__(self, how: str, said: str) -> None:
+        super().__init__(how)
         self.said = said
 
 
-def in_child(action: Callable[[], None]) -> None:
-    """`action()` in a forked child: its exception is raised here, its stderr copied to ours; a
-    death by a signal is ChildDied. The child dumps no core (an abort would leave one in the
-    working directory)."""
-    with tempfile.TemporaryFile() as said:
-        reader, writer = os.pipe()
-        with FORK_LOCK:
-            pid = os.fork()
-        if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
-            try:
-                os.close(reader)
-                _child(action, writer, said.fileno())
-            finally:  # even a signal's exception before `_child` takes over never runs our caller
-                os._exit(1)
-        os.close(writer)
+def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None:
+    """`action()` in a forked child: its exception is raised here, its stderr copied to ours; any
+    other end is ChildDied. The child dumps no core (an abort would leave one in the working
+    directory)."""
+    parent, pid = os.getpid(), 0
+    with tempfile.TemporaryFile() as said, tempfile.TemporaryFile() as sent:
         try:
-            with os.fdopen(reader, "rb") as pipe:
-                raised = pipe.read()
-            _, status = os.waitpid(pid, 0)
-        except BaseException:  # a stop while waiting: the child goes too
-            _end(pid)
+            with FORK_LOCK:
+                pid = os.fork()
+            if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
+                _child(action, sent.fileno(), said.fileno())
+            status = _wait(pid, deadline_s)
+        except BaseException:  # a stop (^C) anywhere here: the child goes too, and never returns
+            if os.getpid() != parent:
+                os._exit(1)
+            if pid > 0:
+                _end(pid)
             raise
         said.seek(0)
         text = said.read().decode(errors="replace")
+        exited = status is not None and os.WIFEXITED(status)
+        raised = _received(sent) if exited and os.WEXITSTATUS(status) == 1 else None
+    if status is None:
+        raise ChildDied(f"ran past {deadline_s:g} s and was killed", text)
     if os.WIFSIGNALED(status):
-        raise ChildDied(os.WTERMSIG(status), text)
+        raise ChildDied(f"was killed by {signal.Signals(os.WTERMSIG(status)).name}", text)
+    if raised is None and os.WEXITSTATUS(status) != 0:
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        raise ChildDied(f"exited with status {os.WEXITSTATUS(status)}" + (f": {last}" if last else ""), text)
     if text:
         sys.stderr.write(text)
-    if raised:
-        raise pickle.loads(raised)
+    if raised is not None:
+        raise raised
 
 
-def _child(action: Callable[[], None], writer: int, stderr: int) -> None:
-    """Run `action` as `in_child`'s child and exit: 0, or 1 with its exception pickled to `writer`."""
-    code = 0
+def _wait(pid: int, deadline_s: float) -> int | None:
+    """The child `pid`'s status once it ends; None if it ran past `deadline_s` (then killed)."""
+    end, pause = time.monotonic() + deadline_s, 0.001
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() >= end:
+            _end(pid)
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _received(sent: IO[bytes]) -> BaseException | None:
+    """The exception the child pickled into `sent`; None if it sent none or only part of one."""
+    sent.seek(0)
+    data = sent.read()
+    try:
+        exc = pickle.loads(data) if data else None
+    except Exception:
+        return None
+    return exc if isinstance(exc, BaseException) else None
+
+
+def _child(action: Callable[[], None], sent: int, stderr: int) -> None:
+    """Run `action` as `in_child`'s child and exit: 0, or 1 with its exception pickled to `sent`
+    (1 with nothing sent if even that fails)."""
+    code = 1
     try:
         faulthandler.disable()  # a test runner's, which would print the abort's Python stack
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
         os.dup2(stderr, 2)  # LLVM's own line; Python's buffers are the parent's, never flushed here
-        action()
-    except BaseException as exc:  # handed to the parent, raised there
-        code = 1
         try:
-            data = pickle.dumps(exc)
-            pickle.loads(data)
-        except Exception:  # one that does not travel (some of TVM's): its text, as the RuntimeError it is
-            data = pickle.dumps(RuntimeError(str(exc)))
-        with os.fdopen(writer, "wb") as pipe:
-            pipe.write(data)
-    os._exit(code)
+            action()
+            code = 0
+        except BaseException as exc:  # handed to the parent, raised there
+            try:
+                data = pickle.dumps(exc)
+                pickle.loads(data)
+            except Exception:  # one that does not travel (some of TVM's): its text, as the RuntimeError it is
+                data = pickle.dumps(RuntimeError(str(exc)))
+            with open(sent, "wb", closefd=False) as out:
+                out.write(data)
+    finally:  # whatever is raised here, a signal's exception included, never runs our caller
+        os._exit(code)
 
 
 def _end(pid: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from base.errors import DeployError
+from base.forked import FORK_LOCK, ChildDied, in_child
 from devices import get_device
 from devices.registry import DeviceLost
 from ops import TensorType, bind, get_op
@@ -20,6 +23,7 @@ from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
 from toolchain.build.cache import cached_build
+from toolchain.build.shared_object import emitting
 from toolchain.build.targets import get_target
 from toolchain.verify.run import for_device
 
@@ -88,6 +92,80 @@ def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     said = "compiling module.so for target x86: LLVM aborted: Cannot select: intrinsic %llvm.aarch64.crc32w"
     assert result.stderr.splitlines() == [f"error: {said}"]
     assert not (tmp_path / "out").exists()
+
+
+def _say_and_exit(line: bytes, code: int) -> None:
+    """As LLVM's `report_fatal_error`: a line on stderr, then exit(code) with no exception."""
+    os.write(2, line)
+    os._exit(code)
+
+
+def test_a_child_exiting_without_an_exception_is_an_error():
+    with pytest.raises(ChildDied, match=r"^exited with status 3: why$"):
+        in_child(lambda: _say_and_exit(b"LLVM said\nwhy\n", 3))
+    with pytest.raises(DeployError, match=r"^compiling module.so for target x86: LLVM aborted: no isel$"):
+        emitting(lambda: _say_and_exit(b"LLVM ERROR: no isel\n", 1), "module.so", get_target("x86"))
+
+
+def test_a_childs_exception_travels_back_or_the_child_is_an_error():
+    class Local(Exception):  # pickle cannot find a class defined in a function
+        pass
+
+    class Mute(Local):
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    with pytest.raises(ValueError, match=r"^plain$"):
+        in_child(lambda: _raise(ValueError("plain")))
+    with pytest.raises(RuntimeError, match=r"^local$"):
+        in_child(lambda: _raise(Local("local")))
+    with pytest.raises(ChildDied, match=r"^exited with status 1$"):
+        in_child(lambda: _raise(Mute()))
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
+def test_a_child_past_its_deadline_is_killed():
+    start = time.monotonic()
+    with pytest.raises(ChildDied, match=r"^ran past 0.2 s and was killed$"):
+        in_child(lambda: time.sleep(30), deadline_s=0.2)
+    assert time.monotonic() - start < 5
+
+
+def test_children_of_other_threads_are_not_waited_for():
+    """A child another thread forks while this one waits for FORK_LOCK (as a concurrent export's)
+    inherits what this one opened meanwhile; this one's result still comes when its child ends."""
+    took: list[float] = []
+
+    def export() -> None:
+        start = time.monotonic()
+        in_child(lambda: None)
+        took.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=export)
+    with FORK_LOCK:
+        thread.start()
+        time.sleep(0.2)  # the thread has made its files and waits for the lock
+        other = os.fork()
+        if other == 0:
+            time.sleep(4)
+            os._exit(0)
+    thread.join()
+    os.waitpid(other, 0)
+    assert took[0] < 2, took
+
+
+def test_a_failed_fork_leaves_no_descriptor(monkeypatch):
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(BlockingIOError):
+        in_child(lambda: None)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 @pytest.mark.emulator

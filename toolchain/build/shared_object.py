@@ -283,16 +283,15 @@ def linker(target: Target) -> Any:
 
 
 def emitting(action: Callable[[], None], what: str, target: Target) -> None:
-    """`action()`, which has LLVM emit object code (`export_library`, `write_to_file`), in a child
-    process: LLVM aborts the process on what it cannot select (`in_child`), which is then one line
-    naming `what` and `target`."""
+    """`action()`, which has LLVM emit object code (`export_library`), in a child process: LLVM
+    aborts or exits the process on what it cannot select (`in_child`), which is then one line
+    naming `what` and `target`. A bundle's `write_to_file` of the same module runs in-process: the
+    module's export always precedes it and emits the same code, so it has failed already."""
     try:
         in_child(action)
     except ChildDied as exc:
         said = next((line for line in exc.said.splitlines() if "LLVM ERROR:" in line), None)
-        why = (
-            f"LLVM aborted: {said.split('LLVM ERROR:', 1)[1].strip()}" if said else f"the compiler was {exc}"
-        )
+        why = f"LLVM aborted: {said.split('LLVM ERROR:', 1)[1].strip()}" if said else f"the compiler {exc}"
         raise DeployError(
             f"compiling {what} for target {target.name}: {printable(clipped(why, 200))}"
         ) from None
