@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 import numpy as np
@@ -61,6 +61,14 @@ class RunnerLink(Protocol):
         ...
 
 
+def ran_over(bundle: str, timeout_s: float, label: str) -> DeviceLost:
+    """The error of a run of the runner in `bundle` stopped at `timeout_s`."""
+    return DeviceLost(
+        f"{RUNNER} of {PurePosixPath(bundle).name} ran over the {timeout_s:g} s limit (--timeout)"
+        f" on {label}: stopped"
+    )
+
+
 def file_args(inputs: list[str], outputs: list[str]) -> list[str]:
     """The runner's arguments naming its files: `-i` each input, then `-o` each output."""
     return [*(w for path in inputs for w in ("-i", path)), *(w for path in outputs for w in ("-o", path))]
@@ -87,8 +95,6 @@ class RunnerSession:
         self._options = [*(["--threads", str(threads)] if threads is not None else []), *options]
         self._fp16 = fp16
         self._placed: dict[Path, str] = {}
-        self.timeout_s: float | None = None
-        """The longest a run may take (tuning's `--timeout`, as an RPC session's); None: no limit."""
 
     def cores(self) -> int | None:
         return self.threads
@@ -117,12 +123,19 @@ class RunnerSession:
         repeat: int,
         entry: str = "function",
         workspace: int = 0,
+        timeout_s: float | None = None,
     ) -> list[float]:
+        """As `Session.time`; a run past `timeout_s` (tuning's `--timeout`) is stopped, a DeviceLost."""
         timing = ["--time", f"{number},{repeat},{MIN_REPEAT_MS}"]
-        return self._call(module, inputs, outputs, timing)[1]
+        return self._call(module, inputs, outputs, timing, timeout_s)[1]
 
     def _call(
-        self, module: Path, inputs: list[np.ndarray], outputs: Outputs, options: list[str]
+        self,
+        module: Path,
+        inputs: list[np.ndarray],
+        outputs: Outputs,
+        options: list[str],
+        timeout_s: float | None = None,
     ) -> tuple[list[np.ndarray], list[float]]:
         """Run the bundle beside `module` (the artifact's directory) on `inputs`: the outputs and
         the seconds per call of each timed run (`options`)."""
@@ -139,7 +152,7 @@ class RunnerSession:
                 np.save(path, np.require(array, requirements="C"), allow_pickle=False)
             written = [Path(scratch, f"out{i}.npy") for i in range(len(outputs))]
             status, stdout, stderr = self.link.call(
-                self._placed[directory], files, written, [*self._options, *options], self.timeout_s
+                self._placed[directory], files, written, [*self._options, *options], timeout_s
             )
             said = printable(stderr.strip().splitlines()[-1] if stderr.strip() else "no message")
             if status < 0:
@@ -189,10 +202,7 @@ class EmulatedLink:
                 process.communicate()
                 if not isinstance(exc, subprocess.TimeoutExpired):
                     raise
-                raise DeviceLost(
-                    f"{RUNNER} of {Path(bundle).name} ran over the {timeout_s:g} s limit (--timeout)"
-                    f" on {self.label}: stopped"
-                ) from None
+                raise ran_over(bundle, timeout_s, self.label) from None
         return process.returncode, stdout, stderr
 
 

@@ -177,10 +177,9 @@ def test_an_emulated_run_past_its_timeout_is_stopped_whole():
     x = np.ones((4, 1000), "float32")
     with get_device("emulator-armv7").open() as session:
         directory, manifest = cached_build(bound, for_device(get_target("armv7"), session))
-        session.timeout_s = 0.5
         start = time.monotonic()
         with pytest.raises(DeviceLost, match=r"ran over the 0.5 s limit \(--timeout\) on emulator-armv7"):
-            session.time(directory / manifest.module, [x], [((4, 1000), "float32")], 10**6, 3)
+            session.time(directory / manifest.module, [x], [((4, 1000), "float32")], 10**6, 3, timeout_s=0.5)
         assert time.monotonic() - start < 10
     left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(directory).encode() in _read(p)]
     assert left == [], "no process of the run is left"

@@ -22,8 +22,9 @@ import numpy as np
 
 from base.errors import DeployError, reason
 from base.threads import host_cpus
-from devices import DeviceLost, Session
+from devices import DeviceLost
 from devices.rpc import RpcEndpoint
+from devices.runner import RunnerSession
 from ops.graph import Constant
 from ops.spec import OUTPUT, BoundOp, TensorType
 from toolchain.build.bundle import BundleSignature, write_bundle
@@ -170,7 +171,7 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> M
     return Measuring(runner, lambda: runner.fatal)
 
 
-def bundle_runner(session: Session, bound: BoundOp, timeout_s: float) -> Measuring:
+def bundle_runner(session: RunnerSession, bound: BoundOp, timeout_s: float) -> Measuring:
     """A MetaSchedule runner measuring each candidate's bundle through the session's runner (the
     runner protocol): a candidate that fails, crashes its process or runs past `timeout_s`
     fails alone."""
@@ -187,13 +188,10 @@ def bundle_runner(session: Session, bound: BoundOp, timeout_s: float) -> Measuri
 
         def _measure(self, module: Path) -> Any:
             outputs = [(bound.output.shape, bound.output.dtype)]
-            session.timeout_s = timeout_s  # type: ignore[attr-defined]  # measuring only, not verifying
-            try:  # the runner adds calls until a run lasts its minimum
-                runs = session.time(module, inputs, outputs, 1, REPEAT)
+            try:  # the runner adds calls until a run lasts its minimum; measuring only is bounded
+                runs = session.time(module, inputs, outputs, 1, REPEAT, timeout_s=timeout_s)
             except DeployError as exc:
                 return ms.runner.RunnerResult(None, str(exc))
-            finally:
-                session.timeout_s = None  # type: ignore[attr-defined]
             return ms.runner.RunnerResult([float(t) for t in runs], None)
 
     return Measuring(BundleRunner(), lambda: None)
