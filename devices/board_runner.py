@@ -1,7 +1,7 @@
 """Boards over SSH through the runner protocol (`devices/runner.py`): each artifact's C bundle is
 pushed once per session over SFTP into `<remote_dir>/bundles/<digest of its SHA256SUMS>` and its
 static `deploy-run` runs it there, checking every file's sha256 on the board at each call. The
-board needs a POSIX shell with `uname`, `sha256sum`, `rm` and `sleep` and SFTP: no Python, no TVM,
+board needs a POSIX shell with `uname`, `sha256sum`, `rm`, `sleep` and `timeout` and SFTP: no Python, no TVM,
 no particular glibc (armv7 and riscv64 boards, and aarch64 or x86 boards too old for deploy's RPC
 server: `deploy device add ... --protocol runner`).
 
@@ -12,10 +12,12 @@ the vector extension (the `isa` line of /proc/cpuinfo): builds for `riscv64` use
 from __future__ import annotations
 
 import hashlib
+import math
 import posixpath
 import re
 import secrets
 import shlex
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -27,12 +29,18 @@ from base.files import SUMS, read_sums
 from devices.board_setup import board_machine
 from devices.boards import Board, get_board
 from devices.registry import Device, register_device_source
-from devices.runner import RUNNER, RUNNER_PROTOCOL, RunnerSession, file_args
+from devices.runner import RUNNER, RUNNER_PROTOCOL, RunnerSession, file_args, ran_over
 from devices.ssh import BoardShell, ssh_connect
 
 ISA = re.compile(r"^isa\s*:\s*rv64([a-z]*)", re.MULTILINE)
 PROCESSOR = re.compile(r"^processor\s*:", re.MULTILINE)
 CPUINFO_LIMIT = 1 << 20
+CALL_LIMIT_S = 600.0
+"""The longest a run without a limit of its own is waited for."""
+REPLY_SLACK_S = 30.0
+"""How long past a run's limit its reply is waited for (the board's `timeout` kills it at the limit)."""
+TIMED_OUT = (124, 128 + 9)
+"""`timeout`'s status for a command it stopped: 124, or SIGKILL's (GNU's `-s KILL` kills itself too)."""
 
 
 def check_runner_board(shell: BoardShell, say: Callable[[str], None] = lambda _: None) -> int:
@@ -112,7 +120,13 @@ class SshRunnerLink:
                     sftp.put(str(path), posixpath.join(work, path.name))
             args = [posixpath.join(bundle, RUNNER), bundle]
             args += [*file_args([p.name for p in inputs], [p.name for p in outputs]), *options]
-            reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=timeout_s or 600)
+            if timeout_s is not None:  # killed on the board: a hung runner would keep spinning there
+                args = ["timeout", "-s", "KILL", str(math.ceil(timeout_s)), *args]
+            start = time.monotonic()
+            wait = timeout_s + REPLY_SLACK_S if timeout_s is not None else CALL_LIMIT_S
+            reply = self.shell.run(f"cd {shlex.quote(work)} && {shlex.join(args)}", timeout=wait)
+            if timeout_s is not None and reply.status in TIMED_OUT and time.monotonic() - start >= timeout_s:
+                raise ran_over(bundle, timeout_s, self.label)
             if reply.status == 0:
                 with self.shell.files(f"fetching the outputs from {work}") as sftp:
                     for path in outputs:

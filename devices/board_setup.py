@@ -4,9 +4,9 @@ whether the board can run it.
 The runtime (`deploy-rpc-server` and the TVM runtime libraries, about 5 MB, built on this host for
 the board's architecture) is pushed over SFTP into `<remote_dir>/runtime.new`, checked with the
 board's own `sha256sum`, and renamed into `<remote_dir>/runtime`, so that directory never holds a
-half-written runtime. The board needs no Python: a POSIX shell with `uname`, `sha256sum`, `rm` and
-`sleep` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir, and a `runtime` there
-that holds none of the runtime's files is left alone (setup refuses). Before anything is
+half-written runtime. The board needs no Python: a POSIX shell with `uname`, `sha256sum`, `rm`,
+`sleep` and `timeout` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir, and
+a `runtime` there that holds none of the runtime's files is left alone (setup refuses). Before anything is
 pushed, the runtime's ELF machine is checked against `uname -m`, and the glibc and libstdc++
 versions the board's libraries define against those the runtime needs.
 """
@@ -32,7 +32,7 @@ from devices.platforms import Platform, tvm_runtime_platform
 from devices.ssh import BoardShell, ssh_connect
 
 MACHINE_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
-TOOLS = ("sha256sum", "rm", "sleep")
+TOOLS = ("sha256sum", "rm", "sleep", "timeout")
 """What deploy runs on the board besides the shell's builtins and `uname`."""
 LIBRARY_DIRS = (
     "/lib/{arch}-linux-gnu", "/usr/lib/{arch}-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",

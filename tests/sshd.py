@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 SSHD = "/usr/sbin/sshd"
-BOARD_TOOLS = ("uname", "sha256sum", "rm", "sleep")
+BOARD_TOOLS = ("uname", "sha256sum", "rm", "sleep", "timeout")
 """What deploy runs on a board besides the shell (devices/board_setup.py TOOLS, and `uname`)."""
 
 

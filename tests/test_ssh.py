@@ -25,16 +25,21 @@ import psutil
 import pytest
 
 from base.errors import DeployError
+from devices import get_device
 from devices.board_setup import require_versions
 from devices.elf import provided_versions
 from devices.native import RUNTIME_FILES, SERVER, native_runtime
 from devices.platforms import get_platform
+from devices.registry import DeviceLost
 from devices.server_process import free_port
-from ops import get_op
+from ops import TensorType, bind, get_op
 from tests import sshd
 from tests.conftest import DEPLOY, at_once, run_deploy
+from toolchain.build.cache import cached_build
+from toolchain.build.targets import get_target
 from toolchain.tune.records import RECORDS
 from toolchain.verify.matrix import plan
+from toolchain.verify.run import for_device
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -430,12 +435,12 @@ def test_a_runtime_for_another_machine_is_refused_before_upload(server, tmp_path
 
 
 def test_a_board_without_sha256sum_is_refused(tmp_path):
-    own = sshd.start(tmp_path / "sshd", tools=("uname", "rm", "sleep"))
+    own = sshd.start(tmp_path / "sshd", tools=("uname", "rm", "sleep", "timeout"))
     try:
         assert add("nosum", own, tmp_path / "board", "--accept-new-host-key").returncode == 0
         result = run_deploy("device", "setup", "nosum")
         assert result.returncode == 1
-        message = "error: nosum: the board has no sha256sum (deploy runs sha256sum, rm, sleep)\n"
+        message = "error: nosum: the board has no sha256sum (deploy runs sha256sum, rm, sleep, timeout)\n"
         assert result.stderr == message
     finally:
         sshd.stop(own)
@@ -490,6 +495,25 @@ def test_an_ssh_board_through_the_runner_protocol(server, tmp_path):
     assert pushed and all((b / "SHA256SUMS").is_file() and (b / "deploy-run").is_file() for b in pushed)
     assert list((remote / "calls").iterdir()) == [], "each call's inputs and output are removed"
     assert settle(remote) == []
+
+
+def test_a_runner_board_run_past_its_timeout_is_killed_there(server, tmp_path):
+    """Tuning's --timeout on a runner board: the board's `timeout` kills the run there (nothing
+    keeps spinning), and the candidate's error is a DeviceLost."""
+    remote = tmp_path / "slowrun"
+    assert add("slowrun", server, remote, "--protocol", "runner", "--accept-new-host-key").returncode == 0
+    bound = bind(get_op("leaky_relu"), {}, [TensorType((4, 1000), "float32")])
+    x = np.ones((4, 1000), "float32")
+    with get_device("slowrun").open() as session:
+        directory, manifest = cached_build(bound, for_device(get_target("x86"), session))
+        start = time.monotonic()
+        with pytest.raises(
+            DeviceLost, match=r"^deploy-run of \S+ ran over the 1 s limit \(--timeout\) on slowrun "
+        ):
+            session.time(directory / manifest.module, [x], [((4, 1000), "float32")], 10**9, 3, timeout_s=1)
+        assert time.monotonic() - start < 20
+    assert settle(remote) == []
+    assert list((remote / "calls").iterdir()) == []
 
 
 def test_a_runner_board_of_another_arch_is_refused_before_a_push(server, tmp_path):
