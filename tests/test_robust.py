@@ -3,6 +3,7 @@ cache, and a hung emulated run (issue #49, items 6, 7 and 9)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
 from toolchain.build.cache import cached_build
+from toolchain.build.export import _no_room
 from toolchain.build.shared_object import emitting
 from toolchain.build.targets import get_target
 from toolchain.verify.run import for_device
@@ -215,18 +217,50 @@ def mounted(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         subprocess.run(["umount", str(point)], check=True)
 
 
-@pytest.mark.parametrize("free_kb", [0, 40, 700])
-def test_a_full_disk_is_named_as_such(mounted, free_kb):
-    """Wherever the disk fills (TVM's link of module.so, a copied header, the runner's link), one
-    line says so, not `ld returned 1` or an OSError, and nothing is left there."""
-    disk = mounted("size=4m")
+ELSEWHERE = " (there, or in $TMPDIR or the cache)"
+"""A compiler's or linker's full disk: its line names no file."""
+
+
+def full(disk: Path, free_kb: int) -> Path:
+    """`disk` filled but for `free_kb` KiB."""
     room = os.statvfs(disk)
     (disk / "fill").write_bytes(bytes(room.f_bavail * room.f_frsize - free_kb * 1024))
+    return disk
+
+
+@pytest.mark.parametrize(("free_kb", "where"), [(0, ELSEWHERE), (40, ""), (700, ELSEWHERE)])
+def test_a_full_disk_is_named_as_such(mounted, free_kb, where):
+    """Wherever the disk fills (TVM's link of module.so, a copied header, the runner's link), one
+    line says so, not `ld returned 1` or an OSError, and nothing is left there. A tool's line
+    names no file: the place may be TVM's temporaries or the cache as well."""
+    disk = full(mounted("size=4m"), free_kb)
     out = disk / "out"
     result = invoke(*ADD_BUNDLE, "-o", str(out))
     assert result.exit_code == 1, result.output
-    assert result.stderr.splitlines() == [f"error: writing the artifact {out}: No space left on device"]
+    assert result.stderr.splitlines() == [
+        f"error: writing the artifact {out}: No space left on device{where}"
+    ]
     assert sorted(p.name for p in disk.iterdir()) == ["fill"]
+
+
+def test_a_full_tmpdir_is_not_blamed_on_the_artifact(mounted, tmp_path):
+    disk = full(mounted("size=4m"), 0)
+    out = tmp_path / "out"
+    result = run_deploy(*ADD_BUNDLE, "-o", str(out), env={"TMPDIR": str(disk)})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: writing the artifact {out}: No space left on device{ELSEWHERE}"
+    ]
+    assert not out.exists()
+
+
+def test_a_full_quota_and_a_file_elsewhere_are_named(tmp_path):
+    """EDQUOT in its own words; an OSError's file, unless it is the artifact's (a copy's target)."""
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/cache/objects/x.o")
+    assert _no_room(quota, (tmp_path,)) == "Disk quota exceeded (writing /cache/objects/x.o)"
+    copy = OSError(errno.ENOSPC, "copying", "/usr/include/dlpack.h", None, str(tmp_path / "include/dlpack.h"))
+    assert _no_room(copy, (tmp_path,)) == "No space left on device"
+    assert _no_room(OSError(errno.EACCES, "denied", str(tmp_path)), (tmp_path,)) is None
 
 
 ADD_BUNDLE = (

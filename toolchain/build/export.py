@@ -9,7 +9,7 @@ import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from base.errors import DeployError, UsageError, reason
+from base.errors import DeployError, UsageError, printable, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
 from toolchain.build.bundle import bundle_files, made_prefix, write_bundle
@@ -63,8 +63,9 @@ def export(
             _replace_dir(staging, directory)
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            if _no_room(exc):
-                raise DeployError(f"writing the artifact {directory}: {NO_ROOM}") from None
+            full = _no_room(exc, (staging, directory))
+            if full is not None:
+                raise DeployError(f"writing the artifact {directory}: {full}") from None
             raise
         (directory / PARTIAL).unlink()  # kept through the swap: a kill mid-way leaves it marked
     return manifest
@@ -103,17 +104,31 @@ def _write_artifact(
     return manifest
 
 
-NO_ROOM = os.strerror(errno.ENOSPC)
-"""What a tool that found the disk full says ("No space left on device")."""
+NO_ROOM = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT))
+"""What a tool that found the disk or the quota full says ("No space left on device", "Disk
+quota exceeded")."""
+ELSEWHERE = "there, or in $TMPDIR or the cache"
+"""Where a write that found no room may have been, when it does not say: the artifact's
+directory, TVM's temporary files, or the cache of the runtime's objects (`devices/native.py`)."""
 
 
-def _no_room(exc: BaseException) -> bool:
-    """Whether `exc` is a write that found the disk (or the quota) full: an OSError of ours, or a
-    compiler's or linker's failure that says so (`run_tool`, `export_module` keep that line);
-    their own messages named only the driver's `ld returned 1`."""
+def _no_room(exc: BaseException, ours: tuple[Path, ...]) -> str | None:
+    """What to say of `exc` if it is a write that found the disk (or the quota) full, else None:
+    an OSError, named with its file unless that is in one of `ours`, or a compiler's or
+    linker's failure that says so (`run_tool`, `export_module` keep that line; their own
+    messages named only the driver's `ld returned 1`)."""
     if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(exc, DeployError) and NO_ROOM in str(exc)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return None
+        said, place = os.strerror(exc.errno), exc.filename2 or exc.filename  # a copy's: its target
+        if place is None:
+            return f"{said} ({ELSEWHERE})"
+        path = Path(os.fsdecode(place))
+        return (
+            said if any(path.is_relative_to(p) for p in ours) else f"{said} (writing {printable(str(path))})"
+        )
+    said = next((text for text in NO_ROOM if text in str(exc)), None)
+    return f"{said} ({ELSEWHERE})" if isinstance(exc, DeployError) and said else None
 
 
 ABANDONED = re.compile(r"\.(?P<name>.+?)\.(?P<old>old\.)?[0-9a-f]{8}")
