@@ -84,6 +84,33 @@ def test_an_onnx_models_dead_nodes_are_dropped_too(tmp_path):
     assert [k["nodes"] for k in kernels] == [["y"]]
 
 
+def test_constants_only_dead_nodes_read_are_dropped_and_no_node_left_runs(tmp_path):
+    """The graph's outputs are its input and a constant: its one node is dead, and so is the
+    constant only it reads; what is left, no node at all, builds and runs on x86."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kept = numpy_helper.from_array(np.full(4, 7, "float32"), "w")
+    unread = numpy_helper.from_array(np.ones((64, 4), "float32"), "v")
+    node = helper.make_node("Add", ["x", "v"], ["dead"], "dead")
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "w")]
+    graph = helper.make_graph([node], "g", value[:1], value, [kept, unread])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    result = invoke(
+        "build", "--target", "x86", "--model", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")
+    )
+    assert result.exit_code == 0, result.output
+    built = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert ([c["name"] for c in built["constants"]], built["graph"]["kernels"]) == (["w"], [])
+    assert "constants: 1 (w), 16 bytes" in result.stdout
+    np.save(tmp_path / "x.npy", np.arange(4, dtype="float32"))
+    outs = [tmp_path / "y0.npy", tmp_path / "y1.npy"]
+    ran = invoke("run", "--target", "x86", "--model", str(tmp_path / "m.onnx"), "-i", str(tmp_path / "x.npy"),
+                 "-o", str(outs[0]), "-o", str(outs[1]), "--check")  # fmt: skip
+    assert ran.exit_code == 0 and "check passed" in ran.stdout, ran.output
+    assert [np.load(p).tolist() for p in outs] == [[0, 1, 2, 3], [7, 7, 7, 7]]
+
+
 def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     """LLVM aborts the process it emits code in; the CLI's build emits it in a child, and says so."""
     (tmp_path / "ops").mkdir()
