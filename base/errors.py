@@ -5,8 +5,14 @@ The CLI turns them into one line on stderr and the error's exit code.
 
 from __future__ import annotations
 
+import errno
+import os
 import reprlib
 from typing import Any
+
+NO_ROOM = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT))
+"""What a tool that found the disk or the quota full says ("No space left on device", "Disk
+quota exceeded"): the line of its output that names the cause."""
 
 
 class DeployError(Exception):

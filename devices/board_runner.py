@@ -1,9 +1,9 @@
 """Boards over SSH through the runner protocol (`devices/runner.py`): each artifact's C bundle is
 pushed once per session over SFTP into `<remote_dir>/bundles/<digest of its SHA256SUMS>` and its
 static `deploy-run` runs it there, checking every file's sha256 on the board at each call. The
-board needs a POSIX shell with `uname`, `sha256sum`, `rm`, `sleep` and `timeout` and SFTP: no Python, no TVM,
-no particular glibc (armv7 and riscv64 boards, and aarch64 or x86 boards too old for deploy's RPC
-server: `deploy device add ... --protocol runner`).
+board needs a POSIX shell with `uname`, `sha256sum`, `rm`, `sleep` and `timeout` and SFTP: no
+Python, no TVM, no particular glibc (armv7 and riscv64 boards, and aarch64 or x86 boards too old
+for deploy's RPC server: `deploy device add ... --protocol runner`).
 
 Before anything is pushed, the board's `uname -m` must be its arch, and a riscv64 board must have
 the vector extension (the `isa` line of /proc/cpuinfo): builds for `riscv64` use RVV.

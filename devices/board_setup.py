@@ -5,10 +5,10 @@ The runtime (`deploy-rpc-server` and the TVM runtime libraries, about 5 MB, buil
 the board's architecture) is pushed over SFTP into `<remote_dir>/runtime.new`, checked with the
 board's own `sha256sum`, and renamed into `<remote_dir>/runtime`, so that directory never holds a
 half-written runtime. The board needs no Python: a POSIX shell with `uname`, `sha256sum`, `rm`,
-`sleep` and `timeout` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir, and
-a `runtime` there that holds none of the runtime's files is left alone (setup refuses). Before anything is
-pushed, the runtime's ELF machine is checked against `uname -m`, and the glibc and libstdc++
-versions the board's libraries define against those the runtime needs.
+`sleep` and `timeout` (coreutils or busybox), and SFTP. Nothing goes outside the remote dir, and a
+`runtime` there that holds none of the runtime's files is left alone (setup refuses). Before
+anything is pushed, the runtime's ELF machine is checked against `uname -m`, and the glibc and
+libstdc++ versions the board's libraries define against those the runtime needs.
 """
 
 from __future__ import annotations

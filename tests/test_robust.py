@@ -282,12 +282,17 @@ def test_a_full_tmpdir_is_not_blamed_on_the_artifact(mounted, tmp_path):
 
 
 def test_a_full_quota_and_a_file_elsewhere_are_named(tmp_path):
-    """EDQUOT in its own words; an OSError's file, unless it is the artifact's (a copy's target)."""
+    """EDQUOT in its own words, from Python or a linker; an OSError's file, unless it is the
+    artifact's (a copy's target)."""
     quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/cache/objects/x.o")
     assert _no_room(quota, (tmp_path,)) == "Disk quota exceeded (writing /cache/objects/x.o)"
     copy = OSError(errno.ENOSPC, "copying", "/usr/include/dlpack.h", None, str(tmp_path / "include/dlpack.h"))
     assert _no_room(copy, (tmp_path,)) == "No space left on device"
     assert _no_room(OSError(errno.EACCES, "denied", str(tmp_path)), (tmp_path,)) is None
+    linked = DeployError(
+        "linking module.so for target x86 failed: ld: final link failed: Disk quota exceeded"
+    )
+    assert _no_room(linked, (tmp_path,)) == f"Disk quota exceeded{ELSEWHERE}"
 
 
 ADD_BUNDLE = (

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, why_reserved
-from base.errors import DeployError, UsageError, clipped, printable
+from base.errors import NO_ROOM, DeployError, UsageError, clipped, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
 from devices.platforms import get_platform
@@ -398,7 +398,7 @@ def run_tool(command: list[str], what: str) -> str:
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or "no output").splitlines()
-        marks = ("error", "undefined reference", "No space left on device")  # ld's "final link failed: No..."
+        marks = ("error", "undefined reference", *NO_ROOM)  # ld's "final link failed: No space left..."
         said = [line for line in lines if any(mark in line for mark in marks)] or lines
         raise DeployError(f"{what} failed: {printable(' | '.join(said[:2]))}")
     return proc.stdout

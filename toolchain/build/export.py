@@ -9,7 +9,7 @@ import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from base.errors import DeployError, UsageError, printable, reason
+from base.errors import NO_ROOM, DeployError, UsageError, printable, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
 from toolchain.build.bundle import bundle_files, made_prefix, write_bundle
@@ -104,9 +104,6 @@ def _write_artifact(
     return manifest
 
 
-NO_ROOM = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT))
-"""What a tool that found the disk or the quota full says ("No space left on device", "Disk
-quota exceeded")."""
 ELSEWHERE = "there, or in $TMPDIR or the cache"
 """Where a write that found no room may have been, when it does not say: the artifact's
 directory, TVM's temporary files, or the cache of the runtime's objects (`devices/native.py`)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from base.errors import DeployError, clipped, printable
+from base.errors import NO_ROOM, DeployError, clipped, printable
 from base.forked import FORK_LOCK, ChildDied, in_child
 from schedules.cpu import CACHE_LINE, PREFETCH
 from toolchain.build.artifacts import ArtifactKind
@@ -250,7 +250,7 @@ def compile_cpu(mod: Any, target: Any) -> Any:
         return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
-CAUSES = (": error:", "cannot find", "undefined reference", "No such file", "No space left on device")
+CAUSES = (": error:", "cannot find", "undefined reference", "No such file", *NO_ROOM)
 """What marks the line of a compiler's or linker's output that says why it failed."""
 
 
