@@ -23,6 +23,7 @@ from ops import TensorType, bind, get_op
 from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
+from toolchain.build.bundle import run_tool
 from toolchain.build.cache import cached_build
 from toolchain.build.export import _no_room
 from toolchain.build.shared_object import emitting
@@ -289,6 +290,12 @@ def test_a_full_quota_and_a_file_elsewhere_are_named(tmp_path):
     copy = OSError(errno.ENOSPC, "copying", "/usr/include/dlpack.h", None, str(tmp_path / "include/dlpack.h"))
     assert _no_room(copy, (tmp_path,)) == "No space left on device"
     assert _no_room(OSError(errno.EACCES, "denied", str(tmp_path)), (tmp_path,)) is None
+    said = ("ld: final link failed: Disk quota exceeded", "collect2: error: ld returned 1")
+    ld = f"echo '{said[0]}' >&2; echo '{said[1]}' >&2; exit 1"
+    with pytest.raises(
+        DeployError, match=r"^gcc failed: ld: final link failed: Disk quota exceeded \| collect2"
+    ):
+        run_tool(["sh", "-c", ld], "gcc")  # the line that names the cause, not only the driver's
     linked = DeployError(
         "linking module.so for target x86 failed: ld: final link failed: Disk quota exceeded"
     )
