@@ -51,7 +51,11 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
     with tempfile.TemporaryFile() as said, tempfile.TemporaryFile() as sent:
         try:
             with FORK_LOCK:
-                pid = os.fork()
+                held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                try:  # a ^C during the fork is raised once `pid` is set, never between
+                    pid = os.fork()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
             if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
                 _child(action, sent.fileno(), said.fileno())
             status = _wait(pid, deadline_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from base.errors import DeployError
@@ -185,6 +187,25 @@ def test_children_of_other_threads_are_not_waited_for():
     thread.join()
     os.waitpid(other, 0)
     assert took[0] < 2, took
+
+
+INTERRUPT_AFTER_FORK: list[bool] = []
+"""Set: the next fork's parent sends itself SIGINT before `os.fork()` returns (a ^C in the fork)."""
+os.register_at_fork(
+    after_in_parent=lambda: INTERRUPT_AFTER_FORK and os.kill(os.getpid(), signal.SIGINT) and None
+)
+
+
+def test_a_stop_during_the_fork_is_raised_once_the_child_is_known():
+    """Without the signals held, the ^C's exception would be raised inside the fork (and lost,
+    or it would leave the child unknown, so unreaped); it comes once `in_child` can end it."""
+    INTERRUPT_AFTER_FORK.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            in_child(lambda: time.sleep(30))
+    finally:
+        INTERRUPT_AFTER_FORK.clear()
+    assert psutil.Process().children() == []
 
 
 def test_a_failed_fork_leaves_no_descriptor(monkeypatch):
