@@ -854,7 +854,7 @@ def test_names_become_c_identifiers(tmp_path: Path) -> None:
     sig = signature(compiled, None)
     assert [c for c, _, _ in sig.params] == ["input_1", "out_2", "Out_3", "out"]
     for bad in ("int", "3d", "a-b", "", "x" * 64, *sorted(C_KEYWORDS)[:3]):
-        with pytest.raises(UsageError, match="is not a C identifier"):
+        with pytest.raises(UsageError, match="cannot prefix a bundle"):
             signature(compiled, bad)
     export(compiled, tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "m.h").read_text()
