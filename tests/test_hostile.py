@@ -133,12 +133,12 @@ NAMES_ROWS: list[tuple[str, int, str]] = [
     *((f"{ADD} --bundle --name {n}", 2, f"--name '{n}' cannot prefix a bundle: it is a {w}")
       for w, names in TAKEN.items() for n in names),
     (f"{ADD} --bundle --name dlpack_dlpack", 2, "it makes DLPACK_DLPACK_H_, which is a name deploy's bundle"),
-    (f"{ADD} --bundle --name k0_add", 2, "--name 'k0_add' cannot prefix a bundle: it is reserved (names that"),
+    (f"{ADD} --bundle --name k0_add", 2, "--name 'k0_add' cannot prefix a bundle: it is reserved (names"),
     (f"{ADD} --bundle --name Deployed", 2, "it is reserved (names that begin deploy_, DEPLOY_ or Deploy are"),
     (f"{ADD} --bundle --name PTHREAD_X", 2, "it is reserved (names that begin pthread_ or PTHREAD_ are"),
     (f"{ADD} --bundle --name exp", 2, "--name 'exp' cannot prefix a bundle: it is a name of the C or POSIX"),
     # a name that would have closed NAME.h's comment (a model's own, the default, gets a made one)
-    (f"{ADD} --bundle --name 'g */ int pwned; /*'", 2, "--name 'g */ int pwned; /*' cannot prefix a bundle: exp"),
+    (f"{ADD} --bundle --name 'g */ int pwned; /*'", 2, "--name 'g */ int pwned; /*' cannot prefix a bundle"),
 ]  # fmt: skip
 
 ROBUST_ROWS: list[tuple[str, int, str]] = [

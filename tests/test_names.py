@@ -24,10 +24,10 @@ import pytest
 
 from base.ctext import IDENTIFIER, c_string
 from base.errors import UsageError
+from devices.native import SOURCES, cached_object
 from devices.platforms import get_platform
 from ops.graph import bind_graph
 from tests.conftest import invoke
-from devices.native import SOURCES, cached_object
 from toolchain.build.bundle import CFLAGS, check_name
 from toolchain.build.compile import compile_graph
 from toolchain.build.export import export
@@ -367,6 +367,54 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     assert np.allclose(np.load(tmp_path / "o0.npy"), 2.0) and np.allclose(np.load(tmp_path / "o1.npy"), 4.0)
 
 
+PARAMS = {
+    "name": "params",
+    "inputs": {name: {"shape": [4]} for name in ("context", "queue", "workspace_bytes", "num_args")},
+    "nodes": [
+        {"name": "s", "op": "add", "inputs": ["context", "queue"]},
+        {"name": "t", "op": "add", "inputs": ["workspace_bytes", "num_args"]},
+        {"name": "u", "op": "add", "inputs": ["s", "t"]},
+    ],
+    "output": "u",
+}
+"""Inputs named as the parameters NAME.h's functions take beside the tensors."""
+
+
+@pytest.mark.parametrize("kind", ["x86", "opencl"])
+def test_tensors_named_as_the_headers_parameters_build_and_run(kind, tmp_path):
+    """An input named `context` or `queue` was a second `cl_mem context` of NAME_cl_enqueue (no
+    OpenCL bundle built): every parameter the header's functions name beside the tensors is
+    one no tensor takes, the header compiles, and deploy-run runs it (OpenCL's where PoCL is)."""
+    available(kind)
+    (tmp_path / "params.yaml").write_text(json.dumps(PARAMS))
+    graph = bind_graph(load_model(tmp_path / "params.yaml"))
+    export(compile_graph(graph, get_target(kind).with_cores(2)), tmp_path / "b", bundle=True)
+    header = (tmp_path / "b" / "params.h").read_text()
+    prototypes = re.findall(r"^\w[^;(]* params\w*\(([^)]*)\);", header, re.M)
+    with_tensors = [p for p in prototypes if "t_context" in p]  # NAME, NAME_with_workspace or _cl_enqueue
+    assert len(with_tensors) == 2, prototypes
+    for params in with_tensors:
+        names = re.findall(r"(\w+)(?:,|$)", params)
+        assert len(set(names)) == len(names), params
+    program = tmp_path / "p.c"
+    program.write_text('#include "params.h"\nint main(void) { return 0; }\n')
+    include = ["-I", str(tmp_path / "b"), "-I", str(tmp_path / "b" / "include")]
+    subprocess.run(
+        ["gcc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", *include, str(program)], check=True
+    )
+    if kind == "opencl" and not opencl_here():
+        return
+    command = [str(tmp_path / "b" / "deploy-run"), str(tmp_path / "b")]
+    for index in range(4):
+        np.save(tmp_path / f"i{index}.npy", np.full(4, index + 1, np.float32))
+        command += ["-i", str(tmp_path / f"i{index}.npy")]
+    ran = subprocess.run(
+        [*command, "-o", str(tmp_path / "o.npy")], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert np.allclose(np.load(tmp_path / "o.npy"), 10.0)
+
+
 @pytest.mark.parametrize("kind", list(TARGETS))
 def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
     """Every name the built library's symbol table holds (its functions and data, local or not,
@@ -381,7 +429,9 @@ def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
         check=True,
     ).stdout
     runtime = cached_object(tool(kind, "gcc"), SOURCES / "runtime.c", CFLAGS)
-    statics = subprocess.run([tool(kind, "nm"), str(runtime)], capture_output=True, text=True, check=True).stdout
+    statics = subprocess.run(
+        [tool(kind, "nm"), str(runtime)], capture_output=True, text=True, check=True
+    ).stdout
     local = {f[-1] for f in map(str.split, statics.splitlines()) if len(f) >= 2 and f[-2].islower()}
     symbols = {f[-1] for f in map(str.split, listing.splitlines()) if len(f) >= 2}
     others = {s for s in symbols if IDENTIFIER.fullmatch(s) and s != "names" and not s.startswith("names_")}
@@ -431,7 +481,8 @@ def test_two_names_alike_in_c_stay_two_arguments_of_an_opencl_kernel(tmp_path, m
 
 @pytest.mark.skipif(shutil.which("arm-linux-gnueabihf-gcc") is None, reason="needs gcc-arm-linux-gnueabihf")
 @pytest.mark.parametrize(
-    "name,prefix", [("pool", "pool"), ("my-model", "my_model"), ("exp", "t_exp"), ("run", "t_run"), ("mpa", "mpa")]
+    "name,prefix",
+    [("pool", "pool"), ("my-model", "my_model"), ("exp", "t_exp"), ("run", "t_run"), ("mpa", "mpa")],
 )
 def test_a_bundle_deploy_builds_for_itself_makes_its_prefix(name, prefix, tmp_path):
     """armv7 runs bundles (`deploy run` builds one, and takes no --name): a model named as no
