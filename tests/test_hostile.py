@@ -120,6 +120,9 @@ RUNNER_ROWS: list[tuple[str, int, str]] = [
     ("run --target x86 --op leaky_relu -i TMP/f32_4.npy -o TMP/./f32_4.npy", 2, "which this command reads"),
     (f"{RUN} -i TMP/digits.npy", 2, " (5057 characters)"),  # the header's 5,000-digit shape, cut
     (f"{RUN} -i TMP/fortran0.npy", 2, "fortran_order is not a valid bool: 0"),
+    (f"{RUN} -i TMP/adir", 2, "cannot read input 'TMP/adir' as a .npy array: it is a directory"),
+    (f"{RUN} -i TMP/gone.npy", 2, "cannot read input 'TMP/gone.npy' as a .npy array: No such file or"),
+    (f'{RUN} -i "TMP/it\'s.npy"', 2, "cannot read input 'TMP/it\\'s.npy' as a .npy array: No such file"),
 ]
 
 TAKEN = {
@@ -436,7 +439,6 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{RUN} -i TMP/truncated.npy", 2, "input 'TMP/truncated.npy'"),
     (f"{RUN} -i TMP/bad_header.npy", 2, "input 'TMP/bad_header.npy'"),
     (f"{RUN} -i TMP/object.npy", 2, "input 'TMP/object.npy'"),
-    (f"{RUN} -i TMP/adir", 2, "input 'TMP/adir'"),
     (f"{RUN} -i TMP/arrays.npz", 2, "holds several arrays (.npz)"),
     (f"{RUN} -i TMP/i8_4.npy", 2, "does not support dtype int8"),
     (f"{RUN} -i TMP/u16_4.npy", 2, "dtype uint16"),
