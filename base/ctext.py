@@ -1,7 +1,8 @@
 """The one way a name from a user's file reaches generated C, OpenCL C or TIR: as an escaped
 string literal (`c_string`) or as an identifier deploy made and checked (`c_identifier`); and
 what `--name` may not be (`reserved`): a C or C++ keyword, a name of the C and POSIX library, or a
-name the bundle's runtime and glue give (`declared_names` reads those from their sources).
+name the bundle's runtime and glue give (`declared_names` and `linked_names` read those from
+their sources).
 """
 
 from __future__ import annotations
