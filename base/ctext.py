@@ -1,7 +1,8 @@
 """The one way a name from a user's file reaches generated C, OpenCL C or TIR: as an escaped
 string literal (`c_string`) or as an identifier deploy made and checked (`c_identifier`); and
 what `--name` may not be (`reserved`): a C or C++ keyword, a name of the C and POSIX library, or a
-name the bundle's runtime and glue give (`declared_names` reads those from their sources).
+name the bundle's runtime and glue give (`declared_names` and `linked_names` read those from
+their sources).
 """
 
 from __future__ import annotations
@@ -99,12 +100,23 @@ C_LIBRARY = frozenset(_LIBRARY_WORDS.split())
 """Names of the C and POSIX library (functions, objects, types, macros): a program that links a
 bundle, or the bundle's own runtime, uses them."""
 
-RESERVED = re.compile(
-    r"(_|deploy_|DEPLOY_|Deploy|TVM|tvm|kDL|DL[A-Z_]|pthread_|PTHREAD_|cl_|CL_|k\d+_).*|.*_compute_"
+_RESERVED_BY = (
+    ("_", "_", "the C implementation's"),
+    ("deploy_|DEPLOY_|Deploy", "deploy_, DEPLOY_ or Deploy", "deploy's runtime's"),
+    ("TVM|tvm", "TVM or tvm", "TVM's"),
+    ("kDL|DL[A-Z_]", "kDL, or DL and a capital or _", "DLPack's"),
+    ("pthread_|PTHREAD_", "pthread_ or PTHREAD_", "POSIX threads'"),
+    ("cl_|CL_", "cl_ or CL_", "OpenCL's"),
+    (r"k\d+_", "k<digits>_", "the kernels'"),
 )
-"""Names that are reserved by how they begin or end: `_` (the C implementation's), the runtime's
-and glue's (deploy_, TVM's, DLPack's, OpenCL's), POSIX threads', and the kernels' own symbols
-(k0_add, and TVM's parallel closures: main_compute_)."""
+"""Names reserved by how they begin, each for a collision a real build meets: (pattern, as a
+message shows it, whose). The runtime's and glue's types and functions (DeployTensorSpec,
+deploy_rt_scratch), TVM's (TVMBackend...), dlpack.h's types, enums and macros (DLTensor, kDLCPU,
+DLPACK_DLL), pthread.h's, CL/cl.h's (cl_mem, CL_SUCCESS: an OpenCL bundle's NAME.h includes it),
+and the kernels' own symbols (k0_add)."""
+RESERVED = re.compile("|".join(f"(?:{pattern}).*" for pattern, _, _ in _RESERVED_BY) + "|.*_compute_")
+"""Every reserved name: a beginning of `_RESERVED_BY`, or TVM's parallel closures' end
+(main_compute_)."""
 
 _KEPT = frozenset(ord(c) for c in '\\"?*/')
 """Printable ASCII a literal still escapes: `\\` and `"` (the literal's own), `?` (no trigraph
@@ -137,11 +149,11 @@ def why_reserved(name: str, declared: frozenset[str] = frozenset()) -> str | Non
         return "a name of the C or POSIX library"
     if name in declared:
         return "a name deploy's bundle runtime or glue gives"
+    for pattern, shown, whose in _RESERVED_BY:
+        if re.fullmatch(f"(?:{pattern}).*", name):
+            return f"reserved (names that begin {shown} are {whose})"
     if RESERVED.fullmatch(name):
-        return (
-            "reserved (_, deploy_, DEPLOY_, TVM, tvm, DL, kDL, pthread_, cl_, CL_ and k<digits>_ begin,"
-            " and _compute_ ends, the names of C, the runtime, DLPack, OpenCL and the kernels)"
-        )
+        return "reserved (names that end _compute_ are TVM's parallel closures')"
     return None
 
 
@@ -207,4 +219,18 @@ def declared_names(sources: Iterable[str]) -> frozenset[str]:
                 body = body and not line.rstrip().endswith("}")
             elif body:
                 found.update(_WORD.findall(line))
+    return frozenset(found)
+
+
+def linked_names(sources: Iterable[str]) -> frozenset[str]:
+    """The names C `sources` that do not include NAME.h give the other objects of a bundle: the
+    identifiers of each column-0 declaration that is not `static` and no type (its macros, types
+    and statics are its own: they stay local to its object through `ld -r`), but for its
+    parameter lists, initializers and bodies."""
+    found: set[str] = set()
+    for source in sources:
+        for line in _TEXT.sub(_blank, source).splitlines():
+            words = _WORD.findall(re.split("[={]", _PARAMS.sub("", line))[0])
+            if (line[:1].isalpha() or line[:1] == "_") and not {"static", "typedef"} & set(words):
+                found.update(words)
     return frozenset(found)

@@ -61,6 +61,13 @@ def shown(value: Any) -> str:
     return text if len(text) <= SHOWN_MOST else f"{text[: SHOWN_MOST - 20]}...{text[-16:]}"
 
 
+def quoted(path: str) -> str:
+    """A path as a message quotes it, as deploy-run does too (run.cc's `Quoted`): in single
+    quotes, with ' and \\ escaped and every character a terminal acts on as `printable` writes it
+    (Python's repr would switch to double quotes for a path with a ')."""
+    return "'" + printable(path.replace("\\", "\\\\").replace("'", "\\'")) + "'"
+
+
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on (escape sequences, carriage returns,
     line breaks, bidi overrides) written as a Python escape: what a board or a tracker says is

@@ -854,7 +854,7 @@ def test_names_become_c_identifiers(tmp_path: Path) -> None:
     sig = signature(compiled, None)
     assert [c for c, _, _ in sig.params] == ["input_1", "out_2", "Out_3", "out"]
     for bad in ("int", "3d", "a-b", "", "x" * 64, *sorted(C_KEYWORDS)[:3]):
-        with pytest.raises(UsageError, match="is not a C identifier"):
+        with pytest.raises(UsageError, match="cannot prefix a bundle"):
             signature(compiled, bad)
     export(compiled, tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "m.h").read_text()
@@ -965,16 +965,16 @@ def tamper(path: Path) -> None:
 @pytest.mark.parametrize(
     ("victim", "message"),
     [
-        ("libadd.a", "libadd.a does not match SHA256SUMS"),
-        ("deploy-run", "deploy-run does not match SHA256SUMS"),
+        ("libadd.a", "libadd.a' does not match SHA256SUMS"),
+        ("deploy-run", "deploy-run' does not match SHA256SUMS"),
         ("missing", "cannot read"),
-        ("no-sums", "SHA256SUMS: not a bundle directory"),
-        ("unlisted", "SHA256SUMS does not list libadd.a"),
-        ("fifo", "add.h as a file"),  # the reader blocked on it forever
-        ("endless", "add.h as a file"),  # a link to /dev/zero: hashed forever
-        ("outside", "SHA256SUMS names ../x, outside the bundle"),
-        ("sums-fifo", "SHA256SUMS is not a regular file"),  # deploy-run blocked on it before any check
-        ("sums-dir", "SHA256SUMS is not a regular file"),
+        ("no-sums", "SHA256SUMS': not a bundle directory"),
+        ("unlisted", "SHA256SUMS' does not list libadd.a"),
+        ("fifo", "add.h' as a file"),  # the reader blocked on it forever
+        ("endless", "add.h' as a file"),  # a link to /dev/zero: hashed forever
+        ("outside", "SHA256SUMS' names '../x', outside the bundle"),
+        ("sums-fifo", "SHA256SUMS' is not a regular file"),  # deploy-run blocked on it before any check
+        ("sums-dir", "SHA256SUMS' is not a regular file"),
     ],
 )
 def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, message: str) -> None:
@@ -1131,7 +1131,7 @@ def test_deploy_run_writes_its_output_as_deploy_run_o_does(x86_add: Path, tmp_pa
     assert (tmp_path / "new.npy").is_symlink()
     np.testing.assert_array_equal(np.load(tmp_path / "made.npy"), expected)
     lost = subprocess.run([*command, str(tmp_path / "lost.npy")], capture_output=True, text=True, timeout=60)
-    one_line_error(lost, 2, "lost.npy: it links to", "no file can be written")
+    one_line_error(lost, 2, "lost.npy': it links to", "no file can be written")
     closed = subprocess.run([*command, str(tmp_path / "closed.npy")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, timeout=60,
                             preexec_fn=lambda: os.close(1))  # fmt: skip

@@ -24,10 +24,11 @@ import pytest
 
 from base.ctext import IDENTIFIER, c_string
 from base.errors import UsageError
+from devices.native import SOURCES, cached_object
 from devices.platforms import get_platform
 from ops.graph import bind_graph
 from tests.conftest import invoke
-from toolchain.build.bundle import check_name
+from toolchain.build.bundle import CFLAGS, HEADER_PARAMS, check_name
 from toolchain.build.compile import compile_graph
 from toolchain.build.export import export
 from toolchain.build.targets import get_target
@@ -215,15 +216,18 @@ def test_the_aarch64_bundle_runs_under_qemu_and_prints_nothing(bundles, tmp_path
     assert np.allclose(np.load(tmp_path / "y.npy"), 1.5)
 
 
-def test_the_graph_name_as_default_prefix_is_refused_in_one_line(models, tmp_path):
-    """Without --name the graph's own name would prefix the C functions: it is no identifier."""
+def test_a_graph_name_no_prefix_may_be_gets_a_made_prefix_and_a_note(models, tmp_path):
+    """Without --name the graph's own name would prefix the C functions: where it cannot (no
+    identifier), the bundle's prefix is made from it, and one line says so; --name still refuses."""
     result = invoke(
-        "build", "--target", "x86", "--model", str(models["json"]), "--bundle", "-o", str(tmp_path / "b")
+        "build", "--target", "x86", "--model", str(models["yaml"]), "--bundle", "-o", str(tmp_path / "b")
     )
     assert result.exit_code == 0, result.output
-    graph = bind_graph(load_model(models["yaml"]))
-    with pytest.raises(UsageError, match="the name 'g \\*/ int pwned_graph = 1; /\\*' is not a C identifier"):
-        export(compile_graph(graph, get_target("x86").with_cores(2)), tmp_path / "c", bundle=True)
+    note = "note: the bundle's C prefix is g____int_pwned_graph___1____: 'g */ int pwned_graph = 1; /*'"
+    assert f"{note} cannot be one (expected letters," in result.stdout
+    assert (tmp_path / "b" / "g____int_pwned_graph___1____.h").is_file()
+    with pytest.raises(UsageError, match="--name 'g \\*/ int pwned_graph = 1; /\\*' cannot prefix a bundle"):
+        check_name(NAMES["graph"])
 
 
 @pytest.mark.parametrize("kind", ["json", "onnx"])
@@ -363,11 +367,61 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     assert np.allclose(np.load(tmp_path / "o0.npy"), 2.0) and np.allclose(np.load(tmp_path / "o1.npy"), 4.0)
 
 
+PARAMS = {
+    "name": "params",
+    "inputs": {name: {"shape": [4]} for name in ("context", "queue", "workspace_bytes", "num_args")},
+    "nodes": [
+        {"name": "s", "op": "add", "inputs": ["context", "queue"]},
+        {"name": "t", "op": "add", "inputs": ["workspace_bytes", "num_args"]},
+        {"name": "u", "op": "add", "inputs": ["s", "t"]},
+    ],
+    "output": "u",
+}
+"""Inputs named as the parameters NAME.h's functions take beside the tensors."""
+
+
+@pytest.mark.parametrize("kind", ["x86", "opencl"])
+def test_tensors_named_as_the_headers_parameters_build_and_run(kind, tmp_path):
+    """An input named `context` or `queue` was a second `cl_mem context` of NAME_cl_enqueue (no
+    OpenCL bundle built): every parameter the header's functions name beside the tensors is
+    one no tensor takes, the header compiles, and deploy-run runs it (OpenCL's where PoCL is)."""
+    available(kind)
+    (tmp_path / "params.yaml").write_text(json.dumps(PARAMS))
+    graph = bind_graph(load_model(tmp_path / "params.yaml"))
+    export(compile_graph(graph, get_target(kind).with_cores(2)), tmp_path / "b", bundle=True)
+    header = (tmp_path / "b" / "params.h").read_text()
+    prototypes = re.findall(r"^\w[^;(]* params\w*\(([^)]*)\);", header, re.M)
+    with_tensors = [p for p in prototypes if "t_context" in p]  # NAME, NAME_with_workspace or _cl_enqueue
+    assert len(with_tensors) == 2, prototypes
+    tensors = {"t_context", "t_queue", "t_workspace_bytes", "num_args", "out"}
+    for params in with_tensors:  # what else they name is what no tensor takes
+        names = re.findall(r"(\w+)(?:,|$)", params)
+        assert len(set(names)) == len(names) and set(names) - tensors <= HEADER_PARAMS, params
+    program = tmp_path / "p.c"
+    program.write_text('#include "params.h"\nint main(void) { return 0; }\n')
+    include = ["-I", str(tmp_path / "b"), "-I", str(tmp_path / "b" / "include")]
+    subprocess.run(
+        ["gcc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", *include, str(program)], check=True
+    )
+    if kind == "opencl" and not opencl_here():
+        return
+    command = [str(tmp_path / "b" / "deploy-run"), str(tmp_path / "b")]
+    for index in range(4):
+        np.save(tmp_path / f"i{index}.npy", np.full(4, index + 1, np.float32))
+        command += ["-i", str(tmp_path / f"i{index}.npy")]
+    ran = subprocess.run(
+        [*command, "-o", str(tmp_path / "o.npy")], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert np.allclose(np.load(tmp_path / "o.npy"), 10.0)
+
+
 @pytest.mark.parametrize("kind", list(TARGETS))
 def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
     """Every name the built library's symbol table holds (its functions and data, local or not,
-    and the C library's it calls) but its own API is refused as --name: what `check_name` reads
-    from the sources and lists covers what the linker sees."""
+    and the C library's it calls) but its own API is refused as --name, but for runtime.c's
+    statics (`pool`: it includes no NAME.h, and they stay local to it through `ld -r`): what
+    `check_name` reads from the sources and lists covers what the linker sees."""
     available(kind)
     listing = subprocess.run(
         [tool(kind, "nm"), str(bundles["yaml", kind] / "libnames.a")],
@@ -375,12 +429,21 @@ def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
         text=True,
         check=True,
     ).stdout
-    symbols = {line.split()[-1] for line in listing.splitlines() if len(line.split()) >= 2}
+    runtime = cached_object(tool(kind, "gcc"), SOURCES / "runtime.c", CFLAGS)
+    statics = subprocess.run(
+        [tool(kind, "nm"), str(runtime)], capture_output=True, text=True, check=True
+    ).stdout
+    local = {f[-1] for f in map(str.split, statics.splitlines()) if len(f) >= 2 and f[-2].islower()}
+    symbols = {f[-1] for f in map(str.split, listing.splitlines()) if len(f) >= 2}
     others = {s for s in symbols if IDENTIFIER.fullmatch(s) and s != "names" and not s.startswith("names_")}
     assert "pthread_create" in others or kind == "opencl"
-    for symbol in sorted(others):
-        with pytest.raises(UsageError, match="is not a C identifier a bundle can take"):
+    assert {"pool", "hooked_task"} <= local
+    for symbol in sorted(others - (local if kind != "opencl" else set())):
+        with pytest.raises(UsageError, match="cannot prefix a bundle"):
             check_name(symbol)
+    for symbol in sorted(local - {"names"}):  # the runtime's statics, wherever they are: a prefix
+        if IDENTIFIER.fullmatch(symbol) and not symbol.startswith(("_", "deploy_")):
+            assert check_name(symbol) == symbol
 
 
 def opencl_here() -> bool:
@@ -419,11 +482,13 @@ def test_two_names_alike_in_c_stay_two_arguments_of_an_opencl_kernel(tmp_path, m
 
 @pytest.mark.skipif(shutil.which("arm-linux-gnueabihf-gcc") is None, reason="needs gcc-arm-linux-gnueabihf")
 @pytest.mark.parametrize(
-    "name,prefix", [("pool", "t_pool"), ("my-model", "my_model"), ("hooked", "t_hooked"), ("mpa", "mpa")]
+    "name,prefix",
+    [("pool", "pool"), ("my-model", "my_model"), ("exp", "t_exp"), ("run", "t_run"), ("mpa", "mpa")],
 )
 def test_a_bundle_deploy_builds_for_itself_makes_its_prefix(name, prefix, tmp_path):
     """armv7 runs bundles (`deploy run` builds one, and takes no --name): a model named as no
-    prefix may be gets one made from its name, where `deploy build --bundle` would refuse it."""
+    prefix may be gets one made from its name, as `deploy build --bundle` without --name does;
+    runtime.c's statics (pool) are no reason to."""
     graph = {"name": name, "inputs": {"x": {"shape": [4]}}, "output": "y"}
     graph["nodes"] = [{"name": "y", "op": "leaky_relu", "inputs": ["x"]}]
     (tmp_path / "m.json").write_text(json.dumps(graph))

@@ -6,6 +6,7 @@ cannot write. Each is one line and a code, nothing written; on a bundle built on
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,10 @@ import numpy as np
 import pytest
 from test_bundle import build_c, bundle, needs, one_line_error, runs, x86_runs_here
 
+from base.errors import UsageError, quoted
 from ops.graph import bind_graph
+from tests.conftest import invoke
+from toolchain.cli.args import check_not_read
 from toolchain.model import load_model
 
 TWO = """name: two
@@ -100,6 +104,67 @@ def test_outputs_that_would_lose_a_file_are_refused(two: Path, x: Path) -> None:
     np.testing.assert_allclose(np.load(b), np.clip(np.load(x) * 0.2 + 0.5, 0, 1), rtol=1e-6)
 
 
+def test_outputs_in_the_bundle_directory_are_refused(two: Path, x: Path) -> None:
+    """SHA256SUMS leaves manifest.json out: -o two/manifest.json overwrote it (the artifact broken,
+    exit 0); so would -o of any file added to the bundle, through a link to its directory too."""
+    tmp = x.parent
+    (tmp / "into").symlink_to(two)
+    manifest = (two / "manifest.json").read_bytes()
+    b = str(tmp / "b.npy")
+    for output in (two / "manifest.json", two / "new.npy", tmp / "into" / "manifest.json", two / "." / "n"):
+        said = f"-o '{output}' is in the bundle '{two}', which this command reads; expected another file"
+        one_line_error(run(two, "-i", str(x), "-o", b, "-o", str(output)), 2, said)
+    assert (two / "manifest.json").read_bytes() == manifest and not (two / "new.npy").exists()
+
+
+def test_a_dangling_link_and_its_file_are_one_output(two: Path, x: Path) -> None:
+    """-o link -o target, the link to the target not yet there: one output was lost (Python's
+    realpath refused it, deploy-run did not); both orders, in both runners' words."""
+    tmp = x.parent
+    (tmp / "link.npy").symlink_to("target.npy")
+    link, target = str(tmp / "link.npy"), str(tmp / "target.npy")
+    for first, second in ((link, target), (target, link)):
+        said = f"-o '{second}' is '{first}', which another -o writes; expected another file"
+        one_line_error(run(two, "-i", str(x), "-o", first, "-o", second), 2, said)
+        with pytest.raises(UsageError, match=re.escape(said)):
+            check_not_read(second, [str(x)], [first])
+    assert not (tmp / "target.npy").exists()
+
+
+def test_dev_null_may_take_every_output(two: Path, x: Path) -> None:
+    """-o /dev/null twice discards both outputs (as when timing): no file is lost, so neither
+    runner refuses it; a regular file twice still is."""
+    done = run(two, "-i", str(x), "-o", "/dev/null", "-o", "/dev/null", "--time", "1,1,0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("seconds-per-call ")
+    check_not_read("/dev/null", [str(x)], ["/dev/null"])
+    with pytest.raises(UsageError, match="which another -o writes"):
+        check_not_read(str(x.parent / "a.npy"), [], [str(x.parent / "a.npy")])
+
+
+def test_both_runners_refuse_a_bad_input_in_the_same_words(two: Path, x: Path) -> None:
+    """deploy-run said "it is a directory" where deploy run said "[Errno 21] Is a directory:
+    '/x'", and quoted a path holding ' as 'it\\'s' where deploy run wrote "it's"; and a path with
+    control characters reached the terminal raw in deploy-run's older messages."""
+    tmp = x.parent
+    truncated = tmp / "tr\x1bunc'.npy"
+    truncated.write_bytes(x.read_bytes()[:-4])
+    outs = ["-o", str(tmp / "a.npy"), "-o", str(tmp / "b.npy")]
+    for path in (tmp, tmp / "missing.npy", tmp / "it's\nnot.npy", tmp / "back\\slash.npy"):
+        ours = run(two, "-i", str(path), *outs)
+        cli = invoke(
+            "run", "--target", "x86", "--model", str(two.parent / "two.yaml"), "-i", str(path), *outs
+        )
+        assert cli.exit_code == ours.returncode == 2, cli.output
+        said = ours.stderr.strip().removeprefix("deploy-run: ")
+        assert cli.stderr.strip() == f"error: {said}", (cli.stderr, ours.stderr)
+        assert said.startswith(f"cannot read input {quoted(str(path))} as a .npy array: ")
+        assert "\n" not in said and "Errno" not in said
+    shown = quoted(str(truncated))
+    assert "\\x1b" in shown and "\\'" in shown
+    one_line_error(run(two, "-i", str(truncated), *outs), 2, f"{shown} is truncated: 44 of 48 data bytes")
+
+
 def npy(path: Path, header: str, data: bytes) -> Path:
     """A .npy v1 file of `header` (padded as numpy pads it) and `data`."""
     text = header.encode()
@@ -122,14 +187,14 @@ def test_npy_headers_are_read_as_numpy_reads_them(two: Path, x: Path) -> None:
         return proc.stderr
 
     huge = "{'descr': '<f4', 'fortran_order': False, 'shape': (2000000000, 4), }"
-    refused(huge, data, "bad.npy is truncated: 48 of 32000000000 data bytes")
+    refused(huge, data, "bad.npy' is truncated: 48 of 32000000000 data bytes")
     said = refused("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "9" * 5000 + ", 4), }", data,
                    "malformed .npy shape (9999", "... (5005 characters)")  # fmt: skip
     assert len(said) - len(str(tmp)) < 160, said
     refused("{'descr': '<f4', 'fortran_order': 0, 'shape': (3, 4), }", data,
             "malformed .npy header ('fortran_order' is 0, expected False)")  # fmt: skip
     refused("{'descr': '<f4', 'fortran_order': False, 'sha\npe\x1b': (3, 4), }", data,
-            "unexpected key 'sha\\x0ape\\x1b'")  # fmt: skip
+            "unexpected key 'sha\\npe\\x1b'")  # fmt: skip
     refused("{'descr': '>f4', 'fortran_order': False, 'shape': (3, 4), }", data, "is big-endian (>f4)")
     expected = np.clip(np.load(x) * 0.2 + 0.5, 0, 1)
     for descr in ("=f4", "|f4", "f4"):

@@ -94,15 +94,18 @@ int64_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
 
 [[noreturn]] void Bad(const std::string& message) { Exit(kBadInput, message); }
 
-// `text` on one line: a byte a terminal acts on as \xNN, and (`quote`) ' and \ escaped.
+// `text` on one line: a byte a terminal acts on as Python's `printable` writes it (\t, \n, \r,
+// else \xNN), and (`quote`) ' and \ escaped.
 std::string Escaped(const std::string& text, bool quote) {
   std::string escaped;
   for (char c : text) {
     unsigned char byte = static_cast<unsigned char>(c);
     char hex[8];
     std::snprintf(hex, sizeof(hex), "\\x%02x", byte);
-    escaped += byte < 0x20 || byte == 0x7f ? hex : quote && (c == '\'' || c == '\\') ? std::string("\\") + c
-                                                                                      : std::string(1, c);
+    escaped += c == '\t' ? "\\t" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+               : byte < 0x20 || byte == 0x7f ? hex
+               : quote && (c == '\'' || c == '\\') ? std::string("\\") + c
+                                                   : std::string(1, c);
   }
   return escaped;
 }
@@ -114,7 +117,7 @@ std::string Shown(const std::string& text) {
   return Escaped(text.substr(0, 40), false) + "... (" + std::to_string(text.size()) + " characters)";
 }
 
-// A path as `deploy run` quotes it: 'a.npy', on one line.
+// A path as `deploy run` quotes it (`base.errors.quoted`): 'a.npy', 'it\'s', on one line.
 std::string Quoted(const std::string& path) { return "'" + Escaped(path, true) + "'"; }
 
 struct Options {
@@ -136,7 +139,7 @@ long Count(const std::string& text, const char* what, long low, long high) {
   errno = 0;
   long value = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high) {
-    Bad(std::string(what) + " " + text + ": expected a whole number from " + std::to_string(low) + " to " +
+    Bad(std::string(what) + " " + Shown(text) + ": expected a whole number from " + std::to_string(low) + " to " +
         std::to_string(high));
   }
   return value;
@@ -157,20 +160,20 @@ Options ParseArgs(int argc, char** argv) {
       std::string spec = argv[++i];
       size_t colon = spec.find(':');
       if (deploy_runner.select_device == nullptr) Bad("--cl-device applies to OpenCL bundles: this one runs on the CPU");
-      if (colon == std::string::npos) Bad("--cl-device " + spec + ": expected PLATFORM:DEVICE, e.g. 0:0");
+      if (colon == std::string::npos) Bad("--cl-device " + Shown(spec) + ": expected PLATFORM:DEVICE, e.g. 0:0");
       opt.platform = static_cast<int>(Count(spec.substr(0, colon), "--cl-device PLATFORM", 0, 1023));
       opt.device = static_cast<int>(Count(spec.substr(colon + 1), "--cl-device DEVICE", 0, 1023));
     } else if (arg == "--time" && i + 1 < argc) {
       std::string spec = argv[++i];
       size_t first = spec.find(','), second = first == std::string::npos ? first : spec.find(',', first + 1);
-      if (second == std::string::npos) Bad("--time " + spec + ": expected NUMBER,REPEAT,MIN_REPEAT_MS");
+      if (second == std::string::npos) Bad("--time " + Shown(spec) + ": expected NUMBER,REPEAT,MIN_REPEAT_MS");
       opt.number = Count(spec.substr(0, first), "--time NUMBER", 1, 1L << 30);
       opt.repeat = Count(spec.substr(first + 1, second - first - 1), "--time REPEAT", 1, 1000);
       opt.min_repeat_ms = Count(spec.substr(second + 1), "--time MIN_REPEAT_MS", 0, 60000);
     } else if (opt.dir.empty() && !arg.empty() && arg[0] != '-') {
       opt.dir = arg;
     } else {
-      Bad("unexpected argument " + arg + " (" + kUsage + ")");
+      Bad("unexpected argument " + Shown(arg) + " (" + kUsage + ")");
     }
   }
   if (opt.dir.empty() || opt.outputs.empty()) Bad(kUsage);
@@ -184,13 +187,13 @@ std::vector<std::string> VerifyBundle(const std::string& dir) {
   std::string path = dir + "/SHA256SUMS";
   int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   struct stat info {};
-  if (fd < 0) Bad("cannot read " + path + ": not a bundle directory");
+  if (fd < 0) Bad("cannot read " + Quoted(path) + ": not a bundle directory");
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size > (1 << 20)) {
     close(fd);
-    Bad(path + " is not a regular file of SHA-256 sums: the bundle was modified");
+    Bad(Quoted(path) + " is not a regular file of SHA-256 sums: the bundle was modified");
   }
   std::unique_ptr<std::FILE, decltype(&std::fclose)> sums(fdopen(fd, "r"), &std::fclose);
-  if (!sums) Bad("cannot read " + path + ": " + std::strerror(errno));
+  if (!sums) Bad("cannot read " + Quoted(path) + ": " + std::strerror(errno));
   std::map<std::string, std::string> listed;
   std::string line;
   for (int c; (c = std::fgetc(sums.get())) != EOF || !line.empty();) {
@@ -199,23 +202,23 @@ std::vector<std::string> VerifyBundle(const std::string& dir) {
       continue;
     }
     if (line.size() < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
-      Bad(dir + "/SHA256SUMS has a malformed line: " + line.substr(0, 80));
+      Bad(Quoted(dir + "/SHA256SUMS") + " has a malformed line: " + Shown(line));
     }
     std::string digest = line.substr(0, 64), path = line.substr(66);
     if (path[0] == '/' || path.find("..") != std::string::npos) {
-      Bad(dir + "/SHA256SUMS names " + path + ", outside the bundle");
+      Bad(Quoted(dir + "/SHA256SUMS") + " names " + Quoted(path) + ", outside the bundle");
     }
     std::string actual = deploy::Sha256File(dir + "/" + path);
     if (actual.empty()) {
-      Bad("cannot read " + dir + "/" + path + " as a file: the bundle is incomplete or modified");
+      Bad("cannot read " + Quoted(dir + "/" + path) + " as a file: the bundle is incomplete or modified");
     }
-    if (actual != digest) Bad(dir + "/" + path + " does not match SHA256SUMS: the bundle was modified");
+    if (actual != digest) Bad(Quoted(dir + "/" + path) + " does not match SHA256SUMS: the bundle was modified");
     listed[path] = digest;
     line.clear();
   }
   std::vector<std::string> files = {path};
   for (const std::string& file : {std::string("deploy-run"), "lib" + std::string(deploy_runner.name) + ".a"}) {
-    if (listed.find(file) == listed.end()) Bad(dir + "/SHA256SUMS does not list " + file);
+    if (listed.find(file) == listed.end()) Bad(Quoted(dir + "/SHA256SUMS") + " does not list " + file);
   }
   for (const auto& [file, digest] : listed) files.push_back(dir + "/" + file);
   return files;
@@ -248,7 +251,7 @@ struct Buffer {
 // nothing else. numpy refuses other keys and takes the last of a repeated one: a reader taking
 // the first would read another array than numpy does from the same file.
 std::map<std::string, std::string> HeaderFields(const std::string& header, const std::string& path) {
-  auto malformed = [&](const std::string& why) { Bad(path + ": malformed .npy header (" + why + ")"); };
+  auto malformed = [&](const std::string& why) { Bad(Quoted(path) + ": malformed .npy header (" + why + ")"); };
   auto skip = [&](size_t at) { return std::min(header.find_first_not_of(' ', at), header.size()); };
   std::map<std::string, std::string> fields;
   size_t at = skip(0);
@@ -287,7 +290,7 @@ std::map<std::string, std::string> HeaderFields(const std::string& header, const
 }
 
 std::vector<int64_t> ParseShape(const std::string& text, const std::string& path) {
-  auto malformed = [&]() { Bad(path + ": malformed .npy shape " + Shown(text)); };
+  auto malformed = [&]() { Bad(Quoted(path) + ": malformed .npy shape " + Shown(text)); };
   if (text.size() < 2 || text.front() != '(' || text.back() != ')') malformed();
   std::vector<int64_t> shape;
   const char* cursor = text.c_str() + 1;  // after '('
@@ -339,35 +342,35 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   std::unique_ptr<std::FILE, decltype(&std::fclose)> file(OpenInput(path), &std::fclose);
   unsigned char preamble[12];
   if (std::fread(preamble, 1, 8, file.get()) != 8 || std::memcmp(preamble, "\x93NUMPY", 6) != 0) {
-    Bad(path + " is not a .npy file");
+    Bad(Quoted(path) + " is not a .npy file");
   }
   int major = preamble[6];
-  if (major < 1 || major > 3) Bad(path + ": unknown .npy version " + std::to_string(major));
+  if (major < 1 || major > 3) Bad(Quoted(path) + ": unknown .npy version " + std::to_string(major));
   size_t width = major == 1 ? 2 : 4;  // v1: 16-bit header length, v2/v3: 32-bit
-  if (std::fread(preamble + 8, 1, width, file.get()) != width) Bad(path + " is truncated (header)");
+  if (std::fread(preamble + 8, 1, width, file.get()) != width) Bad(Quoted(path) + " is truncated (header)");
   uint32_t length = 0;
   for (size_t i = 0; i < width; ++i) length |= static_cast<uint32_t>(preamble[8 + i]) << (8 * i);
-  if (length > kMaxHeader) Bad(path + ": .npy header of " + std::to_string(length) + " bytes");
+  if (length > kMaxHeader) Bad(Quoted(path) + ": .npy header of " + std::to_string(length) + " bytes");
   std::string header(length, '\0');
-  if (std::fread(header.data(), 1, length, file.get()) != length) Bad(path + " is truncated (header)");
+  if (std::fread(header.data(), 1, length, file.get()) != length) Bad(Quoted(path) + " is truncated (header)");
 
   std::map<std::string, std::string> fields = HeaderFields(header, path);
   std::string descr = fields["descr"];
   if (descr.size() < 2 || descr.front() != '\'' || descr.back() != '\'') {
-    Bad(path + " has a structured dtype " + Shown(descr) + ": deploy-run reads plain numeric arrays");
+    Bad(Quoted(path) + " has a structured dtype " + Shown(descr) + ": deploy-run reads plain numeric arrays");
   }
   descr = descr.substr(1, descr.size() - 2);
-  if (descr.find('O') != std::string::npos) Bad(path + " has object dtype: deploy-run reads numeric arrays");
+  if (descr.find('O') != std::string::npos) Bad(Quoted(path) + " has object dtype: deploy-run reads numeric arrays");
   // numpy reads "<f4", "=f4", "|f4" and "f4" alike here (little-endian); ">" of one byte too
   bool ordered = !descr.empty() && std::strchr("<>=|", descr[0]) != nullptr;
   auto known = Descrs().find(ordered ? descr.substr(1) : descr);
-  if (known == Descrs().end()) Bad(path + " has dtype " + Shown(descr) + ": not one deploy-run reads");
-  if (descr[0] == '>' && known->second.bits > 8) Bad(path + " is big-endian (" + descr + "): save it little-endian");
+  if (known == Descrs().end()) Bad(Quoted(path) + " has dtype " + Shown(descr) + ": not one deploy-run reads");
+  if (descr[0] == '>' && known->second.bits > 8) Bad(Quoted(path) + " is big-endian (" + Shown(descr) + "): save it little-endian");
   const std::string& order = fields["fortran_order"];
-  if (order == "True") Bad(path + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
-  if (order != "False") Bad(path + ": malformed .npy header ('fortran_order' is " + Shown(order) + ", expected False)");
+  if (order == "True") Bad(Quoted(path) + " is Fortran-ordered: save it in C order (np.ascontiguousarray)");
+  if (order != "False") Bad(Quoted(path) + ": malformed .npy header ('fortran_order' is " + Shown(order) + ", expected False)");
   std::vector<int64_t> shape = ParseShape(fields["shape"], path);
-  std::string is = "input " + std::string(spec.name) + " (" + path + ") is " + DtypeText(known->second) + " " +
+  std::string is = "input " + std::string(spec.name) + " (" + Quoted(path) + ") is " + DtypeText(known->second) + " " +
                    ShapeText(shape.data(), static_cast<int>(shape.size()));
   bool fits = SameDtype(known->second, spec.dtype) && static_cast<int>(shape.size()) == spec.ndim;
   for (int i = 0; fits && i < spec.ndim; ++i) fits = spec.shape[i] < 0 || shape[i] == spec.shape[i];
@@ -393,9 +396,9 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   long at = std::ftell(file.get());
   uint64_t held = fstat(fileno(file.get()), &info) == 0 && at >= 0 && info.st_size >= at ? info.st_size - at : 0;
   if (held < bytes) {
-    Bad(path + " is truncated: " + std::to_string(held) + " of " + std::to_string(bytes) + " data bytes");
+    Bad(Quoted(path) + " is truncated: " + std::to_string(held) + " of " + std::to_string(bytes) + " data bytes");
   }
-  if (held > bytes) Bad(path + " has bytes after its data");
+  if (held > bytes) Bad(Quoted(path) + " has bytes after its data");
   if (total > INT32_MAX) {
     Bad(is + ": " + std::to_string(total) + " elements, more than the " + std::to_string(INT32_MAX) +
         " (2**31 - 1) one tensor may hold");
@@ -403,9 +406,9 @@ Array ReadNpy(const std::string& path, const DeployTensorSpec& spec, int64_t* sy
   Buffer buffer(static_cast<int64_t>(bytes));
   size_t got = std::fread(buffer.data.get(), 1, static_cast<size_t>(bytes), file.get());
   if (got != bytes) {
-    Bad(path + " is truncated: " + std::to_string(got) + " of " + std::to_string(bytes) + " data bytes");
+    Bad(Quoted(path) + " is truncated: " + std::to_string(got) + " of " + std::to_string(bytes) + " data bytes");
   }
-  if (std::fgetc(file.get()) != EOF) Bad(path + " has bytes after its data");
+  if (std::fgetc(file.get()) != EOF) Bad(Quoted(path) + " has bytes after its data");
   return Array{std::move(buffer), shape};
 }
 
@@ -421,25 +424,27 @@ struct Output {
   mode_t mode = 0;
 };
 
-// The file a symlink to nothing yet names, in a directory that exists (a link into a missing
-// directory or to another dangling link is bad input, before the op runs; one where no file can
-// be made, such as /proc/self/fd/1 with stdout closed, fails when the output is written, and the
-// link stays): the file is created there and the link stays, as for a live link.
-std::string DanglingTarget(const std::string& path) {
-  char target[PATH_MAX];
-  ssize_t size = readlink(path.c_str(), target, sizeof(target) - 1);
-  if (size < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
-  std::string named(target, static_cast<size_t>(size));
-  if (named[0] != '/') named = path.substr(0, path.rfind('/') + 1) + named;
+// Where a path that names nothing yet is created: its directory resolved and its last name, or
+// through a symlink to nothing, the file the link names (`named`: what it says), created there
+// as for a live link; "" where no file can be made: a link into a missing directory or to another
+// dangling link (bad input before the op runs). One where no file can be made, such as
+// /proc/self/fd/1 with stdout closed, fails when the output is written, and the link stays.
+std::string CreatedAt(const std::string& path, std::string& named) {
+  named = path;
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char target[PATH_MAX];
+    ssize_t size = readlink(path.c_str(), target, sizeof(target) - 1);
+    if (size <= 0) return "";
+    named.assign(target, static_cast<size_t>(size));
+    if (named[0] != '/') named = path.substr(0, path.rfind('/') + 1) + named;
+    if (lstat(named.c_str(), &st) == 0) return "";
+  }
   size_t slash = named.rfind('/');
   std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : named.substr(0, slash);
   std::string name = slash == std::string::npos ? named : named.substr(slash + 1);
   char resolved[PATH_MAX];
-  struct stat st {};
-  if (name.empty() || realpath(parent.c_str(), resolved) == nullptr ||
-      lstat(named.c_str(), &st) == 0) {
-    Bad("cannot write output " + path + ": it links to " + named + ", which no file can be written as");
-  }
+  if (name.empty() || realpath(parent.c_str(), resolved) == nullptr) return "";
   return std::string(resolved) + "/" + name;
 }
 
@@ -447,12 +452,20 @@ Output OutputFile(const std::string& path) {
   Output out;
   char resolved[PATH_MAX];
   struct stat link {};
-  out.file = realpath(path.c_str(), resolved) != nullptr                      ? resolved
-             : lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) ? DanglingTarget(path)
-                                                                               : path;
+  std::string named;
+  if (realpath(path.c_str(), resolved) != nullptr) {
+    out.file = resolved;
+  } else if (lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    out.file = CreatedAt(path, named);
+    if (out.file.empty()) {
+      Bad("cannot write output " + Quoted(path) + ": it links to " + Quoted(named) + ", which no file can be written as");
+    }
+  } else {
+    out.file = path;
+  }
   struct stat st {}, ours {};
   bool exists = stat(out.file.c_str(), &st) == 0;
-  if (exists && S_ISDIR(st.st_mode)) Bad("output " + path + " is a directory: expected a .npy file path");
+  if (exists && S_ISDIR(st.st_mode)) Bad("output " + Quoted(path) + " is a directory; expected a .npy file path");
   if (exists && fstat(1, &ours) == 0 && st.st_dev == ours.st_dev && st.st_ino == ours.st_ino) out.to_stdout = true;
   out.in_place = exists && (out.to_stdout || !S_ISREG(st.st_mode));
   mode_t mask = umask(0);
@@ -461,30 +474,32 @@ Output OutputFile(const std::string& path) {
   std::string parent = out.file.substr(0, out.file.rfind('/') + 1);
   struct stat dir {};
   if (!exists && stat(parent.empty() ? "." : parent.c_str(), &dir) != 0) {
-    Bad("cannot write output " + path + ": " + std::strerror(errno));
+    Bad("cannot write output " + Quoted(path) + ": " + std::strerror(errno));
   }
   return out;
 }
 
 // What a path names, to tell whether two paths are one file: the file's device and inode through
-// any links (`./a.npy`, a link, a hard link), or for a path that names nothing yet, its directory
-// resolved and its last name.
+// any links (`./a.npy`, a link, a hard link), or for a path that names nothing yet, where it
+// would be created (`CreatedAt`: a dangling link's file); and where it is, resolved.
 struct Identity {
   bool exists = false;
+  bool device = false;  // a character device (/dev/null): any number of -o may write it
   dev_t dev = 0;
   ino_t ino = 0;
   std::string where;
 
   explicit Identity(const std::string& path) {
     struct stat info {};
+    char resolved[PATH_MAX];
     if (stat(path.c_str(), &info) == 0) {
-      exists = true, dev = info.st_dev, ino = info.st_ino;
+      exists = true, device = S_ISCHR(info.st_mode), dev = info.st_dev, ino = info.st_ino;
+      where = realpath(path.c_str(), resolved) ? resolved : path;
       return;
     }
-    size_t slash = path.rfind('/');
-    std::string parent = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-    char resolved[PATH_MAX];
-    where = (realpath(parent.c_str(), resolved) ? resolved : parent) + "/" + path.substr(slash + 1);
+    std::string named;
+    where = CreatedAt(path, named);
+    if (where.empty()) where = path;
   }
   bool operator==(const Identity& other) const {
     return exists == other.exists && (exists ? dev == other.dev && ino == other.ino : where == other.where);
@@ -492,19 +507,27 @@ struct Identity {
 };
 
 // -o may not name what `deploy run -o` may not: a file this command reads (an input, a file of
-// the bundle, this runner) or what another -o writes; either would be lost.
+// the bundle, this runner) or what another -o writes; either would be lost. Nor anything in the
+// bundle's directory (manifest.json, which SHA256SUMS leaves out, or a file added later). A
+// character device (-o /dev/null, to discard outputs while timing) may be any of them.
 void CheckOutputs(const Options& opt, const std::vector<std::string>& bundle_files) {
   std::vector<std::pair<std::string, std::string>> taken;  // a path, and what it is to this command
   for (const std::string& input : opt.inputs) taken.emplace_back(input, "which this command reads");
   for (const std::string& file : bundle_files) taken.emplace_back(file, "a file of the bundle");
   taken.emplace_back("/proc/self/exe", "which this command runs");  // this runner, wherever it was started from
+  char resolved[PATH_MAX];
+  std::string bundle = realpath(opt.dir.c_str(), resolved) ? std::string(resolved) + "/" : opt.dir;
   for (size_t k = 0; k < opt.outputs.size(); ++k) {
     const std::string& output = opt.outputs[k];
     Identity out(output);
+    if (out.device) continue;
     for (const auto& [path, what] : taken) {
       if (!out.exists || !(Identity(path) == out)) continue;
       std::string shown = path == "/proc/self/exe" ? "this deploy-run" : Quoted(path);
       Bad("-o " + Quoted(output) + " is " + shown + ", " + what + "; expected another file");
+    }
+    if (out.where.compare(0, bundle.size(), bundle) == 0) {
+      Bad("-o " + Quoted(output) + " is in the bundle " + Quoted(opt.dir) + ", which this command reads; expected another file");
     }
     for (size_t j = 0; j < k; ++j) {
       if (Identity(opt.outputs[j]) == out) {
@@ -535,10 +558,10 @@ void WriteNpy(const std::string& path, const Output& out, DLDataType dtype, cons
   int fd = out.to_stdout    ? dup(1)
            : out.in_place   ? open(out.file.c_str(), O_WRONLY | O_TRUNC)
                             : mkstemp(temporary.data());
-  if (fd < 0) Bad("cannot write output " + path + ": " + std::strerror(errno));
+  if (fd < 0) Bad("cannot write output " + Quoted(path) + ": " + std::strerror(errno));
   auto fail = [&](int error) {
     if (!out.in_place) std::remove(temporary.c_str());
-    Exit(kFailed, "cannot write output " + path + ": " + std::strerror(error));
+    Exit(kFailed, "cannot write output " + Quoted(path) + ": " + std::strerror(error));
   };
   if (!out.in_place && fchmod(fd, out.mode) != 0) fail(errno);
   std::unique_ptr<std::FILE, decltype(&std::fclose)> file(fdopen(fd, "wb"), &std::fclose);

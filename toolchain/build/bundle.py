@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, why_reserved
+from base.ctext import IDENTIFIER, c_identifier, c_string, c_word, declared_names, linked_names, why_reserved
 from base.errors import NO_ROOM, DeployError, UsageError, clipped, printable
 from base.files import SUMS, read_sums, sha256_file, write_sums
 from devices.native import SOURCES, cached_object, ffi_include, require_tool
@@ -61,8 +61,10 @@ API_SOURCES = (
 )  # fmt: skip
 """The C that includes NAME.h and bundle_config.h (with dlpack.h): no C parameter name takes a name
 they give."""
-RUNTIME_SOURCES = (*API_SOURCES, "runtime.c", "run.cc")
-"""All the C a bundle is compiled from: no --name takes a name they give."""
+LINKED_SOURCES = ("runtime.c",)
+"""The C linked into a bundle's object that does not include NAME.h: no --name takes a name it
+gives other objects (`linked_names`). run.cc, the runner's, names nothing a C object links to
+but main: its own are C++'s, in an anonymous namespace."""
 RUNTIME_SYMBOLS = re.compile(r"_*(TVM|tvm)")
 """Names of what a kernel may ask of a runtime: any left undefined or weak (NULL) is refused."""
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
@@ -112,14 +114,14 @@ class Signature:
 
 
 @functools.cache
-def runtime_names(sources: tuple[str, ...] = RUNTIME_SOURCES) -> frozenset[str]:
-    """The names devices/native's `sources` and dlpack.h give (`declared_names`), and the macros
-    of the C library headers they include (`header_macros`)."""
-    paths = [SOURCES / name for name in sources] + [ffi_include() / "dlpack" / "dlpack.h"]
+def runtime_names(linked: tuple[str, ...] = LINKED_SOURCES) -> frozenset[str]:
+    """The names devices/native's API_SOURCES and dlpack.h give (`declared_names`), the macros
+    of the C library headers they include (`header_macros`), and what the `linked` sources give
+    the other objects (`linked_names`)."""
+    paths = [SOURCES / name for name in API_SOURCES] + [ffi_include() / "dlpack" / "dlpack.h"]
     texts = [path.read_text() for path in paths]
-    return declared_names(texts) | header_macros(
-        tuple(sorted(set(re.findall(r"#include <([^>]+)>", "".join(texts)))))
-    )
+    macros = header_macros(tuple(sorted(set(re.findall(r"#include <([^>]+)>", "".join(texts))))))
+    return declared_names(texts) | macros | linked_names((SOURCES / name).read_text() for name in linked)
 
 
 @functools.cache
@@ -135,39 +137,48 @@ def header_macros(headers: tuple[str, ...]) -> frozenset[str]:
     return frozenset(re.findall(r"^#define (\w+)", proc.stdout, re.M))
 
 
-def check_name(name: str, what: str = "--name", hint: str = "") -> str:
-    """`name` as a bundle's C prefix (a one-line UsageError, ending in `hint`): a C identifier
-    that is no keyword, no name of the C library or the runtime, and makes none (NAME_run,
-    NAME_H_...)."""
-    expected = (
-        "expected letters, digits and _, not first a digit, at most 63, that no keyword, C library or"
-        f" deploy runtime name takes: it prefixes the bundle's C functions{hint}"
-    )
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot prefix a bundle's C functions, as a message ends ("it is a C or C++
+    keyword"); None when it can: a C identifier that is no keyword, no name of the C library or
+    the runtime, and makes none (NAME_run, NAME_H_...)."""
     if not IDENTIFIER.fullmatch(name):
-        raise UsageError(f"{what} {printable(repr(clipped(name)))} is not a C identifier ({expected})")
+        return "expected letters, digits and _, not first a digit, at most 63"
     made = [name + suffix for suffix in NAMED_SUFFIXES] + [name.upper() + suffix for suffix in MACRO_SUFFIXES]
     for c_name in made:
         why = why_reserved(c_name, runtime_names())
         if why is not None:
-            said = "it is" if c_name == name else f"it makes {c_name}, which is"
-            raise UsageError(
-                f"{what} {name!r} is not a C identifier a bundle can take: {said} {why} ({expected})"
-            )
+            return f"it is {why}" if c_name == name else f"it makes {c_name}, which is {why}"
+    return None
+
+
+def check_name(name: str) -> str:
+    """`name` (--name) as a bundle's C prefix, or a one-line UsageError saying why it cannot be."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise UsageError(f"--name {printable(repr(clipped(name)))} cannot prefix a bundle: {problem}")
     return name
 
 
-def made_prefix(compiled: Bundled) -> str:
-    """The prefix of a bundle deploy builds for itself (a device that runs bundles: `deploy run`
-    names none): the model's or op's name where it can be one (`check_name`), else an identifier
-    made from it (my-model -> my_model, pool -> t_pool)."""
-    default = compiled.bundle_signature()[0]
+def made_prefix(default: str) -> str:
+    """The prefix of a bundle that names none (no --name): the op's or model's name `default`
+    where it can be one, else an identifier made from it (my-model -> my_model, exp -> t_exp)."""
     made = c_identifier(default, set(), runtime_names())
     for candidate in (default, made, f"t_{made}"):  # t_: clear of what `made` would make (NAME_task)
-        try:
-            return check_name(candidate)
-        except UsageError:
-            continue
-    return check_name(default, "the name")
+        if name_problem(candidate) is None:
+            return candidate
+    raise AssertionError(f"no prefix made from {default!r}")
+
+
+def prefix_note(default: str, prefix: str) -> str | None:
+    """The note `deploy build --bundle` prints when the prefix is not the op's or model's own
+    name `default` (None when it is): which it is, and why."""
+    if prefix == default:
+        return None
+    why = name_problem(default)
+    return (
+        f"note: the bundle's C prefix is {prefix}: {printable(repr(clipped(default)))} cannot be one"
+        f" ({why}); --name chooses another"
+    )
 
 
 def check_bundle(target: Target, name: str | None, host: str | None = None) -> None:
@@ -190,20 +201,27 @@ def check_bundle(target: Target, name: str | None, host: str | None = None) -> N
         check_name(name)
 
 
+HEADER_PARAMS = frozenset({"workspace", "workspace_bytes", "context", "queue"})
+"""The parameters NAME.h's functions name beside the tensors (NAME_with_workspace's, OpenCL's
+NAME_cl_enqueue's): no tensor is named as one."""
+
+
 def _c_name(name: str, taken: set[str], prefix: str) -> str:
     """`name` as a C parameter name deploy makes (`c_identifier`), clear of the names the C that
-    declares it gives and of NAME.h's own macros (PREFIX_..., upper case: `t_` goes before)."""
+    declares it gives, of NAME.h's other parameters and of its own macros (PREFIX_..., upper
+    case: `t_` goes before)."""
     word = c_word(name)
     if word == word.upper() and word.startswith(f"{prefix.upper()}_"):
         name = f"t_{name}"
-    return c_identifier(name, taken, runtime_names(API_SOURCES))
+    return c_identifier(name, taken, runtime_names(()) | HEADER_PARAMS)
 
 
 def signature(compiled: Bundled, name: str | None) -> Signature:
-    """The C signature of `compiled` under `name` (default: the op's or graph's own): an op's
-    output is `out`, a graph's outputs are named as the model names them (as C names)."""
+    """The C signature of `compiled` under `name` (default: `made_prefix` of the op's or graph's
+    own): an op's output is `out`, a graph's outputs are named as the model names them (as C
+    names)."""
     default, inputs, outputs, plan = compiled.bundle_signature()
-    prefix = check_name(name) if name is not None else check_name(default, "the name", "; give --name")
+    prefix = check_name(name) if name is not None else made_prefix(default)
     single = len(outputs) == 1
     taken = {OUTPUT} if single else set()
     params = [(_c_name(n, taken, prefix), n, t) for n, t in inputs]

@@ -12,7 +12,7 @@ from pathlib import Path
 from base.errors import NO_ROOM, DeployError, UsageError, printable, reason
 from base.files import SUMS, check_writable, fresh_directory, remove_entry, sha256_file
 from toolchain.build import cl_bundle  # noqa: F401  (registers the OpenCL kind's bundle writer)
-from toolchain.build.bundle import bundle_files, made_prefix, write_bundle
+from toolchain.build.bundle import bundle_files, write_bundle
 from toolchain.build.compile import Compiled, CompiledGraph
 from toolchain.build.manifest import MANIFEST, PARTIAL, Manifest, artifact_lock
 from toolchain.build.targets import get_target
@@ -41,8 +41,8 @@ def export(
 ) -> Manifest:
     """Write `directory` with the artifact and manifest.json, atomically (all or nothing); with
     `bundle`, also the C library of the op or graph, its functions prefixed `name` (default: the
-    op's or graph's name; see `bundle.py`), an OpenCL bundle's host code for `host` (default
-    x86_64). Concurrent exports
+    op's or graph's name, or one made from it: `made_prefix`), an OpenCL bundle's host code for
+    `host` (default x86_64). Concurrent exports
     into one directory take turns (`artifact_lock`). With `cache_key`, `directory` is the build
     cache's entry for that key: the manifest records it, an export that finds the entry built
     whole (by a concurrent build) keeps it, and a damaged entry (`Manifest.cached`) is replaced,
@@ -83,8 +83,6 @@ def _write_artifact(
     target = compiled.target
     module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
     host = host or target.bundle_host
-    if not bundle and target.bundle:  # deploy's own, for a device that runs bundles
-        name = made_prefix(compiled)
     bundled = write_bundle(compiled, staging, name, host) if bundle or target.bundle else None
     manifest = Manifest(
         **compiled.describe(),

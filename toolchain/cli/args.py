@@ -13,7 +13,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.lib.format as npy_format
 
-from base.errors import DeployError, UsageError, clipped, reason
+from base.errors import DeployError, UsageError, clipped, quoted, reason
 from base.files import check_regular
 
 _DIMS = re.compile(r"[0-9]+(?:[xX][0-9]+)*|[A-WYZa-wyz_][A-WYZa-wyz0-9_]*(?:[xX][0-9]+)+")
@@ -72,28 +72,34 @@ def load_npy(path: str) -> np.ndarray:
         check_regular(Path(path))
         with open(path, "rb") as stream:
             if stream.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
-                raise UsageError(f"input {path!r} holds several arrays (.npz); expected one .npy array")
+                raise UsageError(f"input {quoted(path)} holds several arrays (.npz); expected one .npy array")
             stream.seek(0)
             version = npy_format.read_magic(stream)
             if version not in NPY_HEADERS:
                 raise UsageError(
-                    f"input {path!r} is .npy format {version[0]}.{version[1]}; expected 1.0 or 2.0"
+                    f"input {quoted(path)} is .npy format {version[0]}.{version[1]}; expected 1.0 or 2.0"
                 )
             shape, _, dtype = NPY_HEADERS[version](stream)
             if dtype.byteorder == ">":
-                raise UsageError(f"input {path!r} is big-endian ({dtype.str}): save it little-endian")
+                raise UsageError(f"input {quoted(path)} is big-endian ({dtype.str}): save it little-endian")
             claimed = math.prod(shape) * dtype.itemsize
             held = os.fstat(stream.fileno()).st_size - stream.tell()
             if claimed != held and not dtype.hasobject:  # object arrays are refused by read_array
+                dims = "x".join(map(str, shape)) or "scalar"
                 raise UsageError(
-                    f"input {path!r}: its header claims a {'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+                    f"input {quoted(path)}: its header claims a {dims} {dtype}"
                     f" array ({claimed} bytes) but the file holds {held} bytes of data"
                 )
             stream.seek(0)
             return npy_format.read_array(stream, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        why = clipped(reason(exc), 160)  # numpy quotes the whole header: a 5,000-digit shape
-        raise UsageError(f"cannot read input {path!r} as a .npy array: {why}") from None
+        if isinstance(exc, IsADirectoryError):
+            why = "it is a directory"  # as deploy-run says it
+        elif isinstance(exc, OSError) and exc.strerror:
+            why = exc.strerror  # not "[Errno 2] ...: 'PATH'": the path is said once
+        else:
+            why = clipped(reason(exc), 160)  # numpy quotes the whole header: a 5,000-digit shape
+        raise UsageError(f"cannot read input {quoted(path)} as a .npy array: {why}") from None
 
 
 def output_mode(path: str) -> int | None:
@@ -107,21 +113,27 @@ def output_mode(path: str) -> int | None:
     except (FileNotFoundError, NotADirectoryError):
         mode = None
     except OSError as exc:
-        raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
+        raise UsageError(f"cannot write output {quoted(path)}: {exc.strerror}") from None
     if mode is not None and stat.S_ISDIR(mode):
-        raise UsageError(f"output {path!r} is a directory; expected a .npy file path")
+        raise UsageError(f"output {quoted(path)} is a directory; expected a .npy file path")
     if mode is None or stat.S_ISREG(mode):
         parent = Path(os.path.realpath(path)).parent
         if not parent.is_dir():
             problem = "is not a directory" if parent.exists() else "does not exist"
-            raise UsageError(f"cannot write output {path!r}: {parent} {problem}")
+            raise UsageError(f"cannot write output {quoted(path)}: {parent} {problem}")
     return mode
 
 
 def check_not_read(output: str, reads: list[str], writes: list[str]) -> None:
     """`-o` may not name a file the command reads (an `-i` array, the model), nor one an earlier
     `-o` writes: the output would replace it (a model overwritten with .npy bytes, exit 0), or
-    one output the other. deploy-run refuses the same, in the same words."""
+    one output the other. A character device (`-o /dev/null`, to discard outputs) may be named
+    any number of times. deploy-run refuses the same, in the same words."""
+    try:
+        if stat.S_ISCHR(os.stat(output).st_mode):
+            return
+    except OSError:
+        pass  # nothing there yet
     for path, which in [
         *((r, "which this command reads") for r in reads),
         *((w, "which another -o writes") for w in writes),
@@ -131,7 +143,7 @@ def check_not_read(output: str, reads: list[str], writes: list[str]) -> None:
         except OSError:  # one of them does not exist (yet): one file if both paths name it
             same = os.path.realpath(output) == os.path.realpath(path)
         if same:
-            raise UsageError(f"-o {output!r} is {path!r}, {which}; expected another file")
+            raise UsageError(f"-o {quoted(output)} is {quoted(path)}, {which}; expected another file")
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
@@ -148,7 +160,7 @@ def save_npy(path: str, array: np.ndarray) -> None:
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except OSError as exc:
-        raise UsageError(f"cannot write output {path!r}: {exc.strerror} in {target.parent}") from None
+        raise UsageError(f"cannot write output {quoted(path)}: {exc.strerror} in {target.parent}") from None
     try:
         with os.fdopen(fd, "wb") as stream:
             if mode is not None:
@@ -157,7 +169,7 @@ def save_npy(path: str, array: np.ndarray) -> None:
         os.replace(partial, target)
     except OSError as exc:
         partial.unlink(missing_ok=True)
-        raise DeployError(f"cannot write output {path!r}: {exc.strerror}") from None
+        raise DeployError(f"cannot write output {quoted(path)}: {exc.strerror}") from None
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -184,12 +196,12 @@ def _write_in_place(path: str, array: np.ndarray) -> None:
     try:
         stream = os.fdopen(os.dup(1), "wb") if _is_our_stdout(path) else open(path, "wb")  # noqa: SIM115
     except OSError as exc:
-        raise UsageError(f"cannot write output {path!r}: {exc.strerror}") from None
+        raise UsageError(f"cannot write output {quoted(path)}: {exc.strerror}") from None
     try:
         with stream:
             _write_npy(stream, array)
     except OSError as exc:
-        raise DeployError(f"cannot write output {path!r}: {exc.strerror}") from None
+        raise DeployError(f"cannot write output {quoted(path)}: {exc.strerror}") from None
 
 
 def _write_npy(stream: BinaryIO, array: np.ndarray) -> None:

@@ -99,7 +99,7 @@ def build_command(
     and manifest.json (split for --cores, else for the cores of --device or the target's default
     device)."""
     from ops import TensorType
-    from toolchain.build.bundle import check_bundle
+    from toolchain.build.bundle import check_bundle, prefix_note
     from toolchain.build.compile import compile_graph, compile_op
     from toolchain.build.export import check_destination, export
     from toolchain.cli.args import parse_shape
@@ -174,6 +174,9 @@ def build_command(
         several = len(manifest.outputs) > 1
         outputs = " ".join(f"-o {name if several else OUTPUT}.npy" for name in manifest.output_names)
         bundled = manifest.bundle
+        note = prefix_note(compiled.bundle_signature()[0], bundled["name"]) if bundle_name is None else None
+        if note is not None:
+            click.echo(note)
         click.echo(
             f"bundle: {directory / bundled['header']} + {bundled['static_library']} / {bundled['library']};"
             f" run it with {emulator + ' ' if emulator else ''}{directory / bundled['runner']} {directory}"
