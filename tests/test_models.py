@@ -561,8 +561,9 @@ def test_a_sequence_input_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_further_output_is_computed_by_its_own_op_where_one_is_declared(tmp_path: Path) -> None:
-    """MaxPool's Indices, read, is a max_pool2d_indices node beside the pool (`OnnxOp.more_outputs`);
-    unread, nothing computes it; of a 1-D pool (reshapes around a 2-D one) it is refused."""
+    """MaxPool's Indices, read, is a max_pool2d_indices node beside the pool (`OnnxOp.more_outputs`),
+    and the pool itself is dropped when nothing reads Y; unread, nothing computes the indices; of a
+    1-D pool (reshapes around a 2-D one) they are refused."""
     node = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
     path = onnx_file(
         tmp_path,
@@ -571,10 +572,8 @@ def test_a_further_output_is_computed_by_its_own_op_where_one_is_declared(tmp_pa
         ("indices", TensorProto.INT64, [1, 1, 3, 3]),
     )
     graph = bind_graph(load_model(path))
-    assert [(n.node.name, n.bound.op.name) for n in graph.nodes] == [
-        ("pool", "max_pool2d"),
-        ("pool:1", "max_pool2d_indices"),
-    ]
+    assert [(n.node.name, n.bound.op.name) for n in graph.nodes] == [("pool:1", "max_pool2d_indices")]
+    assert graph.dropped == ("pool",)
     x = np.array([[[[1, 5, 5, 2], [0, 3, np.nan, 2], [7, 7, 1, 1], [0, 7, 1, 0]]]], np.float32)
     np.testing.assert_array_equal(graph.references(x)[0], [[[[1, 6, 6], [8, 6, 6], [8, 9, 10]]]])
     unused = helper.make_node("MaxPool", ["x"], ["y", "indices"], "pool", kernel_shape=[2, 2])
