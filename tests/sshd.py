@@ -22,7 +22,7 @@ import psutil
 
 SSHD = "/usr/sbin/sshd"
 BOARD_TOOLS = ("uname", "sha256sum", "rm", "sleep")
-"""What deploy runs on a board besides the shell (devices/board_setup.py TOOLS, and `uname`)."""
+"""What deploy runs on a board besides the shell (deploy/devices/board_setup.py TOOLS, and `uname`)."""
 
 
 def available() -> bool:

@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices import get_device
-from devices.registry import DeviceLost
-from ops import TensorType, bind, get_op
+from deploy.compiler.cache import cached_build
+from deploy.compiler.targets import get_target
+from deploy.devices import get_device
+from deploy.devices.registry import DeviceLost
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.run import for_device
 from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
-from toolchain.build.cache import cached_build
-from toolchain.build.targets import get_target
-from toolchain.verify.run import for_device
 
 DEAD = 2000
 
@@ -81,7 +81,7 @@ def test_an_onnx_models_dead_nodes_are_dropped_too(tmp_path):
 def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     """LLVM aborts the process it emits code in; the CLI's build emits it in a child, and says so."""
     (tmp_path / "ops").mkdir()
-    (tmp_path / "ops/crc.py").write_text(LLVM_ABORT_OP)
+    (tmp_path / "deploy/ops/crc.py").write_text(LLVM_ABORT_OP)
     args = ["--ops-path", str(tmp_path / "ops"), "build", "--target", "x86", "--op", "crc32w", "--shape", "1"]
     result = run_deploy(*args, "--dtype", "int32", "--cores", "1", "-o", str(tmp_path / "out"))
     assert result.returncode == 1, result.stderr
