@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import textwrap
 
 import pytest
 from tvm import te
 
+from deploy.base.errors import UsageError
 from deploy.cli.main import hoist_group_options
-from deploy.ops import TensorType
+from deploy.ops import TensorType, load_ops_path
 from deploy.ops.attrs import Attr, Choice, Float, Int
 from tests.conftest import DEPLOY, REPO, invoke, run_deploy
 
@@ -72,6 +74,44 @@ def test_broken_op_file_is_one_line(tmp_path):
     proc = run_deploy("--ops-path", str(folder), "ops")
     assert proc.returncode == 2
     assert "oops.py failed to import: ModuleNotFoundError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("from ops import Case, Input, Op, register", "the op framework is deploy.ops now (from deploy.ops"),
+        ("import ops.spec", "the op framework is deploy.ops now"),
+        ("from base.errors import UsageError", "deploy's shared helpers are deploy.base now"),
+        ("from toolchain.build.targets import get_target", "toolchain.build is deploy.compiler"),
+        ("import schedules.cpu", "the schedules are deploy.schedules now"),
+    ],
+)
+def test_an_op_file_importing_the_old_packages_is_told_the_new_ones(tmp_path, line, message):
+    """Before deploy was one package its op framework was the top-level `ops`: an op file written
+    then gets one line naming the import to write instead."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "old.py").write_text(f"import numpy\n\n{line}\n")
+    with pytest.raises(UsageError) as caught:
+        load_ops_path(folder)
+    said = str(caught.value)
+    assert said.startswith(f"op file {folder / 'old.py'}:3: {line!r}: ") and message in said
+
+
+def test_a_package_of_the_users_own_named_ops_is_not_taken_for_the_old_one(tmp_path, monkeypatch):
+    """Only a missing old name gets the new-import line: the user's own `ops` package without the
+    module asked for fails as any import does."""
+    (tmp_path / "site" / "ops").mkdir(parents=True)
+    (tmp_path / "site" / "ops" / "__init__.py").write_text("")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.py").write_text("from ops.spec import Op\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "ops", raising=False)
+    try:
+        with pytest.raises(UsageError, match=r"failed to import: ModuleNotFoundError: .* 'ops\.spec'"):
+            load_ops_path(tmp_path / "mine")
+    finally:
+        sys.modules.pop("ops", None)
 
 
 def test_example_op_from_the_readme():

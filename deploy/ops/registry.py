@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import linecache
 import pkgutil
 import re
 import sys
@@ -188,9 +189,37 @@ def load_ops_path(directory: str | Path) -> list[str]:
             raise UsageError(f"cannot import op file {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        with _importing(f"op file {path}"):
+        with _importing(f"op file {path}"), _old_imports(path):
             spec.loader.exec_module(module)
     return sorted(set(_OPS) - before)
+
+
+MOVED = {
+    "ops": "the op framework is deploy.ops now (from deploy.ops import Op, Input, Case, register, ...;"
+    " the shipped ops are deploy.ops.library)",
+    "base": "deploy's shared helpers are deploy.base now (from deploy.base.errors import UsageError)",
+    "schedules": "the schedules are deploy.schedules now",
+    "devices": "the devices are deploy.devices now",
+    "toolchain": "the toolchain is deploy now (toolchain.build is deploy.compiler, toolchain.X is deploy.X)",
+}
+"""The top-level packages deploy had before it became one package, and what to import instead."""
+
+
+@contextmanager
+def _old_imports(path: Path) -> Iterator[None]:
+    """An op file importing one of deploy's old top-level packages (`from ops import Op`), which
+    are gone, gets one line naming what to import instead, not ModuleNotFoundError."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        old = (exc.name or "").partition(".")[0]
+        if exc.name is None or old not in MOVED or importlib.util.find_spec(old) is not None:
+            raise
+        frames = [(f.f_code.co_filename, line) for f, line in traceback.walk_tb(exc.__traceback__)]
+        file, line = next((f, n) for f, n in reversed(frames) if not f.startswith("<"))
+        where = f"{path}:{line}" if Path(file) == path else f"{path} (through {file}:{line})"
+        source = linecache.getline(file, line).strip()
+        raise UsageError(f"op file {where}: {source!r}: {MOVED[old]}") from None
 
 
 @contextmanager
