@@ -1,6 +1,6 @@
 """The layering docs/how-it-works.md promises, read from the source: packages import only
 the layers below them (function-level imports included), no modules import each other in a
-cycle, and above the schedules only the CLI room prints or plots."""
+cycle, and of the model reader and the rooms above it only the CLI prints or plots."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ LAYERS = {
 """A package may import its own modules and those of packages with a lower number."""
 PRINTING = ("rich", "matplotlib", "click")
 QUIET = ("deploy.model", "deploy.compiler", "deploy.verify", "deploy.bench", "deploy.tune")
-"""The rooms above the devices and below the CLI: they report through return values and errors."""
+"""The model reader and the rooms above it but the CLI: they report through return values and errors."""
 
 
 def module_name(path: Path) -> str:

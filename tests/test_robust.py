@@ -81,7 +81,7 @@ def test_an_onnx_models_dead_nodes_are_dropped_too(tmp_path):
 def test_an_llvm_abort_is_one_line_and_the_cli_survives(tmp_path):
     """LLVM aborts the process it emits code in; the CLI's build emits it in a child, and says so."""
     (tmp_path / "ops").mkdir()
-    (tmp_path / "deploy/ops/crc.py").write_text(LLVM_ABORT_OP)
+    (tmp_path / "ops/crc.py").write_text(LLVM_ABORT_OP)
     args = ["--ops-path", str(tmp_path / "ops"), "build", "--target", "x86", "--op", "crc32w", "--shape", "1"]
     result = run_deploy(*args, "--dtype", "int32", "--cores", "1", "-o", str(tmp_path / "out"))
     assert result.returncode == 1, result.stderr
