@@ -16,6 +16,9 @@ import pytest
 
 from tests.conftest import REPO
 
+OLD_NAMES = ("base", "devices", "ops", "schedules", "toolchain")
+"""The top-level packages the wheel installed before it was one package, `deploy`."""
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -41,7 +44,13 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment of a process running the wheel installed into an empty directory: the
     dependencies are this venv's, deploy is the wheel's, the build cache starts empty (a cached
-    build would hide a missing source) but shares the session's TVM runtime wheels (`wheels/`)."""
+    build would hide a missing source) but shares the session's TVM runtime wheels (`wheels/`).
+    Ahead of it on the path, packages named as deploy's were before #50 (`ops`, `base`, ...) fail
+    when imported: another distribution's `ops` no longer matters."""
+    shadows = tmp_path_factory.mktemp("shadows")
+    for name in OLD_NAMES:
+        (shadows / name).mkdir()
+        (shadows / name / "__init__.py").write_text(f"raise ImportError('another distribution\\'s {name}')\n")
     site = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
@@ -54,7 +63,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     shared = Path(os.environ["DEPLOY_CACHE_DIR"]) / "wheels"
     shared.mkdir(parents=True, exist_ok=True)
     (cache / "wheels").symlink_to(shared)
-    return {**os.environ, "PYTHONPATH": str(site), "DEPLOY_CACHE_DIR": str(cache)}
+    return {**os.environ, "PYTHONPATH": f"{shadows}{os.pathsep}{site}", "DEPLOY_CACHE_DIR": str(cache)}
 
 
 def run(env: dict[str, str], cwd: Path, *command: str) -> subprocess.CompletedProcess[str]:
@@ -83,16 +92,15 @@ def test_the_wheel_is_one_package_with_every_file_of_it(wheel: Path) -> None:
 
 
 def test_the_installed_deploy_is_the_wheels(installed: dict[str, str], tmp_path: Path) -> None:
-    code = "import deploy; print(deploy.__file__)"
-    found = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=installed, cwd=tmp_path
-    )
+    shadowed = run(installed, tmp_path, sys.executable, "-c", "import ops")
+    assert "another distribution's ops" in shadowed.stderr
+    code = "import deploy, deploy.cli.main, deploy.compiler.compile; print(deploy.__file__)"
+    found = run(installed, tmp_path, sys.executable, "-c", code)
     assert found.returncode == 0, found.stderr
-    assert Path(found.stdout.strip()).is_relative_to(installed["PYTHONPATH"])
-    script = Path(installed["PYTHONPATH"]) / "bin" / "deploy"
-    version = subprocess.run(
-        [str(script), "--version"], capture_output=True, text=True, env=installed, cwd=tmp_path
-    )
+    site = Path(installed["PYTHONPATH"].split(os.pathsep)[-1])
+    assert Path(found.stdout.strip()).is_relative_to(site)
+    script = site / "bin" / "deploy"
+    version = run(installed, tmp_path, str(script), "--version")
     assert version.returncode == 0 and "0.1.0" in version.stdout, version.stderr
 
 
