@@ -30,17 +30,17 @@ from typing import Any
 import numpy as np
 from harness import at_least_one, host_target, run
 
-from devices import get_device
-from devices.platforms import get_platform
-from ops import TensorType, bind, get_op, load_ops_path
-from ops.graph import BoundGraph, Graph, Node, bind_graph
-from toolchain.build.compile import compile_graph, compile_op
-from toolchain.build.export import export
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import Target, get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import compare, random_input
-from toolchain.verify.measure import TARGET_SECONDS, Timer, calls_lasting
+from deploy.compiler.compile import compile_graph, compile_op
+from deploy.compiler.export import export
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import Target, get_target
+from deploy.devices import get_device
+from deploy.devices.platforms import get_platform
+from deploy.model import load_model
+from deploy.ops import TensorType, bind, get_op, load_ops_path
+from deploy.ops.graph import BoundGraph, Graph, Node, bind_graph
+from deploy.verify.compare import compare, random_input
+from deploy.verify.measure import TARGET_SECONDS, Timer, calls_lasting
 
 REPO = Path(__file__).resolve().parent.parent
 F32 = "float32"
@@ -74,7 +74,7 @@ def ladder(kernels: int) -> BoundGraph:
 
 
 def workloads() -> list[tuple[str, BoundGraph]]:
-    load_ops_path(REPO / "ops" / "examples")
+    load_ops_path(REPO / "deploy" / "ops" / "examples")
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     return [
         ("add 1x64x56x56", one_node("add", {}, [(1, 64, 56, 56)] * 2)),

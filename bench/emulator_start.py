@@ -26,19 +26,19 @@ from pathlib import Path
 from harness import at_least_one, run
 from python_emulator import Sysroot
 
-from base.paths import cache_root
-from base.threads import THREADS_ENV, host_cpus, runtime_threads
-from devices.emulator import Emulator
-from devices.rpc import connect
-from devices.server_process import Server, accepts, free_port, spawn
-from devices.tracker import TrackerProcess, free_servers
-from ops import TensorType, bind, get_op
-from ops.spec import BoundOp
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import get_target
-from toolchain.verify.measure import check_artifact
+from deploy.base.paths import cache_root
+from deploy.base.threads import THREADS_ENV, host_cpus, runtime_threads
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import get_target
+from deploy.devices.emulator import Emulator
+from deploy.devices.rpc import connect
+from deploy.devices.server_process import Server, accepts, free_port, spawn
+from deploy.devices.tracker import TrackerProcess, free_servers
+from deploy.ops import TensorType, bind, get_op
+from deploy.ops.spec import BoundOp
+from deploy.verify.measure import check_artifact
 
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
 TEST = ["test", "--target", "arm", "--op", "max_pool2d", "--dtype", "float32"]

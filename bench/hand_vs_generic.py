@@ -17,12 +17,12 @@ import numpy as np
 import tvm
 from harness import at_least_one, host_target, run
 
-from devices import get_device
-from ops import TensorType, bind, get_op
-from schedules.cpu import generic_cpu
-from toolchain.build.compile import compile_scheduled, context, hand_schedule, prim_module
-from toolchain.verify.compare import random_input
-from toolchain.verify.measure import check_and_time, host_ms
+from deploy.compiler.compile import compile_scheduled, context, hand_schedule, prim_module
+from deploy.devices import get_device
+from deploy.ops import TensorType, bind, get_op
+from deploy.schedules.cpu import generic_cpu
+from deploy.verify.compare import random_input
+from deploy.verify.measure import check_and_time, host_ms
 
 WORKLOADS = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(32, 64, 112, 112)]),

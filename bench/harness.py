@@ -10,20 +10,20 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from base.errors import DeployError, reason
-from base.paths import check_places
-from base.stopping import exit_code
-from base.threads import check_thread_env
+from deploy.base.errors import DeployError, reason
+from deploy.base.paths import check_places
+from deploy.base.stopping import exit_code
+from deploy.base.threads import check_thread_env
 
 if TYPE_CHECKING:
-    from toolchain.build.targets import Target
+    from deploy.compiler.targets import Target
 
 
 def host_target(parser: argparse.ArgumentParser, name: str) -> Target:
     """The target `name`, which this host must run: else `parser.error` (exit 2)."""
-    from devices import get_device
-    from toolchain.build.targets import get_target
-    from toolchain.verify.run import check_device
+    from deploy.compiler.targets import get_target
+    from deploy.devices import get_device
+    from deploy.verify.run import check_device
 
     try:
         target = get_target(name)

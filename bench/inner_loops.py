@@ -24,12 +24,12 @@ from pathlib import Path
 
 from harness import run
 
-from base.errors import UsageError
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.targets import get_target
-from toolchain.cli.args import parse_attrs, parse_shape
+from deploy.base.errors import UsageError
+from deploy.cli.args import parse_attrs, parse_shape
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, bind, get_op
 
 OBJDUMP = {
     "x86_64": ("objdump", "binutils"),

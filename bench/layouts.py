@@ -21,15 +21,15 @@ from typing import Any
 
 from harness import at_least_one, host_target, run
 
-from base.errors import UsageError
-from devices import get_device
-from ops.graph import bind_graph
-from ops.layouts import LAYOUTS
-from toolchain.build.compile import compile_graph
-from toolchain.cli.args import parse_shape
-from toolchain.model.graph_file import graph_from_document
-from toolchain.verify.measure import check, time_interleaved
-from toolchain.verify.run import for_device
+from deploy.base.errors import UsageError
+from deploy.cli.args import parse_shape
+from deploy.compiler.compile import compile_graph
+from deploy.devices import get_device
+from deploy.model.graph_file import graph_from_document
+from deploy.ops.graph import bind_graph
+from deploy.ops.layouts import LAYOUTS
+from deploy.verify.measure import check, time_interleaved
+from deploy.verify.run import for_device
 
 SHAPES = ("32x64x112x112", "1x64x56x56", "1x256x14x14", "1x512x7x7", "1x1024x7x7")
 POOL = {"kernel": 3, "stride": 2, "padding": 1}

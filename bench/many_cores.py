@@ -53,14 +53,14 @@ def build(directory: Path, cores: int) -> None:
     import numpy as np
     from bundle_latency import REPO, check, driver, one_node
 
-    from ops import TensorType, bind, get_op
-    from ops.graph import Graph, Node, bind_graph
-    from toolchain.bench.roofline import Copy
-    from toolchain.build.compile import compile_graph, compile_op
-    from toolchain.build.export import export
-    from toolchain.build.targets import get_target
-    from toolchain.model import load_model
-    from toolchain.verify.compare import random_input
+    from deploy.bench.roofline import Copy
+    from deploy.compiler.compile import compile_graph, compile_op
+    from deploy.compiler.export import export
+    from deploy.compiler.targets import get_target
+    from deploy.model import load_model
+    from deploy.ops import TensorType, bind, get_op
+    from deploy.ops.graph import Graph, Node, bind_graph
+    from deploy.verify.compare import random_input
 
     x86 = get_target("x86").with_cores(cores)
     opencl = get_target("opencl")
@@ -170,7 +170,7 @@ def run_cpu(directory: Path, plan: list[dict[str, Any]], counts: list[int], roun
 
 
 def reference(item: dict[str, Any], inputs: list[Any]) -> Any:
-    """numpy's answer for a GPU workload (its op on these inputs, as ops/ computes it)."""
+    """numpy's answer for a GPU workload (its op on these inputs, as deploy/ops/ computes it)."""
     import numpy as np
 
     def pool(x: Any) -> Any:
@@ -198,7 +198,7 @@ def reference(item: dict[str, Any], inputs: list[Any]) -> Any:
 def run_gpu(directory: Path, plan: list[dict[str, Any]], rounds: int) -> None:
     import numpy as np
 
-    from devices.opencl import OpenClDevice
+    from deploy.devices.opencl import OpenClDevice
 
     with OpenClDevice(0, 0).open() as session:
         print(f"\n{session.label}, {rounds} runs each, ms per call (interquartile range)")

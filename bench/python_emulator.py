@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from base.errors import DeployError
+from deploy.base.errors import DeployError
 
 DEBIAN_PACKAGES = ("python3.11", "libpython3.11-stdlib", "libstdc++6")
 PYTHON = "usr/bin/python3.11"

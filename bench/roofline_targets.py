@@ -15,10 +15,10 @@ import os
 
 from harness import at_least_one, host_target, run
 
-from devices import get_device
-from ops import all_ops
-from toolchain.bench.bench import BenchOptions, bench_ops, refuse_wrong_answers
-from toolchain.bench.torch_baseline import torch_version
+from deploy.bench.bench import BenchOptions, bench_ops, refuse_wrong_answers
+from deploy.bench.torch_baseline import torch_version
+from deploy.devices import get_device
+from deploy.ops import all_ops
 
 ROOF_GOAL = 1.5
 """Times the copy roofline every op may take (issue #7)."""

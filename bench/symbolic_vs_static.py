@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 from harness import at_least_one, host_target, run
 
-from devices import get_device
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.verify.compare import random_input
-from toolchain.verify.measure import Measured, Timer, interleaved_runs
-from toolchain.verify.run import for_device
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.devices import get_device
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.compare import random_input
+from deploy.verify.measure import Measured, Timer, interleaved_runs
+from deploy.verify.run import for_device
 
 WORKLOADS = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(64, 112, 112)]),

@@ -23,8 +23,8 @@ from typing import Any
 
 from harness import at_least_one, run
 
-from base.threads import THREADS_ENV, host_cpus
-from toolchain.bench.bench import refuse_wrong_answers
+from deploy.base.threads import THREADS_ENV, host_cpus
+from deploy.bench.bench import refuse_wrong_answers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--min-mb", type=int, help="passed to deploy bench")
     parser.add_argument(
-        "--deploy", default=f"{sys.executable} -m toolchain.cli", help="the deploy command [this Python's]"
+        "--deploy", default=f"{sys.executable} -m deploy", help="the deploy command [this Python's]"
     )
     args = parser.parse_args()
     at_least_one(parser, "--repeat", args.repeat)

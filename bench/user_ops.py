@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 from harness import at_least_one, host_target, run
 
-from devices import get_device
-from ops import TensorType, bind, get_op, load_ops_path
-from toolchain.build.compile import compile_scheduled, hand_schedule
-from toolchain.tune.tuners import tune
-from toolchain.verify.compare import random_input
-from toolchain.verify.measure import check_and_time, host_ms
+from deploy.compiler.compile import compile_scheduled, hand_schedule
+from deploy.devices import get_device
+from deploy.ops import TensorType, bind, get_op, load_ops_path
+from deploy.tune.tuners import tune
+from deploy.verify.compare import random_input
+from deploy.verify.measure import check_and_time, host_ms
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((1, 24, 56, 56), (1, 116, 28, 28), (1, 232, 14, 14), (1, 464, 7, 7))

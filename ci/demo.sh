@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/deploy test --target arm
-.venv/bin/deploy --ops-path ops/examples test --model examples/pool_add_leaky_htanh_n.onnx --target arm
-.venv/bin/deploy --ops-path ops/examples test --model examples/pool_add_leaky_htanh_n.onnx --target arm --layout NCHW4c
+.venv/bin/deploy --ops-path deploy/ops/examples test --model examples/pool_add_leaky_htanh_n.onnx --target arm
+.venv/bin/deploy --ops-path deploy/ops/examples test --model examples/pool_add_leaky_htanh_n.onnx --target arm --layout NCHW4c

@@ -3,7 +3,7 @@
 pool_add_leaky_htanh.onnx: MaxPool(3x3, stride 2, pads 1) on `a` [1, 8, 32, 32], plus `b`
 [1, 1, 16, 16] broadcast over channels, LeakyRelu(0.1), then com.example::HardTanh to [-0.1, 1]
 (both ends clip some of the values), a custom domain that only the example op
-`ops/examples/hard_tanh.py` implements (load it with `--ops-path ops/examples`). Opset 17 and
+`deploy/ops/examples/hard_tanh.py` implements (load it with `--ops-path deploy/ops/examples`). Opset 17 and
 com.example opset 1; float32 throughout.
 
 pool_add_leaky_htanh_n.onnx: the same with a symbolic batch, `dim_param` N: a [N, 8, 32, 32], b

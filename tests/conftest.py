@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from base.threads import host_cpus
+from deploy.base.threads import host_cpus
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
@@ -31,7 +31,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def invoke(*args: str) -> Result:
     """Run the `deploy` CLI in-process."""
-    from toolchain.cli.main import main
+    from deploy.cli.main import main
 
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
@@ -45,7 +45,7 @@ def run_deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 @pytest.fixture(scope="module")
 def local_session() -> Iterator[object]:
-    from devices import get_device
+    from deploy.devices import get_device
 
     with get_device("local").open() as session:
         yield session
@@ -83,7 +83,7 @@ def at_once(
 @contextmanager
 def registry_kept() -> Iterator[None]:
     """Ops loaded inside (the example ops, duplicates) leave the registry as it was."""
-    from ops import registry
+    from deploy.ops import registry
 
     registry.load_builtin()
     with pytest.MonkeyPatch.context() as patch:
@@ -94,11 +94,11 @@ def registry_kept() -> Iterator[None]:
 
 @contextmanager
 def examples_registered() -> Iterator[None]:
-    """The example ops (`ops/examples`: hard_tanh) registered inside, and only there."""
-    from ops import load_ops_path
+    """The example ops (`deploy/ops/examples`: hard_tanh) registered inside, and only there."""
+    from deploy.ops import load_ops_path
 
     with registry_kept():
-        load_ops_path(REPO / "ops" / "examples")
+        load_ops_path(REPO / "deploy" / "ops" / "examples")
         yield
 
 

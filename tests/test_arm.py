@@ -10,14 +10,14 @@ import subprocess
 
 import pytest
 
-from base.errors import UsageError
-from devices.elf import elf_machine
-from devices.platforms import get_platform
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.targets import get_target
-from toolchain.verify.run import run_artifact
+from deploy.base.errors import UsageError
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.targets import get_target
+from deploy.devices.elf import elf_machine
+from deploy.devices.platforms import get_platform
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.run import run_artifact
 
 needs_cross = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-objdump") is None or shutil.which("aarch64-linux-gnu-gcc") is None,
@@ -65,7 +65,7 @@ def test_modules_use_the_vector_unit(tmp_path, target_name, op_name, attrs, shap
 
 @pytest.fixture(scope="module")
 def emulator_session():
-    from devices import get_device
+    from deploy.devices import get_device
 
     with get_device("emulator").open() as session:
         yield session

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from base.errors import UsageError
+from deploy.base.errors import UsageError
+from deploy.bench.torch_baseline import torch_version
+from deploy.cli.bench import versus, warn_in_cache
 from tests.conftest import run_deploy
-from toolchain.bench.torch_baseline import torch_version
-from toolchain.cli.bench import versus, warn_in_cache
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
 ADD_BYTES = 3 * ADD_WRITTEN
@@ -51,8 +51,8 @@ def test_each_op_is_timed_at_batch_1_beside_onnxruntime_and_torch(monkeypatch: p
     """Issue #36: a row at batch 1 (in cache, as an edge device calls an op) after each bench
     case, and baselines that do not allocate in the timed call: onnxruntime through IOBinding,
     PyTorch with out= where it has it (its column marks the ones without)."""
-    from ops import get_op
-    from ops.spec import Case
+    from deploy.ops import get_op
+    from deploy.ops.spec import Case
     from tests.conftest import invoke
 
     monkeypatch.setattr(get_op("add"), "bench", Case(((4, 8, 32), (4, 8, 32))))
@@ -86,7 +86,7 @@ def test_each_op_is_timed_at_batch_1_beside_onnxruntime_and_torch(monkeypatch: p
 def test_ratios_are_per_round_so_drift_cancels() -> None:
     """A round where the device runs at half its bandwidth (a neighbour's job) times the op at half
     speed too: the per-round ratio stays, where a yardstick from another minute would be off 2x."""
-    from toolchain.bench.roofline import FOLD, Bandwidth, Beside, bandwidth_from
+    from deploy.bench.roofline import FOLD, Bandwidth, Beside, bandwidth_from
 
     total = 10**9
     fast = bandwidth_from(total, fill_ms=1.0, fold_ms=1.0 + 1.0 / FOLD, copy_ms=2.0)
@@ -110,7 +110,7 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
     """A device whose cache holds a case (a GPU's L2, a server's 300 MB L3) times a grown one:
     --min-mb multiplies the leading dims, and the bandwidth kernels stream as many bytes.
     --no-baselines leaves numpy and PyTorch out (seconds a call at GB sizes)."""
-    from toolchain.bench.roofline import BYTES, roofline_bytes
+    from deploy.bench.roofline import BYTES, roofline_bytes
 
     grown = run_deploy("bench", "--target", "x86", "--op", "argmax", "--min-mb", "150", "--no-baselines",
                        "--repeat", "1", "--json", "--no-batch-1")  # fmt: skip
@@ -125,7 +125,7 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
 
 
 def test_a_case_grows_along_its_batch() -> None:
-    from ops.spec import Case
+    from deploy.ops.spec import Case
 
     case = Case(((32, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1})
     assert case.batched(3) == Case(((96, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1}), "a broadcast 1 stays"
@@ -136,9 +136,9 @@ def test_a_case_grows_along_its_batch() -> None:
 def test_a_grown_case_moves_at_least_what_was_asked() -> None:
     """Bytes that do not grow (a broadcast operand) are counted: the case reaches the size; one
     with nothing to grow is refused before any device is touched."""
-    from ops.add import Add
-    from ops.spec import Case
-    from toolchain.bench.bench import moved_bytes, sized_case
+    from deploy.bench.bench import moved_bytes, sized_case
+    from deploy.ops.library.add import Add
+    from deploy.ops.spec import Case
 
     class Broadcast(Add):
         bench = Case(((4, 64, 32, 32), (1, 64, 32, 32)))
@@ -158,8 +158,8 @@ def test_a_bench_that_computes_a_wrong_answer_reports_no_time(
 ):
     """The timed artifact's first call is checked against numpy: a wrong answer is a failed check
     (exit 1), not a time; the other rows are still measured and shown, the wrong one says so."""
-    from ops import get_op
-    from ops.spec import Case
+    from deploy.ops import get_op
+    from deploy.ops.spec import Case
     from tests.conftest import invoke
 
     add, leaky = get_op("add"), get_op("leaky_relu")
@@ -258,7 +258,7 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
 
     from tests.conftest import DEPLOY
 
-    examples = str(Path(__file__).resolve().parent.parent / "ops" / "examples")
+    examples = str(Path(__file__).resolve().parent.parent / "deploy" / "ops" / "examples")
     argv = [DEPLOY, "--ops-path", examples, "bench", "--target", "x86", "--op", "hard_tanh",
             "--repeat", "1", "--no-baselines"]  # fmt: skip
     terminal, stderr = pty.openpty()
@@ -289,7 +289,7 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
     warned = [line for line in text.splitlines() if "warning: " in line]
     assert len(warned) == 1 and "hard_tanh declares no bench case" in warned[0], text
     assert "(batch 1)" in ran.stdout and "bench: building" not in ran.stdout
-    from ops import get_op
+    from deploy.ops import get_op
 
     warn_in_cache([{"op": "add", "mb_moved": 0.1, "batch_1": False}], {"add": get_op("add")})  # it has one
     assert capsys.readouterr().err == ""

@@ -29,24 +29,24 @@ import numpy as np
 import pytest
 from test_ops_matrix import MATRIX
 
-from base.ctext import C_KEYWORDS
-from base.errors import DeployError, UsageError
-from base.files import sha256_file
-from base.threads import host_cpus
-from devices import get_device
-from devices.platforms import get_platform
-from ops import TensorType, bind, get_op
-from ops.graph import BoundGraph, bind_graph
-from ops.spec import BoundOp, batch_sizes
+from deploy.base.ctext import C_KEYWORDS
+from deploy.base.errors import DeployError, UsageError
+from deploy.base.files import sha256_file
+from deploy.base.threads import host_cpus
+from deploy.compiler.bundle import check_symbols, signature
+from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
+from deploy.compiler.export import export
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import get_target
+from deploy.devices import get_device
+from deploy.devices.platforms import get_platform
+from deploy.model import load_model
+from deploy.ops import TensorType, bind, get_op
+from deploy.ops.graph import BoundGraph, bind_graph
+from deploy.ops.spec import BoundOp, batch_sizes
+from deploy.verify.compare import compare, random_input
+from deploy.verify.matrix import SYMBOLIC_SIZES, PlannedCase
 from tests.conftest import REPO, invoke
-from toolchain.build.bundle import check_symbols, signature
-from toolchain.build.compile import Compiled, CompiledGraph, compile_graph, compile_op
-from toolchain.build.export import export
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import compare, random_input
-from toolchain.verify.matrix import SYMBOLIC_SIZES, PlannedCase
 
 ARM = get_platform("aarch64")
 X86 = get_platform("x86_64")
@@ -397,7 +397,7 @@ EXAMPLES = REPO / "examples"
 
 def example_graphs() -> list[tuple[str, BoundGraph, tuple[int, ...]]]:
     """(name, graph, the batch sizes to run it at) of each example model: the YAML graph, the ONNX
-    model with a custom-domain op (its op from ops/examples), its symbolic-batch twin, and the
+    model with a custom-domain op (its op from deploy/ops/examples), its symbolic-batch twin, and the
     model with constants (an initializer and a Constant node, linked into its bundle)."""
     return [
         ("maxpool_add", bind_graph(load_model(EXAMPLES / "maxpool_add.yaml")), (0,)),
@@ -1173,12 +1173,12 @@ def test_host_arch_is_an_opencl_bundles_alone(tmp_path: Path) -> None:
 
 def test_failed_bundle_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its intermediate files are inside the artifact being written: removed with it."""
-    import toolchain.build.bundle
+    import deploy.compiler.bundle
 
     def broken(*args: object, **kwargs: object) -> None:
         raise DeployError("gcc failed")
 
-    monkeypatch.setattr(toolchain.build.bundle, "run_tool", broken)
+    monkeypatch.setattr(deploy.compiler.bundle, "run_tool", broken)
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     with pytest.raises(DeployError, match="gcc failed"):
         export(compile_op(bound, get_target("x86")), tmp_path / "b", bundle=True)
@@ -1196,7 +1196,7 @@ int main(int argc, char** argv) {
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_sha256_matches_hashlib(tmp_path: Path) -> None:
     (tmp_path / "main.cc").write_text(SHA_MAIN)
-    cmd = ["g++", "-std=c++17", "-O2", "-Wall", "-Werror", f"-I{REPO / 'devices' / 'native'}",
+    cmd = ["g++", "-std=c++17", "-O2", "-Wall", "-Werror", f"-I{REPO / 'deploy' / 'devices' / 'native'}",
            str(tmp_path / "main.cc"), "-o", str(tmp_path / "sha")]  # fmt: skip
     subprocess.run(cmd, check=True)
     rng = np.random.default_rng(0)

@@ -12,23 +12,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import toolchain.build.cache as cache
-import toolchain.build.fingerprint as fingerprint
-from ops import TensorType, bind, get_op
+import deploy.compiler.cache as cache
+import deploy.compiler.fingerprint as fingerprint
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, bind, get_op
 from tests.conftest import run_deploy
-from toolchain.build.targets import get_target
 
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
 BOUND = bind(get_op("max_pool2d"), POOL, [TensorType((1, 4, 8, 8), "float32")])
 CODE_SHAPING = [
-    "toolchain/build/shared_object.py",
-    "toolchain/build/targets.py",
-    "toolchain/build/opencl.py",
-    "toolchain/build/compile.py",
-    "toolchain/build/bundle.py",
-    "toolchain/tune/tuners.py",
-    "schedules/cpu.py",
-    "ops/pooling.py",
+    "deploy/compiler/shared_object.py",
+    "deploy/compiler/targets.py",
+    "deploy/compiler/opencl.py",
+    "deploy/compiler/compile.py",
+    "deploy/compiler/bundle.py",
+    "deploy/tune/tuners.py",
+    "deploy/schedules/cpu.py",
+    "deploy/ops/library/pooling.py",
 ]
 
 
@@ -58,7 +58,7 @@ def test_the_key_does_not_depend_on_what_this_process_imported():
     import sys
 
     key = cache.build_key(BOUND, get_target("x86"))
-    sys.modules.pop("toolchain.build.opencl", None)
+    sys.modules.pop("deploy.compiler.opencl", None)
     assert cache.build_key(BOUND, get_target("x86")) == key
 
 
@@ -67,9 +67,9 @@ def test_a_tuned_key_depends_on_the_verdicts_not_on_the_records_object(item: str
     """`--tuned DIR` builds hit the cache from one process to the next: the key holds what the
     records say (none here), not the records object (whose warning callback is a new function
     in every process)."""
-    from ops.graph import bind_graph
-    from toolchain.model import load_model
-    from toolchain.tune.tuners import AcceptedRecords
+    from deploy.model import load_model
+    from deploy.ops.graph import bind_graph
+    from deploy.tune.tuners import AcceptedRecords
 
     built = (
         BOUND
@@ -86,7 +86,7 @@ def test_a_tuned_key_depends_on_the_verdicts_not_on_the_records_object(item: str
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", "x" * 300, ".hidden"])
 def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A model file names its graph anything: its build lands in builds/ under a plain name."""
-    from ops.graph import Graph, Node, bind_graph
+    from deploy.ops.graph import Graph, Node, bind_graph
 
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
     node = Node("act", get_op("leaky_relu"), {}, ("x",), "act")
@@ -99,7 +99,7 @@ def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypa
 SCALED = textwrap.dedent(
     """
     from tvm import te
-    from ops import Case, Input, Op, register
+    from deploy.ops import Case, Input, Op, register
     from scalecfg import SCALE
 
     @register
@@ -156,8 +156,8 @@ def test_editing_a_schedule_file_beside_a_user_op_rebuilds_it(tmp_path: Path):
     for factor in (5, 7):
         (folder / "scaled_cpu.py").write_text(
             "from tvm import te\n"
-            "from schedules.cpu import generic_cpu\n"
-            "from schedules.registry import register_schedule\n\n\n"
+            "from deploy.schedules.cpu import generic_cpu\n"
+            "from deploy.schedules.registry import register_schedule\n\n\n"
             "def times(ctx, x):\n"
             f"    return te.compute(ctx.bound.output.shape, lambda i: x[i] * {factor}.0, name='out')\n\n\n"
             "register_schedule('cpu', 'scaled', compute=times)(generic_cpu)\n"
@@ -176,7 +176,7 @@ def test_a_user_ops_helpers_are_found_without_importing_them(
     compute() is in the key before compute ever ran, so the key is the same before and after."""
     import sys
 
-    from ops.registry import find_op, load_ops_path
+    from deploy.ops.registry import find_op, load_ops_path
 
     folder, helpers = _scaled_op(tmp_path, 2)
     monkeypatch.syspath_prepend(str(helpers))
@@ -213,7 +213,7 @@ DAMAGES = [_truncate_module, _drop_manifest, _copy_other_build, _link_to_other_b
 def test_a_damaged_cache_entry_is_built_again(damage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A hit read the entry as it was: a module cut short was an exit-2 error on every run, and
     another build's entry (kernel 2 copied over kernel 3, both 4x4 outputs) was a wrong answer."""
-    from toolchain.build.manifest import Manifest
+    from deploy.compiler.manifest import Manifest
 
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
     target = get_target("x86")
@@ -252,7 +252,7 @@ def test_a_zipped_helper_is_not_read_as_a_file(
     NotADirectoryError on every build of the op."""
     import zipfile
 
-    from ops.registry import find_op, load_ops_path
+    from deploy.ops.registry import find_op, load_ops_path
 
     with zipfile.ZipFile(tmp_path / "helpers.zip", "w") as archive:
         archive.writestr("zipcfg.py", "SCALE = 2\n")
@@ -270,7 +270,7 @@ OFFSET_OP = textwrap.dedent(
     """
     from pathlib import Path
     from tvm import te
-    from ops import Case, Input, Op, register
+    from deploy.ops import Case, Input, Op, register
 
     OFFSET = float((Path(__file__).parent / "offset.txt").read_text())
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tvm
 
-from base.errors import UsageError
-from base.files import sha256_file
-from ops import all_ops, get_op
+from deploy.base.errors import UsageError
+from deploy.base.files import sha256_file
+from deploy.compiler.manifest import Manifest
+from deploy.ops import all_ops, get_op
 from tests.conftest import invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
-from toolchain.build.manifest import Manifest
 
 BUILTIN = {"add", "argmax", "hard_sigmoid", "layout_transform", "leaky_relu", "max_pool2d"}
 POOL = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": False, "layout": "NCHW"}
@@ -36,9 +36,9 @@ def test_ops_json_lists_every_builtin_op():
     assert ops["add"]["targets"]["x86"] == "cpu/generic"
 
 
-def test_python_m_toolchain_cli_is_deploy():
+def test_python_m_deploy_is_deploy():
     """From a checkout without the console script (a bench script's subprocess, a device)."""
-    done = subprocess.run([sys.executable, "-m", "toolchain.cli", "ops", "--json"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "deploy", "ops", "--json"], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert {op["name"] for op in json.loads(done.stdout)} >= {"add", "argmax"}
@@ -125,7 +125,7 @@ def test_run_writes_output_and_checks(tmp_path, dtype):
 def test_run_pools_a_packed_input(tmp_path, target):
     """`deploy run -a layout=NCHW4c` on [1, 2, 9, 9, 4] (8 channels packed by 4) matches numpy's
     NCHW pooling of the same channels, packed."""
-    from ops.layouts import LAYOUTS
+    from deploy.ops.layouts import LAYOUTS
 
     nchw = np.random.default_rng(4).standard_normal((1, 8, 9, 9)).astype("float32")
     np.save(tmp_path / "x.npy", LAYOUTS["NCHW4c"].from_nchw(nchw))

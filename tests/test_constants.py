@@ -16,16 +16,16 @@ from conftest import REPO, invoke
 from onnx import TensorProto, helper, numpy_helper
 from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
-from base.errors import UsageError
-from ops.graph import Constant, bind_graph
-from ops.spec import TensorType
-from toolchain.build.cache import cached_build
-from toolchain.build.constants import BLOB
-from toolchain.build.plan import MAX_BLOB_BYTES, constant_offsets
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import random_input
-from toolchain.verify.run import verify
+from deploy.base.errors import UsageError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.constants import BLOB
+from deploy.compiler.plan import MAX_BLOB_BYTES, constant_offsets
+from deploy.compiler.targets import get_target
+from deploy.model import load_model
+from deploy.ops.graph import Constant, bind_graph
+from deploy.ops.spec import TensorType
+from deploy.verify.compare import random_input
+from deploy.verify.run import verify
 
 EXAMPLE = REPO / "examples" / "pool_bias_leaky.onnx"
 BIAS = np.linspace(-2, 2, 24, dtype=np.float32).reshape(1, 4, 2, 3)

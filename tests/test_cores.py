@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.compiler.manifest import Manifest
 from tests.conftest import invoke
-from toolchain.build.manifest import Manifest
 
 ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "1x64x2048"]
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from devices.server_process import free_port
+from deploy.devices.server_process import free_port
 from tests.conftest import run_deploy
 
 
@@ -106,8 +106,8 @@ def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, mon
     waited for ever, since nothing offers that server any more (`deploy test` hung for minutes)."""
     from tvm.rpc.base import TrackerCode
 
-    from devices import DeviceLost
-    from devices import tracker as farm
+    from deploy.devices import DeviceLost
+    from deploy.devices import tracker as farm
 
     process = farm.TrackerProcess(tmp_path)
     address = process.start(port=free_port())

@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 import pytest
 
+from deploy.cli.main import hoist_group_options, main
 from tests.conftest import REPO, run_deploy
-from toolchain.cli.main import hoist_group_options, main
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -13,11 +13,11 @@ import numpy as np
 import psutil
 import pytest
 
-from devices import DeviceLost
-from devices.emulator import Emulator
-from devices.rpc import connect
-from devices.server_process import free_port
-from ops import get_op
+from deploy.devices import DeviceLost
+from deploy.devices.emulator import Emulator
+from deploy.devices.rpc import connect
+from deploy.devices.server_process import free_port
+from deploy.ops import get_op
 from tests.conftest import DEPLOY, run_deploy
 
 pytestmark = [

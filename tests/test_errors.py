@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from base.threads import host_cpus
+from deploy.base.threads import host_cpus
 from tests.conftest import DEPLOY, invoke, run_deploy
 
 BUILD = ["build", "--target", "x86"]
@@ -111,8 +111,8 @@ def test_a_build_removes_what_killed_builds_left_and_nothing_else(tmp_path):
     writing, and, killed between the two renames of the swap, the earlier artifact with its place
     empty. The next export into that directory removes the first and puts the second back.
     Look-alikes without deploy's mark (a user's, or a link to one) stay."""
-    from toolchain.build.export import _set_aside
-    from toolchain.build.manifest import PARTIAL
+    from deploy.compiler.export import _set_aside
+    from deploy.compiler.manifest import PARTIAL
 
     out = tmp_path / "out"
     assert invoke(*BUILD, "--op", "leaky_relu", "--shape", "4", "-o", str(out)).exit_code == 0
@@ -157,8 +157,8 @@ def test_a_stream_that_cannot_encode_a_character_prints_a_question_mark(env):
 
 STOPPED_MID_PASS = """
 import os, signal, sys
-import toolchain.build.shared_object as shared_object
-from toolchain.cli.main import main
+import deploy.compiler.shared_object as shared_object
+from deploy.cli.main import main
 
 rewrite = shared_object._stride2_to_shuffle
 sent = []
@@ -194,8 +194,8 @@ def test_a_signal_inside_a_tvm_pass_stops_the_command_as_that_signal(sig, comman
 
 ANNOUNCED_COMPILE = """
 import sys
-import toolchain.build.shared_object as shared_object
-from toolchain.cli.main import main
+import deploy.compiler.shared_object as shared_object
+from deploy.cli.main import main
 
 compile_cpu = shared_object.compile_cpu
 
@@ -249,7 +249,7 @@ def test_a_signal_during_a_long_compile_stops_the_build_at_once(tmp_path):
 def test_a_paths_undecodable_bytes_print_as_they_were_read():
     """The C locale reads a path's bytes it cannot decode as surrogates and prints them back as
     those bytes (surrogateescape): `?` would name another file."""
-    from toolchain.cli.main import UNENCODABLE
+    from deploy.cli.main import UNENCODABLE
 
     assert "f\udce9 \u2026".encode("ascii", UNENCODABLE) == b"f\xe9 ?"
 

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from base.errors import UsageError
-from ops import TensorType, all_ops, bind
-from ops.layouts import LAYOUTS
-from toolchain.build.targets import get_target
-from toolchain.verify.compare import CHUNK, compare, random_input
-from toolchain.verify.run import verify
+from deploy.base.errors import UsageError
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, all_ops, bind
+from deploy.ops.layouts import LAYOUTS
+from deploy.verify.compare import CHUNK, compare, random_input
+from deploy.verify.run import verify
 
 MAX_DIM = 9
 

@@ -17,16 +17,16 @@ import pytest
 from conftest import invoke
 from test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
-from base.errors import UsageError
-from ops import TensorType, get_op
-from ops.graph import Graph, Node, bind_graph
-from schedules import find_schedule
-from toolchain.build.cache import cached_build
-from toolchain.build.fusion import kernels
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import random_input
-from toolchain.verify.run import for_device, verify
+from deploy.base.errors import UsageError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.fusion import kernels
+from deploy.compiler.targets import get_target
+from deploy.model import load_model
+from deploy.ops import TensorType, get_op
+from deploy.ops.graph import Graph, Node, bind_graph
+from deploy.schedules import find_schedule
+from deploy.verify.compare import random_input
+from deploy.verify.run import for_device, verify
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_htanh.onnx"
@@ -190,7 +190,7 @@ def test_test_model_compares_with_numpy_and_onnxruntime(example_ops):
 
 def test_test_model_says_when_onnxruntime_is_missing(example_ops, monkeypatch):
     """An ONNX model's second reference is onnxruntime's; without it, one line says so."""
-    from toolchain.verify import onnx_reference
+    from deploy.verify import onnx_reference
 
     monkeypatch.setattr(onnx_reference, "onnxruntime", None)
     result = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "x86")
@@ -261,11 +261,11 @@ def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, exam
     """`deploy tune --report` rebuilds a model's fused kernels from task.json: the same key (so
     the same records: its ops, attributes and wiring) and the same block names, which a tuned
     trace names."""
-    from ops.fused import FusedOp
-    from ops.layouts import LAYOUTS
-    from ops.relayout import relayout
-    from toolchain.tune import records
-    from toolchain.tune.report import task_bound
+    from deploy.ops.fused import FusedOp
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.ops.relayout import relayout
+    from deploy.tune import records
+    from deploy.tune.report import task_bound
 
     g = bind_graph(load_model(EXAMPLE_ONNX if source == "onnx" else EXAMPLE_YAML))
     if source == "laid-out":
@@ -305,8 +305,8 @@ def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, exam
     ],
 )
 def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
-    from toolchain.tune import records
-    from toolchain.tune.report import task_bound
+    from deploy.tune import records
+    from deploy.tune.report import task_bound
 
     (bound,) = (k.bound for k in kernels(bind_graph(load_model(EXAMPLE_YAML))))
     directory = records.task_dir(tmp_path, bound, "x86")
@@ -349,8 +349,8 @@ def test_a_bad_fused_task_file_is_one_line(change, message, tmp_path):
 def test_a_task_that_cannot_be_rebuilt_is_named_in_one_line(body, message, tmp_path):
     """An op whose file is not loaded (no --ops-path) is named as unknown, not taken for a fused
     group; a broken file is one printable line."""
-    from toolchain.tune import records
-    from toolchain.tune.report import task_bound
+    from deploy.tune import records
+    from deploy.tune.report import task_bound
 
     directory = tmp_path / "x86" / "hard_tanh-000000000000"
     directory.mkdir(parents=True)
@@ -361,8 +361,8 @@ def test_a_task_that_cannot_be_rebuilt_is_named_in_one_line(body, message, tmp_p
 
 
 def test_a_task_file_of_another_task_is_refused(tmp_path):
-    from toolchain.tune import records
-    from toolchain.tune.report import task_bound
+    from deploy.tune import records
+    from deploy.tune.report import task_bound
 
     (bound,) = (k.bound for k in kernels(bind_graph(load_model(EXAMPLE_YAML))))
     directory = tmp_path / "x86" / "fused_max_pool2d_add-000000000000"
@@ -376,7 +376,7 @@ def test_a_long_chain_of_ops_that_read_their_input_thrice_is_cut_into_kernels(lo
     """Inlining copies a node into every read of its output: ten leaky_relu (three reads each) in
     one kernel would hold 3**9 copies of the first, and TVM took minutes to compile it. Each
     kernel inlines a node at most MAX_COPIES times; the graph still matches numpy."""
-    from toolchain.build.fusion import MAX_COPIES
+    from deploy.compiler.fusion import MAX_COPIES
 
     chain = [("n0", "leaky_relu", {"alpha": 0.5}, ("x",))]
     chain += [(f"n{i}", "leaky_relu", {"alpha": 0.5}, (f"n{i - 1}",)) for i in range(1, 10)]
@@ -451,8 +451,8 @@ def test_float16_kernels_of_a_storage_target_come_from_the_float32_graph():
     """On a device without half arithmetic a float16 graph is fused and scheduled as float32 (its
     buffers stay half): the kernels come from the widened graph, and a float16 kernel handed to
     the scheduler alone (tuning) is refused in one line that says how to tune it."""
-    from base.errors import UsageError
-    from toolchain.build.compile import as_computed_graph, hand_schedule
+    from deploy.base.errors import UsageError
+    from deploy.compiler.compile import as_computed_graph, hand_schedule
 
     g = graph({"x": (1, 4, 8, 8), "b": (1, 1, 4, 4)}, "float16", ("p", "max_pool2d", POOL, ("x",)),
               ("s", "add", {}, ("p", "b")))  # fmt: skip
@@ -511,8 +511,8 @@ def laid_out_names(g: Any) -> list[str]:
 @pytest.mark.parametrize("layout", PACKED)
 @pytest.mark.parametrize("name", list(LAID_OUT))
 def test_the_layout_pass_converts_only_where_neighbours_disagree(name, layout):
-    from ops.layouts import LAYOUTS
-    from ops.relayout import relayout
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.ops.relayout import relayout
 
     inputs, nodes, expected = LAID_OUT[name]
     g = graph(inputs, "float32", *nodes)
@@ -536,8 +536,8 @@ def test_a_moved_output_read_by_another_node_keeps_its_name():
     """The graph's output `pool` moves to the layout and is read by a node that follows it:
     that node reads the packed tensor (under its own name), and the conversion back writes
     `pool`, which the graph returns."""
-    from ops.layouts import LAYOUTS
-    from ops.relayout import relayout
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.ops.relayout import relayout
 
     g = bind_graph(
         Graph(
@@ -562,8 +562,8 @@ def test_a_moved_output_read_by_another_node_keeps_its_name():
 
 
 def test_the_layout_pass_leaves_graphs_without_pooling_and_explicit_layouts_alone():
-    from ops.layouts import LAYOUTS
-    from ops.relayout import relayout
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.ops.relayout import relayout
 
     elementwise = graph({"a": (1, 8, 4, 4), "b": (1, 8, 4, 4)}, "float32", ("s", "add", {}, ("a", "b")))
     assert relayout(elementwise, LAYOUTS["NCHW4c"]) is elementwise
@@ -576,8 +576,8 @@ def test_the_layout_pass_leaves_graphs_without_pooling_and_explicit_layouts_alon
 def test_a_conversion_is_a_kernel_of_its_own():
     """Fused into its neighbour, a conversion makes that kernel's loops one layout and its reads
     the other, under the generic schedule; on its own each kernel keeps its layout's schedule."""
-    from ops.layouts import LAYOUTS
-    from ops.relayout import relayout
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.ops.relayout import relayout
 
     inputs, nodes, _ = LAID_OUT["chain"]
     laid = relayout(graph(inputs, "float32", *nodes), LAYOUTS["NCHW4c"])
@@ -646,7 +646,7 @@ def test_build_layout_puts_conversions_at_the_boundaries(tmp_path):
 
 
 def test_a_layout_is_part_of_the_build_key():
-    from toolchain.build.cache import build_key
+    from deploy.compiler.cache import build_key
 
     g = graph({"a": (1, 8, 8, 8)}, "float32", ("p", "max_pool2d", POOL, ("a",)))
     x86 = get_target("x86")
@@ -706,9 +706,9 @@ def test_tune_model_measures_the_targets_layout_and_builds_follow(tmp_path):
 )
 def test_a_layout_verdict_stands_for_its_candidate_on_its_device(change, stands, tmp_path):
     """Running `deploy tune --model` again keeps the layout measured on the same device."""
-    from devices import get_device
-    from ops.layouts import LAYOUTS
-    from toolchain.tune.layouts import layout_path, standing, write_layout
+    from deploy.devices import get_device
+    from deploy.ops.layouts import LAYOUTS
+    from deploy.tune.layouts import layout_path, standing, write_layout
 
     g = bind_graph(load_model(EXAMPLE_YAML))
     measured = {"layout": "NCHW8c", "candidate": "NCHW8c", "nchw_ms": 2.0, "packed_ms": 1.0, "rejected": []}
@@ -724,7 +724,7 @@ def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):
     """The layout verdict is data read from disk: one naming a layout lays the graph out in it,
     `--layout` overrides it, and one that is not a verdict is refused in one warning line (the
     build stays NCHW)."""
-    from toolchain.tune.layouts import layout_path
+    from deploy.tune.layouts import layout_path
 
     g = bind_graph(load_model(str(EXAMPLE_YAML)))
     db = tmp_path / "db"

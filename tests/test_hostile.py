@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ops import registry
+from deploy.ops import registry
 from tests.conftest import invoke
 
 LR = "build --target x86 --op leaky_relu"
@@ -155,7 +155,7 @@ ROBUST_ROWS: list[tuple[str, int, str]] = [
 ]
 
 LLVM_ABORT_OP = (
-    "import tvm\nfrom tvm import te\nfrom ops import Case, Input, Op, register\n\n@register\n"
+    "import tvm\nfrom tvm import te\nfrom deploy.ops import Case, Input, Op, register\n\n@register\n"
     "class Crc(Op):\n    name = 'crc32w'\n    inputs = (Input('x'),)\n    dtypes = ('int32',)\n"
     "    cases = (Case(((1,),)),)\n\n    def infer(self, attrs, inputs):\n        return inputs[0]\n\n"
     "    def compute(self, attrs, out, x):  # an aarch64 intrinsic, which LLVM cannot select for x86\n"
@@ -163,7 +163,7 @@ LLVM_ABORT_OP = (
     "        return te.compute(out.shape, lambda *i: crc('int32', 'llvm.aarch64.crc32w', x[i], x[i]))\n\n"
     "    def reference(self, attrs, x):\n        return x\n"
 )
-"""A user op whose kernel LLVM aborts on (`base/forked.py`)."""
+"""A user op whose kernel LLVM aborts on (`deploy/base/forked.py`)."""
 
 MODEL_FILES = {
     "good.yaml": (
@@ -254,10 +254,11 @@ ROWS: list[tuple[str, int, str]] = [
     ("--ops-path TMP/ops_exit ops", 2, "TMP/ops_exit/quit.py called exit(0)"),
     ("--ops-path TMP/ops_exit_msg ops", 2, "called exit('bye')"),
     ("--ops-path TMP/ops_import ops", 2, "imports.py failed to import: ModuleNotFoundError"),
+    ("--ops-path TMP/ops_old ops", 2, "old.py:2: 'from ops import Op': the op framework is deploy.ops"),
     ("--ops-path TMP/ops_syntax ops", 2, "syntax.py failed to import: SyntaxError"),
     ("--ops-path TMP/ops_raise ops", 2, "raises.py failed to import: RuntimeError: boom"),
     ("--ops-path TMP/ops_noname ops", 2, "op class NoName in TMP/ops_noname/noname.py: name None: expected"),
-    ("--ops-path TMP/ops_builtin ops", 2, "ops/leaky_relu.py and in TMP/ops_builtin/lr.py"),
+    ("--ops-path TMP/ops_builtin ops", 2, "deploy/ops/library/leaky_relu.py and in TMP/ops_builtin/lr.py"),
     ("--ops-path TMP/ops_twins ops", 2, "'hostile_twin' is defined twice: in TMP/ops_twins/a.py and in"),
     (
         "--ops-path TMP/first/ops --ops-path TMP/second/ops ops",
@@ -379,7 +380,7 @@ ROWS: list[tuple[str, int, str]] = [
     (f"{POOL} -a ceil_mode=maybe", 2, "ceil_mode='maybe'"),
     (f"{POOL} -a ceil_mode=", 2, "ceil_mode=''"),
     ("build --target x86 --op max_pool2d --shape 1x1x2x2 -a kernel=3", 2, "kernel"),
-    # layouts (ops/layouts.py): a wrong rank, a pack dim other than p, an unknown layout
+    # layouts (deploy/ops/layouts.py): a wrong rank, a pack dim other than p, an unknown layout
     (f"{POOL} -a layout=NCHW4c", 2, "expected NCHW4c (rank 5: N, C/p, H, W, p)"),
     (f"{POOL} -a layout=NCHW5c", 2, "layout='NCHW5c': expected one of NCHW, NHWC, NCHW4c, NCHW8c"),
     (f"{POOL} -a layout=", 2, "layout=''"),
@@ -626,7 +627,7 @@ OP_FILE = textwrap.dedent(
     '''
     """A user op named {name!r}."""
     from tvm import te
-    from ops import Case, Input, Op, register
+    from deploy.ops import Case, Input, Op, register
 
     @register
     class {cls}(Op):
@@ -650,9 +651,10 @@ OP_DIRS = {
     "ops_exit": {"quit.py": "import sys\nsys.exit(0)\n"},
     "ops_exit_msg": {"bye.py": "raise SystemExit('bye')\n"},
     "ops_import": {"imports.py": "import no_such_module_for_deploy\n"},
+    "ops_old": {"old.py": "import numpy\nfrom ops import Op\n"},
     "ops_syntax": {"syntax.py": "def (:\n"},
     "ops_raise": {"raises.py": "raise RuntimeError('boom')\n"},
-    "ops_noname": {"noname.py": "from ops import Op, register\n\n@register\nclass NoName(Op):\n    pass\n"},
+    "ops_noname": {"noname.py": "from deploy.ops import Op, register\n\n@register\nclass NoName(Op): pass\n"},
     "ops_builtin": {"lr.py": OP_FILE.format(name="leaky_relu", cls="LeakyRelu")},
     "ops_twins": {
         "a.py": OP_FILE.format(name="hostile_twin", cls="Twin"),
@@ -815,6 +817,6 @@ def test_a_bad_device_config_is_one_line(config, fragment, tmp_path, monkeypatch
 def test_a_board_host_may_be_an_ipv6_address(host):
     """A ':' in a host is refused (a port belongs in --port) unless the host is an IPv6 address,
     which paramiko takes as it is."""
-    from devices.boards import Board
+    from deploy.devices.boards import Board
 
     assert Board("b", host, "u").check().host == host

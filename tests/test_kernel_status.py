@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
 
-from ops import TensorType, bind, get_op
-from ops.graph import bind_graph
-from toolchain.model import load_model
+from deploy.model import load_model
+from deploy.ops import TensorType, bind, get_op
+from deploy.ops.graph import bind_graph
 
 SIDE = 1024
 """argmax over 4 channels of SIDE x SIDE keeps its running maxima in workspace buffers of
@@ -142,15 +142,15 @@ def test_a_failing_kernel_fails_the_call(target: str, graph: bool, tmp_path: Pat
 
 
 def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> None:
-    """The plan as `deploy run/test` call it (TVM's runtime, `devices/session.py`), its first
+    """The plan as `deploy run/test` call it (TVM's runtime, `deploy/devices/session.py`), its first
     kernel one whose body fails its own check: main raises naming that kernel and does not
     run the second (the output keeps what it held); before, it returned 0 over that output."""
     import tvm
 
-    from toolchain.build.compile import ScheduledKernel, lay_out, schedule_op
-    from toolchain.build.plan import arena_bytes, plan_arena, plan_module
-    from toolchain.build.shared_object import _calls, compile_cpu
-    from toolchain.build.targets import get_target
+    from deploy.compiler.compile import ScheduledKernel, lay_out, schedule_op
+    from deploy.compiler.plan import arena_bytes, plan_arena, plan_module
+    from deploy.compiler.shared_object import _calls, compile_cpu
+    from deploy.compiler.targets import get_target
 
     (tmp_path / "k.yaml").write_text(GRAPH.replace(str(SIDE), "8"))
     graph = bind_graph(load_model(tmp_path / "k.yaml"))

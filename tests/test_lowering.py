@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.targets import get_target
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, bind, get_op
 
 
 def _load(extent: object, base: object, stride: int = 2):
@@ -30,7 +30,7 @@ def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, fir
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from toolchain.build.shared_object import _stride2_to_shuffle
+    from deploy.compiler.shared_object import _stride2_to_shuffle
 
     i = tirx.Var("i", "int32")
     rewritten = _stride2_to_shuffle(_load(64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
@@ -56,7 +56,7 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from toolchain.build.shared_object import _stride2_to_shuffle
+    from deploy.compiler.shared_object import _stride2_to_shuffle
 
     original = load(tirx)
     assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)
@@ -96,7 +96,7 @@ def _streaming_loop(ahead: int) -> tuple[Any, Any]:
     loop inside the step; annotated to prefetch `ahead` bytes ahead. With the stage's buffer."""
     from tvm import tirx
 
-    from schedules.cpu import PREFETCH
+    from deploy.schedules.cpu import PREFETCH
 
     x = tirx.decl_buffer((4096,), "float32", name="x")
     stage = tirx.decl_buffer((112,), "float32", name="stage")
@@ -127,8 +127,8 @@ def _prefetched_offsets(loop: Any, line: Any, per_step: int = 16) -> list[int]:
 
 
 def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
-    from schedules.cpu import PREFETCH
-    from toolchain.build.shared_object import _prefetched
+    from deploy.compiler.shared_object import _prefetched
+    from deploy.schedules.cpu import PREFETCH
 
     loop, stage = _streaming_loop(16384)
     lowered = _prefetched(loop, [stage])
@@ -155,8 +155,8 @@ def test_inner_loops_shows_the_pooling_rows_loop_with_its_prefetches() -> None:
 def test_a_searched_unroll_depth_keeps_the_prefetches(tmp_path: Path, depth: int) -> None:
     """Lowering unrolls before it prefetches: a search's unroll depth on the plane loop must not
     unroll the annotated stage loop away with its annotation."""
-    from schedules.registry import Choices
-    from toolchain.build.compile import compile_scheduled, hand_schedule
+    from deploy.compiler.compile import compile_scheduled, hand_schedule
+    from deploy.schedules.registry import Choices
 
     class Unrolled(Choices):
         def unroll(self, sch: Any, loop: Any, default: int) -> None:
@@ -181,10 +181,10 @@ EDGES = [
 def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attrs: dict, per: str) -> None:
     """Rows of one element or shorter than a vector, the stage per row or per plane, build and
     match numpy on random data, ties, NaN and infinities."""
-    from devices import get_device
-    from schedules.registry import Picked
-    from toolchain.build.compile import compile_scheduled, hand_schedule
-    from toolchain.verify.measure import check
+    from deploy.compiler.compile import compile_scheduled, hand_schedule
+    from deploy.devices import get_device
+    from deploy.schedules.registry import Picked
+    from deploy.verify.measure import check
 
     bound = bind(get_op("max_pool2d"), attrs, [TensorType(shape, "float32")])
     target = get_target("x86")
@@ -205,8 +205,8 @@ def test_a_sliding_window_is_one_stream() -> None:
     on its line: one prefetch serves all three."""
     from tvm import tirx
 
-    from schedules.cpu import PREFETCH
-    from toolchain.build.shared_object import _prefetched
+    from deploy.compiler.shared_object import _prefetched
+    from deploy.schedules.cpu import PREFETCH
 
     x = tirx.decl_buffer((1 << 20,), "float32", name="x")
     out = tirx.decl_buffer((1 << 20,), "float32", name="out")

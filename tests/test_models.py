@@ -16,15 +16,15 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from base.errors import UsageError
-from ops import TensorType, load_ops_path, registry
-from ops.graph import bind_graph
-from ops.onnx_mapping import OnnxOp
-from ops.registry import op_for_onnx
+from deploy.base.errors import UsageError
+from deploy.model import load_model
+from deploy.ops import TensorType, load_ops_path, registry
+from deploy.ops.graph import bind_graph
+from deploy.ops.onnx_mapping import OnnxOp
+from deploy.ops.registry import op_for_onnx
+from deploy.verify.compare import compare
+from deploy.verify.onnx_reference import AGREES_ON_NAN, agrees_on_nan, onnxruntime_reference
 from tests.conftest import REPO, invoke
-from toolchain.model import load_model
-from toolchain.verify.compare import compare
-from toolchain.verify.onnx_reference import AGREES_ON_NAN, agrees_on_nan, onnxruntime_reference
 
 EXAMPLE_YAML = REPO / "examples" / "maxpool_add.yaml"
 EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_htanh.onnx"
@@ -642,9 +642,9 @@ def test_bind_errors_in_onnx_models_name_the_node(tmp_path: Path) -> None:
 POOL_OP = textwrap.dedent(
     '''
     """A second max pooling that claims ONNX {op_type}."""
-    from ops import register
-    from ops.max_pool2d import MaxPool2d
-    from ops.onnx_mapping import OnnxOp
+    from deploy.ops import register
+    from deploy.ops.library.max_pool2d import MaxPool2d
+    from deploy.ops.onnx_mapping import OnnxOp
 
     @register
     class Pool(MaxPool2d):
@@ -662,7 +662,8 @@ def test_an_onnx_op_implemented_twice_names_both_files(tmp_path: Path, own_regis
     with pytest.raises(UsageError) as caught:
         load_ops_path(folder)
     assert str(caught.value) == (
-        f"ONNX op MaxPool is implemented twice: by op 'max_pool2d' in {REPO / 'ops' / 'max_pool2d.py'}"
+        "ONNX op MaxPool is implemented twice: by op 'max_pool2d' in"
+        f" {REPO / 'deploy/ops/library/max_pool2d.py'}"
         f" and by op 'my_pool' in {(folder / 'my_pool.py').resolve()}"
     )
     assert op_for_onnx("", "MaxPool") is registry.get_op("max_pool2d")
@@ -957,8 +958,8 @@ def test_an_exported_node_reads_back_and_runs_as_numpy_does(op: Any, case: Any) 
     the node's attributes read back to attributes that compute the same; and onnxruntime runs
     the one-node model as our numpy reference does (finite inputs: see onnx_reference.py). A
     case ONNX cannot say (a packed layout, int32 indices) exports nothing."""
-    from ops import bind
-    from toolchain.bench.onnxruntime_baseline import onnx_node, onnxruntime_call
+    from deploy.bench.onnxruntime_baseline import onnx_node, onnxruntime_call
+    from deploy.ops import bind
 
     types = [TensorType(shape, "float32") for shape in case.shapes]
     bound = bind(op, case.attrs, types)
@@ -978,7 +979,7 @@ def test_an_exported_node_reads_back_and_runs_as_numpy_does(op: Any, case: Any) 
 
 def test_a_long_string_aliased_into_a_shape_makes_a_short_message(tmp_path: Path) -> None:
     """Issue #37: a 1.4 KB file whose aliases repeat a long string (under the values cap) made a
-    114 MB error line; messages quote values bounded (`base.errors.shown`)."""
+    114 MB error line; messages quote values bounded (`deploy.base.errors.shown`)."""
     long = "a" * 1000
     levels = ", ".join(f"&l{i} [{', '.join([f'*l{i - 1}' if i > 1 else '*s'] * 10)}]" for i in range(1, 5))
     path = tmp_path / "alias.yaml"

@@ -1,6 +1,6 @@
 """Names from a model become no code (#49): whatever a graph file or an ONNX model calls a tensor,
 node, output, initializer or the graph itself reaches generated C, OpenCL C and TIR only as an
-escaped string literal (`base.ctext.c_string`) or an identifier deploy made; `--name` takes no
+escaped string literal (`deploy.base.ctext.c_string`) or an identifier deploy made; `--name` takes no
 keyword and no name of the C library or of deploy's runtime.
 
 Each model holds a payload that, compiled, is a constructor printing PWNED and a global symbol:
@@ -22,17 +22,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from base.ctext import IDENTIFIER, c_string
-from base.errors import UsageError
-from devices.native import SOURCES, cached_object
-from devices.platforms import get_platform
-from ops.graph import bind_graph
+from deploy.base.ctext import IDENTIFIER, c_string
+from deploy.base.errors import UsageError
+from deploy.compiler.bundle import CFLAGS, HEADER_PARAMS, check_name
+from deploy.compiler.compile import compile_graph
+from deploy.compiler.export import export
+from deploy.compiler.targets import get_target
+from deploy.devices.native import SOURCES, cached_object
+from deploy.devices.platforms import get_platform
+from deploy.model import load_model
+from deploy.ops.graph import bind_graph
 from tests.conftest import invoke
-from toolchain.build.bundle import CFLAGS, HEADER_PARAMS, check_name
-from toolchain.build.compile import compile_graph
-from toolchain.build.export import export
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
 
 PAYLOAD = 'x */ __attribute__((constructor)) static void pwned_ctor(void) { __builtin_puts("PWNED"); } /*'
 OUTPUT = 'q"uote\\back\\slash??/ */ int pwned_global = 1; /* \\'
@@ -448,7 +448,7 @@ def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
 
 def opencl_here() -> bool:
     try:
-        from devices.opencl import opencl_devices
+        from deploy.devices.opencl import opencl_devices
 
         return bool(opencl_devices())
     except Exception:

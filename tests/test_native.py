@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from base.errors import DeployError, UsageError
-from base.files import SUMS
-from devices.elf import elf_machine, provided_versions, required_versions
-from devices.emulator import Emulator
-from devices.native import (
+from deploy.base.errors import DeployError, UsageError
+from deploy.base.files import SUMS
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import get_target
+from deploy.devices.elf import elf_machine, provided_versions, required_versions
+from deploy.devices.emulator import Emulator
+from deploy.devices.native import (
     RUNTIME_FILES,
     SERVER,
     WHEEL_SHA256,
@@ -27,15 +31,11 @@ from devices.native import (
     native_runtime,
     runtime_libraries,
 )
-from devices.platforms import get_platform, tvm_runtime_platform
-from devices.rpc import connect
-from devices.server_process import Server, accepts, free_port, new_key_file, spawn
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import get_target
-from toolchain.verify.measure import check_artifact
+from deploy.devices.platforms import get_platform, tvm_runtime_platform
+from deploy.devices.rpc import connect
+from deploy.devices.server_process import Server, accepts, free_port, new_key_file, spawn
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.measure import check_artifact
 
 HOST = platform.machine()
 pytestmark = pytest.mark.skipif(HOST != "x86_64", reason="builds the x86_64 runtime natively")
@@ -186,14 +186,14 @@ def test_a_fetch_is_announced_with_its_size_and_the_offline_place(
 ):
     """Issue #36: the first ARM command fetched about 95 MB without a word. It says so first, with
     the wheels' names and the directory to copy them into on a machine without internet."""
-    import devices.native
+    import deploy.devices.native
 
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
 
     def offline(*args: object) -> None:
         raise DeployError("pip could not fetch the aarch64 TVM wheels: no network")
 
-    monkeypatch.setattr(devices.native, "_pip_download", offline)
+    monkeypatch.setattr(deploy.devices.native, "_pip_download", offline)
     with pytest.raises(DeployError, match="no network"):
         runtime_libraries(get_platform("aarch64"))
     said = capsys.readouterr().err

@@ -15,14 +15,14 @@ import onnx
 import pytest
 from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
-from base.errors import UsageError
-from ops.graph import bind_graph
-from ops.onnx_mapping import domain_key
-from ops.registry import all_ops
-from toolchain.build.cache import cached_build
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.run import for_device, run_artifact
+from deploy.base.errors import UsageError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.targets import get_target
+from deploy.model import load_model
+from deploy.ops.graph import bind_graph
+from deploy.ops.onnx_mapping import domain_key
+from deploy.ops.registry import all_ops
+from deploy.verify.run import for_device, run_artifact
 
 with warnings.catch_warnings():  # the generators of other op types divide by zero on purpose
     warnings.simplefilter("ignore")

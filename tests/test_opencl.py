@@ -13,19 +13,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from base.errors import DeployError
-from ops import TensorType, bind, get_op
+from deploy.base.errors import DeployError
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.measure import check_artifact
 from tests.conftest import run_deploy
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import get_target
-from toolchain.verify.measure import check_artifact
 
 
 def _devices() -> list[tuple[int, int, str, bool]]:
     try:
-        from devices.opencl import opencl_devices
+        from deploy.devices.opencl import opencl_devices
 
         return opencl_devices()
     except Exception:
@@ -42,7 +42,7 @@ TARGET = get_target("opencl")
 
 @pytest.fixture(scope="module")
 def cl_session():
-    from devices import get_device
+    from deploy.devices import get_device
 
     with get_device("opencl").open() as session:
         yield session
@@ -112,7 +112,7 @@ def test_pooling_keeps_one_output_per_work_item():
 RUN_WITHOUT_TVM = """
 import sys, numpy as np
 from pathlib import Path
-from devices.opencl import OpenClDevice
+from deploy.devices.opencl import OpenClDevice
 art = Path(sys.argv[1])
 x = np.load(art / "x.npy")
 with OpenClDevice().open() as session:
@@ -138,7 +138,7 @@ def test_artifact_runs_in_a_process_without_tvm(tmp_path):
 
 
 def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
-    from base.errors import DeployError, UsageError
+    from deploy.base.errors import DeployError, UsageError
 
     bound = bind(get_op("add"), {}, [TensorType((4, 4), "float32")] * 2)
     art = tmp_path / "art"
@@ -224,7 +224,7 @@ def test_no_platform_and_bad_device(tmp_path):
 ROW_CENTER = '''
 """row_center: x - max(x along the last axis), two stages (a user op)."""
 from tvm import te
-from ops import Case, Input, Op, register
+from deploy.ops import Case, Input, Op, register
 
 @register
 class RowCenter(Op):
@@ -266,8 +266,8 @@ def test_multi_kernel_op_with_a_scratch_buffer(tmp_path):
 
 
 def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
-    from base.errors import UsageError
-    from toolchain.verify.run import run_artifact
+    from deploy.base.errors import UsageError
+    from deploy.verify.run import run_artifact
 
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     manifest = export(compile_op(bound, TARGET), tmp_path / "art")
@@ -454,7 +454,7 @@ def test_the_runner_checks_arrays_against_the_plan(add_artifact, cl_session):
     """The API docs/devices.md shows trusts no caller (issue #15, item 11): float64 inputs, an input
     too many or too few, or an output of another shape or dtype are refused before any launch
     (they gave garbage, or kernels writing past the output buffer)."""
-    from base.errors import UsageError
+    from deploy.base.errors import UsageError
 
     plan_path = add_artifact / "launch.json"
     a, b = np.arange(16, dtype="float32").reshape(4, 4), np.ones(4, "float32")
@@ -495,7 +495,7 @@ def _edited_plan(original, tmp_path, edit, keep_manifest=False):
 
 def test_a_plan_source_outside_the_artifact_is_refused(add_artifact, cl_session, tmp_path):
     """`source` naming ../x.cl or an absolute path was followed (issue #15, item 12): refused."""
-    from base.errors import UsageError
+    from deploy.base.errors import UsageError
 
     outside = tmp_path / "x.cl"
     outside.write_bytes((add_artifact / "kernels.cl").read_bytes())
@@ -513,7 +513,7 @@ def test_a_plan_source_outside_the_artifact_is_refused(add_artifact, cl_session,
 def test_a_plan_edited_beside_its_manifest_is_refused(add_artifact, cl_session, tmp_path):
     """The manifest pins launch.json: a plan edited next to it (a bigger global size, say) is
     refused before anything is launched."""
-    from base.errors import UsageError
+    from deploy.base.errors import UsageError
 
     def wider(plan_):
         plan_["kernels"][0]["global"] = [4096, 1, 1]
@@ -525,7 +525,7 @@ def test_a_plan_edited_beside_its_manifest_is_refused(add_artifact, cl_session, 
 
 
 def test_a_malformed_plan_is_one_line(add_artifact, cl_session, tmp_path):
-    from base.errors import UsageError
+    from deploy.base.errors import UsageError
 
     def old_format(plan_):
         plan_["buffers"] = [b["name"] for b in plan_["buffers"]]

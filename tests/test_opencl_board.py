@@ -1,6 +1,6 @@
 """`--target opencl` on a board over SSH with no Python: a real sshd on loopback whose "board" is
 this x86_64 machine (tests/sshd.py), its OpenCL driver PoCL. Each artifact's OpenCL bundle is
-pushed and run by its deploy-run (`devices/board_opencl.py`); a board without OpenCL, or added
+pushed and run by its deploy-run (`deploy/devices/board_opencl.py`); a board without OpenCL, or added
 with a device it lacks, is a one-line error naming it."""
 
 from __future__ import annotations

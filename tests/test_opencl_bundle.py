@@ -16,21 +16,21 @@ import pytest
 from test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
 from test_constants import graphs
 
-from devices.elf import elf_machine
-from ops import TensorType, bind, get_op
-from ops.graph import bind_graph
+from deploy.compiler.compile import compile_graph, compile_op
+from deploy.compiler.export import export
+from deploy.compiler.opencl import OpenClProgram
+from deploy.compiler.targets import get_target
+from deploy.devices.elf import elf_machine
+from deploy.model import load_model
+from deploy.ops import TensorType, bind, get_op
+from deploy.ops.graph import bind_graph
+from deploy.verify.compare import random_input
 from tests.conftest import REPO, examples_registered, invoke
-from toolchain.build.compile import compile_graph, compile_op
-from toolchain.build.export import export
-from toolchain.build.opencl import OpenClProgram
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import random_input
 
 
 def _platforms() -> int:
     try:
-        from devices.opencl import opencl_devices
+        from deploy.devices.opencl import opencl_devices
 
         return len(opencl_devices())
     except Exception:

@@ -18,21 +18,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from base.errors import DeployError
-from devices import Device, Session, get_device
-from devices.platforms import get_platform
-from ops import TensorType, all_ops, bind, get_op
-from ops.layouts import LAYOUTS, NCHW
-from ops.spec import MORE_INT_DTYPES, BoundOp
-from schedules.registry import Picked, every_structure
-from toolchain.build.cache import cached_build
-from toolchain.build.compile import Compiled, compile_scheduled, hand_schedule
-from toolchain.build.targets import Target, all_targets
-from toolchain.tune.tuners import tuner_for
-from toolchain.verify.compare import Comparison, random_input
-from toolchain.verify.matrix import PlannedCase, plan, verify_case
-from toolchain.verify.measure import check
-from toolchain.verify.run import for_device, run_artifact, verify
+from deploy.base.errors import DeployError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.compile import Compiled, compile_scheduled, hand_schedule
+from deploy.compiler.targets import Target, all_targets
+from deploy.devices import Device, Session, get_device
+from deploy.devices.platforms import get_platform
+from deploy.ops import TensorType, all_ops, bind, get_op
+from deploy.ops.layouts import LAYOUTS, NCHW
+from deploy.ops.spec import MORE_INT_DTYPES, BoundOp
+from deploy.schedules.registry import Picked, every_structure
+from deploy.tune.tuners import tuner_for
+from deploy.verify.compare import Comparison, random_input
+from deploy.verify.matrix import PlannedCase, plan, verify_case
+from deploy.verify.measure import check
+from deploy.verify.run import for_device, run_artifact, verify
 
 ONLY_DTYPES = {
     "arm-fp16": ("float16",),
@@ -57,7 +57,7 @@ def unavailable(target: Target, device: Device) -> str | None:
     if missing := device.missing_cpu_flags(target.cpu_flags):
         return f"host CPU lacks {', '.join(missing)}"
     if device.arch == "opencl":
-        from devices.opencl import opencl_devices
+        from deploy.devices.opencl import opencl_devices
 
         try:
             if not opencl_devices():
@@ -160,7 +160,7 @@ TUNABLE = [t for t in all_targets() if t.name not in BUNDLES_ONLY]
 
 
 MORE_INT_CASES = (2, 6, 7)
-"""The cases of add that the integer dtypes only it takes (`ops.spec.MORE_INT_DTYPES`) run in the
+"""The cases of add that the integer dtypes only it takes (`deploy.ops.spec.MORE_INT_DTYPES`) run in the
 matrices here and in test_bundle.py: broadcast both ways, an odd length (a vector's tail) and a
 symbolic batch. Its other cases differ from int8's and int64's in shape only (`deploy test` runs
 them all)."""
@@ -383,13 +383,13 @@ def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_pa
     structure a search may pick (tasks a core) with ties, NaN and infinities, in a dtype of 4 and
     one of 1 byte (arm-fp16 builds those as arm does). SLICE_WORK is
     lowered so that 251 channels split (at its value they would need 1x4999x3x9)."""
-    import schedules.cpu
-    from toolchain.build.compile import context
+    import deploy.schedules.cpu
+    from deploy.compiler.compile import context
 
-    monkeypatch.setattr(schedules.cpu, "SLICE_WORK", 1024)
+    monkeypatch.setattr(deploy.schedules.cpu, "SLICE_WORK", 1024)
     built_for = target.with_cores(4)
     bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 251, 3, 9), dtype)])
-    assert schedules.cpu.argmax_slices(context(bound, built_for)) == 4
+    assert deploy.schedules.cpu.argmax_slices(context(bound, built_for)) == 4
     on = sessions.on(target)
     for picks, compiled in every_structure(lambda picks: hand_built(bound, built_for, Picked(picks))):
         try:

@@ -23,11 +23,11 @@ import numpy as np
 import numpy.lib.format as npy_format
 import pytest
 
-from base.errors import UsageError
+from deploy.base.errors import UsageError
+from deploy.compiler.manifest import MANIFEST, Manifest
+from deploy.verify import compare as compare_module
+from deploy.verify.compare import compare
 from tests.conftest import DEPLOY, REPO, invoke
-from toolchain.build.manifest import MANIFEST, Manifest
-from toolchain.verify import compare as compare_module
-from toolchain.verify.compare import compare
 
 RUN = ["run", "--op", "leaky_relu", "--target", "x86"]
 BUILD = ["build", "--op", "leaky_relu", "--target", "x86"]
@@ -241,10 +241,10 @@ def test_a_cached_manifest_pointing_outside_is_built_again(tmp_path, x, monkeypa
 WRITER = """
 import sys, time
 from pathlib import Path
-from ops import TensorType, bind, get_op
-from toolchain.build.compile import compile_op
-from toolchain.build.export import export
-from toolchain.build.targets import get_target
+from deploy.ops import TensorType, bind, get_op
+from deploy.compiler.compile import compile_op
+from deploy.compiler.export import export
+from deploy.compiler.targets import get_target
 
 compiled = compile_op(bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")]), get_target("x86"))
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
@@ -254,7 +254,7 @@ for _ in range(int(sys.argv[3])):
 READER = """
 import sys
 from pathlib import Path
-from toolchain.build.manifest import Manifest, artifact_lock
+from deploy.compiler.manifest import Manifest, artifact_lock
 
 out, done, reads, failures = Path(sys.argv[1]), Path(sys.argv[2]), 0, []
 while not done.exists():
@@ -390,9 +390,9 @@ def test_compare_in_chunks_matches_one_chunk(monkeypatch):
     ],
 )
 def test_check_writable_probes_where_files_would_be_made(layout, error, tmp_path, monkeypatch):
-    """base.files.check_writable: a file made and removed in the nearest directory that exists,
+    """deploy.base.files.check_writable: a file made and removed in the nearest directory that exists,
     leaving nothing behind; an OSError where files cannot be made."""
-    from base.files import check_writable
+    from deploy.base.files import check_writable
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dir").mkdir()

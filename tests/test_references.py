@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ops.pooling import Pool2d
+from deploy.ops.library.pooling import Pool2d
 
 
 def naive_max_pool(x: np.ndarray, pool: Pool2d) -> np.ndarray:

@@ -17,20 +17,20 @@ import numpy as np
 import psutil
 import pytest
 
-from base.errors import DeployError
-from base.forked import FORK_LOCK, ChildDied, in_child
-from devices import get_device
-from devices.registry import DeviceLost
-from ops import TensorType, bind, get_op
+from deploy.base.errors import DeployError
+from deploy.base.forked import FORK_LOCK, ChildDied, in_child
+from deploy.compiler.bundle import run_tool
+from deploy.compiler.cache import cached_build
+from deploy.compiler.export import _no_room
+from deploy.compiler.shared_object import emitting
+from deploy.compiler.targets import get_target
+from deploy.devices import get_device
+from deploy.devices.registry import DeviceLost
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.run import for_device
 from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
-from toolchain.build.bundle import run_tool
-from toolchain.build.cache import cached_build
-from toolchain.build.export import _no_room
-from toolchain.build.shared_object import emitting
-from toolchain.build.targets import get_target
-from toolchain.verify.run import for_device
 
 DEAD = 2000
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from base.errors import DeployError
-from devices import get_device
-from devices.platforms import get_platform
-from ops import TensorType, bind, get_op
+from deploy.base.errors import DeployError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.targets import get_target
+from deploy.devices import get_device
+from deploy.devices.platforms import get_platform
+from deploy.ops import TensorType, bind, get_op
+from deploy.verify.run import for_device, run_artifact
 from tests.conftest import run_deploy
-from toolchain.build.cache import cached_build
-from toolchain.build.targets import get_target
-from toolchain.verify.run import for_device, run_artifact
 
 pytestmark = pytest.mark.emulator
 
@@ -67,8 +67,8 @@ def test_a_session_times_through_the_runner() -> None:
 
 def test_a_build_without_its_bundle_is_refused_by_name(tmp_path: Path) -> None:
     needs("armv7")
-    from toolchain.build.compile import compile_op
-    from toolchain.build.export import export
+    from deploy.compiler.compile import compile_op
+    from deploy.compiler.export import export
 
     bound = bind(get_op("add"), {}, [TensorType((3,), "float32")] * 2)
     manifest = export(compile_op(bound, get_target("armv7")), tmp_path / "art")

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from test_bundle import build_c, bundle, needs, one_line_error, runs, x86_runs_here
 
-from base.errors import UsageError, quoted
-from ops.graph import bind_graph
+from deploy.base.errors import UsageError, quoted
+from deploy.cli.args import check_not_read
+from deploy.model import load_model
+from deploy.ops.graph import bind_graph
 from tests.conftest import invoke
-from toolchain.cli.args import check_not_read
-from toolchain.model import load_model
 
 TWO = """name: two
 inputs:
@@ -249,7 +249,7 @@ def test_the_element_cap_is_checked_at_call_time(two: Path, tmp_path: Path) -> N
 @pytest.mark.emulator
 @needs("arm")
 def test_an_aarch64_runner_refuses_a_fifo_and_its_input_as_output(tmp_path: Path) -> None:
-    from ops import TensorType, bind, get_op
+    from deploy.ops import TensorType, bind, get_op
 
     directory = bundle(bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")]), "arm", tmp_path / "lr")
     np.save(tmp_path / "x.npy", np.ones(4, np.float32))
@@ -302,8 +302,8 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
     for mark in NEEDS_OPENCL:
         if mark.args[0]:
             pytest.skip(mark.kwargs["reason"])
-    from toolchain.build.compile import compile_op
-    from toolchain.build.export import export
+    from deploy.compiler.compile import compile_op
+    from deploy.compiler.export import export
 
     directory = tmp_path / "add"
     export(compile_op(_op("add", {}, [(4, 5), (4, 5)]), TARGET), directory, bundle=True)

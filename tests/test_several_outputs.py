@@ -16,13 +16,13 @@ from conftest import invoke
 from onnx import TensorProto, helper, numpy_helper
 from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
-from base.errors import UsageError
-from ops.graph import bind_graph
-from toolchain.build.manifest import Manifest
-from toolchain.build.targets import get_target
-from toolchain.model import load_model
-from toolchain.verify.compare import random_input
-from toolchain.verify.run import verify
+from deploy.base.errors import UsageError
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import get_target
+from deploy.model import load_model
+from deploy.ops.graph import bind_graph
+from deploy.verify.compare import random_input
+from deploy.verify.run import verify
 
 OUTPUTS = ("pool", "act", "idx")
 
@@ -130,7 +130,7 @@ def test_a_graph_file_lists_its_outputs_in_order(tmp_path):
     graph = bind_graph(load_model(path))
     assert graph.graph.outputs == ("act", "pool", "a")
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
-    from devices import get_device
+    from deploy.devices import get_device
 
     with get_device("local").open() as session:
         comparison, _ = verify(session, graph, get_target("x86"), [x])

@@ -24,22 +24,22 @@ import paramiko
 import psutil
 import pytest
 
-from base.errors import DeployError
-from devices import get_device
-from devices.board_setup import require_versions
-from devices.elf import provided_versions
-from devices.native import RUNTIME_FILES, SERVER, native_runtime
-from devices.platforms import get_platform
-from devices.registry import DeviceLost
-from devices.server_process import free_port
-from ops import TensorType, bind, get_op
+from deploy.base.errors import DeployError
+from deploy.compiler.cache import cached_build
+from deploy.compiler.targets import get_target
+from deploy.devices import get_device
+from deploy.devices.board_setup import require_versions
+from deploy.devices.elf import provided_versions
+from deploy.devices.native import RUNTIME_FILES, SERVER, native_runtime
+from deploy.devices.platforms import get_platform
+from deploy.devices.registry import DeviceLost
+from deploy.devices.server_process import free_port
+from deploy.ops import TensorType, bind, get_op
+from deploy.tune.records import RECORDS
+from deploy.verify.matrix import plan
+from deploy.verify.run import for_device
 from tests import sshd
 from tests.conftest import DEPLOY, at_once, run_deploy
-from toolchain.build.cache import cached_build
-from toolchain.build.targets import get_target
-from toolchain.tune.records import RECORDS
-from toolchain.verify.matrix import plan
-from toolchain.verify.run import for_device
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -155,7 +155,7 @@ def test_unknown_host_key_is_refused_until_accepted(server, tmp_path):
 
 
 def test_changed_host_key_is_refused(server, tmp_path):
-    from devices.boards import known_hosts_file
+    from deploy.devices.boards import known_hosts_file
 
     assert add("moved", server, tmp_path, "--accept-new-host-key").returncode == 0
     other = sshd.keygen(tmp_path / "other_host_key")
@@ -245,7 +245,7 @@ KNOWN_HOSTS_AS = {
 def test_a_known_hosts_that_is_no_text_file_is_named(tmp_path, kind):
     """A FIFO hung every login; a directory or binary bytes were a generic traceback line. A link
     to /dev/null (an idiom for none) reads as empty, as it did."""
-    from devices.boards import known_hosts_file
+    from deploy.devices.boards import known_hosts_file
 
     ours = known_hosts_file()
     ours.parent.mkdir(parents=True, exist_ok=True)
@@ -340,8 +340,8 @@ def test_bad_device_arguments(tmp_path):
 def test_old_config_with_a_python_entry_still_loads(tmp_path, monkeypatch):
     import json
 
-    from base.paths import config_dir
-    from devices.boards import load_boards
+    from deploy.base.paths import config_dir
+    from deploy.devices.boards import load_boards
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     config_dir().mkdir(parents=True)
@@ -406,7 +406,7 @@ def test_old_or_missing_c_libraries_are_refused_in_one_line():
 
 
 def test_setup_refuses_a_board_whose_glibc_is_too_old_before_pushing(server, tmp_path, monkeypatch):
-    from devices import board_setup
+    from deploy.devices import board_setup
     from tests.conftest import invoke
 
     remote = tmp_path / "old"
@@ -464,7 +464,7 @@ def test_matrix_on_an_ssh_board_and_nothing_left_running(server, tmp_path):
     result = run_deploy("test", "--target", "x86", "--device", "board", "--op", "add", "--dtype", "int8")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert f"{len(plan([get_op('add')], ['int8']))} cases passed, 0 failed" in result.stdout
-    model = run_deploy("--ops-path", str(REPO / "ops" / "examples"), "test", "--target", "x86", "--device",
+    model = run_deploy("--ops-path", str(REPO / "deploy/ops/examples"), "test", "--target", "x86", "--device",
                        "board", "--model",
                        str(REPO / "examples" / "pool_add_leaky_htanh_n.onnx"))  # fmt: skip
     assert model.returncode == 0, model.stdout[-2000:] + model.stderr
@@ -669,7 +669,7 @@ def test_ctrl_c_stops_the_board_server(server, tmp_path):
 
 
 def wait_free(port: int, key: str, count: int, serving: subprocess.Popen[str]) -> None:
-    from devices.tracker import free_servers
+    from deploy.devices.tracker import free_servers
 
     deadline = time.monotonic() + 60
     while free_servers("127.0.0.1", port, key) != count:
@@ -682,7 +682,7 @@ def test_board_serves_a_tracker(server, tmp_path):
     """`deploy device serve`: this host registers the board's server with a stock TVM tracker on
     the board's behalf; clients reach it through the SSH connection. Ctrl-C ends serving; so does
     losing the tracker (exit 1)."""
-    from devices.tracker import TrackerProcess
+    from deploy.devices.tracker import TrackerProcess
 
     remote = tmp_path / "farm-board"
     tracker = TrackerProcess(tmp_path / "tracker")
@@ -775,7 +775,7 @@ def _set_remote_dir(name: str, remote_dir: str) -> None:
     """Edit a board's entry in devices.json as an older deploy (or a hand) may have left it."""
     import json
 
-    from devices.boards import _config_file
+    from deploy.devices.boards import _config_file
 
     entries = json.loads(_config_file().read_text())
     entries[name]["remote_dir"] = remote_dir
@@ -833,7 +833,7 @@ def test_a_board_library_is_read_up_to_a_limit(server, tmp_path):
     (here a sparse 5 GB file whose section table would be 4 GB) stop at LIBRARY_READ_LIMIT."""
     import struct
 
-    from devices import board_setup
+    from deploy.devices import board_setup
 
     header = bytearray(64)
     header[:6] = b"\x7fELF\x02\x01"
@@ -859,9 +859,9 @@ def test_a_board_library_is_read_up_to_a_limit(server, tmp_path):
 def test_the_forward_to_a_board_refuses_clients_without_the_key(server, tmp_path):
     """Any local user can reach the forward's port on this host: the board's server still wants
     its session key, end to end (none, or a wrong one, gets no session)."""
-    from devices.boards import require_board
-    from devices.rpc import connect
-    from devices.ssh import board_link
+    from deploy.devices.boards import require_board
+    from deploy.devices.rpc import connect
+    from deploy.devices.ssh import board_link
 
     add_ready("locked", server, tmp_path / "remote")
     with board_link(require_board("locked")) as ready:
@@ -875,8 +875,8 @@ def test_the_forward_to_a_board_refuses_clients_without_the_key(server, tmp_path
 
 def test_concurrent_host_key_acceptances_keep_every_key(tmp_path):
     """Four boards accepted at the same moment: deploy's known_hosts ends with all four keys."""
-    from devices.boards import Board
-    from devices.ssh import ssh_connect
+    from deploy.devices.boards import Board
+    from deploy.devices.ssh import ssh_connect
 
     def accept(board: Board) -> None:
         ssh_connect(board, accept_new_host_key=True).close()
@@ -930,7 +930,7 @@ def test_a_server_directory_whose_server_is_gone_is_removed_by_the_next(server, 
 def test_the_board_scripts_work_under_dash(tmp_path):
     """Debian's /bin/sh (a new user's login shell) is dash, which reads `kill -0 -- -PGID` as an
     illegal number: the tidying removed live servers' directories and stop() signalled nothing."""
-    from devices.ssh import abandoned_script, stop_script
+    from deploy.devices.ssh import abandoned_script, stop_script
 
     dash = shutil.which("dash")
     if dash is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.boards import Board, add_board, load_boards
+from deploy.devices.boards import Board, add_board, load_boards
 from tests.conftest import DEPLOY, at_once, run_deploy
 
 

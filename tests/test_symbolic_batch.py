@@ -16,12 +16,12 @@ import pytest
 from conftest import invoke
 from onnx import TensorProto, helper
 
-from base.errors import UsageError
-from ops import TensorType, bind, get_op
-from ops.spec import sizes_of, symbol
-from toolchain.build.manifest import Manifest
-from toolchain.cli.args import parse_shape
-from toolchain.model import load_model
+from deploy.base.errors import UsageError
+from deploy.cli.args import parse_shape
+from deploy.compiler.manifest import Manifest
+from deploy.model import load_model
+from deploy.ops import TensorType, bind, get_op
+from deploy.ops.spec import sizes_of, symbol
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_N = REPO / "examples" / "pool_add_leaky_htanh_n.onnx"

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from devices import DeviceLost
-from devices.emulator import Emulator
-from devices.server_process import Server, free_port, spawn
-from devices.tracker import TrackerDevice, TrackerProcess, free_servers
-from ops import all_ops, get_op
+from deploy.compiler.targets import get_target
+from deploy.devices import DeviceLost
+from deploy.devices.emulator import Emulator
+from deploy.devices.server_process import Server, free_port, spawn
+from deploy.devices.tracker import TrackerDevice, TrackerProcess, free_servers
+from deploy.ops import all_ops, get_op
+from deploy.verify.matrix import plan, run_matrix
 from tests.conftest import run_deploy
-from toolchain.build.targets import get_target
-from toolchain.verify.matrix import plan, run_matrix
 
 pytestmark = [
     pytest.mark.emulator,
@@ -174,6 +174,6 @@ def test_a_server_dying_mid_run_requeues_its_cases(own_farm):
     ],
 )
 def test_a_tracker_address_is_host_and_port(text, address):
-    from devices.tracker import parse_address
+    from deploy.devices.tracker import parse_address
 
     assert parse_address(text) == address

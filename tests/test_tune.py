@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from base.threads import host_cpus
+from deploy.base.threads import host_cpus
 from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from tests.test_opencl import DEVICES as OPENCL_DEVICES
@@ -106,10 +106,10 @@ def assert_a_column_stage_record_builds_as_recorded(
     """A verdict naming a record of the column-stage structure (planted: which structure wins
     depends on the host) builds it: the record applies only to that structure's computation, so
     `"schedule": "tuned"` shows the structure in accepted.json's "compute" was built."""
-    from ops import TensorType, bind, get_op
-    from toolchain.build.targets import get_target
-    from toolchain.tune import records as db_records
-    from toolchain.tune.metaschedule import compute_variants
+    from deploy.compiler.targets import get_target
+    from deploy.ops import TensorType, bind, get_op
+    from deploy.tune import records as db_records
+    from deploy.tune.metaschedule import compute_variants
 
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 16, 28, 28), "float32")])
@@ -142,9 +142,9 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from ops import TensorType, bind, get_op
-    from toolchain.build.compile import prim_module
-    from toolchain.cli.options import resolve_target
+    from deploy.cli.options import resolve_target
+    from deploy.compiler.compile import prim_module
+    from deploy.ops import TensorType, bind, get_op
 
     db = tmp_path / "db"
     shape = "8x64x56x56"
@@ -275,11 +275,11 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
     from tvm.s_tir import meta_schedule as ms
     from tvm.script import tirx as T
 
-    from devices import get_device
-    from ops import TensorType, bind, get_op
-    from toolchain.build.compile import prim_module
-    from toolchain.build.targets import get_target
-    from toolchain.tune.runner import Signature, export_candidate, session_runner
+    from deploy.compiler.compile import prim_module
+    from deploy.compiler.targets import get_target
+    from deploy.devices import get_device
+    from deploy.ops import TensorType, bind, get_op
+    from deploy.tune.runner import Signature, export_candidate, session_runner
 
     @T.prim_func
     def hangs(a: T.Buffer((7, 13), "float32"), b: T.Buffer((7, 13), "float32"),
@@ -366,7 +366,7 @@ def test_tuned_needs_an_existing_directory() -> None:
 
 
 def test_a_half_written_last_line_is_dropped_and_complete_ones_stay(tmp_path: Path) -> None:
-    from toolchain.tune.records import drop_partial_lines
+    from deploy.tune.records import drop_partial_lines
 
     (tmp_path / "database_tuning_record.json").write_text('[0, "a"]\n[0, "b"]\n[0, "c')
     (tmp_path / "database_workload.json").write_text('["w"]\n')
@@ -417,14 +417,14 @@ def test_a_record_with_an_impossible_time_counts_as_failed(run_secs, mean) -> No
     """A hand-edited record of -1 s made tune print `best -1000 ms` and rank it first."""
     from types import SimpleNamespace
 
-    from toolchain.tune.records import mean_secs
+    from deploy.tune.records import mean_secs
 
     assert mean_secs(SimpleNamespace(run_secs=run_secs)) == pytest.approx(mean)
 
 
 def test_every_structure_enumerates_each_combination_once_defaults_first() -> None:
     """Picks made only under another pick (here "b", only when a == 2) are enumerated only there."""
-    from schedules.registry import Picked, every_structure
+    from deploy.schedules.registry import Picked, every_structure
 
     def run(picks: dict) -> tuple[Picked, tuple]:
         choices = Picked(picks)
@@ -446,7 +446,7 @@ import sys
 import tvm
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
-from toolchain.tune.metaschedule import cpu_intrinsics_only
+from deploy.tune.metaschedule import cpu_intrinsics_only
 
 cpu_intrinsics_only()
 k = te.reduce_axis((0, 64), "k")

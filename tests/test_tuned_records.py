@@ -29,7 +29,7 @@ INJECTED_LLVM = (
 
 
 def bound_add(shape: tuple[int, ...] = (4, 4)) -> Any:
-    from ops import TensorType, bind, get_op
+    from deploy.ops import TensorType, bind, get_op
 
     return bind(get_op("add"), {}, [TensorType(shape, "float32")] * 2)
 
@@ -41,9 +41,9 @@ def plant(root: Path, schedule: Callable[[Any], None], bound: Any = None, **verd
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from toolchain.build.compile import prim_module
-    from toolchain.build.targets import get_target
-    from toolchain.tune import records as db
+    from deploy.compiler.compile import prim_module
+    from deploy.compiler.targets import get_target
+    from deploy.tune import records as db
 
     bound = bound or bound_add()
     target = get_target("x86")
@@ -92,7 +92,7 @@ def manifest(out: Path) -> dict[str, Any]:
 def assert_hand_with_one_warning(built: Result, root: Path, out: Path, *reason: str) -> None:
     """The build succeeded with the hand schedule, saying in one warning line which records it
     did not use and why."""
-    from toolchain.build.targets import REFUSED
+    from deploy.compiler.targets import REFUSED
 
     assert built.exit_code == 0, built.output
     (line,) = built.stderr.splitlines()
@@ -104,7 +104,7 @@ def assert_hand_with_one_warning(built: Result, root: Path, out: Path, *reason: 
 
 def test_a_pinned_record_is_built(tmp_path: Path) -> None:
     """The control for the tests below: an untampered record is what the build runs."""
-    from toolchain.tune.records import record_id
+    from deploy.tune.records import record_id
 
     root, out = tmp_path / "db", tmp_path / "out"
     _, record = plant(root, parallel)
@@ -210,8 +210,8 @@ def test_a_cached_hand_build_is_not_reused_once_the_records_are_repaired(tmp_pat
 
 @pytest.mark.parametrize("size", [0, -5, "abc", 3, 1e8, 64.0, True, None])
 def test_an_accepted_work_group_size_is_one_tuning_tries(tmp_path: Path, size: Any) -> None:
-    from toolchain.build.targets import get_target
-    from toolchain.tune import records as db
+    from deploy.compiler.targets import get_target
+    from deploy.tune import records as db
 
     root, out = tmp_path / "db", tmp_path / "out"
     task = db.task_dir(root, bound_add(), "opencl")
@@ -226,7 +226,7 @@ def test_an_accepted_work_group_size_is_one_tuning_tries(tmp_path: Path, size: A
 
 
 def test_an_accepted_work_group_size_is_built(tmp_path: Path) -> None:
-    from toolchain.tune import records as db
+    from deploy.tune import records as db
 
     root, out = tmp_path / "db", tmp_path / "out"
     task = db.task_dir(root, bound_add(), "opencl")
@@ -257,8 +257,8 @@ def test_an_accepted_work_group_size_is_built(tmp_path: Path) -> None:
     ],
 )
 def test_work_group_measurements_are_checked_when_read(tmp_path: Path, trials: str) -> None:
-    from base.errors import UsageError
-    from toolchain.tune.work_group import measurements
+    from deploy.base.errors import UsageError
+    from deploy.tune.work_group import measurements
 
     (tmp_path / "work_groups.json").write_text(trials)
     with pytest.raises(UsageError, match=r"cannot read .*work_groups\.json"):

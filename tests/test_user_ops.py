@@ -5,21 +5,23 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import textwrap
 
 import pytest
 from tvm import te
 
-from ops import TensorType
-from ops.attrs import Attr, Choice, Float, Int
+from deploy.base.errors import UsageError
+from deploy.cli.main import hoist_group_options
+from deploy.ops import TensorType, load_ops_path
+from deploy.ops.attrs import Attr, Choice, Float, Int
 from tests.conftest import DEPLOY, REPO, invoke, run_deploy
-from toolchain.cli.main import hoist_group_options
 
 CUBE = textwrap.dedent(
     '''
     """cube: x * x * x (a user op)."""
     from tvm import te
-    from ops import Case, Input, Op, register
+    from deploy.ops import Case, Input, Op, register
 
     @register
     class Cube(Op):
@@ -74,8 +76,46 @@ def test_broken_op_file_is_one_line(tmp_path):
     assert "oops.py failed to import: ModuleNotFoundError" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("from ops import Case, Input, Op, register", "the op framework is deploy.ops now (from deploy.ops"),
+        ("import ops.spec", "the op framework is deploy.ops now"),
+        ("from base.errors import UsageError", "deploy's shared helpers are deploy.base now"),
+        ("from toolchain.build.targets import get_target", "toolchain.build is deploy.compiler"),
+        ("import schedules.cpu", "the schedules are deploy.schedules now"),
+    ],
+)
+def test_an_op_file_importing_the_old_packages_is_told_the_new_ones(tmp_path, line, message):
+    """Before deploy was one package its op framework was the top-level `ops`: an op file written
+    then gets one line naming the import to write instead."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "old.py").write_text(f"import numpy\n\n{line}\n")
+    with pytest.raises(UsageError) as caught:
+        load_ops_path(folder)
+    said = str(caught.value)
+    assert said.startswith(f"op file {folder / 'old.py'}:3: {line!r}: ") and message in said
+
+
+def test_a_package_of_the_users_own_named_ops_is_not_taken_for_the_old_one(tmp_path, monkeypatch):
+    """Only a missing old name gets the new-import line: the user's own `ops` package without the
+    module asked for fails as any import does."""
+    (tmp_path / "site" / "ops").mkdir(parents=True)
+    (tmp_path / "site" / "ops" / "__init__.py").write_text("")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.py").write_text("from ops.spec import Op\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "ops", raising=False)
+    try:
+        with pytest.raises(UsageError, match=r"failed to import: ModuleNotFoundError: .* 'ops\.spec'"):
+            load_ops_path(tmp_path / "mine")
+    finally:
+        sys.modules.pop("ops", None)
+
+
 def test_example_op_from_the_readme():
-    examples = str(REPO / "ops" / "examples")
+    examples = str(REPO / "deploy" / "ops" / "examples")
     tested = run_deploy("--ops-path", examples, "test", "--target", "x86", "--op", "hard_tanh")
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -110,7 +150,7 @@ def _cube_class(**changes):
     """The CUBE op's class (unregistered) with class attributes replaced or, as None, removed."""
     from tvm import te
 
-    from ops import Case, Input, Op
+    from deploy.ops import Case, Input, Op
 
     body = {
         "name": "cube",
@@ -145,18 +185,18 @@ def test_an_op_definition_is_checked_when_registered(changes, message):
     """A user's op class is data: a name that would leave the artifact's directory or not be a C
     function's, a missing method, a dtype list that is a string are one line at registration,
     not a traceback (or a directory outside) at build time."""
-    from base.errors import UsageError
-    from ops.registry import check_definition
+    from deploy.base.errors import UsageError
+    from deploy.ops.registry import check_definition
 
     with pytest.raises(UsageError, match=re.escape(message)):
         check_definition(_cube_class(**changes))
 
 
 def test_twice_named_inputs_and_attributes_are_refused():
-    from base.errors import UsageError
-    from ops import Input
-    from ops.attrs import Attr, Float
-    from ops.registry import check_definition
+    from deploy.base.errors import UsageError
+    from deploy.ops import Input
+    from deploy.ops.attrs import Attr, Float
+    from deploy.ops.registry import check_definition
 
     with pytest.raises(UsageError, match="inputs: 'x' is named twice"):
         check_definition(_cube_class(inputs=(Input("x"), Input("x"))))
@@ -178,8 +218,8 @@ def test_twice_named_inputs_and_attributes_are_refused():
 def test_attribute_defaults_are_checked_when_registered(kind, default, message):
     """A default outside its own kind was found only by a build that used it, as if the user's
     `-a` were wrong."""
-    from base.errors import UsageError
-    from ops.registry import check_definition
+    from deploy.base.errors import UsageError
+    from deploy.ops.registry import check_definition
 
     with pytest.raises(UsageError, match=re.escape(f"test_user_ops.py): attrs: the default of {message}")):
         check_definition(_cube_class(attrs=(Attr("alpha", kind, default),)))
@@ -235,10 +275,10 @@ def test_an_op_file_raising_a_base_exception_is_one_line(tmp_path):
 def test_a_compute_that_is_not_what_infer_said_is_refused_at_build(changes, message):
     """An artifact whose kernel writes another shape or dtype than its manifest says could never be
     called: the build refuses it in one line naming the op."""
-    from base.errors import UsageError
-    from ops import bind
-    from toolchain.build.compile import prim_module
-    from toolchain.build.targets import get_target
+    from deploy.base.errors import UsageError
+    from deploy.compiler.compile import prim_module
+    from deploy.compiler.targets import get_target
+    from deploy.ops import bind
 
     with pytest.raises(UsageError, match=re.escape(message)):
         prim_module(bind(_cube_class(**changes)(), {}, [TensorType((5, 7), "float32")]), get_target("x86"))
@@ -332,9 +372,9 @@ def test_the_generic_schedule_makes_whole_vectors(op_name, attrs, shape, loops) 
     schedule split rows of 28 into vectors of 8 and a predicated half vector, which LLVM does not
     vectorize; it now fuses rows until they make whole vectors, as far as the inputs are read
     along them (bench/user_ops.py measures it against numpy and a tuned schedule)."""
-    from ops import bind, get_op, load_ops_path
-    from toolchain.build.compile import hand_schedule
-    from toolchain.build.targets import get_target
+    from deploy.compiler.compile import hand_schedule
+    from deploy.compiler.targets import get_target
+    from deploy.ops import bind, get_op, load_ops_path
 
     load_ops_path(MYOPS)
     shapes = [shape, (shape[1],), (shape[1],)] if op_name == "scale_bias" else [shape]

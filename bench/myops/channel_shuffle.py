@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 from tvm import te
 
-from base.errors import UsageError
-from ops import Case, Input, Op, TensorType, register
-from ops.attrs import Attr, Int
+from deploy.base.errors import UsageError
+from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.ops.attrs import Attr, Int
 
 
 @register

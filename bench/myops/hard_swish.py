@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
-from ops import Case, Input, Op, TensorType, register
-from ops.spec import FLOAT_DTYPES
+from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.ops.spec import FLOAT_DTYPES
 
 
 @register

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 from tvm import te
 
-from base.errors import UsageError
-from ops import Case, Input, Op, TensorType, register
-from ops.spec import FLOAT_DTYPES
+from deploy.base.errors import UsageError
+from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.ops.spec import FLOAT_DTYPES
 
 
 @register

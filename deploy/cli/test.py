@@ -1,0 +1,165 @@
+"""`deploy test`: the op x dtype x case matrix on a device, with a progress bar while cases run,
+then a table per op x dtype and every failure."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from deploy.base.errors import DeployError, UsageError
+from deploy.cli.options import (
+    CORES,
+    LAYOUT,
+    MODEL,
+    TARGET,
+    TUNED,
+    DeviceChoice,
+    device_options,
+    load_graph,
+    resolve_target,
+    wide_console,
+)
+
+if TYPE_CHECKING:
+    from deploy.verify.matrix import CaseResult, PlannedCase
+
+
+@click.command("test")
+@CORES
+@TARGET
+@TUNED
+@device_options
+@click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
+@MODEL
+@LAYOUT
+def test_command(
+    cores: int | None,
+    target_name: str,
+    tuned: str | None,
+    where: DeviceChoice,
+    op_names: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    model: str | None,
+    layout: str | None,
+) -> None:
+    """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
+    every free server of the key at once); with --model, the model's graph on random inputs,
+    ties and NaN/inf against numpy and (an ONNX model, onnxruntime installed) onnxruntime."""
+    from deploy.ops import all_ops, get_op
+    from deploy.verify.matrix import plan
+
+    target = resolve_target(target_name, tuned, cores, layout, model)
+    if model is not None:
+        if op_names or dtypes:
+            raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
+        if not _test_model(model, target, where.resolve(target)):
+            raise click.exceptions.Exit(1)
+        return
+    ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    planned = plan(ops, dtypes)
+    if not planned:
+        raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
+    device = where.resolve(target)
+    if any(not case.runs_on(target) for case in planned):
+        click.echo(
+            f"skipping symbolic-batch cases: target {target.name} writes {target.artifact.name} kernels,"
+            " built for one batch size"
+        )
+        planned = [case for case in planned if case.runs_on(target)]
+    workers = device.capacity()
+    if workers < 1:
+        raise DeployError(f"no free server with key {where.key!r} on the tracker {where.tracker}")
+    results = run_with_progress(planned, target, device, workers)
+    if not all(r.ok for r in results):
+        raise click.exceptions.Exit(1)
+
+
+def _test_model(model: str, target: Any, device: Any) -> bool:
+    """Verify the model on the device (`matrix.verify_model`), print the table; whether all passed."""
+    from pathlib import Path
+
+    from deploy.verify.matrix import model_references, verify_model
+    from deploy.verify.run import check_device
+
+    graph = load_graph(model)
+    check_device(target, device)
+    references, notes = model_references(graph, Path(model))
+    console = wide_console()
+    with console.status(f"verifying {graph.name} on {device.name}"), device.open() as session:
+        results = verify_model(session, graph, target, references)
+    print_results(console, results, target.name, device)
+    for note in notes:
+        console.print(note, highlight=False)
+    return all(r.ok for r in results)
+
+
+def run_with_progress(
+    planned: list[PlannedCase], target: Any, device: Any, workers: int = 1
+) -> list[CaseResult]:
+    """Run the matrix on `workers` sessions with a progress bar; print the summary table, how the
+    cases were spread when several workers ran, and every failure."""
+    from deploy.verify.matrix import run_matrix
+
+    console = wide_console()
+    per_worker: Counter[str] = Counter()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"verifying on {device.name}", total=len(planned))
+
+        def advance(result: CaseResult, worker: str) -> None:
+            per_worker[worker] += 1
+            progress.update(task, advance=1, description=f"{result.op} {result.dtype} {result.case}")
+
+        def lost(error: Exception) -> None:
+            console.print(
+                f"[yellow]device lost[/yellow] ({error}); its case goes back in the queue", highlight=False
+            )
+
+        results = run_matrix(planned, target, device, advance, lost, workers)
+    print_results(console, results, target.name, device)
+    if workers > 1:
+        spread = ", ".join(f"worker {name}: {count}" for name, count in sorted(per_worker.items()))
+        console.print(f"cases per device session: {spread}", highlight=False)
+    return results
+
+
+def print_results(console: Console, results: list[CaseResult], target: str, device: Any) -> None:
+    groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for result in results:
+        groups[(result.op, result.dtype)].append(result)
+    where = f"{device.name}{' (emulated)' if device.emulated else ''}"
+    table = Table(title=f"deploy test --target {target} on {where}")
+    for column in ("op", "dtype", "cases", "max error", "schedule", "status"):
+        table.add_column(column)
+    for (op, dtype), group in groups.items():
+        passed = sum(r.ok for r in group)
+        finite = [r.max_error for r in group if r.max_error != float("inf")]
+        table.add_row(
+            op,
+            dtype,
+            f"{passed}/{len(group)}",
+            f"{max(finite):.3g}" if finite else "-",
+            ", ".join(sorted({r.schedule for r in group})),
+            "[green]ok[/green]" if passed == len(group) else "[red]FAIL[/red]",
+        )
+    console.print(table)
+    for result in results:
+        if not result.ok:
+            console.print(
+                f"[red]FAIL[/red] {result.op} {result.dtype} {result.case}: {result.detail}",
+                highlight=False,
+            )
+    failed = sum(not r.ok for r in results)
+    console.print(f"{len(results) - failed} cases passed, {failed} failed", highlight=False)

@@ -1,0 +1,329 @@
+"""Compile an op for a target: TE -> PrimFunc -> schedule (the target's strategy, or an accepted
+tuning record) -> the compiled form of the target's artifact kind."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from deploy.base.errors import UsageError
+from deploy.base.stopping import interruptible
+from deploy.compiler.fusion import Kernel, kernels
+from deploy.compiler.plan import Plan
+from deploy.compiler.targets import KEPT_HAND, REFUSED, Target
+from deploy.ops.graph import BoundGraph, Constant, bind_graph
+from deploy.ops.layouts import LAYOUTS, NCHW, Layout
+from deploy.ops.relayout import relayout
+from deploy.ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static
+from deploy.schedules import ScheduleContext, Strategy, strategy_for
+from deploy.schedules.registry import HAND, Choices, computed_module
+
+if TYPE_CHECKING:
+    from deploy.compiler.bundle import BundleSignature
+
+
+def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
+    """What the target's strategy sees: the op, vector width, the device's cores, work-group size,
+    and how it makes its choices (the hand's defaults unless a tuner's or a test's)."""
+    return ScheduleContext(
+        bound,
+        target.vector_bits,
+        target.build_cores(),
+        target.work_group,
+        choices,
+        target.scalar_dtypes,
+        target.predicated_vectors,
+    )
+
+
+def strategy(bound: BoundOp, target: Target) -> Strategy | None:
+    """The target's strategy for the op (a fused group's: composed from its nodes')."""
+    return strategy_for(target.schedules, context(bound, target))
+
+
+def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
+    """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
+    strategy pairs with its schedule (the op's own unless the family has a variant; `choices`
+    picks among the variant's structures), over the types the target computes in (`as_computed`)."""
+    return _computed(bound, target, choices)[0]
+
+
+def _computed(
+    bound: BoundOp, target: Target, choices: Choices
+) -> tuple[Any, ScheduleContext, Strategy | None]:
+    """`prim_module`, with the context and strategy that schedule it."""
+    bound = as_computed(bound, target)
+    found = strategy(bound, target)
+    ctx = context(bound, target, choices)
+    return computed_module(ctx, found.compute if found is not None else None), ctx, found
+
+
+def as_computed(bound: BoundOp, target: Target) -> BoundOp:
+    """The op as the target computes it: its float16 tensors as float32 where the target keeps
+    float16 in memory only (`Target.fp16_storage`; the artifact loads and stores them as half)."""
+    types = (*bound.inputs, bound.output)
+    if not target.fp16_storage or all(t.dtype != "float16" for t in types):
+        return bound
+    if bound.op.parts() != (bound.op,):  # a fused group is widened with its graph (`compile_graph`)
+        raise UsageError(
+            f"kernel {bound.name}: float16 on a device without half arithmetic is computed in float32;"
+            " tune the model with float32 inputs, whose records its float16 build uses"
+        )
+    return bind(bound.op, bound.attrs, [_wide(t) for t in bound.inputs])
+
+
+def _wide(t: TensorType) -> TensorType:
+    """`t` as computed under `Target.fp16_storage`: float16 as float32."""
+    return TensorType(t.shape, "float32") if t.dtype == "float16" else t
+
+
+def as_computed_graph(graph: BoundGraph, target: Target) -> BoundGraph:
+    """The graph as the target computes it (`as_computed`): its float16 inputs and constants as
+    float32."""
+    if not target.fp16_storage or all(t.dtype != "float16" for t in graph.types.values()):
+        return graph
+    inputs = tuple((name, _wide(t)) for name, t in graph.graph.inputs)
+    constants = tuple(_wide_constant(c) for c in graph.graph.constants)
+    return bind_graph(replace(graph.graph, inputs=inputs, constants=constants))
+
+
+def _wide_constant(constant: Constant) -> Constant:
+    """`constant` as computed under `Target.fp16_storage`: float16 as float32 (its kernels read
+    it as half, as the inputs)."""
+    if constant.type.dtype != "float16":
+        return constant
+    return Constant.of(constant.name, constant.array().astype(np.float32))
+
+
+def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
+    """The op computed and scheduled by the target's strategy (or left as is: "default"), with
+    its label; `choices` other than the hand's make the strategy take other structures."""
+    import tvm
+
+    mod, ctx, found = _computed(bound, target, choices)
+    sch = tvm.s_tir.Schedule(mod)
+    if found is None:
+        return sch.mod, "default"
+    found.schedule(sch, ctx)
+    return sch.mod, found.label
+
+
+@dataclass
+class Compiled:
+    """A compiled op: the artifact kind's compiled form (a TVM executable, an OpenCL program), the
+    schedule it was built with and, for a tuned schedule, the tuning record's id."""
+
+    bound: BoundOp
+    target: Target
+    executable: Any
+    schedule: str
+    tuning_record: str | None = None
+    tuning: str | None = None
+    """Why a `--tuned` build uses the hand schedule: KEPT_HAND (tuning found nothing faster) or
+    REFUSED (the accepted record failed its checks)."""
+
+    @property
+    def item(self) -> BoundOp:
+        """What was compiled."""
+        return self.bound
+
+    @property
+    def constants(self) -> tuple[()]:
+        return self.bound.constants
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's fields that say what was compiled."""
+        bound = self.bound
+        inputs = zip(bound.op.inputs, bound.inputs, strict=True)
+        return {
+            "op": bound.op.name,
+            "attrs": bound.key()["attrs"],
+            "inputs": [{"name": spec.name, **t.to_json()} for spec, t in inputs],
+            "outputs": [{"name": OUTPUT, **bound.output.to_json()}],
+            "schedule": self.schedule,
+            "tuning_record": self.tuning_record,
+            "tuning": self.tuning,
+        }
+
+    def bundle_signature(self) -> BundleSignature:
+        """What a C bundle of the op calls: `main(inputs..., out)`, no arena."""
+        inputs = [(spec.name, t) for spec, t in zip(self.bound.op.inputs, self.bound.inputs, strict=True)]
+        return self.bound.op.name, inputs, [(OUTPUT, self.bound.output)], None
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """An op's IRModule scheduled for a target: by the record tuning accepted ("tuned", with the
+    record's id) or by the target's strategy (its label), and for a `--tuned` build on the hand
+    schedule, why (KEPT_HAND or REFUSED)."""
+
+    mod: Any
+    schedule: str
+    tuning_record: str | None = None
+    tuning: str | None = None
+
+
+def schedule_op(bound: BoundOp, target: Target) -> Scheduled:
+    """The record tuning accepted for the target, else the target's strategy."""
+    if target.tuned is not None:
+        tuned = target.tuned.schedule(bound, target)
+        if tuned is not None:
+            return Scheduled(tuned[0], "tuned", tuned[1])
+    mod, label = hand_schedule(bound, target)
+    verdict = target.tuned.verdict(bound, target) if target.tuned is not None else None
+    if verdict is None:
+        return Scheduled(mod, label)
+    return Scheduled(mod, label, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
+
+
+def check_symbolic(inputs: tuple[TensorType, ...], target: Target) -> None:
+    """A symbolic batch only for a target whose artifact runs every size from one module."""
+    if not target.artifact.symbolic_batch:
+        why = f"its {target.artifact.name} kernels' launch sizes are fixed when built"
+        require_static(inputs, f"target {target.name}", why)
+
+
+def compile_op(bound: BoundOp, target: Target) -> Compiled:
+    """Schedule (`schedule_op`) and compile: a TVM executable, or for OpenCL targets the source and
+    launch plan."""
+    check_symbolic(bound.inputs, target)
+    scheduled = schedule_op(bound, target)
+    compiled = compile_scheduled(bound, target, scheduled.mod, scheduled.schedule, scheduled.tuning_record)
+    compiled.tuning = scheduled.tuning
+    return compiled
+
+
+def compile_scheduled(
+    bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
+) -> Compiled:
+    """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
+    stored = (*bound.inputs, bound.output)
+    executable = interruptible(lambda: target.artifact.compile(mod, target, stored))
+    return Compiled(bound, target, executable, name, record)
+
+
+@dataclass(frozen=True)
+class ScheduledKernel:
+    """One kernel of a graph (`fusion.Kernel`) with its scheduled IRModule."""
+
+    kernel: Kernel
+    scheduled: Scheduled
+
+    def function(self, index: int) -> tuple[str, Any]:
+        """(name, scheduled PrimFunc named so) of the kernel at `index` of a graph's kernels: the
+        name is unique among them, and OpenCL kernels and VM functions are called by it."""
+        symbol = f"k{index}_{self.kernel.name}"
+        return symbol, self.scheduled.mod["main"].with_attr("global_symbol", symbol)
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest lists per kernel."""
+        entry = {
+            "name": self.kernel.name,
+            "nodes": list(self.kernel.nodes),
+            "schedule": self.scheduled.schedule,
+        }
+        if self.kernel.layouts:
+            entry["layout"] = ", ".join(self.kernel.layouts)
+        if self.scheduled.tuning_record:
+            entry["tuning_record"] = self.scheduled.tuning_record
+        if self.scheduled.tuning:
+            entry["tuning"] = self.scheduled.tuning
+        return entry
+
+
+@dataclass
+class CompiledGraph:
+    """A compiled graph: its kernels (fused by `fusion.kernels`, each scheduled like an op) in the
+    artifact kind's compiled form of a graph (a CPU plan: `plan.py`; an OpenCL plan)."""
+
+    graph: BoundGraph
+    """As laid out (`layout`): its conversions among its nodes."""
+    target: Target
+    executable: Any
+    kernels: list[ScheduledKernel]
+    layout: str
+    """The layout the layout pass moved its pooling to (`LaidOut.layout`)."""
+    plan: Plan | None = None
+    """The arena of the tensors between its kernels, where its entry takes one (`plan.py`)."""
+
+    @property
+    def schedule(self) -> str:
+        """The kernels' schedules in the order first used, each once with how many kernels use it
+        when more than one does: `cpu/max_pool2d + cpu/generic (24 kernels)`, not 25 labels; `no
+        kernel` for a graph whose output is an input (an ONNX pass-through)."""
+        counts = Counter(k.scheduled.schedule for k in self.kernels)
+        labels = (label if n == 1 else f"{label} ({n} kernels)" for label, n in counts.items())
+        return " + ".join(labels) or "no kernel"
+
+    @property
+    def item(self) -> BoundGraph:
+        """What was compiled."""
+        return self.graph
+
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        """Its constants as the model gives them, which the artifact stores (float16 too: where the
+        kernels compute it as float32, they load it as half, as the graph's inputs)."""
+        return self.graph.constants
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's fields that say what was compiled: the graph as laid out (`--layout`,
+        its conversions among its nodes), its nodes and kernels."""
+        graph = self.graph
+        return {
+            "op": graph.name,
+            "attrs": {},
+            "inputs": [{"name": name, **t.to_json()} for name, t in graph.graph.inputs],
+            "outputs": [{"name": name, **graph.types[name].to_json()} for name in graph.graph.outputs],
+            "constants": [c.to_json() for c in graph.graph.constants] or None,
+            "schedule": self.schedule,
+            "entry": self.target.artifact.graph_entry,
+            "arena": self.plan.to_json() if self.plan is not None else None,
+            "graph": {
+                "layout": self.layout,
+                "nodes": graph.key()["nodes"],
+                "outputs": list(graph.graph.outputs),
+                "kernels": [k.describe() for k in self.kernels],
+            },
+        }
+
+    def bundle_signature(self) -> BundleSignature:
+        """What a C bundle of the graph calls: its plan's `main(inputs..., outputs..., arena)`."""
+        outputs = [(name, self.graph.types[name]) for name in self.graph.graph.outputs]
+        return self.graph.name, list(self.graph.graph.inputs), outputs, self.plan
+
+
+@dataclass(frozen=True)
+class LaidOut:
+    """A graph as the target runs it: what a build compiles, its cache key holds and a tuner tunes."""
+
+    graph: BoundGraph
+    """With its pooling in `layout` and the conversions that needs (`relayout`)."""
+    layout: Layout
+    """The layout its pooling moved to: `--layout`, else the one tuning measured fastest for the
+    graph (`--tuned`); NCHW when nothing moved."""
+    kernels: list[Kernel]
+    """Its kernels as the target computes them (`as_computed_graph`, `fusion.kernels`)."""
+
+
+def lay_out(graph: BoundGraph, target: Target) -> LaidOut:
+    """`graph` laid out for `target` and fused into kernels (the tuned verdict read once)."""
+    name = target.layout or (target.tuned.layout(graph, target) if target.tuned is not None else None)
+    laid = relayout(graph, LAYOUTS[name] if name else NCHW)
+    layout = LAYOUTS[name] if name and laid is not graph else NCHW
+    return LaidOut(laid, layout, kernels(as_computed_graph(laid, target)))
+
+
+def compile_graph(graph: BoundGraph, target: Target, laid: LaidOut | None = None) -> CompiledGraph:
+    """Lay the graph out for the target (unless `laid` is `lay_out`'s result already), fuse it
+    into kernels, schedule each (`schedule_op`: tuned records apply per fused kernel) and compile
+    them together in the artifact kind's way."""
+    check_symbolic(graph.inputs, target)
+    laid = laid or lay_out(graph, target)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
+    executable = interruptible(lambda: target.artifact.compile_graph(laid.graph, scheduled, target))
+    plan = target.artifact.graph_plan(laid.graph, scheduled)
+    return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name, plan)

@@ -1,0 +1,268 @@
+"""The target registry: what each `--target` name compiles for and how.
+
+A target is data: its TVM target dict, the machine architecture its modules run on, the vector
+width the schedules use, the schedule families to look up (first match wins), and how to link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from deploy.base.errors import UsageError
+from deploy.base.threads import host_cpus
+from deploy.compiler.artifacts import ArtifactKind
+from deploy.compiler.opencl import OPENCL_PLAN
+from deploy.compiler.shared_object import SHARED_OBJECT
+from deploy.ops.graph import BoundGraph
+from deploy.ops.layouts import LAYOUTS, Layout
+from deploy.ops.spec import BoundOp
+
+KEPT_HAND = "hand, tuning found nothing faster"
+"""The verdict of a tuning that measured no record faster than the hand schedule."""
+REFUSED = "hand, the accepted record failed its checks"
+"""Why a `--tuned` build keeps the hand schedule when the records fail a check on reading."""
+
+
+class TunedSchedules(Protocol):
+    """Where `--tuned` builds find their schedules (the tune room's verdicts): build asks, and
+    never reads the tuner's files itself."""
+
+    def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+        """The op's IRModule scheduled as accepted for `target`, with the record's id; None when
+        no record was accepted for this op, these attributes and input types."""
+        ...
+
+    def verdict(self, bound: BoundOp, target: Target) -> str | None:
+        """Cheap (for the build cache key): the accepted record's id with a digest of the records
+        it is read from (what the build depends on), KEPT_HAND when tuning
+        found nothing faster than the hand schedule, REFUSED when the verdict cannot be read,
+        None when the op was not tuned."""
+        ...
+
+    def layout(self, graph: BoundGraph, target: Target) -> str | None:
+        """The layout tuning measured the graph fastest in on the device (its verdict read
+        cheaply: the build cache key holds it); None when it was not measured or NCHW won."""
+        ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One `--target`: a TVM target plus what the toolchain needs to build and run for it."""
+
+    name: str
+    description: str
+    tvm: dict[str, Any]
+    arch: str
+    """ELF machine the modules run on: "x86_64" or "aarch64"."""
+    vector_bits: int
+    schedules: tuple[str, ...]
+    """Schedule families to try in order (see `deploy/schedules/registry.py`)."""
+    cpu_flags: tuple[str, ...] = ()
+    """/proc/cpuinfo flags a CPU needs to run these modules."""
+    scalar_dtypes: tuple[str, ...] = ()
+    """Dtypes whose loops the schedules leave scalar, where the vector unit has none and LLVM
+    aborts on such vectors: float64 on armv7's NEON (`llvm.maximum` of <2 x double>: "Cannot
+    select setcc"), float16 on RVV 1.0 without Zvfhmin ("Scalarization of scalable vectors"), and
+    int64 and uint64 on RVV, which TVM's vectorizer fails on ("Cannot broadcast ... is_scalable=1")."""
+    predicated_vectors: bool = True
+    """TVM's vectorizer builds a vector with lanes masked off (a row's ragged end) for it: not for
+    RVV, where it fails on an integer max so masked ("Cannot broadcast lanes=4 is_scalable=1"),
+    so the schedules leave such ends scalar."""
+    cross_compiler: str | None = None
+    cross_package: str | None = None
+    """Debian package that provides `cross_compiler`."""
+    default_device: str = "local"
+    artifact: ArtifactKind = SHARED_OBJECT
+    """What `deploy build` writes: a shared object (module.so), an OpenCL plan (kernels.cl + launch.json)."""
+    work_group: int = 64
+    """Work-items per work-group (GPU targets)."""
+    tuned: TunedSchedules | None = None
+    """Schedules `deploy tune` accepted (a records directory): build from them where they match."""
+    cores: int | None = None
+    """Threads the device runs parallel loops on, which the schedules split work for: asked from
+    the device or given with --cores (None: this host's count, for library callers)."""
+    layouts: tuple[tuple[str, str], ...] = ()
+    """(dtype, layout): the layout this target's pooling would run packed in for a dtype (by the
+    vector: PPL.NN's N4CX for NEON fp32, N8CX for fp16 and AVX2 fp32; a GPU's NHWC), which
+    `deploy tune --model` measures a graph in against NCHW (`deploy/tune/layouts.py`)."""
+    layout: str | None = None
+    """The layout a graph's pooling runs in (`deploy/ops/relayout.py`), from `--layout`. None: the
+    layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
+    graph is faster only at some shapes (docs/layouts.md)."""
+    alignment: int = 64
+    """Bytes the data of every tensor a module is called with is aligned to, which its kernels
+    assume (aligned vector loads): TVM's own allocations give 64; `--alignment 16` builds for an
+    engine whose allocator gives less (ncnn's on ARM), with unaligned loads."""
+    bundle: bool = False
+    """Every artifact carries its C bundle (`bundle.py`): for a device that runs bundles through
+    their runner (`deploy/devices/runner.py`), set from the device the build is for (`for_device`)."""
+    bundle_host: str | None = None
+    """The CPU those bundles' host code is compiled for where the artifact kind has a choice (an
+    OpenCL bundle's: its board's arch); None: the kind's `bundle_host`."""
+    fp16_storage: bool = False
+    """float16 tensors stay half in memory but are computed in float32: for a device without
+    half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
+    1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
+
+    def with_bundle(self, bundle: bool, host: str | None = None) -> Target:
+        """This target, its artifacts carrying their C bundle (True) or not, its host code for
+        `host` where the kind has a choice (None: the kind's default)."""
+        return replace(self, bundle=bundle, bundle_host=host if bundle else None)
+
+    def with_tuning(self, tuned: TunedSchedules | None) -> Target:
+        """This target, building from `tuned` where it has a schedule (None: hand schedules)."""
+        return replace(self, tuned=tuned)
+
+    def with_cores(self, cores: int | None) -> Target:
+        """This target, splitting parallel work for `cores` threads (None: leave as is)."""
+        return self if cores is None else replace(self, cores=cores)
+
+    def with_fp16_storage(self, storage: bool) -> Target:
+        """This target, computing float16 in float32 with half storage (True) or natively."""
+        return replace(self, fp16_storage=storage)
+
+    def with_alignment(self, alignment: int | None) -> Target:
+        """This target, assuming `alignment` bytes of its tensors' data (None: leave as is)."""
+        return self if alignment is None else replace(self, alignment=alignment)
+
+    def with_layout(self, layout: str | None) -> Target:
+        """This target, running graphs' pooling in `layout` (a name of `deploy.ops.layouts.LAYOUTS`;
+        None: leave as is)."""
+        return self if layout is None else replace(self, layout=LAYOUTS[layout].name)
+
+    def packed_layout(self, dtype: str) -> Layout | None:
+        """The layout `layouts` declares for `dtype` (None: none)."""
+        name = dict(self.layouts).get(dtype)
+        return LAYOUTS[name] if name else None
+
+    def build_cores(self) -> int:
+        """The core count builds split work for."""
+        return self.cores or host_cpus()
+
+    def tvm_target(self, num_cores: int | None = None) -> Any:
+        """The TVM target of its spec (`tvm`), told `num_cores` threads where given."""
+        spec = dict(self.tvm)
+        if num_cores is not None:
+            spec["num-cores"] = num_cores
+        return self.artifact.tvm_target(spec)
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    """Make `target` known by its name (a target is data: this and its artifact kind)."""
+    _TARGETS[target.name] = target
+    return target
+
+
+def get_target(name: str) -> Target:
+    """The target named `name`; a UsageError listing the known ones when there is none."""
+    if name not in _TARGETS:
+        raise UsageError(f"unknown target {name!r} (known: {', '.join(sorted(_TARGETS))})")
+    return _TARGETS[name]
+
+
+def all_targets() -> list[Target]:
+    """Every known target, by name."""
+    return [_TARGETS[name] for name in sorted(_TARGETS)]
+
+
+X86 = register_target(
+    Target(
+        name="x86",
+        description="x86-64 with AVX2 and FMA (Haswell and newer)",
+        tvm={"kind": "llvm", "mcpu": "core-avx2"},
+        arch="x86_64",
+        vector_bits=256,
+        schedules=("x86", "cpu"),
+        cpu_flags=("avx2", "fma"),
+        layouts=(("float32", "NCHW8c"),),
+    )
+)
+register_target(
+    replace(
+        X86,
+        name="x86-avx512",
+        description="x86-64 with AVX-512 (Skylake-SP and newer)",
+        tvm={"kind": "llvm", "mcpu": "skylake-avx512"},
+        vector_bits=512,
+        cpu_flags=("avx512f", "avx512bw", "avx512vl"),
+    )
+)
+ARM = register_target(
+    Target(
+        name="arm",
+        description="aarch64 with NEON, fp32 (Cortex-A53 and newer: Raspberry Pi 3/4, RK3399)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+        arch="aarch64",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        layouts=(("float32", "NCHW4c"),),
+        cross_compiler="aarch64-linux-gnu-gcc",
+        cross_package="gcc-aarch64-linux-gnu",
+        default_device="emulator",
+    )
+)
+register_target(
+    replace(
+        ARM,
+        name="arm-fp16",
+        description="armv8.2-a with fp16 arithmetic (Cortex-A55/A76: RK3588, Raspberry Pi 5)",
+        tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+v8.2a", "+neon", "+fullfp16"]},
+        cpu_flags=("fphp", "asimdhp"),
+        layouts=(("float32", "NCHW4c"), ("float16", "NCHW8c")),
+    )
+)
+register_target(
+    Target(
+        name="opencl",
+        description="OpenCL 1.2 GPUs (Mali, Adreno; PoCL on a CPU): OpenCL C + launch plan, no TVM needed",
+        tvm={"kind": "opencl"},
+        arch="opencl",
+        vector_bits=128,
+        schedules=("gpu",),
+        layouts=(("float32", "NHWC"), ("float16", "NHWC")),  # MindSpore Lite's GPU kernels read NHWC
+        default_device="opencl",
+        artifact=OPENCL_PLAN,
+    )
+)
+register_target(
+    Target(
+        name="armv7",
+        description="32-bit Arm, NEON + VFPv4, hard float (Raspberry Pi OS 32-bit, i.MX6/7, STM32MP1):"
+        " C bundles, run by their runner",
+        tvm={
+            "kind": "llvm",
+            "mtriple": "armv7a-linux-gnueabihf",
+            "mattr": ["+neon", "+vfp4"],
+            "mfloat-abi": "hard",
+        },
+        arch="armv7l",
+        vector_bits=128,
+        schedules=("arm", "cpu"),
+        cpu_flags=("neon", "vfpv4"),
+        scalar_dtypes=("float64",),
+        layouts=(("float32", "NCHW4c"),),
+        cross_compiler="arm-linux-gnueabihf-gcc",
+        cross_package="gcc-arm-linux-gnueabihf",
+        default_device="emulator-armv7",
+    )
+)
+register_target(
+    Target(
+        name="riscv64",
+        description="RV64GC + RVV 1.0 (Kendryte K230, SpacemiT K1): C bundles, run by their runner",
+        tvm={"kind": "llvm", "mtriple": "riscv64-linux-gnu", "mattr": ["+m", "+a", "+f", "+d", "+c", "+v"]},
+        arch="riscv64",
+        vector_bits=128,
+        schedules=("riscv", "cpu"),
+        cpu_flags=("v",),
+        scalar_dtypes=("float16", "int64", "uint64"),
+        predicated_vectors=False,
+        cross_compiler="riscv64-linux-gnu-gcc",
+        cross_package="gcc-riscv64-linux-gnu",
+        default_device="emulator-riscv64",
+    )
+)

@@ -1,0 +1,289 @@
+"""`deploy test`'s matrix: every op x dtype x case verified on a device, on several sessions at
+once when the device serves several (a tracker key); and a model's graph verified on each kind of
+input against each of its references."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deploy.base.errors import DeployError
+from deploy.base.stopping import raise_if_stopped
+from deploy.compiler.cache import cached_build
+from deploy.compiler.targets import Target
+from deploy.devices import Device, DeviceLost, Session
+from deploy.ops import failure_line
+from deploy.ops.graph import BoundGraph
+from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
+from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, compare_all, random_input
+from deploy.verify.run import check_device, for_device, run_artifact, verify
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    op: str
+    dtype: str
+    case: str
+    ok: bool
+    max_error: float
+    detail: str
+    schedule: str
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    op: Op
+    dtype: str
+    case: Case
+    index: int
+
+    def bind(self) -> BoundOp:
+        return bind(self.op, self.case.attrs, [TensorType(s, self.dtype) for s in self.case.shapes])
+
+    @property
+    def symbolic(self) -> bool:
+        """Its batch is symbolic: one module, run at every size of SYMBOLIC_SIZES."""
+        return self.case.symbolic
+
+    def runs_on(self, target: Target) -> bool:
+        """The target builds this case: a symbolic batch needs an artifact that runs every size."""
+        return target.artifact.symbolic_batch or not self.symbolic
+
+
+SYMBOLIC_SIZES = (1, 3, 32)
+"""The sizes a symbolic batch is verified at, every one from the same module."""
+
+
+def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[PlannedCase]:
+    """Every (op, dtype, case) to verify; `dtypes` limits the dtypes."""
+    wanted = set(dtypes) if dtypes else None
+    return [
+        PlannedCase(op, dtype, case, index)
+        for op in ops
+        for dtype in op.dtypes
+        if wanted is None or dtype in wanted
+        for index, case in enumerate(op.cases)
+    ]
+
+
+def verify_case(session: Session, planned: PlannedCase, target: Target, specials: bool = False) -> CaseResult:
+    """Build and run one planned case on seeded random inputs (every other case rounded so ties
+    abound; with `specials`, NaN, infinities and repeated maxima planted); compare with numpy."""
+    seed = zlib.crc32(f"{planned.op.name}/{planned.dtype}/{planned.index}".encode())
+    rng = np.random.default_rng(seed)
+    label = planned.case.label()
+    try:
+        bound = planned.bind()
+        symbols = symbols_of(bound.inputs)
+        if symbols:
+            label += f" at {', '.join(symbols)}={','.join(map(str, SYMBOLIC_SIZES))}"
+        ties = planned.index % 2 == 1
+        comparisons = []
+        for sizes in batch_sizes(bound.inputs, SYMBOLIC_SIZES):
+            inputs = [random_input(t.at(sizes), rng, ties=ties, specials=specials) for t in bound.inputs]
+            comparison, schedule = verify(session, bound, target, inputs)
+            comparisons.append((sizes, comparison))
+        comparison = worst_of(comparisons)
+    except DeviceLost:
+        raise
+    except Exception as exc:  # a compiler or runtime failure fails this case, not the matrix
+        raise_if_stopped()
+        if isinstance(exc, DeployError):
+            return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), str(exc), "-")
+        detail = failure_line(exc)
+        return CaseResult(planned.op.name, planned.dtype, label, False, float("inf"), detail, "-")
+    return CaseResult(
+        planned.op.name,
+        planned.dtype,
+        label,
+        comparison.ok,
+        comparison.max_error,
+        comparison.detail,
+        schedule,
+    )
+
+
+def worst_of(comparisons: list[tuple[dict[str, int], Comparison]]) -> Comparison:
+    """One comparison for the runs of one case (one per batch size, `batch_sizes`): the first
+    failure, its detail naming the size, else the largest error."""
+    for sizes, comparison in comparisons:
+        if not comparison.ok:
+            where = f"{sizes_text(sizes)}: " if sizes else ""
+            return Comparison(False, comparison.max_error, where + comparison.detail)
+    return max((c for _, c in comparisons), key=lambda c: c.max_error)
+
+
+class _Queue:
+    """Cases still to run, shared by the workers; a case whose device was lost goes back in front."""
+
+    def __init__(self, planned: list[PlannedCase]) -> None:
+        self._cases = collections.deque(enumerate(planned))
+        self._lock = threading.Lock()
+
+    def pop(self) -> tuple[int, PlannedCase] | None:
+        with self._lock:
+            return self._cases.popleft() if self._cases else None
+
+    def put_back(self, item: tuple[int, PlannedCase]) -> None:
+        with self._lock:
+            self._cases.appendleft(item)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cases)
+
+
+def run_matrix(
+    planned: list[PlannedCase],
+    target: Target,
+    device: Device,
+    on_result: Callable[[CaseResult, str], None] = lambda r, worker: None,
+    on_lost: Callable[[DeviceLost], None] = lambda e: None,
+    workers: int = 1,
+) -> list[CaseResult]:
+    """Verify the cases on `workers` sessions of `device` at once (e.g. the free servers of a
+    tracker key), in the order planned. A worker whose device is lost reports it, puts its case
+    back for the others, and opens a fresh session once; a second loss in a row retires it. When
+    every worker is retired with cases left, the last loss ends the run."""
+    check_device(target, device)
+    queue = _Queue(planned)
+    results: dict[int, CaseResult] = {}
+    losses: list[DeviceLost] = []
+    report = threading.Lock()
+
+    def work(worker: str) -> None:
+        lost_in_a_row = 0
+        while lost_in_a_row < 2 and len(queue):
+            try:
+                with device.open() as session:
+                    while (item := queue.pop()) is not None:
+                        try:
+                            result = verify_case(session, item[1], target)
+                        except DeviceLost:
+                            queue.put_back(item)
+                            raise
+                        lost_in_a_row = 0
+                        with report:
+                            results[item[0]] = result
+                            on_result(result, worker)
+            except DeviceLost as lost:
+                lost_in_a_row += 1
+                with report:
+                    losses.append(lost)
+                    on_lost(lost)
+
+    names = [f"#{n + 1}" for n in range(max(1, workers))]
+    if len(names) == 1:
+        work(names[0])
+    else:
+        failures: list[BaseException] = []
+
+        def guarded(name: str) -> None:
+            try:
+                work(name)
+            except BaseException as exc:  # re-raised in the caller's thread below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(name,), name=f"worker-{name}") for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+    if len(queue):
+        raise losses[-1]
+    return [results[index] for index in range(len(planned))]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a model's outputs are compared with: `expected(arrays)` (None: not available here),
+    on the input sets `applies` accepts."""
+
+    name: str
+    expected: Callable[[list[np.ndarray]], list[np.ndarray] | None]
+    applies: Callable[[InputSet], bool] = lambda inputs: True
+
+
+def _onnxruntime(graph: BoundGraph, model: Path) -> Reference | str:
+    """onnxruntime's reference for an ONNX model, on the inputs where its semantics agree with
+    numpy's (`deploy/verify/onnx_reference.py`: NaN inputs only where every op treats NaN as
+    numpy); why there is none when it is not installed."""
+    from deploy.verify import onnx_reference
+
+    if onnx_reference.onnxruntime is None:
+        return "onnxruntime is not installed: compared with numpy only"
+    nan_too = onnx_reference.agrees_on_nan(model)
+    return Reference(
+        "onnxruntime",
+        lambda arrays: onnx_reference.onnxruntime_reference(model, graph, arrays),
+        lambda inputs: nan_too or not inputs.specials,
+    )
+
+
+FILE_REFERENCES: dict[str, Callable[[BoundGraph, Path], Reference | str]] = {".onnx": _onnxruntime}
+"""A second reference for models of a file kind (its suffix, as `deploy.model.READERS`): the
+runtime the format comes with; or why it is not available here."""
+
+
+def model_references(graph: BoundGraph, model: Path) -> tuple[list[Reference], list[str]]:
+    """The graph's numpy reference (its ops' references composed) and, for a model file of a
+    kind with one (`FILE_REFERENCES`), its runtime's; with a line for each reference the model
+    has but this host cannot run."""
+    references = [Reference("numpy", lambda arrays: graph.references(*arrays))]
+    notes = []
+    second = FILE_REFERENCES.get(model.suffix.lower())
+    found = second(graph, model) if second is not None else None
+    if isinstance(found, Reference):
+        references.append(found)
+    elif found is not None:
+        notes.append(found)
+    return references, notes
+
+
+def verify_model(
+    session: Session, graph: BoundGraph, target: Target, references: list[Reference]
+) -> list[CaseResult]:
+    """Build the graph (cached, for the session's device) and run it on each input set (at each
+    size of SYMBOLIC_SIZES when its batch is symbolic, all from the one module); one result per
+    input set, size and reference that applies to it."""
+    results = []
+    directory, manifest = cached_build(graph, for_device(target, session))
+    dtype = graph.inputs[0].dtype if graph.inputs else graph.outputs[0].dtype
+    for (index, inputs), sizes in itertools.product(
+        enumerate(INPUT_SETS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)
+    ):
+        rng = np.random.default_rng(zlib.crc32(f"{graph.name}/{index}/{sizes_text(sizes)}".encode()))
+        arrays = [
+            random_input(t.at(sizes), rng, ties=inputs.ties, specials=inputs.specials) for t in graph.inputs
+        ]
+        label = f"{inputs.label} at {sizes_text(sizes)}" if sizes else inputs.label
+        actual = run_artifact(session, directory, manifest, arrays)
+        for reference in references:
+            if not reference.applies(inputs):
+                continue
+            with np.errstate(invalid="ignore", over="ignore"):
+                expected = reference.expected(arrays)
+            if expected is None:
+                continue
+            comparison = compare_all(expected, actual, graph.exact, list(graph.graph.outputs))
+            results.append(
+                CaseResult(
+                    f"{graph.name} vs {reference.name}",
+                    dtype,
+                    label,
+                    comparison.ok,
+                    comparison.max_error,
+                    comparison.detail,
+                    manifest.built_with,
+                )
+            )
+    return results

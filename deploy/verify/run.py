@@ -1,0 +1,72 @@
+"""Running built ops on a device and comparing them with their numpy references: the checks
+before a run (architecture, CPU features, sha256, ELF machine) and one verification."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from deploy.base.errors import UsageError
+from deploy.compiler.cache import Buildable, cached_build
+from deploy.compiler.manifest import Manifest
+from deploy.compiler.targets import Target, get_target
+from deploy.devices import Device, Session
+from deploy.devices.elf import check_machine
+from deploy.verify.compare import Comparison, compare_all
+
+
+def check_device(target: Target, device: Device) -> None:
+    """The device can run `target`'s modules: same architecture, and the CPU features they use."""
+    if device.arch != target.arch:
+        raise UsageError(
+            f"target {target.name} builds {target.arch} modules; device {device.name} runs {device.arch}"
+        )
+    missing = device.missing_cpu_flags(target.cpu_flags)
+    if missing:
+        raise UsageError(
+            f"target {target.name} needs CPU features device {device.name} lacks: {', '.join(missing)}"
+        )
+
+
+def run_artifact(
+    session: Session, directory: Path, manifest: Manifest, inputs: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Check the module (sha256 against the manifest, ELF machine against the device), run it:
+    its outputs, in order."""
+    module = manifest.check_module(directory)
+    if get_target(manifest.target).artifact.machine_code:
+        check_machine(module, session.arch, session.label)
+    elif manifest.arch != session.arch:
+        raise UsageError(f"artifact {directory} is for {manifest.arch}; {session.label} runs {session.arch}")
+    shapes = [a.shape for a in inputs]
+    outputs = [(t.shape, t.dtype) for t in manifest.output_types(shapes)]
+    workspace = manifest.arena_bytes(shapes)
+    return session.run(module, inputs, outputs, entry=manifest.entry, workspace=workspace)
+
+
+def for_device(target: Target, session: Session) -> Target:
+    """`target` building for the session's device: split for its cores, unless --cores said,
+    float16 computed in float32 where the device has no half arithmetic, and with the C bundle
+    where the device runs bundles (the runner protocol), its host code for the CPU that runs it
+    (an OpenCL device's board)."""
+    cores = session.cores() if target.cores is None else None
+    built = target.with_cores(cores).with_fp16_storage(not session.fp16_arithmetic())
+    return built.with_bundle(session.bundles, session.bundle_host)
+
+
+def verify(
+    session: Session, item: Buildable, target: Target, inputs: list[np.ndarray]
+) -> tuple[Comparison, str]:
+    """Build (cached, for the session's device) an op or a graph, run it on the session, compare
+    with the numpy reference; with the schedule name."""
+    directory, manifest = cached_build(item, for_device(target, session))
+    actual = run_artifact(session, directory, manifest, inputs)
+    return against_reference(item, inputs, actual), manifest.built_with
+
+
+def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np.ndarray]) -> Comparison:
+    """`actual` (the outputs of an op or a graph on `inputs`) compared with its numpy reference."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
+        expected = item.references(*inputs)
+    return compare_all(expected, actual, item.exact, list(item.output_names))

@@ -1,1 +1,0 @@
-"""Example user ops: not built in; load them with `deploy --ops-path ops/examples`."""

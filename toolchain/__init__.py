@@ -1,1 +1,0 @@
-"""The toolchain: targets, build and export, verification, benchmarking, the `deploy` CLI."""
