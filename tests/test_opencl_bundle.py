@@ -247,7 +247,7 @@ def test_deploy_run_errors(bundles, tmp_path: Path) -> None:
              "--threads applies to CPU bundles: this one runs on OpenCL")  # fmt: skip
     assert deploy_run(directory, arrays, tmp_path, "--cl-device", "0:0").returncode == 0
     one_line(deploy_run(directory, [arrays[0].astype(np.float64), arrays[1]], tmp_path), 2,
-             f"input a ({tmp_path}/in0.npy) is float64 [4, 5], expected float32 [4, 5]")  # fmt: skip
+             f"input a ('{tmp_path}/in0.npy') is float64 [4, 5], expected float32 [4, 5]")  # fmt: skip
 
 
 def _isolated(script: str) -> list[str]:

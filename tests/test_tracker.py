@@ -88,8 +88,8 @@ def test_a_symbolic_model_on_the_farm(farm):
     """A model's Relax VM executable on a tracker's server, its batch N run at 1, 3 and 32."""
     port, _ = farm
     repo = Path(__file__).resolve().parent.parent
-    result = run_deploy("--ops-path", str(repo / "ops" / "examples"), "test", "--target", "arm", "--tracker",
-                        f"127.0.0.1:{port}", "--key", KEY, "--model",
+    result = run_deploy("--ops-path", str(repo / "deploy" / "ops" / "examples"), "test", "--target", "arm",
+                        "--tracker", f"127.0.0.1:{port}", "--key", KEY, "--model",
                         str(repo / "examples" / "pool_add_leaky_htanh_n.onnx"))  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "arm/max_pool2d" in result.stdout and " 0 failed" in result.stdout
