@@ -114,10 +114,6 @@ message shows it, whose). The runtime's and glue's types and functions (DeployTe
 deploy_rt_scratch), TVM's (TVMBackend...), dlpack.h's types, enums and macros (DLTensor, kDLCPU,
 DLPACK_DLL), pthread.h's, CL/cl.h's (cl_mem, CL_SUCCESS: an OpenCL bundle's NAME.h includes it),
 and the kernels' own symbols (k0_add)."""
-RESERVED = re.compile("|".join(f"(?:{pattern}).*" for pattern, _, _ in _RESERVED_BY) + "|.*_compute_")
-"""Every reserved name: a beginning of `_RESERVED_BY`, or TVM's parallel closures' end
-(main_compute_)."""
-
 _KEPT = frozenset(ord(c) for c in '\\"?*/')
 """Printable ASCII a literal still escapes: `\\` and `"` (the literal's own), `?` (no trigraph
 `??/`), and `*` and `/` (no `*/` or `/*` when the literal stands in a comment)."""
@@ -142,7 +138,8 @@ def c_string(text: str) -> str:
 
 def why_reserved(name: str, declared: frozenset[str] = frozenset()) -> str | None:
     """Why `name` cannot be a C name deploy writes: a keyword, a library name, one of `declared`
-    (the runtime's and glue's), or a reserved beginning; None when it can."""
+    (the runtime's and glue's), a reserved beginning, or the end of TVM's parallel closures
+    (main_compute_); None when it can."""
     if name in C_KEYWORDS:
         return "a C or C++ keyword"
     if name in C_LIBRARY:
@@ -152,7 +149,7 @@ def why_reserved(name: str, declared: frozenset[str] = frozenset()) -> str | Non
     for pattern, shown, whose in _RESERVED_BY:
         if re.fullmatch(f"(?:{pattern}).*", name):
             return f"reserved (names that begin {shown} are {whose})"
-    if RESERVED.fullmatch(name):
+    if name.endswith("_compute_"):
         return "reserved (names that end _compute_ are TVM's parallel closures')"
     return None
 
