@@ -200,17 +200,23 @@ int main(void) {
 """
 
 
-def test_an_engines_context_and_every_check(bundles, tmp_path: Path) -> None:
-    directory = bundles["add_f32"][1]
-    (tmp_path / "engine.c").write_text(ENGINE)
+def run_engine(source: str, directory: Path, library: str, work: Path) -> list[str]:
+    """The lines a C program of an engine's calls (`source`) prints, built in `work` against the
+    bundle in `directory` (its static `library`) and run; it must build and exit 0."""
+    (work / "engine.c").write_text(source)
     cc = ["gcc", "-std=c11", "-Wall", "-Werror", f"-I{directory}", f"-I{directory / 'include'}",
-          str(tmp_path / "engine.c"), str(directory / "libadd_f32.a"), "-lOpenCL", "-ldl", "-lpthread",
-          "-o", str(tmp_path / "engine")]  # fmt: skip
+          str(work / "engine.c"), str(directory / library), "-lOpenCL", "-ldl", "-lpthread",
+          "-o", str(work / "engine")]  # fmt: skip
     compiled = subprocess.run(cc, capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr[:3000]
-    proc = subprocess.run([str(tmp_path / "engine")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([str(work / "engine")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    return proc.stdout.splitlines()
+
+
+def test_an_engines_context_and_every_check(bundles, tmp_path: Path) -> None:
+    directory = bundles["add_f32"][1]
+    assert run_engine(ENGINE, directory, "libadd_f32.a", tmp_path) == [
         "enqueue 0 ",
         "enqueue 0 ",
         "values 0 101 1919",

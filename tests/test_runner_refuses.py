@@ -297,7 +297,7 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
     """NAME_cl_enqueue took a read-only buffer or an image as its output (what the kernels wrote
     there is undefined; an image's layout is the driver's). The bundle's runner, run.cc as a CPU
     bundle's, refuses a FIFO input too."""
-    from test_opencl_bundle import NEEDS_OPENCL, TARGET, _op
+    from test_opencl_bundle import NEEDS_OPENCL, TARGET, _op, run_engine
 
     for mark in NEEDS_OPENCL:
         if mark.args[0]:
@@ -307,15 +307,7 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
 
     directory = tmp_path / "add"
     export(compile_op(_op("add", {}, [(4, 5), (4, 5)]), TARGET), directory, bundle=True)
-    (tmp_path / "engine.c").write_text(ENGINE)
-    cc = ["gcc", "-std=c11", "-Wall", "-Werror", f"-I{directory}", f"-I{directory / 'include'}",
-          str(tmp_path / "engine.c"), str(directory / "libadd.a"), "-lOpenCL", "-ldl", "-lpthread",
-          "-o", str(tmp_path / "engine")]  # fmt: skip
-    compiled = subprocess.run(cc, capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr[:3000]
-    proc = subprocess.run([str(tmp_path / "engine")], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = run_engine(ENGINE, directory, "libadd.a", tmp_path)
     assert lines[:2] == [
         "good 0 ",
         "read-only -1 add: out is an output and its buffer is CL_MEM_READ_ONLY: expected one the kernels"
