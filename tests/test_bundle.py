@@ -37,6 +37,7 @@ from deploy.compiler.bundle import check_symbols, signature
 from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.runtime import ABI, ABI_HEADER, SOURCES
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.platforms import get_platform
@@ -1185,6 +1186,19 @@ def test_failed_bundle_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_python_reads_abi_h_as_c_compiles_it(tmp_path: Path) -> None:
+    """abi.h spells each constant of the runtime once: every DEPLOY_ macro it defines (gcc -dM) is
+    one Python read (`ABI`), with the value C gives it."""
+    macros = subprocess.run(["gcc", "-dM", "-E", str(ABI_HEADER)], capture_output=True, text=True, check=True)
+    names = sorted(set(re.findall(r"^#define DEPLOY_(\w+) ", macros.stdout, re.M)) - {"ABI_H_"})
+    prints = "".join(f'  printf("{name} %lld\\n", (long long)DEPLOY_{name});\n' for name in names)
+    (tmp_path / "abi.c").write_text(f'#include <stdio.h>\n#include "abi.h"\nint main(void) {{\n{prints}}}\n')
+    subprocess.run(["gcc", f"-I{SOURCES}", str(tmp_path / "abi.c"), "-o", str(tmp_path / "abi")], check=True)
+    printed = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
+    assert {name: int(value) for name, value in map(str.split, printed.splitlines())} == ABI
+
+
 SHA_MAIN = """#include <cstdio>
 #include "sha256.h"
 int main(int argc, char** argv) {
@@ -1196,7 +1210,7 @@ int main(int argc, char** argv) {
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_sha256_matches_hashlib(tmp_path: Path) -> None:
     (tmp_path / "main.cc").write_text(SHA_MAIN)
-    cmd = ["g++", "-std=c++17", "-O2", "-Wall", "-Werror", f"-I{REPO / 'deploy' / 'devices' / 'native'}",
+    cmd = ["g++", "-std=c++17", "-O2", "-Wall", "-Werror", f"-I{SOURCES}",
            str(tmp_path / "main.cc"), "-o", str(tmp_path / "sha")]  # fmt: skip
     subprocess.run(cmd, check=True)
     rng = np.random.default_rng(0)

@@ -26,6 +26,7 @@ CODE_SHAPING = [
     "deploy/compiler/opencl.py",
     "deploy/compiler/compile.py",
     "deploy/compiler/bundle.py",
+    "deploy/compiler/runtime/abi.h",
     "deploy/tune/tuners.py",
     "deploy/schedules/cpu.py",
     "deploy/ops/library/pooling.py",

@@ -16,6 +16,7 @@ LAYERS = {
     "deploy.ops": 1,
     "deploy.schedules": 2,
     "deploy.model": 2,
+    "deploy.compiler.runtime": 2,  # the bundles' C and its constants: under the compiler that builds from it
     "deploy.compiler": 3,
     "deploy.verify": 4,
     "deploy.bench": 5,

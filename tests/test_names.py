@@ -27,8 +27,9 @@ from deploy.base.errors import UsageError
 from deploy.compiler.bundle import CFLAGS, HEADER_PARAMS, check_name
 from deploy.compiler.compile import compile_graph
 from deploy.compiler.export import export
+from deploy.compiler.runtime import SOURCES
 from deploy.compiler.targets import get_target
-from deploy.devices.native import SOURCES, cached_object
+from deploy.devices.native import cached_object
 from deploy.devices.platforms import get_platform
 from deploy.model import load_model
 from deploy.ops.graph import bind_graph

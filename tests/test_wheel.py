@@ -88,7 +88,8 @@ def test_the_wheel_is_one_package_with_every_file_of_it(wheel: Path) -> None:
         if path.is_file() and "__pycache__" not in path.parts
     }
     assert ours - names == set()
-    assert "deploy/devices/native/runtime.c" in names
+    assert {"deploy/compiler/runtime/runtime.c", "deploy/compiler/runtime/abi.h"} <= names
+    assert "deploy/devices/native/rpc_server.cc" in names
 
 
 def test_the_installed_deploy_is_the_wheels(installed: dict[str, str], tmp_path: Path) -> None:

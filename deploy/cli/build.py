@@ -24,6 +24,7 @@ from deploy.cli.options import (
     resolve_target,
     warn,
 )
+from deploy.compiler.runtime import ALIGNMENT
 
 
 @click.command("build")
@@ -57,9 +58,10 @@ from deploy.cli.options import (
 )
 @click.option(
     "--alignment",
-    type=click.Choice(["16", "32", "64"]),
+    type=click.Choice([str(n) for n in (16, 32, ALIGNMENT)]),
     help="Bytes the data of the tensors a module is called with is aligned to, which its kernels"
-    " assume: 16 for an engine whose allocator gives less than 64 (unaligned vector loads) [default: 64].",
+    f" assume: 16 for an engine whose allocator gives less than {ALIGNMENT} (unaligned vector loads)"
+    f" [default: {ALIGNMENT}].",
 )
 @click.option(
     "--name",

@@ -10,9 +10,9 @@ generators do. Nothing of TVM's runtime, no libstdc++, no glibc version floor fo
     SHA256SUMS               every file of the bundle
 
 The object is TVM's kernels (`Module.write_to_file`: an op's `main`, or a graph's plan, see
-`plan.py`), `deploy/devices/native/runtime.c` (parallel launch, scratch, errors) and
-`deploy/devices/native/bundle.c` (the API: checks every tensor, runs the plan on an arena), linked
-with `ld -r` and its symbols other than the API made local. A kernel that needs a runtime
+`plan.py`), `deploy/compiler/runtime/runtime.c` (parallel launch, scratch, errors) and
+`deploy/compiler/runtime/bundle.c` (the API: checks every tensor, runs the plan on an arena),
+linked with `ld -r` and its symbols other than the API made local. A kernel that needs a runtime
 function deploy's runtime does not define is refused by name before anything is written.
 """
 
@@ -40,17 +40,16 @@ from deploy.base.files import SUMS, read_sums, sha256_file, write_sums
 from deploy.compiler.artifacts import bundle_writer
 from deploy.compiler.constants import constants_object
 from deploy.compiler.manifest import MANIFEST, PARTIAL
-from deploy.compiler.plan import ALIGNMENT, Plan
+from deploy.compiler.plan import Plan
+from deploy.compiler.runtime import ALIGNMENT, ERRORS, MAX_DIMS, SOURCES
 from deploy.compiler.targets import Target, all_targets
-from deploy.devices.native import SOURCES, cached_object, ffi_include, require_tool
+from deploy.devices.native import cached_object, ffi_include, require_tool
 from deploy.devices.platforms import get_platform
 from deploy.ops.graph import Constant
 from deploy.ops.spec import OUTPUT, TensorType, is_symbolic, symbols_of
 
 RUNNER = "deploy-run"
 DLPACK_HEADER = "include/dlpack/dlpack.h"
-MAX_DIMS = 16
-"""As `DEPLOY_MAX_DIMS` in bundle.h."""
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
 API_SUFFIXES = (
     "", "_run", "_with_workspace", "_workspace_size", "_last_error", "_set_num_threads", "_num_threads",
@@ -59,13 +58,11 @@ API_SUFFIXES = (
 """The functions a bundle exports, as NAME + suffix: every other symbol of its object is local."""
 NAMED_SUFFIXES = (*API_SUFFIXES, "_task", "_parallel_for", "_cl_open", "_cl_close", "_cl_enqueue")
 """What NAME.h names NAME + suffix (the CPU's and OpenCL's functions, and the hook's types)."""
-MACRO_SUFFIXES = (
-    "_H_", "_NUM_INPUTS", "_NUM_OUTPUTS", "_ALIGNMENT", "_ERR_ARGUMENT", "_ERR_KERNEL", "_ERR_MEMORY",
-    "_ERR_NO_OPENCL",
-)  # fmt: skip
+MACRO_SUFFIXES = ("_H_", "_NUM_INPUTS", "_NUM_OUTPUTS", "_ALIGNMENT", *(f"_{code}" for code in ERRORS))
 """What NAME.h names NAME upper-cased + suffix (its include guard and constants)."""
 API_SOURCES = (
-    "bundle.c", "bundle.h", "bundle_check.h", "bundle_names.h", "cl_bundle.c", "runner_glue.c", "runtime.h",
+    "abi.h", "bundle.c", "bundle.h", "bundle_check.h", "bundle_names.h", "cl_bundle.c", "runner_glue.c",
+    "runtime.h",
 )  # fmt: skip
 """The C that includes NAME.h and bundle_config.h (with dlpack.h): no C parameter name takes a name
 they give."""
@@ -123,7 +120,7 @@ class Signature:
 
 @functools.cache
 def runtime_names(linked: tuple[str, ...] = LINKED_SOURCES) -> frozenset[str]:
-    """The names devices/native's API_SOURCES and dlpack.h give (`declared_names`), the macros
+    """The names the runtime's API_SOURCES and dlpack.h give (`declared_names`), the macros
     of the C library headers they include (`header_macros`), and what the `linked` sources give
     the other objects (`linked_names`)."""
     paths = [SOURCES / name for name in API_SOURCES] + [ffi_include() / "dlpack" / "dlpack.h"]
@@ -335,9 +332,7 @@ extern "C" {{
 #define {upper}_NUM_INPUTS {len(sig.inputs)}
 #define {upper}_NUM_OUTPUTS {len(sig.outputs)}
 #define {upper}_ALIGNMENT {target.alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
-#define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor or argument: nothing was computed */
-#define {upper}_ERR_KERNEL (-2)    /* a kernel failed */
-#define {upper}_ERR_MEMORY (-3)    /* no memory for the arena */
+{error_defines(upper, CPU_ERRORS)}
 
 /* Each tensor's rank, shape (-1, -2, ...: the symbolic dims in the order above) and dtype. */
 {constants}
@@ -374,6 +369,20 @@ typedef int (*{name}_parallel_for)(void* user, {name}_task task, void* context, 
 
 #endif /* {guard} */
 """
+
+
+CPU_ERRORS = {
+    "ERR_ARGUMENT": "a bad tensor or argument: nothing was computed",
+    "ERR_KERNEL": "a kernel failed",
+    "ERR_MEMORY": "no memory for the arena",
+}
+"""The error codes a CPU bundle returns (values: abi.h) and what each means in its NAME.h."""
+
+
+def error_defines(upper: str, meanings: dict[str, str]) -> str:
+    """NAME.h's `#define UPPER_ERR_... (value)  /* meaning */` lines, one per code of `meanings`,
+    each value as abi.h gives it."""
+    return "\n".join(f"#define {upper}_{f'{c} ({ERRORS[c]})':<18} /* {why} */" for c, why in meanings.items())
 
 
 def config_header(sig: Signature, alignment: int) -> str:
@@ -448,7 +457,7 @@ def check_symbols(listing: str, name: str) -> None:
         if (kind == "U" and RUNTIME_SYMBOLS.match(symbol)) or kind in ("V", "v"):
             raise DeployError(
                 f"bundle {name}: its kernels need {symbol}, which deploy's C runtime"
-                " (deploy/devices/native/runtime.c) does not define"
+                " (deploy/compiler/runtime/runtime.c) does not define"
             )
 
 

@@ -3,7 +3,7 @@ runs its kernels through the device's OpenCL library, loaded at run time, with n
 TVM on the device, in the same shape as a CPU bundle (`bundle.py`).
 
     NAME.h                   the API (C99): host tensors, or the engine's cl_context and cl_mem
-    libNAME.a, libNAME.so    deploy/devices/native/cl_bundle.c over the plan (cl_plan.h, generated) with
+    libNAME.a, libNAME.so    deploy/compiler/runtime/cl_bundle.c over the plan (cl_plan.h, generated) with
                              kernels.cl and constants.bin embedded; only NAME_* global
     deploy-run               NAME on .npy files, linked with glibc dynamically (dlopen needs it)
     include/dlpack, include/CL  the DLTensor and the OpenCL 1.2 headers NAME.h includes
@@ -32,13 +32,15 @@ from deploy.compiler.bundle import (
     c_params,
     config_header,
     dlpack_dtype,
+    error_defines,
     libraries_and_runner,
     run_tool,
     signature,
     tensor_rows,
 )
 from deploy.compiler.constants import BLOB, write_blob
-from deploy.devices.native import SOURCES, cl_include, ffi_include, require_tool
+from deploy.compiler.runtime import SOURCES
+from deploy.devices.native import cl_include, ffi_include, require_tool
 from deploy.devices.platforms import get_platform
 from deploy.ops.spec import TensorType
 
@@ -47,6 +49,13 @@ ROLES = {"input": "DEPLOY_CL_TENSOR", "output": "DEPLOY_CL_TENSOR", "scratch": "
          "constant": "DEPLOY_CL_CONSTANT"}  # fmt: skip
 FLOAT16 = {None: "DEPLOY_CL_FLOAT16_NONE", "storage": "DEPLOY_CL_FLOAT16_STORAGE",
            "native": "DEPLOY_CL_FLOAT16_NATIVE"}  # fmt: skip
+ERRORS = {
+    "ERR_ARGUMENT": "a bad tensor, cl_mem or device index: nothing was run",
+    "ERR_KERNEL": "the kernels failed to build or to run",
+    "ERR_MEMORY": "no device memory for the kernels' buffers",
+    "ERR_NO_OPENCL": "no OpenCL library or platform, or a device without cl_khr_fp16",
+}
+"""The error codes an OpenCL bundle returns (values: abi.h) and what each means in its NAME.h."""
 
 
 def _bytes(entry: dict[str, Any]) -> int:
@@ -132,10 +141,7 @@ extern "C" {{
 
 #define {upper}_NUM_INPUTS {len(sig.inputs)}
 #define {upper}_NUM_OUTPUTS {len(sig.outputs)}
-#define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor, cl_mem or device index: nothing was run */
-#define {upper}_ERR_KERNEL (-2)    /* the kernels failed to build or to run */
-#define {upper}_ERR_MEMORY (-3)    /* no device memory for the kernels' buffers */
-#define {upper}_ERR_NO_OPENCL (-4) /* no OpenCL library or platform, or a device without cl_khr_fp16 */
+{error_defines(upper, ERRORS)}
 
 /* Each tensor's rank, shape and dtype. */
 {constants}

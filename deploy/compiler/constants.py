@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.base.errors import DeployError, printable
-from deploy.compiler.plan import ALIGNMENT, CONSTANTS_SYMBOL, constant_offsets
+from deploy.compiler.plan import CONSTANTS_SYMBOL, constant_offsets
+from deploy.compiler.runtime import ALIGNMENT
 from deploy.ops.graph import Constant
 
 BLOB = "constants.bin"

@@ -20,6 +20,7 @@ from importlib.util import resolve_name
 from pathlib import Path
 
 import deploy
+from deploy.compiler.runtime import ABI_HEADER
 
 DEPLOY_PACKAGES = frozenset({"deploy"})
 """Deploy's own top-level package, never followed: the parts that shape a module are hashed whole
@@ -38,16 +39,16 @@ def source_digest(path: str) -> str:
 def _package_sources() -> tuple[str, ...]:
     """Every source file of the packages that shape a module (the op definitions, the schedules,
     the toolchain that lowers and links), found on disk: the key must not depend on what this
-    process happened to import."""
+    process happened to import. With them the runtime's abi.h, which Python reads (its alignment
+    lays out a graph's arena)."""
     roots = [Path(directory) for directory in deploy.__path__]
-    return tuple(
-        sorted(
-            str(path)
-            for root in roots
-            for path in root.rglob("*.py")
-            if path.relative_to(root).parts[0] not in UNSHAPING
-        )
-    )
+    sources = [
+        str(path)
+        for root in roots
+        for path in root.rglob("*.py")
+        if path.relative_to(root).parts[0] not in UNSHAPING
+    ]
+    return tuple(sorted([*sources, str(ABI_HEADER)]))
 
 
 @cache

@@ -13,6 +13,7 @@ from deploy.base.errors import UsageError, reason
 from deploy.base.files import load_json, sha256_file
 from deploy.base.locks import locked
 from deploy.compiler.plan import Size, arena_bytes
+from deploy.compiler.runtime import ALIGNMENT
 from deploy.ops.spec import TensorType, sizes_of
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class Manifest:
     entry: str = "function"
     """How a runtime calls the module: "function" (`main(inputs..., out)`) or "plan" (a graph's
     `main(inputs..., outputs..., arena)`, `plan.py`)."""
-    alignment: int = 64
+    alignment: int = ALIGNMENT
     """Bytes the data of the tensors the module is called with must be aligned to."""
     arena: list[dict[str, Any]] | None = None
     """For the "plan" entry: the arena's slots in order, each {"bytes", "times": the symbolic

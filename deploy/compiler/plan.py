@@ -16,7 +16,7 @@ The arena holds every tensor between two kernels at an offset fixed when built (
 ALIGNMENT bytes, from N at call time for a symbolic batch); a tensor takes the slot of one no
 longer read when both have the same size, so a chain of same-sized kernels needs two slots. The
 size is computed alike here (`Plan.arena_bytes`), in the TIR (`main` checks its arena's shape
-against it) and in C (`deploy/devices/native/bundle.h`).
+against it) and in C (`deploy/compiler/runtime/bundle.h`).
 """
 
 from __future__ import annotations
@@ -28,14 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.base.errors import UsageError
 from deploy.compiler.fusion import Call
+from deploy.compiler.runtime import ALIGNMENT
 from deploy.ops.spec import TensorType, symbol, symbols_of
 
 if TYPE_CHECKING:
     from deploy.ops.graph import BoundGraph, Constant
 
-ALIGNMENT = 64
-"""Bytes every arena tensor is aligned to: what the kernels assume of their buffers (TVM's
-kAllocAlignment, which they `llvm.assume`)."""
 MAIN = "main"
 CONSTANTS_SYMBOL = "deploy_constants"
 """The function `main` calls for the address of the graph's constants (`constants.py` defines it,

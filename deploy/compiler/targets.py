@@ -13,6 +13,7 @@ from deploy.base.errors import UsageError
 from deploy.base.threads import host_cpus
 from deploy.compiler.artifacts import ArtifactKind
 from deploy.compiler.opencl import OPENCL_PLAN
+from deploy.compiler.runtime import ALIGNMENT
 from deploy.compiler.shared_object import SHARED_OBJECT
 from deploy.ops.graph import BoundGraph
 from deploy.ops.layouts import LAYOUTS, Layout
@@ -90,9 +91,9 @@ class Target:
     """The layout a graph's pooling runs in (`deploy/ops/relayout.py`), from `--layout`. None: the
     layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
     graph is faster only at some shapes (docs/layouts.md)."""
-    alignment: int = 64
+    alignment: int = ALIGNMENT
     """Bytes the data of every tensor a module is called with is aligned to, which its kernels
-    assume (aligned vector loads): TVM's own allocations give 64; `--alignment 16` builds for an
+    assume (aligned vector loads): TVM's own allocations give ALIGNMENT; `--alignment 16` builds for an
     engine whose allocator gives less (ncnn's on ARM), with unaligned loads."""
     bundle: bool = False
     """Every artifact carries its C bundle (`bundle.py`): for a device that runs bundles through

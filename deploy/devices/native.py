@@ -1,5 +1,6 @@
 """Native code for devices without Python: the TVM runtime libraries of an architecture, and
-programs compiled against them with the architecture's g++ (the RPC server, op bundles).
+programs compiled against them with the architecture's g++ (the RPC server), or without them
+(the OpenCL probe; the objects bundles link, `cached_object`).
 
 The libraries come from TVM's PyPI wheels for the platform (fetched by this host's pip, cached;
 on a host of the same architecture, from the installed wheels); the tvm-ffi headers from the
@@ -29,6 +30,8 @@ from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import Platform
 
 SOURCES = Path(__file__).resolve().parent / "native"
+"""The C and C++ of the programs a device runs for deploy itself (the RPC server, the OpenCL
+probe); a bundle's C is the compiler's (`deploy/compiler/runtime/`)."""
 SERVER_SOURCE = SOURCES / "rpc_server.cc"
 SERVER = "deploy-rpc-server"
 CL_PROBE = "deploy-cl-probe"
@@ -296,13 +299,12 @@ def _compiler_version(compiler: str) -> str:
 
 
 def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
-    """`source` (one of SOURCES, including only SOURCES headers and system ones) compiled with
-    `compiler -c` and `flags` into an object, built once per content hash of the sources, the
-    compiler and the flags: what every bundle of an architecture links the same (the runtime,
-    the runner)."""
+    """`source` (including only the headers beside it and system ones) compiled with `compiler -c`
+    and `flags` into an object, built once per content hash of the sources, the compiler and the
+    flags: what every bundle of an architecture links the same (the runtime, the runner)."""
     digest = hashlib.sha256(" ".join((compiler, *flags)).encode())
     digest.update(_compiler_version(compiler).encode())
-    for path in [source, *sorted(SOURCES.glob("*.h"))]:
+    for path in [source, *sorted(source.parent.glob("*.h"))]:
         digest.update(path.read_bytes())
     directory = cache_root() / "objects" / f"{source.name}-{digest.hexdigest()[:16]}"
     name = (source.stem + ".o",)
@@ -312,7 +314,7 @@ def cached_object(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
             cmd = [
                 compiler,
                 *flags,
-                f"-I{SOURCES}",
+                f"-I{source.parent}",
                 f"-I{ffi_include()}",
                 "-c",
                 str(source),

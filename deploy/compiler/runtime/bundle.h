@@ -10,9 +10,9 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
-#define DEPLOY_MAX_DIMS 16
+#include "abi.h"
+
 #define DEPLOY_MAX_SLOT_SYMBOLS 4
-#define DEPLOY_ALIGNMENT 64 /* of the arena, and of what the runner allocates */
 
 typedef struct {
   const char* name;

@@ -7,13 +7,13 @@
 
 #ifdef DEPLOY_OPENCL /* bundle_config.h of an OpenCL bundle: no threads, a device to choose */
 #define THREADS NULL
-#define SELECT_DEVICE API(_cl_open)
+#define SELECT_DEVICE DEPLOY_API(_cl_open)
 #else
-#define THREADS API(_set_num_threads)
+#define THREADS DEPLOY_API(_set_num_threads)
 #define SELECT_DEVICE NULL
 #endif
 
 const DeployRunner deploy_runner = {
-    STRING(DEPLOY_PREFIX), DEPLOY_NUM_INPUTS, DEPLOY_NUM_OUTPUTS, deploy_symbol_names, deploy_tensors, API(_run),
-    API(_last_error), THREADS, SELECT_DEVICE,
+    DEPLOY_STRING(DEPLOY_PREFIX), DEPLOY_NUM_INPUTS, DEPLOY_NUM_OUTPUTS, deploy_symbol_names, deploy_tensors,
+    DEPLOY_API(_run), DEPLOY_API(_last_error), THREADS, SELECT_DEVICE,
 };

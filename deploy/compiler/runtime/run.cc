@@ -624,9 +624,9 @@ int main(int argc, char** argv) {
   std::vector<DLTensor*> args;
   for (DLTensor& tensor : tensors) args.push_back(&tensor);
   if (opt.threads > 0) deploy_runner.set_num_threads(opt.threads);
-  if (opt.platform >= 0) {  // -1 (NAME_ERR_ARGUMENT): no such device, bad input; else no OpenCL
+  if (opt.platform >= 0) {  // NAME_ERR_ARGUMENT: no such device, bad input; else no OpenCL
     int status = deploy_runner.select_device(opt.platform, opt.device);
-    if (status != 0) Exit(status == -1 ? kBadInput : kFailed, deploy_runner.last_error());
+    if (status != 0) Exit(status == DEPLOY_ERR_ARGUMENT ? kBadInput : kFailed, deploy_runner.last_error());
   }
   const int count = inputs + outputs;
   if (deploy_runner.run(args.data(), count) != 0) Exit(kFailed, deploy_runner.last_error());

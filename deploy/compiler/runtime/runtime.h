@@ -43,8 +43,9 @@ deploy_rt_parallel_for deploy_rt_set_parallel(deploy_rt_parallel_for fn, void* u
 const char* deploy_rt_kernel_error(void);
 void deploy_rt_clear_error(void);
 
-/* Scratch memory of `bytes` aligned to 64, from this thread's cache of freed blocks (so a call
- * that needs the same arena each time allocates it once per thread); NULL when out of memory. */
+/* Scratch memory of `bytes` aligned to DEPLOY_ALIGNMENT (abi.h), from this thread's cache of
+ * freed blocks (so a call that needs the same arena each time allocates it once per thread);
+ * NULL when out of memory. */
 void* deploy_rt_scratch(size_t bytes);
 void deploy_rt_release(void* block);
 

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "runtime.h"
 
+#include "abi.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -11,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ALIGNMENT 64     /* what TVM's kernels assume of every buffer (kAllocAlignment) */
 #define MAX_THREADS 256
 #define SPINS 20000      /* polls of a flag before a thread blocks: about 20-100 us */
 #define CACHED_BLOCKS 4  /* freed scratch blocks a thread keeps for its next call */
@@ -81,11 +82,11 @@ static _Thread_local Cache cache;
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
-static size_t block_size(void* block) { return *(size_t*)((char*)block - ALIGNMENT); }
+static size_t block_size(void* block) { return *(size_t*)((char*)block - DEPLOY_ALIGNMENT); }
 
 static void free_cache(void* unused) {
   (void)unused;
-  while (cache.count > 0) free((char*)cache.blocks[--cache.count] - ALIGNMENT);
+  while (cache.count > 0) free((char*)cache.blocks[--cache.count] - DEPLOY_ALIGNMENT);
 }
 
 static void make_cache_key(void) { pthread_key_create(&cache_key, free_cache); }
@@ -102,9 +103,11 @@ void* deploy_rt_scratch(size_t bytes) {
     return block;
   }
   void* base = NULL;
-  if (bytes > SIZE_MAX - ALIGNMENT || posix_memalign(&base, ALIGNMENT, bytes + ALIGNMENT) != 0) return NULL;
+  if (bytes > SIZE_MAX - DEPLOY_ALIGNMENT || posix_memalign(&base, DEPLOY_ALIGNMENT, bytes + DEPLOY_ALIGNMENT) != 0) {
+    return NULL;
+  }
   *(size_t*)base = bytes;
-  return (char*)base + ALIGNMENT;
+  return (char*)base + DEPLOY_ALIGNMENT;
 }
 
 void deploy_rt_release(void* block) {
@@ -117,10 +120,10 @@ void deploy_rt_release(void* block) {
       if (block_size(cache.blocks[i]) < block_size(cache.blocks[smallest])) smallest = i;
     }
     if (block_size(block) <= block_size(cache.blocks[smallest])) {
-      free((char*)block - ALIGNMENT);
+      free((char*)block - DEPLOY_ALIGNMENT);
       return;
     }
-    free((char*)cache.blocks[smallest] - ALIGNMENT);
+    free((char*)cache.blocks[smallest] - DEPLOY_ALIGNMENT);
     cache.blocks[smallest] = cache.blocks[--cache.count];
   }
   cache.blocks[cache.count++] = block;

@@ -31,15 +31,16 @@ typedef struct { uint64_t offset, bytes; } DeployClConstant; /* in the blob */
 #include "cl_plan.h"
 
 #include "bundle_names.h"
-#define DEPLOY_HOST_ONLY_TEXT "this call takes host memory (" STRING(DEPLOY_PREFIX) "_cl_enqueue takes cl_mem)"
+#define DEPLOY_HOST_ONLY_TEXT "this call takes host memory (" DEPLOY_STRING(DEPLOY_PREFIX) "_cl_enqueue takes cl_mem)"
 
 #include "bundle_check.h"
 
-enum { NO_OPENCL = -4, MAX_CONTEXTS = 8 };
+enum { MAX_CONTEXTS = 8 };
 
 /* The kernels' OpenCL C (NUL-terminated) and the constants' blob, as built. */
-__asm__(".section .rodata\n.balign 64\ndeploy_cl_source:\n.incbin \"kernels.cl\"\n.byte 0\n"
-        ".balign 64\ndeploy_cl_blob:\n.incbin \"constants.bin\"\n.previous\n");
+#define DEPLOY_BALIGN ".balign " DEPLOY_STRING(DEPLOY_ALIGNMENT) "\n"
+__asm__(".section .rodata\n" DEPLOY_BALIGN "deploy_cl_source:\n.incbin \"kernels.cl\"\n.byte 0\n"
+        DEPLOY_BALIGN "deploy_cl_blob:\n.incbin \"constants.bin\"\n.previous\n");
 extern const char deploy_cl_source[] __attribute__((visibility("hidden")));
 extern const unsigned char deploy_cl_blob[] __attribute__((visibility("hidden")));
 
@@ -82,41 +83,42 @@ static size_t spec_bytes(const DeployTensorSpec* spec) {
 }
 
 static int load_library(void) {
-  if (ocl_loaded) return OK;
+  if (ocl_loaded) return DEPLOY_OK;
   void* library = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
   if (library == NULL) library = dlopen("libOpenCL.so", RTLD_NOW | RTLD_LOCAL);
   if (library == NULL) {
-    return fail(NO_OPENCL, "no OpenCL library (libOpenCL.so.1, libOpenCL.so: %s): install the device's OpenCL driver"
+    return fail(DEPLOY_ERR_NO_OPENCL,
+                "no OpenCL library (libOpenCL.so.1, libOpenCL.so: %s): install the device's OpenCL driver"
                 " (on Debian: ocl-icd-libopencl1 and pocl-opencl-icd)", dlerror());
   }
 #define LOOK_UP(f)                                                                              \
   if ((*(void**)&ocl.f = dlsym(library, #f)) == NULL) {                                          \
     dlclose(library);                                                                           \
-    return fail(NO_OPENCL, "the OpenCL library has no %s: expected an OpenCL 1.2 library", #f); \
+    return fail(DEPLOY_ERR_NO_OPENCL, "the OpenCL library has no %s: expected an OpenCL 1.2 library", #f); \
   }
   CL_FUNCTIONS(LOOK_UP)
   ocl_loaded = 1;
-  return OK;
+  return DEPLOY_OK;
 }
 
 /* Whether every device of `context` has half arithmetic (cl_khr_fp16), as native float16 needs. */
 static int check_fp16(cl_context context) {
-  if (DEPLOY_CL_FLOAT16 != DEPLOY_CL_FLOAT16_NATIVE) return OK;
+  if (DEPLOY_CL_FLOAT16 != DEPLOY_CL_FLOAT16_NATIVE) return DEPLOY_OK;
   cl_device_id devices[16];
   size_t size = 0;
   if (ocl.clGetContextInfo(context, CL_CONTEXT_DEVICES, sizeof(devices), devices, &size) != CL_SUCCESS) {
-    return fail(BAD_ARGUMENT, "cannot list the devices of the cl_context (more than 16?)");
+    return fail(DEPLOY_ERR_ARGUMENT, "cannot list the devices of the cl_context (more than 16?)");
   }
   for (size_t i = 0; i < size / sizeof(cl_device_id); ++i) {
     char extensions[8192] = "", name[128] = "";
     ocl.clGetDeviceInfo(devices[i], CL_DEVICE_EXTENSIONS, sizeof(extensions) - 1, extensions, NULL);
     if (strstr(extensions, "cl_khr_fp16") == NULL) {
       ocl.clGetDeviceInfo(devices[i], CL_DEVICE_NAME, sizeof(name) - 1, name, NULL);
-      return fail(NO_OPENCL, "the kernels compute in half, which needs cl_khr_fp16 and %s has none: build"
+      return fail(DEPLOY_ERR_NO_OPENCL, "the kernels compute in half, which needs cl_khr_fp16 and %s has none: build"
                   " with --fp16 storage for this device", name);
     }
   }
-  return OK;
+  return DEPLOY_OK;
 }
 
 static void release(Built* b) {
@@ -151,7 +153,7 @@ static int build_failed(cl_context context, cl_program program, cl_int err) {
     }
     line = next;
   }
-  return fail(KERNEL_FAILED, "the kernels failed to build (OpenCL error %d): %s", (int)err,
+  return fail(DEPLOY_ERR_KERNEL, "the kernels failed to build (OpenCL error %d): %s", (int)err,
               said[0] ? said : "no build log");
 }
 
@@ -164,10 +166,10 @@ static cl_mem buffer(cl_context context, size_t bytes, const void* data, cl_int*
 /* The program, kernels and buffers for `context`, built on first use. */
 static int built_for(cl_context context, Built** out) {
   for (int i = 0; i < num_built; ++i) {
-    if (built[i].context == context) return *out = &built[i], OK;
+    if (built[i].context == context) return *out = &built[i], DEPLOY_OK;
   }
   int status = check_fp16(context);
-  if (status != OK) return status;
+  if (status != DEPLOY_OK) return status;
   if (num_built == MAX_CONTEXTS) { /* the oldest goes */
     release(&built[0]);
     memmove(&built[0], &built[1], sizeof(Built) * (MAX_CONTEXTS - 1));
@@ -175,7 +177,9 @@ static int built_for(cl_context context, Built** out) {
   }
   Built* b = &built[num_built];
   cl_int err = ocl.clRetainContext(context);
-  if (err != CL_SUCCESS) return fail(BAD_ARGUMENT, "the cl_context is not a context (OpenCL error %d)", (int)err);
+  if (err != CL_SUCCESS) {
+    return fail(DEPLOY_ERR_ARGUMENT, "the cl_context is not a context (OpenCL error %d)", (int)err);
+  }
   b->context = context;
   const char* source = deploy_cl_source;
   size_t length = DEPLOY_CL_SOURCE_BYTES;
@@ -183,7 +187,7 @@ static int built_for(cl_context context, Built** out) {
   if (err == CL_SUCCESS) err = ocl.clBuildProgram(b->program, 0, NULL, "", NULL, NULL);
   if (err != CL_SUCCESS) {
     status = b->program ? build_failed(context, b->program, err)
-                        : fail(KERNEL_FAILED, "clCreateProgramWithSource failed (OpenCL error %d)", (int)err);
+                        : fail(DEPLOY_ERR_KERNEL, "clCreateProgramWithSource failed (OpenCL error %d)", (int)err);
     release(b);
     return status;
   }
@@ -199,10 +203,10 @@ static int built_for(cl_context context, Built** out) {
   }
   if (err != CL_SUCCESS) {
     release(b);
-    return fail(NO_MEMORY, "cannot make the kernels or their buffers (OpenCL error %d)", (int)err);
+    return fail(DEPLOY_ERR_MEMORY, "cannot make the kernels or their buffers (OpenCL error %d)", (int)err);
   }
   ++num_built;
-  return *out = b, OK;
+  return *out = b, DEPLOY_OK;
 }
 
 /* Enqueue every kernel of the plan on `queue`, the tensors being `tensors`. */
@@ -219,9 +223,9 @@ static int enqueue(Built* b, cl_command_queue queue, const cl_mem* tensors) {
     if (err == CL_SUCCESS) {
       err = ocl.clEnqueueNDRangeKernel(queue, b->kernels[k], 3, NULL, kernel->global, kernel->local, 0, NULL, NULL);
     }
-    if (err != CL_SUCCESS) return fail(KERNEL_FAILED, "kernel %s: OpenCL error %d", kernel->name, (int)err);
+    if (err != CL_SUCCESS) return fail(DEPLOY_ERR_KERNEL, "kernel %s: OpenCL error %d", kernel->name, (int)err);
   }
-  return OK;
+  return DEPLOY_OK;
 }
 
 static void close_own(void) {
@@ -244,21 +248,21 @@ static void close_own(void) {
 /* The bundle's own context and queue on platform:device, and a buffer per tensor. */
 static int open_device(int platform, int device) {
   int status = load_library();
-  if (status != OK) return status;
+  if (status != DEPLOY_OK) return status;
   cl_platform_id platforms[16];
   cl_uint count = 0;
   cl_int err = ocl.clGetPlatformIDs(16, platforms, &count);
   if (err != CL_SUCCESS || count == 0) {
-    return fail(NO_OPENCL, "no OpenCL platform: install an OpenCL driver (on Debian: pocl-opencl-icd)");
+    return fail(DEPLOY_ERR_NO_OPENCL, "no OpenCL platform: install an OpenCL driver (on Debian: pocl-opencl-icd)");
   }
   if (platform < 0 || (cl_uint)platform >= count) {
-    return fail(BAD_ARGUMENT, "no OpenCL platform %d: expected 0 to %u", platform, count - 1);
+    return fail(DEPLOY_ERR_ARGUMENT, "no OpenCL platform %d: expected 0 to %u", platform, count - 1);
   }
   cl_device_id devices[16];
   err = ocl.clGetDeviceIDs(platforms[platform], CL_DEVICE_TYPE_ALL, 16, devices, &count);
   if (err != CL_SUCCESS) count = 0;
   if (device < 0 || (cl_uint)device >= count) {
-    return fail(BAD_ARGUMENT, "no OpenCL device %d:%d: platform %d has %u device%s", platform, device, platform,
+    return fail(DEPLOY_ERR_ARGUMENT, "no OpenCL device %d:%d: platform %d has %u device%s", platform, device, platform,
                 count, count == 1 ? "" : "s");
   }
   close_own();
@@ -269,9 +273,9 @@ static int open_device(int platform, int device) {
   }
   if (err != CL_SUCCESS) {
     close_own();
-    return fail(NO_OPENCL, "cannot open OpenCL device %d:%d (OpenCL error %d)", platform, device, (int)err);
+    return fail(DEPLOY_ERR_NO_OPENCL, "cannot open OpenCL device %d:%d (OpenCL error %d)", platform, device, (int)err);
   }
-  return OK;
+  return DEPLOY_OK;
 }
 
 /* NAME() on host tensors: upload the inputs, run the plan, download the outputs, wait. */
@@ -280,18 +284,18 @@ static int run_host(const DLTensor* const* args) {
   int64_t symbols[DEPLOY_NUM_SYMBOLS + 1] = {0};
   last_error[0] = '\0';
   int status = check_all(args, folded, symbols);
-  if (status != OK) return status;
+  if (status != DEPLOY_OK) return status;
   pthread_mutex_lock(&lock);
   Built* b = NULL;
-  status = own.context != NULL ? OK : open_device(0, 0);
-  if (status == OK) status = built_for(own.context, &b);
+  status = own.context != NULL ? DEPLOY_OK : open_device(0, 0);
+  if (status == DEPLOY_OK) status = built_for(own.context, &b);
   cl_int err = CL_SUCCESS;
-  for (int i = 0; i < DEPLOY_NUM_INPUTS && status == OK && err == CL_SUCCESS; ++i) {
+  for (int i = 0; i < DEPLOY_NUM_INPUTS && status == DEPLOY_OK && err == CL_SUCCESS; ++i) {
     size_t bytes = spec_bytes(&deploy_tensors[i]);
     if (bytes) err = ocl.clEnqueueWriteBuffer(own.queue, own.tensors[i], CL_FALSE, 0, bytes, folded[i].data, 0, NULL, NULL);
   }
-  if (status == OK && err == CL_SUCCESS) status = enqueue(b, own.queue, own.tensors);
-  for (int i = DEPLOY_NUM_INPUTS; i < DEPLOY_NUM_TENSORS && status == OK && err == CL_SUCCESS; ++i) {
+  if (status == DEPLOY_OK && err == CL_SUCCESS) status = enqueue(b, own.queue, own.tensors);
+  for (int i = DEPLOY_NUM_INPUTS; i < DEPLOY_NUM_TENSORS && status == DEPLOY_OK && err == CL_SUCCESS; ++i) {
     size_t bytes = spec_bytes(&deploy_tensors[i]);
     if (bytes) err = ocl.clEnqueueReadBuffer(own.queue, own.tensors[i], CL_FALSE, 0, bytes, folded[i].data, 0, NULL, NULL);
   }
@@ -299,7 +303,9 @@ static int run_host(const DLTensor* const* args) {
     cl_int finished = ocl.clFinish(own.queue);
     if (err == CL_SUCCESS) err = finished;
   }
-  if (status == OK && err != CL_SUCCESS) status = fail(KERNEL_FAILED, "the device failed (OpenCL error %d)", (int)err);
+  if (status == DEPLOY_OK && err != CL_SUCCESS) {
+    status = fail(DEPLOY_ERR_KERNEL, "the device failed (OpenCL error %d)", (int)err);
+  }
   pthread_mutex_unlock(&lock);
   return status;
 }
@@ -311,43 +317,46 @@ static int check_mem(cl_mem mem, const DeployTensorSpec* spec, cl_context contex
   cl_mem_object_type type = 0;
   cl_mem_flags flags = 0;
   size_t size = 0, bytes = spec_bytes(spec);
-  if (mem == NULL) return fail(BAD_ARGUMENT, "%s is NULL", spec->name);
+  if (mem == NULL) return fail(DEPLOY_ERR_ARGUMENT, "%s is NULL", spec->name);
   if (ocl.clGetMemObjectInfo(mem, CL_MEM_CONTEXT, sizeof(of), &of, NULL) != CL_SUCCESS ||
       ocl.clGetMemObjectInfo(mem, CL_MEM_TYPE, sizeof(type), &type, NULL) != CL_SUCCESS ||
       ocl.clGetMemObjectInfo(mem, CL_MEM_FLAGS, sizeof(flags), &flags, NULL) != CL_SUCCESS ||
       ocl.clGetMemObjectInfo(mem, CL_MEM_SIZE, sizeof(size), &size, NULL) != CL_SUCCESS) {
-    return fail(BAD_ARGUMENT, "%s is not a cl_mem buffer", spec->name);
+    return fail(DEPLOY_ERR_ARGUMENT, "%s is not a cl_mem buffer", spec->name);
   }
   if (type != CL_MEM_OBJECT_BUFFER) {
-    return fail(BAD_ARGUMENT, "%s is an image or a pipe (cl_mem type 0x%x): expected a buffer", spec->name,
+    return fail(DEPLOY_ERR_ARGUMENT, "%s is an image or a pipe (cl_mem type 0x%x): expected a buffer", spec->name,
                 (unsigned)type);
   }
   if (output && (flags & CL_MEM_READ_ONLY)) {
-    return fail(BAD_ARGUMENT, "%s is an output and its buffer is CL_MEM_READ_ONLY: expected one the kernels may"
+    return fail(DEPLOY_ERR_ARGUMENT, "%s is an output and its buffer is CL_MEM_READ_ONLY: expected one the kernels may"
                 " write", spec->name);
   }
-  if (of != context) return fail(BAD_ARGUMENT, "%s belongs to another cl_context than the one given", spec->name);
+  if (of != context) {
+    return fail(DEPLOY_ERR_ARGUMENT, "%s belongs to another cl_context than the one given", spec->name);
+  }
   if (size < bytes) {
     char dtype[32], shape[256];
     dtype_text(spec->dtype, dtype, sizeof(dtype));
     shape_text(spec->shape, spec->ndim, 1, shape, sizeof(shape));
-    return fail(BAD_ARGUMENT, "%s has %zu bytes, expected at least %zu (%s %s)", spec->name, size, bytes, dtype, shape);
+    return fail(DEPLOY_ERR_ARGUMENT, "%s has %zu bytes, expected at least %zu (%s %s)", spec->name, size, bytes,
+                dtype, shape);
   }
-  return OK;
+  return DEPLOY_OK;
 }
 
-EXPORT int DEPLOY_PREFIX(DEPLOY_PARAMS) {
+DEPLOY_EXPORT int DEPLOY_PREFIX(DEPLOY_PARAMS) {
   const DLTensor* args[] = {DEPLOY_ARGS};
   return run_host(args);
 }
 
-EXPORT int API(_run)(DLTensor* const* args, int num_args) {
+DEPLOY_EXPORT int DEPLOY_API(_run)(DLTensor* const* args, int num_args) {
   int checked = check_run_args(args, num_args);
-  if (checked != OK) return checked;
+  if (checked != DEPLOY_OK) return checked;
   return run_host((const DLTensor* const*)args);
 }
 
-EXPORT int API(_cl_open)(int platform, int device) {
+DEPLOY_EXPORT int DEPLOY_API(_cl_open)(int platform, int device) {
   last_error[0] = '\0';
   pthread_mutex_lock(&lock);
   int status = open_device(platform, device);
@@ -355,7 +364,7 @@ EXPORT int API(_cl_open)(int platform, int device) {
   return status;
 }
 
-EXPORT void API(_cl_close)(void) {
+DEPLOY_EXPORT void DEPLOY_API(_cl_close)(void) {
   pthread_mutex_lock(&lock);
   if (ocl_loaded) close_own();
   pthread_mutex_unlock(&lock);
@@ -364,28 +373,30 @@ EXPORT void API(_cl_close)(void) {
 /* NAME_cl_enqueue on the engine's tensors `mems`, in call order. */
 static int run_engine(cl_context context, cl_command_queue queue, const cl_mem* mems) {
   last_error[0] = '\0';
-  if (context == NULL || queue == NULL) return fail(BAD_ARGUMENT, "the cl_context or the cl_command_queue is NULL");
+  if (context == NULL || queue == NULL) {
+    return fail(DEPLOY_ERR_ARGUMENT, "the cl_context or the cl_command_queue is NULL");
+  }
   pthread_mutex_lock(&lock);
   cl_context of = NULL;
   Built* b = NULL;
   int status = load_library();
-  if (status == OK && ocl.clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof(of), &of, NULL) != CL_SUCCESS) {
-    status = fail(BAD_ARGUMENT, "the cl_command_queue is not a command queue");
-  } else if (status == OK && of != context) {
-    status = fail(BAD_ARGUMENT, "the cl_command_queue belongs to another cl_context than the one given");
+  if (status == DEPLOY_OK && ocl.clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof(of), &of, NULL) != CL_SUCCESS) {
+    status = fail(DEPLOY_ERR_ARGUMENT, "the cl_command_queue is not a command queue");
+  } else if (status == DEPLOY_OK && of != context) {
+    status = fail(DEPLOY_ERR_ARGUMENT, "the cl_command_queue belongs to another cl_context than the one given");
   }
-  for (int i = 0; i < DEPLOY_NUM_TENSORS && status == OK; ++i) {
+  for (int i = 0; i < DEPLOY_NUM_TENSORS && status == DEPLOY_OK; ++i) {
     status = check_mem(mems[i], &deploy_tensors[i], context, i >= DEPLOY_NUM_INPUTS);
   }
-  if (status == OK) status = built_for(context, &b);
-  if (status == OK) status = enqueue(b, queue, mems);
+  if (status == DEPLOY_OK) status = built_for(context, &b);
+  if (status == DEPLOY_OK) status = enqueue(b, queue, mems);
   pthread_mutex_unlock(&lock);
   return status;
 }
 
-EXPORT int API(_cl_enqueue)(cl_context deploy_context, cl_command_queue deploy_queue, DEPLOY_CL_PARAMS) {
+DEPLOY_EXPORT int DEPLOY_API(_cl_enqueue)(cl_context deploy_context, cl_command_queue deploy_queue, DEPLOY_CL_PARAMS) {
   const cl_mem deploy_mems[] = {DEPLOY_ARGS};
   return run_engine(deploy_context, deploy_queue, deploy_mems);
 }
 
-EXPORT const char* API(_last_error)(void) { return last_error; }
+DEPLOY_EXPORT const char* DEPLOY_API(_last_error)(void) { return last_error; }

@@ -3,9 +3,9 @@
  *
  * Every tensor is checked against what the bundle was built for (bundle_config.h): dtype, rank,
  * shape (a symbolic dim read from the tensors, the same in all, at least 1), CPU memory, C order,
- * data aligned as the kernels assume (DEPLOY_TENSOR_ALIGNMENT: 64, or what --alignment said). A
- * bad tensor or a failing kernel returns an error code with a one-line message in
- * NAME_last_error(), never a crash. A graph's kernels run on an arena, the
+ * data aligned as the kernels assume (DEPLOY_TENSOR_ALIGNMENT: DEPLOY_ALIGNMENT, or what
+ * --alignment said). A bad tensor or a failing kernel returns an error code (abi.h) with a
+ * one-line message in NAME_last_error(), never a crash. A graph's kernels run on an arena, the
  * caller's (NAME_with_workspace) or one the call takes from the thread's scratch cache.
  */
 #include "bundle.h"
@@ -51,9 +51,9 @@ static int call(DLTensor* folded, void* arena, uint64_t bytes) {
   deploy_rt_clear_error();
   if (__tvm_ffi_main(NULL, packed, count, &result) != 0) {
     const char* why = deploy_rt_kernel_error();
-    return fail(KERNEL_FAILED, "%s", why[0] ? why : "a kernel failed");
+    return fail(DEPLOY_ERR_KERNEL, "%s", why[0] ? why : "a kernel failed");
   }
-  return OK;
+  return DEPLOY_OK;
 }
 
 static int run(const DLTensor* const* args, void* workspace, size_t workspace_bytes, int caller_arena) {
@@ -61,45 +61,45 @@ static int run(const DLTensor* const* args, void* workspace, size_t workspace_by
   int64_t symbols[DEPLOY_NUM_SYMBOLS + 1] = {0};
   last_error[0] = '\0';
   int status = check_all(args, folded, symbols);
-  if (status != OK) return status;
+  if (status != DEPLOY_OK) return status;
   if (!DEPLOY_HAS_ARENA) return call(folded, NULL, 0);
   uint64_t bytes = deploy_arena_bytes(symbols);
-  if (bytes == 0 || bytes > SIZE_MAX) return fail(BAD_ARGUMENT, "the arena for these shapes overflows");
+  if (bytes == 0 || bytes > SIZE_MAX) return fail(DEPLOY_ERR_ARGUMENT, "the arena for these shapes overflows");
   if (caller_arena) {
-    if (workspace == NULL) return fail(BAD_ARGUMENT, "workspace is NULL: expected %" PRIu64 " bytes", bytes);
+    if (workspace == NULL) return fail(DEPLOY_ERR_ARGUMENT, "workspace is NULL: expected %" PRIu64 " bytes", bytes);
     if (workspace_bytes < bytes) {
-      return fail(BAD_ARGUMENT, "workspace has %zu bytes, this call needs %" PRIu64 " (%s_workspace_size)",
-                  workspace_bytes, bytes, STRING(DEPLOY_PREFIX));
+      return fail(DEPLOY_ERR_ARGUMENT, "workspace has %zu bytes, this call needs %" PRIu64 " (%s_workspace_size)",
+                  workspace_bytes, bytes, DEPLOY_STRING(DEPLOY_PREFIX));
     }
     if ((uintptr_t)workspace % DEPLOY_ALIGNMENT != 0) {
-      return fail(BAD_ARGUMENT, "workspace is not %d-byte aligned", DEPLOY_ALIGNMENT);
+      return fail(DEPLOY_ERR_ARGUMENT, "workspace is not %d-byte aligned", DEPLOY_ALIGNMENT);
     }
     return call(folded, workspace, bytes);
   }
   void* arena = deploy_rt_scratch((size_t)bytes);
-  if (arena == NULL) return fail(NO_MEMORY, "out of memory for an arena of %" PRIu64 " bytes", bytes);
+  if (arena == NULL) return fail(DEPLOY_ERR_MEMORY, "out of memory for an arena of %" PRIu64 " bytes", bytes);
   status = call(folded, arena, bytes);
   deploy_rt_release(arena);
   return status;
 }
 
-EXPORT int DEPLOY_PREFIX(DEPLOY_PARAMS) {
+DEPLOY_EXPORT int DEPLOY_PREFIX(DEPLOY_PARAMS) {
   const DLTensor* args[] = {DEPLOY_ARGS};
   return run(args, NULL, 0, 0);
 }
 
-EXPORT int API(_with_workspace)(DEPLOY_PARAMS, void* workspace, size_t workspace_bytes) {
+DEPLOY_EXPORT int DEPLOY_API(_with_workspace)(DEPLOY_PARAMS, void* workspace, size_t workspace_bytes) {
   const DLTensor* args[] = {DEPLOY_ARGS};
   return run(args, workspace, workspace_bytes, 1);
 }
 
-EXPORT int API(_run)(DLTensor* const* args, int num_args) {
+DEPLOY_EXPORT int DEPLOY_API(_run)(DLTensor* const* args, int num_args) {
   int checked = check_run_args(args, num_args);
-  if (checked != OK) return checked;
+  if (checked != DEPLOY_OK) return checked;
   return run((const DLTensor* const*)args, NULL, 0, 0);
 }
 
-EXPORT size_t API(_workspace_size)(DEPLOY_SYMBOL_PARAMS) {
+DEPLOY_EXPORT size_t DEPLOY_API(_workspace_size)(DEPLOY_SYMBOL_PARAMS) {
   int64_t symbols[DEPLOY_NUM_SYMBOLS + 1] = {DEPLOY_SYMBOL_ARGS};
   for (int i = 0; i < DEPLOY_NUM_SYMBOLS; ++i) {
     if (symbols[i] < 1 || symbols[i] > INT32_MAX) return 0;
@@ -108,12 +108,12 @@ EXPORT size_t API(_workspace_size)(DEPLOY_SYMBOL_PARAMS) {
   return bytes > SIZE_MAX ? 0 : (size_t)bytes;
 }
 
-EXPORT const char* API(_last_error)(void) { return last_error; }
+DEPLOY_EXPORT const char* DEPLOY_API(_last_error)(void) { return last_error; }
 
-EXPORT int API(_set_num_threads)(int n) { return deploy_rt_set_num_threads(n); }
+DEPLOY_EXPORT int DEPLOY_API(_set_num_threads)(int n) { return deploy_rt_set_num_threads(n); }
 
-EXPORT int API(_num_threads)(void) { return deploy_rt_num_threads(); }
+DEPLOY_EXPORT int DEPLOY_API(_num_threads)(void) { return deploy_rt_num_threads(); }
 
-EXPORT API(_parallel_for) API(_set_parallel_for)(API(_parallel_for) fn, void* user) {
-  return (API(_parallel_for))deploy_rt_set_parallel((deploy_rt_parallel_for)fn, user);
+DEPLOY_EXPORT DEPLOY_API(_parallel_for) DEPLOY_API(_set_parallel_for)(DEPLOY_API(_parallel_for) fn, void* user) {
+  return (DEPLOY_API(_parallel_for))deploy_rt_set_parallel((deploy_rt_parallel_for)fn, user);
 }
