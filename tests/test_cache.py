@@ -22,6 +22,7 @@ POOL = {"kernel": 3, "stride": 2, "padding": 1}
 BOUND = bind(get_op("max_pool2d"), POOL, [TensorType((1, 4, 8, 8), "float32")])
 CODE_SHAPING = [
     "deploy/compiler/shared_object.py",
+    "deploy/compiler/tir_passes.py",
     "deploy/compiler/targets.py",
     "deploy/compiler/opencl.py",
     "deploy/compiler/compile.py",

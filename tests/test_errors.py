@@ -157,10 +157,10 @@ def test_a_stream_that_cannot_encode_a_character_prints_a_question_mark(env):
 
 STOPPED_MID_PASS = """
 import os, signal, sys
-import deploy.compiler.shared_object as shared_object
+import deploy.compiler.tir_passes as tir_passes
 from deploy.cli.main import main
 
-rewrite = shared_object._stride2_to_shuffle
+rewrite = tir_passes._stride2_to_shuffle
 sent = []
 
 def stopped_here(load, analyzer):  # TVM calls it from a TIR pass of ours: the signal comes in there
@@ -168,7 +168,7 @@ def stopped_here(load, analyzer):  # TVM calls it from a TIR pass of ours: the s
         sent.append(os.kill(os.getpid(), int(sys.argv[1])))
     return rewrite(load, analyzer)
 
-shared_object._stride2_to_shuffle = stopped_here
+tir_passes._stride2_to_shuffle = stopped_here
 main(sys.argv[2:])
 """
 

@@ -149,8 +149,9 @@ def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> 
 
     from deploy.compiler.compile import ScheduledKernel, lay_out, schedule_op
     from deploy.compiler.plan import arena_bytes, plan_arena, plan_module
-    from deploy.compiler.shared_object import _calls, compile_cpu
+    from deploy.compiler.shared_object import _calls
     from deploy.compiler.targets import get_target
+    from deploy.compiler.tir_passes import compile_cpu
 
     (tmp_path / "k.yaml").write_text(GRAPH.replace(str(SIDE), "8"))
     graph = bind_graph(load_model(tmp_path / "k.yaml"))

@@ -30,7 +30,7 @@ def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, fir
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from deploy.compiler.shared_object import _stride2_to_shuffle
+    from deploy.compiler.tir_passes import _stride2_to_shuffle
 
     i = tirx.Var("i", "int32")
     rewritten = _stride2_to_shuffle(_load(64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
@@ -56,7 +56,7 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
     import tvm.sym.analyzer
     from tvm import tirx
 
-    from deploy.compiler.shared_object import _stride2_to_shuffle
+    from deploy.compiler.tir_passes import _stride2_to_shuffle
 
     original = load(tirx)
     assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)
@@ -127,7 +127,7 @@ def _prefetched_offsets(loop: Any, line: Any, per_step: int = 16) -> list[int]:
 
 
 def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
-    from deploy.compiler.shared_object import _prefetched
+    from deploy.compiler.tir_passes import _prefetched
     from deploy.schedules.cpu import PREFETCH
 
     loop, stage = _streaming_loop(16384)
@@ -205,7 +205,7 @@ def test_a_sliding_window_is_one_stream() -> None:
     on its line: one prefetch serves all three."""
     from tvm import tirx
 
-    from deploy.compiler.shared_object import _prefetched
+    from deploy.compiler.tir_passes import _prefetched
     from deploy.schedules.cpu import PREFETCH
 
     x = tirx.decl_buffer((1 << 20,), "float32", name="x")

@@ -134,7 +134,7 @@ def _subroutine(func: Any, symbols: dict[str, Any]) -> Any:
     """A kernel's scheduled PrimFunc as a private subroutine: its buffers' data pointers, then
     the symbolic dims its shapes use, as plain parameters (the kernel's entry checks are the
     caller's: `main` checks the graph's tensors, and the plan lays out the rest). That it runs
-    on the CPU is said once its buffers are placed (`shared_object.subroutines_on_cpu`)."""
+    on the CPU is said once its buffers are placed (`tir_passes.subroutines_on_cpu`)."""
     import tvm
     from tvm import tirx
 

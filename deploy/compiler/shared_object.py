@@ -1,12 +1,6 @@
-"""Shared objects (`module.so`): CPU code through TVM's default TIR pipeline plus strided vector
-loads made contiguous and the schedules' software prefetches, linked with the target's (cross)
-compiler.
-
-TVM turns a vector load with stride 2 (a stride-2 pooling window along W) into one scalar load
-and insert per lane. `deinterleave_stride2` loads the 2*lanes elements those lanes span as two
-contiguous vectors and picks every other lane with a shuffle, which LLVM lowers to vector loads
-plus shuffles (`vshufps`/`vpermpd` on x86, `uzp` on AArch64). `software_prefetch` lowers the
-loops a schedule annotated with `deploy.schedules.cpu.PREFETCH` (TVM has no prefetch step for them).
+"""Shared objects (`module.so`), the artifact kind of CPU targets: a module compiled through the
+deploy-cpu TIR pipeline (`tir_passes.py`), its buffers assumed aligned as the target says, and
+linked with the target's (cross) compiler.
 """
 
 from __future__ import annotations
@@ -18,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.base.errors import NO_ROOM, DeployError, clipped, printable
-from deploy.base.forked import FORK_LOCK, ChildDied, in_child
+from deploy.base.forked import ChildDied, in_child
 from deploy.compiler.artifacts import ArtifactKind
 from deploy.compiler.constants import constants_object
 from deploy.compiler.fusion import Call
 from deploy.compiler.plan import Plan, plan_arena, plan_module
-from deploy.schedules.cpu import CACHE_LINE, PREFETCH
+from deploy.compiler.tir_passes import compile_cpu
 
 if TYPE_CHECKING:
     from deploy.compiler.compile import ScheduledKernel
@@ -32,222 +26,6 @@ if TYPE_CHECKING:
     from deploy.ops.spec import TensorType
 
 MODULE_FILE = "module.so"
-PIPELINE = "deploy-cpu"
-CONFIG = {"tirx.disable_cse_tir": True}
-"""TVM's common-subexpression pass would hide a load's index behind a variable whose parity the
-rewrite cannot see; it runs after the rewrite instead (see `_pipeline`)."""
-
-
-def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
-    """`a[ramp(b, 2, n)]` -> `shuffle(a[ramp(b', 1, n)], a[ramp(b' + n, 1, n)])` with b' = b
-    rounded down to even. Reads the aligned pairs holding the wanted elements, so it stays inside
-    the buffer when the buffer's length is even (for a symbolic batch: a multiple of an even
-    size); other loads are returned unchanged."""
-    from tvm import tirx
-
-    (index,) = load.indices if len(load.indices) == 1 else (None,)
-    if not isinstance(index, tirx.Ramp):
-        return load
-    stride, lanes, extent = index.stride, index.lanes, load.source.shape
-    if not (isinstance(stride, tirx.IntImm) and int(stride) == 2 and isinstance(lanes, tirx.IntImm)):
-        return load
-    size = analyzer.modular_set(extent[0]) if len(extent) == 1 else None  # N * plane: even if the plane is
-    if size is None or size.coeff % 2 or size.base % 2:
-        return load
-    parity = analyzer.modular_set(index.base)
-    if parity.coeff % 2:
-        return load
-    odd, n = parity.base % 2, int(lanes)
-    start = index.base - odd
-    low = tirx.BufferLoad(load.source, [tirx.Ramp(start, 1, n)])
-    high = tirx.BufferLoad(load.source, [tirx.Ramp(start + n, 1, n)])
-    return tirx.Shuffle([low, high], [tirx.IntImm("int32", odd + 2 * lane) for lane in range(n)])
-
-
-def deinterleave_stride2() -> Any:
-    """A PrimFunc pass applying `_stride2_to_shuffle` to every load."""
-    import tvm
-    import tvm.sym.analyzer
-    import tvm_ffi
-
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")
-    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
-        analyzer = tvm.sym.analyzer.Analyzer()
-        return tvm_ffi.structural_map(
-            func, [(tvm.ir.TensorLoad, lambda load: _stride2_to_shuffle(load, analyzer))]
-        )
-
-    return rewrite
-
-
-WINDOW_STEPS = 4
-"""Most steps apart two loads of one stream may be for one prefetch to serve both (a pooling
-window's taps along the loop: 1 or 2 steps)."""
-
-
-def _line_starts(loop: Any, local: list[Any]) -> list[tuple[Any, Any]]:
-    """(buffer, flat index) where the loads in the body of `loop` of a function's inputs start (a
-    vector's first element), one per stream: an index a constant less than a line from one kept
-    is left out, and so is one a few whole steps of the loop from it (a sliding window's next
-    tap: the kept one's prefetch reaches it that many steps later). So are buffers in `local`
-    (stages the function allocates, in cache already), an index with a variable bound inside
-    the body or a load in it (it would be read outside its guard), and what is only addressed
-    (an inner loop's own prefetches)."""
-    import tvm
-    import tvm.sym.analyzer
-    import tvm_ffi
-    from tvm import tirx
-    from tvm.tirx.analysis import undefined_vars
-
-    analyzer = tvm.sym.analyzer.Analyzer()
-    body, var = loop.body, loop.loop_var
-    outside = undefined_vars(body, [])
-    address_of = tvm.ir.Op.get("tirx.address_of")
-    addressed: list[Any] = []
-    starts: list[tuple[Any, Any]] = []
-
-    def note_addressed(call: Any) -> Any:
-        if call.op.same_as(address_of):
-            addressed.append(call.args[0])
-        return call
-
-    def plain(start: Any) -> bool:
-        """Only variables from outside `body`, no loads."""
-        loads: list[Any] = []
-        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, lambda inner: loads.append(inner) or inner)])
-        free = undefined_vars(start, [])
-        return not loads and all(any(v.same_as(o) for o in outside) for v in free)
-
-    steps = loop.extent if isinstance(loop.extent, tirx.IntImm) else None
-
-    def near(start: Any, other: Any, bits: int) -> bool:
-        apart = analyzer.simplify(start - other)
-        if not isinstance(apart, tirx.IntImm):
-            return False
-        if abs(int(apart)) * bits < CACHE_LINE * 8:
-            return True
-        advanced = tvm_ffi.structural_map(start, [(tirx.Var, lambda v: v + 1 if v.same_as(var) else v)])
-        step = analyzer.simplify(advanced - start)
-        if not isinstance(step, tirx.IntImm) or int(step) <= 0 or steps is None:
-            return False
-        behind, rest = divmod(abs(int(apart)), int(step))
-        return rest == 0 and behind < min(WINDOW_STEPS, int(steps))
-
-    def same_line(buffer: Any, start: Any) -> bool:
-        return any(kept.same_as(buffer) and near(start, other, buffer.dtype.bits) for kept, other in starts)
-
-    def load(node: Any) -> Any:
-        index = node.indices[0] if len(node.indices) == 1 else None
-        start = index.base if isinstance(index, tirx.Ramp) else index
-        if (
-            start is not None
-            and start.ty.dtype.lanes == 1
-            and not any(node.same_as(a) for a in addressed)
-            and not any(node.source.same_as(b) for b in local)
-            and plain(start)
-            and not same_line(node.source, start)
-        ):
-            starts.append((node.source, start))
-        return node
-
-    tvm_ffi.structural_map(body, [(tvm.ir.Call, note_addressed)])
-    tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load)])
-    return starts
-
-
-def _prefetched(loop: Any, local: list[Any]) -> Any:
-    """`loop` (annotated PREFETCH: bytes ahead, 0: none) with its body led by one `llvm.prefetch`
-    (a read, kept in every cache level) of that many bytes past each of `_line_starts`. Near the
-    end of a buffer the address lies past it: a prefetch never faults (x86 `prefetcht0`, AArch64
-    `prfm`), and LLVM's takes any address (its pointer is not `noundef`)."""
-    from tvm import tirx
-
-    ahead = int(loop.annotations[PREFETCH])
-    fetches = []
-    for buffer, start in _line_starts(loop, local) if ahead > 0 else []:
-        elements = max(1, ahead * 8 // buffer.dtype.bits)
-        address = tirx.address_of(tirx.BufferLoad(buffer, [start + elements]))
-        read, keep, data = (tirx.const(v, "int32") for v in (0, 3, 1))
-        fetches.append(
-            tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, read, keep, data))
-        )
-    body = tirx.SeqStmt([*fetches, loop.body]) if fetches else loop.body
-    annotations = {k: v for k, v in loop.annotations.items() if k != PREFETCH}
-    return tirx.For(
-        loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations, loop.step
-    )
-
-
-def software_prefetch() -> Any:
-    """A PrimFunc pass applying `_prefetched` to every loop annotated PREFETCH. It runs after
-    the loops are vectorized (a step is then a vector or more) and before common subexpressions
-    are bound (they would hide the indices behind variables bound inside the body)."""
-    import tvm
-    import tvm_ffi
-    from tvm import tirx
-
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")
-    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
-        local: list[Any] = []
-        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, lambda a: local.append(a.buffer) or a)])
-
-        def lower(loop: Any) -> Any:
-            return _prefetched(loop, local) if PREFETCH in loop.annotations else loop
-
-        return tvm_ffi.structural_map(func, [(tirx.For, lower)])
-
-    return rewrite
-
-
-CPU_DEVICE = 1
-"""DLPack's kDLCPU: the device type a graph's kernels say they run on."""
-
-
-def subroutines_on_cpu() -> Any:
-    """A PrimFunc pass saying that each private subroutine (a graph's kernel, `plan_module`)
-    runs on the CPU, as MakePackedAPI says of an entry: a buffer of a kernel too big for the
-    stack is allocated through TVMBackendAllocWorkspace, which needs the device. It runs once the
-    buffers are placed: the default pipeline puts a kernel's own buffers at the top of its body,
-    outside anything the body was wrapped in before (argmax's slices of 2x64x56x56 failed to
-    lower with 'Unknown device id in current IR')."""
-    import tvm
-    from tvm import tirx
-
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")
-    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
-        if func.attrs is not None and "global_symbol" in func.attrs:
-            return func
-        body = func.body
-        for key, value in (("device_type", CPU_DEVICE), ("device_id", 0)):
-            body = tirx.AttrStmt(tvm.ir.StringImm("default"), key, tirx.const(value, "int32"), body)
-        return func.with_body(body)
-
-    return rewrite
-
-
-def _pipeline(**kwargs: Any) -> tuple[Any, Any, Any]:
-    import tvm
-    from tvm.tirx import compilation_pipeline
-
-    default, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default", **kwargs)
-    passes = [
-        default,
-        deinterleave_stride2(),
-        software_prefetch(),
-        tvm.tirx.transform.CommonSubexprElim(),
-        subroutines_on_cpu(),
-    ]
-    return tvm.transform.Sequential(passes, name="deploy_cpu"), finalize_host, finalize_device
-
-
-def compile_cpu(mod: Any, target: Any) -> Any:
-    """`tvm.compile` at opt level 3 through the deploy-cpu pipeline."""
-    import tvm
-    from tvm.tirx import compilation_pipeline
-
-    compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)
-    with FORK_LOCK, tvm.transform.PassContext(opt_level=3, config=CONFIG):  # no fork mid-LLVM
-        return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
 
 
 CAUSES = (": error:", "cannot find", "undefined reference", "No such file", *NO_ROOM)
@@ -331,7 +109,8 @@ def _calls(kernels: list[ScheduledKernel], alignment: int) -> list[Call]:
 
 def aligned(func: Any, alignment: int) -> Any:
     """`func` with its parameter buffers assumed `alignment`-byte aligned: TVM's kernels assume
-    64 (the loads are `vmovaps`, an unaligned buffer a crash); less makes them unaligned loads."""
+    ALIGNMENT (abi.h; the loads are `vmovaps`, an unaligned buffer a crash); less makes them
+    unaligned loads."""
     import tvm
     import tvm_ffi
     from tvm import tirx

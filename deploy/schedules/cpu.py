@@ -204,7 +204,7 @@ every tap at once (the hand's where windows do not overlap)."""
 PREFETCH = "software_prefetch_bytes"
 """Loop annotation: prefetch, at the start of each step, this many bytes past where the step's
 contiguous loads of function inputs start, one per cache line (lowered by the CPU build:
-`deploy.compiler.shared_object.software_prefetch`; gathers and loads in inner loops get none)."""
+`deploy.compiler.tir_passes.software_prefetch`; gathers and loads in inner loops get none)."""
 
 PREFETCH_BYTES = 16384
 """How far ahead the hand schedule prefetches a streamed input. One thread stalls on memory while

@@ -23,8 +23,9 @@ import numpy as np
 from deploy.base.errors import DeployError, reason
 from deploy.base.threads import host_cpus
 from deploy.compiler.bundle import BundleSignature, write_bundle
-from deploy.compiler.shared_object import compile_cpu, export_module
+from deploy.compiler.shared_object import export_module
 from deploy.compiler.targets import Target
+from deploy.compiler.tir_passes import compile_cpu
 from deploy.devices import DeviceLost
 from deploy.devices.rpc import RpcEndpoint
 from deploy.devices.runner import RunnerSession
