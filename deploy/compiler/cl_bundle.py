@@ -49,7 +49,7 @@ ROLES = {"input": "DEPLOY_CL_TENSOR", "output": "DEPLOY_CL_TENSOR", "scratch": "
          "constant": "DEPLOY_CL_CONSTANT"}  # fmt: skip
 FLOAT16 = {None: "DEPLOY_CL_FLOAT16_NONE", "storage": "DEPLOY_CL_FLOAT16_STORAGE",
            "native": "DEPLOY_CL_FLOAT16_NATIVE"}  # fmt: skip
-ERRORS = {
+CL_ERRORS = {
     "ERR_ARGUMENT": "a bad tensor, cl_mem or device index: nothing was run",
     "ERR_KERNEL": "the kernels failed to build or to run",
     "ERR_MEMORY": "no device memory for the kernels' buffers",
@@ -141,7 +141,7 @@ extern "C" {{
 
 #define {upper}_NUM_INPUTS {len(sig.inputs)}
 #define {upper}_NUM_OUTPUTS {len(sig.outputs)}
-{error_defines(upper, ERRORS)}
+{error_defines(upper, CL_ERRORS)}
 
 /* Each tensor's rank, shape and dtype. */
 {constants}

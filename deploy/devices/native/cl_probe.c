@@ -1,8 +1,9 @@
 /* deploy-cl-probe P:D: what a board's OpenCL device P:D is, before deploy builds for it
  * (deploy/devices/board_opencl.py). Loads the OpenCL library at run time as an OpenCL bundle does
- * (cl_bundle.c), so it answers where the bundles would run. Prints two lines, the device's name
- * and its extensions (cl_khr_fp16 says whether float16 may be computed in half); on failure one
- * line on stderr: exit 1 when there is no OpenCL library or platform, 2 when there is no device P:D.
+ * (deploy/compiler/runtime/cl_bundle.c), so it answers where the bundles would run. Prints two
+ * lines, the device's name and its extensions (cl_khr_fp16 says whether float16 may be computed
+ * in half); on failure one line on stderr: exit 1 when there is no OpenCL library or platform, 2
+ * when there is no device P:D.
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
