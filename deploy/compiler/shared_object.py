@@ -114,7 +114,12 @@ def _line_starts(loop: Any, local: list[Any]) -> list[tuple[Any, Any]]:
     def plain(start: Any) -> bool:
         """Only variables from outside `body`, no loads."""
         loads: list[Any] = []
-        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, lambda inner: loads.append(inner) or inner)])
+
+        def note(inner: Any) -> Any:
+            loads.append(inner)
+            return inner
+
+        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, note)])
         free = undefined_vars(start, [])
         return not loads and all(any(v.same_as(o) for o in outside) for v in free)
 
@@ -189,7 +194,12 @@ def software_prefetch() -> Any:
     @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         local: list[Any] = []
-        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, lambda a: local.append(a.buffer) or a)])
+
+        def note(alloc: Any) -> Any:
+            local.append(alloc.buffer)
+            return alloc
+
+        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, note)])
 
         def lower(loop: Any) -> Any:
             return _prefetched(loop, local) if PREFETCH in loop.annotations else loop

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from deploy.base.errors import UsageError
 
@@ -25,7 +25,7 @@ def elf_machine(path: Path) -> str:
         header = stream.read(20)
     if len(header) < 20 or header[:4] != b"\x7fELF":
         raise UsageError(f"module {path} is not an ELF shared object")
-    order = "little" if header[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if header[5] == 1 else "big"
     number = int.from_bytes(header[18:20], order)
     return MACHINES.get(number, f"machine {number}")
 
