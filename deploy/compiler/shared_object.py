@@ -70,7 +70,7 @@ def deinterleave_stride2() -> Any:
     import tvm.sym.analyzer
     import tvm_ffi
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         analyzer = tvm.sym.analyzer.Analyzer()
         return tvm_ffi.structural_map(
@@ -191,7 +191,7 @@ def software_prefetch() -> Any:
     import tvm_ffi
     from tvm import tirx
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         local: list[Any] = []
 
@@ -223,7 +223,7 @@ def subroutines_on_cpu() -> Any:
     import tvm
     from tvm import tirx
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         if func.attrs is not None and "global_symbol" in func.attrs:
             return func

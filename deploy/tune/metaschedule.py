@@ -79,7 +79,7 @@ def _progress_callback(on_trial: Callable[[float | None], None], interrupted: li
     from tvm.s_tir import meta_schedule as ms
 
     @derived_object
-    class Progress(ms.measure_callback.PyMeasureCallback):
+    class Progress(ms.measure_callback.PyMeasureCallback):  # type: ignore[misc]  # tvm has no stubs: the base is Any
         def apply(self, task_scheduler: Any, task_id: int, candidates: Any, builds: Any, runs: Any) -> None:
             for run in runs:
                 secs = [float(t) for t in run.run_secs] if run.run_secs and not run.error_msg else []
