@@ -147,7 +147,9 @@ int main(int argc, char** argv) {{
 def driver(directory: Path, graph: BoundGraph, static: bool = False) -> Path:
     """The timing program of the bundle in `directory` (graph `graph`, static shapes); `static`
     links it statically, to run on another machine of the architecture."""
-    name = Manifest.read(directory).bundle["name"]
+    bundle = Manifest.read(directory).bundle
+    assert bundle is not None, f"{directory} holds no bundle"
+    name = bundle["name"]
     types = [*graph.inputs, *graph.outputs]
     lines = []
     for i, t in enumerate(types):
@@ -281,7 +283,8 @@ def onnx_model(label: str, graph: BoundGraph) -> bytes:
             if node.domain == "com.example":
                 bounds = {a.name: a.f for a in node.attribute}
                 for name in ("min_val", "max_val"):
-                    model.graph.initializer.append(numpy_helper.from_array(np.float32(bounds[name]), name))
+                    limit = np.array(bounds[name], np.float32)
+                    model.graph.initializer.append(numpy_helper.from_array(limit, name))
                 clip = helper.make_node(
                     "Clip", [node.input[0], "min_val", "max_val"], list(node.output), node.name
                 )

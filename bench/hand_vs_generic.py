@@ -12,6 +12,7 @@ import functools
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm
@@ -24,7 +25,7 @@ from deploy.schedules.cpu import generic_cpu
 from deploy.verify.compare import random_input
 from deploy.verify.measure import check_and_time, host_ms
 
-WORKLOADS = [
+WORKLOADS: list[tuple[str, dict[str, Any], list[tuple[int, ...]]]] = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(32, 64, 112, 112)]),
     ("argmax", {"axis": 1}, [(2, 64, 56, 56)]),
     ("argmax", {"axis": -1}, [(8, 256, 1024)]),

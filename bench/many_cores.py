@@ -54,24 +54,25 @@ def build(directory: Path, cores: int) -> None:
     from bundle_latency import REPO, check, driver, one_node
 
     from deploy.bench.roofline import Copy
-    from deploy.compiler.compile import compile_graph, compile_op
+    from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
     from deploy.compiler.export import export
     from deploy.compiler.targets import get_target
     from deploy.model import load_model
     from deploy.ops import TensorType, bind, get_op
-    from deploy.ops.graph import Graph, Node, bind_graph
+    from deploy.ops.graph import BoundGraph, Graph, Node, bind_graph
+    from deploy.ops.spec import BoundOp
     from deploy.verify.compare import random_input
 
     x86 = get_target("x86").with_cores(cores)
     opencl = get_target("opencl")
     plan: dict[str, list[dict[str, Any]]] = {"cpu": [], "gpu": []}
 
-    def copy_of(moved: int) -> Any:
+    def copy_of(moved: int) -> BoundGraph:
         shape = (moved // 8,)  # reads and writes 4 bytes an element
         node = Node("y", Copy(), {}, ("x0",), "y")
         return bind_graph(Graph("copy", (("x0", TensorType(shape, F32)),), (node,), ("y",)))
 
-    def graph_at(batch: int, dtype: str) -> Any:
+    def graph_at(batch: int, dtype: str) -> BoundGraph:
         graph = load_model(REPO / "examples" / "maxpool_add.yaml")
         inputs = tuple((n, TensorType((batch, *t.shape[1:]), dtype)) for n, t in graph.inputs)
         return bind_graph(replace(graph, inputs=inputs))
@@ -101,7 +102,7 @@ def build(directory: Path, cores: int) -> None:
         )
         print(f"built {label} for x86 ({cores} cores)", flush=True)
 
-    gpu = [
+    gpu: list[tuple[str, str, BoundOp | BoundGraph]] = [
         (f"{label} {dtype}", op, bind(get_op(op), attrs, [TensorType(s, dtype) for s in shapes]))
         for label, op, attrs, shapes, dtype in GPU_WORKLOADS
     ]
@@ -109,7 +110,8 @@ def build(directory: Path, cores: int) -> None:
         (f"maxpool_add graph, batch {8 * GRAPH_BATCH} float32", "maxpool_add", graph_at(8 * GRAPH_BATCH, F32))
     )
     for index, (label, op, item) in enumerate(gpu):
-        if op == "maxpool_add":
+        compiled: Compiled | CompiledGraph
+        if isinstance(item, BoundGraph):
             compiled = compile_graph(item, opencl)
         else:
             half = any(t.dtype == "float16" for t in item.inputs)  # stored as half, computed in float

@@ -27,7 +27,7 @@ from deploy.verify.compare import random_input
 from deploy.verify.measure import Measured, Timer, interleaved_runs
 from deploy.verify.run import for_device
 
-WORKLOADS = [
+WORKLOADS: list[tuple[str, dict[str, Any], list[tuple[int, ...]]]] = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(64, 112, 112)]),
     ("add", {}, [(64, 56, 56), (1, 56, 56)]),
     ("leaky_relu", {}, [(64, 56, 56)]),
@@ -67,6 +67,7 @@ def main() -> None:
                 errors, timers = [], []
                 for bound, directory, manifest in (static, symbolic):
                     timers.append(Timer(session, directory, manifest, inputs, bound))  # checked first
+                    assert timers[-1].max_error is not None  # it was given the op: it checked
                     errors.append(timers[-1].max_error)
                 s, y = (
                     Measured(error, tuple(runs))

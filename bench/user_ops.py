@@ -20,6 +20,7 @@ import functools
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from harness import at_least_one, host_target, run
@@ -34,8 +35,10 @@ from deploy.verify.measure import check_and_time, host_ms
 HERE = Path(__file__).resolve().parent
 SHAPES = ((1, 24, 56, 56), (1, 116, 28, 28), (1, 232, 14, 14), (1, 464, 7, 7))
 """ShuffleNetV2 1.0x's stages at batch 1 (MobileNetV3's are alike: rows of 7 to 56)."""
-OPS = (("hard_swish", {}), ("hard_sigmoid", {"alpha": 1 / 6, "beta": 0.5}),
-       ("channel_shuffle", {"groups": 2}), ("scale_bias", {}))  # fmt: skip
+OPS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("hard_swish", {}), ("hard_sigmoid", {"alpha": 1 / 6, "beta": 0.5}),
+    ("channel_shuffle", {"groups": 2}), ("scale_bias", {}),
+)  # fmt: skip
 
 
 def shapes_of(op_name: str, shape: tuple[int, ...]) -> list[tuple[int, ...]]:

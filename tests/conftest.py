@@ -7,7 +7,7 @@ import multiprocessing.synchronize
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,7 +63,7 @@ def _released(
 
 
 def at_once(
-    config: Path, action: Callable[..., object], arguments: list[tuple[object, ...]]
+    config: Path, action: Callable[..., object], arguments: Sequence[tuple[object, ...]]
 ) -> list[int | None]:
     """Run `action(*args)` for each of `arguments` in a forked process of its own, with deploy's
     config in `config`, all released at one moment by a barrier (what a race needs to show);

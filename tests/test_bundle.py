@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ops_matrix import MATRIX
 
 from deploy.base.ctext import C_KEYWORDS
 from deploy.base.errors import DeployError, UsageError
@@ -48,6 +47,7 @@ from deploy.ops.spec import BoundOp, batch_sizes
 from deploy.verify.compare import compare, random_input
 from deploy.verify.matrix import SYMBOLIC_SIZES, PlannedCase
 from tests.conftest import REPO, invoke
+from tests.test_ops_matrix import MATRIX as PLANNED
 
 ARM = get_platform("aarch64")
 X86 = get_platform("x86_64")
@@ -61,7 +61,6 @@ def c_dtype(dtype: str) -> str:
     return f"{{{DLPACK_KINDS[found.kind]}, {found.itemsize * 8}, 1}}"
 
 
-PLANNED = MATRIX
 TARGETS = {"x86": X86, "arm": ARM, "armv7": get_platform("armv7l"), "riscv64": get_platform("riscv64")}
 """The bundle targets the matrix runs on: natively, and the runner under qemu (no sysroot). armv7
 and riscv64 have no TVM runtime: their bundles are all that runs there (#38)."""
@@ -187,7 +186,7 @@ def needed_cases(items: list[pytest.Item]) -> dict[str, set[int]]:
     for item in items:
         params = getattr(item, "callspec", None)
         name = getattr(item, "originalname", "")
-        if params is None or item.module is not sys.modules[__name__]:
+        if params is None or getattr(item, "module", None) is not sys.modules[__name__]:
             continue
         if name == "test_matrix_through_deploy_run":
             needed.setdefault(params.params["target"], set()).add(params.params["index"])
@@ -877,7 +876,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = next(line for line in bundles_page().splitlines() if line.startswith("deploy build"))
     work = tmp_path_factory.mktemp("readme")
     proc = subprocess.run(
-        [str(Path(os.sys.executable).with_name("deploy")), *shlex.split(command)[1:]], cwd=work,
+        [str(Path(sys.executable).with_name("deploy")), *shlex.split(command)[1:]], cwd=work,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -998,8 +997,8 @@ def test_tampered_bundle_is_refused(copy_of: Path, tmp_path: Path, victim: str, 
         (copy_of / "SHA256SUMS").unlink()
         (os.mkfifo if victim == "sums-fifo" else os.mkdir)(copy_of / "SHA256SUMS")
     elif victim == "outside":
-        with (copy_of / "SHA256SUMS").open("a") as sums:
-            sums.write(f"{'0' * 64}  ../x\n")
+        with (copy_of / "SHA256SUMS").open("a") as stream:
+            stream.write(f"{'0' * 64}  ../x\n")
     else:
         tamper(copy_of / victim)
     proc = deploy_run(copy_of, [tmp_path / "a.npy", tmp_path / "b.npy"], tmp_path / "out.npy", "x86")

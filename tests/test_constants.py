@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import REPO, invoke
 from onnx import TensorProto, helper, numpy_helper
-from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
@@ -26,6 +24,8 @@ from deploy.ops.graph import Constant, bind_graph
 from deploy.ops.spec import TensorType
 from deploy.verify.compare import random_input
 from deploy.verify.run import verify
+from tests.conftest import REPO, invoke
+from tests.test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 EXAMPLE = REPO / "examples" / "pool_bias_leaky.onnx"
 BIAS = np.linspace(-2, 2, 24, dtype=np.float32).reshape(1, 4, 2, 3)
@@ -56,7 +56,7 @@ def graphs(tmp_path: Path) -> dict[str, Path]:
     half = helper.make_node("Constant", [], ["half"], value_float=0.5)
     ints = helper.make_node("Constant", [], ["k"], value_ints=[1, -2, 3])
     bias = numpy_helper.from_array(BIAS, "bias")
-    models = {
+    models: dict[str, tuple[list[onnx.NodeProto], list[onnx.TensorProto], dict[str, Any]]] = {
         # one constant read by two kernels (a pool between them cuts the fusion), a scalar Constant
         "shared": (
             [half, POOL, helper.make_node("Add", ["p", "bias"], ["q"]),

@@ -158,7 +158,8 @@ def test_server_refuses_clients_without_its_key(key: str):
     """Any local user can reach the port: without the 0600 key file's secret, no session."""
     assert run_deploy("device", "emulator", "start").returncode == 0
     server = Emulator().running()
-    assert server is not None and oct(Path(server.key_file).stat().st_mode & 0o777) == "0o600"
+    assert server is not None and server.key_file is not None
+    assert oct(Path(server.key_file).stat().st_mode & 0o777) == "0o600"
     with pytest.raises(DeviceLost, match="cannot reach"):
         connect("127.0.0.1", server.port, "aarch64", "e", key=key).__enter__()
     with connect("127.0.0.1", server.port, "aarch64", "e", key=server.session_key()) as session:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,6 +215,7 @@ def _chain_model(path: Path, nodes: int) -> None:
     from onnx import TensorProto, helper
 
     made, last = [], "a"
+    attrs: dict[str, Any]
     for i in range(nodes):
         ins, kind, attrs = ([last, "b"], "Add", {}) if i % 2 == 0 else ([last], "LeakyRelu", {"alpha": 0.1})
         made.append(helper.make_node(kind, ins, [f"t{i}"], f"n{i}", **attrs))

@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import invoke
-from test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
@@ -27,6 +25,8 @@ from deploy.ops.graph import Graph, Node, bind_graph
 from deploy.schedules import find_schedule
 from deploy.verify.compare import random_input
 from deploy.verify.run import for_device, verify
+from tests.conftest import invoke
+from tests.test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_ONNX = REPO / "examples" / "pool_add_leaky_htanh.onnx"
@@ -76,7 +76,7 @@ def test_pool_then_add_is_one_kernel_like_numpy(target, dtype, case, sessions): 
     assert schedule == find_schedule(target.schedules, "max_pool2d").label  # the anchor's
 
 
-CHAINS = {
+CHAINS: dict[str, tuple[dict[str, tuple[int, ...]], list[Any], list[tuple[str, ...]]]] = {
     "pool-add-leaky": (
         {"a": (2, 8, 17, 23), "b": (2, 1, 9, 12)},
         [("pool", "max_pool2d", POOL, ("a",)), ("sum", "add", {}, ("pool", "b")),
@@ -270,16 +270,17 @@ def test_a_fused_kernel_is_bound_again_from_its_task_file(source, tmp_path, exam
     g = bind_graph(load_model(EXAMPLE_ONNX if source == "onnx" else EXAMPLE_YAML))
     if source == "laid-out":
         g = relayout(g, LAYOUTS["NCHW8c"])
-    fused = [k.bound for k in kernels(g) if isinstance(k.bound.op, FusedOp)]
+    fused = [(k.bound, k.bound.op) for k in kernels(g) if isinstance(k.bound.op, FusedOp)]
     assert fused
-    for bound in fused:
+    for bound, op in fused:
         directory = records.task_dir(tmp_path, bound, "x86")
         directory.mkdir(parents=True)
         records.write_json(directory / records.TASK, {**bound.key(), "target": "x86", "device": "local"})
         again = task_bound(directory)
         assert again.key() == bound.key()
-        blocks = range(len(bound.op.nodes))
-        assert [again.op.block_name(i) for i in blocks] == [bound.op.block_name(i) for i in blocks]
+        assert isinstance(again.op, FusedOp)
+        blocks = range(len(op.nodes))
+        assert [again.op.block_name(i) for i in blocks] == [op.block_name(i) for i in blocks]
 
 
 @pytest.mark.parametrize(
@@ -464,7 +465,7 @@ def test_float16_kernels_of_a_storage_target_come_from_the_float32_graph():
         hand_schedule(kernel.bound, target)
 
 
-LAID_OUT = {
+LAID_OUT: dict[str, tuple[dict[str, tuple[int, ...]], list[Any], list[str]]] = {
     "chain": (
         {"a": (2, 7, 13, 11), "b": (2, 1, 7, 6), "c": (2, 7, 7, 6)},
         [("pool", "max_pool2d", POOL, ("a",)), ("act", "leaky_relu", {"alpha": 0.1}, ("pool",)),
@@ -741,6 +742,7 @@ def test_tuned_builds_lay_a_graph_out_as_its_verdict_says(tmp_path):
     verdict.write_text(json.dumps({"layout": "NCHW4c", "candidate": "NCHW4c"}))
     assert built_layout()[0] == "NCHW4c"
     assert built_layout("--layout", "NCHW")[0] == "NCHW"
+    bad: object
     for bad in ({"layout": "NCHW3c"}, {"layout": []}, {}, [1]):
         verdict.write_text(json.dumps(bad))
         layout, output = built_layout()

@@ -714,8 +714,8 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(root / "v3.npy", "wb") as v3:
         np.lib.format.write_array(v3, np.ones(4, "float32"), version=(3, 0))
     for name, header in (("digits", f"'shape': ({BIG},)"), ("fortran0", "'shape': (4,), 'fortran_order': 0")):
-        text = f"{{'descr': '<f4', {header}, }}\n".encode()
-        (root / f"{name}.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text)
+        raw = f"{{'descr': '<f4', {header}, }}\n".encode()
+        (root / f"{name}.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(raw).to_bytes(2, "little") + raw)
     (root / "bad_header.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }   \n")
     for name, text in MODEL_FILES.items():
         (root / name).write_text(text)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
 
+from deploy.compiler.cache import Buildable
 from deploy.model import load_model
 from deploy.ops import TensorType, bind, get_op
 from deploy.ops.graph import bind_graph
+from tests.test_bundle import build_c, bundle, on_targets, runs, x86_runs_here
 
 SIDE = 1024
 """argmax over 4 channels of SIDE x SIDE keeps its running maxima in workspace buffers of
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {{
 
 def program_for(graph: bool, target: str, work: Path) -> Path:
     """PROGRAM linked with a bundle named k of argmax alone or of GRAPH, for `target`."""
+    item: Buildable
     if graph:
         (work / "k.yaml").write_text(GRAPH)
         item = bind_graph(load_model(work / "k.yaml"))

@@ -88,8 +88,8 @@ def changed(path: str, value: Any) -> dict[str, Any]:
     document = json.loads(json.dumps(GOOD))
     *parents, last = path.split(".")
     here: Any = document
-    for key in parents:
-        here = here[int(key)] if isinstance(here, list) else here[key]
+    for part in parents:
+        here = here[int(part)] if isinstance(here, list) else here[part]
     key: Any = int(last) if isinstance(here, list) else last
     if value is None:
         del here[key]
@@ -766,7 +766,8 @@ def test_onnxruntime_agrees_with_numpy_on_finite_inputs(
     tmp_path: Path, op_type: str, dtype: int, shape: list[int], attrs: dict[str, Any]
 ) -> None:
     rank = len(shape) - (op_type == "ArgMax" and attrs.get("keepdims") == 0)
-    out = [f"d{axis}" for axis in range(rank)]  # the checker wants a shape: the rank, dims left open
+    # the checker wants a shape: the rank, dims left open
+    out: list[int | str] = [f"d{axis}" for axis in range(rank)]
     assert_references_agree(one_node(tmp_path, op_type, shape, out, dtype, **attrs))
 
 

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
@@ -23,6 +22,7 @@ from deploy.ops.graph import bind_graph
 from deploy.ops.onnx_mapping import domain_key
 from deploy.ops.registry import all_ops
 from deploy.verify.run import for_device, run_artifact
+from tests.test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 with warnings.catch_warnings():  # the generators of other op types divide by zero on purpose
     warnings.simplefilter("ignore")

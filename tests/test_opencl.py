@@ -302,7 +302,8 @@ def _declared(source: str) -> dict[str, str]:
 
 def _call_args(text: str, start: int) -> tuple[list[str], int]:
     """The top-level comma-separated arguments of the call whose "(" is at `start`, and the end."""
-    depth, args, begin = 0, [], start + 1
+    args: list[str] = []
+    depth, begin = 0, start + 1
     for at in range(start, len(text)):
         if text[at] == "(":
             depth += 1

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_opencl_bundle import NEEDS_OPENCL
 
 from tests import sshd
 from tests.conftest import invoke
+from tests.test_opencl_bundle import NEEDS_OPENCL
 
 pytestmark = [
     pytest.mark.skipif(not sshd.available(), reason="needs openssh-server (/usr/sbin/sshd) and ssh-keygen"),

@@ -10,22 +10,24 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
-from test_constants import graphs
 
+from deploy.compiler.cache import Buildable
 from deploy.compiler.compile import compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.opencl import OpenClProgram
-from deploy.compiler.targets import get_target
+from deploy.compiler.targets import Target, get_target
 from deploy.devices.elf import elf_machine
 from deploy.model import load_model
 from deploy.ops import TensorType, bind, get_op
-from deploy.ops.graph import bind_graph
+from deploy.ops.graph import BoundGraph, bind_graph
 from deploy.verify.compare import random_input
 from tests.conftest import REPO, examples_registered, invoke
+from tests.test_bundle import c_program, check_against_numpy, raw_inputs, raw_output
+from tests.test_constants import graphs
 
 
 def _platforms() -> int:
@@ -56,14 +58,14 @@ def _op(name: str, attrs: dict[str, object], shapes: list[tuple[int, ...]], dtyp
     return bind(get_op(name), {k: str(v) for k, v in attrs.items()}, [TensorType(s, dtype) for s in shapes])
 
 
-def at_batch(model: Path, batch: int) -> object:
+def at_batch(model: Path, batch: int) -> BoundGraph:
     """The model's graph with its symbolic batch fixed (an OpenCL plan's sizes are numbers)."""
     graph = load_model(model)
     inputs = tuple((n, TensorType((batch, *t.shape[1:]), t.dtype)) for n, t in graph.inputs)
     return bind_graph(replace(graph, inputs=inputs))
 
 
-def cases(tmp: Path) -> dict[str, tuple[object, object]]:
+def cases(tmp: Path) -> dict[str, tuple[Buildable, Target]]:
     """Bundle name -> (op or graph, target): every op, float32 and some int32 and float16 (half
     storage), the example graphs (their symbolic batch fixed; the custom op's needs the example
     ops registered) and graphs with constants (float32, float16)."""
@@ -88,32 +90,33 @@ def cases(tmp: Path) -> dict[str, tuple[object, object]]:
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, Path]]:
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Buildable, Path]]:
     """Every case's bundle, built once for the module."""
     tmp = tmp_path_factory.mktemp("cl-bundles")
     built = {}
     with examples_registered():  # the example model's custom op, for these builds only
         for name, (item, target) in cases(tmp / "models").items():
-            compile_ = compile_graph if hasattr(item, "graph") else compile_op
-            compiled = compile_(item, target)
+            compiled = (
+                compile_graph(item, target) if isinstance(item, BoundGraph) else compile_op(item, target)
+            )
             export(compiled, tmp / name, bundle=True, name=name)
             built[name] = (item, tmp / name)
     return built
 
 
-def inputs_of(item: object, seed: int) -> list[np.ndarray]:
+def inputs_of(item: Buildable, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [random_input(t, rng, ties=True) for t in item.inputs]  # type: ignore[attr-defined]
+    return [random_input(t, rng, ties=True) for t in item.inputs]
 
 
-def deploy_run(directory: Path, arrays: list[np.ndarray], work: Path, *extra: str, **kw: object):
+def deploy_run(directory: Path, arrays: list[np.ndarray], work: Path, *extra: str, **kw: Any):
     work.mkdir(parents=True, exist_ok=True)
     args = []
     for index, array in enumerate(arrays):
         np.save(work / f"in{index}.npy", array)
         args += ["-i", str(work / f"in{index}.npy")]
     command = [str(directory / "deploy-run"), str(directory), *args, "-o", str(work / "out.npy"), *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, **kw)
 
 
 def test_every_case_through_deploy_run(bundles, tmp_path: Path) -> None:
@@ -129,7 +132,7 @@ def test_every_case_from_one_c_program(bundles, tmp_path: Path) -> None:
     called by NAME() and NAME_run() on its own inputs; glibc shared, as the driver is dlopened."""
     calls, work, checks = [], [], []
     for name, (item, directory) in bundles.items():
-        inputs, (out,) = list(item.inputs), list(item.outputs)  # type: ignore[attr-defined]
+        inputs, (out,) = list(item.inputs), list(item.outputs)
         calls.append((name, directory, inputs, out))
         arrays = inputs_of(item, 2)
         work.append(raw_inputs(arrays, tmp_path / name))

@@ -350,7 +350,7 @@ STRUCTURE_CASES = [
     (c,)
     for c in plan(all_ops(), STRUCTURE_DTYPES)
     if not c.symbolic
-    and sum(math.prod(shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
+    and sum(math.prod(int(d) for d in shape) for shape in c.case.shapes) <= STRUCTURE_CASE_MOST
     and _in_matrix(c)
     and (c.op.name not in FEW_DTYPES or c.index == 0)
 ]

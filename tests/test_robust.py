@@ -26,6 +26,7 @@ from deploy.compiler.shared_object import emitting
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.registry import DeviceLost
+from deploy.devices.runner import RunnerSession
 from deploy.ops import TensorType, bind, get_op
 from deploy.verify.run import for_device
 from tests.conftest import invoke, run_deploy
@@ -191,9 +192,14 @@ def test_children_of_other_threads_are_not_waited_for():
 
 INTERRUPT_AFTER_FORK: list[bool] = []
 """Set: the next fork's parent sends itself SIGINT before `os.fork()` returns (a ^C in the fork)."""
-os.register_at_fork(
-    after_in_parent=lambda: INTERRUPT_AFTER_FORK and os.kill(os.getpid(), signal.SIGINT) and None
-)
+
+
+def _interrupt_after_fork() -> None:
+    if INTERRUPT_AFTER_FORK:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+os.register_at_fork(after_in_parent=_interrupt_after_fork)
 
 
 def test_a_stop_during_the_fork_is_raised_once_the_child_is_known():
@@ -228,6 +234,7 @@ def test_an_emulated_run_past_its_timeout_is_stopped_whole():
     bound = bind(get_op("leaky_relu"), {}, [TensorType((4, 1000), "float32")])
     x = np.ones((4, 1000), "float32")
     with get_device("emulator-armv7").open() as session:
+        assert isinstance(session, RunnerSession)
         directory, manifest = cached_build(bound, for_device(get_target("armv7"), session))
         start = time.monotonic()
         with pytest.raises(DeviceLost, match=r"ran over the 0.5 s limit \(--timeout\) on emulator-armv7"):

@@ -17,6 +17,7 @@ from deploy.compiler.cache import cached_build
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.platforms import get_platform
+from deploy.devices.runner import RunnerEmulator
 from deploy.ops import TensorType, bind, get_op
 from deploy.verify.run import for_device, run_artifact
 from tests.conftest import run_deploy
@@ -55,12 +56,12 @@ def test_a_session_times_through_the_runner() -> None:
     bound = bind(get_op("leaky_relu"), {}, [TensorType((4, 1000), "float32")])
     x = np.random.default_rng(0).standard_normal((4, 1000)).astype("float32")
     with get_device("emulator-armv7").open() as session:
-        assert session.bundles and session.cores() >= 1
+        assert session.bundles and (session.cores() or 0) >= 1
         directory, manifest = cached_build(bound, for_device(target, session))
         assert manifest.bundle is not None, "a build for a runner device carries its bundle"
         expected = bound.op.reference(bound.attrs, x)
         np.testing.assert_array_equal(run_artifact(session, directory, manifest, [x])[0], expected)
-        outputs = [((4, 1000), "float32")]
+        outputs: list[tuple[tuple[int, ...], str]] = [((4, 1000), "float32")]
         times = session.time(directory / manifest.module, [x], outputs, number=1, repeat=3)
     assert len(times) == 3 and all(0 < t < 1 for t in times), times
 
@@ -103,6 +104,7 @@ def test_an_emulator_without_its_qemu_names_the_package(monkeypatch: pytest.Monk
     import dataclasses
 
     device = get_device("emulator-riscv64")
+    assert isinstance(device, RunnerEmulator)
     monkeypatch.setattr(device, "platform", dataclasses.replace(device.platform, qemu="qemu-missing-here"))
     said = "qemu-missing-here not found: install the Debian package qemu-user"
     with pytest.raises(DeployError, match=said), device.open():

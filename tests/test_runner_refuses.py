@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bundle import build_c, bundle, needs, one_line_error, runs, x86_runs_here
 
 from deploy.base.errors import UsageError, quoted
 from deploy.cli.args import check_not_read
 from deploy.model import load_model
 from deploy.ops.graph import bind_graph
 from tests.conftest import invoke
+from tests.test_bundle import build_c, bundle, needs, one_line_error, runs, x86_runs_here
 
 TWO = """name: two
 inputs:
@@ -297,7 +297,7 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
     """NAME_cl_enqueue took a read-only buffer or an image as its output (what the kernels wrote
     there is undefined; an image's layout is the driver's). The bundle's runner, run.cc as a CPU
     bundle's, refuses a FIFO input too."""
-    from test_opencl_bundle import NEEDS_OPENCL, TARGET, _op, run_engine
+    from tests.test_opencl_bundle import NEEDS_OPENCL, TARGET, _op, run_engine
 
     for mark in NEEDS_OPENCL:
         if mark.args[0]:

@@ -12,9 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import invoke
 from onnx import TensorProto, helper, numpy_helper
-from test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 from deploy.base.errors import UsageError
 from deploy.compiler.manifest import Manifest
@@ -23,6 +21,8 @@ from deploy.model import load_model
 from deploy.ops.graph import bind_graph
 from deploy.verify.compare import random_input
 from deploy.verify.run import verify
+from tests.conftest import invoke
+from tests.test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 OUTPUTS = ("pool", "act", "idx")
 

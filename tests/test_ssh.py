@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from deploy.devices.elf import provided_versions
 from deploy.devices.native import RUNTIME_FILES, SERVER, native_runtime
 from deploy.devices.platforms import get_platform
 from deploy.devices.registry import DeviceLost
+from deploy.devices.runner import RunnerSession
 from deploy.devices.server_process import free_port
 from deploy.ops import TensorType, bind, get_op
 from deploy.tune.records import RECORDS
@@ -233,7 +235,7 @@ def test_a_key_file_changed_after_add_is_named(server, tmp_path, kind):
         run_deploy("device", "remove", name)
 
 
-KNOWN_HOSTS_AS = {
+KNOWN_HOSTS_AS: dict[str, Callable[[Path], object]] = {
     "fifo": os.mkfifo,
     "directory": Path.mkdir,
     "binary": lambda path: path.write_bytes(b"\xff\xfe\n"),
@@ -279,7 +281,12 @@ def test_a_port_that_closes_at_once_is_one_line(tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    closing = threading.Thread(target=lambda: [listener.accept()[0].close() for _ in range(4)], daemon=True)
+
+    def close_four() -> None:
+        for _ in range(4):
+            listener.accept()[0].close()
+
+    closing = threading.Thread(target=close_four, daemon=True)
     closing.start()
     where = (
         "--host",
@@ -505,6 +512,7 @@ def test_a_runner_board_run_past_its_timeout_is_killed_there(server, tmp_path):
     bound = bind(get_op("leaky_relu"), {}, [TensorType((4, 1000), "float32")])
     x = np.ones((4, 1000), "float32")
     with get_device("slowrun").open() as session:
+        assert isinstance(session, RunnerSession)
         directory, manifest = cached_build(bound, for_device(get_target("x86"), session))
         start = time.monotonic()
         with pytest.raises(

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import invoke
 from onnx import TensorProto, helper
 
 from deploy.base.errors import UsageError
@@ -22,6 +21,7 @@ from deploy.compiler.manifest import Manifest
 from deploy.model import load_model
 from deploy.ops import TensorType, bind, get_op
 from deploy.ops.spec import sizes_of, symbol
+from tests.conftest import invoke
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_N = REPO / "examples" / "pool_add_leaky_htanh_n.onnx"

@@ -68,8 +68,8 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
             raise
         said.seek(0)
         text = said.read().decode(errors="replace")
-        exited = status is not None and os.WIFEXITED(status)
-        raised = _received(sent) if exited and os.WEXITSTATUS(status) == 1 else None
+        exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
+        raised = _received(sent) if exit_code == 1 else None
     if status is None:
         raise ChildDied(f"ran past {deadline_s:g} s and was killed", text)
     if os.WIFSIGNALED(status):

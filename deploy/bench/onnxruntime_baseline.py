@@ -57,8 +57,8 @@ def onnx_model(
     """A model of `steps` in order, its inputs typed and shaped as `inputs`, `constants` its
     initializers, its outputs of the dtypes `outputs` gives (onnxruntime infers the shapes); None
     when a step has no ONNX node."""
-    nodes = [onnx_node(*step) for step in steps]
-    if any(node is None for node in nodes):
+    nodes = [node for step in steps if (node := onnx_node(*step)) is not None]
+    if len(nodes) != len(steps):
         return None
 
     def value_info(name: str, dtype: np.dtype, shape: Sequence[int] | None) -> onnx.ValueInfoProto:

@@ -129,6 +129,7 @@ def build_command(
     else:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
+        assert op_name is not None  # op_or_model: --op where no --model
         each = "float32" if dtype is None else dtype
         bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
         name, output = bound.op.name, bound.output
@@ -153,8 +154,11 @@ def build_command(
         nodes = ", ".join(kernel["nodes"])
         laid = f" in {kernel['layout']}" if "layout" in kernel else ""
         record = f" record {kernel['tuning_record']}" if "tuning_record" in kernel else ""
-        untuned = tuned is not None and "tuning_record" not in kernel
-        note = f"; {_untuned(tuned, kernel.get('tuning'), kernel['schedule'], 'it was')}" if untuned else ""
+        note = (
+            f"; {_untuned(tuned, kernel.get('tuning'), kernel['schedule'], 'it was')}"
+            if tuned is not None and "tuning_record" not in kernel
+            else ""
+        )
         click.echo(
             f"  kernel {kernel['name']}{laid} ({kernel['schedule']} schedule{record}): nodes {nodes}{note}"
         )
@@ -176,9 +180,9 @@ def build_command(
         several = len(manifest.outputs) > 1
         outputs = " ".join(f"-o {name if several else OUTPUT}.npy" for name in manifest.output_names)
         bundled = manifest.bundle
-        note = prefix_note(compiled.bundle_signature()[0], bundled["name"]) if bundle_name is None else None
-        if note is not None:
-            click.echo(note)
+        prefix = prefix_note(compiled.bundle_signature()[0], bundled["name"]) if bundle_name is None else None
+        if prefix is not None:
+            click.echo(prefix)
         click.echo(
             f"bundle: {directory / bundled['header']} + {bundled['static_library']} / {bundled['library']};"
             f" run it with {emulator + ' ' if emulator else ''}{directory / bundled['runner']} {directory}"
@@ -271,6 +275,7 @@ def run_command(
                 f" each, got {len(outputs)}"
             )
     else:
+        assert op_name is not None  # op_or_model: --op where no --model
         built = [TensorType(s, t.dtype) for s, t in zip(declared, types, strict=True)] if shapes else types
         item = bind_op(op_name, attrs, built)
         if len(outputs) != 1:

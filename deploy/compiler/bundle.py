@@ -84,8 +84,11 @@ class Bundled(Protocol):
     """What a bundle wraps (`Compiled`, `CompiledGraph`): a name, the tensors of its entry and,
     for a graph, the arena plan of its kernels."""
 
-    target: Target
-    executable: Any
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def executable(self) -> Any: ...
 
     @property
     def constants(self) -> tuple[Constant, ...]:

@@ -80,8 +80,7 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
     that is not the whole build of its key (`Manifest.cached`) is built again. A `--tuned`
     graph is laid out once (`lay_out`: its verdicts read once), for its key and its build; any
     other is laid out only on a miss (its key does not need it)."""
-    graph = isinstance(item, BoundGraph)
-    laid = lay_out(item, target) if graph and target.tuned is not None else None
+    laid = lay_out(item, target) if isinstance(item, BoundGraph) and target.tuned is not None else None
     key = build_key(item, target, laid)
     directory = cache_root() / "builds" / f"{name_part(item.name)}-{target.name}-{key}"
     try:
@@ -91,7 +90,11 @@ def cached_build(item: Buildable, target: Target) -> tuple[Path, Manifest]:
                 manifest = Manifest.cached(directory, key, target.artifact)
             if manifest is not None:
                 return directory, manifest
-            compiled = compile_graph(item, target, laid) if graph else compile_op(item, target)
+            compiled = (
+                compile_graph(item, target, laid)
+                if isinstance(item, BoundGraph)
+                else compile_op(item, target)
+            )
             return directory, export(compiled, directory, cache_key=key)
     except OSError:
         check_cache_writable(directory.parent)

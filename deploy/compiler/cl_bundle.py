@@ -66,7 +66,8 @@ def _bytes(entry: dict[str, Any]) -> int:
 def plan_header(sig: Signature, plan: dict[str, Any], source_bytes: int) -> str:
     """`cl_plan.h`: the launch plan as C tables for cl_bundle.c (kernels in order, each argument
     a tensor by call index, a scratch buffer or a constant of the blob, global and local sizes)."""
-    kernels, args = [], []
+    kernels: list[str] = []
+    args: list[str] = []
     for kernel in plan["kernels"]:
         sizes = [", ".join(map(str, kernel[key])) for key in ("global", "local")]
         counts = f"{len(args)}, {len(kernel['args'])}"

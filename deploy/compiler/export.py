@@ -122,8 +122,8 @@ def _no_room(exc: BaseException, ours: tuple[Path, ...]) -> str | None:
         return (
             said if any(path.is_relative_to(p) for p in ours) else f"{said} (writing {printable(str(path))})"
         )
-    said = next((text for text in NO_ROOM if text in str(exc)), None)
-    return f"{said} ({ELSEWHERE})" if isinstance(exc, DeployError) and said else None
+    known = next((text for text in NO_ROOM if text in str(exc)), None)
+    return f"{known} ({ELSEWHERE})" if isinstance(exc, DeployError) and known else None
 
 
 ABANDONED = re.compile(r"\.(?P<name>.+?)\.(?P<old>old\.)?[0-9a-f]{8}")

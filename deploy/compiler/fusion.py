@@ -130,9 +130,12 @@ def _loaded_buffers(func: Any) -> list[str]:
     import tvm_ffi
 
     loaded: list[str] = []
-    tvm_ffi.structural_map(
-        func.body, [(tvm.ir.TensorLoad, lambda load: loaded.append(load.source.name) or load)]
-    )
+
+    def note(load: Any) -> Any:
+        loaded.append(load.source.name)
+        return load
+
+    tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, note)])
     return loaded
 
 

@@ -54,7 +54,7 @@ def deinterleave_stride2() -> Any:
     import tvm.sym.analyzer
     import tvm_ffi
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="DeinterleaveStride2")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         analyzer = tvm.sym.analyzer.Analyzer()
         return tvm_ffi.structural_map(
@@ -98,7 +98,12 @@ def _line_starts(loop: Any, local: list[Any]) -> list[tuple[Any, Any]]:
     def plain(start: Any) -> bool:
         """Only variables from outside `body`, no loads."""
         loads: list[Any] = []
-        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, lambda inner: loads.append(inner) or inner)])
+
+        def note(inner: Any) -> Any:
+            loads.append(inner)
+            return inner
+
+        tvm_ffi.structural_map(start, [(tvm.ir.TensorLoad, note)])
         free = undefined_vars(start, [])
         return not loads and all(any(v.same_as(o) for o in outside) for v in free)
 
@@ -170,10 +175,15 @@ def software_prefetch() -> Any:
     import tvm_ffi
     from tvm import tirx
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SoftwarePrefetch")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         local: list[Any] = []
-        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, lambda a: local.append(a.buffer) or a)])
+
+        def note(alloc: Any) -> Any:
+            local.append(alloc.buffer)
+            return alloc
+
+        tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, note)])
 
         def lower(loop: Any) -> Any:
             return _prefetched(loop, local) if PREFETCH in loop.annotations else loop
@@ -197,7 +207,7 @@ def subroutines_on_cpu() -> Any:
     import tvm
     from tvm import tirx
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="SubroutinesOnCpu")  # type: ignore[untyped-decorator]  # tvm: no stubs
     def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
         if func.attrs is not None and "global_symbol" in func.attrs:
             return func

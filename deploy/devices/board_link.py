@@ -92,7 +92,7 @@ def main() -> int:
         signal.signal(sig, signal.SIG_IGN)  # parent stops us (by closing stdin) after its cleanup
     board = Board(**json.loads(sys.argv[1]))
     tracker = tuple(json.loads(sys.argv[2])) if len(sys.argv) > 2 else None
-    return serve(board, tracker)  # type: ignore[arg-type]
+    return serve(board, tracker)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ class _Capped:
 def _defined_version(name: str, sftp: paramiko.SFTPClient, path: str, kind: str) -> Version | None:
     try:
         with sftp.open(path, "rb") as stream:
-            return provided_versions(_Capped(stream), path).get(kind)  # type: ignore[arg-type]
+            return provided_versions(_Capped(stream), path).get(kind)
     except FileNotFoundError:
         return None
     except UsageError:  # not a 64-bit little-endian ELF file (a 32-bit multilib copy)

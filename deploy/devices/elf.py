@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import Literal, Protocol
 
 from deploy.base.errors import UsageError
 
@@ -19,13 +19,21 @@ VERSION = re.compile(r"^(GLIBC|GLIBCXX)_(\d+(?:\.\d+)*)$")
 Version = tuple[int, ...]
 
 
+class Readable(Protocol):
+    """What the section readers use of a file: a local one, or a board's read through a cap."""
+
+    def seek(self, offset: int, /) -> object: ...
+
+    def read(self, size: int, /) -> bytes: ...
+
+
 def elf_machine(path: Path) -> str:
     """The e_machine of `path` as a name like "x86_64" or "aarch64"."""
     with path.open("rb") as stream:
         header = stream.read(20)
     if len(header) < 20 or header[:4] != b"\x7fELF":
         raise UsageError(f"module {path} is not an ELF shared object")
-    order = "little" if header[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if header[5] == 1 else "big"
     number = int.from_bytes(header[18:20], order)
     return MACHINES.get(number, f"machine {number}")
 
@@ -36,7 +44,7 @@ def check_machine(path: Path, arch: str, device: str) -> None:
         raise UsageError(f"module {path} is built for {machine}; device {device} runs {arch}")
 
 
-def _sections(stream: BinaryIO, name: str) -> list[tuple[int, int, int, int, int]]:
+def _sections(stream: Readable, name: str) -> list[tuple[int, int, int, int, int]]:
     """(type, offset, size, link, info) of every section of a 64-bit little-endian ELF."""
     stream.seek(0)
     header = stream.read(64)
@@ -53,7 +61,7 @@ def _sections(stream: BinaryIO, name: str) -> list[tuple[int, int, int, int, int
     return sections
 
 
-def _names(stream: BinaryIO, name: str, kind: int) -> set[str]:
+def _names(stream: Readable, name: str, kind: int) -> set[str]:
     """Version names in the verneed (needed) or verdef (defined) section."""
     sections = _sections(stream, name)
     found: set[str] = set()
@@ -105,7 +113,7 @@ def required_versions(paths: list[Path]) -> dict[str, Version]:
     return _newest(names)
 
 
-def provided_versions(stream: BinaryIO, name: str) -> dict[str, Version]:
+def provided_versions(stream: Readable, name: str) -> dict[str, Version]:
     """The newest GLIBC or GLIBCXX version a library (libc.so.6, libstdc++.so.6) defines; `stream`
     may be a remote file (SFTP): only the section table and two sections are read."""
     return _newest(_names(stream, name, SHT_GNU_VERDEF))

@@ -46,10 +46,10 @@ class RpcSession(TvmSession):
             return False
         return True
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def run(self, *args: Any, **kwargs: Any) -> Any:
         return self._guard(super().run, *args, **kwargs)
 
-    def time(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def time(self, *args: Any, **kwargs: Any) -> Any:
         return self._guard(super().time, *args, **kwargs)
 
     def cores(self) -> int:

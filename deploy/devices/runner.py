@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -202,7 +203,7 @@ class EmulatedLink:
                 process.communicate()
                 if not isinstance(exc, subprocess.TimeoutExpired):
                     raise
-                raise ran_over(bundle, timeout_s, self.label) from None
+                raise ran_over(bundle, exc.timeout, self.label) from None
         return process.returncode, stdout, stderr
 
 
@@ -228,4 +229,4 @@ class RunnerEmulator(Device):
 EMULATED = {"armv7l": "armv7", "riscv64": "riscv64"}
 """The architectures emulated through the runner protocol, by their emulator's name suffix."""
 for _arch in EMULATED:
-    register_device(f"emulator-{EMULATED[_arch]}")(lambda arch=_arch: RunnerEmulator(arch))
+    register_device(f"emulator-{EMULATED[_arch]}")(partial(RunnerEmulator, _arch))

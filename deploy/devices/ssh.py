@@ -212,6 +212,13 @@ class BoardShell:
             )
         return remote
 
+    def transport(self) -> paramiko.Transport:
+        """The connection's transport; once the connection is closed (it has none), a DeviceLost."""
+        transport = self.client.get_transport()
+        if transport is None:
+            raise DeviceLost(f"lost SSH connection to {self.board.name}: it is closed")
+        return transport
+
     def run(self, command: str, timeout: float = 120.0) -> Reply:
         """Run a shell command on the board. Its reply is what it printed on stdout between two
         random markers, so whatever the login's shell start-up files print is left out; more
@@ -220,7 +227,7 @@ class BoardShell:
         wrapped = f"echo {begin}; {command}\nstatus=$?; echo; echo {end}; exit $status"
         name = self.board.name
         try:
-            channel = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            channel = self.transport().open_session(timeout=timeout)
             try:
                 channel.exec_command(wrapped)
                 out, err = self._read(channel, command, timeout)
@@ -356,7 +363,7 @@ class RemoteServer:
             sftp.mkdir(self._dir, 0o700)
         self._key_file = posixpath.join(self._dir, "key")
         shell.write_private(self._key_file, self.key + "\n")
-        self._channel = shell.client.get_transport().open_session()  # type: ignore[union-attr]
+        self._channel = shell.transport().open_session()
         self._channel.get_pty()
         low, high = ports
         q = shlex.quote

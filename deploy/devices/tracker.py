@@ -169,7 +169,9 @@ def queue(host: str, port: int) -> dict[str, tuple[int, int]]:
     sock = tracker_socket(host, port)
     try:
         reply = tracker_call(sock, [base.TrackerCode.SUMMARY])
-        info = reply[1]["queue_info"] if reply[0] == base.TrackerCode.SUCCESS else None
+        if reply[0] != base.TrackerCode.SUCCESS:
+            raise ValueError("it answered with a failure code")
+        info = reply[1]["queue_info"]
         return {str(key): (int(entry["free"]), int(entry["pending"])) for key, entry in info.items()}
     except (OSError, ValueError, LookupError, TypeError, AttributeError) as exc:
         raise DeviceLost(f"the RPC tracker at {host}:{port} gave no queue: {reason(exc)}") from None

@@ -109,7 +109,8 @@ def check_text(graph: onnx.GraphProto) -> None:
         *(("op type", n.op_type) for n in graph.node),
         *(("domain", n.domain) for n in graph.node),
         *(("tensor", t) for n in graph.node for t in (*n.input, *n.output)),
-        *(("tensor", v.name) for v in (*graph.input, *graph.output, *graph.initializer)),
+        *(("tensor", v.name) for v in (*graph.input, *graph.output)),
+        *(("tensor", t.name) for t in graph.initializer),
     ]
     for kind, value in named:
         if not isinstance(value, str):
@@ -229,14 +230,15 @@ def explicit_pads(attrs: dict[str, Any], shape: Dims | None) -> dict[str, Any]:
     if auto_pad not in ("SAME_UPPER", "SAME_LOWER") or "pads" in attrs or not isinstance(kernel, list):
         return attrs
     spatial = shape[2:] if shape is not None else ()
-    if len(spatial) != len(kernel) or any(size is None for size in spatial):
+    sizes = [size for size in spatial if size is not None]
+    if len(sizes) != len(kernel) or len(sizes) != len(spatial):
         return attrs
     strides = attrs.get("strides", [1] * len(kernel))
     dilations = attrs.get("dilations", [1] * len(kernel))
     if any(not isinstance(v, int) or v < 1 for v in [*kernel, *strides, *dilations]):
         return attrs  # a size below 1: the op's mapping or ONNX's checks refuse it
     before, after = [], []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=False):
+    for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=False):
         total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
         first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
         before.append(first)
@@ -503,7 +505,7 @@ def convert_node(index: int, node: onnx.NodeProto, op: Op, read: set[str], shape
 def _chained(node: Node, steps: list[tuple[str, dict[str, Any]]]) -> list[Node]:
     """`node` as the chain of ops `steps` (`OnnxOp.chain`): step k is node `name:k` writing
     `output:k`, the last one the node's output."""
-    chain = []
+    chain: list[Node] = []
     for k, (op_name, attrs) in enumerate(steps):
         reads = node.inputs if k == 0 else (chain[-1].output,)
         writes = node.output if k == len(steps) - 1 else f"{node.output}:{k}"

@@ -49,10 +49,11 @@ def model_report(path: Path) -> dict[str, Any]:
         raise UsageError(f"model {path}: the report reads ONNX models (.onnx); a graph file names our ops")
     model = decode_onnx(path, model_bytes(path, ONNX))
     read, shapes = node_reads(model.graph), inferred_shapes(model)
-    nodes, missing = [], {}
+    nodes: list[dict[str, Any]] = []
+    missing: dict[tuple[str, str], dict[str, Any]] = {}
     for index, node in enumerate(model.graph.node):
         label = printable(onnx_label(node.domain, node.op_type))
-        entry = {"name": printable(node_name(index, node)), "onnx": label, "op": None}
+        entry: dict[str, Any] = {"name": printable(node_name(index, node)), "onnx": label, "op": None}
         op = op_for_onnx(node.domain, node.op_type)
         if is_constant(node):
             entry["status"] = "constant"

@@ -123,10 +123,10 @@ class IntPair:
             raise _bad(name, value, expected)
         scalar = Int(self.lo, self.hi)
         try:
-            pair = tuple(scalar.normalize(name, p) for p in parts)
+            first, second = (scalar.normalize(name, p) for p in parts)
         except UsageError:
             raise _bad(name, value, expected) from None
-        return pair  # type: ignore[return-value]
+        return first, second
 
     def strategy(self, st: Any) -> Any:
         one = st.integers(self.lo, self.fuzz_hi)

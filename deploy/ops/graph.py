@@ -226,10 +226,10 @@ def bind_graph(graph: Graph) -> BoundGraph:
             )
         writers[node.output] = node
     for node in graph.nodes:
-        for tensor in node.inputs:
-            if tensor not in types and tensor not in writers:
+        for name in node.inputs:
+            if name not in types and name not in writers:
                 raise UsageError(
-                    f"{node.label()} reads {tensor!r}, which is no graph input and no node's output"
+                    f"{node.label()} reads {name!r}, which is no graph input and no node's output"
                     f" (inputs: {', '.join(types) or 'none'})"
                 )
     if not graph.outputs:

@@ -245,11 +245,11 @@ class Case:
 class Op:
     """Base class of op definitions; subclasses set the class attributes and four methods."""
 
-    name: ClassVar[str]
-    inputs: ClassVar[tuple[Input, ...]]
+    name: str
+    inputs: tuple[Input, ...]
     attrs: ClassVar[tuple[Attr, ...]] = ()
     dtypes: ClassVar[tuple[str, ...]] = COMMON_DTYPES
-    exact: ClassVar[bool] = False
+    exact: bool = False
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
     cases: ClassVar[tuple[Case, ...]] = ()
     """Shapes and attributes that `deploy test` verifies for every dtype."""
@@ -270,7 +270,7 @@ class Op:
         """TE computation: te.Tensor inputs -> te.Tensor output of type `out`."""
         raise NotImplementedError
 
-    def reference(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
+    def reference(self, attrs: dict[str, Any], *arrays: Any) -> np.ndarray:
         """Numpy reference with the same semantics as `compute`."""
         raise NotImplementedError
 

@@ -125,6 +125,7 @@ ScheduleFn = Callable[[Any, ScheduleContext], None]
 """Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place."""
 ComputeFn = Callable[..., Any]
 """compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op."""
+S = TypeVar("S", bound=ScheduleFn)
 
 
 def own_compute_within(scope: Callable[[ScheduleContext], AbstractContextManager[Any]]) -> ComputeFn:
@@ -172,10 +173,10 @@ _STRATEGIES: dict[tuple[str, str], tuple[ScheduleFn, ComputeFn | None]] = {}
 
 def register_schedule(
     family: str, op_name: str = GENERIC, compute: ComputeFn | None = None
-) -> Callable[[ScheduleFn], ScheduleFn]:
+) -> Callable[[S], S]:
     """Register a schedule for (family, op), with the compute variant it schedules if any."""
 
-    def add(fn: ScheduleFn) -> ScheduleFn:
+    def add(fn: S) -> S:
         _STRATEGIES[(family, op_name)] = (fn, compute)
         return fn
 

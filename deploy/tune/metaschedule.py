@@ -33,6 +33,7 @@ from deploy.compiler.compile import strategy as compiled_strategy
 from deploy.compiler.targets import Target
 from deploy.devices import Device
 from deploy.devices.runner import RUNNER_PROTOCOL as RUNNER
+from deploy.devices.runner import RunnerSession
 from deploy.ops.spec import BoundOp
 from deploy.schedules.registry import Picked, every_structure
 from deploy.schedules.space import design_spaces
@@ -66,6 +67,7 @@ def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tup
         return
     if RUNNER in device.protocols:  # each candidate's bundle through its runner, in one session
         with device.open() as session:
+            assert isinstance(session, RunnerSession)  # what every runner-protocol device opens
             yield bundle_runner(session, bound, timeout_s), lambda: nullcontext(session)
         return
     with device.rpc_endpoint() as rpc:
@@ -77,7 +79,7 @@ def _progress_callback(on_trial: Callable[[float | None], None], interrupted: li
     from tvm.s_tir import meta_schedule as ms
 
     @derived_object
-    class Progress(ms.measure_callback.PyMeasureCallback):
+    class Progress(ms.measure_callback.PyMeasureCallback):  # type: ignore[misc]  # tvm has no stubs: the base is Any
         def apply(self, task_scheduler: Any, task_id: int, candidates: Any, builds: Any, runs: Any) -> None:
             for run in runs:
                 secs = [float(t) for t in run.run_secs] if run.run_secs and not run.error_msg else []
@@ -261,8 +263,9 @@ def _seed(
     workload = database.commit_workload(mod)
     for space, build in zip(spaces, built, strict=True):
         result = next(results) if build.error_msg is None else None
-        ran = result is not None and result.error_msg is None
-        secs = [float(t) for t in result.run_secs] if ran else None
+        secs = (
+            [float(t) for t in result.run_secs] if result is not None and result.error_msg is None else None
+        )
         record = ms.database.TuningRecord(space.trace, workload, secs or [1e10], tvm_target, args)
         database.commit_tuning_record(record)
         progress.trial(sum(secs) / len(secs) if secs else None)

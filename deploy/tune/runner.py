@@ -134,7 +134,7 @@ def session_runner(endpoint: RpcEndpoint, bound: BoundOp, timeout_s: float) -> M
     from tvm.s_tir import meta_schedule as ms
 
     @derived_object
-    class SessionRunner(ms.runner.PyRunner):
+    class SessionRunner(ms.runner.PyRunner):  # type: ignore[misc]  # tvm has no stubs: the base is Any
         def __init__(self) -> None:
             super().__init__()
             rng = np.random.default_rng(0)
@@ -182,7 +182,7 @@ def bundle_runner(session: RunnerSession, bound: BoundOp, timeout_s: float) -> M
     inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
 
     @derived_object
-    class BundleRunner(ms.runner.PyRunner):
+    class BundleRunner(ms.runner.PyRunner):  # type: ignore[misc]  # tvm has no stubs: the base is Any
         def run(self, runner_inputs: list[Any]) -> list[Any]:
             results = [self._measure(Path(str(item.artifact_path))) for item in runner_inputs]
             return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]

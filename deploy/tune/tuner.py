@@ -4,7 +4,7 @@ tuner judges what it found against the hand schedule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,7 +98,7 @@ def decide(
     session: Session,
     bound: BoundOp,
     target: Target,
-    contenders: dict[str, Callable[[], Compiled]],
+    contenders: Mapping[str, Callable[[], Compiled]],
     workdir: Path,
 ) -> dict[str, Any]:
     """The verdict on a search's best finds (name -> how to build it as `--tuned` builds) against
@@ -110,7 +110,7 @@ def decide(
 def judge_built(
     session: Session,
     hand: Checked,
-    contenders: dict[str, Callable[[], Compiled | CompiledGraph]],
+    contenders: Mapping[str, Callable[[], Compiled | CompiledGraph]],
     workdir: Path,
 ) -> dict[str, Any]:
     """Each contender (name -> how to build it) built and checked against numpy (one that fails

@@ -109,7 +109,11 @@ class WorkGroupTuner:
                 try:
                     compiled = compile_scheduled(bound, target, scheduled(bound, target, size), "tuned")
                     measured = check_and_time(session, compiled, Path(tmp), REPEAT)
-                    entry = {"work_group": size, "ms": measured.ms, "max_error": measured.max_error}
+                    entry: dict[str, Any] = {
+                        "work_group": size,
+                        "ms": measured.ms,
+                        "max_error": measured.max_error,
+                    }
                 except DeployError as exc:
                     entry = {"work_group": size, "error": str(exc)}
                 except Exception as exc:  # the device rejected the size

@@ -219,7 +219,7 @@ def _onnxruntime(graph: BoundGraph, model: Path) -> Reference | str:
     numpy); why there is none when it is not installed."""
     from deploy.verify import onnx_reference
 
-    if onnx_reference.onnxruntime is None:
+    if not onnx_reference.installed():
         return "onnxruntime is not installed: compared with numpy only"
     nan_too = onnx_reference.agrees_on_nan(model)
     return Reference(

@@ -34,6 +34,12 @@ try:
 except ImportError:  # an optional test dependency: without it there is no second reference
     onnxruntime = None
 
+
+def installed() -> bool:
+    """Whether onnxruntime is installed (the second reference exists)."""
+    return onnxruntime is not None
+
+
 AGREES_ON_NAN = frozenset({"Add", "LeakyRelu", "HardSigmoid"})
 """Standard ONNX op types whose onnxruntime kernels treat NaN as numpy does."""
 

@@ -93,8 +93,8 @@ def maxpool_as_2d(
             ("max_pool2d", pool(None, per_axis[0])),
             ("reshape", {"shape": [0, 0, -1]}),
         ]
-    known = shape[1:] if shape is not None and len(shape) == 5 else ()
-    if len(known) != 4 or any(size is None for size in known):
+    known = [size for size in shape[1:] if size is not None] if shape is not None and len(shape) == 5 else []
+    if len(known) != 4:
         raise unsupported("kernel_shape", kernel, "3-D pooling of an input whose C, D, H and W are known")
     channels, depth, height, width = known
     over_hw = pool(per_axis[1], per_axis[2])
