@@ -40,6 +40,7 @@ from deploy.base.files import SUMS, read_sums, sha256_file, write_sums
 from deploy.compiler.artifacts import bundle_writer
 from deploy.compiler.constants import constants_object
 from deploy.compiler.manifest import MANIFEST, PARTIAL
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.plan import ALIGNMENT, Plan
 from deploy.compiler.targets import Target, all_targets
 from deploy.devices.native import SOURCES, cached_object, ffi_include, require_tool
@@ -88,6 +89,7 @@ class Bundled(Protocol):
     for a graph, the arena plan of its kernels."""
 
     target: Target
+    options: BuildOptions
     executable: Any
 
     @property
@@ -288,8 +290,9 @@ def tensor_rows(sig: Signature) -> str:
     )
 
 
-def header(sig: Signature, target: Target, what: str) -> str:
-    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
+def header(sig: Signature, target: Target, alignment: int, what: str) -> str:
+    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for (their data
+    `alignment`-byte aligned)."""
     name, upper = sig.name, sig.name.upper()
     rows = tensor_rows(sig)
     names = _symbol_names(sig)
@@ -311,7 +314,7 @@ def header(sig: Signature, target: Target, what: str) -> str:
     at_sizes = " at these sizes" if sig.symbols else ""
     return f"""/* {name}.h: {what} for target {target.name} ({target.arch}), from a deploy bundle.
  *
- * Tensors, in call order (on the CPU, C order, data {target.alignment}-byte aligned):
+ * Tensors, in call order (on the CPU, C order, data {alignment}-byte aligned):
 {rows}
 {batch} *
  * Link the static library (what an engine links) or the shared one (what it dlopen()s):
@@ -334,7 +337,7 @@ extern "C" {{
 
 #define {upper}_NUM_INPUTS {len(sig.inputs)}
 #define {upper}_NUM_OUTPUTS {len(sig.outputs)}
-#define {upper}_ALIGNMENT {target.alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
+#define {upper}_ALIGNMENT {alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
 #define {upper}_ERR_ARGUMENT (-1)  /* a bad tensor or argument: nothing was computed */
 #define {upper}_ERR_KERNEL (-2)    /* a kernel failed */
 #define {upper}_ERR_MEMORY (-3)    /* no memory for the arena */
@@ -485,8 +488,9 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
     what = f"the {'graph' if sig.plan is not None else 'op'} {c_string(compiled.bundle_signature()[0])}"
-    (staging / f"{prefix}.h").write_text(header(sig, target, what))
-    (work / "bundle_config.h").write_text(config_header(sig, target.alignment))
+    alignment = compiled.options.alignment
+    (staging / f"{prefix}.h").write_text(header(sig, target, alignment, what))
+    (work / "bundle_config.h").write_text(config_header(sig, alignment))
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
     kernels = work / "kernels.o"
     compiled.executable.mod.write_to_file(str(kernels))
