@@ -9,12 +9,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
 from deploy.base.errors import UsageError, shown
+
+if TYPE_CHECKING:
+    from deploy.compiler.options import BuildOptions
+    from deploy.compiler.targets import Target
 
 
 class _Console(Console):
@@ -43,8 +47,8 @@ def resolve_build(
     cores: int | None = None,
     layout: str | None = None,
     model: str | None = None,
-) -> tuple[Any, Any]:
-    """The target `name` and the build's options (a `deploy.compiler.options.BuildOptions`): with
+) -> tuple[Target, BuildOptions]:
+    """The target `name` and the build's options: with
     `tuned`, building from that `deploy tune` records directory; with `cores`, splitting parallel
     work for that many threads (else for the device's, asked later); with `layout`, running the
     graph of `model` in that layout."""
