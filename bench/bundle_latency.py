@@ -33,6 +33,7 @@ from harness import at_least_one, host_target, run
 from deploy.compiler.compile import compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import Target, get_target
 from deploy.devices import get_device
 from deploy.devices.platforms import get_platform
@@ -336,7 +337,7 @@ def sizes(work: Path) -> None:
         target = get_target(name)
         directory = work / f"size-{name}"
         try:
-            export(compile_op(bound, target.with_cores(4)), directory, bundle=True)
+            export(compile_op(bound, target, BuildOptions(cores=4)), directory, bundle=True)
         except Exception as exc:
             print(f"  {name}: not built here ({exc})")
             continue
@@ -382,7 +383,7 @@ def main() -> None:
             if args.only and args.only not in label:
                 continue
             directory = work / f"w{index}"
-            compiled = compile_graph(graph, host.with_cores(max(counts)))
+            compiled = compile_graph(graph, host, BuildOptions(cores=max(counts)))
             export(compiled, directory, bundle=True, name=f"w{index}")
             rng = np.random.default_rng(index)
             inputs = [random_input(t, rng) for t in graph.inputs]

@@ -31,6 +31,7 @@ from deploy.base.threads import THREADS_ENV, host_cpus, runtime_threads
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.devices.emulator import Emulator
 from deploy.devices.rpc import connect
@@ -110,7 +111,7 @@ def main() -> None:
         target = get_target("arm")
         bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
         artifact = Path(tmp) / "add"
-        export(compile_op(bound, target), artifact)
+        export(compile_op(bound, target, BuildOptions()), artifact)
         native_start = [first_case(emulator.start, bound, artifact) for _ in range(repeat)]
         python_start = [first_case(lambda: python_server(sysroot), bound, artifact) for _ in range(repeat)]
 

@@ -19,6 +19,7 @@ import tvm
 from harness import at_least_one, host_target, run
 
 from deploy.compiler.compile import compile_scheduled, context, hand_schedule, prim_module
+from deploy.compiler.options import BuildOptions
 from deploy.devices import get_device
 from deploy.ops import TensorType, bind, get_op
 from deploy.schedules.cpu import generic_cpu
@@ -46,14 +47,14 @@ def main() -> None:
         for op_name, attrs, shapes in WORKLOADS:
             bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
-            generic = tvm.s_tir.Schedule(prim_module(bound, target))
-            generic_cpu(generic, context(bound, target))
-            hand, name = hand_schedule(bound, target)
+            generic = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+            generic_cpu(generic, context(bound, target, BuildOptions()))
+            hand, name = hand_schedule(bound, target, BuildOptions())
             timings = {
                 label: check_and_time(session, compiled, Path(tmp), args.repeat).ms
                 for label, compiled in (
-                    ("generic", compile_scheduled(bound, target, generic.mod, "cpu/generic")),
-                    ("hand", compile_scheduled(bound, target, hand, name)),
+                    ("generic", compile_scheduled(bound, target, BuildOptions(), generic.mod, "cpu/generic")),
+                    ("hand", compile_scheduled(bound, target, BuildOptions(), hand, name)),
                 )
             }
             ref = host_ms(functools.partial(bound.op.reference, bound.attrs, *inputs), args.repeat)

@@ -28,6 +28,7 @@ from deploy.base.errors import UsageError
 from deploy.cli.args import parse_attrs, parse_shape
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, bind, get_op
 
@@ -92,7 +93,7 @@ def disassembled(args: argparse.Namespace) -> tuple[str, str]:
     attrs = {**(case.attrs if not args.shape else {}), **parse_attrs(tuple(args.attrs))}
     bound = bind(op, attrs, [TensorType(shape, args.dtype) for shape in shapes])
     with tempfile.TemporaryDirectory() as tmp:
-        compiled = compile_op(bound, target)
+        compiled = compile_op(bound, target, BuildOptions())
         manifest = export(compiled, Path(tmp))
         command = [tool, "-d", "--no-show-raw-insn", str(Path(tmp) / manifest.module)]
         listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout

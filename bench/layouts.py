@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,12 @@ from harness import at_least_one, host_target, run
 from deploy.base.errors import UsageError
 from deploy.cli.args import parse_shape
 from deploy.compiler.compile import compile_graph
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.devices import get_device
 from deploy.model.graph_file import graph_from_document
 from deploy.ops.graph import bind_graph
 from deploy.ops.layouts import LAYOUTS
 from deploy.verify.measure import check, time_interleaved
-from deploy.verify.run import for_device
 
 SHAPES = ("32x64x112x112", "1x64x56x56", "1x256x14x14", "1x512x7x7", "1x1024x7x7")
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
@@ -78,14 +79,16 @@ def main() -> None:
     print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
     print(f"{'input':16} {'NCHW ms':>9} {'spread':>7} {'packed input':>13} {'--layout ' + args.layout:>16}")
     with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-        target = for_device(host, session)
+        options = for_device(BuildOptions(), session)
         for shape in shapes:
             nchw = document(shape, "NCHW")
             graphs = [(nchw, "NCHW"), (document(shape, args.layout), "NCHW"), (nchw, args.layout)]
             checked = [
                 check(
                     session,
-                    compile_graph(bind_graph(graph_from_document(d, d["name"])), target.with_layout(layout)),
+                    compile_graph(
+                        bind_graph(graph_from_document(d, d["name"])), host, replace(options, layout=layout)
+                    ),
                     Path(tmp),
                 )
                 for d, layout in graphs

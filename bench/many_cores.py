@@ -56,6 +56,7 @@ def build(directory: Path, cores: int) -> None:
     from deploy.bench.roofline import Copy
     from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
     from deploy.compiler.export import export
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import get_target
     from deploy.model import load_model
     from deploy.ops import TensorType, bind, get_op
@@ -63,7 +64,7 @@ def build(directory: Path, cores: int) -> None:
     from deploy.ops.spec import BoundOp
     from deploy.verify.compare import random_input
 
-    x86 = get_target("x86").with_cores(cores)
+    x86, split = get_target("x86"), BuildOptions(cores=cores)
     opencl = get_target("opencl")
     plan: dict[str, list[dict[str, Any]]] = {"cpu": [], "gpu": []}
 
@@ -82,7 +83,7 @@ def build(directory: Path, cores: int) -> None:
 
     def cpu_bundle(name: str, graph: Any) -> str:
         target = directory / name
-        export(compile_graph(graph, x86), target, bundle=True, name=name)
+        export(compile_graph(graph, x86, split), target, bundle=True, name=name)
         rng = np.random.default_rng(0)
         with tempfile.TemporaryDirectory() as work:  # the inputs' files: too big to carry along
             check(target, graph, [random_input(t, rng) for t in graph.inputs], Path(work) / "check")
@@ -112,13 +113,13 @@ def build(directory: Path, cores: int) -> None:
     for index, (label, op, item) in enumerate(gpu):
         compiled: Compiled | CompiledGraph
         if isinstance(item, BoundGraph):
-            compiled = compile_graph(item, opencl)
+            compiled = compile_graph(item, opencl, BuildOptions())
         else:
             half = any(t.dtype == "float16" for t in item.inputs)  # stored as half, computed in float
-            compiled = compile_op(item, opencl.with_fp16_storage(half))
+            compiled = compile_op(item, opencl, BuildOptions(fp16_storage=half))
         export(compiled, directory / f"gpu{index}")
         moved = moved_by(item)
-        copy = compile_op(bind(Copy(), {}, [TensorType((moved // 8,), F32)]), opencl)
+        copy = compile_op(bind(Copy(), {}, [TensorType((moved // 8,), F32)]), opencl, BuildOptions())
         export(copy, directory / f"gcopy{index}")
         plan["gpu"].append(
             {

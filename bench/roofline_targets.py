@@ -17,6 +17,7 @@ from harness import at_least_one, host_target, run
 
 from deploy.bench.bench import BenchOptions, bench_ops, refuse_wrong_answers
 from deploy.bench.torch_baseline import torch_version
+from deploy.compiler.options import BuildOptions
 from deploy.devices import get_device
 from deploy.ops import all_ops
 
@@ -34,7 +35,7 @@ def main() -> None:
     at_least_one(parser, "--repeat", args.repeat)
     target, device = host_target(parser, args.target), get_device("local")
     threads = os.environ.get("TVM_NUM_THREADS", "runtime default")
-    rows = bench_ops(all_ops(), "float32", target, device, BenchOptions(repeat=args.repeat))
+    rows = bench_ops(all_ops(), "float32", target, BuildOptions(), device, BenchOptions(repeat=args.repeat))
     print(f"target {target.name}, TVM_NUM_THREADS={threads}, torch {torch_version() or 'not installed'},"
           f" medians of {args.repeat} rounds, each op beside the bandwidth kernels")  # fmt: skip
     print(f"{'workload':44} {'MB':>6} {'copy GB/s':>9} {'ms':>7} {'x copy':>6} {'x floor':>7} {'numpy':>8}"

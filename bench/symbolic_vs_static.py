@@ -21,11 +21,11 @@ from harness import at_least_one, host_target, run
 
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.devices import get_device
 from deploy.ops import TensorType, bind, get_op
 from deploy.verify.compare import random_input
 from deploy.verify.measure import Measured, Timer, interleaved_runs
-from deploy.verify.run import for_device
 
 WORKLOADS: list[tuple[str, dict[str, Any], list[tuple[int, ...]]]] = [
     ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(64, 112, 112)]),
@@ -48,7 +48,7 @@ def main() -> None:
     print(f"target {args.target}, TVM_NUM_THREADS={threads}, medians of {args.rounds} interleaved rounds")
     print(f"{'workload':34} {'N':>3} {'static ms':>14} {'symbolic ms':>14} {'sym/static':>10}")
     with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-        target = for_device(host, session)
+        options = for_device(BuildOptions(), session)
 
         def built(
             shapes: list[tuple[int | str, ...]], op_name: str, attrs: dict[str, Any]
@@ -56,7 +56,7 @@ def main() -> None:
             """The op bound to `shapes`, compiled and exported: (bound op, directory, manifest)."""
             bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
             directory = Path(tempfile.mkdtemp(dir=tmp))
-            return bound, directory, export(compile_op(bound, target), directory)
+            return bound, directory, export(compile_op(bound, host, options), directory)
 
         for op_name, attrs, tails in WORKLOADS:
             symbolic = built([("N", *t) for t in tails], op_name, attrs)

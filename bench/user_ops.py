@@ -26,6 +26,7 @@ import numpy as np
 from harness import at_least_one, host_target, run
 
 from deploy.compiler.compile import compile_scheduled, hand_schedule
+from deploy.compiler.options import BuildOptions
 from deploy.devices import get_device
 from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.tune.tuners import tune
@@ -67,12 +68,17 @@ def main() -> None:
             types = [TensorType(s, "float32") for s in shapes_of(op_name, shape)]
             bound = bind(get_op(op_name), attrs, types)
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
-            default = compile_scheduled(bound, target, *hand_schedule(bound, target))
+            default = compile_scheduled(
+                bound, target, BuildOptions(), *hand_schedule(bound, target, BuildOptions())
+            )
             ours = check_and_time(session, default, Path(tmp), args.repeat).ms
             numpy = host_ms(functools.partial(bound.op.reference, bound.attrs, *inputs), args.repeat)
             tuned = "-"
             if args.trials:
-                verdict = tune(bound, target, device, Path(tmp) / "records", args.trials).accepted or {}
+                verdict = (
+                    tune(bound, target, BuildOptions(), device, Path(tmp) / "records", args.trials).accepted
+                    or {}
+                )
                 best = verdict.get("ms") or verdict.get("best_tuned_ms")
                 if best is not None:
                     tuned = f"{verdict['hand_ms']:.4f} / {best:.4f} {verdict['hand_ms'] / best:13.2f}"

@@ -13,6 +13,7 @@ import pytest
 from deploy.base.errors import UsageError
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
@@ -57,7 +58,9 @@ def test_modules_use_the_vector_unit(tmp_path, target_name, op_name, attrs, shap
         pytest.skip(f"needs {objdump} and {target.cross_compiler} ({target.cross_package})")
     bound = bind(get_op(op_name), attrs, [TensorType(s, dtype) for s in shapes])
     kernels = tmp_path / "kernels.o"  # what module.so and the bundle link (a linked riscv64 object
-    compile_op(bound, target).executable.mod.write_to_file(str(kernels))  # loses its RVV attribute)
+    compile_op(bound, target, BuildOptions()).executable.mod.write_to_file(
+        str(kernels)
+    )  # loses its RVV attribute)
     assert elf_machine(kernels) == target.arch
     listing = subprocess.run([objdump, "-d", str(kernels)], capture_output=True, text=True, check=True).stdout
     assert re.search(pattern, listing), f"no {pattern} in {op_name} {dtype} for {target_name}"
@@ -75,6 +78,6 @@ def emulator_session():
 @needs_qemu
 def test_x86_module_is_refused_by_the_emulator(tmp_path, emulator_session):
     bound = bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")])
-    manifest = export(compile_op(bound, get_target("x86")), tmp_path / "x86")
+    manifest = export(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path / "x86")
     with pytest.raises(UsageError, match=r"built for x86_64; device emulator on port \d+ runs aarch64"):
         run_artifact(emulator_session, tmp_path / "x86", manifest, [])

@@ -36,6 +36,7 @@ from deploy.compiler.bundle import check_symbols, signature
 from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.runtime import ABI, ABI_HEADER, SOURCES
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
@@ -98,8 +99,8 @@ def runs(target: str) -> list[str]:
 
 
 def compiled_for(item: BoundOp | BoundGraph, target: str) -> Compiled | CompiledGraph:
-    t = get_target(target).with_cores(2)
-    return compile_graph(item, t) if isinstance(item, BoundGraph) else compile_op(item, t)
+    t, options = get_target(target), BuildOptions(cores=2)
+    return compile_graph(item, t, options) if isinstance(item, BoundGraph) else compile_op(item, t, options)
 
 
 def bundle(item: BoundOp | BoundGraph, target: str, directory: Path, name: str | None = None) -> Path:
@@ -850,7 +851,7 @@ def test_names_become_c_identifiers(tmp_path: Path) -> None:
         "  - {name: t, op: add, inputs: [s, Out]}\noutput: t\n"
     )
     graph = bind_graph(load_model(tmp_path / "m.yaml"))
-    compiled = compile_graph(graph, get_target("x86"))
+    compiled = compile_graph(graph, get_target("x86"), BuildOptions())
     sig = signature(compiled, None)
     assert [c for c, _, _ in sig.params] == ["input_1", "out_2", "Out_3", "out"]
     for bad in ("int", "3d", "a-b", "", "x" * 64, *sorted(C_KEYWORDS)[:3]):
@@ -1181,7 +1182,7 @@ def test_failed_bundle_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(deploy.compiler.bundle, "run_tool", broken)
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
     with pytest.raises(DeployError, match="gcc failed"):
-        export(compile_op(bound, get_target("x86")), tmp_path / "b", bundle=True)
+        export(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path / "b", bundle=True)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -8,12 +8,14 @@ import dataclasses
 import shutil
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import deploy.compiler.cache as cache
 import deploy.compiler.fingerprint as fingerprint
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, bind, get_op
 from tests.conftest import run_deploy
@@ -37,31 +39,50 @@ CODE_SHAPING = [
 @pytest.mark.parametrize("edited", CODE_SHAPING)
 def test_editing_code_that_shapes_the_module_changes_the_key(edited: str, monkeypatch: pytest.MonkeyPatch):
     target = get_target("x86")
-    before = cache.build_key(BOUND, target)
+    before = cache.build_key(BOUND, target, BuildOptions())
     real = fingerprint.source_digest
 
     def edited_digest(path: str) -> str:
         return "edited" if Path(path).resolve().as_posix().endswith(edited) else real(path)
 
     monkeypatch.setattr(fingerprint, "source_digest", edited_digest)
-    assert cache.build_key(BOUND, target) != before, f"editing {edited} would reuse stale modules"
+    assert cache.build_key(BOUND, target, BuildOptions()) != before, (
+        f"editing {edited} would reuse stale modules"
+    )
 
 
 @pytest.mark.parametrize(
-    "change",
-    [{"vector_bits": 128}, {"cores": 8}, {"tvm": {"kind": "llvm", "mcpu": "znver3"}}, {"work_group": 32}],
+    "change", [{"vector_bits": 128}, {"tvm": {"kind": "llvm", "mcpu": "znver3"}}, {"work_group": 32}]
 )
 def test_every_target_field_is_in_the_key(change: dict):
-    target = get_target("x86")
-    assert cache.build_key(BOUND, dataclasses.replace(target, **change)) != cache.build_key(BOUND, target)
+    target, options = get_target("x86"), BuildOptions()
+    assert cache.build_key(BOUND, dataclasses.replace(target, **change), options) != cache.build_key(
+        BOUND, target, options
+    )
+
+
+CHOICES: dict[str, Any] = {"cores": 8, "layout": "NCHW8c", "alignment": 16, "bundle": True,
+                           "bundle_host": "aarch64", "fp16_storage": True}  # fmt: skip
+"""A value other than the default for every build option but `tuned` (keyed by its verdicts)."""
+
+
+def test_every_build_option_has_a_case():
+    assert set(CHOICES) == {f.name for f in dataclasses.fields(BuildOptions)} - {"tuned"}
+
+
+@pytest.mark.parametrize("name", CHOICES)
+def test_every_build_option_is_in_the_key(name: str):
+    target, options = get_target("x86"), BuildOptions()
+    changed = dataclasses.replace(options, **{name: CHOICES[name]})
+    assert cache.build_key(BOUND, target, changed) != cache.build_key(BOUND, target, options)
 
 
 def test_the_key_does_not_depend_on_what_this_process_imported():
     import sys
 
-    key = cache.build_key(BOUND, get_target("x86"))
+    key = cache.build_key(BOUND, get_target("x86"), BuildOptions())
     sys.modules.pop("deploy.compiler.opencl", None)
-    assert cache.build_key(BOUND, get_target("x86")) == key
+    assert cache.build_key(BOUND, get_target("x86"), BuildOptions()) == key
 
 
 @pytest.mark.parametrize("item", ["op", "graph"])
@@ -78,11 +99,10 @@ def test_a_tuned_key_depends_on_the_verdicts_not_on_the_records_object(item: str
         if item == "op"
         else bind_graph(load_model(Path(__file__).parent.parent / "examples" / "maxpool_add.yaml"))
     )
-    first, second = (
-        get_target("x86").with_tuning(AcceptedRecords(tmp_path, lambda line: None)) for _ in "12"
-    )
+    first, second = (BuildOptions(tuned=AcceptedRecords(tmp_path, lambda line: None)) for _ in "12")
     assert first.tuned is not second.tuned
-    assert cache.build_key(built, first) == cache.build_key(built, second)
+    x86 = get_target("x86")
+    assert cache.build_key(built, x86, first) == cache.build_key(built, x86, second)
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", "x" * 300, ".hidden"])
@@ -93,7 +113,7 @@ def test_a_graph_name_stays_inside_the_cache(name: str, tmp_path: Path, monkeypa
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
     node = Node("act", get_op("leaky_relu"), {}, ("x",), "act")
     g = bind_graph(Graph(name, (("x", TensorType((4, 8), "float32")),), (node,), ("act",)))
-    directory, _ = cache.cached_build(g, get_target("x86"))
+    directory, _ = cache.cached_build(g, get_target("x86"), BuildOptions())
     assert directory.parent == tmp_path / "cache" / "builds" and not directory.name.startswith(".")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] and len(directory.name) < 128
 
@@ -220,10 +240,10 @@ def test_a_damaged_cache_entry_is_built_again(damage, tmp_path: Path, monkeypatc
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
     target = get_target("x86")
     other = bind(get_op("max_pool2d"), {"kernel": 2, "stride": 2}, [TensorType((1, 4, 8, 8), "float32")])
-    other_entry, _ = cache.cached_build(other, target)
-    entry, built = cache.cached_build(BOUND, target)
+    other_entry, _ = cache.cached_build(other, target, BuildOptions())
+    entry, built = cache.cached_build(BOUND, target, BuildOptions())
     damage(entry, other_entry)
-    again, rebuilt = cache.cached_build(BOUND, target)
+    again, rebuilt = cache.cached_build(BOUND, target, BuildOptions())
     assert again == entry and not entry.is_symlink()
     assert (rebuilt.attrs, rebuilt.sha256, rebuilt.build_key) == (built.attrs, built.sha256, built.build_key)
     key = str(built.build_key)
@@ -240,11 +260,11 @@ def test_a_cut_short_opencl_source_in_the_cache_is_built_again(
     kept failing at load (`kernels.cl does not match the sha256 in launch.json`)."""
     monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
     target = get_target("opencl")
-    entry, built = cache.cached_build(BOUND, target)
+    entry, built = cache.cached_build(BOUND, target, BuildOptions())
     source = entry / "kernels.cl"
     whole = source.read_text()
     source.write_text(whole[: len(whole) // 2])
-    assert cache.cached_build(BOUND, target) == (entry, built) and source.read_text() == whole
+    assert cache.cached_build(BOUND, target, BuildOptions()) == (entry, built) and source.read_text() == whole
 
 
 def test_a_zipped_helper_is_not_read_as_a_file(

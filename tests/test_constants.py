@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
 from deploy.compiler.constants import BLOB
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.plan import MAX_BLOB_BYTES, constant_offsets
 from deploy.compiler.targets import get_target
 from deploy.model import load_model
@@ -100,7 +101,7 @@ def test_constants_match_numpy_on_every_kind_of_target(target, names, tmp_path, 
     for name in names:
         graph = bind_graph(load_model(made[name]))
         arrays = [random_input(t, rng, ties=True, specials=True) for t in graph.inputs]
-        comparison, _ = verify(on.session, graph, on.target, arrays)
+        comparison, _ = verify(on.session, graph, on.target, BuildOptions(), arrays)
         assert comparison.ok, f"{name}: {comparison}"
 
 
@@ -150,7 +151,7 @@ def test_a_constant_is_stored_once_however_many_kernels_read_it(tmp_path):
     ]
     path = model(tmp_path, nodes, [numpy_helper.from_array(big, "big")], x=big.shape, out=big.shape)
     graph = bind_graph(load_model(path))
-    directory, manifest = cached_build(graph, get_target("x86"))
+    directory, manifest = cached_build(graph, get_target("x86"), BuildOptions())
     assert len(manifest.graph["kernels"]) == 2
     assert big.nbytes < (directory / "module.so").stat().st_size < big.nbytes * 1.2
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from deploy.base.errors import UsageError
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, all_ops, bind
 from deploy.ops.layouts import LAYOUTS
@@ -85,7 +86,7 @@ def test_fuzz_op_against_reference(op, data, local_session):
     ties = data.draw(st.booleans(), label="ties")
     specials = data.draw(st.booleans(), label="specials")
     inputs = [random_input(t, rng, ties=ties, specials=specials) for t in bound.inputs]
-    comparison, _ = verify(local_session, bound, get_target("x86"), inputs)
+    comparison, _ = verify(local_session, bound, get_target("x86"), BuildOptions(), inputs)
     assert comparison.ok, f"{bound.key()}: {comparison.detail} (max error {comparison.max_error})"
 
 

@@ -18,13 +18,14 @@ import pytest
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
 from deploy.compiler.fusion import kernels
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import get_target
 from deploy.model import load_model
 from deploy.ops import TensorType, get_op
 from deploy.ops.graph import Graph, Node, bind_graph
 from deploy.schedules import find_schedule
 from deploy.verify.compare import random_input
-from deploy.verify.run import for_device, verify
+from deploy.verify.run import verify
 from tests.conftest import invoke
 from tests.test_ops_matrix import on_every_target, sessions  # noqa: F401  (the module's target sessions)
 
@@ -58,7 +59,7 @@ POOL_ADD_CASES = [
 def check(on: Any, g: Any, index: int) -> tuple[Any, str]:
     rng = np.random.default_rng(zlib.crc32(f"{g.key()}".encode()))
     arrays = [random_input(t, rng, ties=index % 2 == 1, specials=True) for t in g.inputs]
-    return verify(on.session, g, on.target, arrays)
+    return verify(on.session, g, on.target, BuildOptions(), arrays)
 
 
 @on_every_target(
@@ -152,7 +153,7 @@ def test_the_artifact_lists_its_kernels_and_schedules(tmp_path):
 def test_opencl_graphs_are_one_plan(tmp_path, sessions):  # noqa: F811
     sessions.on(get_target("opencl"))  # skips without an OpenCL platform
     g = graph({"a": (2, 8, 17, 23), "b": (2, 1, 9, 12)}, "float32", *CHAINS["pool-argmax"][1])
-    directory, _ = cached_build(g, get_target("opencl"))
+    directory, _ = cached_build(g, get_target("opencl"), BuildOptions())
     plan = json.loads((directory / "launch.json").read_text())
     assert [k["name"] for k in plan["kernels"]] == ["k0_max_pool2d_kernel", "k1_fused_add_argmax_kernel"]
     assert [b["name"] for b in plan["buffers"]] == ["a", "b", "best"]
@@ -386,7 +387,7 @@ def test_a_long_chain_of_ops_that_read_their_input_thrice_is_cut_into_kernels(lo
     assert [len(k.nodes) for k in found] == [2, 4, 4], "3**3 = 27 copies fit, 3**4 = 81 do not"
     assert 3 ** (max(len(k.nodes) for k in found) - 1) <= MAX_COPIES
     assert [n for k in found for n in k.nodes] == [name for name, *_ in chain]
-    comparison, _ = verify(local_session, g, for_device(get_target("x86"), local_session), [
+    comparison, _ = verify(local_session, g, get_target("x86"), BuildOptions(), [
         random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
     ])  # fmt: skip
     assert comparison.ok, comparison.detail
@@ -407,7 +408,7 @@ def test_a_chain_of_pools_is_cut_before_it_takes_minutes_to_compile(kernel, size
     found = kernels(g)
     assert [len(k.nodes) for k in found] == sizes
     if kernel == 2:
-        comparison, _ = verify(local_session, g, for_device(get_target("x86"), local_session), [
+        comparison, _ = verify(local_session, g, get_target("x86"), BuildOptions(), [
             random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
         ])  # fmt: skip
         assert comparison.ok, comparison.detail
@@ -434,18 +435,18 @@ def test_cut_kernels_of_a_dag_compute_what_numpy_does(tail, sizes, local_session
     for k in found:
         inner = set(k.nodes) - {k.writes}
         assert not any(t in inner for other in found if other is not k for t in other.reads)
-    comparison, _ = verify(local_session, g, for_device(get_target("x86"), local_session), [
+    comparison, _ = verify(local_session, g, get_target("x86"), BuildOptions(), [
         random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
     ])  # fmt: skip
     assert comparison.ok, comparison.detail
 
 
 def test_a_graph_build_is_cached_by_its_nodes(local_session):
-    x86 = for_device(get_target("x86"), local_session)
+    x86, options = get_target("x86"), for_device(BuildOptions(), local_session)
     one = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.1}, ("x",)))
     two = graph({"x": (8, 8)}, "float32", ("act", "leaky_relu", {"alpha": 0.2}, ("x",)))
-    assert cached_build(one, x86)[0] != cached_build(two, x86)[0]
-    assert cached_build(one, x86)[0] == cached_build(one, x86)[0]
+    assert cached_build(one, x86, options)[0] != cached_build(two, x86, options)[0]
+    assert cached_build(one, x86, options)[0] == cached_build(one, x86, options)[0]
 
 
 def test_float16_kernels_of_a_storage_target_come_from_the_float32_graph():
@@ -457,12 +458,12 @@ def test_float16_kernels_of_a_storage_target_come_from_the_float32_graph():
 
     g = graph({"x": (1, 4, 8, 8), "b": (1, 1, 4, 4)}, "float16", ("p", "max_pool2d", POOL, ("x",)),
               ("s", "add", {}, ("p", "b")))  # fmt: skip
-    target = get_target("opencl").with_fp16_storage(True)
-    assert {t.dtype for t in as_computed_graph(g, target).types.values()} == {"float32"}
-    assert as_computed_graph(g, get_target("opencl")) is g
+    storage = BuildOptions(fp16_storage=True)
+    assert {t.dtype for t in as_computed_graph(g, storage).types.values()} == {"float32"}
+    assert as_computed_graph(g, BuildOptions()) is g
     (kernel,) = kernels(g)
     with pytest.raises(UsageError, match="tune the model with float32 inputs"):
-        hand_schedule(kernel.bound, target)
+        hand_schedule(kernel.bound, get_target("opencl"), storage)
 
 
 LAID_OUT: dict[str, tuple[dict[str, tuple[int, ...]], list[Any], list[str]]] = {
@@ -620,7 +621,7 @@ def test_laid_out_graphs_match_numpy(target, dtype, layout, name, sessions):  # 
     rng = np.random.default_rng(zlib.crc32(f"{name}{layout}{dtype}".encode()))
     for ties in (False, True):
         arrays = [random_input(t, rng, ties=ties, specials=True) for t in g.inputs]
-        comparison, _ = verify(on.session, g, on.target.with_layout(layout), arrays)
+        comparison, _ = verify(on.session, g, on.target, BuildOptions(layout=layout), arrays)
         assert comparison.ok, f"{comparison.detail} (max error {comparison.max_error})"
 
 
@@ -651,7 +652,7 @@ def test_a_layout_is_part_of_the_build_key():
 
     g = graph({"a": (1, 8, 8, 8)}, "float32", ("p", "max_pool2d", POOL, ("a",)))
     x86 = get_target("x86")
-    assert build_key(g, x86) != build_key(g, x86.with_layout("NCHW8c"))
+    assert build_key(g, x86, BuildOptions()) != build_key(g, x86, BuildOptions(layout="NCHW8c"))
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from deploy.compiler.cache import Buildable
+from deploy.compiler.options import BuildOptions
 from deploy.model import load_model
 from deploy.ops import TensorType, bind, get_op
 from deploy.ops.graph import bind_graph
@@ -157,9 +158,9 @@ def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> 
 
     (tmp_path / "k.yaml").write_text(GRAPH.replace(str(SIDE), "8"))
     graph = bind_graph(load_model(tmp_path / "k.yaml"))
-    target = get_target("x86").with_cores(1)
-    laid = lay_out(graph, target)
-    calls = _calls([ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels], 64)
+    target, options = get_target("x86"), BuildOptions(cores=1)
+    laid = lay_out(graph, target, options)
+    calls = _calls([ScheduledKernel(k, schedule_op(k.bound, target, options)) for k in laid.kernels], 64)
     name, func, reads, writes = calls[0]
     check = tvm.tirx.AssertStmt(
         tvm.tirx.const(False), tvm.ir.StringImm("ValueError"), [tvm.ir.StringImm("its check failed")]

@@ -14,6 +14,7 @@ import pytest
 
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, bind, get_op
 
@@ -84,7 +85,7 @@ def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str,
         pytest.skip(f"needs {tool} (Debian package {package})")
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((batch, 8, 32, 32), "float32")])
-    text = disassembled(compile_op(bound, get_target(target)), tmp_path, tool)
+    text = disassembled(compile_op(bound, get_target(target), BuildOptions()), tmp_path, tool)
     assert any(m in text for m in vector_max), "the max is computed a vector at a time"
     assert any(d in text for d in deinterleaves), "stride-2 taps are deinterleaved with shuffles"
     assert prefetch in text, "the column stage prefetches its input rows"
@@ -165,8 +166,8 @@ def test_a_searched_unroll_depth_keeps_the_prefetches(tmp_path: Path, depth: int
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((1, 8, 32, 32), "float32")])
     target = get_target("x86")
-    mod, name = hand_schedule(bound, target, Unrolled())
-    assert "prefetcht0" in disassembled(compile_scheduled(bound, target, mod, name), tmp_path)
+    mod, name = hand_schedule(bound, target, BuildOptions(), Unrolled())
+    assert "prefetcht0" in disassembled(compile_scheduled(bound, target, BuildOptions(), mod, name), tmp_path)
 
 
 EDGES = [
@@ -188,15 +189,15 @@ def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attr
 
     bound = bind(get_op("max_pool2d"), attrs, [TensorType(shape, "float32")])
     target = get_target("x86")
-    mod, name = hand_schedule(bound, target, Picked({"column stage per": per}))
+    mod, name = hand_schedule(bound, target, BuildOptions(), Picked({"column stage per": per}))
     with get_device("local").open() as session:
-        check(session, compile_scheduled(bound, target, mod, name), tmp_path)
+        check(session, compile_scheduled(bound, target, BuildOptions(), mod, name), tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
 def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
     bound = bind(get_op("argmax"), {"axis": -1}, [TensorType((8, 1024), "float32")])
-    assert "prefetcht0" in disassembled(compile_op(bound, get_target("x86")), tmp_path)
+    assert "prefetcht0" in disassembled(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
 
 
 def test_a_sliding_window_is_one_stream() -> None:

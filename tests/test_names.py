@@ -27,6 +27,7 @@ from deploy.base.errors import UsageError
 from deploy.compiler.bundle import CFLAGS, HEADER_PARAMS, check_name
 from deploy.compiler.compile import compile_graph
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.runtime import SOURCES
 from deploy.compiler.targets import get_target
 from deploy.devices.native import cached_object
@@ -123,7 +124,7 @@ def bundles(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
         for kind, (target, need) in TARGETS.items():
             if need is not None and not (shutil.which(need) or Path(need).exists()):
                 continue
-            compiled = compile_graph(graph, get_target(target).with_cores(2))
+            compiled = compile_graph(graph, get_target(target), BuildOptions(cores=2))
             export(compiled, root / f"{model}-{kind}", bundle=True, name="names")
             built[model, kind] = root / f"{model}-{kind}"
     return built
@@ -344,7 +345,7 @@ def test_names_c_gives_become_other_parameters(tmp_path):
     in GNU C beside <errno.h> and <inttypes.h>, and deploy-run runs it."""
     (tmp_path / "taken.yaml").write_text(json.dumps(TAKEN))
     graph = bind_graph(load_model(tmp_path / "taken.yaml"))
-    export(compile_graph(graph, get_target("x86").with_cores(2)), tmp_path / "b", bundle=True)
+    export(compile_graph(graph, get_target("x86"), BuildOptions(cores=2)), tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "taken.h").read_text()
     names = ("args", "workspace", "PRIu64", "linux", "TAKEN_ERR_KERNEL")
     params = ", ".join(f"const DLTensor* t_{name}" for name in names)
@@ -389,7 +390,7 @@ def test_tensors_named_as_the_headers_parameters_build_and_run(kind, tmp_path):
     available(kind)
     (tmp_path / "params.yaml").write_text(json.dumps(PARAMS))
     graph = bind_graph(load_model(tmp_path / "params.yaml"))
-    export(compile_graph(graph, get_target(kind).with_cores(2)), tmp_path / "b", bundle=True)
+    export(compile_graph(graph, get_target(kind), BuildOptions(cores=2)), tmp_path / "b", bundle=True)
     header = (tmp_path / "b" / "params.h").read_text()
     prototypes = re.findall(r"^\w[^;(]* params\w*\(([^)]*)\);", header, re.M)
     with_tensors = [p for p in prototypes if "t_context" in p]  # NAME, NAME_with_workspace or _cl_enqueue
@@ -494,7 +495,7 @@ def test_a_bundle_deploy_builds_for_itself_makes_its_prefix(name, prefix, tmp_pa
     graph["nodes"] = [{"name": "y", "op": "leaky_relu", "inputs": ["x"]}]
     (tmp_path / "m.json").write_text(json.dumps(graph))
     compiled = compile_graph(
-        bind_graph(load_model(tmp_path / "m.json")), get_target("armv7").with_bundle(True)
+        bind_graph(load_model(tmp_path / "m.json")), get_target("armv7"), BuildOptions(bundle=True)
     )
     assert export(compiled, tmp_path / "b").bundle["name"] == prefix
     assert (tmp_path / "b" / f"{prefix}.h").is_file()

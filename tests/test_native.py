@@ -19,6 +19,7 @@ from deploy.base.files import SUMS
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine, provided_versions, required_versions
 from deploy.devices.emulator import Emulator
@@ -104,7 +105,7 @@ def test_required_versions_are_met_by_this_hosts_libraries(runtime: Path):
 
 def test_stock_client_runs_a_module_and_is_verified(server: Server, tmp_path: Path):
     bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
-    export(compile_op(bound, get_target("x86")), tmp_path / "add")
+    export(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path / "add")
     with connect("127.0.0.1", server.port, HOST, "native server", key=server.session_key()) as session:
         assert check_artifact(session, bound, tmp_path / "add", Manifest.read(tmp_path / "add")) == 0
     deadline = time.monotonic() + 10  # the server sees the session end once its child exits

@@ -16,12 +16,13 @@ import pytest
 
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import cached_build
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import get_target
 from deploy.model import load_model
 from deploy.ops.graph import bind_graph
 from deploy.ops.onnx_mapping import domain_key
 from deploy.ops.registry import all_ops
-from deploy.verify.run import for_device, run_artifact
+from deploy.verify.run import run_artifact
 from tests.test_ops_matrix import sessions  # noqa: F401  (the module's target sessions)
 
 with warnings.catch_warnings():  # the generators of other op types divide by zero on purpose
@@ -59,7 +60,7 @@ def run_case(case: Any, on: Any, tmp_path: Path) -> None:
     path = tmp_path / f"{case.name}.onnx"
     onnx.save(case.model, path)
     graph = bind_graph(load_model(path))
-    directory, manifest = cached_build(graph, for_device(on.target, on.session))
+    directory, manifest = cached_build(graph, on.target, for_device(BuildOptions(), on.session))
     for inputs, outputs in case.data_sets:
         results = run_artifact(on.session, directory, manifest, [np.asarray(i) for i in inputs])
         assert len(results) == len(outputs)

@@ -17,6 +17,7 @@ from deploy.base.errors import DeployError
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, bind, get_op
 from deploy.verify.measure import check_artifact
@@ -50,7 +51,7 @@ def cl_session():
 
 def test_artifact_layout_and_launch_plan(tmp_path):
     bound = bind(get_op("argmax"), {"axis": "0"}, [TensorType((3, 5), "float32")])
-    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    manifest = export(compile_op(bound, TARGET, BuildOptions()), tmp_path / "art")
     files = sorted(p.name for p in (tmp_path / "art").iterdir())
     assert files == ["kernels.cl", "launch.json", "manifest.json"]
     assert manifest.module == "launch.json" and manifest.arch == "opencl"
@@ -63,7 +64,7 @@ def test_artifact_layout_and_launch_plan(tmp_path):
 
 def test_argmax_reduces_across_a_work_group_in_local_memory(tmp_path):
     bound = bind(get_op("argmax"), {}, [TensorType((4, 1000), "float32")])
-    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    manifest = export(compile_op(bound, TARGET, BuildOptions()), tmp_path / "art")
     source = (tmp_path / "art" / "kernels.cl").read_text()
     assert manifest.schedule == "gpu/argmax"
     assert "__local " in source and "barrier(CLK_LOCAL_MEM_FENCE)" in source
@@ -91,7 +92,7 @@ def test_elementwise_kernels_move_whole_vectors(name, shapes, dtype, vector, cl_
     whole vectors (the H100 went from 1.25 to 2.95 TB/s on add), one element otherwise; both
     match numpy."""
     bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
-    compiled = compile_op(bound, TARGET)
+    compiled = compile_op(bound, TARGET, BuildOptions())
     source = compiled.executable.source
     if vector:
         assert vector in source and vector.replace("load", "store") in source
@@ -105,7 +106,7 @@ def test_pooling_keeps_one_output_per_work_item():
     """The window max's NaN branch does not vectorize: a vector of outputs would run as a loop."""
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 4, 16, 16), "float32")])
-    source = compile_op(bound, TARGET).executable.source
+    source = compile_op(bound, TARGET, BuildOptions()).executable.source
     assert "for (" not in source and "vload" not in source
 
 
@@ -127,7 +128,7 @@ def test_artifact_runs_in_a_process_without_tvm(tmp_path):
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 4, 16, 16), "float32")])
     art = tmp_path / "art"
-    export(compile_op(bound, TARGET), art)
+    export(compile_op(bound, TARGET, BuildOptions()), art)
     rng = np.random.default_rng(zlib.crc32(b"opencl"))
     x = rng.standard_normal((1, 4, 16, 16)).astype("float32")
     np.save(art / "x.npy", x)
@@ -142,7 +143,7 @@ def test_kernel_build_failure_and_tampered_source(tmp_path, cl_session):
 
     bound = bind(get_op("add"), {}, [TensorType((4, 4), "float32")] * 2)
     art = tmp_path / "art"
-    export(compile_op(bound, TARGET), art)
+    export(compile_op(bound, TARGET, BuildOptions()), art)
     x = np.ones((4, 4), "float32")
     source = art / "kernels.cl"
     source.write_text(source.read_text() + "\nthis is not OpenCL;\n")
@@ -169,14 +170,14 @@ def test_fp16_is_stored_as_half_where_the_device_has_no_half_arithmetic(cl_sessi
     assert "0 failed" in result.stdout
 
     bound = bind(get_op("add"), {}, [TensorType((2, 4, 8), "float16"), TensorType((2, 1, 8), "float16")])
-    stored = compile_op(bound, TARGET.with_fp16_storage(True))
+    stored = compile_op(bound, TARGET, BuildOptions(fp16_storage=True))
     source, plan_ = stored.executable.source, stored.executable.plan
     assert "vload_half4" in source and "vstore_half4" in source and "cl_khr_fp16" not in source
     assert [b["dtype"] for b in plan_["buffers"]] == ["float16"] * 3 and plan_["float16"] == "storage"
     export(stored, tmp_path / "stored")
     assert check_artifact(cl_session, bound, tmp_path / "stored", Manifest.read(tmp_path / "stored")) == 0
 
-    native = compile_op(bound, TARGET)
+    native = compile_op(bound, TARGET, BuildOptions())
     assert native.executable.plan["float16"] == "native" and "cl_khr_fp16" in native.executable.source
     if not FP16:
         export(native, tmp_path / "native")
@@ -270,7 +271,7 @@ def test_opencl_artifact_is_refused_by_a_cpu_device(tmp_path, local_session):
     from deploy.verify.run import run_artifact
 
     bound = bind(get_op("add"), {}, [TensorType((4,), "float32")] * 2)
-    manifest = export(compile_op(bound, TARGET), tmp_path / "art")
+    manifest = export(compile_op(bound, TARGET, BuildOptions()), tmp_path / "art")
     x = np.ones(4, "float32")
     with pytest.raises(UsageError, match=r"is for opencl; local runs x86_64"):
         run_artifact(local_session, tmp_path / "art", manifest, [x, x])
@@ -282,7 +283,7 @@ def test_argmax_kernel_follows_the_work_group_size(work_group, cl_session, tmp_p
     2: it used a fixed 64 work-items whatever the size), and each size still matches numpy."""
     bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((4, 1200), "float32")])
     target = replace(get_target("opencl"), work_group=work_group)
-    compiled = compile_op(bound, target)
+    compiled = compile_op(bound, target, BuildOptions())
     assert [k["local"] for k in compiled.executable.plan["kernels"]] == [[work_group, 1, 1]]
     assert f"argmax_partial_v1_shared_ptr[{work_group * 4}];" in compiled.executable.source  # float4 each
 
@@ -387,7 +388,7 @@ def test_argmax_selects_have_masks_as_wide_as_their_operands(dtype, storage, att
     allows, with a ragged last step) has a mask of its operands' element width and lanes:
     `select(long4, long4, int4)` passed on PoCL and gave wrong answers on NVIDIA's driver."""
     bound = bind(get_op("argmax"), attrs, [TensorType((3, 1000), dtype)])
-    source = compile_op(bound, TARGET.with_fp16_storage(storage)).executable.source
+    source = compile_op(bound, TARGET, BuildOptions(fp16_storage=storage)).executable.source
     assert (loads in source) if loads else ("vload" not in source)
     assert select_mask_mismatches(source) == []
 
@@ -435,7 +436,7 @@ def test_vector_argmax_specials_like_numpy(dtype, storage, extent, attrs, cl_ses
         x[5, extent - 2] = np.inf
         x[8, [5, 6]] = np.inf
     bound = bind(get_op("argmax"), attrs, [TensorType(x.shape, dtype)])
-    compiled = compile_op(bound, TARGET.with_fp16_storage(storage))
+    compiled = compile_op(bound, TARGET, BuildOptions(fp16_storage=storage))
     assert ("vload_half4" if storage else "vload4") in compiled.executable.source
     export(compiled, tmp_path / "art")
     (out,) = cl_session.run(tmp_path / "art" / "launch.json", [x], [(bound.output.shape, bound.output.dtype)])
@@ -447,7 +448,7 @@ def add_artifact(tmp_path_factory):
     """`add` of a 4x4 and a 4 float32 array, built for OpenCL."""
     art = tmp_path_factory.mktemp("add") / "art"
     export(compile_op(bind(get_op("add"), {}, [TensorType((4, 4), "float32"), TensorType((4,), "float32")]),
-                      TARGET), art)  # fmt: skip
+                      TARGET, BuildOptions()), art)  # fmt: skip
     return art
 
 

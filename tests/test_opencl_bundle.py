@@ -19,7 +19,8 @@ from deploy.compiler.cache import Buildable
 from deploy.compiler.compile import compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.opencl import OpenClProgram
-from deploy.compiler.targets import Target, get_target
+from deploy.compiler.options import BuildOptions
+from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine
 from deploy.model import load_model
 from deploy.ops import TensorType, bind, get_op
@@ -51,7 +52,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
 ]
 TARGET = get_target("opencl")
-STORAGE = TARGET.with_fp16_storage(True)  # PoCL has no cl_khr_fp16
+NATIVE = BuildOptions()
+STORAGE = BuildOptions(fp16_storage=True)  # PoCL has no cl_khr_fp16
 
 
 def _op(name: str, attrs: dict[str, object], shapes: list[tuple[int, ...]], dtype: str = "float32"):
@@ -65,26 +67,26 @@ def at_batch(model: Path, batch: int) -> BoundGraph:
     return bind_graph(replace(graph, inputs=inputs))
 
 
-def cases(tmp: Path) -> dict[str, tuple[Buildable, Target]]:
-    """Bundle name -> (op or graph, target): every op, float32 and some int32 and float16 (half
+def cases(tmp: Path) -> dict[str, tuple[Buildable, BuildOptions]]:
+    """Bundle name -> (op or graph, build options): every op, float32 and some int32 and float16 (half
     storage), the example graphs (their symbolic batch fixed; the custom op's needs the example
     ops registered) and graphs with constants (float32, float16)."""
     made = graphs(tmp)
     examples = REPO / "examples"
     return {
-        "htanh": (bind_graph(load_model(examples / "pool_add_leaky_htanh.onnx")), TARGET),
-        "bias": (at_batch(examples / "pool_bias_leaky.onnx", 2), TARGET),
-        "add_f32": (_op("add", {}, [(4, 5), (4, 5)]), TARGET),
-        "add_i32": (_op("add", {}, [(3, 7), (7,)], "int32"), TARGET),
+        "htanh": (bind_graph(load_model(examples / "pool_add_leaky_htanh.onnx")), NATIVE),
+        "bias": (at_batch(examples / "pool_bias_leaky.onnx", 2), NATIVE),
+        "add_f32": (_op("add", {}, [(4, 5), (4, 5)]), NATIVE),
+        "add_i32": (_op("add", {}, [(3, 7), (7,)], "int32"), NATIVE),
         "add_f16": (_op("add", {}, [(4, 5), (4, 5)], "float16"), STORAGE),
-        "argmax": (_op("argmax", {"axis": 1, "out_dtype": "int32"}, [(3, 50)]), TARGET),
-        "hard_sigmoid": (_op("hard_sigmoid", {}, [(2, 33)]), TARGET),
+        "argmax": (_op("argmax", {"axis": 1, "out_dtype": "int32"}, [(3, 50)]), NATIVE),
+        "hard_sigmoid": (_op("hard_sigmoid", {}, [(2, 33)]), NATIVE),
         "leaky_f16": (_op("leaky_relu", {}, [(2, 3, 8, 8)], "float16"), STORAGE),
-        "pool": (_op("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(1, 4, 9, 9)]), TARGET),
-        "pool_i32": (_op("max_pool2d_indices", {"kernel": 2, "stride": 2}, [(1, 2, 6, 6)]), TARGET),
-        "reshape": (_op("reshape", {"shape": "6,4"}, [(2, 3, 4)], "int32"), TARGET),
-        "maxpool_add": (bind_graph(load_model(REPO / "examples" / "maxpool_add.yaml")), TARGET),
-        "shared": (bind_graph(load_model(made["shared"])), TARGET),
+        "pool": (_op("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, [(1, 4, 9, 9)]), NATIVE),
+        "pool_i32": (_op("max_pool2d_indices", {"kernel": 2, "stride": 2}, [(1, 2, 6, 6)]), NATIVE),
+        "reshape": (_op("reshape", {"shape": "6,4"}, [(2, 3, 4)], "int32"), NATIVE),
+        "maxpool_add": (bind_graph(load_model(REPO / "examples" / "maxpool_add.yaml")), NATIVE),
+        "shared": (bind_graph(load_model(made["shared"])), NATIVE),
         "half_bias": (bind_graph(load_model(made["float16"])), STORAGE),
     }
 
@@ -95,9 +97,11 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Buildab
     tmp = tmp_path_factory.mktemp("cl-bundles")
     built = {}
     with examples_registered():  # the example model's custom op, for these builds only
-        for name, (item, target) in cases(tmp / "models").items():
+        for name, (item, options) in cases(tmp / "models").items():
             compiled = (
-                compile_graph(item, target) if isinstance(item, BoundGraph) else compile_op(item, target)
+                compile_graph(item, TARGET, options)
+                if isinstance(item, BoundGraph)
+                else compile_op(item, TARGET, options)
             )
             export(compiled, tmp / name, bundle=True, name=name)
             built[name] = (item, tmp / name)
@@ -289,7 +293,7 @@ def test_kernels_that_cannot_build_or_need_fp16(tmp_path: Path) -> None:
     """A source the device's compiler refuses (its log's first lines), and half arithmetic on a
     device without cl_khr_fp16 (PoCL here), each a one-line failure."""
     add = _op("add", {}, [(4, 5), (4, 5)])
-    compiled = compile_op(add, TARGET)
+    compiled = compile_op(add, TARGET, BuildOptions())
     broken = OpenClProgram(compiled.executable.source.replace("__kernel void", "__kernel vod", 1),
                            compiled.executable.plan)  # fmt: skip
     export(replace(compiled, executable=broken), tmp_path / "broken", bundle=True)
@@ -299,7 +303,7 @@ def test_kernels_that_cannot_build_or_need_fp16(tmp_path: Path) -> None:
     assert line.startswith("deploy-run: add: the kernels failed to build (OpenCL error -11): ")
     assert "error" in line and "vod" in line
     half = _op("add", {}, [(4, 5), (4, 5)], "float16")
-    export(compile_op(half, TARGET), tmp_path / "native", bundle=True)
+    export(compile_op(half, TARGET, BuildOptions()), tmp_path / "native", bundle=True)
     assert "float16 is computed in half" in (tmp_path / "native" / "add.h").read_text()
     proc = deploy_run(tmp_path / "native", inputs_of(half, 6), tmp_path / "w")
     assert proc.returncode == 1
@@ -353,7 +357,7 @@ def test_aarch64_host_build(tmp_path: Path) -> None:
     """The host code for an aarch64 board compiles and links (no aarch64 OpenCL driver here: under
     qemu its runner says there is no OpenCL library)."""
     add = _op("add", {}, [(4,), (4,)])
-    export(compile_op(add, TARGET), tmp_path / "a", bundle=True, host="aarch64")
+    export(compile_op(add, TARGET, BuildOptions()), tmp_path / "a", bundle=True, host="aarch64")
     for name in ("libadd.so", "deploy-run"):
         assert elf_machine(tmp_path / "a" / name) == "aarch64"
     if shutil.which("qemu-aarch64") is None:

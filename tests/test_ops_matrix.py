@@ -21,6 +21,7 @@ import pytest
 from deploy.base.errors import DeployError
 from deploy.compiler.cache import cached_build
 from deploy.compiler.compile import Compiled, compile_scheduled, hand_schedule
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target, all_targets
 from deploy.devices import Device, Session, get_device
 from deploy.devices.platforms import get_platform
@@ -32,7 +33,7 @@ from deploy.tune.tuners import tuner_for
 from deploy.verify.compare import Comparison, random_input
 from deploy.verify.matrix import PlannedCase, plan, verify_case
 from deploy.verify.measure import check
-from deploy.verify.run import for_device, run_artifact, verify
+from deploy.verify.run import run_artifact, verify
 
 ONLY_DTYPES = {
     "arm-fp16": ("float16",),
@@ -76,13 +77,15 @@ class OnTarget:
 
     def check(self, op_name: str, attrs: dict[str, Any], *arrays: np.ndarray) -> Comparison:
         """Build `op_name` for these arrays, run it on them, compare with numpy."""
-        comparison, _ = verify(self.session, self.bound(op_name, attrs, arrays), self.target, list(arrays))
+        comparison, _ = verify(
+            self.session, self.bound(op_name, attrs, arrays), self.target, BuildOptions(), list(arrays)
+        )
         return comparison
 
     def run(self, op_name: str, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray:
         """Build `op_name` for these arrays and run it on them: its output."""
-        target = for_device(self.target, self.session)
-        directory, manifest = cached_build(self.bound(op_name, attrs, arrays), target)
+        options = for_device(BuildOptions(), self.session)
+        directory, manifest = cached_build(self.bound(op_name, attrs, arrays), self.target, options)
         (output,) = run_artifact(self.session, directory, manifest, list(arrays))
         return output
 
@@ -203,7 +206,7 @@ MATRIX = [c for c in plan(all_ops()) if _in_matrix(c)]
 )
 def test_op_matches_reference(target, planned, sessions):
     on = sessions.on(target)
-    result = verify_case(on.session, planned, target, specials=True)
+    result = verify_case(on.session, planned, target, BuildOptions(), specials=True)
     assert result.ok, f"{result.case}: {result.detail} (max error {result.max_error})"
     assert result.schedule != "-"
 
@@ -366,7 +369,9 @@ def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessio
     infinities (a tuner's acceptance check), on every target whose tuner searches them."""
     on = sessions.on(target)
     bound = planned.bind()
-    for picks, compiled in every_structure(lambda picks: hand_built(bound, target, Picked(picks))):
+    for picks, compiled in every_structure(
+        lambda picks: hand_built(bound, target, BuildOptions(), Picked(picks))
+    ):
         try:
             check(on.session, compiled, tmp_path)
         except DeployError as exc:
@@ -387,17 +392,19 @@ def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_pa
     from deploy.compiler.compile import context
 
     monkeypatch.setattr(deploy.schedules.cpu, "SLICE_WORK", 1024)
-    built_for = target.with_cores(4)
+    four = BuildOptions(cores=4)
     bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 251, 3, 9), dtype)])
-    assert deploy.schedules.cpu.argmax_slices(context(bound, built_for)) == 4
+    assert deploy.schedules.cpu.argmax_slices(context(bound, target, four)) == 4
     on = sessions.on(target)
-    for picks, compiled in every_structure(lambda picks: hand_built(bound, built_for, Picked(picks))):
+    for picks, compiled in every_structure(lambda picks: hand_built(bound, target, four, Picked(picks))):
         try:
             check(on.session, compiled, tmp_path)
         except DeployError as exc:
             pytest.fail(f"{picks}: {exc}")
 
 
-def hand_built(bound: BoundOp, target: Target, choices: Picked) -> tuple[Picked, Compiled]:
-    """`bound` built by `target`'s strategy making its structural picks with `choices`."""
-    return choices, compile_scheduled(bound, target, *hand_schedule(bound, target, choices))
+def hand_built(
+    bound: BoundOp, target: Target, options: BuildOptions, choices: Picked
+) -> tuple[Picked, Compiled]:
+    """`bound` built by `target`'s strategy (with `options`) making its structural picks with `choices`."""
+    return choices, compile_scheduled(bound, target, options, *hand_schedule(bound, target, options, choices))

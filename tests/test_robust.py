@@ -22,13 +22,13 @@ from deploy.base.forked import FORK_LOCK, ChildDied, in_child
 from deploy.compiler.bundle import run_tool
 from deploy.compiler.cache import cached_build
 from deploy.compiler.export import _no_room
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.shared_object import emitting
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.registry import DeviceLost
 from deploy.devices.runner import RunnerSession
 from deploy.ops import TensorType, bind, get_op
-from deploy.verify.run import for_device
 from tests.conftest import invoke, run_deploy
 from tests.test_hostile import LLVM_ABORT_OP
 from tests.test_runner import needs
@@ -235,7 +235,7 @@ def test_an_emulated_run_past_its_timeout_is_stopped_whole():
     x = np.ones((4, 1000), "float32")
     with get_device("emulator-armv7").open() as session:
         assert isinstance(session, RunnerSession)
-        directory, manifest = cached_build(bound, for_device(get_target("armv7"), session))
+        directory, manifest = cached_build(bound, get_target("armv7"), for_device(BuildOptions(), session))
         start = time.monotonic()
         with pytest.raises(DeviceLost, match=r"ran over the 0.5 s limit \(--timeout\) on emulator-armv7"):
             session.time(directory / manifest.module, [x], [((4, 1000), "float32")], 10**6, 3, timeout_s=0.5)

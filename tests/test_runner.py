@@ -14,12 +14,13 @@ import pytest
 
 from deploy.base.errors import DeployError
 from deploy.compiler.cache import cached_build
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.platforms import get_platform
 from deploy.devices.runner import RunnerEmulator
 from deploy.ops import TensorType, bind, get_op
-from deploy.verify.run import for_device, run_artifact
+from deploy.verify.run import run_artifact
 from tests.conftest import run_deploy
 
 pytestmark = pytest.mark.emulator
@@ -57,7 +58,7 @@ def test_a_session_times_through_the_runner() -> None:
     x = np.random.default_rng(0).standard_normal((4, 1000)).astype("float32")
     with get_device("emulator-armv7").open() as session:
         assert session.bundles and (session.cores() or 0) >= 1
-        directory, manifest = cached_build(bound, for_device(target, session))
+        directory, manifest = cached_build(bound, target, for_device(BuildOptions(), session))
         assert manifest.bundle is not None, "a build for a runner device carries its bundle"
         expected = bound.op.reference(bound.attrs, x)
         np.testing.assert_array_equal(run_artifact(session, directory, manifest, [x])[0], expected)
@@ -72,7 +73,7 @@ def test_a_build_without_its_bundle_is_refused_by_name(tmp_path: Path) -> None:
     from deploy.compiler.export import export
 
     bound = bind(get_op("add"), {}, [TensorType((3,), "float32")] * 2)
-    manifest = export(compile_op(bound, get_target("armv7")), tmp_path / "art")
+    manifest = export(compile_op(bound, get_target("armv7"), BuildOptions()), tmp_path / "art")
     with get_device("emulator-armv7").open() as session, pytest.raises(DeployError, match="has no C bundle"):
         session.run(tmp_path / "art" / manifest.module, [np.zeros(3, "float32")] * 2, [((3,), "float32")])
 
@@ -90,7 +91,7 @@ def test_the_runners_timing_options_are_checked(args: list[str], said: str, tmp_
     needs("riscv64")
     bound = bind(get_op("add"), {}, [TensorType((3,), "float32")] * 2)
     with get_device("emulator-riscv64").open() as session:
-        directory, _ = cached_build(bound, for_device(get_target("riscv64"), session))
+        directory, _ = cached_build(bound, get_target("riscv64"), for_device(BuildOptions(), session))
     np.save(tmp_path / "a.npy", np.zeros(3, "float32"))
     runner = [*get_platform("riscv64").emulator_command(), str(directory / "deploy-run"), str(directory)]
     zeros = str(tmp_path / "a.npy")

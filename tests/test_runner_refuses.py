@@ -16,6 +16,7 @@ import pytest
 
 from deploy.base.errors import UsageError, quoted
 from deploy.cli.args import check_not_read
+from deploy.compiler.options import BuildOptions
 from deploy.model import load_model
 from deploy.ops.graph import bind_graph
 from tests.conftest import invoke
@@ -306,7 +307,7 @@ def test_an_opencl_output_must_be_a_buffer_the_kernels_may_write(tmp_path: Path)
     from deploy.compiler.export import export
 
     directory = tmp_path / "add"
-    export(compile_op(_op("add", {}, [(4, 5), (4, 5)]), TARGET), directory, bundle=True)
+    export(compile_op(_op("add", {}, [(4, 5), (4, 5)]), TARGET, BuildOptions()), directory, bundle=True)
     lines = run_engine(ENGINE, directory, "libadd.a", tmp_path)
     assert lines[:2] == [
         "good 0 ",

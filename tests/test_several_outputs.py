@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from deploy.base.errors import UsageError
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.model import load_model
 from deploy.ops.graph import bind_graph
@@ -62,7 +63,7 @@ def test_every_output_matches_numpy_on_every_kind_of_target(target, tmp_path, se
     graph = bind_graph(load_model(model(tmp_path, 3)))
     assert graph.graph.outputs == OUTPUTS
     arrays = [random_input(t, np.random.default_rng(2), ties=True, specials=True) for t in graph.inputs]
-    comparison, _ = verify(on.session, graph, on.target, arrays)
+    comparison, _ = verify(on.session, graph, on.target, BuildOptions(), arrays)
     assert comparison.ok, comparison.detail
 
 
@@ -133,7 +134,7 @@ def test_a_graph_file_lists_its_outputs_in_order(tmp_path):
     from deploy.devices import get_device
 
     with get_device("local").open() as session:
-        comparison, _ = verify(session, graph, get_target("x86"), [x])
+        comparison, _ = verify(session, graph, get_target("x86"), BuildOptions(), [x])
     assert comparison.ok, comparison.detail
 
 

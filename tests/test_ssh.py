@@ -27,6 +27,7 @@ import pytest
 
 from deploy.base.errors import DeployError
 from deploy.compiler.cache import cached_build
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.board_setup import require_versions
@@ -39,7 +40,6 @@ from deploy.devices.server_process import free_port
 from deploy.ops import TensorType, bind, get_op
 from deploy.tune.records import RECORDS
 from deploy.verify.matrix import plan
-from deploy.verify.run import for_device
 from tests import sshd
 from tests.conftest import DEPLOY, at_once, run_deploy
 
@@ -513,7 +513,7 @@ def test_a_runner_board_run_past_its_timeout_is_killed_there(server, tmp_path):
     x = np.ones((4, 1000), "float32")
     with get_device("slowrun").open() as session:
         assert isinstance(session, RunnerSession)
-        directory, manifest = cached_build(bound, for_device(get_target("x86"), session))
+        directory, manifest = cached_build(bound, get_target("x86"), for_device(BuildOptions(), session))
         start = time.monotonic()
         with pytest.raises(
             DeviceLost, match=r"^deploy-run of \S+ ran over the 1 s limit \(--timeout\) on slowrun "

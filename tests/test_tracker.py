@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.devices import DeviceLost
 from deploy.devices.emulator import Emulator
@@ -107,8 +108,8 @@ def test_parallel_results_equal_a_single_device_run(farm):
     target = get_target("arm")
     device = TrackerDevice("127.0.0.1", port, KEY, target.arch)
     planned = plan([get_op("argmax"), get_op("leaky_relu")], ["float32"])
-    assert summary(run_matrix(planned, target, device, workers=2)) == summary(
-        run_matrix(planned, target, device, workers=1)
+    assert summary(run_matrix(planned, target, BuildOptions(), device, workers=2)) == summary(
+        run_matrix(planned, target, BuildOptions(), device, workers=1)
     )
     assert wait_free(port, KEY, 2) == 2, "the registrar offered the servers again after their sessions"
 
@@ -156,7 +157,7 @@ def test_a_server_dying_mid_run_requeues_its_cases(own_farm):
         if set(done) == {"#1", "#2"} and servers[0].alive():
             servers[0].stop()  # both workers are busy: one of them loses its server
 
-    results = run_matrix(planned, target, device, on_result, lost.append, workers=2)
+    results = run_matrix(planned, target, BuildOptions(), device, on_result, lost.append, workers=2)
     assert len(results) == len(planned) and all(r.ok for r in results), [r for r in results if not r.ok]
     assert not servers[0].alive()
     assert lost, "the dead server was not reported"

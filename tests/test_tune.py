@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from deploy.base.threads import host_cpus
+from deploy.compiler.options import BuildOptions
 from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from tests.test_opencl import DEVICES as OPENCL_DEVICES
@@ -113,7 +114,7 @@ def assert_a_column_stage_record_builds_as_recorded(
 
     pool = {"kernel": 3, "stride": 2, "padding": 1}
     bound = bind(get_op("max_pool2d"), pool, [TensorType((1, 16, 28, 28), "float32")])
-    staged, _ = compute_variants(bound, get_target("x86"))  # the hand structure, first
+    staged, _ = compute_variants(bound, get_target("x86"), BuildOptions())  # the hand structure, first
     assert staged.picks == {"max columns first": True}
     record = db_records.TaskRecords.load(task, staged.mod).valid()[0]
     pin = db_records.record_sha256(record)
@@ -142,7 +143,7 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from deploy.cli.options import resolve_target
+    from deploy.cli.options import resolve_build
     from deploy.compiler.compile import prim_module
     from deploy.ops import TensorType, bind, get_op
 
@@ -152,8 +153,8 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     first = run_deploy("tune", *args, "--trials", "1")  # the hand schedule itself, measured
     assert first.returncode == 0, first.stderr
     task = task_dir(db, "x86")
-    target = resolve_target("x86", cores=host_cpus())
-    mod = prim_module(bind(get_op("add"), {}, [TensorType((8, 64, 56, 56), "float32")] * 2), target)
+    target, options = resolve_build("x86", cores=host_cpus())
+    mod = prim_module(bind(get_op("add"), {}, [TensorType((8, 64, 56, 56), "float32")] * 2), target, options)
     database = ms.database.JSONDatabase(work_dir=str(task))
     unscheduled = ms.database.TuningRecord(
         tvm.s_tir.Trace([], {}), database.commit_workload(mod), [1e-9],
@@ -297,9 +298,12 @@ def test_a_candidate_that_crashes_or_hangs_the_device_fails_alone(tmp_path: Path
 
     target = get_target("arm")
     bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
-    candidates = [crashes, hangs, prim_module(bound, target)["main"]]
+    candidates = [crashes, hangs, prim_module(bound, target, BuildOptions())["main"]]
     built = [tvm.compile(tvm.IRModule({"main": f}), target=target.tvm_target()) for f in candidates]
-    paths = [export_candidate(target, Signature.of(bound), str(tmp_path), module) for module in built]
+    paths = [
+        export_candidate(target, BuildOptions(), Signature.of(bound), str(tmp_path), module)
+        for module in built
+    ]
     with get_device("emulator").rpc_endpoint() as endpoint:
         measuring = session_runner(endpoint, bound, timeout_s=5.0)
         inputs = [ms.runner.RunnerInput(p, "cpu", []) for p in paths]

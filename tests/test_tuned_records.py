@@ -42,12 +42,13 @@ def plant(root: Path, schedule: Callable[[Any], None], bound: Any = None, **verd
     from tvm.s_tir import meta_schedule as ms
 
     from deploy.compiler.compile import prim_module
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import get_target
     from deploy.tune import records as db
 
     bound = bound or bound_add()
     target = get_target("x86")
-    mod = prim_module(bound, target)
+    mod = prim_module(bound, target, BuildOptions())
     task = db.task_dir(root, bound, target.name)
     task.mkdir(parents=True)
     db.write_json(task / db.TASK, {**bound.key(), "target": target.name, "device": "local"})
@@ -92,7 +93,7 @@ def manifest(out: Path) -> dict[str, Any]:
 def assert_hand_with_one_warning(built: Result, root: Path, out: Path, *reason: str) -> None:
     """The build succeeded with the hand schedule, saying in one warning line which records it
     did not use and why."""
-    from deploy.compiler.targets import REFUSED
+    from deploy.compiler.options import REFUSED
 
     assert built.exit_code == 0, built.output
     (line,) = built.stderr.splitlines()

@@ -13,6 +13,7 @@ from tvm import te
 
 from deploy.base.errors import UsageError
 from deploy.cli.main import hoist_group_options
+from deploy.compiler.options import BuildOptions
 from deploy.ops import TensorType, load_ops_path
 from deploy.ops.attrs import Attr, Choice, Float, Int
 from tests.conftest import DEPLOY, REPO, invoke, run_deploy
@@ -281,7 +282,11 @@ def test_a_compute_that_is_not_what_infer_said_is_refused_at_build(changes, mess
     from deploy.ops import bind
 
     with pytest.raises(UsageError, match=re.escape(message)):
-        prim_module(bind(_cube_class(**changes)(), {}, [TensorType((5, 7), "float32")]), get_target("x86"))
+        prim_module(
+            bind(_cube_class(**changes)(), {}, [TensorType((5, 7), "float32")]),
+            get_target("x86"),
+            BuildOptions(),
+        )
 
 
 @pytest.mark.parametrize("code", ["0", "3", "'bye'"])
@@ -379,7 +384,7 @@ def test_the_generic_schedule_makes_whole_vectors(op_name, attrs, shape, loops) 
     load_ops_path(MYOPS)
     shapes = [shape, (shape[1],), (shape[1],)] if op_name == "scale_bias" else [shape]
     bound = bind(get_op(op_name), attrs, [TensorType(s, "float32") for s in shapes])
-    script = hand_schedule(bound, get_target("x86"))[0].script()
+    script = hand_schedule(bound, get_target("x86"), BuildOptions())[0].script()
     found = [loop for loop in loops if loop in script]
     assert found == loops and "T.where" not in script, script
 

@@ -16,13 +16,14 @@ from deploy.bench.onnxruntime_baseline import onnxruntime_ms
 from deploy.bench.roofline import Yardstick, read_bytes, written_bytes, yardstick
 from deploy.bench.torch_baseline import torch_ms
 from deploy.compiler.cache import Buildable, cached_build
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target
 from deploy.devices import Device, Session
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
 from deploy.verify.compare import random_input
 from deploy.verify.measure import Timer, WrongAnswer, host_ms
-from deploy.verify.run import check_device, for_device
+from deploy.verify.run import check_device
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,13 @@ def _quiet(label: str, done: int, total: int) -> None:
 
 
 def bench_ops(
-    ops: list[Op], dtype: str, target: Target, device: Device, options: BenchOptions,
-    progress: Progress = _quiet,
+    ops: list[Op], dtype: str, target: Target, build: BuildOptions, device: Device,
+    options: BenchOptions, progress: Progress = _quiet,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Rows per op (its bench case, in `dtype`, grown to move at least `options.min_bytes`, then
-    that case at batch 1, `batch_1` in its row; on an emulator its first, small case): see
-    `measure_row`. Every case is bound before the device is touched, so a case that cannot grow
-    is refused first."""
+    that case at batch 1, `batch_1` in its row; on an emulator its first, small case), built
+    with `build` for the device: see `measure_row`. Every case is bound before the device is
+    touched, so a case that cannot grow is refused first."""
     check_device(target, device)
     planned = []
     for op in ops:
@@ -63,20 +64,20 @@ def bench_ops(
         single = op.bench_case().single()
         if options.single and not device.emulated and single != op.bench_case():
             planned.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
-    with device.open() as session, _yardstick(session, target, device, options) as stick:
+    with device.open() as session, _yardstick(session, target, build, device, options) as stick:
         rows = []
         for index, (bound, label, sizes, in_cache) in enumerate(planned):
             progress(f"{bound.op.name} {label}", index, len(planned))
-            row = measure_row(session, bound, label, target, device, stick, options, sizes)
+            row = measure_row(session, bound, label, target, build, device, stick, options, sizes)
             rows.append(row | {"batch_1": in_cache})
     return rows
 
 
 def _yardstick(
-    session: Session, target: Target, device: Device, options: BenchOptions
+    session: Session, target: Target, build: BuildOptions, device: Device, options: BenchOptions
 ) -> AbstractContextManager[Yardstick]:
     """The bandwidth kernels for the session's device (built for its cores, as the ops are)."""
-    return yardstick(session, for_device(target, session), device.emulated, options.min_bytes)
+    return yardstick(session, target, for_device(build, session), device.emulated, options.min_bytes)
 
 
 def sized_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> tuple[Case, BoundOp]:
@@ -128,19 +129,20 @@ def batches(types: tuple[TensorType, ...]) -> list[tuple[dict[str, int], str]]:
 
 
 def bench_model(
-    graph: BoundGraph, target: Target, device: Device, options: BenchOptions, progress: Progress = _quiet
-) -> list[dict[str, Any]]:
+    graph: BoundGraph, target: Target, build: BuildOptions, device: Device, options: BenchOptions,
+    progress: Progress = _quiet,
+) -> list[dict[str, Any]]:  # fmt: skip
     """One row for the model's graph as a whole (its kernels run in one call), one per size of
     BENCH_BATCHES when its batch is symbolic: see `measure_row`; its roofline counts the bytes the
     fused graph must move, its inputs and its output once."""
     check_device(target, device)
-    with device.open() as session, _yardstick(session, target, device, options) as stick:
+    with device.open() as session, _yardstick(session, target, build, device, options) as stick:
         rows = []
         planned = batches(graph.inputs)
         for index, (sizes, at) in enumerate(planned):
             label = " ".join(str(t.at(sizes)).split(":")[0] for t in graph.inputs) + at
             progress(f"{graph.name} {label}", index, len(planned))
-            rows.append(measure_row(session, graph, label, target, device, stick, options, sizes))
+            rows.append(measure_row(session, graph, label, target, build, device, stick, options, sizes))
         return rows
 
 
@@ -162,20 +164,21 @@ def refuse_wrong_answers(rows: list[dict[str, Any]]) -> None:
 
 
 def measure_row(
-    session: Session, item: Buildable, label: str, target: Target, device: Device, stick: Yardstick,
-    options: BenchOptions, sizes: dict[str, int] | None = None,
+    session: Session, item: Buildable, label: str, target: Target, build: BuildOptions, device: Device,
+    stick: Yardstick, options: BenchOptions, sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Median ms of an op or a graph on seeded random inputs (a symbolic batch of the size in
-    `sizes`), timed interleaved with the bandwidth kernels of `stick`; MB moved (inputs and a
-    graph's constants read once, outputs written once); GB/s; the median bandwidths; the floor
-    (bytes read at the read bandwidth plus bytes written at the write bandwidth) and the median
-    over rounds of the time over it, and the same against the copy bandwidth alone; numpy,
-    onnxruntime and PyTorch ms on this host (`onnxruntime_ms`, `torch_ms`) and our speed-up over
-    each. An artifact whose answer differs from numpy gets no time: its row says how it differs
-    (`wrong_answer`) and its TIMED figures are None, so the other rows are still measured."""
+    """Median ms of an op or a graph (built with `build` for the session's device) on seeded
+    random inputs (a symbolic batch of the size in `sizes`), timed interleaved with the
+    bandwidth kernels of `stick`; MB moved (inputs and a graph's constants read once, outputs
+    written once); GB/s; the median bandwidths; the floor (bytes read at the read bandwidth plus
+    bytes written at the write bandwidth) and the median over rounds of the time over it, and
+    the same against the copy bandwidth alone; numpy, onnxruntime and PyTorch ms on this host
+    (`onnxruntime_ms`, `torch_ms`) and our speed-up over each. An artifact whose answer differs
+    from numpy gets no time: its row says how it differs (`wrong_answer`) and its TIMED figures
+    are None, so the other rows are still measured."""
     sizes = sizes or {}
     inputs = [random_input(t.at(sizes), np.random.default_rng(0)) for t in item.inputs]
-    directory, manifest = cached_build(item, for_device(target, session))
+    directory, manifest = cached_build(item, target, for_device(build, session))
     read = read_bytes(inputs) + sum(len(c.data) for c in item.constants)  # a graph's constants are read too
     written = sum(written_bytes(t.at(sizes)) for t in item.outputs)
     moved = read + written

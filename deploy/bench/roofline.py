@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from deploy.compiler.compile import compile_scheduled, hand_schedule
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import Target
 from deploy.devices import Session
 from deploy.ops.spec import Input, Op, TensorType, bind
@@ -200,16 +201,18 @@ class Yardstick:
 
 
 @contextmanager
-def yardstick(session: Session, target: Target, emulated: bool, min_bytes: int = 0) -> Iterator[Yardstick]:
-    """The three kernels over `roofline_bytes`, built with the target's generic schedule and checked
-    against numpy on the session, for as long as the context lasts."""
+def yardstick(
+    session: Session, target: Target, options: BuildOptions, emulated: bool, min_bytes: int = 0
+) -> Iterator[Yardstick]:
+    """The three kernels over `roofline_bytes`, built with the target's generic schedule (and
+    `options`) and checked against numpy on the session, for as long as the context lasts."""
     size = roofline_bytes(emulated, min_bytes) // 4
     kernels = ((Fill(size), (1,)), (Fold(), (FOLD, size // FOLD)), (Copy(), (size,)))
     with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
         timers = []
         for op, shape in kernels:
             bound = bind(op, {}, [TensorType(shape, "float32")])
-            compiled = compile_scheduled(bound, target, *hand_schedule(bound, target))
+            compiled = compile_scheduled(bound, target, options, *hand_schedule(bound, target, options))
             timers.append(seeded_timer(session, check(session, compiled, Path(tmp))))
         fill, fold, copy = timers
         yield Yardstick((fill, fold, copy), size * 4)

@@ -24,7 +24,7 @@ from deploy.cli.options import (
     DeviceChoice,
     device_options,
     load_graph,
-    resolve_target,
+    resolve_build,
     warn,
     wide_console,
 )
@@ -120,11 +120,11 @@ def bench_command(
         raise UsageError(f"--min-mb {min_mb}: grows the ops' bench cases; a model's shapes are its own")
     if model is not None and (op_names or dtype):
         raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
-    target = resolve_target(target_name, tuned, cores, layout, model)
+    target, build = resolve_build(target_name, tuned, cores, layout, model)
     if model is not None:
         graph = load_graph(model)
         with progress_line() as progress:
-            rows = bench_model(graph, target, where.resolve(target), options, progress)
+            rows = bench_model(graph, target, build, where.resolve(target), options, progress)
     else:
         dtype = "float32" if dtype is None else dtype
         ops = [get_op(name) for name in op_names] if op_names else all_ops()
@@ -138,7 +138,7 @@ def bench_command(
         device = where.resolve(target)
         benched = [op for op in ops if op.name not in unsupported]
         with progress_line() as progress:
-            rows = bench_ops(benched, dtype, target, device, options, progress)
+            rows = bench_ops(benched, dtype, target, build, device, options, progress)
         if not device.emulated and min_mb is None:
             warn_in_cache(rows, {op.name: op for op in ops})
     device = where.resolve(target)

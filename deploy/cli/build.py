@@ -3,6 +3,7 @@ files, optionally checked against numpy)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -21,7 +22,7 @@ from deploy.cli.options import (
     device_options,
     load_graph,
     op_or_model,
-    resolve_target,
+    resolve_build,
     warn,
 )
 from deploy.compiler.runtime import ALIGNMENT
@@ -104,23 +105,23 @@ def build_command(
     from deploy.compiler.bundle import check_bundle, prefix_note
     from deploy.compiler.compile import compile_graph, compile_op
     from deploy.compiler.export import check_destination, export
+    from deploy.compiler.options import for_device
     from deploy.ops import TensorType
-    from deploy.verify.run import for_device
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if bundle_name is not None and not bundle:
         raise UsageError("--name names a bundle: give --bundle too")
     if host_arch is not None and not bundle:
         raise UsageError("--host-arch is an OpenCL bundle's host CPU: give --bundle too")
-    target = resolve_target(target_name, tuned, cores, layout, model)
+    target, options = resolve_build(target_name, tuned, cores, layout, model)
     if alignment is not None and not target.artifact.machine_code:
         kind = target.artifact.name
         raise UsageError(f"--alignment applies to CPU targets; {target.name} writes {kind} kernels")
-    target = target.with_alignment(int(alignment) if alignment else None)
+    options = replace(options, alignment=int(alignment)) if alignment else options
     if fp16 is not None and not target.artifact.fp16_choice:
         kind = target.artifact.name
         raise UsageError(f"--fp16 applies to OpenCL targets; {target.name} writes {kind} kernels")
-    target = target.with_fp16_storage(fp16 == "storage")
+    options = replace(options, fp16_storage=fp16 == "storage")
     if bundle:
         check_bundle(target, bundle_name, host_arch)
     if model is not None:
@@ -137,10 +138,12 @@ def build_command(
         raise UsageError("-o '': expected an artifact directory")
     directory = Path(out_dir or f"{Path(model).stem if model else name}-{target_name}")
     check_destination(directory)  # before the device and the build, not after them
-    if target.cores is None and target.artifact.splits_for_cores:
+    if options.cores is None and target.artifact.splits_for_cores:
         with where.resolve(target).open() as session:
-            target = for_device(target, session)
-    compiled = compile_graph(graph, target) if model is not None else compile_op(bound, target)
+            options = for_device(options, session)
+    compiled = (
+        compile_graph(graph, target, options) if model is not None else compile_op(bound, target, options)
+    )
     manifest = export(compiled, directory, bundle=bundle, name=bundle_name, host=host_arch)
     if tuned is not None and manifest.graph is None and manifest.tuning_record is None:
         click.echo(_untuned(tuned, manifest.tuning, manifest.schedule, "this op and these shapes were"))
@@ -247,12 +250,13 @@ def run_command(
         written_in_place,
     )
     from deploy.compiler.cache import cached_build
+    from deploy.compiler.options import for_device
     from deploy.ops import TensorType
     from deploy.ops.spec import sizes_of
-    from deploy.verify.run import against_reference, check_device, for_device, run_artifact
+    from deploy.verify.run import against_reference, check_device, run_artifact
 
     op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes})
-    target = resolve_target(target_name, tuned, cores, layout, model)
+    target, options = resolve_build(target_name, tuned, cores, layout, model)
     to_stderr = any(
         written_in_place(o, output_mode(o)) for o in outputs
     )  # -o /dev/stdout: arrays alone there
@@ -286,7 +290,7 @@ def run_command(
     device = where.resolve(target)
     check_device(target, device)
     with device.open() as session:
-        directory, manifest = cached_build(item, for_device(target, session))
+        directory, manifest = cached_build(item, target, for_device(options, session))
         results = run_artifact(session, directory, manifest, arrays)
     for output, result in zip(outputs, results, strict=True):
         save_npy(output, result)

@@ -1,5 +1,5 @@
 """What several commands share: the options naming an op, a target, a device, cores and tuned
-records, and how they become a bound op, a target and a device."""
+records, and how they become a bound op, a target with the build's options and a device."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
 from deploy.base.errors import UsageError, shown
+
+if TYPE_CHECKING:
+    from deploy.compiler.options import BuildOptions
+    from deploy.compiler.targets import Target
 
 
 class _Console(Console):
@@ -37,16 +41,18 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
-def resolve_target(
+def resolve_build(
     name: str,
     tuned: str | None = None,
     cores: int | None = None,
     layout: str | None = None,
     model: str | None = None,
-) -> Any:
-    """The target `name`; with `tuned`, building from that `deploy tune` records directory; with
-    `cores`, splitting parallel work for that many threads (else for the device's, asked later);
-    with `layout`, running the graph of `model` in that layout."""
+) -> tuple[Target, BuildOptions]:
+    """The target `name` and the build's options: with
+    `tuned`, building from that `deploy tune` records directory; with `cores`, splitting parallel
+    work for that many threads (else for the device's, asked later); with `layout`, running the
+    graph of `model` in that layout."""
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import get_target
     from deploy.ops.layouts import LAYOUTS
 
@@ -64,12 +70,13 @@ def resolve_target(
         )
     if layout is not None and layout not in LAYOUTS:
         raise UsageError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-    target = get_target(name).with_cores(cores).with_layout(layout)
-    if tuned is None:
-        return target
-    from deploy.tune.tuners import AcceptedRecords  # the tuners only when --tuned asks for them
+    target = get_target(name)
+    records = None
+    if tuned is not None:
+        from deploy.tune.tuners import AcceptedRecords  # the tuners only when --tuned asks for them
 
-    return target.with_tuning(AcceptedRecords(Path(tuned), warn))
+        records = AcceptedRecords(Path(tuned), warn)
+    return target, BuildOptions(tuned=records, cores=cores, layout=layout)
 
 
 def bind_op(op_name: str, attrs: tuple[str, ...], types: list[Any]) -> Any:

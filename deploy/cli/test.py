@@ -21,7 +21,7 @@ from deploy.cli.options import (
     DeviceChoice,
     device_options,
     load_graph,
-    resolve_target,
+    resolve_build,
     wide_console,
 )
 
@@ -54,11 +54,11 @@ def test_command(
     from deploy.ops import all_ops, get_op
     from deploy.verify.matrix import plan
 
-    target = resolve_target(target_name, tuned, cores, layout, model)
+    target, options = resolve_build(target_name, tuned, cores, layout, model)
     if model is not None:
         if op_names or dtypes:
             raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
-        if not _test_model(model, target, where.resolve(target)):
+        if not _test_model(model, target, options, where.resolve(target)):
             raise click.exceptions.Exit(1)
         return
     ops = [get_op(name) for name in op_names] if op_names else all_ops()
@@ -75,12 +75,12 @@ def test_command(
     workers = device.capacity()
     if workers < 1:
         raise DeployError(f"no free server with key {where.key!r} on the tracker {where.tracker}")
-    results = run_with_progress(planned, target, device, workers)
+    results = run_with_progress(planned, target, options, device, workers)
     if not all(r.ok for r in results):
         raise click.exceptions.Exit(1)
 
 
-def _test_model(model: str, target: Any, device: Any) -> bool:
+def _test_model(model: str, target: Any, options: Any, device: Any) -> bool:
     """Verify the model on the device (`matrix.verify_model`), print the table; whether all passed."""
     from pathlib import Path
 
@@ -92,7 +92,7 @@ def _test_model(model: str, target: Any, device: Any) -> bool:
     references, notes = model_references(graph, Path(model))
     console = wide_console()
     with console.status(f"verifying {graph.name} on {device.name}"), device.open() as session:
-        results = verify_model(session, graph, target, references)
+        results = verify_model(session, graph, target, options, references)
     print_results(console, results, target.name, device)
     for note in notes:
         console.print(note, highlight=False)
@@ -100,7 +100,7 @@ def _test_model(model: str, target: Any, device: Any) -> bool:
 
 
 def run_with_progress(
-    planned: list[PlannedCase], target: Any, device: Any, workers: int = 1
+    planned: list[PlannedCase], target: Any, options: Any, device: Any, workers: int = 1
 ) -> list[CaseResult]:
     """Run the matrix on `workers` sessions with a progress bar; print the summary table, how the
     cases were spread when several workers ran, and every failure."""
@@ -127,7 +127,7 @@ def run_with_progress(
                 f"[yellow]device lost[/yellow] ({error}); its case goes back in the queue", highlight=False
             )
 
-        results = run_matrix(planned, target, device, advance, lost, workers)
+        results = run_matrix(planned, target, options, device, advance, lost, workers)
     print_results(console, results, target.name, device)
     if workers > 1:
         spread = ", ".join(f"worker {name}: {count}" for name, count in sorted(per_worker.items()))

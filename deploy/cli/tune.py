@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +27,13 @@ from deploy.cli.options import (
     device_options,
     load_graph,
     op_or_model,
-    resolve_target,
+    resolve_build,
     warn,
     wide_console,
 )
 
 if TYPE_CHECKING:
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import Target
     from deploy.devices import Device
     from deploy.ops.spec import BoundOp
@@ -99,43 +101,44 @@ def tune_command(
         raise UsageError(f"--timeout {timeout_s}: expected seconds in (0, {MAX_TIMEOUT_S:.0f}]")
     root = _records_dir(db_dir)
     os.environ[THREADS_ENV] = runtime_threads()
-    target = resolve_target(target_name, cores=cores, layout=layout, model=model)
+    target, options = resolve_build(target_name, cores=cores, layout=layout, model=model)
     device = where.resolve(target)
     if op_name is not None or model is not None:
         op_or_model(op_name, model, **{"-a": attrs, "--shape": shapes, "--dtype": dtype})
     if model is not None:
         from deploy.compiler.compile import lay_out
+        from deploy.compiler.options import for_device
         from deploy.tune.layouts import choose_layout, write_layout
-        from deploy.verify.run import check_device, for_device
+        from deploy.verify.run import check_device
 
         graph = load_graph(model)
         check_static(f"tuning {graph.name}", graph.inputs)  # before any kernel is tuned
         check_device(target, device)
         with device.open() as session:
-            target = for_device(target, session)  # the kernels as it computes them (float16 widened)
+            options = for_device(options, session)  # the kernels as it computes them (float16 widened)
             if layout is not None:  # the kernels tuned are this layout's: --tuned builds follow it
                 write_layout(root, graph, target.name, {"layout": layout, "given": "--layout"})
             else:  # measure the target's layout first: the kernels to tune are its graph's
-                chosen = choose_layout(graph, target, device, session, root)
+                chosen = choose_layout(graph, target, options, device, session, root)
                 if chosen is not None:
                     _print_layout(chosen)
-                    target = target.with_layout(chosen.layout)
-        for kernel in lay_out(graph, target).kernels:
+                    options = replace(options, layout=chosen.layout)
+        for kernel in lay_out(graph, target, options).kernels:
             wide_console().print(f"kernel {kernel.name}: nodes {', '.join(kernel.nodes)}", highlight=False)
-            _tune_with_progress(kernel.bound, target, device, root, trials, timeout_s)
+            _tune_with_progress(kernel.bound, target, options, device, root, trials, timeout_s)
     elif op_name is not None:
         if not shapes:
             raise UsageError("--shape is required with --op (once per input)")
         each = "float32" if dtype is None else dtype
         bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
         check_static(f"tuning {bound.name}", bound.inputs)  # before the progress display starts
-        _tune_with_progress(bound, target, device, root, trials, timeout_s)
+        _tune_with_progress(bound, target, options, device, root, trials, timeout_s)
     elif not report:
         raise UsageError("--op or --model is required (or --report alone, to report what --db holds)")
     if report:
         from deploy.tune.report import report_target
 
-        measured = report_target(root, target, device, warn)
+        measured = report_target(root, target, options, device, warn)
         png = measured.json.with_name(PNG)
         plot_curves(measured.curves, png, f"deploy tune --target {target.name} on {device.name}")
         print_report(measured.rows, target, device, png)
@@ -160,8 +163,9 @@ def _records_dir(db_dir: str) -> Path:
 
 
 def _tune_with_progress(
-    bound: BoundOp, target: Target, device: Device, root: Path, trials: int, timeout_s: float
-) -> None:
+    bound: BoundOp, target: Target, options: BuildOptions, device: Device, root: Path, trials: int,
+    timeout_s: float,
+) -> None:  # fmt: skip
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from deploy.tune.records import task_dir
@@ -198,7 +202,7 @@ def _tune_with_progress(
 
         try:
             callbacks = Callbacks(on_start, on_trial, stopping, waiting)
-            result = tune(bound, target, device, root, trials, timeout_s, callbacks)
+            result = tune(bound, target, options, device, root, trials, timeout_s, callbacks)
         except KeyboardInterrupt as interrupt:
             progress.stop()
             directory = task_dir(root, bound, target.name)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.compiler.compile import ScheduledKernel
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.plan import Plan
     from deploy.compiler.targets import Target
     from deploy.ops.graph import BoundGraph, Constant
@@ -62,13 +63,15 @@ class ArtifactKind:
         """Whether the files beside the module (which the manifest pins) are as it pins them."""
         return True
 
-    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
+    def compile(self, mod: Any, target: Target, options: BuildOptions, stored: tuple[TensorType, ...]) -> Any:
         """The compiled form of a scheduled IRModule `main(inputs..., out)`, whose parameters are
         `stored` in memory (inputs, then the output; float16 even where `main` computes them as
-        float32, `Target.fp16_storage`)."""
+        float32, `BuildOptions.fp16_storage`)."""
         raise NotImplementedError
 
-    def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
+    def compile_graph(
+        self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
+    ) -> Any:
         """The compiled form of a graph whose kernels are scheduled: run in order, each reading the
         graph tensors its kernel names and writing one."""
         raise NotImplementedError

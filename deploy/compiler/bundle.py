@@ -40,6 +40,7 @@ from deploy.base.files import SUMS, read_sums, sha256_file, write_sums
 from deploy.compiler.artifacts import bundle_writer
 from deploy.compiler.constants import constants_object
 from deploy.compiler.manifest import MANIFEST, PARTIAL
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.plan import Plan
 from deploy.compiler.runtime import ALIGNMENT, ERRORS, MAX_DIMS, SOURCES
 from deploy.compiler.targets import Target, all_targets
@@ -86,6 +87,9 @@ class Bundled(Protocol):
 
     @property
     def target(self) -> Target: ...
+
+    @property
+    def options(self) -> BuildOptions: ...
 
     @property
     def executable(self) -> Any: ...
@@ -288,8 +292,9 @@ def tensor_rows(sig: Signature) -> str:
     )
 
 
-def header(sig: Signature, target: Target, what: str) -> str:
-    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for."""
+def header(sig: Signature, target: Target, alignment: int, what: str) -> str:
+    """`NAME.h`: the API (C99, as dlpack.h is) and the tensors it was built for (their data
+    `alignment`-byte aligned)."""
     name, upper = sig.name, sig.name.upper()
     rows = tensor_rows(sig)
     names = _symbol_names(sig)
@@ -311,7 +316,7 @@ def header(sig: Signature, target: Target, what: str) -> str:
     at_sizes = " at these sizes" if sig.symbols else ""
     return f"""/* {name}.h: {what} for target {target.name} ({target.arch}), from a deploy bundle.
  *
- * Tensors, in call order (on the CPU, C order, data {target.alignment}-byte aligned):
+ * Tensors, in call order (on the CPU, C order, data {alignment}-byte aligned):
 {rows}
 {batch} *
  * Link the static library (what an engine links) or the shared one (what it dlopen()s):
@@ -334,7 +339,7 @@ extern "C" {{
 
 #define {upper}_NUM_INPUTS {len(sig.inputs)}
 #define {upper}_NUM_OUTPUTS {len(sig.outputs)}
-#define {upper}_ALIGNMENT {target.alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
+#define {upper}_ALIGNMENT {alignment}  /* bytes every tensor's data (+ byte_offset) is aligned to */
 {error_defines(upper, CPU_ERRORS)}
 
 /* Each tensor's rank, shape (-1, -2, ...: the symbolic dims in the order above) and dtype. */
@@ -497,8 +502,9 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     (staging / DLPACK_HEADER).parent.mkdir(parents=True)
     shutil.copy2(ffi_include() / "dlpack" / "dlpack.h", staging / DLPACK_HEADER)
     what = f"the {'graph' if sig.plan is not None else 'op'} {c_string(compiled.bundle_signature()[0])}"
-    (staging / f"{prefix}.h").write_text(header(sig, target, what))
-    (work / "bundle_config.h").write_text(config_header(sig, target.alignment))
+    alignment = compiled.options.alignment
+    (staging / f"{prefix}.h").write_text(header(sig, target, alignment, what))
+    (work / "bundle_config.h").write_text(config_header(sig, alignment))
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
     kernels = work / "kernels.o"
     compiled.executable.mod.write_to_file(str(kernels))

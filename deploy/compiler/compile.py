@@ -12,8 +12,9 @@ import numpy as np
 from deploy.base.errors import UsageError
 from deploy.base.stopping import interruptible
 from deploy.compiler.fusion import Kernel, kernels
+from deploy.compiler.options import KEPT_HAND, REFUSED, BuildOptions
 from deploy.compiler.plan import Plan
-from deploy.compiler.targets import KEPT_HAND, REFUSED, Target
+from deploy.compiler.targets import Target
 from deploy.ops.graph import BoundGraph, Constant, bind_graph
 from deploy.ops.layouts import LAYOUTS, NCHW, Layout
 from deploy.ops.relayout import relayout
@@ -25,13 +26,15 @@ if TYPE_CHECKING:
     from deploy.compiler.bundle import BundleSignature
 
 
-def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> ScheduleContext:
-    """What the target's strategy sees: the op, vector width, the device's cores, work-group size,
-    and how it makes its choices (the hand's defaults unless a tuner's or a test's)."""
+def context(
+    bound: BoundOp, target: Target, options: BuildOptions, choices: Choices = HAND
+) -> ScheduleContext:
+    """What the target's strategy sees: the op, vector width, the device's cores (`options`),
+    work-group size, and how it makes its choices (the hand's defaults unless a tuner's or a test's)."""
     return ScheduleContext(
         bound,
         target.vector_bits,
-        target.build_cores(),
+        options.build_cores(),
         target.work_group,
         choices,
         target.scalar_dtypes,
@@ -39,33 +42,33 @@ def context(bound: BoundOp, target: Target, choices: Choices = HAND) -> Schedule
     )
 
 
-def strategy(bound: BoundOp, target: Target) -> Strategy | None:
+def strategy(bound: BoundOp, target: Target, options: BuildOptions) -> Strategy | None:
     """The target's strategy for the op (a fused group's: composed from its nodes')."""
-    return strategy_for(target.schedules, context(bound, target))
+    return strategy_for(target.schedules, context(bound, target, options))
 
 
-def prim_module(bound: BoundOp, target: Target, choices: Choices = HAND) -> Any:
+def prim_module(bound: BoundOp, target: Target, options: BuildOptions, choices: Choices = HAND) -> Any:
     """The op as an IRModule with one PrimFunc `main(inputs..., out)`: the computation the target's
     strategy pairs with its schedule (the op's own unless the family has a variant; `choices`
-    picks among the variant's structures), over the types the target computes in (`as_computed`)."""
-    return _computed(bound, target, choices)[0]
+    picks among the variant's structures), over the types the build computes in (`as_computed`)."""
+    return _computed(bound, target, options, choices)[0]
 
 
 def _computed(
-    bound: BoundOp, target: Target, choices: Choices
+    bound: BoundOp, target: Target, options: BuildOptions, choices: Choices
 ) -> tuple[Any, ScheduleContext, Strategy | None]:
     """`prim_module`, with the context and strategy that schedule it."""
-    bound = as_computed(bound, target)
-    found = strategy(bound, target)
-    ctx = context(bound, target, choices)
+    bound = as_computed(bound, options)
+    found = strategy(bound, target, options)
+    ctx = context(bound, target, options, choices)
     return computed_module(ctx, found.compute if found is not None else None), ctx, found
 
 
-def as_computed(bound: BoundOp, target: Target) -> BoundOp:
-    """The op as the target computes it: its float16 tensors as float32 where the target keeps
-    float16 in memory only (`Target.fp16_storage`; the artifact loads and stores them as half)."""
+def as_computed(bound: BoundOp, options: BuildOptions) -> BoundOp:
+    """The op as the build computes it: its float16 tensors as float32 where the build keeps
+    float16 in memory only (`BuildOptions.fp16_storage`; the artifact loads and stores them as half)."""
     types = (*bound.inputs, bound.output)
-    if not target.fp16_storage or all(t.dtype != "float16" for t in types):
+    if not options.fp16_storage or all(t.dtype != "float16" for t in types):
         return bound
     if bound.op.parts() != (bound.op,):  # a fused group is widened with its graph (`compile_graph`)
         raise UsageError(
@@ -76,14 +79,14 @@ def as_computed(bound: BoundOp, target: Target) -> BoundOp:
 
 
 def _wide(t: TensorType) -> TensorType:
-    """`t` as computed under `Target.fp16_storage`: float16 as float32."""
+    """`t` as computed under `BuildOptions.fp16_storage`: float16 as float32."""
     return TensorType(t.shape, "float32") if t.dtype == "float16" else t
 
 
-def as_computed_graph(graph: BoundGraph, target: Target) -> BoundGraph:
-    """The graph as the target computes it (`as_computed`): its float16 inputs and constants as
+def as_computed_graph(graph: BoundGraph, options: BuildOptions) -> BoundGraph:
+    """The graph as the build computes it (`as_computed`): its float16 inputs and constants as
     float32."""
-    if not target.fp16_storage or all(t.dtype != "float16" for t in graph.types.values()):
+    if not options.fp16_storage or all(t.dtype != "float16" for t in graph.types.values()):
         return graph
     inputs = tuple((name, _wide(t)) for name, t in graph.graph.inputs)
     constants = tuple(_wide_constant(c) for c in graph.graph.constants)
@@ -91,19 +94,21 @@ def as_computed_graph(graph: BoundGraph, target: Target) -> BoundGraph:
 
 
 def _wide_constant(constant: Constant) -> Constant:
-    """`constant` as computed under `Target.fp16_storage`: float16 as float32 (its kernels read
+    """`constant` as computed under `BuildOptions.fp16_storage`: float16 as float32 (its kernels read
     it as half, as the inputs)."""
     if constant.type.dtype != "float16":
         return constant
     return Constant.of(constant.name, constant.array().astype(np.float32))
 
 
-def hand_schedule(bound: BoundOp, target: Target, choices: Choices = HAND) -> tuple[Any, str]:
+def hand_schedule(
+    bound: BoundOp, target: Target, options: BuildOptions, choices: Choices = HAND
+) -> tuple[Any, str]:
     """The op computed and scheduled by the target's strategy (or left as is: "default"), with
     its label; `choices` other than the hand's make the strategy take other structures."""
     import tvm
 
-    mod, ctx, found = _computed(bound, target, choices)
+    mod, ctx, found = _computed(bound, target, options, choices)
     sch = tvm.s_tir.Schedule(mod)
     if found is None:
         return sch.mod, "default"
@@ -118,6 +123,8 @@ class Compiled:
 
     bound: BoundOp
     target: Target
+    options: BuildOptions
+    """The choices it was built with (the artifact's cores, alignment and bundle follow them)."""
     executable: Any
     schedule: str
     tuning_record: str | None = None
@@ -166,14 +173,14 @@ class Scheduled:
     tuning: str | None = None
 
 
-def schedule_op(bound: BoundOp, target: Target) -> Scheduled:
-    """The record tuning accepted for the target, else the target's strategy."""
-    if target.tuned is not None:
-        tuned = target.tuned.schedule(bound, target)
+def schedule_op(bound: BoundOp, target: Target, options: BuildOptions) -> Scheduled:
+    """The record tuning accepted for the target (`options.tuned`), else the target's strategy."""
+    if options.tuned is not None:
+        tuned = options.tuned.schedule(bound, target, options)
         if tuned is not None:
             return Scheduled(tuned[0], "tuned", tuned[1])
-    mod, label = hand_schedule(bound, target)
-    verdict = target.tuned.verdict(bound, target) if target.tuned is not None else None
+    mod, label = hand_schedule(bound, target, options)
+    verdict = options.tuned.verdict(bound, target) if options.tuned is not None else None
     if verdict is None:
         return Scheduled(mod, label)
     return Scheduled(mod, label, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
@@ -186,23 +193,25 @@ def check_symbolic(inputs: tuple[TensorType, ...], target: Target) -> None:
         require_static(inputs, f"target {target.name}", why)
 
 
-def compile_op(bound: BoundOp, target: Target) -> Compiled:
+def compile_op(bound: BoundOp, target: Target, options: BuildOptions) -> Compiled:
     """Schedule (`schedule_op`) and compile: a TVM executable, or for OpenCL targets the source and
     launch plan."""
     check_symbolic(bound.inputs, target)
-    scheduled = schedule_op(bound, target)
-    compiled = compile_scheduled(bound, target, scheduled.mod, scheduled.schedule, scheduled.tuning_record)
+    scheduled = schedule_op(bound, target, options)
+    compiled = compile_scheduled(
+        bound, target, options, scheduled.mod, scheduled.schedule, scheduled.tuning_record
+    )
     compiled.tuning = scheduled.tuning
     return compiled
 
 
 def compile_scheduled(
-    bound: BoundOp, target: Target, mod: Any, name: str, record: str | None = None
+    bound: BoundOp, target: Target, options: BuildOptions, mod: Any, name: str, record: str | None = None
 ) -> Compiled:
     """Compile an already scheduled IRModule of `bound` for `target` (its artifact kind's way)."""
     stored = (*bound.inputs, bound.output)
-    executable = interruptible(lambda: target.artifact.compile(mod, target, stored))
-    return Compiled(bound, target, executable, name, record)
+    executable = interruptible(lambda: target.artifact.compile(mod, target, options, stored))
+    return Compiled(bound, target, options, executable, name, record)
 
 
 @dataclass(frozen=True)
@@ -242,6 +251,8 @@ class CompiledGraph:
     graph: BoundGraph
     """As laid out (`layout`): its conversions among its nodes."""
     target: Target
+    options: BuildOptions
+    """The choices it was built with (the artifact's cores, alignment and bundle follow them)."""
     executable: Any
     kernels: list[ScheduledKernel]
     layout: str
@@ -306,24 +317,28 @@ class LaidOut:
     """The layout its pooling moved to: `--layout`, else the one tuning measured fastest for the
     graph (`--tuned`); NCHW when nothing moved."""
     kernels: list[Kernel]
-    """Its kernels as the target computes them (`as_computed_graph`, `fusion.kernels`)."""
+    """Its kernels as the build computes them (`as_computed_graph`, `fusion.kernels`)."""
 
 
-def lay_out(graph: BoundGraph, target: Target) -> LaidOut:
-    """`graph` laid out for `target` and fused into kernels (the tuned verdict read once)."""
-    name = target.layout or (target.tuned.layout(graph, target) if target.tuned is not None else None)
+def lay_out(graph: BoundGraph, target: Target, options: BuildOptions) -> LaidOut:
+    """`graph` laid out for `target` as `options` say and fused into kernels (the tuned verdict
+    read once)."""
+    tuned = options.tuned
+    name = options.layout or (tuned.layout(graph, target) if tuned is not None else None)
     laid = relayout(graph, LAYOUTS[name] if name else NCHW)
     layout = LAYOUTS[name] if name and laid is not graph else NCHW
-    return LaidOut(laid, layout, kernels(as_computed_graph(laid, target)))
+    return LaidOut(laid, layout, kernels(as_computed_graph(laid, options)))
 
 
-def compile_graph(graph: BoundGraph, target: Target, laid: LaidOut | None = None) -> CompiledGraph:
+def compile_graph(
+    graph: BoundGraph, target: Target, options: BuildOptions, laid: LaidOut | None = None
+) -> CompiledGraph:
     """Lay the graph out for the target (unless `laid` is `lay_out`'s result already), fuse it
     into kernels, schedule each (`schedule_op`: tuned records apply per fused kernel) and compile
     them together in the artifact kind's way."""
     check_symbolic(graph.inputs, target)
-    laid = laid or lay_out(graph, target)
-    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target)) for k in laid.kernels]
-    executable = interruptible(lambda: target.artifact.compile_graph(laid.graph, scheduled, target))
+    laid = laid or lay_out(graph, target, options)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target, options)) for k in laid.kernels]
+    executable = interruptible(lambda: target.artifact.compile_graph(laid.graph, scheduled, target, options))
     plan = target.artifact.graph_plan(laid.graph, scheduled)
-    return CompiledGraph(laid.graph, target, executable, scheduled, laid.layout.name, plan)
+    return CompiledGraph(laid.graph, target, options, executable, scheduled, laid.layout.name, plan)

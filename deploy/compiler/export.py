@@ -80,17 +80,17 @@ def _write_artifact(
     host: str | None = None,
 ) -> Manifest:
     """The artifact's files and, last, its manifest, into `staging`."""
-    target = compiled.target
+    target, options = compiled.target, compiled.options
     module = target.artifact.write(compiled.executable, staging, target, compiled.constants)
-    host = host or target.bundle_host
-    bundled = write_bundle(compiled, staging, name, host) if bundle or target.bundle else None
+    host = host or options.bundle_host
+    bundled = write_bundle(compiled, staging, name, host) if bundle or options.bundle else None
     manifest = Manifest(
         **compiled.describe(),
         target=target.name,
         tvm_target=dict(target.tvm),
         arch=target.arch,
-        cores=target.build_cores() if target.artifact.splits_for_cores else None,
-        alignment=target.alignment,
+        cores=options.build_cores() if target.artifact.splits_for_cores else None,
+        alignment=options.alignment,
         bundle=bundled,
         module=module.name,
         sha256=sha256_file(module),

@@ -25,6 +25,7 @@ from deploy.compiler.plan import constant_offsets
 
 if TYPE_CHECKING:
     from deploy.compiler.compile import ScheduledKernel
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import Target
     from deploy.ops.graph import BoundGraph, Constant
     from deploy.ops.spec import TensorType
@@ -265,7 +266,7 @@ kernel that keeps half in memory only needs neither."""
 
 def _stored_half(func: Any, stored: Sequence[TensorType]) -> set[str]:
     """Parameters of PrimFunc `func` that are float16 in memory (`stored`, in parameter order)
-    but computed as another dtype (`Target.fp16_storage`): the kernels load and store them as half."""
+    but computed as another dtype (`BuildOptions.fp16_storage`): the kernels load and store them as half."""
     pairs = zip(func.params, stored, strict=True)
     return {str(p.name) for p, t in pairs if t.dtype == "float16" and str(p.ty.dtype) != "float16"}
 
@@ -415,11 +416,13 @@ class OpenClPlan(ArtifactKind):
 
         return tvm.target.Target(spec, host={"kind": "llvm"})
 
-    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> OpenClProgram:
+    def compile(
+        self, mod: Any, target: Target, options: BuildOptions, stored: tuple[TensorType, ...]
+    ) -> OpenClProgram:
         return compile_opencl(mod, target.tvm_target(), stored)
 
     def compile_graph(
-        self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target
+        self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
     ) -> OpenClProgram:
         return compile_opencl_graph(graph, kernels, target.tvm_target())
 

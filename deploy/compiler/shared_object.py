@@ -21,6 +21,7 @@ from deploy.compiler.tir_passes import compile_cpu
 
 if TYPE_CHECKING:
     from deploy.compiler.compile import ScheduledKernel
+    from deploy.compiler.options import BuildOptions
     from deploy.compiler.targets import Target
     from deploy.ops.graph import BoundGraph, Constant
     from deploy.ops.spec import TensorType
@@ -143,14 +144,16 @@ class SharedObject(ArtifactKind):
     """A TVM module as a shared object a TVM runtime loads (CPU targets); a graph's is its plan
     (`plan.py`): its kernels and the `main` that runs them on an arena."""
 
-    def compile(self, mod: Any, target: Target, stored: tuple[TensorType, ...]) -> Any:
+    def compile(self, mod: Any, target: Target, options: BuildOptions, stored: tuple[TensorType, ...]) -> Any:
         import tvm
 
-        functions = {gvar.name_hint: aligned(func, target.alignment) for gvar, func in mod.functions.items()}
+        functions = {gvar.name_hint: aligned(func, options.alignment) for gvar, func in mod.functions.items()}
         return compile_cpu(tvm.IRModule(functions), target.tvm_target())
 
-    def compile_graph(self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target) -> Any:
-        plan = plan_module(graph, _calls(kernels, target.alignment), target.alignment)
+    def compile_graph(
+        self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
+    ) -> Any:
+        plan = plan_module(graph, _calls(kernels, options.alignment), options.alignment)
         return compile_cpu(plan, target.tvm_target())
 
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:

@@ -7,49 +7,19 @@ width the schedules use, the schedule families to look up (first match wins), an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from deploy.base.errors import UsageError
-from deploy.base.threads import host_cpus
 from deploy.compiler.artifacts import ArtifactKind
 from deploy.compiler.opencl import OPENCL_PLAN
-from deploy.compiler.runtime import ALIGNMENT
 from deploy.compiler.shared_object import SHARED_OBJECT
-from deploy.ops.graph import BoundGraph
 from deploy.ops.layouts import LAYOUTS, Layout
-from deploy.ops.spec import BoundOp
-
-KEPT_HAND = "hand, tuning found nothing faster"
-"""The verdict of a tuning that measured no record faster than the hand schedule."""
-REFUSED = "hand, the accepted record failed its checks"
-"""Why a `--tuned` build keeps the hand schedule when the records fail a check on reading."""
-
-
-class TunedSchedules(Protocol):
-    """Where `--tuned` builds find their schedules (the tune room's verdicts): build asks, and
-    never reads the tuner's files itself."""
-
-    def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
-        """The op's IRModule scheduled as accepted for `target`, with the record's id; None when
-        no record was accepted for this op, these attributes and input types."""
-        ...
-
-    def verdict(self, bound: BoundOp, target: Target) -> str | None:
-        """Cheap (for the build cache key): the accepted record's id with a digest of the records
-        it is read from (what the build depends on), KEPT_HAND when tuning
-        found nothing faster than the hand schedule, REFUSED when the verdict cannot be read,
-        None when the op was not tuned."""
-        ...
-
-    def layout(self, graph: BoundGraph, target: Target) -> str | None:
-        """The layout tuning measured the graph fastest in on the device (its verdict read
-        cheaply: the build cache key holds it); None when it was not measured or NCHW won."""
-        ...
 
 
 @dataclass(frozen=True)
 class Target:
-    """One `--target`: a TVM target plus what the toolchain needs to build and run for it."""
+    """One `--target`, what the hardware is: a TVM target plus what the toolchain needs to build
+    and run for it. Registry data: a build's choices are its `BuildOptions` (`options.py`)."""
 
     name: str
     description: str
@@ -78,68 +48,15 @@ class Target:
     """What `deploy build` writes: a shared object (module.so), an OpenCL plan (kernels.cl + launch.json)."""
     work_group: int = 64
     """Work-items per work-group (GPU targets)."""
-    tuned: TunedSchedules | None = None
-    """Schedules `deploy tune` accepted (a records directory): build from them where they match."""
-    cores: int | None = None
-    """Threads the device runs parallel loops on, which the schedules split work for: asked from
-    the device or given with --cores (None: this host's count, for library callers)."""
     layouts: tuple[tuple[str, str], ...] = ()
     """(dtype, layout): the layout this target's pooling would run packed in for a dtype (by the
     vector: PPL.NN's N4CX for NEON fp32, N8CX for fp16 and AVX2 fp32; a GPU's NHWC), which
     `deploy tune --model` measures a graph in against NCHW (`deploy/tune/layouts.py`)."""
-    layout: str | None = None
-    """The layout a graph's pooling runs in (`deploy/ops/relayout.py`), from `--layout`. None: the
-    layout tuning accepted for the graph (`--tuned`), else NCHW: with its conversions a packed
-    graph is faster only at some shapes (docs/layouts.md)."""
-    alignment: int = ALIGNMENT
-    """Bytes the data of every tensor a module is called with is aligned to, which its kernels
-    assume (aligned vector loads): TVM's own allocations give ALIGNMENT; `--alignment 16` builds for an
-    engine whose allocator gives less (ncnn's on ARM), with unaligned loads."""
-    bundle: bool = False
-    """Every artifact carries its C bundle (`bundle.py`): for a device that runs bundles through
-    their runner (`deploy/devices/runner.py`), set from the device the build is for (`for_device`)."""
-    bundle_host: str | None = None
-    """The CPU those bundles' host code is compiled for where the artifact kind has a choice (an
-    OpenCL bundle's: its board's arch); None: the kind's `bundle_host`."""
-    fp16_storage: bool = False
-    """float16 tensors stay half in memory but are computed in float32: for a device without
-    half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
-    1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
-
-    def with_bundle(self, bundle: bool, host: str | None = None) -> Target:
-        """This target, its artifacts carrying their C bundle (True) or not, its host code for
-        `host` where the kind has a choice (None: the kind's default)."""
-        return replace(self, bundle=bundle, bundle_host=host if bundle else None)
-
-    def with_tuning(self, tuned: TunedSchedules | None) -> Target:
-        """This target, building from `tuned` where it has a schedule (None: hand schedules)."""
-        return replace(self, tuned=tuned)
-
-    def with_cores(self, cores: int | None) -> Target:
-        """This target, splitting parallel work for `cores` threads (None: leave as is)."""
-        return self if cores is None else replace(self, cores=cores)
-
-    def with_fp16_storage(self, storage: bool) -> Target:
-        """This target, computing float16 in float32 with half storage (True) or natively."""
-        return replace(self, fp16_storage=storage)
-
-    def with_alignment(self, alignment: int | None) -> Target:
-        """This target, assuming `alignment` bytes of its tensors' data (None: leave as is)."""
-        return self if alignment is None else replace(self, alignment=alignment)
-
-    def with_layout(self, layout: str | None) -> Target:
-        """This target, running graphs' pooling in `layout` (a name of `deploy.ops.layouts.LAYOUTS`;
-        None: leave as is)."""
-        return self if layout is None else replace(self, layout=LAYOUTS[layout].name)
 
     def packed_layout(self, dtype: str) -> Layout | None:
         """The layout `layouts` declares for `dtype` (None: none)."""
         name = dict(self.layouts).get(dtype)
         return LAYOUTS[name] if name else None
-
-    def build_cores(self) -> int:
-        """The core count builds split work for."""
-        return self.cores or host_cpus()
 
     def tvm_target(self, num_cores: int | None = None) -> Any:
         """The TVM target of its spec (`tvm`), told `num_cores` threads where given."""

@@ -201,7 +201,7 @@ class OpenClSession:
 
     def fp16_arithmetic(self) -> bool:
         """Half arithmetic needs cl_khr_fp16; without it, builds store float16 as half and compute
-        in float32 (`Target.fp16_storage`)."""
+        in float32 (`BuildOptions.fp16_storage`)."""
         return self._fp16
 
     def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any, list[Any]]:

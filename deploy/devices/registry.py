@@ -44,7 +44,7 @@ class Session(Protocol):
     module: builds for it carry one."""
     bundle_host: str | None
     """The CPU its bundles' host code runs on where that is not the device (an OpenCL device's
-    board: `Target.bundle_host`); None: the device's own, or the kind's default."""
+    board: `BuildOptions.bundle_host`); None: the device's own, or the kind's default."""
 
     def run(
         self,

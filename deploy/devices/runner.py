@@ -7,7 +7,7 @@ warm-up call, then runs of many calls, each at least MIN_REPEAT_MS, as TVM's tim
 How files and commands reach the device is a `RunnerLink`: qemu-user on this host for the
 emulators of architectures TVM has no runtime for (`emulator-armv7`, `emulator-riscv64`, here),
 SFTP and a shell for boards (`deploy/devices/ssh.py`). Builds for a session of this protocol carry their
-bundle (`Session.bundles`, `deploy/verify/run.py:for_device`).
+bundle (`Session.bundles`, `deploy/compiler/options.py:for_device`).
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from deploy.base.errors import UsageError
 from deploy.base.files import name_part
 from deploy.compiler.compile import CompiledGraph, compile_graph
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import Target
 from deploy.devices import Device, Session
 from deploy.ops.graph import BoundGraph
@@ -126,10 +127,10 @@ class LayoutVerdict:
 
 
 def choose_layout(
-    graph: BoundGraph, target: Target, device: Device, session: Session, root: Path
+    graph: BoundGraph, target: Target, options: BuildOptions, device: Device, session: Session, root: Path
 ) -> LayoutVerdict | None:
     """Measure the graph in NCHW and in the target's layout for its dtype on `session`, open on
-    `device`, for which `target` builds (`for_device`), and write the verdict. A packed build
+    `device`, for which `options` build (`for_device`), and write the verdict. A packed build
     that fails to build or its check against numpy is rejected, as a tuned record would be.
     A verdict measured before stands instead (`standing`).
     None when there is nothing to choose: no layout declared for the dtype, or no node of the
@@ -143,7 +144,7 @@ def choose_layout(
     with tempfile.TemporaryDirectory() as tmp:
 
         def built(layout: Layout) -> CompiledGraph:
-            return compile_graph(graph, target.with_layout(layout.name))
+            return compile_graph(graph, target, replace(options, layout=layout.name))
 
         nchw = check(session, built(NCHW), Path(tmp))
         judged = judge_built(session, nchw, {candidate.name: lambda: built(candidate)}, Path(tmp))

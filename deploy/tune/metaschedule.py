@@ -30,6 +30,7 @@ from deploy.base.stopping import STOP_SIGNALS, handled, interrupt_for
 from deploy.base.threads import host_cpus
 from deploy.compiler.compile import Compiled, compile_scheduled, context, prim_module
 from deploy.compiler.compile import strategy as compiled_strategy
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target
 from deploy.devices import Device
 from deploy.devices.runner import RUNNER_PROTOCOL as RUNNER
@@ -40,7 +41,6 @@ from deploy.schedules.space import design_spaces
 from deploy.tune import records as db
 from deploy.tune.runner import Measuring, builder, bundle_runner, local_runner, session_runner
 from deploy.tune.tuner import Progress, TuneResult, decide
-from deploy.verify.run import for_device
 
 BATCH = 8
 """Candidates per search iteration: records are written after each batch."""
@@ -99,13 +99,13 @@ class Variant:
     mod: Any
 
 
-def compute_variants(bound: BoundOp, target: Target) -> list[Variant]:
+def compute_variants(bound: BoundOp, target: Target, options: BuildOptions) -> list[Variant]:
     """Every computation the target's strategy builds the op as (pooling on CPUs: without and with
     a column stage), the hand's first."""
 
     def run(picks: dict[str, Any]) -> tuple[Picked, Any]:
         choices = Picked(picks)
-        return choices, prim_module(bound, target, choices)
+        return choices, prim_module(bound, target, options, choices)
 
     return [Variant(picks, mod) for picks, mod in every_structure(run)]
 
@@ -116,28 +116,30 @@ class MetaScheduleTuner:
     searches_structures = True
 
     def search(
-        self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
-        timeout_s: float, progress: Progress,
+        self, bound: BoundOp, target: Target, options: BuildOptions, device: Device, directory: Path,
+        trials: int, timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
         db.drop_partial_lines(directory)
         cpu_intrinsics_only()
-        variants = compute_variants(bound, target)
+        variants = compute_variants(bound, target, options)
         mods = [v.mod for v in variants]
         before = db.TaskRecords.load(directory, *mods)
         best = before.valid()
         progress.started(len(before.records), db.mean_secs(best[0]) if best else None)
         missing = trials - len(before.records)
         with _measuring(device, bound, timeout_s) as (measuring, open_verify):
-            if target.cores is None or RUNNER in device.protocols:  # (its candidates: bundles)
+            if options.cores is None or RUNNER in device.protocols:  # (its candidates: bundles)
                 with open_verify() as session:
-                    target = for_device(target, session)
+                    options = for_device(options, session)
             for index, variant in enumerate(variants):
                 share = -(-missing // (len(variants) - index))  # what one leaves goes to the next
                 if share <= 0:
                     break
-                missing -= _search_phases(bound, target, variant, directory, measuring, share, progress)
+                missing -= _search_phases(
+                    bound, target, options, variant, directory, measuring, share, progress
+                )
             records = db.TaskRecords.load(directory, *mods)
-            entry = _accept(bound, target, variants, records, open_verify, device.name)
+            entry = _accept(bound, target, options, variants, records, open_verify, device.name)
         valid = records.valid()
         return TuneResult(
             directory,
@@ -149,17 +151,21 @@ class MetaScheduleTuner:
             entry.get("rejected", []) if entry else [],
         )
 
-    def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
-        mods = [v.mod for v in compute_variants(bound, target)]
+    def trial_ms(
+        self, directory: Path, bound: BoundOp, target: Target, options: BuildOptions
+    ) -> list[float | None]:
+        mods = [v.mod for v in compute_variants(bound, target, options)]
         records = db.TaskRecords.load(directory, *mods).records
         return [s * 1e3 if (s := db.mean_secs(r)) < db.FAILED_SECS else None for r in records]
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+    def schedule(
+        self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target, options: BuildOptions
+    ) -> Any:
         """The accepted record applied to the computation of its structure (`"compute"`: one of
         `compute_variants`); a UsageError when either no longer matches (the op or strategy
         changed since) or the record fails the checks of `records.tuned_module`."""
         picks = entry.get("compute", {})
-        variant = next((v for v in compute_variants(bound, target) if v.picks == picks), None)
+        variant = next((v for v in compute_variants(bound, target, options) if v.picks == picks), None)
         if variant is None:
             raise UsageError(
                 f"{directory / db.ACCEPTED} names the structure {db.shown(picks)}, which the"
@@ -193,7 +199,9 @@ def cpu_intrinsics_only() -> None:
         importlib.import_module(f"{INTRINSICS}.{module}")
 
 
-def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any | None, list[Any]]:
+def search_spaces(
+    bound: BoundOp, target: Target, options: BuildOptions, variant: Variant
+) -> tuple[Any | None, list[Any]]:
     """(our space, the spaces searched one after the other). Ours is the target's strategy for
     the op with its choices sampled (`deploy/schedules/space.py`) and is searched first, until it has
     no untried candidate left or the trials are used up; then, where MetaSchedule's default
@@ -203,56 +211,57 @@ def search_spaces(bound: BoundOp, target: Target, variant: Variant) -> tuple[Any
     from tvm.s_tir import meta_schedule as ms
 
     default = ms.space_generator.PostOrderApply()
-    strategy = compiled_strategy(bound, target)
+    strategy = compiled_strategy(bound, target, options)
     if strategy is None:
         return None, [default]
-    spaces = design_spaces(strategy.schedule, context(bound, target))
+    spaces = design_spaces(strategy.schedule, context(bound, target, options))
     ours = ms.space_generator.ScheduleFn(spaces)
-    probe = ms.TuneContext(mod=variant.mod, target=_tvm_target(target), space_generator=default)
+    probe = ms.TuneContext(mod=variant.mod, target=_tvm_target(target, options), space_generator=default)
     if not any(len(space.trace.decisions) for space in probe.generate_design_space()):
         return ours, [ours]
     return ours, [ours, ms.space_generator.SpaceGeneratorUnion([ours, default])]
 
 
 def _search_phases(
-    bound: BoundOp, target: Target, variant: Variant, directory: Path, measuring: Measuring, missing: int,
-    progress: Progress,
+    bound: BoundOp, target: Target, options: BuildOptions, variant: Variant, directory: Path,
+    measuring: Measuring, missing: int, progress: Progress,
 ) -> int:  # fmt: skip
     """Add up to `missing` trials to a variant: seed it, when it has no records, with our design
     spaces, then search each space of `search_spaces` in turn while trials are left; returns
     how many were added (fewer when the spaces ran out of untried candidates)."""
     mod = variant.mod
     start = done = len(db.TaskRecords.load(directory, mod).records)
-    with _tvm_target(target), tempfile.TemporaryDirectory(prefix="deploy-tune-") as built:
-        ours, phases = search_spaces(bound, target, variant)  # in the target: RISC-V's rules ask it
-        candidates = builder(target, 120.0, Path(built), bound)
+    with _tvm_target(target, options), tempfile.TemporaryDirectory(prefix="deploy-tune-") as built:
+        ours, phases = search_spaces(bound, target, options, variant)  # in the target: RISC-V's rules ask it
+        candidates = builder(target, options, 120.0, Path(built), bound)
         if not done and ours is not None:
-            seeded = _seed(mod, target, ours, directory, measuring, candidates, min(missing, SEEDS), progress)
+            count = min(missing, SEEDS)
+            seeded = _seed(mod, target, options, ours, directory, measuring, candidates, count, progress)
             missing, done = missing - seeded, done + seeded
         for space in phases:
             if missing <= 0:
                 break
-            _search(mod, target, space, directory, measuring, candidates, missing, done, progress)
+            _search(mod, target, options, space, directory, measuring, candidates, missing, done, progress)
             now = len(db.TaskRecords.load(directory, mod).records)
             missing, done = missing - (now - done), now
     return done - start
 
 
-def _tvm_target(target: Target) -> Any:
+def _tvm_target(target: Target, options: BuildOptions) -> Any:
     """The TVM target candidates are built for, with the device's cores (MetaSchedule needs them)."""
-    return target.tvm_target(num_cores=target.build_cores())
+    return target.tvm_target(num_cores=options.build_cores())
 
 
 def _seed(
-    mod: Any, target: Target, ours: Any, directory: Path, measuring: Measuring, candidates: Any, count: int,
-    progress: Progress,
+    mod: Any, target: Target, options: BuildOptions, ours: Any, directory: Path, measuring: Measuring,
+    candidates: Any, count: int, progress: Progress,
 ) -> int:  # fmt: skip
     """Measure our space's design spaces as they are (the hand schedule first, then its other
     structures with the hand's values) and record them as the task's first trials, so the
     evolutionary search starts from them instead of from random points; returns how many."""
     from tvm.s_tir import meta_schedule as ms
 
-    tvm_target = _tvm_target(target)
+    tvm_target = _tvm_target(target, options)
     spaces = ms.TuneContext(mod=mod, target=tvm_target, space_generator=ours).generate_design_space()[:count]
     requests = [ms.builder.BuilderInput(space.mod, tvm_target) for space in spaces]
     built = candidates.build(requests)
@@ -273,8 +282,8 @@ def _seed(
 
 
 def _search(
-    mod: Any, target: Target, space: Any, directory: Path, measuring: Measuring, candidates: Any, trials: int,
-    seed: int, progress: Progress,
+    mod: Any, target: Target, options: BuildOptions, space: Any, directory: Path, measuring: Measuring,
+    candidates: Any, trials: int, seed: int, progress: Progress,
 ) -> None:  # fmt: skip
     from tvm.s_tir import meta_schedule as ms
 
@@ -283,7 +292,7 @@ def _search(
         try:
             ms.tune_tir(
                 mod,
-                _tvm_target(target),  # the device's cores
+                _tvm_target(target, options),  # the device's cores
                 str(directory),
                 max_trials_global=trials,
                 num_trials_per_iter=min(BATCH, trials),
@@ -331,6 +340,7 @@ def _stopping_on_interrupt(stopping: Callable[[], None]) -> Iterator[list[int]]:
 def _accept(
     bound: BoundOp,
     target: Target,
+    options: BuildOptions,
     variants: list[Variant],
     records: db.TaskRecords,
     open_session: Callable[[], Any],
@@ -353,17 +363,20 @@ def _accept(
     if not ranked:
         return None
     contenders = {
-        name: functools.partial(_build_record, bound, target, *found) for name, found in ranked.items()
+        name: functools.partial(_build_record, bound, target, options, *found)
+        for name, found in ranked.items()
     }
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-        entry = decide(session, bound, target, contenders, Path(tmp))
+        entry = decide(session, bound, target, options, contenders, Path(tmp))
     if entry.get("record"):
         variant, record = ranked[entry["record"]]
         entry |= {"sha256": db.record_sha256(record), "compute": variant.picks}
     return db.write_verdict(records.directory, entry, len(records.records), device)
 
 
-def _build_record(bound: BoundOp, target: Target, variant: Variant, record: Any) -> Compiled:
+def _build_record(
+    bound: BoundOp, target: Target, options: BuildOptions, variant: Variant, record: Any
+) -> Compiled:
     """The op scheduled by a tuning record and compiled as `deploy build --tuned` compiles it."""
     mod = db.apply_record(variant.mod, record)
-    return compile_scheduled(bound, target, mod, "tuned", db.record_id(record))
+    return compile_scheduled(bound, target, options, mod, "tuned", db.record_id(record))

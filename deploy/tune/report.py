@@ -17,7 +17,8 @@ from typing import Any
 
 from deploy.base.errors import UsageError, reason
 from deploy.compiler.compile import Compiled, compile_scheduled, hand_schedule, prim_module
-from deploy.compiler.targets import KEPT_HAND, Target
+from deploy.compiler.options import KEPT_HAND, BuildOptions
+from deploy.compiler.targets import Target
 from deploy.devices import Device
 from deploy.ops import TensorType, bind
 from deploy.ops.fused import FusedOp
@@ -99,15 +100,18 @@ def best_so_far(times: list[float | None]) -> list[float | None]:
     return curve
 
 
-def _variants(bound: BoundOp, target: Target, accepted: AcceptedRecords) -> dict[str, Compiled]:
+def _variants(
+    bound: BoundOp, target: Target, options: BuildOptions, accepted: AcceptedRecords
+) -> dict[str, Compiled]:
     """The default build (where the artifact kind builds unscheduled code), the hand and the tuned."""
     variants = {}
     if target.artifact.builds_unscheduled:
-        variants["default"] = compile_scheduled(bound, target, prim_module(bound, target), "default")
-    variants["hand"] = compile_scheduled(bound, target, *hand_schedule(bound, target))
-    tuned = accepted.schedule(bound, target)
+        unscheduled = prim_module(bound, target, options)
+        variants["default"] = compile_scheduled(bound, target, options, unscheduled, "default")
+    variants["hand"] = compile_scheduled(bound, target, options, *hand_schedule(bound, target, options))
+    tuned = accepted.schedule(bound, target, options)
     if tuned is not None:
-        variants["tuned"] = compile_scheduled(bound, target, tuned[0], "tuned", tuned[1])
+        variants["tuned"] = compile_scheduled(bound, target, options, tuned[0], "tuned", tuned[1])
     return variants
 
 
@@ -121,8 +125,11 @@ class Report:
     """Where the rows were written."""
 
 
-def report_target(root: Path, target: Target, device: Device, warn: Callable[[str], None]) -> Report:
-    """Measure every task tuned for `target` under `root` on `device`; write report.json beside them.
+def report_target(
+    root: Path, target: Target, options: BuildOptions, device: Device, warn: Callable[[str], None]
+) -> Report:
+    """Measure every task tuned for `target` under `root` on `device` (each variant built with
+    `options`); write report.json beside them.
     `warn` gets one line per accepted record that fails its checks (the hand schedule is used) and
     per task it cannot rebuild (an unreadable task.json, an op no longer loaded)."""
     check_device(target, device)
@@ -137,10 +144,10 @@ def report_target(root: Path, target: Target, device: Device, warn: Callable[[st
             except UsageError as exc:
                 warn(f"task {directory.name} is not in the report: {exc}")
                 continue
-            times = tuner.trial_ms(directory, bound, target)
+            times = tuner.trial_ms(directory, bound, target, options)
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
             curves[label] = best_so_far(times)
-            variants = _variants(bound, target, accepted)
+            variants = _variants(bound, target, options, accepted)
             checked = [check(session, compiled, Path(tmp)) for compiled in variants.values()]
             timed = dict(zip(variants, time_interleaved(session, checked, REPEAT), strict=True))
             kept_hand = accepted.verdict(bound, target) == KEPT_HAND

@@ -23,6 +23,7 @@ import numpy as np
 from deploy.base.errors import DeployError, reason
 from deploy.base.threads import host_cpus
 from deploy.compiler.bundle import BundleSignature, write_bundle
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.shared_object import export_module
 from deploy.compiler.targets import Target
 from deploy.compiler.tir_passes import compile_cpu
@@ -70,6 +71,7 @@ class _Candidate:
     """A built candidate as `bundle.write_bundle` takes it (`bundle.Bundled`)."""
 
     target: Target
+    options: BuildOptions
     executable: Any
     signature: Signature
     constants: tuple[Constant, ...] = ()
@@ -79,25 +81,27 @@ class _Candidate:
         return self.signature.name, list(self.signature.inputs), [(OUTPUT, self.signature.output)], None
 
 
-def export_candidate(target: Target, signature: Signature, into: str, rt_mod: Any) -> str:
+def export_candidate(
+    target: Target, options: BuildOptions, signature: Signature, into: str, rt_mod: Any
+) -> str:
     """Link a built candidate into a shared object in a fresh directory inside `into` (the
     tuning's own, removed when it ends), as `deploy build` links for `target`; return its path.
-    For a target whose artifacts carry their bundle (`Target.bundle`: a runner device), write the
+    For a build whose artifacts carry their bundle (`BuildOptions.bundle`: a runner device), write the
     candidate's bundle there instead: the path is then of a module beside it that is not written
     (what the runner session is given, `deploy/devices/runner.py`). Runs in MetaSchedule's builder
     workers (pickled there with `functools.partial`)."""
     directory = tempfile.mkdtemp(prefix="candidate-", dir=into)
     path = os.path.join(directory, "candidate.so")
-    if target.bundle:
-        write_bundle(_Candidate(target, rt_mod, signature), Path(directory), None)
+    if options.bundle:
+        write_bundle(_Candidate(target, options, rt_mod, signature), Path(directory), None)
     else:
         export_module(rt_mod, Path(path), target)
     return path
 
 
-def builder(target: Target, timeout_s: float, into: Path, bound: BoundOp) -> Any:
-    """MetaSchedule's LocalBuilder that builds and links candidates of `bound` for `target` into
-    `into`."""
+def builder(target: Target, options: BuildOptions, timeout_s: float, into: Path, bound: BoundOp) -> Any:
+    """MetaSchedule's LocalBuilder that builds and links candidates of `bound` for `target` (as
+    `options` say) into `into`."""
     import functools
 
     from tvm.s_tir import meta_schedule as ms
@@ -106,7 +110,7 @@ def builder(target: Target, timeout_s: float, into: Path, bound: BoundOp) -> Any
         max_workers=host_cpus(),
         timeout_sec=timeout_s,
         f_build=build_candidate,
-        f_export=functools.partial(export_candidate, target, Signature.of(bound), str(into)),
+        f_export=functools.partial(export_candidate, target, options, Signature.of(bound), str(into)),
     )
 
 

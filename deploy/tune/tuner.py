@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from deploy.base.errors import reason
 from deploy.base.stopping import raise_if_stopped
 from deploy.compiler.compile import Compiled, CompiledGraph, compile_scheduled, hand_schedule
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import Target
 from deploy.devices import Device, Session
 from deploy.ops.spec import BoundOp, TensorType, require_static
@@ -55,17 +56,22 @@ class Tuner(Protocol):
     (`deploy.schedules.registry.every_structure`), not only the hand's."""
 
     def search(
-        self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
-        timeout_s: float, progress: Progress,
+        self, bound: BoundOp, target: Target, options: BuildOptions, device: Device, directory: Path,
+        trials: int, timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
-        """Measure until the task holds `trials` records, then judge the fastest (`decide`)."""
+        """Measure until the task holds `trials` records, then judge the fastest (`decide`); the
+        candidates built with `options` as the device asks (`for_device`)."""
         ...
 
-    def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
+    def trial_ms(
+        self, directory: Path, bound: BoundOp, target: Target, options: BuildOptions
+    ) -> list[float | None]:
         """Milliseconds of each trial in the order they ran (None for a failed one)."""
         ...
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+    def schedule(
+        self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target, options: BuildOptions
+    ) -> Any:
         """The op's IRModule scheduled as the accepted `entry` says; a UsageError says why not
         (it no longer applies, or the records fail a check: they are data read from disk)."""
         ...
@@ -98,12 +104,15 @@ def decide(
     session: Session,
     bound: BoundOp,
     target: Target,
+    options: BuildOptions,
     contenders: Mapping[str, Callable[[], Compiled]],
     workdir: Path,
 ) -> dict[str, Any]:
     """The verdict on a search's best finds (name -> how to build it as `--tuned` builds) against
     the hand schedule (`judge_built`)."""
-    hand = check(session, compile_scheduled(bound, target, *hand_schedule(bound, target)), workdir)
+    hand = check(
+        session, compile_scheduled(bound, target, options, *hand_schedule(bound, target, options)), workdir
+    )
     return judge_built(session, hand, contenders, workdir)
 
 

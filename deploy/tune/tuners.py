@@ -14,8 +14,9 @@ from typing import Any
 from deploy.base.errors import UsageError
 from deploy.compiler.artifacts import ArtifactKind
 from deploy.compiler.opencl import OPENCL_PLAN
+from deploy.compiler.options import KEPT_HAND, REFUSED, BuildOptions
 from deploy.compiler.shared_object import SHARED_OBJECT
-from deploy.compiler.targets import KEPT_HAND, REFUSED, Target
+from deploy.compiler.targets import Target
 from deploy.devices import Device
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp
@@ -38,11 +39,12 @@ def tuner_for(target: Target) -> Tuner:
 
 
 def tune(
-    bound: BoundOp, target: Target, device: Device, root: Path, trials: int, timeout_s: float = 60.0,
-    progress: Progress = Progress(),  # noqa: B008  (frozen: shared safely)
+    bound: BoundOp, target: Target, options: BuildOptions, device: Device, root: Path, trials: int,
+    timeout_s: float = 60.0, progress: Progress = Progress(),  # noqa: B008  (frozen: shared safely)
 ) -> TuneResult:  # fmt: skip
-    """Tune `bound` for `target` on `device` until its task under `root` holds `trials` records,
-    then accept the fastest record only if it matches numpy and beats the hand schedule."""
+    """Tune `bound` for `target` (built as `options` say) on `device` until its task under `root`
+    holds `trials` records, then accept the fastest record only if it matches numpy and beats the
+    hand schedule."""
     if trials < 1:
         raise UsageError(f"--trials {trials}: expected a positive number of trials")
     check_static(f"tuning {bound.name}", bound.inputs)
@@ -53,7 +55,7 @@ def tune(
     with db.tuning(directory, progress.waiting):
         db.check_task_files(directory)
         db.write_json(directory / db.TASK, {**bound.key(), "target": target.name, "device": device.name})
-        return tuner.search(bound, target, device, directory, trials, timeout_s, progress)
+        return tuner.search(bound, target, options, device, directory, trials, timeout_s, progress)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class AcceptedRecords:
             self.warned.add(message)
             self.warn(message)
 
-    def schedule(self, bound: BoundOp, target: Target) -> tuple[Any, str] | None:
+    def schedule(self, bound: BoundOp, target: Target, options: BuildOptions) -> tuple[Any, str] | None:
         """(the scheduled module, its record id) of the accepted record for `bound`; None when
         there is none or it fails a check (warned of: the hand schedule builds)."""
         directory = db.task_dir(self.root, bound, target.name)
@@ -81,7 +83,7 @@ class AcceptedRecords:
             entry = db.accepted(directory)
             if entry is None:
                 return None
-            return tuner_for(target).schedule(directory, entry, bound, target), entry["record"]
+            return tuner_for(target).schedule(directory, entry, bound, target, options), entry["record"]
         except UsageError as exc:
             self._once(f"--tuned {self.root}: {exc}; building the hand schedule")
             return None

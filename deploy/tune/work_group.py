@@ -21,13 +21,13 @@ from typing import Any
 
 from deploy.base.errors import DeployError, UsageError, reason
 from deploy.compiler.compile import Compiled, compile_scheduled, hand_schedule
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target
 from deploy.devices import Device
 from deploy.ops.spec import BoundOp
 from deploy.tune import records as db
 from deploy.tune.tuner import Progress, TuneResult, decide
 from deploy.verify.measure import check_and_time
-from deploy.verify.run import for_device
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
 """Sizes in the order they are tried: the default first, then outward."""
@@ -67,16 +67,23 @@ def measurements(directory: Path) -> list[dict[str, Any]]:
     return list(trials)
 
 
-def scheduled(bound: BoundOp, target: Target, work_group: int) -> Any:
+def scheduled(bound: BoundOp, target: Target, options: BuildOptions, work_group: int) -> Any:
     """The op under the GPU schedule with `work_group` work-items per work-group."""
-    mod, _ = hand_schedule(bound, replace(target, work_group=work_group))
+    mod, _ = hand_schedule(bound, replace(target, work_group=work_group), options)
     return mod
 
 
-def _builder(bound: BoundOp, target: Target, work_group: int) -> Callable[[], Compiled]:
+def _builder(
+    bound: BoundOp, target: Target, options: BuildOptions, work_group: int
+) -> Callable[[], Compiled]:
     """How to build the op with `work_group` work-items per work-group, as `--tuned` builds do."""
     return lambda: compile_scheduled(
-        bound, target, scheduled(bound, target, work_group), "tuned", record_name(work_group)
+        bound,
+        target,
+        options,
+        scheduled(bound, target, options, work_group),
+        "tuned",
+        record_name(work_group),
     )
 
 
@@ -90,8 +97,8 @@ class WorkGroupTuner:
     searches_structures = False
 
     def search(
-        self, bound: BoundOp, target: Target, device: Device, directory: Path, trials: int,
-        timeout_s: float, progress: Progress,
+        self, bound: BoundOp, target: Target, options: BuildOptions, device: Device, directory: Path,
+        trials: int, timeout_s: float, progress: Progress,
     ) -> TuneResult:  # fmt: skip
         """Try sizes not yet measured until `trials` sizes are (at most every size); accept the
         fastest only if it beats the default size (`decide`). A size the device rejects
@@ -104,10 +111,11 @@ class WorkGroupTuner:
         tried = {m["work_group"] for m in done}
         todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
         with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
-            target = for_device(target, session)  # float16 as this device computes it
+            options = for_device(options, session)  # float16 as this device computes it
             for size in todo:
                 try:
-                    compiled = compile_scheduled(bound, target, scheduled(bound, target, size), "tuned")
+                    mod = scheduled(bound, target, options, size)
+                    compiled = compile_scheduled(bound, target, options, mod, "tuned")
                     measured = check_and_time(session, compiled, Path(tmp), REPEAT)
                     entry: dict[str, Any] = {
                         "work_group": size,
@@ -128,19 +136,23 @@ class WorkGroupTuner:
                 contenders = (
                     {}
                     if fastest == target.work_group
-                    else {record_name(fastest): _builder(bound, target, fastest)}
+                    else {record_name(fastest): _builder(bound, target, options, fastest)}
                 )
-                verdict = decide(session, bound, target, contenders, Path(tmp))
+                verdict = decide(session, bound, target, options, contenders, Path(tmp))
                 verdict |= {"work_group": fastest} if verdict["record"] else {}
                 verdict = db.write_verdict(directory, verdict, len(done), device.name)
         rejected = [f"{record_name(m['work_group'])}: {m['error']}" for m in done[before:] if "error" in m]
         new = len(done) - before
         return TuneResult(directory, len(done), new, len(valid), _fastest(done), verdict, rejected)
 
-    def trial_ms(self, directory: Path, bound: BoundOp, target: Target) -> list[float | None]:
+    def trial_ms(
+        self, directory: Path, bound: BoundOp, target: Target, options: BuildOptions
+    ) -> list[float | None]:
         return [m.get("ms") for m in measurements(directory)]
 
-    def schedule(self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target) -> Any:
+    def schedule(
+        self, directory: Path, entry: dict[str, Any], bound: BoundOp, target: Target, options: BuildOptions
+    ) -> Any:
         """The GPU schedule with the accepted size; a UsageError when it is not one tuning tries or
         not the size the record names."""
         try:
@@ -151,4 +163,4 @@ class WorkGroupTuner:
             raise UsageError(
                 f"{directory / db.ACCEPTED}: record {db.shown(entry['record'])} is not size {size}"
             )
-        return scheduled(bound, target, size)
+        return scheduled(bound, target, options, size)

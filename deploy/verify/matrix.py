@@ -17,13 +17,14 @@ import numpy as np
 from deploy.base.errors import DeployError
 from deploy.base.stopping import raise_if_stopped
 from deploy.compiler.cache import cached_build
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target
 from deploy.devices import Device, DeviceLost, Session
 from deploy.ops import failure_line
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, compare_all, random_input
-from deploy.verify.run import check_device, for_device, run_artifact, verify
+from deploy.verify.run import check_device, run_artifact, verify
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def plan(ops: Iterable[Op], dtypes: Iterable[str] | None = None) -> list[Planned
     ]
 
 
-def verify_case(session: Session, planned: PlannedCase, target: Target, specials: bool = False) -> CaseResult:
+def verify_case(
+    session: Session, planned: PlannedCase, target: Target, options: BuildOptions, specials: bool = False
+) -> CaseResult:
     """Build and run one planned case on seeded random inputs (every other case rounded so ties
     abound; with `specials`, NaN, infinities and repeated maxima planted); compare with numpy."""
     seed = zlib.crc32(f"{planned.op.name}/{planned.dtype}/{planned.index}".encode())
@@ -88,7 +91,7 @@ def verify_case(session: Session, planned: PlannedCase, target: Target, specials
         comparisons = []
         for sizes in batch_sizes(bound.inputs, SYMBOLIC_SIZES):
             inputs = [random_input(t.at(sizes), rng, ties=ties, specials=specials) for t in bound.inputs]
-            comparison, schedule = verify(session, bound, target, inputs)
+            comparison, schedule = verify(session, bound, target, options, inputs)
             comparisons.append((sizes, comparison))
         comparison = worst_of(comparisons)
     except DeviceLost:
@@ -143,6 +146,7 @@ class _Queue:
 def run_matrix(
     planned: list[PlannedCase],
     target: Target,
+    options: BuildOptions,
     device: Device,
     on_result: Callable[[CaseResult, str], None] = lambda r, worker: None,
     on_lost: Callable[[DeviceLost], None] = lambda e: None,
@@ -165,7 +169,7 @@ def run_matrix(
                 with device.open() as session:
                     while (item := queue.pop()) is not None:
                         try:
-                            result = verify_case(session, item[1], target)
+                            result = verify_case(session, item[1], target, options)
                         except DeviceLost:
                             queue.put_back(item)
                             raise
@@ -250,13 +254,13 @@ def model_references(graph: BoundGraph, model: Path) -> tuple[list[Reference], l
 
 
 def verify_model(
-    session: Session, graph: BoundGraph, target: Target, references: list[Reference]
+    session: Session, graph: BoundGraph, target: Target, options: BuildOptions, references: list[Reference]
 ) -> list[CaseResult]:
     """Build the graph (cached, for the session's device) and run it on each input set (at each
     size of SYMBOLIC_SIZES when its batch is symbolic, all from the one module); one result per
     input set, size and reference that applies to it."""
     results = []
-    directory, manifest = cached_build(graph, for_device(target, session))
+    directory, manifest = cached_build(graph, target, for_device(options, session))
     dtype = graph.inputs[0].dtype if graph.inputs else graph.outputs[0].dtype
     for (index, inputs), sizes in itertools.product(
         enumerate(INPUT_SETS), batch_sizes(graph.inputs, SYMBOLIC_SIZES)

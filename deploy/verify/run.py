@@ -10,6 +10,7 @@ import numpy as np
 from deploy.base.errors import UsageError
 from deploy.compiler.cache import Buildable, cached_build
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import Target, get_target
 from deploy.devices import Device, Session
 from deploy.devices.elf import check_machine
@@ -45,22 +46,12 @@ def run_artifact(
     return session.run(module, inputs, outputs, entry=manifest.entry, workspace=workspace)
 
 
-def for_device(target: Target, session: Session) -> Target:
-    """`target` building for the session's device: split for its cores, unless --cores said,
-    float16 computed in float32 where the device has no half arithmetic, and with the C bundle
-    where the device runs bundles (the runner protocol), its host code for the CPU that runs it
-    (an OpenCL device's board)."""
-    cores = session.cores() if target.cores is None else None
-    built = target.with_cores(cores).with_fp16_storage(not session.fp16_arithmetic())
-    return built.with_bundle(session.bundles, session.bundle_host)
-
-
 def verify(
-    session: Session, item: Buildable, target: Target, inputs: list[np.ndarray]
+    session: Session, item: Buildable, target: Target, options: BuildOptions, inputs: list[np.ndarray]
 ) -> tuple[Comparison, str]:
-    """Build (cached, for the session's device) an op or a graph, run it on the session, compare
-    with the numpy reference; with the schedule name."""
-    directory, manifest = cached_build(item, for_device(target, session))
+    """Build (cached, with `options` for the session's device: `for_device`) an op or a graph, run
+    it on the session, compare with the numpy reference; with the schedule name."""
+    directory, manifest = cached_build(item, target, for_device(options, session))
     actual = run_artifact(session, directory, manifest, inputs)
     return against_reference(item, inputs, actual), manifest.built_with
 
