@@ -20,7 +20,7 @@ from harness import at_least_one, host_target, run
 from deploy.compiler.compile import compile_scheduled, context, hand_schedule, prim_module
 from deploy.devices import get_device
 from deploy.ops import TensorType, bind, get_op
-from deploy.schedules.cpu import generic_cpu
+from deploy.schedules.cpu.generic import generic_cpu
 from deploy.verify.compare import random_input
 from deploy.verify.measure import check_and_time, host_ms
 
