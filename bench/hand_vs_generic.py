@@ -22,7 +22,7 @@ from deploy.compiler.compile import compile_scheduled, context, hand_schedule, p
 from deploy.compiler.options import BuildOptions
 from deploy.devices import get_device
 from deploy.ops import TensorType, bind, get_op
-from deploy.schedules.cpu import generic_cpu
+from deploy.schedules.cpu.generic import generic_cpu
 from deploy.verify.compare import random_input
 from deploy.verify.measure import check_and_time, host_ms
 

@@ -31,7 +31,7 @@ CODE_SHAPING = [
     "deploy/compiler/bundle.py",
     "deploy/compiler/runtime/abi.h",
     "deploy/tune/tuners.py",
-    "deploy/schedules/cpu.py",
+    "deploy/schedules/cpu/pooling.py",
     "deploy/ops/library/pooling.py",
 ]
 
@@ -178,7 +178,7 @@ def test_editing_a_schedule_file_beside_a_user_op_rebuilds_it(tmp_path: Path):
     for factor in (5, 7):
         (folder / "scaled_cpu.py").write_text(
             "from tvm import te\n"
-            "from deploy.schedules.cpu import generic_cpu\n"
+            "from deploy.schedules.cpu.generic import generic_cpu\n"
             "from deploy.schedules.registry import register_schedule\n\n\n"
             "def times(ctx, x):\n"
             f"    return te.compute(ctx.bound.output.shape, lambda i: x[i] * {factor}.0, name='out')\n\n\n"

@@ -388,13 +388,13 @@ def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_pa
     structure a search may pick (tasks a core) with ties, NaN and infinities, in a dtype of 4 and
     one of 1 byte (arm-fp16 builds those as arm does). SLICE_WORK is
     lowered so that 251 channels split (at its value they would need 1x4999x3x9)."""
-    import deploy.schedules.cpu
+    import deploy.schedules.cpu.argmax
     from deploy.compiler.compile import context
 
-    monkeypatch.setattr(deploy.schedules.cpu, "SLICE_WORK", 1024)
+    monkeypatch.setattr(deploy.schedules.cpu.argmax, "SLICE_WORK", 1024)
     four = BuildOptions(cores=4)
     bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 251, 3, 9), dtype)])
-    assert deploy.schedules.cpu.argmax_slices(context(bound, target, four)) == 4
+    assert deploy.schedules.cpu.argmax.argmax_slices(context(bound, target, four)) == 4
     on = sessions.on(target)
     for picks, compiled in every_structure(lambda picks: hand_built(bound, target, four, Picked(picks))):
         try:

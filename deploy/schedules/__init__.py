@@ -1,11 +1,13 @@
 """Per-target schedules: `registry.py` maps (family, op) to a strategy (a schedule and the
-computation it schedules); importing this package registers every family.
+computation it schedules, each a named function); importing this package registers every family.
 
-`cpu.py` serves every CPU target; `arm.py` and `riscv.py` hold only what ARM and RISC-V targets
-build differently (they list "arm" or "riscv" before "cpu"; x86 targets list "x86", which needs no
-module today); `gpu.py` serves
-OpenCL; `fused.py` composes the strategies of a fused group's nodes. A new family is one module
-here, imported below, and the targets that list it."""
+`cpu/` serves every CPU target, a file per op it has a strategy for (`cpu/pooling.py`: max_pool2d
+on x86, and the schedule ARM and RISC-V pair with their own computation) beside the generic
+schedule and the helpers; `arm.py` and `riscv.py` hold only what ARM and RISC-V targets build
+differently (they list "arm" or "riscv" before "cpu"; x86 targets list "x86", which needs no
+module today); `gpu/` serves OpenCL, laid out as `cpu/`; `loops.py` reads a schedule's loops for
+both; `fused.py` composes the strategies of a fused group's nodes. A new family is one module
+or package here, imported below, and the targets that list it."""
 
 from deploy.ops.fused import FusedOp
 from deploy.schedules import arm, cpu, gpu, riscv  # noqa: F401  (registration on import)

@@ -15,7 +15,6 @@ explores, with the hand schedule as one point of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -124,20 +123,11 @@ class ScheduleContext:
 ScheduleFn = Callable[[Any, ScheduleContext], None]
 """Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place."""
 ComputeFn = Callable[..., Any]
-"""compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op."""
+"""compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op, a
+named function that calls the op's computation with the building blocks it takes as arguments
+(`deploy.ops.library.pooling.max_pool2d_compute`'s window max) or computes it in another form
+(`deploy.ops.library.argmax_compute`), its structural choices made through `ctx.choices`."""
 S = TypeVar("S", bound=ScheduleFn)
-
-
-def own_compute_within(scope: Callable[[ScheduleContext], AbstractContextManager[Any]]) -> ComputeFn:
-    """A compute variant: the op's own computation, built inside `scope(ctx)` — how a family swaps
-    a building block the op is made of (pooling's window max:
-    `deploy.ops.library.pooling.windows_maxed_by`)."""
-
-    def compute(ctx: ScheduleContext, *inputs: Any) -> Any:
-        with scope(ctx):
-            return ctx.bound.op.compute(ctx.bound.attrs, ctx.bound.output, *inputs)
-
-    return compute
 
 
 @dataclass(frozen=True)

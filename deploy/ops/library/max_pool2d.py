@@ -9,7 +9,7 @@ import numpy as np
 from tvm import te
 
 from deploy.ops.layouts import NCHW, Layout, Relayout, layout_of
-from deploy.ops.library.pooling import Pool2d, pool_attrs, pooled_type
+from deploy.ops.library.pooling import Pool2d, max_pool2d_compute, pool_attrs, pooled_type
 from deploy.ops.onnx_mapping import OnnxOp, OnnxOutput, check_names, pads, pair, unsupported
 from deploy.ops.registry import register
 from deploy.ops.spec import Case, Input, Op, TensorType
@@ -171,8 +171,7 @@ class MaxPool2d(Op):
         return pooled_type("x", inputs[0], Pool2d.from_attrs(attrs))
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        pool = Pool2d.from_attrs(attrs)
-        return te.compute(out.shape, pool.windows(x), name="out")
+        return max_pool2d_compute(attrs, out, x)
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return Pool2d.from_attrs(attrs).reference(x)

@@ -10,7 +10,7 @@ import numpy as np
 from tvm import te
 
 from deploy.ops.attrs import Attr, Bool
-from deploy.ops.library.pooling import Pool2d, pool_attrs, pooled_type
+from deploy.ops.library.pooling import indices_pool, max_pool2d_indices_compute, pool_attrs, pooled_type
 from deploy.ops.registry import register
 from deploy.ops.spec import Case, Input, Op, TensorType
 
@@ -35,14 +35,10 @@ class MaxPool2dIndices(Op):
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
-        return TensorType(pooled_type("x", inputs[0], _pool(attrs)).shape, "int64")
+        return TensorType(pooled_type("x", inputs[0], indices_pool(attrs)).shape, "int64")
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        return _pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"])
+        return max_pool2d_indices_compute(attrs, out, x)
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        return _pool(attrs).reference_indices(x, attrs["column_major"])
-
-
-def _pool(attrs: dict[str, Any]) -> Pool2d:
-    return Pool2d.from_attrs({**attrs, "layout": "NCHW"})
+        return indices_pool(attrs).reference_indices(x, attrs["column_major"])

@@ -1,6 +1,7 @@
 """2-D max pooling: `max_pool2d`'s windows, output size and reference in any layout
-(`deploy/ops/layouts.py`: the window slides over the layout's H and W axes), and the window-max
-variants schedules pick.
+(`deploy/ops/layouts.py`: the window slides over the layout's H and W axes), and the pooling ops'
+computations, whose building blocks (the window max, a column stage) are explicit arguments
+that target families' compute variants pass.
 
 Output size follows PyTorch: floor((H + p + p_end - k) / s) + 1, or ceil with `ceil_mode`, where
 the last window must start inside the input or its left padding (p_end is p unless `padding_end`
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +57,29 @@ def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...
         Attr("dilation", IntPair(1, MAX_KERNEL, fuzz_hi=2), (1, 1), "spacing of a window's taps H,W"),
         layout_attr(),
     )
+
+
+WindowMax = Callable[[list[Any], str], Any]
+"""(float taps, dtype) -> TE expression of their max, NaN when any is NaN."""
+
+
+def nan_test_max(values: list[Any], dtype: str) -> Any:
+    """The max of float `values` with an explicit NaN test, NaN when any is NaN (as numpy's max):
+    a max chain, and one integer test on the bits (`deploy/ops/nan.py`) that vectorizes everywhere. The
+    plain definition; a target family may pair the pooling ops with its own (the `window_max` of
+    `max_pool2d_compute`): on x86 `llvm.maximum` becomes a compare-and-blend sequence that
+    measured 2-5x slower than this test in bench/hand_vs_generic.py, on ARM it is one NEON `fmax`."""
+    return tirx.Select(
+        any_nan_bits(values, dtype), tirx.const(float("nan"), dtype), functools.reduce(te.max, values)
+    )
+
+
+def max_of(values: list[Any], dtype: str, window_max: WindowMax) -> Any:
+    """TE expression: the max of pooling taps — floats by `window_max` (NaN when any is NaN),
+    integers by a max chain."""
+    if not dtype.startswith("float"):
+        return functools.reduce(te.max, values)
+    return window_max(values, dtype)
 
 
 STAGED_MAX_TAPS = 9
@@ -143,12 +165,15 @@ class Pool2d:
                     f" the input ({label}={size}, padding {list(self.padding)})"
                 )
 
-    def windows(self, data: te.Tensor) -> Callable[..., Any]:
+    def windows(
+        self, data: te.Tensor, window_max: WindowMax = nan_test_max, columns_first: bool = False
+    ) -> Callable[..., Any]:
         """(output index...) -> TE expression: the max of the window at that output of `data`
-        (in this pool's layout: the window slides over its H and W axes).
+        (in this pool's layout: the window slides over its H and W axes), float windows maxed by
+        `window_max`.
 
         Plainly every tap of the window at once: along W each tap is strided by the stride (a
-        gather of every other element at stride 2 in NCHW). Within `columns_maxed_first()`, a
+        gather of every other element at stride 2 in NCHW). Where `columns_first`, a
         stage `column_max` (the output's shape with W as in the input) first maxes the kernel's
         rows at every input column, reading W contiguously, and each output then maxes its
         window's kw columns of that stage (a row that stays in L1): the same result (max is
@@ -178,7 +203,7 @@ class Pool2d:
             return self.tap(1, ow, dw, width)
 
         rows, cols = range(self.kernel[0]), range(self.kernel[1])
-        if not _COLUMNS_FIRST.get():
+        if not columns_first:
             return lambda *i: max_of(
                 [
                     data[at(at(i, h_axis, row(i[h_axis], dh)), w_axis, col(i[w_axis], dw))]
@@ -186,14 +211,17 @@ class Pool2d:
                     for dw in cols
                 ],
                 dtype,
+                window_max,
             )
         shape = at(tuple(data.shape), h_axis, self.out_size(0, height))
         columns = te.compute(
             shape,
-            lambda *i: max_of([data[at(i, h_axis, row(i[h_axis], dh))] for dh in rows], dtype),
+            lambda *i: max_of([data[at(i, h_axis, row(i[h_axis], dh))] for dh in rows], dtype, window_max),
             name="column_max",
         )
-        return lambda *i: max_of([columns[at(i, w_axis, col(i[w_axis], dw))] for dw in cols], dtype)
+        return lambda *i: max_of(
+            [columns[at(i, w_axis, col(i[w_axis], dw))] for dw in cols], dtype, window_max
+        )
 
     def tap(self, axis: int, out: Any, step: int, size: int) -> Any:
         """The index tap `step` of the window at output `out` reads along `axis` (0: H, 1: W) of
@@ -208,13 +236,19 @@ class Pool2d:
         return te.max(te.min(index, last), first)
 
     def indices(
-        self, data: te.Tensor, shape: tuple[int | Any, ...], index_type: str, column_major: bool
+        self,
+        data: te.Tensor,
+        shape: tuple[int | Any, ...],
+        index_type: str,
+        column_major: bool,
+        window_max: WindowMax = nan_test_max,
     ) -> te.Tensor:
         """Where the max of each window of NCHW `data` (the outputs `shape`) is, as a flat index
         into `data` (ONNX MaxPool's Indices): (n * C + c) * H * W plus h * W + w, or w * H + h
-        where `column_major`. The first in row-major order among equal maxima, the first NaN where
-        the max is NaN. The taps are `windows`' (clamped, no condition): clamping keeps their
-        row-major order, so the first tap holding the max is the first input element holding it.
+        where `column_major`; float windows maxed by `window_max`. The first in row-major order
+        among equal maxima, the first NaN where the max is NaN. The taps are `windows`' (clamped,
+        no condition): clamping keeps their row-major order, so the first tap holding the max is
+        the first input element holding it.
         The taps are compared with the window's max: an expression in each comparison up to
         `STAGED_MAX_TAPS` taps (one pass), else a stage of its own, read by a second pass. As an
         expression the TIR grows with the square of the taps (a 7x7 window took 90 s to compile,
@@ -230,16 +264,16 @@ class Pool2d:
                 for dw in range(self.kernel[1])
             ]
 
-        def window_max(n: Any, c: Any, oh: Any, ow: Any) -> Any:
-            return max_of([data[n, c, h, w] for h, w in taps(oh, ow)], dtype)
+        def greatest(n: Any, c: Any, oh: Any, ow: Any) -> Any:
+            return max_of([data[n, c, h, w] for h, w in taps(oh, ow)], dtype, window_max)
 
         staged = self.kernel[0] * self.kernel[1] > STAGED_MAX_TAPS
-        top = te.compute(shape, window_max, name="top") if staged else None
+        top = te.compute(shape, greatest, name="top") if staged else None
 
         def body(n: Any, c: Any, oh: Any, ow: Any) -> Any:
             at = taps(oh, ow)
             values = [data[n, c, h, w] for h, w in at]
-            most = top[n, c, oh, ow] if top is not None else max_of(values, dtype)
+            most = top[n, c, oh, ow] if top is not None else max_of(values, dtype, window_max)
             plane = (n.astype(index_type) * channels + c.astype(index_type)) * height * width
             flat = [
                 plane + (w * height + h if column_major else h * width + w).astype(index_type) for h, w in at
@@ -311,53 +345,32 @@ class Pool2d:
         return windows[..., :: self.dilation[0], :: self.dilation[1]]  # the taps of each window
 
 
-WindowMax = Callable[[list[Any], str], Any]
-"""(float taps, dtype) -> TE expression of their max, NaN when any is NaN."""
+def max_pool2d_compute(
+    attrs: dict[str, Any],
+    out: TensorType,
+    x: te.Tensor,
+    window_max: WindowMax = nan_test_max,
+    columns_first: bool = False,
+) -> te.Tensor:
+    """max_pool2d's computation: each output the max of its window of `x` (`Pool2d.windows`),
+    float windows maxed by `window_max`, each window's columns maxed in a stage of their own
+    first where `columns_first`. The defaults are the plain definition; a target family's
+    compute variant passes its own (`deploy/schedules/cpu/pooling.py`)."""
+    windows = Pool2d.from_attrs(attrs).windows(x, window_max, columns_first)
+    return te.compute(out.shape, windows, name="out")
 
 
-def nan_test_max(values: list[Any], dtype: str) -> Any:
-    """The max of float `values` with an explicit NaN test, NaN when any is NaN (as numpy's max):
-    a max chain, and one integer test on the bits (`deploy/ops/nan.py`) that vectorizes everywhere. The
-    plain definition; a target family may pair the pooling ops with its own (`windows_maxed_by`):
-    on x86 `llvm.maximum` becomes a compare-and-blend sequence that measured 2-5x slower than this
-    test in bench/hand_vs_generic.py, on ARM it is one NEON `fmax`."""
-    return tirx.Select(
-        any_nan_bits(values, dtype), tirx.const(float("nan"), dtype), functools.reduce(te.max, values)
-    )
+def indices_pool(attrs: dict[str, Any]) -> Pool2d:
+    """max_pool2d_indices' pool: its attributes, in NCHW (the op has no layout)."""
+    return Pool2d.from_attrs({**attrs, "layout": "NCHW"})
 
 
-_WINDOW_MAX: ContextVar[WindowMax] = ContextVar("window_max", default=nan_test_max)
-_COLUMNS_FIRST: ContextVar[bool] = ContextVar("columns_first", default=False)
-
-
-def max_of(values: list[Any], dtype: str) -> Any:
-    """TE expression: the max of pooling taps — floats by the window max in effect (NaN when any
-    is NaN), integers by a max chain."""
-    if not dtype.startswith("float"):
-        return functools.reduce(te.max, values)
-    return _WINDOW_MAX.get()(values, dtype)
-
-
-@contextmanager
-def windows_maxed_by(window_max: WindowMax) -> Iterator[None]:
-    """Within the block, pooling computations max their float windows with `window_max`: how a
-    schedule family pairs the pooling ops with a compute variant (see `deploy/schedules/arm.py`)."""
-    token = _WINDOW_MAX.set(window_max)
-    try:
-        yield
-    finally:
-        _WINDOW_MAX.reset(token)
-
-
-@contextmanager
-def columns_maxed_first(staged: bool) -> Iterator[None]:
-    """Within the block (when `staged`), pooling computations max each window column in a stage
-    of their own first (`Pool2d.windows`): a structure CPU schedules may pick."""
-    token = _COLUMNS_FIRST.set(staged)
-    try:
-        yield
-    finally:
-        _COLUMNS_FIRST.reset(token)
+def max_pool2d_indices_compute(
+    attrs: dict[str, Any], out: TensorType, x: te.Tensor, window_max: WindowMax = nan_test_max
+) -> te.Tensor:
+    """max_pool2d_indices' computation (`Pool2d.indices`), float windows maxed by `window_max`
+    (the default: the plain definition; `deploy/schedules/gpu/pooling.py` passes its own)."""
+    return indices_pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"], window_max)
 
 
 def clamp(index: Any, size: int) -> Any:
