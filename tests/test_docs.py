@@ -84,3 +84,45 @@ def test_the_op_with_its_own_schedule_passes(tmp_path: Path) -> None:
     tested = run_deploy("--ops-path", folder, "test", "--target", "x86", "--op", "hard_swish")
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "cpu/hard_swish" in tested.stdout and " 0 failed" in tested.stdout
+
+
+MAP = REPO / "docs" / "how-it-works.md"
+SOURCE_PATH = re.compile(r"`(deploy/[\w/]+\.(?:py|c|cc|h))`")
+
+
+def mapped(path: Path, text: str) -> bool:
+    """`path` is named in the map: in full, or by its file name in a line that names a sibling in
+    full (`deploy/ops/library/add.py`, `leaky_relu.py`, ...)."""
+    relative = path.relative_to(REPO).as_posix()
+    if f"`{relative}`" in text:
+        return True
+    folder = relative.rsplit("/", 1)[0] + "/"
+    return any(f"`{path.name}`" in line and f"`{folder}" in line for line in text.splitlines())
+
+
+def modules() -> list[Path]:
+    """Every module and C source of the package; a package's `__init__.py` only where it holds
+    more than re-exports and registration (it is then named in the map like any module)."""
+    found = []
+    for path in sorted((REPO / "deploy").rglob("*")):
+        if path.suffix not in (".py", ".c", ".cc", ".h") or "__pycache__" in path.parts:
+            continue
+        if path.name == "__init__.py" and f"`{path.relative_to(REPO).as_posix()}`" not in MAP.read_text():
+            continue
+        found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_the_map_names_every_module(path: Path) -> None:
+    """docs/how-it-works.md is a map of the whole pipeline: a line per module."""
+    assert mapped(path, MAP.read_text()), f"docs/how-it-works.md has no line for {path.relative_to(REPO)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_source_paths_in_the_docs_exist(page: Path) -> None:
+    """A source file the docs name in full is there (a move updates the docs); `OP.py`, `KIND.py`:
+    placeholders."""
+    named = [p for p in SOURCE_PATH.findall(page.read_text()) if not Path(p).stem.isupper()]
+    missing = [p for p in named if not (REPO / p).exists()]
+    assert not missing, f"{page.name} names {', '.join(sorted(set(missing)))}, which are not there"
