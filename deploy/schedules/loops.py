@@ -9,7 +9,8 @@ from typing import Any
 
 from tvm import tirx
 
-SPATIAL, REDUCE = 0, 2
+SPATIAL = 0
+"""`IterVar.iter_type` of a data-parallel block iterator (TVM's kDataPar)."""
 
 
 def blocks(sch: Any) -> list[Any]:
