@@ -11,7 +11,6 @@ from tvm import te, tirx
 from deploy.base.errors import UsageError
 from deploy.ops import Case, Input, Op, TensorType, register
 from deploy.ops.attrs import Attr, Int
-from deploy.ops.spec import FLOAT_DTYPES
 
 
 @register
@@ -21,7 +20,7 @@ class DepthwiseConv(Op):
     name = "depthwise_conv"
     inputs = (Input("x", 4, 4), Input("w", 4, 4))
     attrs = (Attr("stride", Int(1, 4), 1, "step of the window"), Attr("pad", Int(0, 3), 1, "zeros each side"))
-    dtypes = FLOAT_DTYPES
+    dtypes = ("float32", "float64")  # float16 sums round at every term: past its tolerance
     cases = (Case(((1, 32, 112, 112), (32, 1, 3, 3))), Case(((2, 3, 9, 7), (3, 1, 3, 3)), {"stride": 2}))
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

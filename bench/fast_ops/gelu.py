@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
-from tvm import te
+from tvm import te, tirx
 
 from deploy.ops import Case, Input, Op, TensorType, register
 from deploy.ops.spec import FLOAT_DTYPES
@@ -25,8 +25,10 @@ class Gelu(Op):
         return inputs[0]
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        half, root = 0.5, 1 / math.sqrt(2)
-        return te.compute(x.shape, lambda *i: half * x[i] * (1 + te.erf(x[i] * root)), name="gelu")
+        half, root = tirx.const(0.5, x.dtype), tirx.const(1 / math.sqrt(2), x.dtype)
+        return te.compute(
+            x.shape, lambda *i: half * x[i] * (tirx.const(1, x.dtype) + te.erf(x[i] * root)), name="gelu"
+        )
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
         from scipy.special import erf

@@ -8,7 +8,7 @@ OpenCL; `fused.py` composes the strategies of a fused group's nodes. A new famil
 here, imported below, and the targets that list it."""
 
 from deploy.ops.fused import FusedOp
-from deploy.schedules import arm, cpu, gpu, riscv  # noqa: F401  (registration on import)
+from deploy.schedules import arm, cpu, cpu_rules, gpu, riscv  # noqa: F401  (registration on import)
 from deploy.schedules.fused import fused_strategy
 from deploy.schedules.registry import ScheduleContext, Strategy, find_schedule, register_schedule
 

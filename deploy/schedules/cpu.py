@@ -173,7 +173,6 @@ def parallelize_reduction(sch: Any, block: Any) -> None:
     parallel_outer(sch, spatial, work_of([extent(sch, loop) for loop in loops]))
 
 
-@register_schedule("cpu")
 def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
     """Every block: injective ones vectorized + parallel, reductions parallel over outputs."""
     for block in blocks(sch):

@@ -32,11 +32,9 @@ from deploy.schedules.cpu import (
     extent,
     generic_cpu,
     parallel_outer,
-    parallelize_reduction,
-    vectorize_parallelize,
     work_of,
 )
-from deploy.schedules.registry import ScheduleContext
+from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import BlockInfo, Structure, anchor, block_infos
 from deploy.schedules.vector_math import rewrite_calls
 
@@ -73,8 +71,10 @@ def inline_producers(sch: Any, keep: Callable[[BlockInfo], bool] = lambda info: 
                 continue
 
 
-def elementwise(sch: Any, ctx: ScheduleContext) -> None:
-    """Each block in vectors, its outer loops in parallel (the generic schedule)."""
+def generic(sch: Any, ctx: ScheduleContext) -> None:
+    """Cheap producers inlined, then the generic schedule: elementwise blocks in vectors, their
+    outer loops in parallel; reductions parallel over their outputs."""
+    inline_producers(sch)
     generic_cpu(sch, ctx)
 
 
@@ -153,8 +153,8 @@ def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("no static contiguous axis to run in vectors")
     sch.reorder(*spatial[:-1], *reduce, spatial[-1])
     row = parallel_outer(sch, spatial[:-1], work_of([extent(sch, loop) for loop in loops]))
-    sch.decompose_reduction(info.block, reduce[0])
     vector_split(sch, sch.get_loops(info.block)[-1], lanes)
+    sch.decompose_reduction(info.block, reduce[0])
     init = sch.get_child_blocks(row)[0]
     vector_split(sch, sch.get_loops(init)[-1], lanes)
     if info.block is not infos[-1].block:
@@ -174,6 +174,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     if len(info.spatial) < 2 or len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
         raise DoesNotFit("not [batch..., m, n] over one k")
     *batch, m, n, k = loops
+    work = work_of([extent(sch, loop) for loop in loops])
     cols = 2 * lanes
     if lanes < 2 or (extent(sch, n) or 1) % cols or (extent(sch, m) or 1) % DOT_ROWS:
         raise DoesNotFit(f"n not whole {cols}-column tiles or m not whole {DOT_ROWS}-row tiles")
@@ -182,15 +183,12 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     sch.reorder(*batch, n_tile, m_tile, k, m_in, n_in)
     accumulators = sch.cache_write(info.block, 0, "local")
     sch.reverse_compute_at(accumulators, m_tile)
-    sch.decompose_reduction(info.block, k)
     _, lane = sch.split(n_in, factors=[None, lanes])
     sch.vectorize(lane)
     sch.unroll(m_in)
-    for block in sch.get_child_blocks(m_tile):
-        if not block.same_as(info.block):
-            *_, last = sch.get_loops(block)
-            vector_split(sch, last, lanes)
-    parallel_outer(sch, [*batch, n_tile, m_tile], work_of([extent(sch, loop) for loop in loops]))
+    vector_split(sch, sch.get_loops(accumulators)[-1], lanes)
+    parallel_outer(sch, [*batch, n_tile, m_tile], work)  # before decompose: a complete block
+    sch.decompose_reduction(info.block, k)  # the init copies the vector loop
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
@@ -207,21 +205,18 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     if len(spatial) < 3:
         raise DoesNotFit("fewer than 3 spatial axes: no plane and row")
     *planes, y, x = spatial
-    size = extent(sch, x)
+    size, work = extent(sch, x), work_of([extent(sch, loop) for loop in loops])
     if lanes < 2 or size is None or size % lanes:
         raise DoesNotFit(f"output rows of {size}: not whole vectors of {lanes}")
     x_out, x_in = sch.split(x, factors=[None, lanes])
     sch.reorder(*planes, y, x_out, *taps, x_in)
-    plane = parallel_outer(sch, planes, work_of([extent(sch, loop) for loop in loops]))
+    plane = parallel_outer(sch, planes, work)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
-    sch.decompose_reduction(output.block, taps[0])
     sch.vectorize(x_in)
     for tap in taps:
         sch.unroll(tap)
-    init = [b for b in sch.get_child_blocks(x_out) if not b.same_as(output.block)]
-    for block in init:
-        sch.vectorize(sch.get_loops(block)[-1])
+    sch.decompose_reduction(output.block, taps[0])  # the init copies the vector loop
 
 
 RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
@@ -233,6 +228,13 @@ RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
 """The rule of each structure but elementwise (the fallback of every rule)."""
 
 
+@register_schedule("cpu")
+def generic_by_structure(sch: Any, ctx: ScheduleContext) -> None:
+    """The cpu family's generic schedule (what an op without a hand schedule gets): by the
+    structure of its function (`schedule_by_structure`)."""
+    schedule_by_structure(sch, ctx)
+
+
 def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
     """Schedule `sch` by the structure of its costliest block (see the module): the rule taken,
     tried on a copy first, so a rule that does not fit leaves `sch` to the generic schedule."""
@@ -240,29 +242,16 @@ def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
     structure = anchor(block_infos(sch)).structure
     rule = RULES.get(structure)
     if rule is None:
-        inline_producers(sch)
-        elementwise(sch, ctx)
+        generic(sch, ctx)
         return Taken(structure.value)
     try:
         rule(sch.copy(), ctx)
     except (DoesNotFit, s_tir.ScheduleError) as why:
         reason = str(why).splitlines()[0] if isinstance(why, DoesNotFit) else schedule_reason(why)
-        generic_reductions(sch, ctx)
+        generic(sch, ctx)
         return Taken("generic", f"{structure.value}: {reason}")
     rule(sch, ctx)
     return Taken(structure.value)
-
-
-def generic_reductions(sch: Any, ctx: ScheduleContext) -> None:
-    """The generic schedule after inlining: elementwise blocks in vectors, reductions parallel
-    over their outputs."""
-    inline_producers(sch)
-    for info in block_infos(sch):
-        if info.structure is Structure.ELEMENTWISE:
-            dtype = str(sch.get(info.block).writes[0].source.dtype)
-            vectorize_parallelize(sch, info.block, ctx.lanes(dtype), ctx.cores, ctx.choices)
-        else:
-            parallelize_reduction(sch, info.block)
 
 
 def schedule_reason(error: Exception) -> str:
