@@ -182,6 +182,7 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
     """(timer, note) of `mod` compiled and exported: the note says a failed check and libm calls."""
     from deploy.compiler.compile import compile_scheduled
     from deploy.compiler.export import export
+    from deploy.schedules.vector_math import libm_in_vector_loops
     from deploy.verify.compare import random_input
     from deploy.verify.measure import Timer
     from deploy.verify.run import against_reference, run_artifact
@@ -196,9 +197,11 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
         if not comparison.ok:
             notes.append(f"{label} check failed: {comparison.detail}")
             break
-    calls = libm_calls(directory)
+    calls, in_vectors = libm_calls(directory), libm_in_vector_loops(mod["main"])
     if calls:
-        notes.append(f"{label} calls libm's {', '.join(calls)} (scalar, in its loops)")
+        notes.append(f"{label} calls libm's {', '.join(calls)} (nm -u)")
+    if in_vectors:
+        notes.append(f"{label} calls {', '.join(in_vectors)} in vector loops: a scalar libm call a lane")
     inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
     return Timer(session, directory, manifest, inputs), "; ".join(notes)
 

@@ -16,7 +16,7 @@ from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu_rules import schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
-from deploy.schedules.vector_math import rewrite_calls
+from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
 from deploy.verify.measure import check
 from tests.conftest import REPO, registry_kept
 
@@ -155,3 +155,16 @@ def test_vector_math_is_accurate_and_keeps_nan_and_infinities(fn, exact, rtol, a
     finite = ~np.isnan(want)
     assert np.array_equal(np.isinf(got[finite]), np.isinf(want[finite]))
     np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol)
+
+
+def test_a_libm_call_left_in_a_vector_loop_is_found():
+    sch = elementwise(te.exp)
+    sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1])
+    assert libm_in_vector_loops(sch.mod["main"]) == ["exp"]
+    rewrite_calls(sch, fake_context())
+    assert libm_in_vector_loops(sch.mod["main"]) == []
+
+
+def test_a_libm_call_in_a_scalar_loop_is_not_reported():
+    sch = elementwise(te.log)
+    assert libm_in_vector_loops(sch.mod["main"]) == []

@@ -28,14 +28,9 @@ from typing import Any
 
 from tvm import s_tir
 
-from deploy.schedules.cpu import (
-    extent,
-    generic_cpu,
-    parallel_outer,
-    work_of,
-)
+from deploy.schedules.cpu import extent, generic_cpu, parallel_outer, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
-from deploy.schedules.structure import BlockInfo, Structure, anchor, block_infos
+from deploy.schedules.structure import Structure, anchor, block_infos, classify
 from deploy.schedules.vector_math import rewrite_calls
 
 DOT_ROWS = 4
@@ -56,15 +51,12 @@ class Taken:
     fell_through: str = ""
 
 
-def consumers(sch: Any, info: BlockInfo) -> list[Any]:
-    return list(sch.get_consumers(info.block))
-
-
-def inline_producers(sch: Any, keep: Callable[[BlockInfo], bool] = lambda info: False) -> None:
+def inline_producers(sch: Any) -> None:
     """Inline every elementwise block but the output that has one consumer (a cast, a scale, a
-    padding into a reduction's read) unless `keep` says to keep it."""
+    padding into a reduction's read); one with several (softmax's exp, read by the sum and the
+    output) stays a stage, computed once."""
     for info in block_infos(sch)[:-1]:
-        if info.structure is Structure.ELEMENTWISE and len(consumers(sch, info)) == 1 and not keep(info):
+        if info.structure is Structure.ELEMENTWISE and len(sch.get_consumers(info.block)) == 1:
             try:
                 sch.compute_inline(info.block)
             except s_tir.ScheduleError:
@@ -91,7 +83,7 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
 
 def rows(sch: Any, ctx: ScheduleContext) -> None:
     """Row reductions: see the module."""
-    inline_producers(sch, keep=lambda info: True)
+    inline_producers(sch)
     infos = block_infos(sch)
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
     vector_reductions = []
@@ -114,28 +106,15 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         sch.compute_at(block, row)
     if output.structure is Structure.ELEMENTWISE:
         vector_split(sch, sch.get_loops(output.block)[-1], lanes)
-    for info in block_infos_under(sch, row):
-        if info.structure is Structure.ELEMENTWISE and info.block not in vector_reductions:
-            inner = sch.get_loops(info.block)
-            if len(inner) > 1:
-                vector_split(sch, inner[-1], lanes)
+    for block in sch.get_child_blocks(row)[:-1]:  # the stages (the output is done)
+        inner = sch.get_loops(block)[1:]
+        if inner and classify(sch.get(block))[0] is Structure.ELEMENTWISE:
+            vector_split(sch, inner[-1], lanes)
     for rf in vector_reductions:
         lane, steps = sch.get_loops(rf)[-2:]  # compute_at made them in the order of its iterators
         sch.reorder(steps, lane)
         sch.vectorize(lane)
         sch.decompose_reduction(rf, steps)
-
-
-def block_infos_under(sch: Any, loop: Any) -> list[BlockInfo]:
-    """The blocks under `loop` but the last (the output), classified as `block_infos` does."""
-    from deploy.schedules.structure import classify
-
-    found = []
-    for block in sch.get_child_blocks(loop)[:-1]:
-        stmt = sch.get(block)
-        structure, spatial, reduce = classify(stmt)
-        found.append(BlockInfo(block, stmt.name_hint, structure, spatial, reduce, 0))
-    return found
 
 
 def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:

@@ -177,3 +177,41 @@ def rewrite_calls(sch: Any, ctx: ScheduleContext, libm: bool = False) -> int:
             sch.state.replace(sch.get_sref(block), new, {stmt: new})
             changed += 1
     return changed
+
+
+LIBM_OPS = (
+    "tirx.exp",
+    "tirx.erf",
+    "tirx.tanh",
+    "tirx.sigmoid",
+    "tirx.log",
+    "tirx.pow",
+    "tirx.exp2",
+    "tirx.log2",
+)
+"""Calls LLVM lowers to a scalar libm call per lane (`expf`, `erff`, `logf`, ...)."""
+VECTORIZED = 2
+"""`tirx.ForKind.VECTORIZED`."""
+
+
+def libm_in_vector_loops(func: Any) -> list[str]:
+    """The libm functions (`LIBM_OPS`, by name: exp, erf) a scheduled PrimFunc still calls inside
+    a vectorized loop: each becomes a scalar call per lane there, the loop vectorized in name
+    only. Sorted, each once."""
+    found: set[str] = set()
+    depth = [0]
+
+    def on_for(loop: Any, visitor: Any) -> Any:
+        vector = int(loop.kind) == VECTORIZED
+        depth[0] += vector
+        result = visitor.default_visit(loop)
+        depth[0] -= vector
+        return result
+
+    def on_call(call: Any, visitor: Any) -> Any:
+        if depth[0] and isinstance(call.op, ir.Op) and call.op.name in LIBM_OPS:
+            found.add(call.op.name.removeprefix("tirx."))
+        return visitor.default_visit(call)
+
+    tvm_ffi.structural_visit(func.body, [(tirx.For, on_for), (ir.expr.Call, on_call)])
+    return sorted(found)
