@@ -95,8 +95,8 @@ def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why():
     assert taken.fell_through == "dot product: n not whole 16-column tiles or m not whole 4-row tiles"
 
 
-def test_a_reduction_that_refuses_a_primitive_names_tvms_reason():
-    """A row of 20 floats: no vector reduction, but the rows rule still applies."""
+def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
+    """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
     sch, ctx = schedule_of("softmax", [(3, 20)])
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
 
