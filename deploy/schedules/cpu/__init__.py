@@ -4,7 +4,9 @@ and `riscv.py`), a file per job:
 
 - `vectorize.py`: vectors and threads, the helpers every CPU schedule builds with;
 - `prefetch.py`: software prefetch of streamed inputs (`PREFETCH`, which the CPU build lowers);
-- `generic.py`: the schedule of an op no family has a schedule of its own for;
+- `generic.py`: the schedule of an op no family has a schedule of its own for, chosen by the
+  structure of its computation (`deploy/schedules/structure.py`);
+- `elementwise.py`: every block in vectors and threads, what `generic.py` falls back to;
 - `pooling.py`: max_pool2d, its computation as CPUs build it and its schedule;
 - `argmax.py`: argmax, the computations CPUs build it as and their schedule.
 """

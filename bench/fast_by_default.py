@@ -1,0 +1,300 @@
+"""Every op fast by default (issue #51): user ops written with no schedule code
+(`bench/fast_ops/`), built with the generic schedule (before) and with the default by
+structure (after: `deploy.schedules.cpu.generic`), against onnxruntime's kernel for the same work
+and a numpy formulation of it, all timed interleaved in one process per thread count.
+
+    .venv/bin/python bench/fast_by_default.py [--threads 1,2] [--rounds 7] [--ops softmax,gelu]
+
+Per op and thread count it prints the median ms of each and the spread (interquartile range,
+ms) of ours, then ours/onnxruntime and ours/numpy before and after. Both builds are checked
+against the op's reference first (a failed check is printed; matmul's float32 sums of 768
+terms fail the fixed float32 tolerance, issue #51 item 3, and are timed anyway). A row also
+says when a build still calls a scalar libm function (`nm -u`: expf, erff, ...). Issue #51's
+goals: within 1.5x of onnxruntime, never slower than numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from harness import at_least_one, host_target, run
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
+    "softmax": ([(1, 12, 128, 128)], {}),
+    "layer_norm": ([(1, 128, 768), (768,), (768,)], {}),
+    "gelu": ([(1, 128, 3072)], {}),
+    "depthwise_conv": ([(1, 32, 112, 112), (32, 1, 3, 3)], {}),
+    "matmul": ([(128, 768), (768, 768)], {}),
+    "batch_matmul": ([(12, 128, 64), (12, 64, 128)], {}),
+    "mean_channels": ([(1, 256, 56, 56)], {}),
+    "transpose_heads": ([(1, 128, 12, 64)], {}),
+}
+"""The issue's five ops at its shapes, then one more per structure: a dot product (attention's
+scores), an outer reduction, data movement."""
+LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
+
+
+def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
+    """The ONNX node doing the op's work in onnxruntime, and its initializers (opset 20)."""
+    from onnx import helper, numpy_helper
+
+    names = [f"i{i}" for i in range(len(inputs))]
+    if name == "softmax":
+        return helper.make_node("Softmax", names, ["y"], axis=-1), []
+    if name == "layer_norm":
+        return helper.make_node("LayerNormalization", names, ["y"], axis=-1, epsilon=1e-5), []
+    if name == "gelu":
+        return helper.make_node("Gelu", names, ["y"]), []
+    if name == "depthwise_conv":
+        groups = inputs[0].shape[1]
+        return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1], strides=[1, 1]), []
+    if name in ("matmul", "batch_matmul"):
+        return helper.make_node("MatMul", names, ["y"]), []
+    if name == "mean_channels":
+        axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+        return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
+    if name == "transpose_heads":
+        return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 1, 3]), []
+    raise ValueError(name)
+
+
+def onnxruntime_call(name: str, inputs: list[np.ndarray], threads: int) -> Callable[[], Any]:
+    """One call of onnxruntime's kernel through IOBinding into a preallocated output."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    node, initializers = onnx_node(name, inputs)
+    feeds = {f"i{i}": a for i, a in enumerate(inputs)}
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, a.shape) for k, a in feeds.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    out = np.empty_like(session.run(None, feeds)[0])
+    binding = session.io_binding()
+    for key, array in feeds.items():
+        binding.bind_cpu_input(key, array)
+    binding.bind_output("y", "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+
+    def call() -> np.ndarray:
+        session.run_with_iobinding(binding)
+        return out  # held by the call: onnxruntime writes into it
+
+    return call
+
+
+def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
+    """The op's work as a numpy user writes it for speed (not the op's reference, written for
+    correctness); GELU's erf is scipy's (numpy has none)."""
+    x = inputs[0]
+    if name == "softmax":
+
+        def softmax() -> Any:
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
+
+        return softmax
+    if name == "layer_norm":
+        gamma, beta = inputs[1:]
+        return lambda: (
+            (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+        )
+    if name == "gelu":
+        from scipy.special import erf
+
+        return lambda: 0.5 * x * (1 + erf(x * np.float32(1 / np.sqrt(2))))
+    if name == "depthwise_conv":
+        w = inputs[1]
+        padded = np.empty((*x.shape[:2], x.shape[2] + 2, x.shape[3] + 2), x.dtype)
+
+        def depthwise() -> Any:
+            padded[:] = 0
+            padded[:, :, 1:-1, 1:-1] = x
+            out = np.zeros(x.shape, x.dtype)
+            for i in range(3):
+                for j in range(3):
+                    out += (
+                        padded[:, :, i : i + x.shape[2], j : j + x.shape[3]] * w[None, :, 0, i, j, None, None]
+                    )
+            return out
+
+        return depthwise
+    if name in ("matmul", "batch_matmul"):
+        return lambda: np.matmul(x, inputs[1])
+    if name == "mean_channels":
+        return lambda: x.mean(axis=1, keepdims=True)
+    if name == "transpose_heads":
+        return lambda: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    raise ValueError(name)
+
+
+class HostTimer:
+    """A host function timed as `deploy.verify.measure.Timer` times an artifact: runs of calls
+    lasting about 0.2 s, milliseconds per call."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        import time
+
+        from deploy.verify.measure import TARGET_SECONDS, calls_lasting
+
+        start = time.perf_counter()
+        fn()
+        self.fn, self.number = fn, calls_lasting(TARGET_SECONDS, time.perf_counter() - start)
+
+    def runs(self, repeat: int) -> list[float]:
+        import time
+
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(self.number):
+                self.fn()
+            times.append((time.perf_counter() - start) / self.number * 1e3)
+        return times
+
+
+def libm_calls(directory: Path) -> list[str]:
+    """The scalar libm functions the exported module calls (`nm -u`)."""
+    found = []
+    for library in directory.rglob("*.so"):
+        listing = subprocess.run(["nm", "-u", str(library)], capture_output=True, text=True).stdout
+        found += [line.split()[-1] for line in listing.splitlines() if line.split()[-1].split("@")[0] in LIBM]
+    return sorted(set(found))
+
+
+def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path) -> tuple[Any, str]:
+    """(timer, note) of `mod` compiled and exported: the note says a failed check and libm calls."""
+    from deploy.compiler.compile import compile_scheduled
+    from deploy.compiler.export import export
+    from deploy.compiler.options import BuildOptions
+    from deploy.schedules.vector_math import libm_in_vector_loops
+    from deploy.verify.compare import random_input
+    from deploy.verify.measure import Timer
+    from deploy.verify.run import against_reference, run_artifact
+
+    compiled = compile_scheduled(bound, target, BuildOptions(), mod, label)
+    directory = Path(tempfile.mkdtemp(prefix=f"{bound.op.name}-{label}-", dir=tmp))
+    manifest = export(compiled, directory)
+    notes = []
+    for specials in (False, True):
+        inputs = [random_input(t, np.random.default_rng(1), specials=specials) for t in bound.inputs]
+        comparison = against_reference(bound, inputs, run_artifact(session, directory, manifest, inputs))
+        if not comparison.ok:
+            notes.append(f"{label} check failed: {comparison.detail}")
+            break
+    calls, in_vectors = libm_calls(directory), libm_in_vector_loops(mod["main"])
+    if calls:
+        notes.append(f"{label} calls libm's {', '.join(calls)} (nm -u)")
+    if in_vectors:
+        notes.append(f"{label} calls {', '.join(in_vectors)} in vector loops: a scalar libm call a lane")
+    inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
+    return Timer(session, directory, manifest, inputs), "; ".join(notes)
+
+
+def child(names: list[str], rounds: int, threads: int) -> None:
+    """Time each op at this process's TVM_NUM_THREADS: before, after, onnxruntime, numpy."""
+    import tvm
+
+    from deploy.compiler.compile import context, prim_module
+    from deploy.compiler.options import BuildOptions
+    from deploy.devices import get_device
+    from deploy.ops import TensorType, bind, get_op, load_ops_path
+    from deploy.schedules.cpu.elementwise import elementwise_cpu
+    from deploy.schedules.cpu.generic import schedule_by_structure
+    from deploy.verify.compare import random_input
+    from deploy.verify.measure import interleaved_runs
+
+    target = host_target(argparse.ArgumentParser(), "x86")
+    load_ops_path(HERE / "fast_ops")
+    with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
+        for name in names:
+            shapes, attrs = WORKLOADS[name]
+            bound = bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes])
+            ctx = context(bound, target, BuildOptions())
+            before, after = (
+                tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions())),
+                tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions())),
+            )
+            elementwise_cpu(before, ctx)
+            taken = schedule_by_structure(after, ctx)
+            timer_before, note_before = built(session, bound, target, before.mod, "before", Path(tmp))
+            timer_after, note_after = built(session, bound, target, after.mod, "after", Path(tmp))
+            inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
+            timers = [timer_before, timer_after, HostTimer(onnxruntime_call(name, inputs, threads)),
+                      HostTimer(numpy_call(name, inputs))]  # fmt: skip
+            runs = interleaved_runs(timers, rounds)
+            ms = [statistics.median(r) for r in runs]
+            spread = [statistics.quantiles(r, n=4, method="inclusive") for r in runs]
+            iqr = [high - low for low, _, high in spread]
+            rule = taken.rule + (f" (fell through: {taken.fell_through})" if taken.fell_through else "")
+            print(
+                f"{name:16} {threads:>2} {ms[0]:8.4f}±{iqr[0]:<7.4f} {ms[1]:8.4f}±{iqr[1]:<7.4f}"
+                f" {ms[2]:8.4f} {ms[3]:8.4f}  {ms[0] / ms[2]:6.2f} {ms[1] / ms[2]:6.2f}"
+                f"  {ms[0] / ms[3]:6.2f} {ms[1] / ms[3]:6.2f}  {rule}",
+                flush=True,
+            )
+            for note in (note_before, note_after):
+                if note:
+                    print(f"{'':19}note: {note}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians of these)")
+    parser.add_argument("--ops", default=",".join(WORKLOADS), help="ops, comma-separated")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    at_least_one(parser, "--rounds", args.rounds)
+    names = [n for n in args.ops.split(",") if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"--ops {','.join(unknown)}: expected some of {','.join(WORKLOADS)}")
+    host_target(parser, "x86")
+    if args.child:
+        child(names, args.rounds, int(os.environ["TVM_NUM_THREADS"]))
+        return
+    try:
+        counts = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        parser.error(f"--threads {args.threads}: expected thread counts such as 1,2")
+    if not counts or any(not 1 <= t <= (os.cpu_count() or 1) for t in counts):
+        parser.error(f"--threads {args.threads}: expected counts from 1 to {os.cpu_count()}")
+    print(
+        f"medians of {args.rounds} interleaved rounds, ms ± interquartile range;"
+        f" load average {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
+          f"  {'b/ort':>6} {'a/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip
+    for threads in counts:
+        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--rounds",
+            str(args.rounds),
+            "--ops",
+            ",".join(names),
+        ]
+        subprocess.run(command, env=env, check=True)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,105 @@
+"""What a PrimFunc's blocks compute, read from their iteration variables and the indices of
+their reads, not from an op's name: the structure a CPU default schedule is chosen by
+(`deploy.schedules.cpu.generic`). Our own reading of what MetaSchedule's rules and TVM's dlight
+test (`normalize_prim_func`'s S/R kinds, `is_reduction`, `detect_dominant_read`).
+
+- elementwise: no reduction variable (maps, broadcasts, transposes, padding).
+- dot product: two reads use the reduction variables and each uses a spatial variable the
+  other does not (matmul's a[m, k] and b[k, n]; batched matmul, a 1x1 convolution).
+- window: an index of a read adds a spatial and a reduction variable (a convolution's y + i).
+- row reduction: the innermost index of the dominant read (the largest read that uses the
+  reduction variables) is a reduction variable: contiguous along the reduction (softmax's max
+  and sum, a norm's moments).
+- outer reduction: another reduction, contiguous along a spatial variable (a mean over
+  channels).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import tirx
+
+SPATIAL, REDUCE = 0, 2
+
+
+class Structure(enum.Enum):
+    ELEMENTWISE = "elementwise"
+    ROW_REDUCTION = "row reduction"
+    OUTER_REDUCTION = "outer reduction"
+    DOT = "dot product"
+    WINDOW = "window"
+
+
+RANK = {
+    Structure.ELEMENTWISE: 0,
+    Structure.OUTER_REDUCTION: 1,
+    Structure.ROW_REDUCTION: 2,
+    Structure.WINDOW: 3,
+    Structure.DOT: 4,
+}
+"""Which block's structure a function's schedule follows when they differ: the costliest kind."""
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One top-level block: its handle in the schedule, name and structure, its spatial and
+    reduction variables, and the iterations of one instance (the product of its extents)."""
+
+    block: Any
+    name: str
+    structure: Structure
+    spatial: tuple[Any, ...]
+    reduce: tuple[Any, ...]
+    work: int
+
+
+def _uses(expr: Any, variables: tuple[Any, ...]) -> set[int]:
+    """Positions in `variables` of those `expr` uses."""
+    used = tirx.analysis.undefined_vars(expr)
+    return {i for i, v in enumerate(variables) if any(v.same_as(u) for u in used)}
+
+
+def _extent(value: Any) -> int:
+    return int(value) if isinstance(value, tirx.IntImm) else 1
+
+
+def classify(stmt: Any) -> tuple[Structure, tuple[Any, ...], tuple[Any, ...]]:
+    """(structure, spatial variables, reduction variables) of a block statement."""
+    spatial = tuple(iv.var for iv in stmt.iter_vars if int(iv.iter_type) == SPATIAL)
+    reduce = tuple(iv.var for iv in stmt.iter_vars if int(iv.iter_type) == REDUCE)
+    if not reduce:
+        return Structure.ELEMENTWISE, spatial, reduce
+    reads = [[r.min for r in read.region] for read in stmt.reads]
+    reducing = [index for index in reads if any(_uses(i, reduce) for i in index)]
+    for index in reducing:
+        if any(_uses(i, reduce) and _uses(i, spatial) for i in index):
+            return Structure.WINDOW, spatial, reduce
+    owned = [set().union(*(_uses(i, spatial) for i in index)) for index in reducing]
+    for a, mine in enumerate(owned):
+        if any(mine - theirs and theirs - mine for b, theirs in enumerate(owned) if b != a):
+            return Structure.DOT, spatial, reduce
+    dominant = max(reducing, key=len, default=[])
+    if dominant and any(dominant[-1].same_as(v) for v in reduce):
+        return Structure.ROW_REDUCTION, spatial, reduce
+    return Structure.OUTER_REDUCTION, spatial, reduce
+
+
+def block_infos(sch: Any) -> list[BlockInfo]:
+    """The top-level blocks of the function `sch` works on, in order, classified."""
+    infos = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        structure, spatial, reduce = classify(stmt)
+        work = math.prod(_extent(iv.dom.extent) for iv in stmt.iter_vars)
+        infos.append(BlockInfo(block, stmt.name_hint, structure, spatial, reduce, work))
+    return infos
+
+
+def anchor(infos: list[BlockInfo]) -> BlockInfo:
+    """The block whose structure the function's schedule follows: the costliest kind, the most
+    work among those."""
+    return max(infos, key=lambda info: (RANK[info.structure], info.work))

@@ -1,0 +1,171 @@
+"""Default CPU schedules by structure (`deploy.schedules.structure`, `cpu.generic`, `vector_math`):
+the user ops of bench/fast_ops, written with no schedule code, are classified by what they
+compute, scheduled by their structure's rule, and still match numpy, NaN and infinities
+included, in every float dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from deploy.compiler.compile import compile_scheduled, context, hand_schedule, prim_module
+from deploy.compiler.options import BuildOptions
+from deploy.compiler.targets import get_target
+from deploy.ops import TensorType, bind, get_op, load_ops_path
+from deploy.schedules.cpu.generic import schedule_by_structure
+from deploy.schedules.registry import ScheduleContext
+from deploy.schedules.structure import Structure, anchor, block_infos
+from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
+from deploy.verify.measure import check
+from tests.conftest import REPO, registry_kept
+
+FAST_OPS = REPO / "bench" / "fast_ops"
+CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
+    "softmax": ([(2, 3, 64)], Structure.ROW_REDUCTION),
+    "layer_norm": ([(4, 64), (64,), (64,)], Structure.ROW_REDUCTION),
+    "gelu": ([(3, 64)], Structure.ELEMENTWISE),
+    "depthwise_conv": ([(1, 4, 16, 16), (4, 1, 3, 3)], Structure.WINDOW),
+    "matmul": ([(8, 32), (32, 32)], Structure.DOT),
+    "batch_matmul": ([(2, 8, 16), (2, 16, 32)], Structure.DOT),
+    "mean_channels": ([(1, 8, 4, 16)], Structure.OUTER_REDUCTION),
+    "transpose_heads": ([(1, 4, 3, 8)], Structure.ELEMENTWISE),
+}
+"""Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fast_ops():
+    with registry_kept():
+        load_ops_path(FAST_OPS)
+        yield
+
+
+def bound_op(name: str, dtype: str = "float32", shapes: list[tuple[int, ...]] | None = None):
+    return bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes or CASES[name][0]])
+
+
+def schedule_of(name: str, shapes: list[tuple[int, ...]] | None = None):
+    bound = bound_op(name, shapes=shapes)
+    target = get_target("x86")
+    sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+    return sch, context(bound, target, BuildOptions())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_op_is_classified_by_what_it_computes(name):
+    sch, _ = schedule_of(name)
+    assert anchor(block_infos(sch)).structure is CASES[name][1]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_op_takes_its_structures_rule(name):
+    sch, ctx = schedule_of(name)
+    taken = schedule_by_structure(sch, ctx)
+    assert (taken.rule, taken.fell_through) == (CASES[name][1].value, "")
+
+
+SUMS_IN_HALF = ("layer_norm", "depthwise_conv", "matmul", "batch_matmul")
+"""Ops without float16: their sums round at every term in half, past its tolerance."""
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        (name, dtype)
+        for name in CASES
+        for dtype in ("float32", "float64", "float16")
+        if dtype != "float16" or name not in SUMS_IN_HALF
+    ],
+)
+def test_the_default_by_structure_matches_numpy(name, dtype, local_session, tmp_path):
+    """The target's default build (the rules are the cpu family's generic schedule) on random
+    inputs, ties and planted NaN and infinities: a WrongAnswer fails the test."""
+    bound = bound_op(name, dtype)
+    target = get_target("x86")
+    mod, label = hand_schedule(bound, target, BuildOptions())
+    assert label == "cpu/generic"
+    check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+
+
+def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why():
+    sch, ctx = schedule_of("matmul", [(5, 7), (7, 3)])
+    taken = schedule_by_structure(sch, ctx)
+    assert taken.rule == "generic"
+    assert taken.fell_through == "dot product: n not whole 16-column tiles or m not whole 4-row tiles"
+
+
+def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
+    """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
+    sch, ctx = schedule_of("softmax", [(3, 20)])
+    assert schedule_by_structure(sch, ctx).rule == "row reduction"
+
+
+def elementwise(fn, n: int = 64):
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: fn(x[i]), name="y")
+    return tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
+
+
+def fake_context() -> ScheduleContext:
+    return context(bound_op("gelu"), get_target("x86"), BuildOptions())
+
+
+def test_libm_calls_are_rewritten_unless_asked_for():
+    sch = elementwise(te.erf)
+    assert rewrite_calls(sch, fake_context(), libm=True) == 0 and "T.erf(" in str(sch.mod)
+    assert rewrite_calls(sch, fake_context()) == 1 and "T.erf(" not in str(sch.mod)
+
+
+SPECIALS = np.array(
+    [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 88.7, 88.8, -87.3, -87.4, -104.0], "float32"
+)
+GRID = np.concatenate([np.linspace(-20, 20, 40001, dtype=np.float32), SPECIALS])
+
+
+def run_elementwise(fn) -> np.ndarray:
+    sch = elementwise(fn, GRID.size)
+    rewrite_calls(sch, fake_context())
+    vectors = sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1]
+    sch.vectorize(vectors)
+    built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
+    out = tvm.runtime.empty(GRID.shape, "float32", tvm.cpu())
+    built.mod["main"](tvm.runtime.tensor(GRID, tvm.cpu()), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize(
+    ("fn", "exact", "rtol", "atol"),
+    [
+        (te.exp, np.exp, 3e-7, 1e-44),
+        (te.erf, None, 0.0, 3e-7),
+        (te.tanh, np.tanh, 1e-6, 1e-7),
+        (te.sigmoid, lambda x: 1 / (1 + np.exp(-x)), 1e-6, 1e-38),
+    ],
+    ids=["exp", "erf", "tanh", "sigmoid"],
+)
+def test_vector_math_is_accurate_and_keeps_nan_and_infinities(fn, exact, rtol, atol):
+    from scipy.special import erf
+
+    wide = GRID.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (exact or erf)(wide).astype(np.float32)
+        got = run_elementwise(fn)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(np.isinf(got[finite]), np.isinf(want[finite]))
+    np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol)
+
+
+def test_a_libm_call_left_in_a_vector_loop_is_found():
+    sch = elementwise(te.exp)
+    sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1])
+    assert libm_in_vector_loops(sch.mod["main"]) == ["exp"]
+    rewrite_calls(sch, fake_context())
+    assert libm_in_vector_loops(sch.mod["main"]) == []
+
+
+def test_a_libm_call_in_a_scalar_loop_is_not_reported():
+    sch = elementwise(te.log)
+    assert libm_in_vector_loops(sch.mod["main"]) == []
