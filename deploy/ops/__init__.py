@@ -3,6 +3,7 @@
 from deploy.ops.onnx_mapping import OnnxOp
 from deploy.ops.registry import all_ops, failure_line, get_op, load_entry_points, load_ops_path, register
 from deploy.ops.spec import BoundOp, Case, Input, Op, TensorType, bind
+from deploy.ops.tolerance import Tolerance
 
 __all__ = [
     "BoundOp",
@@ -11,6 +12,7 @@ __all__ = [
     "OnnxOp",
     "Op",
     "TensorType",
+    "Tolerance",
     "all_ops",
     "bind",
     "failure_line",

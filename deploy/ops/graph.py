@@ -20,6 +20,7 @@ import numpy as np
 
 from deploy.base.errors import UsageError
 from deploy.ops.spec import BoundOp, Op, TensorType, bind, sizes_of
+from deploy.ops.tolerance import Rule, combined
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ class BoundGraph:
     def exact(self) -> bool:
         """Bit-exact when every op is (max pooling, argmax): else floats get tolerances."""
         return all(n.bound.op.exact for n in self.nodes)
+
+    def rule(self) -> Rule:
+        """How its float outputs are compared: its nodes' rules combined (`tolerance.combined`)."""
+        return combined([n.bound.rule() for n in self.nodes])
 
     def check_inputs(self, given: Sequence[TensorType], sources: Sequence[str]) -> None:
         """Arrays of types `given` (read from `sources`, for messages) fit the graph's inputs:

@@ -25,6 +25,7 @@ from deploy.base.errors import UsageError, reason
 from deploy.ops.attrs import Attr, AttrKind
 from deploy.ops.onnx_mapping import domain_key, onnx_label
 from deploy.ops.spec import ALL_DTYPES, Case, Input, Op
+from deploy.ops.tolerance import tolerance_problem
 
 LIBRARY = "deploy.ops.library"
 """The package of the ops deploy ships, apart from the framework that defines what an op is."""
@@ -66,8 +67,8 @@ parameters of a bundle, and `-a NAME=VALUE`."""
 def check_definition(cls: type[Op]) -> None:
     """What `register` needs of an op class, checked as data (a user's op file may hold
     anything): a name that is an identifier, its own infer, compute and reference, inputs and
-    attributes with distinct identifier names and defaults of their kinds, dtypes deploy knows, and
-    at least one case."""
+    attributes with distinct identifier names and defaults of their kinds, dtypes deploy knows, a
+    `tolerance` of numbers >= 0 (or none), and at least one case."""
     name = getattr(cls, "name", None)
     where = f"op class {cls.__name__} in {_source(cls)}"
     if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
@@ -100,6 +101,9 @@ def check_definition(cls: type[Op]) -> None:
                 raise UsageError(f"{where}: attrs: the default of {exc}") from None
     if not cls.cases:
         raise UsageError(f"{where}: cases (): expected at least one Case for `deploy test` to verify")
+    problem = tolerance_problem(getattr(cls, "tolerance", None))
+    if problem:
+        raise UsageError(f"{where}: {problem}")
     dtypes = cls.dtypes
     if not isinstance(dtypes, tuple) or not dtypes or not all(d in ALL_DTYPES for d in dtypes):
         raise UsageError(f"{where}: dtypes {dtypes!r}: expected a tuple of some of {', '.join(ALL_DTYPES)}")

@@ -19,6 +19,7 @@ import numpy as np
 from deploy.base.errors import UsageError, clipped
 from deploy.ops.attrs import Attr, Float
 from deploy.ops.onnx_mapping import OnnxOp
+from deploy.ops.tolerance import Rule, Tolerance, op_rule, sum_length
 
 if TYPE_CHECKING:
     from deploy.ops.layouts import Layout, Relayout
@@ -251,6 +252,10 @@ class Op:
     dtypes: ClassVar[tuple[str, ...]] = COMMON_DTYPES
     exact: ClassVar[bool] = False
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
+    tolerance: ClassVar[Tolerance | None] = None
+    """How far a float result may be from `reference` beyond the dtype's tolerance
+    (`deploy/ops/tolerance.py`); None: derived from the computation (a sum of n terms gets the
+    summation bound)."""
     cases: ClassVar[tuple[Case, ...]] = ()
     """Shapes and attributes that `deploy test` verifies for every dtype."""
     bench: ClassVar[Case | None] = None
@@ -290,6 +295,21 @@ class Op:
         nodes' ops), which is what a build depends on."""
         return (self,)
 
+    def comparison_rule(self, bound: BoundOp) -> Rule:
+        """How `bound`'s float outputs are compared with the reference (`deploy/ops/tolerance.py`):
+        exact, the declared `tolerance`, or derived from the sums its computation makes."""
+        if self.exact or self.tolerance is not None:
+            return op_rule(self.name, self.exact, self.tolerance, 0)
+        from tvm import te
+
+        placeholders = [
+            te.placeholder(t.shape, t.dtype, name=spec.name)
+            for spec, t in zip(self.inputs, bound.inputs, strict=True)
+        ]
+        return op_rule(
+            self.name, False, None, sum_length(self.compute(bound.attrs, bound.output, *placeholders))
+        )
+
     def bench_case(self) -> Case:
         """The case `deploy bench` times."""
         return self.bench or self.cases[0]
@@ -319,6 +339,10 @@ class BoundOp:
     def ops(self) -> tuple[Op, ...]:
         """The op definitions the build of this op depends on."""
         return self.op.parts()
+
+    def rule(self) -> Rule:
+        """How its float outputs are compared with the reference (`Op.comparison_rule`)."""
+        return self.op.comparison_rule(self)
 
     @property
     def outputs(self) -> tuple[TensorType, ...]:

@@ -22,8 +22,8 @@ from deploy.devices import Device, DeviceLost, Session
 from deploy.ops import failure_line
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
-from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, compare_all, random_input
-from deploy.verify.run import check_device, for_device, run_artifact, verify
+from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, random_input
+from deploy.verify.run import against, check_device, for_device, run_artifact, verify
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def verify_model(
                 expected = reference.expected(arrays)
             if expected is None:
                 continue
-            comparison = compare_all(expected, actual, graph.exact, list(graph.graph.outputs))
+            comparison = against(graph, arrays, expected, actual)
             results.append(
                 CaseResult(
                     f"{graph.name} vs {reference.name}",
