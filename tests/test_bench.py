@@ -125,12 +125,72 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
 
 
 def test_a_case_grows_along_its_batch() -> None:
+    from deploy.ops import get_op
     from deploy.ops.spec import Case
 
-    case = Case(((32, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1})
-    assert case.batched(3) == Case(((96, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1}), "a broadcast 1 stays"
-    assert Case((("N", 4),)).batched(3).shapes == (("N", 4),), "a symbolic batch stays"
-    assert Case(((2, 3, 4, 5), (5,))).batched(2).shapes == ((4, 3, 4, 5), (5,)), "a lower-rank operand stays"
+    add = get_op("add")
+    case = Case(((32, 64, 8, 8), (1, 64, 8, 8)))
+    assert case.batch_inputs(add) == (0,)
+    assert case.batched(3, (0,)) == Case(((96, 64, 8, 8), (1, 64, 8, 8))), "a broadcast 1 stays"
+    assert Case((("N", 4), ("N", 4))).batch_inputs(add) == (), "a symbolic batch stays"
+    lower = Case(((2, 3, 4, 5), (5,)))
+    assert lower.batch_inputs(add) == (0,), "a lower-rank operand stays"
+    both = Case(((8, 8), (8, 8)))
+    assert both.batch_inputs(add) == (0, 1) and both.single((0, 1)) == Case(((1, 8), (1, 8)))
+
+
+DEPTHWISE = """
+from tvm import te
+
+from deploy.base.errors import UsageError
+from deploy.ops import Case, Input, Op, TensorType, register
+
+
+@register
+class Depthwise(Op):
+    \"\"\"3x3 depthwise convolution, stride 1, no padding.\"\"\"
+
+    name = "dw3x3"
+    inputs = (Input("x", 4, 4), Input("w", 4, 4))
+    dtypes = ("float32",)
+    cases = (Case(((4, 32, 16, 16), (32, 1, 3, 3))),)
+
+    def infer(self, attrs, inputs):
+        x, w = inputs
+        if list(w.shape) != [x.shape[1], 1, 3, 3]:
+            raise UsageError(f"w {w}: expected [{x.shape[1]}, 1, 3, 3]")
+        return TensorType((x.shape[0], x.shape[1], x.shape[2] - 2, x.shape[3] - 2), x.dtype)
+
+    def compute(self, attrs, out, x, w):
+        i, j = te.reduce_axis((0, 3), "i"), te.reduce_axis((0, 3), "j")
+        taps = lambda n, c, h, v: te.sum(x[n, c, h + i, v + j] * w[c, 0, i, j], axis=[i, j])  # noqa: E731
+        return te.compute(out.shape, taps, name="out")
+
+    def reference(self, attrs, x, w):
+        import numpy as np
+
+        out = np.zeros((x.shape[0], x.shape[1], x.shape[2] - 2, x.shape[3] - 2), x.dtype)
+        for i in range(3):
+            for j in range(3):
+                out += x[:, :, i : i + out.shape[2], j : j + out.shape[3]] * w[None, :, 0, i, j, None, None]
+        return out
+"""
+
+
+def test_the_batch_1_row_shrinks_the_data_not_a_weight(tmp_path: Path, own_registry: None) -> None:
+    """Issue #51: the batch-1 row shrank every input of the highest rank, a weight [32, 1, 3, 3]
+    to [1, 1, 3, 3], and the bench aborted; and --min-mb grew the weight likewise."""
+    from deploy.bench.bench import BenchOptions, plan_rows
+    from deploy.ops import get_op, load_ops_path
+
+    (tmp_path / "dw.py").write_text(DEPTHWISE)
+    load_ops_path(tmp_path)
+    op = get_op("dw3x3")
+    rows = plan_rows(op, "float32", BenchOptions(min_bytes=400_000), emulated=False)
+    assert [(label, single) for _, label, _, single in rows] == [
+        ("8x32x16x16 32x1x3x3", False),
+        ("1x32x16x16 32x1x3x3 (batch 1)", True),
+    ]
 
 
 def test_a_grown_case_moves_at_least_what_was_asked() -> None:

@@ -56,19 +56,28 @@ def bench_ops(
     `measure_row`. Every case is bound before the device is touched, so a case that cannot grow
     is refused first."""
     check_device(target, device)
-    planned = []
-    for op in ops:
-        case, bound = sized_case(op, dtype, options.min_bytes, device.emulated)
-        planned += [(bound, case.label() + at, sizes, False) for sizes, at in batches(bound.inputs)]
-        single = op.bench_case().single()
-        if options.single and not device.emulated and single != op.bench_case():
-            planned.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
+    planned = [row for op in ops for row in plan_rows(op, dtype, options, device.emulated)]
     with device.open() as session, _yardstick(session, target, device, options) as stick:
         rows = []
         for index, (bound, label, sizes, in_cache) in enumerate(planned):
             progress(f"{bound.op.name} {label}", index, len(planned))
             row = measure_row(session, bound, label, target, device, stick, options, sizes)
             rows.append(row | {"batch_1": in_cache})
+    return rows
+
+
+def plan_rows(
+    op: Op, dtype: str, options: BenchOptions, emulated: bool
+) -> list[tuple[BoundOp, str, dict[str, int], bool]]:
+    """(bound op, row label, symbolic sizes, whether at batch 1) of each row `bench_ops` measures
+    for `op`: its bench case (`sized_case`), then that case with its batch inputs at 1
+    (`Case.batch_inputs`: the data, not a weight)."""
+    case, bound = sized_case(op, dtype, options.min_bytes, emulated)
+    rows = [(bound, case.label() + at, sizes, False) for sizes, at in batches(bound.inputs)]
+    base = op.bench_case()
+    single = base.single(base.batch_inputs(op))
+    if options.single and not emulated and single != base:
+        rows.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
     return rows
 
 
@@ -81,17 +90,18 @@ def _yardstick(
 
 def sized_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> tuple[Case, BoundOp]:
     """The op's bench case, bound in `dtype` (an emulator: its first case, speed is not the point
-    there), grown by `Case.batched` until it moves at least `min_bytes` (a device whose last-level
+    there), grown along its batch inputs (`Case.batched`, `Case.batch_inputs`) until it moves at
+    least `min_bytes` (a device whose last-level
     cache holds the case would otherwise time its cache); a case that cannot grow that far is a
     UsageError."""
     base = op.cases[0] if emulated else op.bench_case()
     case, bound = base, bind_case(op, base, dtype)
     if emulated or base.symbolic:
         return case, bound
-    factor = 1
+    factor, batch = 1, base.batch_inputs(op)
     while moved_bytes(bound) < min_bytes:  # each round at least doubles the factor
         factor *= -(-min_bytes // moved_bytes(bound))
-        case = base.batched(factor)
+        case = base.batched(factor, batch)
         if case == base:
             raise UsageError(
                 f"--min-mb {min_bytes // 10**6}: {op.name}'s bench case {base.label()} has no batch dim"

@@ -10,7 +10,7 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -218,24 +218,49 @@ class Case:
         """Its batch is symbolic."""
         return any(isinstance(d, str) for shape in self.shapes for d in shape)
 
-    def batched(self, factor: int) -> Case:
-        """This case with `factor` times the leading dim of each input of the highest rank whose
-        leading dim is a size other than 1 (a lower-rank operand, a broadcast 1 and a symbolic
-        batch stay): the same workload, up to `factor` times the memory."""
-        return self._batch(lambda size: size * factor)
+    def batched(self, factor: int, batch: Collection[int]) -> Case:
+        """This case with `factor` times the leading dim of each input of `batch` (its batch
+        inputs, `batch_inputs`) whose leading dim is a size other than 1 (a broadcast 1 and a
+        symbolic batch stay): the same workload, up to `factor` times the memory."""
+        return self._batch(lambda size: size * factor, batch)
 
-    def single(self) -> Case:
+    def single(self, batch: Collection[int]) -> Case:
         """This case at batch 1 (the leading dims `batched` grows set to 1): how an edge device
         calls an op, its data in cache."""
-        return self._batch(lambda size: 1)
+        return self._batch(lambda size: 1, batch)
 
-    def _batch(self, size: Callable[[int], int]) -> Case:
-        rank = max((len(s) for s in self.shapes), default=0)
+    def _batch(self, size: Callable[[int], int], batch: Collection[int]) -> Case:
         resized = tuple(
-            (size(s[0]), *s[1:]) if len(s) == rank and s and isinstance(s[0], int) and s[0] != 1 else s
-            for s in self.shapes
+            (size(s[0]), *s[1:]) if index in batch and s and isinstance(s[0], int) and s[0] != 1 else s
+            for index, s in enumerate(self.shapes)
         )
         return Case(resized, self.attrs)
+
+    def batch_inputs(self, op: Op) -> tuple[int, ...]:
+        """The inputs whose leading dim is the batch, read from the op's own shape relations
+        (`infer`): those whose leading dim, doubled (together, else each alone), doubles the
+        output's leading dim. A weight [32, 1, 3, 3] beside data [8, 32, 112, 112] is not one:
+        doubling it is refused or leaves the output as it was."""
+        dtype = op.dtypes[0]
+
+        def output_lead(shapes: tuple[tuple[int | str, ...], ...]) -> Any:
+            try:
+                out = bind(op, self.attrs, [TensorType(s, dtype) for s in shapes]).output
+            except UsageError:
+                return None
+            return out.shape[0] if out.shape else None
+
+        lead = output_lead(self.shapes)
+        candidates = [i for i, s in enumerate(self.shapes) if s and isinstance(s[0], int) and s[0] != 1]
+        if not isinstance(lead, int) or not candidates:
+            return ()
+
+        def doubles(group: list[int]) -> bool:
+            return output_lead(self.batched(2, group).shapes) == 2 * lead
+
+        if doubles(candidates):
+            return tuple(candidates)
+        return tuple(i for i in candidates if doubles([i]))
 
     def label(self) -> str:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in self.shapes)
