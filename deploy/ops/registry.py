@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import TracebackType
 
-from deploy.base.errors import UsageError, reason
+from deploy.base.errors import UsageError, printable, reason
 from deploy.ops.attrs import Attr, AttrKind
 from deploy.ops.onnx_mapping import domain_key, onnx_label
 from deploy.ops.spec import ALL_DTYPES, Case, Input, Op
@@ -54,9 +54,35 @@ def op_frame(trace: TracebackType | None) -> str:
 
 
 def failure_line(exc: BaseException) -> str:
-    """An unexpected exception in one line: its type, its first line of reason and, when an op's
-    code raised it, that op file's line (`op_frame`)."""
-    return f"{type(exc).__name__}: {reason(exc)}{op_frame(exc.__traceback__)}"
+    """An unexpected exception in one line: its type, its first line of reason (a schedule
+    error's primitive and TVM's reason: `schedule_reason`) and, when an op's code raised it, that
+    op file's line (`op_frame`)."""
+    return f"{type(exc).__name__}: {schedule_reason(exc) or reason(exc)}{op_frame(exc.__traceback__)}"
+
+
+PRIMITIVE = re.compile(r"schedule primitive '([^']+)'")
+TVM_REASON = "Error message: "
+"""What precedes TVM's reason in a ScheduleError's rendered ("detail") message, after the IR."""
+
+
+def schedule_reason(exc: BaseException) -> str | None:
+    """A TVM ScheduleError as one line, the primitive and TVM's reason ("primitive 'parallel':
+    The "parallel" cannot be fulfilled ... because some block iter ... is not a data parallel
+    block iter"); None for any other exception. Its first line alone names only the primitive,
+    and its reason comes after the whole IR it renders."""
+    if "tvm" not in sys.modules:  # not imported: no schedule ran
+        return None
+    from tvm.s_tir.schedule import ScheduleError
+
+    if not isinstance(exc, ScheduleError):
+        return None
+    text = str(exc)
+    primitive = PRIMITIVE.search(text)
+    said = text.rpartition(TVM_REASON)[2].strip() if TVM_REASON in text else ""
+    if said:
+        said = printable(" ".join(said.split()))
+    where = f"primitive {primitive.group(1)!r}" if primitive else "a schedule primitive"
+    return f"{where}: {said}" if said else None
 
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
