@@ -224,6 +224,13 @@ def load_ops_path(directory: str | Path) -> list[str]:
     return sorted(set(_OPS) - before)
 
 
+def ops_in(directory: str | Path) -> list[str]:
+    """The names of the registered ops defined by a `*.py` file right in `directory` (an
+    `--ops-path` folder), loaded now or before."""
+    folder = Path(directory).resolve()
+    return sorted(name for name, op in _OPS.items() if Path(_source(type(op))).parent == folder)
+
+
 MOVED = {
     "ops": "the op framework is deploy.ops now (from deploy.ops import Op, Input, Case, register, ...;"
     " the shipped ops are deploy.ops.library)",
