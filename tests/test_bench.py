@@ -12,6 +12,7 @@ import pytest
 from deploy.base.errors import UsageError
 from deploy.bench.torch_baseline import torch_version
 from deploy.cli.bench import versus, warn_in_cache
+from deploy.ops import TensorType
 from tests.conftest import run_deploy
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
@@ -353,3 +354,72 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
 
     warn_in_cache([{"op": "add", "mb_moved": 0.1, "batch_1": False}], {"add": get_op("add")})  # it has one
     assert capsys.readouterr().err == ""
+
+
+GELU = '''
+import math
+
+import numpy as np
+from tvm import te
+
+from deploy.ops import Case, Input, Op, register
+from deploy.ops.onnx_mapping import OnnxNode
+
+
+@register
+class Gelu(Op):
+    """x * (1 + erf(x / sqrt 2)) / 2, a custom op ONNX has as Gelu (opset 20)."""
+
+    name = "my_gelu"
+    inputs = (Input("x"),)
+    dtypes = ("float32",)
+    cases = (Case(((4, 64),)),)
+
+    def infer(self, attrs, inputs):
+        return inputs[0]
+
+    def compute(self, attrs, out, x):
+        return te.compute(out.shape, lambda *i: x[i] * (1 + te.erf(x[i] * 0.70710678)) * 0.5, name="out")
+
+    def reference(self, attrs, x):
+        return (x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) / 2).astype(x.dtype)
+
+    def numpy_baseline(self, attrs, x):
+        return None  # numpy has no erf: np.vectorize is no fair baseline
+
+    def onnx_baseline(self, attrs, inputs):
+        return OnnxNode("Gelu", {}, opset=20)
+'''
+
+
+def test_an_op_names_its_own_baselines(tmp_path: Path, own_registry: None) -> None:
+    """Issue #51: the onnxruntime column needed an import mapping and had opset 17 (no Gelu) and
+    no shapes (no grouped Conv); the numpy column timed a reference written for correctness
+    (GELU through np.vectorize printed "16.9x faster than numpy"). An op names its onnxruntime
+    node (opset, attributes from the shapes) and its numpy baseline, or n/a."""
+    from deploy.ops import get_op, load_ops_path
+    from deploy.ops.onnx_mapping import OnnxNode
+    from tests.conftest import invoke
+
+    (tmp_path / "gelu.py").write_text(GELU)
+    dw = DEPTHWISE
+    dw += (  # its onnxruntime node: a Conv whose group is the input's channels
+        "\n    def onnx_baseline(self, attrs, inputs):\n"
+        "        from deploy.ops.onnx_mapping import OnnxNode\n\n"
+        "        return OnnxNode('Conv', {'group': inputs[0].shape[1], 'kernel_shape': [3, 3]})\n"
+    )
+    (tmp_path / "dw.py").write_text(dw)
+    load_ops_path(tmp_path)
+    assert get_op("dw3x3").onnx_baseline({}, [TensorType((1, 32, 8, 8), "float32")] * 2) == OnnxNode(
+        "Conv", {"group": 32, "kernel_shape": [3, 3]}
+    )
+    done = invoke("bench", "--target", "x86", "--op", "my_gelu", "--op", "dw3x3", "--repeat", "1",
+                  "--json", "--no-batch-1")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    gelu, dw_row = json.loads(done.stdout)
+    assert gelu["onnxruntime_ms"] > 0, "Gelu at opset 20"
+    assert gelu["numpy_na"] and gelu["numpy_ms"] is None and gelu["speedup_vs_numpy"] is None
+    assert dw_row["onnxruntime_ms"] > 0, "a grouped Conv, its group read from the shapes"
+    assert not dw_row["numpy_na"] and dw_row["numpy_ms"] > 0
+    table = invoke("bench", "--target", "x86", "--op", "my_gelu", "--repeat", "1", "--no-batch-1")
+    assert table.exit_code == 0 and "n/a" in table.output

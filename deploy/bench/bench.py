@@ -22,7 +22,7 @@ from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
 from deploy.verify.compare import random_input
 from deploy.verify.measure import Timer, WrongAnswer, host_ms
-from deploy.verify.run import check_device, for_device
+from deploy.verify.run import against, check_device, for_device
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,22 @@ def bench_model(
         return rows
 
 
+def numpy_ms(item: Buildable, inputs: list[np.ndarray], repeat: int) -> float | None:
+    """Median ms per call of the item's numpy baseline (`Op.numpy_baseline`: its reference unless
+    the op names a faster one) on this host, checked against the reference first (a baseline
+    computing something else is a UsageError naming the op); None where it has none (n/a)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        found = item.baselines(*inputs)
+        if found is None:
+            return None
+        comparison = against(item, inputs, item.references(*inputs), found)
+    if not comparison.ok:
+        raise UsageError(f"{item.name}: its numpy_baseline differs from its reference: {comparison.detail}")
+    return host_ms(lambda: item.baselines(*inputs), repeat)
+
+
 TIMED = ("median_ms", "max_error", "gb_per_s", "yardstick_mb", "read_gb_per_s", "write_gb_per_s",
-         "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms",
+         "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms", "numpy_na",
          "speedup_vs_numpy", "onnxruntime_ms", "speedup_vs_onnxruntime", "torch_ms", "torch_preallocated",
          "speedup_vs_torch")  # fmt: skip
 """A row's figures that only a right answer gets."""
@@ -203,7 +217,7 @@ def measure_row(
         return row | dict.fromkeys(TIMED, None) | {"wrong_answer": reason(exc)}
     beside = stick.beside(timer, options.repeat)
     median_ms, roof = beside.ms, beside.bandwidth
-    numpy = host_ms(lambda: item.references(*inputs), options.repeat) if options.baselines else None
+    numpy = numpy_ms(item, inputs, options.repeat) if options.baselines else None
     ort = onnxruntime_ms(item, inputs, options.repeat) if options.baselines else None
     torch = torch_ms(item, inputs, options.repeat) if options.baselines else None
     return row | {
@@ -220,6 +234,7 @@ def measure_row(
         "roofline_ms": roof.copy_ms(moved),
         "x_roofline": beside.x_copy(moved),
         "numpy_ms": numpy,
+        "numpy_na": options.baselines and numpy is None,
         "speedup_vs_numpy": None if numpy is None else numpy / median_ms,
         "onnxruntime_ms": ort,
         "speedup_vs_onnxruntime": None if ort is None else ort / median_ms,

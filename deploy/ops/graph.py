@@ -181,6 +181,23 @@ class BoundGraph:
         values = flow(self.nodes, given, numpy_reference)
         return [values[name] for name in self.graph.outputs]
 
+    def baselines(self, *arrays: np.ndarray) -> list[np.ndarray] | None:
+        """The outputs by the ops' `numpy_baseline`s composed (`deploy bench`'s numpy column);
+        None where an op has none."""
+        return _baseline_flow(self, arrays)
+
+
+def _baseline_flow(graph: BoundGraph, arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+    """The graph's outputs by its ops' `numpy_baseline`s composed; None where one has none."""
+    values = {c.name: c.array() for c in graph.graph.constants}
+    values.update(zip(graph.input_names, arrays, strict=True))
+    for n in graph.nodes:
+        found = n.bound.op.numpy_baseline(n.bound.attrs, *[values[name] for name in n.node.inputs])
+        if found is None:
+            return None
+        values[n.node.output] = found
+    return [values[name] for name in graph.graph.outputs]
+
 
 def ops_of(nodes: Sequence[BoundNode]) -> tuple[Op, ...]:
     """The op definitions `nodes` are made of, each once, in order."""

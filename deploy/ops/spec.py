@@ -18,7 +18,7 @@ import numpy as np
 
 from deploy.base.errors import UsageError, clipped
 from deploy.ops.attrs import Attr, Float
-from deploy.ops.onnx_mapping import OnnxOp
+from deploy.ops.onnx_mapping import OnnxNode, OnnxOp, domain_key
 from deploy.ops.tolerance import Rule, Tolerance, op_rule, sum_length
 
 if TYPE_CHECKING:
@@ -304,6 +304,27 @@ class Op:
         """Numpy reference with the same semantics as `compute`."""
         raise NotImplementedError
 
+    def numpy_baseline(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray | None:
+        """numpy's fast way to compute the op: what `deploy bench` times as its numpy column
+        (checked against `reference` first). Default: `reference`, fair where it is whole-array
+        numpy; override it where the reference is written for correctness (`np.vectorize`,
+        Python loops) with a fast one, or return None: the column says n/a."""
+        return self.reference(attrs, *arrays)
+
+    def onnx_baseline(self, attrs: dict[str, Any], inputs: list[TensorType]) -> OnnxNode | None:
+        """The standard ONNX node that computes the op for these inputs, which `deploy bench`
+        times in onnxruntime; None: no onnxruntime column. Default: the first standard-domain
+        mapping of `onnx` whose `node_attrs` can say the attributes. Override it for a node the
+        op does not import (a custom op that is a standard Gelu, opset 20) or whose attributes
+        depend on the shapes (a depthwise Conv's `group`: the input's channels)."""
+        for mapping in self.onnx:
+            if mapping.node_attrs is None or domain_key(mapping.domain):
+                continue
+            node_attrs = mapping.node_attrs(attrs)
+            if node_attrs is not None:
+                return OnnxNode(mapping.op_type, node_attrs)
+        return None
+
     def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
         """How this node (NCHW `attrs`, bound to `inputs`) runs in `layout`; None: it runs only as
         it is (the default), and a graph pass converts its inputs back to what it reads."""
@@ -390,6 +411,11 @@ class BoundOp:
     def references(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """`reference` as a graph's outputs are listed."""
         return [self.reference(*arrays)]
+
+    def baselines(self, *arrays: np.ndarray) -> list[np.ndarray] | None:
+        """The op's `numpy_baseline` on `arrays`, as `references` lists outputs; None: n/a."""
+        found = self.op.numpy_baseline(self.attrs, *arrays)
+        return None if found is None else [found]
 
     def computed(self, out: Any) -> Any:
         """`out`, what the op's compute returned, if it is the te.Tensor `infer` said (rank, static
