@@ -12,6 +12,7 @@ import pytest
 from deploy.base.errors import UsageError
 from deploy.bench.torch_baseline import torch_version
 from deploy.cli.bench import versus, warn_in_cache
+from deploy.ops import TensorType
 from tests.conftest import run_deploy
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
@@ -125,12 +126,72 @@ def test_min_mb_grows_the_case_and_the_roofline() -> None:
 
 
 def test_a_case_grows_along_its_batch() -> None:
+    from deploy.ops import get_op
     from deploy.ops.spec import Case
 
-    case = Case(((32, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1})
-    assert case.batched(3) == Case(((96, 64, 8, 8), (1, 64, 8, 8), ()), {"axis": 1}), "a broadcast 1 stays"
-    assert Case((("N", 4),)).batched(3).shapes == (("N", 4),), "a symbolic batch stays"
-    assert Case(((2, 3, 4, 5), (5,))).batched(2).shapes == ((4, 3, 4, 5), (5,)), "a lower-rank operand stays"
+    add = get_op("add")
+    case = Case(((32, 64, 8, 8), (1, 64, 8, 8)))
+    assert case.batch_inputs(add) == (0,)
+    assert case.batched(3, (0,)) == Case(((96, 64, 8, 8), (1, 64, 8, 8))), "a broadcast 1 stays"
+    assert Case((("N", 4), ("N", 4))).batch_inputs(add) == (), "a symbolic batch stays"
+    lower = Case(((2, 3, 4, 5), (5,)))
+    assert lower.batch_inputs(add) == (0,), "a lower-rank operand stays"
+    both = Case(((8, 8), (8, 8)))
+    assert both.batch_inputs(add) == (0, 1) and both.single((0, 1)) == Case(((1, 8), (1, 8)))
+
+
+DEPTHWISE = """
+from tvm import te
+
+from deploy.base.errors import UsageError
+from deploy.ops import Case, Input, Op, TensorType, register
+
+
+@register
+class Depthwise(Op):
+    \"\"\"3x3 depthwise convolution, stride 1, no padding.\"\"\"
+
+    name = "dw3x3"
+    inputs = (Input("x", 4, 4), Input("w", 4, 4))
+    dtypes = ("float32",)
+    cases = (Case(((4, 32, 16, 16), (32, 1, 3, 3))),)
+
+    def infer(self, attrs, inputs):
+        x, w = inputs
+        if list(w.shape) != [x.shape[1], 1, 3, 3]:
+            raise UsageError(f"w {w}: expected [{x.shape[1]}, 1, 3, 3]")
+        return TensorType((x.shape[0], x.shape[1], x.shape[2] - 2, x.shape[3] - 2), x.dtype)
+
+    def compute(self, attrs, out, x, w):
+        i, j = te.reduce_axis((0, 3), "i"), te.reduce_axis((0, 3), "j")
+        taps = lambda n, c, h, v: te.sum(x[n, c, h + i, v + j] * w[c, 0, i, j], axis=[i, j])  # noqa: E731
+        return te.compute(out.shape, taps, name="out")
+
+    def reference(self, attrs, x, w):
+        import numpy as np
+
+        out = np.zeros((x.shape[0], x.shape[1], x.shape[2] - 2, x.shape[3] - 2), x.dtype)
+        for i in range(3):
+            for j in range(3):
+                out += x[:, :, i : i + out.shape[2], j : j + out.shape[3]] * w[None, :, 0, i, j, None, None]
+        return out
+"""
+
+
+def test_the_batch_1_row_shrinks_the_data_not_a_weight(tmp_path: Path, own_registry: None) -> None:
+    """Issue #51: the batch-1 row shrank every input of the highest rank, a weight [32, 1, 3, 3]
+    to [1, 1, 3, 3], and the bench aborted; and --min-mb grew the weight likewise."""
+    from deploy.bench.bench import BenchOptions, plan_rows
+    from deploy.ops import get_op, load_ops_path
+
+    (tmp_path / "dw.py").write_text(DEPTHWISE)
+    load_ops_path(tmp_path)
+    op = get_op("dw3x3")
+    rows = plan_rows(op, "float32", BenchOptions(min_bytes=400_000), emulated=False)
+    assert [(label, single) for _, label, _, single in rows] == [
+        ("8x32x16x16 32x1x3x3", False),
+        ("1x32x16x16 32x1x3x3 (batch 1)", True),
+    ]
 
 
 def test_a_grown_case_moves_at_least_what_was_asked() -> None:
@@ -293,3 +354,72 @@ def test_bench_shows_progress_on_a_terminal_and_warns_of_the_cache(capsys: pytes
 
     warn_in_cache([{"op": "add", "mb_moved": 0.1, "batch_1": False}], {"add": get_op("add")})  # it has one
     assert capsys.readouterr().err == ""
+
+
+GELU = '''
+import math
+
+import numpy as np
+from tvm import te
+
+from deploy.ops import Case, Input, Op, register
+from deploy.ops.onnx_mapping import OnnxNode
+
+
+@register
+class Gelu(Op):
+    """x * (1 + erf(x / sqrt 2)) / 2, a custom op ONNX has as Gelu (opset 20)."""
+
+    name = "my_gelu"
+    inputs = (Input("x"),)
+    dtypes = ("float32",)
+    cases = (Case(((4, 64),)),)
+
+    def infer(self, attrs, inputs):
+        return inputs[0]
+
+    def compute(self, attrs, out, x):
+        return te.compute(out.shape, lambda *i: x[i] * (1 + te.erf(x[i] * 0.70710678)) * 0.5, name="out")
+
+    def reference(self, attrs, x):
+        return (x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) / 2).astype(x.dtype)
+
+    def numpy_baseline(self, attrs, x):
+        return None  # numpy has no erf: np.vectorize is no fair baseline
+
+    def onnx_baseline(self, attrs, inputs):
+        return OnnxNode("Gelu", {}, opset=20)
+'''
+
+
+def test_an_op_names_its_own_baselines(tmp_path: Path, own_registry: None) -> None:
+    """Issue #51: the onnxruntime column needed an import mapping and had opset 17 (no Gelu) and
+    no shapes (no grouped Conv); the numpy column timed a reference written for correctness
+    (GELU through np.vectorize printed "16.9x faster than numpy"). An op names its onnxruntime
+    node (opset, attributes from the shapes) and its numpy baseline, or n/a."""
+    from deploy.ops import get_op, load_ops_path
+    from deploy.ops.onnx_mapping import OnnxNode
+    from tests.conftest import invoke
+
+    (tmp_path / "gelu.py").write_text(GELU)
+    dw = DEPTHWISE
+    dw += (  # its onnxruntime node: a Conv whose group is the input's channels
+        "\n    def onnx_baseline(self, attrs, inputs):\n"
+        "        from deploy.ops.onnx_mapping import OnnxNode\n\n"
+        "        return OnnxNode('Conv', {'group': inputs[0].shape[1], 'kernel_shape': [3, 3]})\n"
+    )
+    (tmp_path / "dw.py").write_text(dw)
+    load_ops_path(tmp_path)
+    assert get_op("dw3x3").onnx_baseline({}, [TensorType((1, 32, 8, 8), "float32")] * 2) == OnnxNode(
+        "Conv", {"group": 32, "kernel_shape": [3, 3]}
+    )
+    done = invoke("bench", "--target", "x86", "--op", "my_gelu", "--op", "dw3x3", "--repeat", "1",
+                  "--json", "--no-batch-1")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    gelu, dw_row = json.loads(done.stdout)
+    assert gelu["onnxruntime_ms"] > 0, "Gelu at opset 20"
+    assert gelu["numpy_na"] and gelu["numpy_ms"] is None and gelu["speedup_vs_numpy"] is None
+    assert dw_row["onnxruntime_ms"] > 0, "a grouped Conv, its group read from the shapes"
+    assert not dw_row["numpy_na"] and dw_row["numpy_ms"] > 0
+    table = invoke("bench", "--target", "x86", "--op", "my_gelu", "--repeat", "1", "--no-batch-1")
+    assert table.exit_code == 0 and "n/a" in table.output

@@ -146,6 +146,23 @@ def test_test_command_subset_passes():
     assert f"{2 * len(get_op('argmax').cases)} cases passed, 0 failed" in result.stdout
 
 
+def test_test_with_ops_path_and_no_op_tests_only_that_paths_ops(example_ops, tmp_path):
+    """Issue #51: `deploy test --ops-path myops` without --op re-verified all 397 shipped cases
+    (3-6 min on the emulator) when the user wanted theirs."""
+    from tests.conftest import REPO
+
+    examples = str(REPO / "deploy" / "ops" / "examples")
+    result = invoke("--ops-path", examples, "test", "--target", "x86", "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    cases = len(get_op("hard_tanh").cases)
+    assert f"{cases} cases passed, 0 failed" in result.stdout
+    assert "hard_tanh" in result.stdout and "max_pool2d" not in result.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = invoke("--ops-path", str(empty), "test", "--target", "x86")
+    assert nothing.exit_code == 2 and "no op file there registers an op; pass --op" in nothing.stderr
+
+
 def test_test_command_rejects_empty_selection():
     result = invoke("test", "--target", "x86", "--op", "leaky_relu", "--dtype", "int8")
     assert result.exit_code == 2 and "no cases" in result.stderr

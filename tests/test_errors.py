@@ -374,3 +374,51 @@ def test_an_output_name_of_241_bytes_builds_and_rebuilds(tmp_path):
         done = run_deploy(*BUILD, "--op", "add", "--shape", "4", "--shape", "4", "-o", str(out))
         assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+ROW_SUM = '''
+from tvm import te
+
+from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.schedules.registry import register_schedule
+
+
+@register
+class RowSum(Op):
+    """The sum of each row."""
+
+    name = "row_sum_bad_schedule"
+    inputs = (Input("x", 2, 2),)
+    dtypes = ("float32",)
+    cases = (Case(((4, 8),)),)
+
+    def infer(self, attrs, inputs):
+        return TensorType((inputs[0].shape[0],), inputs[0].dtype)
+
+    def compute(self, attrs, out, x):
+        k = te.reduce_axis((0, x.shape[1]), "k")
+        return te.compute(out.shape, lambda i: te.sum(x[i, k], axis=k), name="out")
+
+    def reference(self, attrs, x):
+        return x.sum(axis=1)
+
+
+@register_schedule("cpu", "row_sum_bad_schedule")
+def parallel_reduction(sch, ctx):
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    sch.parallel(sch.get_loops(block)[-1])  # the reduction loop: TVM refuses
+'''
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_schedule_error_names_the_primitive_and_tvms_reason(tmp_path, debug):
+    """Issue #51: `ScheduleError: An error occurred in the schedule primitive 'parallel'` alone,
+    even with --debug; TVM's reason comes after the IR it renders."""
+    (tmp_path / "row_sum.py").write_text(ROW_SUM)
+    flags = ["--debug"] if debug else []
+    proc = run_deploy(*flags, "--ops-path", str(tmp_path), "build", "--op", "row_sum_bad_schedule",
+                      "--shape", "4x8", "--target", "x86", "-o", str(tmp_path / "out"))  # fmt: skip
+    assert proc.returncode == 1
+    (line,) = [text for text in proc.stderr.splitlines() if text.startswith("error: ")]
+    assert line.startswith("error: ScheduleError: primitive 'parallel': The \"parallel\" cannot be fulfilled")
+    assert "is not a data parallel block iter" in line

@@ -189,6 +189,31 @@ def test_test_model_compares_with_numpy_and_onnxruntime(example_ops):
     assert "5 cases passed, 0 failed" in result.output  # numpy on 3 input sets, onnxruntime on 2 (no NaN)
 
 
+def test_test_model_of_custom_nodes_only_says_onnxruntime_ran_none(example_ops, tmp_path):
+    """Issue #51: a model of custom-domain nodes only had rows "vs onnxruntime", though
+    onnxruntime ran no node of it (our numpy references computed every one); a mixed model's
+    rows say how many nodes onnxruntime ran."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("HardTanh", ["x"], ["y"], "ht", domain="com.example")
+    graph = helper.make_graph(
+        [node], "custom_only", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    model = tmp_path / "custom_only.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets), model)
+    result = invoke("test", "--model", str(model), "--target", "x86")
+    assert result.exit_code == 0, result.output
+    assert "vs onnxruntime" not in result.output and "3 cases passed, 0 failed" in result.output
+    assert "onnxruntime runs no node of this model" in " ".join(result.output.split())
+    mixed = invoke("test", "--model", str(EXAMPLE_ONNX), "--target", "x86")
+    said = "vs onnxruntime: onnxruntime ran 3 of 4 nodes, our numpy references the custom-domain ones"
+    assert said in " ".join(mixed.output.split())
+
+
 def test_test_model_says_when_onnxruntime_is_missing(example_ops, monkeypatch):
     """An ONNX model's second reference is onnxruntime's; without it, one line says so."""
     from deploy.verify import onnx_reference

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -152,6 +153,7 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     args = ["--op", "add", "--shape", shape, "--shape", shape, "--target", "x86", "--db", str(db)]
     first = run_deploy("tune", *args, "--trials", "1")  # the hand schedule itself, measured
     assert first.returncode == 0, first.stderr
+    assert first.stdout.index("default build (cpu/") < first.stdout.index("1 records in")  # checked first
     task = task_dir(db, "x86")
     target, options = resolve_build("x86", cores=host_cpus())
     mod = prim_module(bind(get_op("add"), {}, [TensorType((8, 64, 56, 56), "float32")] * 2), target, options)
@@ -165,6 +167,7 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     judged = run_deploy("tune", *args, "--trials", "2")  # no new search: judges the two records
     assert judged.returncode == 0, judged.stderr
     assert "kept the hand schedule" in judged.stdout
+    assert "default " in judged.stdout and " ms / best found " in judged.stdout
     verdict = json.loads((task / "accepted.json").read_text())
     assert verdict["record"] is None and verdict["records"] == 2
     assert verdict["best_tuned_ms"] > 0  # the hand's own record, measured again beside it, or the planted one
@@ -476,3 +479,75 @@ def test_tuning_registers_the_cpu_intrinsics_and_skips_the_gpu_ones() -> None:
         f"tvm.s_tir.tensor_intrin.{name}" for name in ("arm_cpu", "dot_product_common", "riscv_cpu", "x86")
     ]
     assert modules == str(loaded)
+
+
+def test_without_a_verified_hand_the_fastest_verified_record_is_accepted(monkeypatch) -> None:
+    """Issue #51: a hand schedule whose check failed (before the search) loses to any record that
+    passed its own: the best verified record is kept and reported, never lost."""
+    from deploy.tune import tuner
+    from deploy.verify.measure import Measured
+
+    times = {"slow": Measured(0.0, (3.0, 3.0, 3.0)), "fast": Measured(0.0, (2.0, 2.0, 2.0))}
+    monkeypatch.setattr(
+        tuner, "time_interleaved", lambda session, checked, rounds: [times[c] for c in checked]
+    )
+    nowhere: Any = None  # judge times through the patched time_interleaved, on no session
+    by_name: dict[str, Any] = {"slow": "slow", "fast": "fast"}  # stand-ins for Checked builds
+    verdict = tuner.judge(nowhere, None, by_name)
+    assert verdict["record"] == "fast" and verdict["ms"] == 2.0 and verdict["hand_ms"] is None
+    with_hand = tuner.judge(nowhere, by_name["slow"], {"fast": by_name["fast"]})
+    assert with_hand["record"] == "fast" and with_hand["hand_ms"] == 3.0
+
+
+def test_the_output_says_how_far_the_default_was_from_the_best() -> None:
+    from deploy.cli.tune import default_over_best
+
+    accepted = {"record": "r", "ms": 1.25, "hand_ms": 12.5}
+    assert default_over_best(accepted) == "default 12.5 ms / best found 1.25 ms = 10.00x"
+    kept = {"record": None, "best_tuned_ms": 13.0, "hand_ms": 12.5}
+    assert default_over_best(kept) == "default 12.5 ms / best found 12.5 ms = 1.00x"
+    assert default_over_best({"record": "r", "ms": 1.0, "hand_ms": None}) is None
+
+
+WRONG_OP = '''
+import numpy as np
+from tvm import te, tirx
+
+from deploy.ops import Case, Input, Op, register
+
+
+@register
+class OffByOne(Op):
+    """x + 1, whose reference says x."""
+
+    name = "off_by_one"
+    inputs = (Input("x"),)
+    dtypes = ("float32",)
+    cases = (Case(((64, 64),)),)
+
+    def infer(self, attrs, inputs):
+        return inputs[0]
+
+    def compute(self, attrs, out, x):
+        return te.compute(out.shape, lambda *i: x[i] + tirx.const(1, "float32"), name="out")
+
+    def reference(self, attrs, x):
+        return x
+'''
+
+
+@pytest.mark.slow
+def test_the_default_build_is_checked_before_the_search(tmp_path: Path) -> None:
+    """Issue #51: the default build's check runs first (seconds) and its failure is said before
+    any trial; with no verified record found, the tune ends as a failed check (exit 1)."""
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    (ops / "off_by_one.py").write_text(WRONG_OP)
+    db = tmp_path / "db"
+    tuned = run_deploy("--ops-path", str(ops), "tune", "--op", "off_by_one", "--shape", "64x64",
+                       "--target", "x86", "--trials", "2", "--db", str(db))  # fmt: skip
+    assert tuned.returncode == 1, tuned.stderr
+    assert "warning: the default build fails its check (" in tuned.stderr
+    assert "|got-want| 1 > bound" in tuned.stderr
+    assert "error: no record passed its check either" in tuned.stderr
+    assert len(records(task_dir(db, "x86"))) == 2, "the search ran after the failed check"

@@ -23,7 +23,7 @@ from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
 from deploy.verify.compare import random_input
 from deploy.verify.measure import Timer, WrongAnswer, host_ms
-from deploy.verify.run import check_device
+from deploy.verify.run import against, check_device
 
 
 @dataclass(frozen=True)
@@ -57,19 +57,28 @@ def bench_ops(
     with `build` for the device: see `measure_row`. Every case is bound before the device is
     touched, so a case that cannot grow is refused first."""
     check_device(target, device)
-    planned = []
-    for op in ops:
-        case, bound = sized_case(op, dtype, options.min_bytes, device.emulated)
-        planned += [(bound, case.label() + at, sizes, False) for sizes, at in batches(bound.inputs)]
-        single = op.bench_case().single()
-        if options.single and not device.emulated and single != op.bench_case():
-            planned.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
+    planned = [row for op in ops for row in plan_rows(op, dtype, options, device.emulated)]
     with device.open() as session, _yardstick(session, target, build, device, options) as stick:
         rows = []
         for index, (bound, label, sizes, in_cache) in enumerate(planned):
             progress(f"{bound.op.name} {label}", index, len(planned))
             row = measure_row(session, bound, label, target, build, device, stick, options, sizes)
             rows.append(row | {"batch_1": in_cache})
+    return rows
+
+
+def plan_rows(
+    op: Op, dtype: str, options: BenchOptions, emulated: bool
+) -> list[tuple[BoundOp, str, dict[str, int], bool]]:
+    """(bound op, row label, symbolic sizes, whether at batch 1) of each row `bench_ops` measures
+    for `op`: its bench case (`sized_case`), then that case with its batch inputs at 1
+    (`Case.batch_inputs`: the data, not a weight)."""
+    case, bound = sized_case(op, dtype, options.min_bytes, emulated)
+    rows = [(bound, case.label() + at, sizes, False) for sizes, at in batches(bound.inputs)]
+    base = op.bench_case()
+    single = base.single(base.batch_inputs(op))
+    if options.single and not emulated and single != base:
+        rows.append((bind_case(op, single, dtype), f"{single.label()} (batch 1)", {}, True))
     return rows
 
 
@@ -82,17 +91,18 @@ def _yardstick(
 
 def sized_case(op: Op, dtype: str, min_bytes: int, emulated: bool) -> tuple[Case, BoundOp]:
     """The op's bench case, bound in `dtype` (an emulator: its first case, speed is not the point
-    there), grown by `Case.batched` until it moves at least `min_bytes` (a device whose last-level
+    there), grown along its batch inputs (`Case.batched`, `Case.batch_inputs`) until it moves at
+    least `min_bytes` (a device whose last-level
     cache holds the case would otherwise time its cache); a case that cannot grow that far is a
     UsageError."""
     base = op.cases[0] if emulated else op.bench_case()
     case, bound = base, bind_case(op, base, dtype)
     if emulated or base.symbolic:
         return case, bound
-    factor = 1
+    factor, batch = 1, base.batch_inputs(op)
     while moved_bytes(bound) < min_bytes:  # each round at least doubles the factor
         factor *= -(-min_bytes // moved_bytes(bound))
-        case = base.batched(factor)
+        case = base.batched(factor, batch)
         if case == base:
             raise UsageError(
                 f"--min-mb {min_bytes // 10**6}: {op.name}'s bench case {base.label()} has no batch dim"
@@ -146,8 +156,22 @@ def bench_model(
         return rows
 
 
+def numpy_ms(item: Buildable, inputs: list[np.ndarray], repeat: int) -> float | None:
+    """Median ms per call of the item's numpy baseline (`Op.numpy_baseline`: its reference unless
+    the op names a faster one) on this host, checked against the reference first (a baseline
+    computing something else is a UsageError naming the op); None where it has none (n/a)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        found = item.baselines(*inputs)
+        if found is None:
+            return None
+        comparison = against(item, inputs, item.references(*inputs), found)
+    if not comparison.ok:
+        raise UsageError(f"{item.name}: its numpy_baseline differs from its reference: {comparison.detail}")
+    return host_ms(lambda: item.baselines(*inputs), repeat)
+
+
 TIMED = ("median_ms", "max_error", "gb_per_s", "yardstick_mb", "read_gb_per_s", "write_gb_per_s",
-         "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms",
+         "floor_ms", "x_floor", "roofline_gb_per_s", "roofline_ms", "x_roofline", "numpy_ms", "numpy_na",
          "speedup_vs_numpy", "onnxruntime_ms", "speedup_vs_onnxruntime", "torch_ms", "torch_preallocated",
          "speedup_vs_torch")  # fmt: skip
 """A row's figures that only a right answer gets."""
@@ -196,7 +220,7 @@ def measure_row(
         return row | dict.fromkeys(TIMED, None) | {"wrong_answer": reason(exc)}
     beside = stick.beside(timer, options.repeat)
     median_ms, roof = beside.ms, beside.bandwidth
-    numpy = host_ms(lambda: item.references(*inputs), options.repeat) if options.baselines else None
+    numpy = numpy_ms(item, inputs, options.repeat) if options.baselines else None
     ort = onnxruntime_ms(item, inputs, options.repeat) if options.baselines else None
     torch = torch_ms(item, inputs, options.repeat) if options.baselines else None
     return row | {
@@ -213,6 +237,7 @@ def measure_row(
         "roofline_ms": roof.copy_ms(moved),
         "x_roofline": beside.x_copy(moved),
         "numpy_ms": numpy,
+        "numpy_na": options.baselines and numpy is None,
         "speedup_vs_numpy": None if numpy is None else numpy / median_ms,
         "onnxruntime_ms": ort,
         "speedup_vs_onnxruntime": None if ort is None else ort / median_ms,

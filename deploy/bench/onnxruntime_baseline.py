@@ -1,5 +1,6 @@
 """onnxruntime (CPU) as a `deploy bench` baseline: the op, or the graph, as an ONNX model built
-from its ops' `node_attrs` (`deploy/ops/onnx_mapping.py`), run through IOBinding into a preallocated
+from its ops' `onnx_baseline` nodes (by default their `node_attrs`, `deploy/ops/onnx_mapping.py`;
+an op may name its own node, opset and shape-dependent attributes), run through IOBinding into a preallocated
 output with as many threads as TVM uses. This is how an engine calls onnxruntime, and the
 runtime our users compare against. Calls go through onnxruntime's Python binding, about 2.5 us
 each on this project's 2-core x86 host (an Identity of one element): it counts at in-cache sizes."""
@@ -15,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from deploy.base.threads import runtime_threads
 from deploy.ops.graph import BoundGraph, Constant
-from deploy.ops.onnx_mapping import domain_key
+from deploy.ops.onnx_mapping import BASELINE_OPSET
 from deploy.ops.spec import BoundOp
 from deploy.verify.measure import host_ms
 
@@ -29,23 +30,17 @@ try:
 except ImportError:  # an optional dependency: without it there is no onnxruntime column
     onnxruntime = None
 
-OPSET = 17
-"""The opset of the models built: every op we export means the same from opset 13 to now."""
-
 Step = tuple[BoundOp, Sequence[str], str]
 """A node to export: its bound op, the names of the tensors it reads, the name it writes."""
 
 
-def onnx_node(bound: BoundOp, inputs: Sequence[str], output: str) -> onnx.NodeProto | None:
-    """The ONNX node of a bound op, or None where it has none: no standard-domain mapping with
-    `node_attrs` (a custom domain has no onnxruntime kernel), or attributes ONNX cannot say."""
-    for mapping in bound.op.onnx:
-        if mapping.node_attrs is None or domain_key(mapping.domain):
-            continue
-        attrs = mapping.node_attrs(bound.attrs)
-        if attrs is not None:
-            return helper.make_node(mapping.op_type, list(inputs), [output], **attrs)
-    return None
+def onnx_node(bound: BoundOp, inputs: Sequence[str], output: str) -> tuple[onnx.NodeProto, int] | None:
+    """The ONNX node of a bound op (`Op.onnx_baseline`: its own node, attributes from its
+    attributes and input shapes) with the opset defining it, or None where it has none."""
+    node = bound.op.onnx_baseline(bound.attrs, list(bound.inputs))
+    if node is None:
+        return None
+    return helper.make_node(node.op_type, list(inputs), [output], **node.attrs), node.opset
 
 
 def onnx_model(
@@ -56,10 +51,12 @@ def onnx_model(
 ) -> onnx.ModelProto | None:
     """A model of `steps` in order, its inputs typed and shaped as `inputs`, `constants` its
     initializers, its outputs of the dtypes `outputs` gives (onnxruntime infers the shapes); None
-    when a step has no ONNX node."""
-    nodes = [node for step in steps if (node := onnx_node(*step)) is not None]
-    if len(nodes) != len(steps):
+    when a step has no ONNX node. The opset is the highest any node needs."""
+    found = [pair for step in steps if (pair := onnx_node(*step)) is not None]
+    if len(found) != len(steps):
         return None
+    nodes = [node for node, _ in found]
+    opset = max((version for _, version in found), default=BASELINE_OPSET)
 
     def value_info(name: str, dtype: np.dtype, shape: Sequence[int] | None) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype), shape)
@@ -71,7 +68,7 @@ def onnx_model(
         [value_info(name, np.dtype(dtype), None) for name, dtype in outputs.items()],
         [numpy_helper.from_array(c.array(), c.name) for c in constants],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def op_steps(bound: BoundOp) -> tuple[list[Step], list[str], dict[str, str]]:

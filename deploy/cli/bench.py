@@ -225,13 +225,15 @@ def print_bench(rows: list[dict[str, Any]], target: str, device: Any) -> None:
             continue
         table.add_row(
             r["op"], r["shapes"], r["schedule"], f"{r['median_ms']:.3f}", f"{r['gb_per_s']:.1f}",
-            f"{r['x_floor']:.2f}", _or_dash(r["numpy_ms"], ".3f"), versus(r["speedup_vs_numpy"]),
+            f"{r['x_floor']:.2f}", "n/a" if r["numpy_na"] else _or_dash(r["numpy_ms"], ".3f"),
+            versus(r["speedup_vs_numpy"]),
             _or_dash(r["onnxruntime_ms"], ".3f"), versus(r["speedup_vs_onnxruntime"]),
             _or_dash(r["torch_ms"], ".3f") + (" *" if r["torch_preallocated"] is False else ""),
             versus(r["speedup_vs_torch"]),
         )  # fmt: skip
     table.caption = (
-        "Baselines on this host with as many threads: ort = onnxruntime, through IOBinding into a"
+        "Baselines on this host with as many threads: numpy = the op's numpy_baseline (its reference"
+        " unless it names a faster one; n/a: none is fair), ort = onnxruntime, through IOBinding into a"
         " preallocated output; torch into a preallocated one (out=), * where every call allocates it."
         " --json adds MB moved and x copy (time over a copy of as many bytes)."
     )

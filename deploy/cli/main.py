@@ -176,7 +176,8 @@ class DeployGroup(click.Group):
                 _stopped(ctx, stop)
             if isinstance(exc, BrokenPipeError) and _reader_gone():
                 _unread(ctx)
-            if ctx.params.get("debug"):
+            if ctx.params.get("debug"):  # the one line too: a TVM message may bury its reason
+                click.echo(f"error: {failure_line(exc)}", err=True)
                 raise
             click.echo(f"error: {failure_line(exc)} (rerun with --debug for details)", err=True)
             ctx.exit(1)

@@ -34,7 +34,12 @@ if TYPE_CHECKING:
 @TARGET
 @TUNED
 @device_options
-@click.option("--op", "op_names", multiple=True, help="Only these ops (default: all).")
+@click.option(
+    "--op",
+    "op_names",
+    multiple=True,
+    help="Only these ops (default: all; with `deploy --ops-path DIR`, the ops of DIR's files).",
+)
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 @MODEL
 @LAYOUT
@@ -49,9 +54,10 @@ def test_command(
     layout: str | None,
 ) -> None:
     """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
-    every free server of the key at once); with --model, the model's graph on random inputs,
+    every free server of the key at once); with `deploy --ops-path DIR` and no --op, only the
+    ops of DIR's files; with --model, the model's graph on random inputs,
     ties and NaN/inf against numpy and (an ONNX model, onnxruntime installed) onnxruntime."""
-    from deploy.ops import all_ops, get_op
+    from deploy.ops import get_op
     from deploy.verify.matrix import plan
 
     target, options = resolve_build(target_name, tuned, cores, layout, model)
@@ -61,7 +67,7 @@ def test_command(
         if not _test_model(model, target, options, where.resolve(target)):
             raise click.exceptions.Exit(1)
         return
-    ops = [get_op(name) for name in op_names] if op_names else all_ops()
+    ops = [get_op(name) for name in op_names] if op_names else _default_ops()
     planned = plan(ops, dtypes)
     if not planned:
         raise UsageError(f"no cases for ops {', '.join(op_names) or 'all'} with dtypes {', '.join(dtypes)}")
@@ -78,6 +84,20 @@ def test_command(
     results = run_with_progress(planned, target, options, device, workers)
     if not all(r.ok for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _default_ops() -> list[Any]:
+    """The ops `deploy test` verifies without --op: those of the `--ops-path` folders given
+    (a user wants theirs, not the 397 shipped cases again), else every op."""
+    from deploy.ops import all_ops, get_op, ops_in
+
+    folders = click.get_current_context().find_root().params.get("ops_path") or ()
+    if not folders:
+        return all_ops()
+    names = sorted({name for folder in folders for name in ops_in(folder)})
+    if not names:
+        raise UsageError(f"--ops-path {', '.join(folders)}: no op file there registers an op; pass --op")
+    return [get_op(name) for name in names]
 
 
 def _test_model(model: str, target: Any, options: Any, device: Any) -> bool:

@@ -19,6 +19,7 @@ from deploy.base.errors import UsageError, reason
 from deploy.ops.graph import Apply, BoundNode, Node, flow, numpy_reference, ops_of
 from deploy.ops.registry import get_op
 from deploy.ops.spec import ALL_DTYPES, BoundOp, Input, Op, TensorType, bind
+from deploy.ops.tolerance import Rule, combined
 
 
 def named(tensor: te.Tensor, name: str) -> te.Tensor:
@@ -70,6 +71,10 @@ class FusedOp(Op):
 
     def parts(self) -> tuple[Op, ...]:
         return ops_of(self.nodes)
+
+    def comparison_rule(self, bound: BoundOp) -> Rule:
+        """Its nodes' rules combined (`tolerance.combined`), as the graph's."""
+        return combined([n.bound.rule() for n in self.nodes])
 
     def block_name(self, index: int) -> str:
         """The block that computes node `index`'s output in the fused PrimFunc, named after the

@@ -20,6 +20,7 @@ import numpy as np
 
 from deploy.base.errors import UsageError
 from deploy.ops.spec import BoundOp, Op, TensorType, bind, sizes_of
+from deploy.ops.tolerance import Rule, combined
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,10 @@ class BoundGraph:
         """Bit-exact when every op is (max pooling, argmax): else floats get tolerances."""
         return all(n.bound.op.exact for n in self.nodes)
 
+    def rule(self) -> Rule:
+        """How its float outputs are compared: its nodes' rules combined (`tolerance.combined`)."""
+        return combined([n.bound.rule() for n in self.nodes])
+
     def check_inputs(self, given: Sequence[TensorType], sources: Sequence[str]) -> None:
         """Arrays of types `given` (read from `sources`, for messages) fit the graph's inputs:
         as many, each of its shape and dtype; else a one-line UsageError naming the input."""
@@ -175,6 +180,23 @@ class BoundGraph:
         given.update(zip(self.input_names, arrays, strict=True))
         values = flow(self.nodes, given, numpy_reference)
         return [values[name] for name in self.graph.outputs]
+
+    def baselines(self, *arrays: np.ndarray) -> list[np.ndarray] | None:
+        """The outputs by the ops' `numpy_baseline`s composed (`deploy bench`'s numpy column);
+        None where an op has none."""
+        return _baseline_flow(self, arrays)
+
+
+def _baseline_flow(graph: BoundGraph, arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+    """The graph's outputs by its ops' `numpy_baseline`s composed; None where one has none."""
+    values = {c.name: c.array() for c in graph.graph.constants}
+    values.update(zip(graph.input_names, arrays, strict=True))
+    for n in graph.nodes:
+        found = n.bound.op.numpy_baseline(n.bound.attrs, *[values[name] for name in n.node.inputs])
+        if found is None:
+            return None
+        values[n.node.output] = found
+    return [values[name] for name in graph.graph.outputs]
 
 
 def ops_of(nodes: Sequence[BoundNode]) -> tuple[Op, ...]:

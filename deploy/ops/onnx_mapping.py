@@ -62,6 +62,22 @@ class OnnxOp:
         return domain_key(self.domain), self.op_type
 
 
+BASELINE_OPSET = 17
+"""The opset of a baseline node that does not name one: every shipped op's node means the same
+from opset 13 to now."""
+
+
+@dataclass(frozen=True)
+class OnnxNode:
+    """A standard-domain ONNX node computing what an op does, for `deploy bench`'s onnxruntime
+    column (`Op.onnx_baseline`): its op_type, its ONNX attributes and the opset that defines it
+    (Gelu: 20)."""
+
+    op_type: str
+    attrs: dict[str, Any]
+    opset: int = BASELINE_OPSET
+
+
 def domain_key(domain: str) -> str:
     """The key of `domain`: "" and "ai.onnx" are the same default domain."""
     return DEFAULT_DOMAIN if domain == "ai.onnx" else domain

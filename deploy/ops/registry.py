@@ -21,10 +21,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import TracebackType
 
-from deploy.base.errors import UsageError, reason
+from deploy.base.errors import UsageError, printable, reason
 from deploy.ops.attrs import Attr, AttrKind
 from deploy.ops.onnx_mapping import domain_key, onnx_label
 from deploy.ops.spec import ALL_DTYPES, Case, Input, Op
+from deploy.ops.tolerance import tolerance_problem
 
 LIBRARY = "deploy.ops.library"
 """The package of the ops deploy ships, apart from the framework that defines what an op is."""
@@ -53,9 +54,35 @@ def op_frame(trace: TracebackType | None) -> str:
 
 
 def failure_line(exc: BaseException) -> str:
-    """An unexpected exception in one line: its type, its first line of reason and, when an op's
-    code raised it, that op file's line (`op_frame`)."""
-    return f"{type(exc).__name__}: {reason(exc)}{op_frame(exc.__traceback__)}"
+    """An unexpected exception in one line: its type, its first line of reason (a schedule
+    error's primitive and TVM's reason: `schedule_reason`) and, when an op's code raised it, that
+    op file's line (`op_frame`)."""
+    return f"{type(exc).__name__}: {schedule_reason(exc) or reason(exc)}{op_frame(exc.__traceback__)}"
+
+
+PRIMITIVE = re.compile(r"schedule primitive '([^']+)'")
+TVM_REASON = "Error message: "
+"""What precedes TVM's reason in a ScheduleError's rendered ("detail") message, after the IR."""
+
+
+def schedule_reason(exc: BaseException) -> str | None:
+    """A TVM ScheduleError as one line, the primitive and TVM's reason ("primitive 'parallel':
+    The "parallel" cannot be fulfilled ... because some block iter ... is not a data parallel
+    block iter"); None for any other exception. Its first line alone names only the primitive,
+    and its reason comes after the whole IR it renders."""
+    if "tvm" not in sys.modules:  # not imported: no schedule ran
+        return None
+    from tvm.s_tir.schedule import ScheduleError
+
+    if not isinstance(exc, ScheduleError):
+        return None
+    text = str(exc)
+    primitive = PRIMITIVE.search(text)
+    said = text.rpartition(TVM_REASON)[2].strip() if TVM_REASON in text else ""
+    if said:
+        said = printable(" ".join(said.split()))
+    where = f"primitive {primitive.group(1)!r}" if primitive else "a schedule primitive"
+    return f"{where}: {said}" if said else None
 
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -66,8 +93,8 @@ parameters of a bundle, and `-a NAME=VALUE`."""
 def check_definition(cls: type[Op]) -> None:
     """What `register` needs of an op class, checked as data (a user's op file may hold
     anything): a name that is an identifier, its own infer, compute and reference, inputs and
-    attributes with distinct identifier names and defaults of their kinds, dtypes deploy knows, and
-    at least one case."""
+    attributes with distinct identifier names and defaults of their kinds, dtypes deploy knows, a
+    `tolerance` of numbers >= 0 (or none), and at least one case."""
     name = getattr(cls, "name", None)
     where = f"op class {cls.__name__} in {_source(cls)}"
     if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
@@ -100,6 +127,9 @@ def check_definition(cls: type[Op]) -> None:
                 raise UsageError(f"{where}: attrs: the default of {exc}") from None
     if not cls.cases:
         raise UsageError(f"{where}: cases (): expected at least one Case for `deploy test` to verify")
+    problem = tolerance_problem(getattr(cls, "tolerance", None))
+    if problem:
+        raise UsageError(f"{where}: {problem}")
     dtypes = cls.dtypes
     if not isinstance(dtypes, tuple) or not dtypes or not all(d in ALL_DTYPES for d in dtypes):
         raise UsageError(f"{where}: dtypes {dtypes!r}: expected a tuple of some of {', '.join(ALL_DTYPES)}")
@@ -192,6 +222,13 @@ def load_ops_path(directory: str | Path) -> list[str]:
         with _importing(f"op file {path}"), _old_imports(path):
             spec.loader.exec_module(module)
     return sorted(set(_OPS) - before)
+
+
+def ops_in(directory: str | Path) -> list[str]:
+    """The names of the registered ops defined by a `*.py` file right in `directory` (an
+    `--ops-path` folder), loaded now or before."""
+    folder = Path(directory).resolve()
+    return sorted(name for name, op in _OPS.items() if Path(_source(type(op))).parent == folder)
 
 
 MOVED = {

@@ -10,7 +10,7 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +18,8 @@ import numpy as np
 
 from deploy.base.errors import UsageError, clipped
 from deploy.ops.attrs import Attr, Float
-from deploy.ops.onnx_mapping import OnnxOp
+from deploy.ops.onnx_mapping import OnnxNode, OnnxOp, domain_key
+from deploy.ops.tolerance import Rule, Tolerance, op_rule, sum_length
 
 if TYPE_CHECKING:
     from deploy.ops.layouts import Layout, Relayout
@@ -217,24 +218,49 @@ class Case:
         """Its batch is symbolic."""
         return any(isinstance(d, str) for shape in self.shapes for d in shape)
 
-    def batched(self, factor: int) -> Case:
-        """This case with `factor` times the leading dim of each input of the highest rank whose
-        leading dim is a size other than 1 (a lower-rank operand, a broadcast 1 and a symbolic
-        batch stay): the same workload, up to `factor` times the memory."""
-        return self._batch(lambda size: size * factor)
+    def batched(self, factor: int, batch: Collection[int]) -> Case:
+        """This case with `factor` times the leading dim of each input of `batch` (its batch
+        inputs, `batch_inputs`) whose leading dim is a size other than 1 (a broadcast 1 and a
+        symbolic batch stay): the same workload, up to `factor` times the memory."""
+        return self._batch(lambda size: size * factor, batch)
 
-    def single(self) -> Case:
+    def single(self, batch: Collection[int]) -> Case:
         """This case at batch 1 (the leading dims `batched` grows set to 1): how an edge device
         calls an op, its data in cache."""
-        return self._batch(lambda size: 1)
+        return self._batch(lambda size: 1, batch)
 
-    def _batch(self, size: Callable[[int], int]) -> Case:
-        rank = max((len(s) for s in self.shapes), default=0)
+    def _batch(self, size: Callable[[int], int], batch: Collection[int]) -> Case:
         resized = tuple(
-            (size(s[0]), *s[1:]) if len(s) == rank and s and isinstance(s[0], int) and s[0] != 1 else s
-            for s in self.shapes
+            (size(s[0]), *s[1:]) if index in batch and s and isinstance(s[0], int) and s[0] != 1 else s
+            for index, s in enumerate(self.shapes)
         )
         return Case(resized, self.attrs)
+
+    def batch_inputs(self, op: Op) -> tuple[int, ...]:
+        """The inputs whose leading dim is the batch, read from the op's own shape relations
+        (`infer`): those whose leading dim, doubled (together, else each alone), doubles the
+        output's leading dim. A weight [32, 1, 3, 3] beside data [8, 32, 112, 112] is not one:
+        doubling it is refused or leaves the output as it was."""
+        dtype = op.dtypes[0]
+
+        def output_lead(shapes: tuple[tuple[int | str, ...], ...]) -> Any:
+            try:
+                out = bind(op, self.attrs, [TensorType(s, dtype) for s in shapes]).output
+            except UsageError:
+                return None
+            return out.shape[0] if out.shape else None
+
+        lead = output_lead(self.shapes)
+        candidates = [i for i, s in enumerate(self.shapes) if s and isinstance(s[0], int) and s[0] != 1]
+        if not isinstance(lead, int) or not candidates:
+            return ()
+
+        def doubles(group: list[int]) -> bool:
+            return output_lead(self.batched(2, group).shapes) == 2 * lead
+
+        if doubles(candidates):
+            return tuple(candidates)
+        return tuple(i for i in candidates if doubles([i]))
 
     def label(self) -> str:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in self.shapes)
@@ -251,6 +277,10 @@ class Op:
     dtypes: ClassVar[tuple[str, ...]] = COMMON_DTYPES
     exact: bool = False
     """True when the result is bit-exact for every dtype (max, argmax); else floats get tolerances."""
+    tolerance: ClassVar[Tolerance | None] = None
+    """How far a float result may be from `reference` beyond the dtype's tolerance
+    (`deploy/ops/tolerance.py`); None: derived from the computation (a sum of n terms gets the
+    summation bound)."""
     cases: ClassVar[tuple[Case, ...]] = ()
     """Shapes and attributes that `deploy test` verifies for every dtype."""
     bench: ClassVar[Case | None] = None
@@ -274,6 +304,27 @@ class Op:
         """Numpy reference with the same semantics as `compute`."""
         raise NotImplementedError
 
+    def numpy_baseline(self, attrs: dict[str, Any], *arrays: np.ndarray) -> np.ndarray | None:
+        """numpy's fast way to compute the op: what `deploy bench` times as its numpy column
+        (checked against `reference` first). Default: `reference`, fair where it is whole-array
+        numpy; override it where the reference is written for correctness (`np.vectorize`,
+        Python loops) with a fast one, or return None: the column says n/a."""
+        return self.reference(attrs, *arrays)
+
+    def onnx_baseline(self, attrs: dict[str, Any], inputs: list[TensorType]) -> OnnxNode | None:
+        """The standard ONNX node that computes the op for these inputs, which `deploy bench`
+        times in onnxruntime; None: no onnxruntime column. Default: the first standard-domain
+        mapping of `onnx` whose `node_attrs` can say the attributes. Override it for a node the
+        op does not import (a custom op that is a standard Gelu, opset 20) or whose attributes
+        depend on the shapes (a depthwise Conv's `group`: the input's channels)."""
+        for mapping in self.onnx:
+            if mapping.node_attrs is None or domain_key(mapping.domain):
+                continue
+            node_attrs = mapping.node_attrs(attrs)
+            if node_attrs is not None:
+                return OnnxNode(mapping.op_type, node_attrs)
+        return None
+
     def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
         """How this node (NCHW `attrs`, bound to `inputs`) runs in `layout`; None: it runs only as
         it is (the default), and a graph pass converts its inputs back to what it reads."""
@@ -289,6 +340,21 @@ class Op:
         """The ops whose definitions this op's computation is made of: itself (a fused group: its
         nodes' ops), which is what a build depends on."""
         return (self,)
+
+    def comparison_rule(self, bound: BoundOp) -> Rule:
+        """How `bound`'s float outputs are compared with the reference (`deploy/ops/tolerance.py`):
+        exact, the declared `tolerance`, or derived from the sums its computation makes."""
+        if self.exact or self.tolerance is not None:
+            return op_rule(self.name, self.exact, self.tolerance, 0)
+        from tvm import te
+
+        placeholders = [
+            te.placeholder(t.shape, t.dtype, name=spec.name)
+            for spec, t in zip(self.inputs, bound.inputs, strict=True)
+        ]
+        return op_rule(
+            self.name, False, None, sum_length(self.compute(bound.attrs, bound.output, *placeholders))
+        )
 
     def bench_case(self) -> Case:
         """The case `deploy bench` times."""
@@ -320,6 +386,10 @@ class BoundOp:
         """The op definitions the build of this op depends on."""
         return self.op.parts()
 
+    def rule(self) -> Rule:
+        """How its float outputs are compared with the reference (`Op.comparison_rule`)."""
+        return self.op.comparison_rule(self)
+
     @property
     def outputs(self) -> tuple[TensorType, ...]:
         """Its one output, as a graph's outputs are listed."""
@@ -341,6 +411,11 @@ class BoundOp:
     def references(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """`reference` as a graph's outputs are listed."""
         return [self.reference(*arrays)]
+
+    def baselines(self, *arrays: np.ndarray) -> list[np.ndarray] | None:
+        """The op's `numpy_baseline` on `arrays`, as `references` lists outputs; None: n/a."""
+        found = self.op.numpy_baseline(self.attrs, *arrays)
+        return None if found is None else [found]
 
     def computed(self, out: Any) -> Any:
         """`out`, what the op's compute returned, if it is the te.Tensor `infer` said (rank, static

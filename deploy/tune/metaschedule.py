@@ -8,6 +8,9 @@ own schedule for the op with its choices sampled (`deploy/schedules/space.py`). 
 fastest records are checked against numpy and timed against the hand schedule on the device
 (`tuner.decide`): one is accepted only if it beats the hand schedule by more than the spread, and
 only an accepted record is ever built by `--tuned` (else the build keeps the hand schedule).
+The default build is checked against numpy before the search (seconds): a build that fails stops
+the run before minutes of search; a wrong answer is reported, and the search goes on to find a
+verified record to build instead.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from deploy.schedules.registry import Picked, every_structure
 from deploy.schedules.space import design_spaces
 from deploy.tune import records as db
 from deploy.tune.runner import Measuring, builder, bundle_runner, local_runner, session_runner
-from deploy.tune.tuner import Progress, TuneResult, decide
+from deploy.tune.tuner import DefaultCheck, Progress, TuneResult, check_default, decide
 
 BATCH = 8
 """Candidates per search iteration: records are written after each batch."""
@@ -127,10 +130,15 @@ class MetaScheduleTuner:
         best = before.valid()
         progress.started(len(before.records), db.mean_secs(best[0]) if best else None)
         missing = trials - len(before.records)
-        with _measuring(device, bound, timeout_s) as (measuring, open_verify):
-            if options.cores is None or RUNNER in device.protocols:  # (its candidates: bundles)
-                with open_verify() as session:
+        with (
+            _measuring(device, bound, timeout_s) as (measuring, open_verify),
+            tempfile.TemporaryDirectory(prefix="deploy-default-") as default_dir,
+        ):
+            with open_verify() as session:
+                if options.cores is None or RUNNER in device.protocols:  # (its candidates: bundles)
                     options = for_device(options, session)
+                default = check_default(session, bound, target, options, Path(default_dir))  # seconds, first
+            progress.default_checked(default)
             for index, variant in enumerate(variants):
                 share = -(-missing // (len(variants) - index))  # what one leaves goes to the next
                 if share <= 0:
@@ -139,7 +147,7 @@ class MetaScheduleTuner:
                     bound, target, options, variant, directory, measuring, share, progress
                 )
             records = db.TaskRecords.load(directory, *mods)
-            entry = _accept(bound, target, options, variants, records, open_verify, device.name)
+            entry = _accept(bound, target, options, variants, records, open_verify, device.name, default)
         valid = records.valid()
         return TuneResult(
             directory,
@@ -345,9 +353,11 @@ def _accept(
     records: db.TaskRecords,
     open_session: Callable[[], Any],
     device: str,
+    default: DefaultCheck,
 ) -> dict[str, Any] | None:
     """The task's verdict, written to accepted.json: the fastest records are built as `deploy
-    build --tuned` builds them and judged against the hand schedule on the device (`decide`);
+    build --tuned` builds them and judged against the hand schedule on the device (`decide`,
+    the hand's check done before the search: `default`);
     an accepted one is pinned by its sha256 and names the structure of its computation
     ("compute": its picks). An earlier verdict stands while no new record was measured and the
     device is the same (`records.standing_verdict`)."""
@@ -367,7 +377,7 @@ def _accept(
         for name, found in ranked.items()
     }
     with open_session() as session, tempfile.TemporaryDirectory(prefix="deploy-accept-") as tmp:
-        entry = decide(session, bound, target, options, contenders, Path(tmp))
+        entry = decide(session, bound, target, options, contenders, Path(tmp), default)
     if entry.get("record"):
         variant, record = ranked[entry["record"]]
         entry |= {"sha256": db.record_sha256(record), "compute": variant.picks}

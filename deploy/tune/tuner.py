@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from deploy.base.errors import reason
+from deploy.base.errors import DeployError, reason
 from deploy.base.stopping import raise_if_stopped
 from deploy.compiler.compile import Compiled, CompiledGraph, compile_scheduled, hand_schedule
 from deploy.compiler.options import BuildOptions
@@ -45,6 +45,30 @@ class Progress:
     trial: Callable[[float | None], None] = lambda secs: None
     stopping: Callable[[], None] = lambda: None
     waiting: Callable[[Path], None] = lambda directory: None
+    default_checked: Callable[[DefaultCheck], None] = lambda checked: None
+    """Told, before the search, how the default build's check against numpy went."""
+
+
+@dataclass(frozen=True)
+class DefaultCheck:
+    """The default build (the hand schedule `deploy build` uses) checked against numpy:
+    `checked` where it passed, else `failure` says how it differs."""
+
+    checked: Checked | None
+    failure: str | None = None
+
+
+def check_default(
+    session: Session, bound: BoundOp, target: Target, options: BuildOptions, workdir: Path
+) -> DefaultCheck:
+    """Build the default schedule and check it against numpy on the session, before any search
+    (seconds, where a search takes minutes). A wrong answer is returned, not raised: the search
+    may still find a verified record to build instead; a build that fails raises."""
+    compiled = compile_scheduled(bound, target, options, *hand_schedule(bound, target, options))
+    try:
+        return DefaultCheck(check(session, compiled, workdir))
+    except DeployError as exc:
+        return DefaultCheck(None, reason(exc))
 
 
 class Tuner(Protocol):
@@ -83,15 +107,20 @@ def check_static(what: str, types: tuple[TensorType, ...]) -> None:
     require_static(types, what, "MetaSchedule tunes no loop of symbolic extent: tune the batch you deploy")
 
 
-def judge(session: Session, hand: Checked, contenders: dict[str, Checked]) -> dict[str, Any]:
+def judge(session: Session, hand: Checked | None, contenders: dict[str, Checked]) -> dict[str, Any]:
     """The verdict on a search's best finds (record name -> build checked against numpy): timed
     with the hand schedule, interleaved in one session, the fastest that beats the hand
     schedule by more than the spread of either is accepted ({"record": name, "ms", ...});
-    otherwise the hand schedule stays ({"record": None, "kept": "hand", ...}). Both times go in."""
-    timed = time_interleaved(session, [hand, *contenders.values()], ACCEPT_ROUNDS)
-    hand_time, times = timed[0], dict(zip(contenders, timed[1:], strict=True))
-    common = {"hand_ms": hand_time.ms, "hand_spread_ms": hand_time.spread}
-    winners = sorted((m.ms, name) for name, m in times.items() if m.beats(hand_time))
+    otherwise the hand schedule stays ({"record": None, "kept": "hand", ...}). Both times go in.
+    Without `hand` (its check failed) the fastest contender is accepted: verified beats wrong."""
+    timed = time_interleaved(session, [*([hand] if hand else []), *contenders.values()], ACCEPT_ROUNDS)
+    hand_time = timed.pop(0) if hand else None
+    times = dict(zip(contenders, timed, strict=True))
+    common = {
+        "hand_ms": hand_time.ms if hand_time else None,
+        "hand_spread_ms": hand_time.spread if hand_time else None,
+    }
+    winners = sorted((m.ms, name) for name, m in times.items() if hand_time is None or m.beats(hand_time))
     if winners:
         name = winners[0][1]
         best = times[name]
@@ -107,18 +136,21 @@ def decide(
     options: BuildOptions,
     contenders: Mapping[str, Callable[[], Compiled]],
     workdir: Path,
+    default: DefaultCheck | None = None,
 ) -> dict[str, Any]:
     """The verdict on a search's best finds (name -> how to build it as `--tuned` builds) against
-    the hand schedule (`judge_built`)."""
-    hand = check(
-        session, compile_scheduled(bound, target, options, *hand_schedule(bound, target, options)), workdir
-    )
-    return judge_built(session, hand, contenders, workdir)
+    the hand schedule (`judge_built`), checked here unless `default` says how its check went
+    (before the search). A hand schedule that failed its check is named in "hand_failed", and
+    the fastest verified contender is accepted."""
+    if default is None:
+        default = check_default(session, bound, target, options, workdir)
+    verdict = judge_built(session, default.checked, contenders, workdir)
+    return verdict | ({"hand_failed": default.failure} if default.failure else {})
 
 
 def judge_built(
     session: Session,
-    hand: Checked,
+    hand: Checked | None,
     contenders: Mapping[str, Callable[[], Compiled | CompiledGraph]],
     workdir: Path,
 ) -> dict[str, Any]:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from deploy.ops.spec import TensorType
+from deploy.ops.tolerance import DTYPE, Rule
 
 TOLERANCES = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-13)}
-"""(rtol, atol) by dtype for results that are not bit-exact."""
+"""(rtol, atol) by dtype for results that are not bit-exact: what every float comparison allows."""
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,48 @@ CHUNK = 1 << 18
 large the output."""
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison:
-    """Exact equality for exact ops and integers; dtype tolerances for floats, but for infinities,
-    which must match exactly (a relative tolerance of an infinity is infinite). NaN matches NaN."""
+@dataclass(frozen=True)
+class Bound:
+    """The bound on |got - want| of one float dtype under a rule: atol + rtol * |want| +
+    term * magnitude (`deploy/ops/tolerance.py`)."""
+
+    rtol: float
+    atol: float
+    term: float
+    text: str
+    """The bound as a formula, with where its rule comes from."""
+
+    def of(self, expected: np.ndarray, magnitude: np.ndarray | None) -> np.ndarray:
+        """The bound per element (float64), `magnitude` the reference on |inputs| (None, or NaN
+        where NaN inputs make it so: no per-term part)."""
+        bound = self.atol + self.rtol * np.abs(expected)
+        if magnitude is not None and self.term:
+            bound = bound + np.nan_to_num(self.term * np.abs(magnitude), nan=0.0, posinf=np.inf)
+        return bound
+
+
+def bound_for(dtype: np.dtype, rule: Rule) -> Bound:
+    """The bound `rule` sets for results of the float `dtype`."""
+    eps = float(np.finfo(dtype).eps)
+    rtol, atol = TOLERANCES[str(dtype)]
+    relative = max(rtol if rule.dtype_rtol else 0.0, (rule.ulps or 0.0) * eps)
+    parts = [f"{rule.per_term:g}*eps*sum|terms|"] if rule.per_term else []
+    parts += [f"{relative:g}*|want|", f"{atol:g}"]
+    why = f"{dtype} {rule.why}" if rule.why else str(dtype)
+    return Bound(relative, atol, rule.per_term * eps, f"{why}: {' + '.join(parts)}")
+
+
+def compare(
+    expected: np.ndarray,
+    actual: np.ndarray,
+    exact: bool,
+    rule: Rule = DTYPE,
+    magnitude: np.ndarray | None = None,
+) -> Comparison:
+    """Exact equality for exact ops and integers; for floats the bound `rule` sets
+    (`bound_for`; `magnitude`: the reference on |inputs|, where the rule has a per-term part),
+    but for infinities, which must match exactly (a relative tolerance of an infinity is
+    infinite). NaN matches NaN."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return Comparison(
             False,
@@ -35,13 +75,20 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
         )
     if actual.size == 0:
         return Comparison(True, 0.0)
-    exact = exact or expected.dtype.kind in "iub"
-    rtol, atol = (0.0, 0.0) if exact else TOLERANCES[str(expected.dtype)]
+    exact = exact or rule.exact or expected.dtype.kind in "iub"
+    bound = None if exact else bound_for(expected.dtype, rule)
     flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
+    flat_magnitude = None
+    if magnitude is not None and np.shape(magnitude) == expected.shape:
+        flat_magnitude = np.asarray(magnitude).reshape(-1)
     max_error, shown = 0.0, None  # (what, flat index, excess) of the element the detail names
     for start in range(0, flat_expected.size, CHUNK):
+        part = slice(start, start + CHUNK)
         error, what, index, excess = _compare_chunk(
-            flat_expected[start : start + CHUNK], flat_actual[start : start + CHUNK], exact, rtol, atol
+            flat_expected[part],
+            flat_actual[part],
+            bound,
+            None if flat_magnitude is None else flat_magnitude[part],
         )
         max_error = max(max_error, error)
         if what and (shown is None or excess > shown[2]):  # a broken rule (inf) outranks a tolerance
@@ -57,13 +104,22 @@ def compare(expected: np.ndarray, actual: np.ndarray, exact: bool) -> Comparison
 
 
 def compare_all(
-    expected: list[np.ndarray], actual: list[np.ndarray], exact: bool, names: list[str]
+    expected: list[np.ndarray],
+    actual: list[np.ndarray],
+    exact: bool,
+    names: list[str],
+    rule: Rule = DTYPE,
+    magnitudes: list[np.ndarray] | None = None,
 ) -> Comparison:
-    """Each output of `actual` against `expected` (`compare`): the first that differs, named
-    where there are several, else all fine with the largest error."""
+    """Each output of `actual` against `expected` (`compare`, under `rule` with each output's
+    magnitude): the first that differs, named where there are several, else all fine with the
+    largest error."""
     if len(actual) != len(expected):
         return Comparison(False, float("inf"), f"got {len(actual)} outputs, expected {len(expected)}")
-    found = [compare(np.asarray(e), a, exact) for e, a in zip(expected, actual, strict=True)]
+    each = magnitudes if magnitudes is not None else [None] * len(expected)
+    found = [
+        compare(np.asarray(e), a, exact, rule, m) for e, a, m in zip(expected, actual, each, strict=True)
+    ]
     worst = max(c.max_error for c in found)
     for name, comparison in zip(names, found, strict=True):
         if not comparison.ok:
@@ -73,11 +129,12 @@ def compare_all(
 
 
 def _compare_chunk(
-    expected: np.ndarray, actual: np.ndarray, exact: bool, rtol: float, atol: float
+    expected: np.ndarray, actual: np.ndarray, bound: Bound | None, magnitude: np.ndarray | None
 ) -> tuple[float, str, int, float]:
     """(max error, what disagrees: "" where nothing does, the flat index in the chunk of the
-    element to show, how far past the tolerance it is): the first element that breaks a rule
-    (NaN, bit-exactness, infinities; inf past), else the worst beyond the tolerance."""
+    element to show, how far past the bound it is): the first element that breaks a rule
+    (NaN, bit-exactness where `bound` is None, infinities; inf past), else the worst beyond the
+    bound."""
     wide_expected, wide_actual = expected.astype(np.float64), actual.astype(np.float64)
     nan_expected = np.isnan(wide_expected)
     nan_moved = nan_expected != np.isnan(wide_actual)
@@ -89,7 +146,7 @@ def _compare_chunk(
         diff = np.abs(wide_expected - wide_actual)
     diff[wide_expected == wide_actual] = 0.0
     max_error = float(diff.max()) if diff.size else 0.0
-    if exact:
+    if bound is None:
         differs = expected[finite] != actual[finite]
         if differs.any():
             return max_error, "not bit-exact", int(finite[np.argmax(differs)]), float("inf")
@@ -98,11 +155,14 @@ def _compare_chunk(
     moved = infinite & (wide_expected != wide_actual)
     if moved.any():
         return max_error, "infinities differ in place or sign", int(finite[np.argmax(moved)]), float("inf")
+    wide_magnitude = None if magnitude is None else magnitude.astype(np.float64)[finite]
+    allowed = bound.of(wide_expected, wide_magnitude)
     with np.errstate(invalid="ignore"):
-        excess = np.where(infinite, 0.0, diff - (atol + rtol * np.abs(wide_expected)))
+        excess = np.where(infinite, 0.0, diff - allowed)
     if excess.size and excess.max() > 0:
         worst = int(np.argmax(excess))
-        return max_error, f"beyond rtol={rtol} atol={atol}", int(finite[worst]), float(excess[worst])
+        what = f"|got-want| {diff[worst]:.3g} > bound {allowed[worst]:.3g} ({bound.text})"
+        return max_error, what, int(finite[worst]), float(excess[worst])
     return max_error, "", 0, 0.0
 
 

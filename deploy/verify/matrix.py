@@ -23,8 +23,8 @@ from deploy.devices import Device, DeviceLost, Session
 from deploy.ops import failure_line
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
-from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, compare_all, random_input
-from deploy.verify.run import check_device, run_artifact, verify
+from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, random_input
+from deploy.verify.run import against, check_device, run_artifact, verify
 
 
 @dataclass(frozen=True)
@@ -215,21 +215,34 @@ class Reference:
     name: str
     expected: Callable[[list[np.ndarray]], list[np.ndarray] | None]
     applies: Callable[[InputSet], bool] = lambda inputs: True
+    note: str = ""
+    """A line saying what it really compares against, where its name alone does not."""
 
 
 def _onnxruntime(graph: BoundGraph, model: Path) -> Reference | str:
     """onnxruntime's reference for an ONNX model, on the inputs where its semantics agree with
     numpy's (`deploy/verify/onnx_reference.py`: NaN inputs only where every op treats NaN as
-    numpy); why there is none when it is not installed."""
+    numpy), named with how many nodes it ran where custom-domain nodes ran our numpy references;
+    why there is none when it is not installed or runs no node of the model."""
     from deploy.verify import onnx_reference
 
     if not onnx_reference.installed():
         return "onnxruntime is not installed: compared with numpy only"
+    ran, nodes = onnx_reference.standard_nodes(model)
+    if not ran:
+        return (
+            "onnxruntime runs no node of this model (every node is of a custom domain, which only our"
+            " ops' numpy references compute): compared with numpy only"
+        )
     nan_too = onnx_reference.agrees_on_nan(model)
     return Reference(
         "onnxruntime",
         lambda arrays: onnx_reference.onnxruntime_reference(model, graph, arrays),
         lambda inputs: nan_too or not inputs.specials,
+        ""
+        if ran == nodes
+        else f"vs onnxruntime: onnxruntime ran {ran} of {nodes} nodes, our numpy references the"
+        " custom-domain ones",
     )
 
 
@@ -248,6 +261,7 @@ def model_references(graph: BoundGraph, model: Path) -> tuple[list[Reference], l
     found = second(graph, model) if second is not None else None
     if isinstance(found, Reference):
         references.append(found)
+        notes += [found.note] if found.note else []
     elif found is not None:
         notes.append(found)
     return references, notes
@@ -278,7 +292,7 @@ def verify_model(
                 expected = reference.expected(arrays)
             if expected is None:
                 continue
-            comparison = compare_all(expected, actual, graph.exact, list(graph.graph.outputs))
+            comparison = against(graph, arrays, expected, actual)
             results.append(
                 CaseResult(
                     f"{graph.name} vs {reference.name}",

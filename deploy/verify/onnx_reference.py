@@ -56,6 +56,13 @@ def agrees_on_nan(model: Path) -> bool:
     )
 
 
+def standard_nodes(model: Path) -> tuple[int, int]:
+    """(nodes onnxruntime runs, nodes computed) of `model`: its standard-domain nodes, and all
+    but Constant nodes (constants of the graph); custom-domain nodes run our numpy reference."""
+    computed = [node for node in onnx.load(model).graph.node if node.op_type != "Constant"]
+    return sum(not domain_key(node.domain) for node in computed), len(computed)
+
+
 def onnxruntime_reference(
     model: Path, graph: BoundGraph, arrays: list[np.ndarray]
 ) -> list[np.ndarray] | None:

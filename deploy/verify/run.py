@@ -60,4 +60,18 @@ def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np
     """`actual` (the outputs of an op or a graph on `inputs`) compared with its numpy reference."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
         expected = item.references(*inputs)
-    return compare_all(expected, actual, item.exact, list(item.output_names))
+    return against(item, inputs, expected, actual)
+
+
+def against(
+    item: Buildable, inputs: list[np.ndarray], expected: list[np.ndarray], actual: list[np.ndarray]
+) -> Comparison:
+    """`actual` compared with `expected` (a reference's outputs of `item` on `inputs`) under the
+    item's rule (`deploy/ops/tolerance.py`): `deploy test`, `tune` and `bench` all compare here.
+    Where the rule has a per-term part, the magnitudes are the numpy reference on |inputs|."""
+    rule = item.rule()
+    magnitudes = None
+    if rule.per_term and not rule.exact and any(np.asarray(e).dtype.kind == "f" for e in expected):
+        with np.errstate(invalid="ignore", over="ignore"):
+            magnitudes = item.references(*[np.abs(a) for a in inputs])
+    return compare_all(expected, actual, item.exact, list(item.output_names), rule, magnitudes)
