@@ -5,6 +5,8 @@ included, in every float dtype."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -19,7 +21,7 @@ from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
 from deploy.verify.measure import check
-from tests.conftest import REPO, registry_kept
+from tests.conftest import REPO, registry_kept, run_deploy
 
 FAST_OPS = REPO / "bench" / "fast_ops"
 CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
@@ -94,6 +96,38 @@ def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why():
     taken = schedule_by_structure(sch, ctx)
     assert taken.rule == "generic"
     assert taken.fell_through == "dot product: n not whole 16-column tiles or m not whole 4-row tiles"
+
+
+def build_fast_op(out, *args: str):
+    """`deploy --ops-path bench/fast_ops build --target x86 ARGS -o OUT` in a subprocess."""
+    built = run_deploy("--ops-path", str(FAST_OPS), "build", "--target", "x86", *args, "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    return built
+
+
+def test_a_build_names_the_rule_that_fell_through_in_one_line(tmp_path):
+    built = build_fast_op(tmp_path / "mm", "--op", "matmul", "--shape", "5x7", "--shape", "7x3")
+    line = (
+        "note: matmul: rule fell through to the generic schedule: dot product: n not whole 16-column"
+        " tiles or m not whole 4-row tiles\n"
+    )
+    assert built.stderr == line and "note" not in built.stdout
+    manifest = json.loads((tmp_path / "mm" / "manifest.json").read_text())
+    assert manifest["notes"] == [line.removeprefix("note: matmul: ").strip()]
+
+
+def test_a_build_that_keeps_libm_in_a_vector_loop_says_so(tmp_path):
+    """float64 erf stays libm's (the polynomials are float32's); float32's is vector code."""
+    built = build_fast_op(tmp_path / "f64", "--op", "gelu", "--shape", "3x64", "--dtype", "float64")
+    assert built.stderr == "note: gelu: scalar libm calls inside a vector loop, one per lane: erf\n"
+    assert build_fast_op(tmp_path / "f32", "--op", "gelu", "--shape", "3x64").stderr == ""
+
+
+def test_deploy_test_shows_each_note_once_per_op_not_per_case():
+    tested = run_deploy("--ops-path", str(FAST_OPS), "test", "--target", "x86", "--op", "gelu")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    line = "note: gelu (float64, 2 cases): scalar libm calls inside a vector loop, one per lane: erf"
+    assert tested.stdout.count("note:") == 1 and line in tested.stdout.splitlines()
 
 
 def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
