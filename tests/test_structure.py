@@ -5,21 +5,28 @@ included, in every float dtype."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tvm
 from tvm import te
 
-from deploy.compiler.compile import compile_scheduled, context, hand_schedule, prim_module
+from deploy.compiler.compile import compile_op, compile_scheduled, context, hand_schedule, prim_module
 from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
+from deploy.devices.elf import elf_machine
+from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu.generic import schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
 from deploy.verify.measure import check
-from tests.conftest import REPO, registry_kept
+from tests.conftest import REPO, registry_kept, run_deploy
 
 FAST_OPS = REPO / "bench" / "fast_ops"
 CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
@@ -94,6 +101,66 @@ def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why():
     taken = schedule_by_structure(sch, ctx)
     assert taken.rule == "generic"
     assert taken.fell_through == "dot product: n not whole 16-column tiles or m not whole 4-row tiles"
+
+
+def build_fast_op(out, *args: str):
+    """`deploy --ops-path bench/fast_ops build --target x86 ARGS -o OUT` in a subprocess."""
+    built = run_deploy("--ops-path", str(FAST_OPS), "build", "--target", "x86", *args, "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    return built
+
+
+def test_a_build_names_the_rule_that_fell_through_in_one_line(tmp_path):
+    built = build_fast_op(tmp_path / "mm", "--op", "matmul", "--shape", "5x7", "--shape", "7x3")
+    line = (
+        "note: matmul: rule fell through to the generic schedule: dot product: n not whole 16-column"
+        " tiles or m not whole 4-row tiles\n"
+    )
+    assert built.stderr == line and "note" not in built.stdout
+    manifest = json.loads((tmp_path / "mm" / "manifest.json").read_text())
+    assert manifest["notes"] == [line.removeprefix("note: matmul: ").strip()]
+
+
+def test_a_build_that_keeps_libm_in_a_vector_loop_says_so(tmp_path):
+    """float64 erf stays libm's (the polynomials are float32's); float32's is vector code."""
+    built = build_fast_op(tmp_path / "f64", "--op", "gelu", "--shape", "3x64", "--dtype", "float64")
+    assert built.stderr == "note: gelu: scalar libm calls inside a vector loop, one per lane: erf\n"
+    assert build_fast_op(tmp_path / "f32", "--op", "gelu", "--shape", "3x64").stderr == ""
+
+
+def test_deploy_test_shows_each_note_once_per_op_not_per_case():
+    tested = run_deploy("--ops-path", str(FAST_OPS), "test", "--target", "x86", "--op", "gelu")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    line = "note: gelu (float64, 2 cases): scalar libm calls inside a vector loop, one per lane: erf"
+    assert tested.stdout.count("note:") == 1 and line in tested.stdout.splitlines()
+
+
+VECTOR_FMA = {
+    "arm": r"fmla\s+v\d+\.4s",
+    "armv7": r"vfma\.f32\s+q\d+",
+    "riscv64": r"vfm(acc|add)\.v[vf]\s+v\d+",
+}
+"""target -> its vector FMA as objdump prints it. LLVM picks armv7's fused vfma (not vmla) for
+the NEONv2 targets, and on riscv64 vfmadd (the product overwrites a factor) as often as vfmacc
+(it overwrites the addend): layer_norm's variance is 16 vfmadd and one vfmacc."""
+
+
+@pytest.mark.parametrize("target_name", sorted(VECTOR_FMA))
+@pytest.mark.parametrize("name", ["matmul", "layer_norm"])
+def test_the_default_builds_use_the_vector_fma(tmp_path, target_name, name):
+    """The dot product's register block and the row rule's vector reductions are vector FMAs
+    on every cross target (issue #51: emulated times are not speed, the instructions are)."""
+    target = get_target(target_name)
+    objdump = get_platform(target.arch).tool("objdump")
+    if shutil.which(objdump) is None:
+        pytest.skip(f"needs {objdump} ({target.cross_package})")
+    compiled = compile_op(bound_op(name), target, BuildOptions())
+    assert compiled.schedule == "cpu/generic" and compiled.notes == ()
+    kernels = tmp_path / "kernels.o"  # the object module.so and the bundle link (see test_arm)
+    compiled.executable.mod.write_to_file(str(kernels))
+    assert elf_machine(kernels) == target.arch
+    listing = subprocess.run([objdump, "-d", str(kernels)], capture_output=True, text=True, check=True).stdout
+    assert re.search(VECTOR_FMA[target_name], listing), f"no vector FMA in {name} for {target_name}"
 
 
 def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():

@@ -153,6 +153,8 @@ def build_command(
         f"{f', {manifest.cores} cores' if manifest.cores else ''}):"
         f" {output} -> {directory / manifest.module} sha256 {manifest.sha256[:12]}"
     )
+    for note in manifest.notes or []:
+        click.echo(f"note: {manifest.op}: {note}", err=True)
     for kernel in manifest.graph["kernels"] if manifest.graph else []:
         nodes = ", ".join(kernel["nodes"])
         laid = f" in {kernel['layout']}" if "layout" in kernel else ""

@@ -183,3 +183,19 @@ def print_results(console: Console, results: list[CaseResult], target: str, devi
             )
     failed = sum(not r.ok for r in results)
     console.print(f"{len(results) - failed} cases passed, {failed} failed", highlight=False)
+    for line in note_lines(results):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def note_lines(results: list[CaseResult]) -> list[str]:
+    """The builds' notes (`CaseResult.notes`) once per op and note, not per case: which dtypes
+    and how many cases said it."""
+    said: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for result in results:
+        for note in result.notes:
+            said[(result.op, note)].append(result)
+    lines = []
+    for (op, note), group in said.items():
+        dtypes = ", ".join(dict.fromkeys(r.dtype for r in group))
+        lines.append(f"note: {op} ({dtypes}, {len(group)} case{'s' if len(group) > 1 else ''}): {note}")
+    return lines

@@ -21,6 +21,7 @@ from deploy.ops.relayout import relayout
 from deploy.ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static
 from deploy.schedules import ScheduleContext, Strategy, strategy_for
 from deploy.schedules.registry import HAND, Choices, computed_module
+from deploy.schedules.vector_math import libm_in_vector_loops
 
 if TYPE_CHECKING:
     from deploy.compiler.bundle import BundleSignature
@@ -106,14 +107,31 @@ def hand_schedule(
 ) -> tuple[Any, str]:
     """The op computed and scheduled by the target's strategy (or left as is: "default"), with
     its label; `choices` other than the hand's make the strategy take other structures."""
+    scheduled = hand_scheduled(bound, target, options, choices)
+    return scheduled.mod, scheduled.schedule
+
+
+def hand_scheduled(
+    bound: BoundOp, target: Target, options: BuildOptions, choices: Choices = HAND
+) -> Scheduled:
+    """`hand_schedule`, with the notes the build prints: what the strategy said of its choices
+    (`registry.Report`: a rule that fell through) and the libm calls left in vector loops."""
     import tvm
 
     mod, ctx, found = _computed(bound, target, options, choices)
     sch = tvm.s_tir.Schedule(mod)
     if found is None:
-        return sch.mod, "default"
-    found.schedule(sch, ctx)
-    return sch.mod, found.label
+        return Scheduled(sch.mod, "default", notes=libm_notes(sch.mod, target))
+    report = found.schedule(sch, ctx)
+    said = report.notes if report is not None else ()
+    return Scheduled(sch.mod, found.label, notes=(*said, *libm_notes(sch.mod, target)))
+
+
+def libm_notes(mod: Any, target: Target) -> tuple[str, ...]:
+    """The line a build prints when a machine-code target's scheduled `mod` still calls a scalar
+    libm function inside a vector loop (one call per lane: the loop vectorized in name only)."""
+    calls = libm_in_vector_loops(mod["main"]) if target.artifact.machine_code else []
+    return (f"scalar libm calls inside a vector loop, one per lane: {', '.join(calls)}",) if calls else ()
 
 
 @dataclass
@@ -131,6 +149,8 @@ class Compiled:
     tuning: str | None = None
     """Why a `--tuned` build uses the hand schedule: KEPT_HAND (tuning found nothing faster) or
     REFUSED (the accepted record failed its checks)."""
+    notes: tuple[str, ...] = ()
+    """What the build says of its schedule, a line each (`Scheduled.notes`)."""
 
     @property
     def item(self) -> BoundOp:
@@ -153,6 +173,7 @@ class Compiled:
             "schedule": self.schedule,
             "tuning_record": self.tuning_record,
             "tuning": self.tuning,
+            "notes": list(self.notes) or None,
         }
 
     def bundle_signature(self) -> BundleSignature:
@@ -171,6 +192,9 @@ class Scheduled:
     schedule: str
     tuning_record: str | None = None
     tuning: str | None = None
+    notes: tuple[str, ...] = ()
+    """What the build says of the schedule, a line each: a rule of the strategy that fell
+    through, libm calls left in vector loops."""
 
 
 def schedule_op(bound: BoundOp, target: Target, options: BuildOptions) -> Scheduled:
@@ -178,12 +202,12 @@ def schedule_op(bound: BoundOp, target: Target, options: BuildOptions) -> Schedu
     if options.tuned is not None:
         tuned = options.tuned.schedule(bound, target, options)
         if tuned is not None:
-            return Scheduled(tuned[0], "tuned", tuned[1])
-    mod, label = hand_schedule(bound, target, options)
+            return Scheduled(tuned[0], "tuned", tuned[1], notes=libm_notes(tuned[0], target))
+    scheduled = hand_scheduled(bound, target, options)
     verdict = options.tuned.verdict(bound, target) if options.tuned is not None else None
     if verdict is None:
-        return Scheduled(mod, label)
-    return Scheduled(mod, label, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
+        return scheduled
+    return replace(scheduled, tuning=KEPT_HAND if verdict == KEPT_HAND else REFUSED)
 
 
 def check_symbolic(inputs: tuple[TensorType, ...], target: Target) -> None:
@@ -202,6 +226,7 @@ def compile_op(bound: BoundOp, target: Target, options: BuildOptions) -> Compile
         bound, target, options, scheduled.mod, scheduled.schedule, scheduled.tuning_record
     )
     compiled.tuning = scheduled.tuning
+    compiled.notes = scheduled.notes
     return compiled
 
 
@@ -270,6 +295,11 @@ class CompiledGraph:
         return " + ".join(labels) or "no kernel"
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """Its kernels' notes (`Scheduled.notes`), each line naming its kernel."""
+        return tuple(f"kernel {k.kernel.name}: {note}" for k in self.kernels for note in k.scheduled.notes)
+
+    @property
     def item(self) -> BoundGraph:
         """What was compiled."""
         return self.graph
@@ -291,6 +321,7 @@ class CompiledGraph:
             "outputs": [{"name": name, **graph.types[name].to_json()} for name in graph.graph.outputs],
             "constants": [c.to_json() for c in graph.graph.constants] or None,
             "schedule": self.schedule,
+            "notes": list(self.notes) or None,
             "entry": self.target.artifact.graph_entry,
             "arena": self.plan.to_json() if self.plan is not None else None,
             "graph": {

@@ -62,6 +62,9 @@ class Manifest:
     tuning: str | None = None
     """For a `--tuned` build of an op whose tuning kept the hand schedule: "hand, tuning found
     nothing faster"."""
+    notes: list[str] | None = None
+    """What the build said of its schedule, a line each: a default rule that fell through to the
+    generic schedule and why, scalar libm calls left inside vector loops (`Scheduled.notes`)."""
     cores: int | None = None
     """Threads the module's parallel loops were split for (CPU targets): the device's."""
     bundle: dict[str, str] | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from deploy.ops.spec import BoundOp
 
@@ -120,8 +120,17 @@ class ScheduleContext:
         return max(1, self.vector_bits // bits)
 
 
-ScheduleFn = Callable[[Any, ScheduleContext], None]
-"""Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place."""
+class Report(Protocol):
+    """What a schedule may return besides scheduling in place: the lines the build prints once
+    about its choices (a rule that did not fit and why)."""
+
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
+
+ScheduleFn = Callable[[Any, ScheduleContext], Report | None]
+"""Schedules `sch` (a tvm.s_tir.Schedule of the op's PrimFunc) in place; what it says of its
+choices, if anything, it returns (`Report`), for the build to record."""
 ComputeFn = Callable[..., Any]
 """compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op, a
 named function that calls the op's computation with the building blocks it takes as arguments

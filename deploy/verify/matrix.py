@@ -24,7 +24,7 @@ from deploy.ops import failure_line
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, random_input
-from deploy.verify.run import against, check_device, run_artifact, verify
+from deploy.verify.run import against, check_device, run_artifact, verify_built
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class CaseResult:
     max_error: float
     detail: str
     schedule: str
+    notes: tuple[str, ...] = ()
+    """What the build said of its schedule (`Manifest.notes`)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def verify_case(
         comparisons = []
         for sizes in batch_sizes(bound.inputs, SYMBOLIC_SIZES):
             inputs = [random_input(t.at(sizes), rng, ties=ties, specials=specials) for t in bound.inputs]
-            comparison, schedule = verify(session, bound, target, options, inputs)
+            comparison, manifest = verify_built(session, bound, target, options, inputs)
             comparisons.append((sizes, comparison))
         comparison = worst_of(comparisons)
     except DeviceLost:
@@ -109,7 +111,8 @@ def verify_case(
         comparison.ok,
         comparison.max_error,
         comparison.detail,
-        schedule,
+        manifest.built_with,
+        tuple(manifest.notes or ()),
     )
 
 

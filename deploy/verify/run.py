@@ -51,9 +51,17 @@ def verify(
 ) -> tuple[Comparison, str]:
     """Build (cached, with `options` for the session's device: `for_device`) an op or a graph, run
     it on the session, compare with the numpy reference; with the schedule name."""
+    comparison, manifest = verify_built(session, item, target, options, inputs)
+    return comparison, manifest.built_with
+
+
+def verify_built(
+    session: Session, item: Buildable, target: Target, options: BuildOptions, inputs: list[np.ndarray]
+) -> tuple[Comparison, Manifest]:
+    """`verify`, with the manifest of what it built (its schedule and notes)."""
     directory, manifest = cached_build(item, target, for_device(options, session))
     actual = run_artifact(session, directory, manifest, inputs)
-    return against_reference(item, inputs, actual), manifest.built_with
+    return against_reference(item, inputs, actual), manifest
 
 
 def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np.ndarray]) -> Comparison:

@@ -53,6 +53,13 @@ class Taken:
     rule: str
     fell_through: str = ""
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The line a build prints when a rule fell through (`registry.Report`)."""
+        if not self.fell_through:
+            return ()
+        return (f"rule fell through to the generic schedule: {self.fell_through}",)
+
 
 def inline_producers(sch: Any) -> None:
     """Inline every elementwise block but the output that has one consumer (a cast, a scale, a
@@ -211,10 +218,10 @@ RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
 
 
 @register_schedule("cpu")
-def generic_cpu(sch: Any, ctx: ScheduleContext) -> None:
+def generic_cpu(sch: Any, ctx: ScheduleContext) -> Taken:
     """The cpu family's generic schedule (what an op without a hand schedule gets): by the
-    structure of its function (`schedule_by_structure`)."""
-    schedule_by_structure(sch, ctx)
+    structure of its function (`schedule_by_structure`); the rule taken, for the build's notes."""
+    return schedule_by_structure(sch, ctx)
 
 
 def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
