@@ -244,9 +244,11 @@ from pathlib import Path
 from deploy.ops import TensorType, bind, get_op
 from deploy.compiler.compile import compile_op
 from deploy.compiler.export import export
+from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 
-compiled = compile_op(bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")]), get_target("x86"))
+bound = bind(get_op("leaky_relu"), {}, [TensorType((4,), "float32")])
+compiled = compile_op(bound, get_target("x86"), BuildOptions())
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 for _ in range(int(sys.argv[3])):
     export(compiled, Path(sys.argv[1]))
