@@ -62,7 +62,7 @@ def anchored(schedule: ScheduleFn, op: FusedOp) -> ScheduleFn:
 
     def apply(sch: Any, ctx: ScheduleContext) -> None:
         inline_into_last(sch, op)
-        schedule(sch, replace(ctx, bound=replace(anchor, output=ctx.bound.output)))
+        schedule(sch, replace(ctx, bound=replace(anchor, output=ctx.bound.output), fused=True))
 
     return apply
 

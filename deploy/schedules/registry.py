@@ -112,6 +112,9 @@ class ScheduleContext:
     """Dtypes the target's vector unit lacks, whose loops stay scalar (`Target.scalar_dtypes`)."""
     predicated_vectors: bool = True
     """TVM builds a vector with some lanes masked off for the target (`Target.predicated_vectors`)."""
+    fused: bool = False
+    """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
+    after the group's producers were inlined where they could be: the stages left must stay."""
 
     def lanes(self, dtype: str) -> int:
         if dtype in self.scalar_dtypes:

@@ -220,7 +220,13 @@ RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
 @register_schedule("cpu")
 def generic_cpu(sch: Any, ctx: ScheduleContext) -> Taken:
     """The cpu family's generic schedule (what an op without a hand schedule gets): by the
-    structure of its function (`schedule_by_structure`); the rule taken, for the build's notes."""
+    structure of its function (`schedule_by_structure`); the rule taken, for the build's notes.
+    A fused kernel keeps the elementwise schedule: the stages `fused.inline_into_last` left are
+    there because inlining them (a pooling window into another's) explodes the expression, and
+    the rules would try again."""
+    if ctx.fused:
+        elementwise_cpu(sch, ctx)
+        return Taken(Structure.ELEMENTWISE.value)
     return schedule_by_structure(sch, ctx)
 
 
