@@ -18,6 +18,23 @@ from deploy.base.threads import host_cpus
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = str(Path(sys.executable).with_name("deploy"))
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Seconds per test file (setup, call and teardown), for the summary below."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The 12 test files that took longest: where a CI run's time goes, by file (the slowest
+    single tests are listed by --durations)."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("slowest files")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:12]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
 @pytest.fixture(scope="session", autouse=True)
