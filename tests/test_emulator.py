@@ -188,3 +188,28 @@ def test_unreachable_server_is_one_line():
     with pytest.raises(DeviceLost, match=f"cannot reach test server at 127.0.0.1:{port}"), \
             connect("127.0.0.1", port, "aarch64", "test server"):  # fmt: skip
         pass
+
+
+def test_a_session_uploads_an_input_once_for_runs_on_the_same_data(monkeypatch):
+    """An RPC session keeps what it uploaded by content: a second run on equal data (another
+    array object) uploads nothing, data that differs in one element is uploaded and used."""
+    import tvm
+
+    from deploy.compiler.cache import cached_build
+    from deploy.compiler.options import BuildOptions, for_device
+    from deploy.compiler.targets import get_target
+    from deploy.devices import get_device
+    from deploy.ops import TensorType, bind
+    from deploy.verify.run import run_artifact
+
+    uploads = []
+    upload = tvm.runtime.tensor
+    monkeypatch.setattr(tvm.runtime, "tensor", lambda a, dev: uploads.append(a.shape) or upload(a, dev))
+    target, x = get_target("arm"), np.linspace(-3, 3, 64, dtype="float32").reshape(4, 16)
+    bound = bind(get_op("leaky_relu"), {"alpha": 0.5}, [TensorType(x.shape, "float32")])
+    with get_device(target.default_device).open() as session:
+        directory, manifest = cached_build(bound, target, for_device(BuildOptions(), session))
+        for data in (x, x.copy(), np.where(x == 3, np.float32(-8), x)):
+            (out,) = run_artifact(session, directory, manifest, [data])
+            np.testing.assert_array_equal(out, np.where(data > 0, data, data * np.float32(0.5)))
+    assert uploads == [(4, 16), (4, 16)]

@@ -82,11 +82,17 @@ class TvmSession:
         """The inputs, the outputs and, for an entry that takes one, an arena of `workspace` bytes."""
         import tvm
 
-        tensors = [tvm.runtime.tensor(np.require(a, requirements="C"), self._dev) for a in inputs]
+        tensors = [self._input(np.require(a, requirements="C")) for a in inputs]
         tensors += [tvm.runtime.empty(shape, dtype, self._dev) for shape, dtype in outputs]
         if entry_named(entry).takes_arena:
             tensors.append(tvm.runtime.empty((workspace,), "uint8", self._dev))
         return tensors
+
+    def _input(self, array: np.ndarray) -> Any:
+        """`array` (C-contiguous) as a tensor on the device."""
+        import tvm
+
+        return tvm.runtime.tensor(array, self._dev)
 
     def run(
         self,
