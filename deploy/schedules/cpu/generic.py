@@ -28,17 +28,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm import s_tir
+from tvm.tirx import IndexMap
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_outer
 from deploy.schedules.loops import extent, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
-from deploy.schedules.structure import Structure, anchor, block_infos, classify
+from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
 from deploy.schedules.vector_math import rewrite_calls
 
-DOT_ROWS = 4
-"""Output rows of a dot product's register block: DOT_ROWS x 2 vectors of accumulators (8 of
-AVX2's 16 registers, 8 of NEON's 32), each k step 2 vector loads of b and DOT_ROWS broadcasts."""
+DOT_ROWS, DOT_VECTORS, GEMV_VECTORS = 4, 2, 8
+"""A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (8 of AVX2's
+16 registers, 8 of NEON's 32), each k step DOT_VECTORS vector loads of b and DOT_ROWS
+broadcasts; one row (m = 1, a matrix-vector product) by GEMV_VECTORS vectors."""
+
+WINDOW_CHANNELS = 8
+"""Output channels of a window's register block when its reduction sums input channels too (a
+grouped convolution): 8 vector accumulators, each tap one load of the input's vector and 8
+broadcasts of weights."""
 
 
 class DoesNotFit(Exception):
@@ -160,24 +167,62 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     (info,) = infos
     lanes = ctx.lanes(str(sch.get(info.block).writes[0].source.dtype))
     loops = sch.get_loops(info.block)
-    if len(info.spatial) < 2 or len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
+    if len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
         raise DoesNotFit("not [batch..., m, n] over one k")
-    *batch, m, n, k = loops
     work = work_of([extent(sch, loop) for loop in loops])
-    cols = 2 * lanes
-    if lanes < 2 or (extent(sch, n) or 1) % cols or (extent(sch, m) or 1) % DOT_ROWS:
-        raise DoesNotFit(f"n not whole {cols}-column tiles or m not whole {DOT_ROWS}-row tiles")
-    m_tile, m_in = sch.split(m, factors=[None, DOT_ROWS])
-    n_tile, n_in = sch.split(n, factors=[None, cols])
-    sch.reorder(*batch, n_tile, m_tile, k, m_in, n_in)
-    accumulators = sch.cache_write(info.block, 0, "local")
-    sch.reverse_compute_at(accumulators, m_tile)
-    _, lane = sch.split(n_in, factors=[None, lanes])
-    sch.vectorize(lane)
+    outer, ms, ns = dot_axes(sch.get(info.block))
+    if not ms or not ns:
+        raise DoesNotFit("no m or no n axis")
+    sizes = [extent(sch, loop) for loop in loops]
+    if any(sizes[i] is None for i in ms + ns):
+        raise DoesNotFit("m or n not static")
+    stmt = sch.get(info.block)
+    layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
+        lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
+        ndim=len(loops),
+        index_dtype=str(stmt.iter_vars[0].var.ty),
+    )
+    sch.transform_block_layout(info.block, layout)
+    *batch, m, n, _ = sch.get_loops(info.block)
+    rows, size = extent(sch, m), extent(sch, n)
+    if rows is None or size is None or lanes < 2:
+        raise DoesNotFit("m or n not static, or no vector lanes")
+    cols = (DOT_VECTORS if rows > 1 else GEMV_VECTORS) * lanes
+    tiles, vectors = size - size % cols, size - size % lanes
+    widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
+    sch.reorder(n, *batch, m)
+    parts = sch.loop_partition(n, [*widths[:-1], None]) if len(widths) > 1 else [n]
+    for i, (part, width) in enumerate(zip(parts, widths, strict=True)):
+        (block,) = sch.get_child_blocks(part) if len(parts) > 1 else (info.block,)
+        tiled = i == 0 and width == tiles
+        vector = lanes if width % lanes == 0 else 1
+        register_block(sch, block, cols if tiled else None, vector, min(DOT_ROWS, rows), work)
+
+
+def joined(variables: tuple[Any, ...], axes: list[int], sizes: list[int | None]) -> Any:
+    """The variables at `axes` as one row-major index (their static extents `sizes`)."""
+    index = variables[axes[0]]
+    for i in axes[1:]:
+        index = index * sizes[i] + variables[i]
+    return index
+
+
+def register_block(sch: Any, block: Any, cols: int | None, lanes: int, rows: int, work: int) -> None:
+    """One part of a dot product's [n, batch..., m, k] loops in tiles of `rows` rows by `cols`
+    columns (None: the part's columns, a loop that may not start at 0, which `split` refuses),
+    in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k in a local accumulator
+    written back once a tile. A tile past a ragged m skips its rows past m: the predicate is
+    outside the vector lanes, which stay vectors."""
+    n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
+    n_tile, n_in = sch.split(n, factors=[None, cols]) if cols else (None, n)
+    m_tile, m_in = sch.split(m, factors=[None, rows])
+    tiles = [loop for loop in (n_tile, *batch, m_tile) if loop is not None]
+    sch.reorder(*tiles, k, m_in, n_in)
     sch.unroll(m_in)
-    vector_split(sch, sch.get_loops(accumulators)[-1], lanes)
-    parallel_outer(sch, [*batch, n_tile, m_tile], work)  # before decompose: a complete block
-    sch.decompose_reduction(info.block, k)  # the init copies the vector loop
+    if lanes > 1:
+        sch.vectorize(sch.split(n_in, factors=[None, lanes])[1] if cols else n_in)
+    parallel_outer(sch, tiles, work)  # before decompose: a complete block
+    sch.decompose_reduction(block, k)  # the init copies the vector loop
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
@@ -198,12 +243,17 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     if lanes < 2 or size is None or size % lanes:
         raise DoesNotFit(f"output rows of {size}: not whole vectors of {lanes}")
     x_out, x_in = sch.split(x, factors=[None, lanes])
-    sch.reorder(*planes, y, x_out, *taps, x_in)
+    sums, channel = channel_sum(sch.get(output.block))
+    block = []  # a register block of output channels sharing each input vector's load
+    if channel is not None:
+        planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
+        block = [channel_in]
+    sch.reorder(*planes, y, x_out, *taps, *block, x_in)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
     sch.vectorize(x_in)
-    for tap in taps:
+    for tap in [*(tap for i, tap in enumerate(taps) if i not in sums), *block]:
         sch.unroll(tap)
     sch.decompose_reduction(output.block, taps[0])  # the init copies the vector loop
 
