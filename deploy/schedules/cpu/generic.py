@@ -10,11 +10,14 @@ cheap producers are inlined into their one consumer.
   (`rfactor`), one horizontal combine at its end; the elementwise stages in vectors.
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
-- dot product (matmul, batched matmul): output tiles of DOT_ROWS rows by two vectors in
-  parallel, the sum over k a register block of vector FMAs (a local accumulator the tile's k
-  loop updates, written back once).
-- window (depthwise convolution): planes in parallel, each plane's producer (padding) computed
-  per plane; vectors along the output row, the taps unrolled around them.
+- dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
+  which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
+  output tiles of DOT_ROWS rows by two vectors in parallel (one row by GEMV_VECTORS for m = 1),
+  the sum over k a register block of vector FMAs kept in registers across k. A ragged n ends in
+  a vector tile and a scalar one, a ragged m in a tile that skips its missing rows.
+- window (depthwise and grouped convolutions): planes in parallel, each plane's producer
+  (padding) computed per plane; vectors along the output row, the taps unrolled around them;
+  where the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
 
 A rule that does not fit (a ragged extent, a primitive TVM refuses) leaves the function to the
 next one down, ending at the generic schedule; `schedule_by_structure` returns the rule taken
@@ -175,7 +178,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("no m or no n axis")
     sizes = [extent(sch, loop) for loop in loops]
     if any(sizes[i] is None for i in ms + ns):
-        raise DoesNotFit("m or n not static")
+        raise DoesNotFit("m or n of symbolic extent")
     stmt = sch.get(info.block)
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
         lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
@@ -184,9 +187,9 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     )
     sch.transform_block_layout(info.block, layout)
     *batch, m, n, _ = sch.get_loops(info.block)
-    rows, size = extent(sch, m), extent(sch, n)
-    if rows is None or size is None or lanes < 2:
-        raise DoesNotFit("m or n not static, or no vector lanes")
+    rows, size = extent(sch, m) or 1, extent(sch, n) or 1
+    if lanes < 2:
+        raise DoesNotFit("no vector lanes for the dtype")
     cols = (DOT_VECTORS if rows > 1 else GEMV_VECTORS) * lanes
     tiles, vectors = size - size % cols, size - size % lanes
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
