@@ -40,10 +40,11 @@ from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
 from deploy.schedules.vector_math import rewrite_calls
 
-DOT_ROWS, DOT_VECTORS, GEMV_VECTORS = 4, 2, 8
+DOT_ROWS, DOT_VECTORS, GEMV_VECTORS, ACCUMULATORS = 4, 2, 8, 12
 """A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (8 of AVX2's
 16 registers, 8 of NEON's 32), each k step DOT_VECTORS vector loads of b and DOT_ROWS
-broadcasts; one row (m = 1, a matrix-vector product) by GEMV_VECTORS vectors."""
+broadcasts. An m of at most ACCUMULATORS / DOT_VECTORS rows is one tile (b read once), as many
+vectors wide as ACCUMULATORS allows, up to GEMV_VECTORS (m = 1, a matrix-vector product)."""
 
 WINDOW_CHANNELS = 8
 """Output channels of a window's register block when its reduction sums input channels too (a
@@ -190,7 +191,9 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     rows, size = extent(sch, m) or 1, extent(sch, n) or 1
     if lanes < 2:
         raise DoesNotFit("no vector lanes for the dtype")
-    cols = (DOT_VECTORS if rows > 1 else GEMV_VECTORS) * lanes
+    few = rows <= ACCUMULATORS // DOT_VECTORS
+    tile_rows = rows if few else DOT_ROWS
+    cols = (min(GEMV_VECTORS, ACCUMULATORS // rows) if few else DOT_VECTORS) * lanes
     tiles, vectors = size - size % cols, size - size % lanes
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
     sch.reorder(n, *batch, m)
@@ -199,7 +202,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
         (block,) = sch.get_child_blocks(part) if len(parts) > 1 else (info.block,)
         tiled = i == 0 and width == tiles
         vector = lanes if width % lanes == 0 else 1
-        register_block(sch, block, cols if tiled else None, vector, min(DOT_ROWS, rows), work)
+        register_block(sch, block, cols if tiled else None, vector, tile_rows, work)
 
 
 def joined(variables: tuple[Any, ...], axes: list[int], sizes: list[int | None]) -> Any:
