@@ -109,7 +109,9 @@ RAGGED_DOTS = [
     ("matmul", [(5, 7), (7, 3)]),  # m and n less than a tile, n less than a vector
     ("matmul", [(33, 64), (64, 40)]),  # a row past whole tiles; tiles, one vector, no rest
     ("matmul", [(6, 24), (24, 1003)]),  # n = 1000-odd: tiles, a vector, a scalar rest
-    ("matmul", [(1, 96), (96, 200)]),  # one row (a matrix-vector product), n not whole tiles
+    ("matmul", [(1, 96), (96, 200)]),  # one row (a matrix-vector product): streamed along b's rows
+    ("matmul", [(1, 10), (10, 203)]),  # streamed vectors then a scalar rest; k not whole steps of 4
+    ("batch_matmul", [(3, 1, 8), (3, 8, 40)]),  # one row a batch
     ("batch_matmul", [(3, 5, 9), (3, 9, 27)]),
     ("pointwise_conv", [(2, 3, 5, 7), (5, 3, 1, 1)]),  # pixels 5x7 joined: 35, past a tile
     ("grouped_conv", [(2, 8, 5, 8), (12, 2, 3, 3)]),  # 12 output channels: a block of 8 and 4
