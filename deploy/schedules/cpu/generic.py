@@ -242,9 +242,11 @@ def joined(variables: tuple[Any, ...], axes: list[int], sizes: list[int | None])
 def register_block(sch: Any, block: Any, cols: int | None, lanes: int, rows: int, work: int) -> None:
     """One part of a dot product's [n, batch..., m, k] loops in tiles of `rows` rows by `cols`
     columns (None: the part's columns, a loop that may not start at 0, which `split` refuses),
-    in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k in a local accumulator
-    written back once a tile. A tile past a ragged m skips its rows past m: the predicate is
-    outside the vector lanes, which stay vectors."""
+    in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k accumulated in the
+    output tile, which LLVM keeps in registers across k (the buffers are noalias; a local
+    cache_write after `loop_partition` saw the whole part as each tile's region and copied it
+    all back a tile). A tile past a ragged m skips its rows past m: the predicate is outside
+    the vector lanes, which stay vectors."""
     n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
     n_tile, n_in = sch.split(n, factors=[None, cols]) if cols else (None, n)
     m_tile, m_in = sch.split(m, factors=[None, rows])
