@@ -206,9 +206,10 @@ the NEONv2 targets, and on riscv64 vfmadd (the product overwrites a factor) as o
 
 
 @pytest.mark.parametrize("target_name", sorted(VECTOR_FMA))
-@pytest.mark.parametrize("name", ["matmul", "layer_norm"])
+@pytest.mark.parametrize("name", ["matmul", "layer_norm", "pointwise_conv", "grouped_conv"])
 def test_the_default_builds_use_the_vector_fma(tmp_path, target_name, name):
-    """The dot product's register block and the row rule's vector reductions are vector FMAs
+    """The dot product's register block (matmul, the 1x1 convolution), the grouped
+    convolution's block of output channels and the row rule's vector reductions are vector FMAs
     on every cross target (issue #51: emulated times are not speed, the instructions are)."""
     target = get_target(target_name)
     objdump = get_platform(target.arch).tool("objdump")
