@@ -12,9 +12,10 @@ cheap producers are inlined into their one consumer.
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
   which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
-  output tiles of DOT_ROWS rows by two vectors in parallel (one row by GEMV_VECTORS for m = 1),
-  the sum over k a register block of vector FMAs kept in registers across k. A ragged n ends in
-  a vector tile and a scalar one, a ragged m in a tile that skips its missing rows.
+  output tiles of DOT_ROWS rows by two vectors in parallel (an m of up to 6 rows one tile, m = 1
+  streamed along b's rows), the sum over k a register block of vector FMAs kept in registers
+  across k. A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
+  its missing rows.
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
   (padding) computed per plane; vectors along the output row, the taps unrolled around them;
   where the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
@@ -50,7 +51,7 @@ GEMV_CHUNK, GEMV_STEPS = 64, 4
 """A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
 vectors of the output in parallel, each updated by GEMV_STEPS rows of b at a time (a tile of
 columns down all of k instead jumped a row of b every 256 bytes, which the prefetchers do not
-follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 1.0x streamed)."""
+follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 0.7-0.9x streamed)."""
 
 WINDOW_CHANNELS = 8
 """Output channels of a window's register block when its reduction sums input channels too (a
@@ -179,6 +180,8 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     loops = sch.get_loops(info.block)
     if len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
         raise DoesNotFit("not [batch..., m, n] over one k")
+    if lanes < 2:
+        raise DoesNotFit("no vector lanes for the dtype")
     work = work_of([extent(sch, loop) for loop in loops])
     outer, ms, ns = dot_axes(sch.get(info.block))
     if not ms or not ns:
@@ -195,8 +198,6 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     sch.transform_block_layout(info.block, layout)
     *batch, m, n, _ = sch.get_loops(info.block)
     rows, size = extent(sch, m) or 1, extent(sch, n) or 1
-    if lanes < 2:
-        raise DoesNotFit("no vector lanes for the dtype")
     tile_rows, cols = 1, lanes  # m = 1: its whole vectors streamed (`stream`), not tiled
     if rows > 1:
         few = rows <= ACCUMULATORS // DOT_VECTORS
