@@ -38,9 +38,12 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "batch_matmul": ([(12, 128, 64), (12, 64, 128)], {}),
     "mean_channels": ([(1, 256, 56, 56)], {}),
     "transpose_heads": ([(1, 128, 12, 64)], {}),
+    "pointwise_conv": ([(1, 64, 56, 56), (128, 64, 1, 1)], {}),
+    "grouped_conv": ([(1, 64, 56, 56), (64, 16, 3, 3)], {"groups": 4}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
-scores), an outer reduction, data movement."""
+scores), an outer reduction, data movement; then the convolutions that are dot products (1x1, and
+grouped 3x3: a channel sum with window taps)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -60,6 +63,11 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1], strides=[1, 1]), []
     if name in ("matmul", "batch_matmul"):
         return helper.make_node("MatMul", names, ["y"]), []
+    if name == "pointwise_conv":
+        return helper.make_node("Conv", names, ["y"]), []
+    if name == "grouped_conv":
+        groups = inputs[0].shape[1] // inputs[1].shape[1]
+        return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1]), []
     if name == "mean_channels":
         axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
         return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
@@ -137,11 +145,44 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return depthwise
     if name in ("matmul", "batch_matmul"):
         return lambda: np.matmul(x, inputs[1])
+    if name == "pointwise_conv":
+        w = inputs[1][:, :, 0, 0]
+        return lambda: np.matmul(w, x.reshape(x.shape[0], x.shape[1], -1)).reshape(
+            x.shape[0], w.shape[0], *x.shape[2:]
+        )
+    if name == "grouped_conv":
+        return grouped_conv(x, inputs[1])
     if name == "mean_channels":
         return lambda: x.mean(axis=1, keepdims=True)
     if name == "transpose_heads":
         return lambda: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
     raise ValueError(name)
+
+
+def grouped_conv(x: np.ndarray, w: np.ndarray) -> Callable[[], Any]:
+    """A grouped 3x3 convolution (pad 1) in numpy: per group and tap, one matmul of the group's
+    weights by the shifted input's pixels."""
+    groups, (out_c, group_c, k, _) = x.shape[1] // w.shape[1], w.shape
+    per_group, (n, _, h, wd) = out_c // groups, x.shape
+    padded = np.zeros((n, x.shape[1], h + 2, wd + 2), x.dtype)
+
+    def conv() -> Any:
+        padded[:, :, 1:-1, 1:-1] = x
+        out = np.zeros((n, out_c, h, wd), x.dtype)
+        for g in range(groups):
+            inputs, outputs = (
+                padded[:, g * group_c : (g + 1) * group_c],
+                out[:, g * per_group : (g + 1) * per_group],
+            )
+            for i in range(k):
+                for j in range(k):
+                    taps = inputs[:, :, i : i + h, j : j + wd]
+                    outputs += np.einsum(
+                        "oc,nchw->nohw", w[g * per_group : (g + 1) * per_group, :, i, j], taps
+                    )
+        return out
+
+    return conv
 
 
 class HostTimer:

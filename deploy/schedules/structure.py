@@ -88,6 +88,46 @@ def classify(stmt: Any) -> tuple[Structure, tuple[Any, ...], tuple[Any, ...]]:
     return Structure.OUTER_REDUCTION, spatial, reduce
 
 
+def dot_axes(stmt: Any) -> tuple[list[int], list[int], list[int]]:
+    """Positions among a dot product's spatial variables of its (batch, m, n) axes: n the
+    variables only the operand read along them uses (its innermost index one of them: b's n in
+    a[m, k] @ b[k, n], a 1x1 convolution's pixels), m the other operand's own, batch the rest.
+    Where neither operand is read along its own variable (a @ b transposed) the last variable is
+    n and the one before m."""
+    _, spatial, reduce = classify(stmt)
+    reads = [[r.min for r in read.region] for read in stmt.reads]
+    reducing = [index for index in reads if any(_uses(i, reduce) for i in index)]
+    if len(reducing) == 2:
+        owned = [set().union(*(_uses(i, spatial) for i in index)) for index in reducing]
+        for side in (1, 0):
+            mine, theirs = owned[side] - owned[1 - side], owned[1 - side] - owned[side]
+            innermost = _uses(reducing[side][-1], spatial) if reducing[side] else set()
+            if innermost and innermost <= mine:
+                batch = [i for i in range(len(spatial)) if i not in mine | theirs]
+                return batch, sorted(theirs), sorted(mine)
+    last = len(spatial) - 1
+    return list(range(last - 1)), [last - 1], [last]
+
+
+def channel_sum(stmt: Any) -> tuple[set[int], int | None]:
+    """A window's reduction variables that are not taps of its window (no read index adds them
+    to one of the two innermost spatial variables, the output's row and column: a grouped
+    convolution's input channels), by position; and, when there are some, the position of the
+    innermost outer spatial variable the other operand uses (the output channel, whose
+    neighbours read the same input and can share its loads)."""
+    _, spatial, reduce = classify(stmt)
+    reads = [[r.min for r in read.region] for read in stmt.reads]
+    taps = set().union(*(_uses(i, reduce) for index in reads for i in index if _uses(i, spatial[-2:])))
+    sums = set(range(len(reduce))) - taps
+    operands = [
+        index
+        for index in reads
+        if any(_uses(i, reduce) for i in index) and not any(_uses(i, spatial[-2:]) for i in index)
+    ]
+    channels = set().union(*(_uses(i, spatial[:-2]) for index in operands for i in index))
+    return sums, max(channels) if sums and channels else None
+
+
 def block_infos(sch: Any) -> list[BlockInfo]:
     """The top-level blocks of the function `sch` works on, in order, classified."""
     infos = []

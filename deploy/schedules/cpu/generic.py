@@ -10,11 +10,15 @@ cheap producers are inlined into their one consumer.
   (`rfactor`), one horizontal combine at its end; the elementwise stages in vectors.
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
-- dot product (matmul, batched matmul): output tiles of DOT_ROWS rows by two vectors in
-  parallel, the sum over k a register block of vector FMAs (a local accumulator the tile's k
-  loop updates, written back once).
-- window (depthwise convolution): planes in parallel, each plane's producer (padding) computed
-  per plane; vectors along the output row, the taps unrolled around them.
+- dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
+  which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
+  output tiles of DOT_ROWS rows by two vectors in parallel (an m of up to 6 rows one tile, m = 1
+  streamed along b's rows), the sum over k a register block of vector FMAs kept in registers
+  across k. A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
+  its missing rows.
+- window (depthwise and grouped convolutions): planes in parallel, each plane's producer
+  (padding) computed per plane; vectors along the output row, the taps unrolled around them;
+  where the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
 
 A rule that does not fit (a ragged extent, a primitive TVM refuses) leaves the function to the
 next one down, ending at the generic schedule; `schedule_by_structure` returns the rule taken
@@ -28,17 +32,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm import s_tir
+from tvm.tirx import IndexMap
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_outer
 from deploy.schedules.loops import extent, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
-from deploy.schedules.structure import Structure, anchor, block_infos, classify
+from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
 from deploy.schedules.vector_math import rewrite_calls
 
-DOT_ROWS = 4
-"""Output rows of a dot product's register block: DOT_ROWS x 2 vectors of accumulators (8 of
-AVX2's 16 registers, 8 of NEON's 32), each k step 2 vector loads of b and DOT_ROWS broadcasts."""
+DOT_ROWS, DOT_VECTORS, ACCUMULATORS = 4, 2, 12
+"""A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (8 of AVX2's
+16 registers, 8 of NEON's 32), each k step DOT_VECTORS vector loads of b and DOT_ROWS
+broadcasts. An m of 2 to ACCUMULATORS / DOT_VECTORS rows is one tile (b read once), as many
+vectors wide as ACCUMULATORS allows."""
+
+GEMV_CHUNK, GEMV_STEPS = 64, 4
+"""A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
+vectors of the output in parallel, each updated by GEMV_STEPS rows of b at a time (a tile of
+columns down all of k instead jumped a row of b every 256 bytes, which the prefetchers do not
+follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 0.7-0.9x streamed)."""
+
+WINDOW_CHANNELS = 8
+"""Output channels of a window's register block when its reduction sums input channels too (a
+grouped convolution): 8 vector accumulators, each tap one load of the input's vector and 8
+broadcasts of weights."""
 
 
 class DoesNotFit(Exception):
@@ -160,24 +178,86 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     (info,) = infos
     lanes = ctx.lanes(str(sch.get(info.block).writes[0].source.dtype))
     loops = sch.get_loops(info.block)
-    if len(info.spatial) < 2 or len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
+    if len(info.reduce) != 1 or len(loops) != len(info.spatial) + 1:
         raise DoesNotFit("not [batch..., m, n] over one k")
-    *batch, m, n, k = loops
+    if lanes < 2:
+        raise DoesNotFit("no vector lanes for the dtype")
     work = work_of([extent(sch, loop) for loop in loops])
-    cols = 2 * lanes
-    if lanes < 2 or (extent(sch, n) or 1) % cols or (extent(sch, m) or 1) % DOT_ROWS:
-        raise DoesNotFit(f"n not whole {cols}-column tiles or m not whole {DOT_ROWS}-row tiles")
-    m_tile, m_in = sch.split(m, factors=[None, DOT_ROWS])
-    n_tile, n_in = sch.split(n, factors=[None, cols])
-    sch.reorder(*batch, n_tile, m_tile, k, m_in, n_in)
-    accumulators = sch.cache_write(info.block, 0, "local")
-    sch.reverse_compute_at(accumulators, m_tile)
-    _, lane = sch.split(n_in, factors=[None, lanes])
+    outer, ms, ns = dot_axes(sch.get(info.block))
+    if not ms or not ns:
+        raise DoesNotFit("no m or no n axis")
+    sizes = [extent(sch, loop) for loop in loops]
+    if any(sizes[i] is None for i in ms + ns):
+        raise DoesNotFit("m or n of symbolic extent")
+    stmt = sch.get(info.block)
+    layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
+        lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
+        ndim=len(loops),
+        index_dtype=str(stmt.iter_vars[0].var.ty),
+    )
+    sch.transform_block_layout(info.block, layout)
+    *batch, m, n, _ = sch.get_loops(info.block)
+    rows, size = extent(sch, m) or 1, extent(sch, n) or 1
+    tile_rows, cols = 1, lanes  # m = 1: its whole vectors streamed (`stream`), not tiled
+    if rows > 1:
+        few = rows <= ACCUMULATORS // DOT_VECTORS
+        tile_rows, cols = (rows, ACCUMULATORS // rows * lanes) if few else (DOT_ROWS, DOT_VECTORS * lanes)
+    tiles, vectors = size - size % cols, size - size % lanes
+    widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
+    sch.reorder(n, *batch, m)
+    parts = sch.loop_partition(n, [*widths[:-1], None]) if len(widths) > 1 else [n]
+    for i, (part, width) in enumerate(zip(parts, widths, strict=True)):
+        (block,) = sch.get_child_blocks(part) if len(parts) > 1 else (info.block,)
+        if rows == 1 and i == 0 and width == vectors:
+            count = vectors // lanes
+            chunk = max(d for d in range(1, GEMV_CHUNK + 1) if count % d == 0)
+            stream(sch, block, chunk, lanes, work)
+        else:
+            tiled = i == 0 and width == tiles
+            vector = lanes if width % lanes == 0 else 1
+            register_block(sch, block, cols if tiled else None, vector, tile_rows, work)
+
+
+def stream(sch: Any, block: Any, chunk: int, lanes: int, work: int) -> None:
+    """A matrix-vector product's [n, batch..., m = 1, k] loops (GEMV_CHUNK): chunks of `chunk`
+    vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time."""
+    n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
+    n_tile, n_vector, lane = sch.split(n, factors=[None, chunk, lanes])
+    steps = GEMV_STEPS if (extent(sch, k) or 1) % GEMV_STEPS == 0 else 1
+    k_out, k_in = sch.split(k, factors=[None, steps])
+    sch.reorder(n_tile, *batch, m, k_out, n_vector, k_in, lane)
     sch.vectorize(lane)
+    sch.unroll(k_in)
+    parallel_outer(sch, [n_tile, *batch, m], work)  # before decompose: a complete block
+    sch.decompose_reduction(block, k_out)  # the init copies the vector loop
+
+
+def joined(variables: tuple[Any, ...], axes: list[int], sizes: list[int | None]) -> Any:
+    """The variables at `axes` as one row-major index (their static extents `sizes`)."""
+    index = variables[axes[0]]
+    for i in axes[1:]:
+        index = index * sizes[i] + variables[i]
+    return index
+
+
+def register_block(sch: Any, block: Any, cols: int | None, lanes: int, rows: int, work: int) -> None:
+    """One part of a dot product's [n, batch..., m, k] loops in tiles of `rows` rows by `cols`
+    columns (None: the part's columns, a loop that may not start at 0, which `split` refuses),
+    in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k accumulated in the
+    output tile, which LLVM keeps in registers across k (the buffers are noalias; a local
+    cache_write after `loop_partition` saw the whole part as each tile's region and copied it
+    all back a tile). A tile past a ragged m skips its rows past m: the predicate is outside
+    the vector lanes, which stay vectors."""
+    n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
+    n_tile, n_in = sch.split(n, factors=[None, cols]) if cols else (None, n)
+    m_tile, m_in = sch.split(m, factors=[None, rows])
+    tiles = [loop for loop in (n_tile, *batch, m_tile) if loop is not None]
+    sch.reorder(*tiles, k, m_in, n_in)
     sch.unroll(m_in)
-    vector_split(sch, sch.get_loops(accumulators)[-1], lanes)
-    parallel_outer(sch, [*batch, n_tile, m_tile], work)  # before decompose: a complete block
-    sch.decompose_reduction(info.block, k)  # the init copies the vector loop
+    if lanes > 1:
+        sch.vectorize(sch.split(n_in, factors=[None, lanes])[1] if cols else n_in)
+    parallel_outer(sch, tiles, work)  # before decompose: a complete block
+    sch.decompose_reduction(block, k)  # the init copies the vector loop
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
@@ -198,12 +278,17 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     if lanes < 2 or size is None or size % lanes:
         raise DoesNotFit(f"output rows of {size}: not whole vectors of {lanes}")
     x_out, x_in = sch.split(x, factors=[None, lanes])
-    sch.reorder(*planes, y, x_out, *taps, x_in)
+    sums, channel = channel_sum(sch.get(output.block))
+    block = []  # a register block of output channels sharing each input vector's load
+    if channel is not None:
+        planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
+        block = [channel_in]
+    sch.reorder(*planes, y, x_out, *taps, *block, x_in)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
     sch.vectorize(x_in)
-    for tap in taps:
+    for tap in [*(tap for i, tap in enumerate(taps) if i not in sums), *block]:
         sch.unroll(tap)
     sch.decompose_reduction(output.block, taps[0])  # the init copies the vector loop
 
