@@ -236,3 +236,35 @@ def test_a_libm_call_left_in_a_vector_loop_is_found():
 def test_a_libm_call_in_a_scalar_loop_is_not_reported():
     sch = elementwise(te.log)
     assert libm_in_vector_loops(sch.mod["main"]) == []
+
+
+def row_normalized(rows: np.ndarray) -> np.ndarray:
+    """x / sum(x) along rows of `rows`, scheduled by the row rule for x86 and run."""
+    x = te.placeholder(rows.shape, "float32", name="x")
+    k = te.reduce_axis((0, rows.shape[1]), name="k")
+    total = te.compute((rows.shape[0],), lambda i: te.sum(x[i, k], axis=k), name="total")
+    y = te.compute(rows.shape, lambda i, j: x[i, j] / total[i], name="y")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
+    assert schedule_by_structure(sch, fake_context()).rule == "row reduction"
+    built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
+    out = tvm.runtime.empty(rows.shape, "float32", tvm.cpu())
+    built.mod["main"](tvm.runtime.tensor(rows, tvm.cpu()), out)
+    return out.numpy()
+
+
+def test_a_row_divide_is_a_reciprocal_a_row_even_for_denormal_sums():
+    """A divisor the same along the row is inverted once (no vector divide in softmax), and a
+    denormal one (1 / b overflows for |b| < 2**-128) still gives x / b within 2 ulp."""
+    target = get_target("x86")
+    compiled = compile_op(bound_op("softmax", shapes=[(2, 3, 64)]), target, BuildOptions())
+    assert "vdivps" not in compiled.executable.mod.inspect_source("asm")
+    rows = np.full((4, 16), 1e-45, np.float32)
+    rows[1] *= 7
+    rows[2] = np.linspace(-3, 5, 16, dtype=np.float32)
+    rows[3, 0] = 0
+    rows[3, 1:] = np.array([np.nan, np.inf, -np.inf, 0.0, 1.0] * 3, np.float32)[:15]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = rows / rows.sum(axis=1, keepdims=True)
+    got = row_normalized(rows)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[:3], want[:3], rtol=2.5e-7)

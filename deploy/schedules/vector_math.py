@@ -45,8 +45,9 @@ def _pow2(n: Any) -> Any:
     return tirx.reinterpret(F32, bits)
 
 
-EXP_HI, EXP_LO = 88.72283935546875, -103.97207708
-"""ln(FLT_MAX) and ln of the least denormal: exp is +inf above, 0 below."""
+EXP_HI, EXP_LO = 89.0, -104.0
+"""Where exp's input is clamped: past ln(FLT_MAX) = 88.72 the scaling by 2**128 overflows to
++inf, below ln(2**-150) = -103.97 it rounds to 0, so the clamp gives +inf and 0 itself."""
 EXP_POLY = (
     1.9875691500e-4,
     1.3981999507e-3,
@@ -54,25 +55,23 @@ EXP_POLY = (
     4.1665795894e-2,
     1.6666665459e-1,
     5.0000001201e-1,
+    1.0,
+    1.0,
 )
-"""Cephes' expf polynomial on [-ln2/2, ln2/2]."""
+"""Cephes' expf polynomial on [-ln2/2, ln2/2], its 1 + r terms in the same Horner chain."""
+
+
+def _clamp(v: Any, low: float, high: float) -> Any:
+    """`v` clamped to [low, high]; NaN passes (both compares are false): two vector min/max."""
+    return tirx.Select(v > _c(high), _c(high), tirx.Select(v < _c(low), _c(low), v))
 
 
 def fast_exp(x: Any) -> Any:
-    """exp(x), float32: x = n ln2 + r, exp(r) by Cephes' polynomial, times 2**n as two powers of
-    about n/2 each (n runs from -150, a denormal result, to 128: neither alone is a float)."""
+    """exp(x), float32: x clamped (EXP_HI, EXP_LO), x = n ln2 + r, exp(r) by Cephes' polynomial,
+    times 2**n as two powers of about n/2 each (n runs from -150, a denormal result, to 129, an
+    overflow to +inf: neither alone is a float). NaN goes through the arithmetic as NaN."""
 
     def body(v: Any) -> Any:
-        clamped = tirx.Select(v > _c(EXP_HI), _c(EXP_HI), tirx.Select(v < _c(EXP_LO), _c(EXP_LO), v))
-        return tirx.Select(
-            v != v,
-            v,
-            tirx.Select(
-                v > _c(EXP_HI), _c(math.inf), tirx.Select(v < _c(EXP_LO), _c(0.0), _let(clamped, in_range))
-            ),
-        )
-
-    def in_range(v: Any) -> Any:
         return _let(tirx.floor(v * _c(1 / math.log(2)) + _c(0.5)), lambda n: scaled(v, n))
 
     def scaled(v: Any, n: Any) -> Any:
@@ -81,11 +80,11 @@ def fast_exp(x: Any) -> Any:
             for coefficient in EXP_POLY[1:]:
                 p = p * r + _c(coefficient)
             half = tirx.shift_right(n.astype("int32"), tirx.const(1, "int32"))
-            return (p * r * r + r + _c(1.0)) * _pow2(half) * _pow2(n.astype("int32") - half)
+            return p * _pow2(half) * _pow2(n.astype("int32") - half)
 
         return _let(v - n * _c(0.693359375) - n * _c(-2.12194440e-4), poly)
 
-    return _let(x, body)
+    return _let(_clamp(x, EXP_LO, EXP_HI), body)
 
 
 ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,

@@ -27,14 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tvm import s_tir
+import tvm_ffi
+from tvm import s_tir, tirx
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_outer
 from deploy.schedules.loops import extent, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, classify
-from deploy.schedules.vector_math import rewrite_calls
+from deploy.schedules.vector_math import F32, rewrite_calls
 
 DOT_ROWS = 4
 """Output rows of a dot product's register block: DOT_ROWS x 2 vectors of accumulators (8 of
@@ -91,10 +92,47 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
     return inner
 
 
+RECIPROCAL_SCALE = 2.0**64
+"""What a float32 divisor below FLT_MIN is scaled by before its reciprocal is taken: 1 / b
+overflows for |b| < 2**-128, 1 / (b * 2**64) does not, and a * that * 2**64 is a / b."""
+
+
+def reciprocal_divides(sch: Any, block: Any) -> None:
+    """float32 `a / b` in `block` with `b` the same across its innermost axis (a row's sum) as
+    `a * (1 / b)`: one divide a row and a multiply an element, where a vector divide costs
+    several multiplies (layer_norm 1x128x768, AVX2, 1 thread: 0.037 -> 0.033 ms). Within 2 ulp
+    of the divide; a divisor below FLT_MIN is scaled first (RECIPROCAL_SCALE). Exact ops keep
+    their divides."""
+    stmt = sch.get(block)
+    inner = stmt.iter_vars[-1].var
+
+    def multiply(div: Any) -> Any:
+        if str(div.ty) != F32 or any(v.same_as(inner) for v in tirx.analysis.undefined_vars(div.b)):
+            return div
+        b = tirx.Var("b", F32)
+        return tirx.Let(b, div.b, scaled_reciprocal(div.a, b))
+
+    new = tvm_ffi.structural_map(stmt, [(tirx.Div, multiply)])
+    if not new.same_as(stmt):
+        sch.state.replace(sch.get_sref(block), new, {stmt: new})
+
+
+def scaled_reciprocal(a: Any, b: Any) -> Any:
+    """a / b as a * (1 / (b * scale)) * scale, scale RECIPROCAL_SCALE where |b| < FLT_MIN, else 1."""
+    tiny = tirx.abs(b) < tirx.const(2.0**-126, F32)
+    scale = tirx.Select(tiny, tirx.const(RECIPROCAL_SCALE, F32), tirx.const(1.0, F32))
+    s = tirx.Var("s", F32)
+    return tirx.Let(s, scale, a * (tirx.const(1.0, F32) / (b * s)) * s)
+
+
 def rows(sch: Any, ctx: ScheduleContext) -> None:
     """Row reductions: see the module."""
     inline_producers(sch)
     infos = block_infos(sch)
+    if not ctx.bound.exact:
+        for info in infos:
+            if info.structure is Structure.ELEMENTWISE:
+                reciprocal_divides(sch, info.block)
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
     vector_reductions = []
     for info in infos:
@@ -123,8 +161,26 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     for rf in vector_reductions:
         lane, steps = sch.get_loops(rf)[-2:]  # compute_at made them in the order of its iterators
         sch.reorder(steps, lane)
-        sch.vectorize(lane)
+        steps = along_producer(sch, rf, steps, lanes)
+        sch.vectorize(sch.get_loops(rf)[-1])
         sch.decompose_reduction(rf, steps)
+
+
+def along_producer(sch: Any, rf: Any, steps: Any, lanes: int) -> Any:
+    """The vector reduction `rf` (loops: steps, lanes) moved into the vector loop of the stage it
+    reads, when that stage is computed in the same row: softmax's sum added up while exp makes
+    each vector, not in a pass over exp's buffer. The loop of steps `rf` then runs in."""
+    producers = sch.get_producers(rf)
+    if len(producers) != 1 or classify(sch.get(producers[0]))[0] is not Structure.ELEMENTWISE:
+        return steps
+    loops = sch.get_loops(producers[0])
+    if len(loops) < 2 or extent(sch, loops[-1]) != lanes or extent(sch, loops[-2]) != extent(sch, steps):
+        return steps
+    try:
+        sch.reverse_compute_at(rf, loops[-2])
+    except s_tir.ScheduleError:
+        return steps
+    return loops[-2]
 
 
 def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:
