@@ -169,8 +169,8 @@ def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
 
 
-def elementwise(fn, n: int = 64):
-    x = te.placeholder((n,), "float32", name="x")
+def elementwise(fn, n: int = 64, dtype: str = "float32"):
+    x = te.placeholder((n,), dtype, name="x")
     y = te.compute((n,), lambda i: fn(x[i]), name="y")
     return tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
 
@@ -191,14 +191,15 @@ SPECIALS = np.array(
 GRID = np.concatenate([np.linspace(-20, 20, 40001, dtype=np.float32), SPECIALS])
 
 
-def run_elementwise(fn) -> np.ndarray:
-    sch = elementwise(fn, GRID.size)
+def run_elementwise(fn, grid: np.ndarray = GRID) -> np.ndarray:
+    sch = elementwise(fn, grid.size, str(grid.dtype))
     rewrite_calls(sch, fake_context())
     vectors = sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1]
     sch.vectorize(vectors)
+    assert libm_in_vector_loops(sch.mod["main"]) == []
     built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
-    out = tvm.runtime.empty(GRID.shape, "float32", tvm.cpu())
-    built.mod["main"](tvm.runtime.tensor(GRID, tvm.cpu()), out)
+    out = tvm.runtime.empty(grid.shape, str(grid.dtype), tvm.cpu())
+    built.mod["main"](tvm.runtime.tensor(grid, tvm.cpu()), out)
     return out.numpy()
 
 
@@ -268,3 +269,35 @@ def test_a_row_divide_is_a_reciprocal_a_row_even_for_denormal_sums():
     got = row_normalized(rows)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[:3], want[:3], rtol=2.5e-7)
+
+
+def float32_range() -> np.ndarray:
+    """Every 4099th positive float32 bit pattern (denormals to +inf), every 37th from 0.7 to
+    1.42 (where log is near 0), every 97th denormal, their negatives and the specials."""
+
+    def patterns(start: int, stop: int, step: int) -> np.ndarray:
+        return np.arange(start, stop, step, dtype=np.int64).astype(np.uint32).view(np.float32)
+
+    positive = np.concatenate([patterns(0, 0x7F800001, 4099), patterns(0x3F333333, 0x3FB504F3, 37),
+                               patterns(1, 2**23, 97)])  # fmt: skip
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, 2.0**-149, 2.0**-126], np.float32)
+    return np.concatenate([positive, -positive[1::7], specials])
+
+
+def test_vector_log_is_within_one_ulp_over_the_whole_float32_range():
+    """float32 log against float64's, in ulps of the float32 result: NaN and x < 0 give NaN,
+    +-0 -inf, +inf +inf, denormals their log; float16 within one half ulp of float16's."""
+    grid = float32_range()
+    got = run_elementwise(te.log, grid)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.log(grid.astype(np.float64))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    limits = np.isinf(want)
+    assert np.array_equal(got[limits], want[limits].astype(np.float32))
+    finite = np.isfinite(want)
+    ulps = np.abs(got[finite] - want[finite]) / np.spacing(np.abs(want[finite]).astype(np.float32))
+    assert ulps.max() <= 1.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        half = np.concatenate([grid[::97].astype(np.float16), np.array([6e-8, 65504], np.float16)])
+        want_half = np.log(half.astype(np.float64)).astype(np.float16)
+    np.testing.assert_array_equal(run_elementwise(te.log, half), want_half)

@@ -1,12 +1,13 @@
-"""exp, erf, tanh and sigmoid as vector code: float32 calls of `te.exp` and friends in a
+"""exp, log, erf, tanh and sigmoid as vector code: float32 calls of `te.exp` and friends in a
 scheduled function's blocks rewritten as polynomials of adds, multiplies and exponent-bit
 shifts, which LLVM vectorizes. Left as calls they become a scalar libm call per lane
 (`expf`, `erff`) inside loops the schedule vectorized: GELU (erf) ran at 10x onnxruntime's
 time, softmax at 12x (issue #51).
 
 Accuracy (float32, against float64): exp within 2 ulp over its whole range, denormals
-included (+inf above ln(FLT_MAX)); erf within 2e-7 absolute (exactly
-+-1 past |x| = 3.92, where float32's erf is 1); NaN stays NaN and infinities give the limits.
+included (+inf above ln(FLT_MAX)); log within 1 ulp, denormals included (NaN below 0, -inf at
+0); erf within 2e-7 absolute (exactly +-1 past |x| = 3.92, where float32's erf is 1); NaN
+stays NaN and infinities give the limits.
 float16 calls are computed so in float32; float64 ones keep their calls (they need longer
 polynomials).
 """
@@ -24,7 +25,7 @@ from deploy.schedules.registry import ScheduleContext
 
 VECTOR_MATH = "vector math"
 """The pick (`Choices.pick`) of vector polynomials over libm calls: a schedule that wants libm's
-exp, erf, tanh or sigmoid (the last ulp, denormals) calls `rewrite_calls` with `libm=True`."""
+exp, log, erf, tanh or sigmoid (the last ulp, denormals) calls `rewrite_calls` with `libm=True`."""
 
 F32 = "float32"
 
@@ -141,11 +142,68 @@ def fast_tanh(x: Any) -> Any:
     return _let(x, body)
 
 
+LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
+"""Cephes' logf polynomial: log(1 + t) = t - t^2/2 + t^3 P(t) for t in [sqrt(0.5) - 1, sqrt(2) - 1]."""
+FLT_MIN = 2.0**-126
+DENORMAL_SCALE = 23
+"""A denormal input is multiplied by 2**23 (then normal) and 23 taken off its exponent."""
+
+
+def _bits(v: Any) -> Any:
+    return tirx.reinterpret("int32", v)
+
+
+def fast_log(x: Any) -> Any:
+    """log(x), float32: x = m 2**e with m in [sqrt(0.5), sqrt(2)) read from the bits (a denormal
+    x scaled to a normal one first), log(m) by Cephes' polynomial in t = m - 1 (exact), plus
+    e ln2 in two parts. NaN and x < 0 give NaN, +-0 gives -inf, +inf stays +inf."""
+
+    def body(v: Any) -> Any:
+        tiny = v < _c(FLT_MIN)
+        scaled = tirx.Select(tiny, v * _c(2.0**DENORMAL_SCALE), v)
+        offset = tirx.Select(tiny, _c(-DENORMAL_SCALE - 126), _c(-126))
+        return _let(scaled, lambda w: split(v, w, offset))
+
+    def split(v: Any, w: Any, offset: Any) -> Any:
+        exponent = tirx.shift_right(_bits(w), tirx.const(23, "int32")).astype(F32) + offset
+        half = tirx.reinterpret(
+            F32, tirx.bitwise_or(tirx.bitwise_and(_bits(w), tirx.const(0x007FFFFF, "int32")),
+                                 tirx.const(0x3F000000, "int32")),
+        )  # fmt: skip
+        small = half < _c(math.sqrt(0.5))
+        m = tirx.Select(small, half + half, half)
+        e = tirx.Select(small, exponent - _c(1.0), exponent)
+        return _let(m - _c(1.0), lambda t: _let(e, lambda n: finish(v, t, n)))
+
+    def finish(v: Any, t: Any, n: Any) -> Any:
+        p = _c(LOG_POLY[0])
+        for coefficient in LOG_POLY[1:]:
+            p = p * t + _c(coefficient)
+        t2 = t * t
+        y = t * t2 * p + n * _c(-2.12194440e-4) - _c(0.5) * t2
+        value = t + y + n * _c(0.693359375)
+        special = tirx.Select(v == _c(0.0), _c(-math.inf), _c(math.nan))
+        return tirx.Select(v > _c(0.0), tirx.Select(v < _c(math.inf), value, v), special)
+
+    return _let(x, body)
+
+
 REWRITES: dict[str, Callable[[Any], Any]] = {
     "tirx.exp": fast_exp,
     "tirx.erf": fast_erf,
     "tirx.sigmoid": fast_sigmoid,
     "tirx.tanh": fast_tanh,
+    "tirx.log": fast_log,
 }
 """The calls rewritten, by TIR op name."""
 
@@ -163,9 +221,9 @@ def _rewrite(call: Any) -> Any:
 
 
 def rewrite_calls(sch: Any, ctx: ScheduleContext, libm: bool = False) -> int:
-    """Rewrite the float32 and float16 exp, erf, sigmoid and tanh calls in every block of `sch` (a schedule
-    of the function, before any loop is transformed) as vector polynomials, unless `libm` or
-    the pick VECTOR_MATH says to keep libm's; the number of blocks rewritten."""
+    """Rewrite the float32 and float16 exp, log, erf, sigmoid and tanh calls in every block of
+    `sch` (a schedule of the function, before any loop is transformed) as vector polynomials,
+    unless `libm` or the pick VECTOR_MATH says to keep libm's; the number of blocks rewritten."""
     if libm or not ctx.choices.pick(VECTOR_MATH, (True, False), True):
         return 0
     changed = 0
