@@ -38,9 +38,10 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "batch_matmul": ([(12, 128, 64), (12, 64, 128)], {}),
     "mean_channels": ([(1, 256, 56, 56)], {}),
     "transpose_heads": ([(1, 128, 12, 64)], {}),
+    "log_softmax": ([(1, 12, 128, 128)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
-scores), an outer reduction, data movement."""
+scores), an outer reduction, data movement, and a row reduction calling log (log_softmax)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -65,6 +66,8 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
     if name == "transpose_heads":
         return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 1, 3]), []
+    if name == "log_softmax":
+        return helper.make_node("LogSoftmax", names, ["y"], axis=-1), []
     raise ValueError(name)
 
 
@@ -141,6 +144,13 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return lambda: x.mean(axis=1, keepdims=True)
     if name == "transpose_heads":
         return lambda: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    if name == "log_softmax":
+
+        def log_softmax() -> Any:
+            shifted = x - x.max(axis=-1, keepdims=True)
+            return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+        return log_softmax
     raise ValueError(name)
 
 

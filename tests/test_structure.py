@@ -38,6 +38,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "batch_matmul": ([(2, 8, 16), (2, 16, 32)], Structure.DOT),
     "mean_channels": ([(1, 8, 4, 16)], Structure.OUTER_REDUCTION),
     "transpose_heads": ([(1, 4, 3, 8)], Structure.ELEMENTWISE),
+    "log_softmax": ([(2, 3, 64)], Structure.ROW_REDUCTION),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
