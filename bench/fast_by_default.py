@@ -39,9 +39,11 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "mean_channels": ([(1, 256, 56, 56)], {}),
     "transpose_heads": ([(1, 128, 12, 64)], {}),
     "log_softmax": ([(1, 12, 128, 128)], {}),
+    "transpose2d": ([(1024, 1024)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
-scores), an outer reduction, data movement, and a row reduction calling log (log_softmax)."""
+scores), an outer reduction, data movement (attention's head split, a 2-D transpose), and a
+row reduction calling log (log_softmax)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -68,6 +70,8 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 1, 3]), []
     if name == "log_softmax":
         return helper.make_node("LogSoftmax", names, ["y"], axis=-1), []
+    if name == "transpose2d":
+        return helper.make_node("Transpose", names, ["y"], perm=[1, 0]), []
     raise ValueError(name)
 
 
@@ -151,6 +155,8 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
             return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
         return log_softmax
+    if name == "transpose2d":
+        return lambda: np.ascontiguousarray(x.T)
     raise ValueError(name)
 
 

@@ -39,6 +39,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "mean_channels": ([(1, 8, 4, 16)], Structure.OUTER_REDUCTION),
     "transpose_heads": ([(1, 4, 3, 8)], Structure.ELEMENTWISE),
     "log_softmax": ([(2, 3, 64)], Structure.ROW_REDUCTION),
+    "transpose2d": ([(128, 16)], Structure.DATA_MOVEMENT),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
@@ -302,3 +303,18 @@ def test_vector_log_is_within_one_ulp_over_the_whole_float32_range():
         half = np.concatenate([grid[::97].astype(np.float16), np.array([6e-8, 65504], np.float16)])
         want_half = np.log(half.astype(np.float64)).astype(np.float16)
     np.testing.assert_array_equal(run_elementwise(te.log, half), want_half)
+
+
+def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
+    """A read contiguous along an outer output axis is data movement; b[i] of out[i, j] (a
+    broadcast) and attention's head split (rows of d kept whole) stay elementwise; a transpose
+    of short output rows keeps the elementwise schedule, with no note."""
+    x = te.placeholder((64, 32), "float32", name="x")
+    b = te.placeholder((64,), "float32", name="b")
+    y = te.compute((64, 32), lambda i, j: x[i, j] + b[i], name="y")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, b, y])}))
+    assert anchor(block_infos(sch)).structure is Structure.ELEMENTWISE
+    sch, ctx = schedule_of("transpose2d", [(64, 16)])
+    assert anchor(block_infos(sch)).structure is Structure.DATA_MOVEMENT
+    taken = schedule_by_structure(sch, ctx)
+    assert (taken.rule, taken.notes) == ("elementwise", ())

@@ -15,6 +15,9 @@ cheap producers are inlined into their one consumer.
   loop updates, written back once).
 - window (depthwise convolution): planes in parallel, each plane's producer (padding) computed
   per plane; vectors along the output row, the taps unrolled around them.
+- data movement (a transpose): tiles of a cache line of the read by a vector of the output in
+  parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
+  tile keeps the elementwise schedule, with no note (it is as good a default there).
 
 A rule that does not fit (a ragged extent, a primitive TVM refuses) leaves the function to the
 next one down, ending at the generic schedule; `schedule_by_structure` returns the rule taken
@@ -44,6 +47,18 @@ AVX2's 16 registers, 8 of NEON's 32), each k step 2 vector loads of b and DOT_RO
 
 class DoesNotFit(Exception):
     """A rule's structure does not fit the function (the reason names what)."""
+
+
+class ElementwiseFits(DoesNotFit):
+    """A rule does not fit, and the elementwise schedule is as good a default: no note."""
+
+
+CACHE_LINE_BYTES = 64
+"""A cache line on every CPU target: a transpose's tile reads this many bytes of each input row."""
+SHORT_ROW_BYTES = 256
+"""Output rows this short keep the elementwise schedule: its fused rows read each input line
+again while it is in cache (NCHW to NHWC of 64 channels ran 1.2-1.5x slower in tiles, NCHW to
+NCHW8c 1.1-1.4x; 112-float rows 3-4x faster in tiles; AVX2, 1 thread, loaded machine)."""
 
 
 @dataclass(frozen=True)
@@ -264,11 +279,40 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     sch.decompose_reduction(output.block, taps[0])  # the init copies the vector loop
 
 
+def transpose(sch: Any, ctx: ScheduleContext) -> None:
+    """Data movement: see the module. transpose2d 1024x1024 float32, AVX2, 1 thread: 0.6 ms in
+    tiles of 16x8 where the elementwise schedule's gathers took 3.6-5 ms (onnxruntime 1.1)."""
+    inline_producers(sch)
+    infos = block_infos(sch)
+    if len(infos) != 1 or infos[0].along is None:
+        raise ElementwiseFits("not one transposing block after inlining")
+    (info,) = infos
+    dtype = str(sch.get(info.block).writes[0].source.dtype)
+    size = int("".join(filter(str.isdigit, dtype))) // 8
+    lanes, line = ctx.lanes(dtype), max(1, CACHE_LINE_BYTES // size)
+    loops = sch.get_loops(info.block)
+    along, inner = loops[info.along], loops[-1]
+    rows, cols, work = extent(sch, along), extent(sch, inner), work_of([extent(sch, loop) for loop in loops])
+    if lanes < 2 or rows is None or cols is None or rows % line or cols % lanes:
+        raise ElementwiseFits(f"{rows}x{cols} not whole {line}x{lanes} tiles")
+    if cols * size <= SHORT_ROW_BYTES:
+        raise ElementwiseFits(f"output rows of {cols * size} bytes: the elementwise schedule reuses lines")
+    _, row = sch.split(along, factors=[None, line])
+    _, lane = sch.split(inner, factors=[None, lanes])
+    tiles = sch.get_loops(info.block)[:-1]
+    tiles = [loop for loop in tiles if not sch.get(loop).same_as(sch.get(row))]
+    sch.reorder(*tiles, row, lane)
+    sch.vectorize(lane)
+    sch.unroll(row)
+    parallel_outer(sch, tiles, work)
+
+
 RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
     Structure.DOT: dot,
     Structure.WINDOW: window,
     Structure.ROW_REDUCTION: rows,
     Structure.OUTER_REDUCTION: outer_reduction,
+    Structure.DATA_MOVEMENT: transpose,
 }
 """The rule of each structure but elementwise (the fallback of every rule)."""
 
@@ -297,6 +341,9 @@ def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
         return Taken(structure.value)
     try:
         rule(sch.copy(), ctx)
+    except ElementwiseFits:
+        inlined_elementwise(sch, ctx)
+        return Taken(Structure.ELEMENTWISE.value)
     except (DoesNotFit, s_tir.ScheduleError) as why:
         reason = str(why).splitlines()[0] if isinstance(why, DoesNotFit) else schedule_reason(why)
         inlined_elementwise(sch, ctx)
