@@ -50,16 +50,20 @@ EXP_HI, EXP_LO = 89.0, -104.0
 """Where exp's input is clamped: past ln(FLT_MAX) = 88.72 the scaling by 2**128 overflows to
 +inf, below ln(2**-150) = -103.97 it rounds to 0, so the clamp gives +inf and 0 itself."""
 EXP_POLY = (
-    1.9875691500e-4,
-    1.3981999507e-3,
-    8.3334519073e-3,
-    4.1665795894e-2,
-    1.6666665459e-1,
-    5.0000001201e-1,
+    1.3846145011e-3,
+    8.3741191775e-3,
+    4.1667960584e-2,
+    1.6666431725e-1,
+    4.9999994040e-1,
     1.0,
     1.0,
 )
-"""Cephes' expf polynomial on [-ln2/2, ln2/2], its 1 + r terms in the same Horner chain."""
+"""exp(r) on [-ln2/2, ln2/2] as 1 + r + c2 r^2 + ... + c6 r^6 in one Horner chain of 6 FMAs: our
+fit of the relative error (2e-9 in float64, iteratively reweighted least squares)."""
+
+
+def _bits(v: Any) -> Any:
+    return tirx.reinterpret("int32", v)
 
 
 def _clamp(v: Any, low: float, high: float) -> Any:
@@ -68,9 +72,10 @@ def _clamp(v: Any, low: float, high: float) -> Any:
 
 
 def fast_exp(x: Any) -> Any:
-    """exp(x), float32: x clamped (EXP_HI, EXP_LO), x = n ln2 + r, exp(r) by Cephes' polynomial,
-    times 2**n as two powers of about n/2 each (n runs from -150, a denormal result, to 129, an
-    overflow to +inf: neither alone is a float). NaN goes through the arithmetic as NaN."""
+    """exp(x), float32: x clamped (EXP_HI, EXP_LO), x = n ln2 + r, exp(r) by EXP_POLY, times
+    2**n in two halves of about n/2 each (n runs from -150, a denormal result, to 128, an
+    overflow to +inf: neither alone is a float): the first added to the result's exponent bits
+    (p 2**(n/2) is a normal float), the second a multiply. NaN goes through as NaN."""
 
     def body(v: Any) -> Any:
         return _let(tirx.floor(v * _c(1 / math.log(2)) + _c(0.5)), lambda n: scaled(v, n))
@@ -81,7 +86,8 @@ def fast_exp(x: Any) -> Any:
             for coefficient in EXP_POLY[1:]:
                 p = p * r + _c(coefficient)
             half = tirx.shift_right(n.astype("int32"), tirx.const(1, "int32"))
-            return p * _pow2(half) * _pow2(n.astype("int32") - half)
+            first = tirx.reinterpret(F32, _bits(p) + tirx.shift_left(half, tirx.const(23, "int32")))
+            return first * _pow2(n.astype("int32") - half)
 
         return _let(v - n * _c(0.693359375) - n * _c(-2.12194440e-4), poly)
 
@@ -157,10 +163,6 @@ LOG_POLY = (
 FLT_MIN = 2.0**-126
 DENORMAL_SCALE = 23
 """A denormal input is multiplied by 2**23 (then normal) and 23 taken off its exponent."""
-
-
-def _bits(v: Any) -> Any:
-    return tirx.reinterpret("int32", v)
 
 
 def fast_log(x: Any) -> Any:
