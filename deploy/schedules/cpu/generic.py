@@ -176,26 +176,8 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     for rf in vector_reductions:
         lane, steps = sch.get_loops(rf)[-2:]  # compute_at made them in the order of its iterators
         sch.reorder(steps, lane)
-        steps = along_producer(sch, rf, steps, lanes)
-        sch.vectorize(sch.get_loops(rf)[-1])
+        sch.vectorize(lane)
         sch.decompose_reduction(rf, steps)
-
-
-def along_producer(sch: Any, rf: Any, steps: Any, lanes: int) -> Any:
-    """The vector reduction `rf` (loops: steps, lanes) moved into the vector loop of the stage it
-    reads, when that stage is computed in the same row: softmax's sum added up while exp makes
-    each vector, not in a pass over exp's buffer. The loop of steps `rf` then runs in."""
-    producers = sch.get_producers(rf)
-    if len(producers) != 1 or classify(sch.get(producers[0]))[0] is not Structure.ELEMENTWISE:
-        return steps
-    loops = sch.get_loops(producers[0])
-    if len(loops) < 2 or extent(sch, loops[-1]) != lanes or extent(sch, loops[-2]) != extent(sch, steps):
-        return steps
-    try:
-        sch.reverse_compute_at(rf, loops[-2])
-    except s_tir.ScheduleError:
-        return steps
-    return loops[-2]
 
 
 def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:
