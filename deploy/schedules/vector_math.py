@@ -68,7 +68,7 @@ def _bits(v: Any) -> Any:
 
 def _clamp(v: Any, low: float, high: float) -> Any:
     """`v` clamped to [low, high]; NaN passes (both compares are false): two vector min/max."""
-    return tirx.Select(v > _c(high), _c(high), tirx.Select(v < _c(low), _c(low), v))
+    return _let(tirx.Select(v < _c(low), _c(low), v), lambda w: tirx.Select(w > _c(high), _c(high), w))
 
 
 def fast_exp(x: Any) -> Any:
