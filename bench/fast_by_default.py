@@ -40,10 +40,13 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "transpose_heads": ([(1, 128, 12, 64)], {}),
     "pointwise_conv": ([(1, 64, 56, 56), (128, 64, 1, 1)], {}),
     "grouped_conv": ([(1, 64, 56, 56), (64, 16, 3, 3)], {"groups": 4}),
+    "log_softmax": ([(1, 12, 128, 128)], {}),
+    "transpose2d": ([(1024, 1024)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
-scores), an outer reduction, data movement; then the convolutions that are dot products (1x1, and
-grouped 3x3: a channel sum with window taps)."""
+scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
+convolutions that are dot products (1x1, and grouped 3x3: a channel sum with window taps); and
+a row reduction calling log (log_softmax)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -73,6 +76,10 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
     if name == "transpose_heads":
         return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 1, 3]), []
+    if name == "log_softmax":
+        return helper.make_node("LogSoftmax", names, ["y"], axis=-1), []
+    if name == "transpose2d":
+        return helper.make_node("Transpose", names, ["y"], perm=[1, 0]), []
     raise ValueError(name)
 
 
@@ -156,6 +163,15 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return lambda: x.mean(axis=1, keepdims=True)
     if name == "transpose_heads":
         return lambda: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    if name == "log_softmax":
+
+        def log_softmax() -> Any:
+            shifted = x - x.max(axis=-1, keepdims=True)
+            return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+        return log_softmax
+    if name == "transpose2d":
+        return lambda: np.ascontiguousarray(x.T)
     raise ValueError(name)
 
 

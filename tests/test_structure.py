@@ -41,6 +41,8 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "transpose_heads": ([(1, 4, 3, 8)], Structure.ELEMENTWISE),
     "pointwise_conv": ([(1, 8, 4, 8), (16, 8, 1, 1)], Structure.DOT),
     "grouped_conv": ([(1, 8, 6, 8), (16, 2, 3, 3)], Structure.WINDOW),
+    "log_softmax": ([(2, 3, 64)], Structure.ROW_REDUCTION),
+    "transpose2d": ([(128, 16)], Structure.DATA_MOVEMENT),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
@@ -230,8 +232,8 @@ def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
 
 
-def elementwise(fn, n: int = 64):
-    x = te.placeholder((n,), "float32", name="x")
+def elementwise(fn, n: int = 64, dtype: str = "float32"):
+    x = te.placeholder((n,), dtype, name="x")
     y = te.compute((n,), lambda i: fn(x[i]), name="y")
     return tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
 
@@ -252,14 +254,15 @@ SPECIALS = np.array(
 GRID = np.concatenate([np.linspace(-20, 20, 40001, dtype=np.float32), SPECIALS])
 
 
-def run_elementwise(fn) -> np.ndarray:
-    sch = elementwise(fn, GRID.size)
+def run_elementwise(fn, grid: np.ndarray = GRID) -> np.ndarray:
+    sch = elementwise(fn, grid.size, str(grid.dtype))
     rewrite_calls(sch, fake_context())
     vectors = sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1]
     sch.vectorize(vectors)
+    assert libm_in_vector_loops(sch.mod["main"]) == []
     built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
-    out = tvm.runtime.empty(GRID.shape, "float32", tvm.cpu())
-    built.mod["main"](tvm.runtime.tensor(GRID, tvm.cpu()), out)
+    out = tvm.runtime.empty(grid.shape, str(grid.dtype), tvm.cpu())
+    built.mod["main"](tvm.runtime.tensor(grid, tvm.cpu()), out)
     return out.numpy()
 
 
@@ -297,3 +300,82 @@ def test_a_libm_call_left_in_a_vector_loop_is_found():
 def test_a_libm_call_in_a_scalar_loop_is_not_reported():
     sch = elementwise(te.log)
     assert libm_in_vector_loops(sch.mod["main"]) == []
+
+
+def row_normalized(rows: np.ndarray) -> np.ndarray:
+    """x / sum(x) along rows of `rows`, scheduled by the row rule for x86 and run."""
+    x = te.placeholder(rows.shape, "float32", name="x")
+    k = te.reduce_axis((0, rows.shape[1]), name="k")
+    total = te.compute((rows.shape[0],), lambda i: te.sum(x[i, k], axis=k), name="total")
+    y = te.compute(rows.shape, lambda i, j: x[i, j] / total[i], name="y")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
+    assert schedule_by_structure(sch, fake_context()).rule == "row reduction"
+    built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
+    out = tvm.runtime.empty(rows.shape, "float32", tvm.cpu())
+    built.mod["main"](tvm.runtime.tensor(rows, tvm.cpu()), out)
+    return out.numpy()
+
+
+def test_a_row_divide_is_a_reciprocal_a_row_even_for_denormal_sums():
+    """A divisor the same along the row is inverted once (softmax multiplies by 1 / total), and a
+    row whose divisor is denormal (1 / b overflows for |b| < 2**-128) keeps its divides."""
+    sch, ctx = schedule_of("softmax")
+    schedule_by_structure(sch, ctx)
+    assert "= e[v_i0, v_i1, v_i2] * (T.float32(1.0) / total[v_i0, v_i1])" in str(sch.mod)
+    rows = np.full((4, 16), 1e-45, np.float32)
+    rows[1] *= 7
+    rows[2] = np.linspace(-3, 5, 16, dtype=np.float32)
+    rows[3, 0] = 0
+    rows[3, 1:] = np.array([np.nan, np.inf, -np.inf, 0.0, 1.0] * 3, np.float32)[:15]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = rows / rows.sum(axis=1, keepdims=True)
+    got = row_normalized(rows)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[:3], want[:3], rtol=2.5e-7)
+
+
+def float32_range() -> np.ndarray:
+    """Every 4099th positive float32 bit pattern (denormals to +inf), every 37th from 0.7 to
+    1.42 (where log is near 0), every 97th denormal, their negatives and the specials."""
+
+    def patterns(start: int, stop: int, step: int) -> np.ndarray:
+        return np.arange(start, stop, step, dtype=np.int64).astype(np.uint32).view(np.float32)
+
+    positive = np.concatenate([patterns(0, 0x7F800001, 4099), patterns(0x3F333333, 0x3FB504F3, 37),
+                               patterns(1, 2**23, 97)])  # fmt: skip
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, 2.0**-149, 2.0**-126], np.float32)
+    return np.concatenate([positive, -positive[1::7], specials])
+
+
+def test_vector_log_is_within_one_ulp_over_the_whole_float32_range():
+    """float32 log against float64's, in ulps of the float32 result: NaN and x < 0 give NaN,
+    +-0 -inf, +inf +inf, denormals their log; float16 within one half ulp of float16's."""
+    grid = float32_range()
+    got = run_elementwise(te.log, grid)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.log(grid.astype(np.float64))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    limits = np.isinf(want)
+    assert np.array_equal(got[limits], want[limits].astype(np.float32))
+    finite = np.isfinite(want)
+    ulps = np.abs(got[finite] - want[finite]) / np.spacing(np.abs(want[finite]).astype(np.float32))
+    assert ulps.max() <= 1.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        half = np.concatenate([grid[::97].astype(np.float16), np.array([6e-8, 65504], np.float16)])
+        want_half = np.log(half.astype(np.float64)).astype(np.float16)
+    np.testing.assert_array_equal(run_elementwise(te.log, half), want_half)
+
+
+def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
+    """A read contiguous along an outer output axis is data movement; b[i] of out[i, j] (a
+    broadcast) and attention's head split (rows of d kept whole) stay elementwise; a transpose
+    of short output rows keeps the elementwise schedule, with no note."""
+    x = te.placeholder((64, 32), "float32", name="x")
+    b = te.placeholder((64,), "float32", name="b")
+    y = te.compute((64, 32), lambda i, j: x[i, j] + b[i], name="y")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, b, y])}))
+    assert anchor(block_infos(sch)).structure is Structure.ELEMENTWISE
+    sch, ctx = schedule_of("transpose2d", [(64, 16)])
+    assert anchor(block_infos(sch)).structure is Structure.DATA_MOVEMENT
+    taken = schedule_by_structure(sch, ctx)
+    assert (taken.rule, taken.notes) == ("elementwise", ())

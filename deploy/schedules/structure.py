@@ -3,7 +3,12 @@ their reads, not from an op's name: the structure a CPU default schedule is chos
 (`deploy.schedules.cpu.generic`). Our own reading of what MetaSchedule's rules and TVM's dlight
 test (`normalize_prim_func`'s S/R kinds, `is_reduction`, `detect_dominant_read`).
 
-- elementwise: no reduction variable (maps, broadcasts, transposes, padding).
+- elementwise: no reduction variable (maps, broadcasts, padding, a permutation that keeps the
+  innermost axis such as attention's head split).
+- data movement: an elementwise function whose costliest block has a transposing read: its
+  innermost index is an outer variable of the output while the output's innermost variable
+  indexes it further out (x[i, j] for out[j, i]; NCHW to NHWC). A block of it is still
+  elementwise to the other rules (inlined into its consumer like any map).
 - dot product: two reads use the reduction variables and each uses a spatial variable the
   other does not (matmul's a[m, k] and b[k, n]; batched matmul, a 1x1 convolution).
 - window: an index of a read adds a spatial and a reduction variable (a convolution's y + i).
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tvm import tirx
@@ -28,6 +33,7 @@ SPATIAL, REDUCE = 0, 2
 
 class Structure(enum.Enum):
     ELEMENTWISE = "elementwise"
+    DATA_MOVEMENT = "data movement"
     ROW_REDUCTION = "row reduction"
     OUTER_REDUCTION = "outer reduction"
     DOT = "dot product"
@@ -36,6 +42,7 @@ class Structure(enum.Enum):
 
 RANK = {
     Structure.ELEMENTWISE: 0,
+    Structure.DATA_MOVEMENT: 0,
     Structure.OUTER_REDUCTION: 1,
     Structure.ROW_REDUCTION: 2,
     Structure.WINDOW: 3,
@@ -47,7 +54,8 @@ RANK = {
 @dataclass(frozen=True)
 class BlockInfo:
     """One top-level block: its handle in the schedule, name and structure, its spatial and
-    reduction variables, and the iterations of one instance (the product of its extents)."""
+    reduction variables, the iterations of one instance (the product of its extents), and the
+    position in `spatial` a transposing read is contiguous along (`transposed_along`), if any."""
 
     block: Any
     name: str
@@ -55,6 +63,7 @@ class BlockInfo:
     spatial: tuple[Any, ...]
     reduce: tuple[Any, ...]
     work: int
+    along: int | None = None
 
 
 def _uses(expr: Any, variables: tuple[Any, ...]) -> set[int]:
@@ -126,6 +135,19 @@ def channel_sum(stmt: Any) -> tuple[set[int], int | None]:
     ]
     channels = set().union(*(_uses(i, spatial[:-2]) for index in operands for i in index))
     return sums, max(channels) if sums and channels else None
+def transposed_along(stmt: Any, spatial: tuple[Any, ...]) -> int | None:
+    """The position in `spatial` of the variable an elementwise block's transposing read is
+    contiguous along (its innermost index), where the output's innermost variable indexes that
+    read further out; None when no read transposes (a map, a broadcast b[i] of out[i, j])."""
+    if not spatial:
+        return None
+    inner = len(spatial) - 1
+    for read in stmt.reads:
+        index = [r.min for r in read.region]
+        last = _uses(index[-1], spatial) if index else set()
+        if len(last) == 1 and inner not in last and any(inner in _uses(i, spatial) for i in index[:-1]):
+            return next(iter(last))
+    return None
 
 
 def block_infos(sch: Any) -> list[BlockInfo]:
@@ -135,11 +157,15 @@ def block_infos(sch: Any) -> list[BlockInfo]:
         stmt = sch.get(block)
         structure, spatial, reduce = classify(stmt)
         work = math.prod(_extent(iv.dom.extent) for iv in stmt.iter_vars)
-        infos.append(BlockInfo(block, stmt.name_hint, structure, spatial, reduce, work))
+        along = transposed_along(stmt, spatial) if structure is Structure.ELEMENTWISE else None
+        infos.append(BlockInfo(block, stmt.name_hint, structure, spatial, reduce, work, along))
     return infos
 
 
 def anchor(infos: list[BlockInfo]) -> BlockInfo:
     """The block whose structure the function's schedule follows: the costliest kind, the most
-    work among those."""
-    return max(infos, key=lambda info: (RANK[info.structure], info.work))
+    work among those; an elementwise one with a transposing read as data movement."""
+    top = max(infos, key=lambda info: (RANK[info.structure], info.work))
+    if top.structure is Structure.ELEMENTWISE and top.along is not None:
+        return replace(top, structure=Structure.DATA_MOVEMENT)
+    return top
