@@ -135,6 +135,8 @@ def channel_sum(stmt: Any) -> tuple[set[int], int | None]:
     ]
     channels = set().union(*(_uses(i, spatial[:-2]) for index in operands for i in index))
     return sums, max(channels) if sums and channels else None
+
+
 def transposed_along(stmt: Any, spatial: tuple[Any, ...]) -> int | None:
     """The position in `spatial` of the variable an elementwise block's transposing read is
     contiguous along (its innermost index), where the output's innermost variable indexes that
