@@ -204,7 +204,12 @@ def test_a_session_uploads_an_input_once_for_runs_on_the_same_data(monkeypatch):
 
     uploads = []
     upload = tvm.runtime.tensor
-    monkeypatch.setattr(tvm.runtime, "tensor", lambda a, dev: uploads.append(a.shape) or upload(a, dev))
+
+    def counted(array: np.ndarray, dev: object) -> object:
+        uploads.append(array.shape)
+        return upload(array, dev)
+
+    monkeypatch.setattr(tvm.runtime, "tensor", counted)
     target, x = get_target("arm"), np.linspace(-3, 3, 64, dtype="float32").reshape(4, 16)
     bound = bind(get_op("leaky_relu"), {"alpha": 0.5}, [TensorType(x.shape, "float32")])
     with get_device(target.default_device).open() as session:
