@@ -202,16 +202,25 @@ def _interrupt_after_fork() -> None:
 os.register_at_fork(after_in_parent=_interrupt_after_fork)
 
 
-def test_a_stop_during_the_fork_is_raised_once_the_child_is_known():
+@pytest.mark.parametrize("other_thread", [False, True], ids=["one thread", "another thread too"])
+def test_a_stop_during_the_fork_is_raised_once_the_child_is_known(other_thread: bool):
     """Without the signals held, the ^C's exception would be raised inside the fork (and lost,
-    or it would leave the child unknown, so unreaped); it comes once `in_child` can end it."""
+    or it would leave the child unknown, so unreaped); it comes once `in_child` can end it. With
+    another thread alive the kernel gives the signal to it (the main thread blocks it), and the
+    KeyboardInterrupt's handler ran inside the at-fork hook, where it was lost: the main thread's
+    Python handlers defer it too."""
     before = {child.pid for child in psutil.Process().children()}  # earlier tests' servers stay
+    done = threading.Event()
+    waiting = threading.Thread(target=done.wait)
+    if other_thread:
+        waiting.start()
     INTERRUPT_AFTER_FORK.append(True)
     try:
         with pytest.raises(KeyboardInterrupt):
             in_child(lambda: time.sleep(30))
     finally:
         INTERRUPT_AFTER_FORK.clear()
+        done.set()
     assert {child.pid for child in psutil.Process().children()} <= before
 
 

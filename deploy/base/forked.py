@@ -22,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any
 
 FORK_LOCK = threading.Lock()
 """Held while this process forks, and by whoever calls into LLVM in this process (`tvm.compile`):
@@ -44,6 +45,34 @@ class ChildDied(Exception):
         self.said = said
 
 
+@contextmanager
+def signals_after(parent: int) -> Iterator[None]:
+    """Signals that arrive inside the block take effect after it, in process `parent` only.
+    Blocking them holds those sent to this thread; but the kernel gives a process's signal to
+    any thread not blocking it, and on the main thread its Python handler (a ^C's
+    KeyboardInterrupt) would then run at the next bytecode, inside the block, or inside an
+    at-fork hook, where its exception is lost. So the main thread's Python handlers only record
+    the signal inside, and it is raised again after, when this process is `parent` (a forked
+    child drops it: it has its own to do)."""
+    deferred: list[int] = []
+    replaced: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in signal.valid_signals():
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                replaced[signum] = signal.signal(signum, lambda number, _frame: deferred.append(number))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+        if os.getpid() == parent:
+            for number in dict.fromkeys(deferred):
+                signal.raise_signal(number)
+
+
 def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None:
     """`action()` in a forked child: its exception is raised here, its stderr copied to ours; any
     other end is ChildDied. The child dumps no core (an abort would leave one in the working
@@ -51,12 +80,8 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
     parent, pid = os.getpid(), 0
     with tempfile.TemporaryFile() as said, tempfile.TemporaryFile() as sent:
         try:
-            with FORK_LOCK:
-                held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-                try:  # a ^C during the fork is raised once `pid` is set, never between
-                    pid = os.fork()
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            with FORK_LOCK, signals_after(parent):  # a ^C during the fork: raised once `pid` is set
+                pid = os.fork()
             if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
                 _child(action, sent.fileno(), said.fileno())
             status = _wait(pid, deadline_s)
