@@ -147,14 +147,33 @@ def loop_kinds(sch, block: str) -> list[tuple[int, ForKind]]:
 
 def test_a_1x1_convolution_runs_vectors_along_its_pixels():
     """The dot rule reads which operand is contiguous along which output axes (w[co, ci] by
-    x[ci, h*w]): 2 tiles of the 4x8 pixels joined by 4 of the 16 output channels in parallel,
-    the 8 input channels, then 4 channel rows by 2 vectors of pixels, not rows of 8 pixels."""
-    sch, ctx = schedule_of("pointwise_conv")
+    x[ci, h*w]): 2 tiles of the 4x12 pixels joined by 4 of the 16 output channels in parallel,
+    the 8 input channels, then 4 channel rows by 3 vectors of pixels, not rows of 12 pixels."""
+    sch, ctx = schedule_of("pointwise_conv", [(1, 8, 4, 12), (16, 8, 1, 1)])
     schedule_by_structure(sch, ctx)
     assert loop_kinds(sch, "pointwise_conv_update") == [
-        (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (2, ForKind.SERIAL),
+        (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+def test_a_long_sum_runs_in_blocks_over_a_copied_panel_of_b(local_session, tmp_path):
+    """k = 512 in 2 blocks of 256 outside the 5 tiles of 18 rows (the last skips 2), each block's
+    256x24 panel of b copied into a buffer of its own in vectors; the 2 tiles of n in parallel.
+    Checked against numpy with ties, NaN and infinities, float32 and float64 (4 lanes: tiles
+    12 wide, 4 of them)."""
+    shapes: list[tuple[int | str, ...]] = [(18, 512), (512, 48)]
+    sch, ctx = schedule_of("matmul", shapes)
+    assert schedule_by_structure(sch, ctx).fell_through == ""
+    assert loop_kinds(sch, "b_global") == [(2, ForKind.PARALLEL), (2, ForKind.SERIAL), (256, ForKind.SERIAL),
+                                           (3, ForKind.SERIAL), (8, ForKind.VECTORIZED)]  # fmt: skip
+    blocks = [(2, ForKind.PARALLEL), (2, ForKind.SERIAL), (5, ForKind.SERIAL)]
+    assert loop_kinds(sch, "matmul_update")[:3] == blocks
+    target = get_target("x86")
+    for dtype in ("float32", "float64"):
+        bound = bind(get_op("matmul"), {}, [TensorType(s, dtype) for s in shapes])
+        mod, label = hand_schedule(bound, target, BuildOptions())
+        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
 
 
 def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector():
