@@ -22,7 +22,7 @@ from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
-from deploy.schedules.cpu.generic import schedule_by_structure
+from deploy.schedules.cpu.generic import Taken, schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
@@ -185,6 +185,36 @@ def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector()
         (2, ForKind.SERIAL), (3, ForKind.UNROLLED), (3, ForKind.UNROLLED), (8, ForKind.UNROLLED),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+SHORT_ROWS = [
+    ("depthwise_conv", [(1, 4, 14, 14), (4, 1, 3, 3)], {}),  # rows of 14: 8, 4 and 2 lanes
+    ("depthwise_conv", [(2, 3, 9, 7), (3, 1, 3, 3)], {"stride": 2}),  # rows of 4, every other column
+    ("grouped_conv", [(1, 8, 7, 7), (16, 2, 3, 3)], {}),  # rows of 7 by a block of 8 channels
+]
+"""Windows whose output rows are not whole vectors of 8 floats, but at most two of them."""
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes", "attrs"), SHORT_ROWS, ids=lambda v: str(v) if isinstance(v, str) else ""
+)
+def test_a_window_of_short_rows_runs_each_row_as_one_vector(name, shapes, attrs, local_session, tmp_path):
+    """A 7x7 or 14x14 map's rows: the window rule still (one vector of the row's length, the
+    taps unrolled), not the generic schedule; checked against numpy with ties, NaN and
+    infinities in float32 and float64, and built for arm, armv7 and riscv64 with no note."""
+    for dtype in ("float32", "float64"):
+        bound = bind(get_op(name), attrs, [TensorType(s, dtype) for s in shapes])
+        target = get_target("x86")
+        sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, target, BuildOptions())) == Taken("window")
+        row = bound.output.shape[-1]
+        assert loop_kinds(sch, f"{name}_update")[-1] == (row, ForKind.VECTORIZED)
+        mod, label = hand_schedule(bound, target, BuildOptions())
+        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+    for target_name in ("arm", "armv7", "riscv64"):
+        compiled = compile_op(bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes]),
+                              get_target(target_name), BuildOptions())  # fmt: skip
+        assert compiled.schedule == "cpu/generic" and compiled.notes == ()
 
 
 def build_fast_op(out, *args: str):
