@@ -12,13 +12,15 @@ cheap producers are inlined into their one consumer.
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
   which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
-  output tiles of DOT_ROWS rows by two vectors in parallel (an m of up to 6 rows one tile, m = 1
-  streamed along b's rows), the sum over k a register block of vector FMAs kept in registers
-  across k. A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
+  output tiles of DOT_ROWS rows by three vectors in parallel (an m of up to 6 rows one tile,
+  m = 1 streamed along b's rows), the sum over k a register block of vector FMAs kept in
+  registers across k; a long k in blocks, each block's panel of b copied contiguous first
+  (K_BLOCK). A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
   its missing rows.
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
-  (padding) computed per plane; vectors along the output row, the taps unrolled around them;
-  where the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
+  (padding) computed per plane; vectors along the output row (a short row that is not whole
+  vectors one vector of its length: ROW_VECTOR_LANES), the taps unrolled around them; where
+  the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
   tile keeps the elementwise schedule, with no note (it is as good a default there).
