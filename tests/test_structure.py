@@ -157,18 +157,22 @@ def test_a_1x1_convolution_runs_vectors_along_its_pixels():
     ]  # fmt: skip
 
 
-def test_a_long_sum_runs_in_blocks_over_a_copied_panel_of_b(local_session, tmp_path):
+@pytest.mark.parametrize("n", [48, 64])
+def test_a_long_sum_runs_in_blocks_over_a_copied_panel_of_b(n, local_session, tmp_path):
     """k = 512 in 2 blocks of 256 outside the 5 tiles of 18 rows (the last skips 2), each block's
-    256x24 panel of b copied into a buffer of its own in vectors; the 2 tiles of n in parallel.
-    Checked against numpy with ties, NaN and infinities, float32 and float64 (4 lanes: tiles
-    12 wide, 4 of them)."""
-    shapes: list[tuple[int | str, ...]] = [(18, 512), (512, 48)]
+    256-row panel of b copied into a buffer of its own in vectors; the tiles of n in parallel:
+    3 vectors wide (48: 2 tiles), or 2 where that makes n whole tiles (64: 4 tiles, not 2 and a
+    rest, which would not be copied). Checked against numpy with ties, NaN and infinities,
+    float32 and float64 (4 lanes)."""
+    shapes: list[tuple[int | str, ...]] = [(18, 512), (512, n)]
     sch, ctx = schedule_of("matmul", shapes)
     assert schedule_by_structure(sch, ctx).fell_through == ""
-    assert loop_kinds(sch, "b_global") == [(2, ForKind.PARALLEL), (2, ForKind.SERIAL), (256, ForKind.SERIAL),
-                                           (3, ForKind.SERIAL), (8, ForKind.VECTORIZED)]  # fmt: skip
-    blocks = [(2, ForKind.PARALLEL), (2, ForKind.SERIAL), (5, ForKind.SERIAL)]
-    assert loop_kinds(sch, "matmul_update")[:3] == blocks
+    vectors = 3 if n == 48 else 2
+    tiles = n // (8 * vectors)
+    blocks = [(tiles, ForKind.PARALLEL), (2, ForKind.SERIAL)]
+    copy = [(256, ForKind.SERIAL), (vectors, ForKind.SERIAL), (8, ForKind.VECTORIZED)]
+    assert loop_kinds(sch, "b_global") == [*blocks, *copy]
+    assert loop_kinds(sch, "matmul_update")[:3] == [*blocks, (5, ForKind.SERIAL)]
     target = get_target("x86")
     for dtype in ("float32", "float64"):
         bound = bind(get_op("matmul"), {}, [TensorType(s, dtype) for s in shapes])
