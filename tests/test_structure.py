@@ -196,7 +196,13 @@ SHORT_ROWS = [
     ("depthwise_conv", [(2, 3, 9, 7), (3, 1, 3, 3)], {"stride": 2}),  # rows of 4, every other column
     ("grouped_conv", [(1, 8, 7, 7), (16, 2, 3, 3)], {}),  # rows of 7 by a block of 8 channels
 ]
-"""Windows whose output rows are not whole vectors of 8 floats, but at most two of them."""
+"""Windows whose output rows are not whole vectors of 8 floats, but at most 4 vectors' lanes."""
+
+
+def test_a_window_row_longer_than_4_vectors_and_not_whole_ones_falls_through_saying_so():
+    sch, ctx = schedule_of("depthwise_conv", [(1, 2, 5, 37), (2, 1, 3, 3)])
+    why = "window: output rows of 37: not whole vectors of 8 nor at most 4 vectors long"
+    assert schedule_by_structure(sch, ctx) == Taken("generic", why)
 
 
 @pytest.mark.parametrize(

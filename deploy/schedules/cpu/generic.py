@@ -415,8 +415,12 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("fewer than 3 spatial axes: no plane and row")
     *planes, y, x = spatial
     size, work = extent(sch, x), work_of([extent(sch, loop) for loop in loops])
-    if lanes < 2 or size is None or (size % lanes and size > ROW_VECTOR_LANES * lanes):
-        raise DoesNotFit(f"output rows of {size}: not whole vectors of {lanes}")
+    if lanes < 2:
+        raise DoesNotFit("no vector lanes for the dtype")
+    if size is None or (size % lanes and size > ROW_VECTOR_LANES * lanes):
+        raise DoesNotFit(
+            f"output rows of {size}: not whole vectors of {lanes} nor at most {ROW_VECTOR_LANES} vectors long"
+        )
     x_out, x_in = sch.split(x, factors=[None, lanes]) if size % lanes == 0 else (None, x)
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
