@@ -22,7 +22,7 @@ from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
-from deploy.schedules.cpu.generic import schedule_by_structure
+from deploy.schedules.cpu.generic import Taken, schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
@@ -147,14 +147,37 @@ def loop_kinds(sch, block: str) -> list[tuple[int, ForKind]]:
 
 def test_a_1x1_convolution_runs_vectors_along_its_pixels():
     """The dot rule reads which operand is contiguous along which output axes (w[co, ci] by
-    x[ci, h*w]): 2 tiles of the 4x8 pixels joined by 4 of the 16 output channels in parallel,
-    the 8 input channels, then 4 channel rows by 2 vectors of pixels, not rows of 8 pixels."""
-    sch, ctx = schedule_of("pointwise_conv")
+    x[ci, h*w]): 2 tiles of the 4x12 pixels joined by 4 of the 16 output channels in parallel,
+    the 8 input channels, then 4 channel rows by 3 vectors of pixels, not rows of 12 pixels."""
+    sch, ctx = schedule_of("pointwise_conv", [(1, 8, 4, 12), (16, 8, 1, 1)])
     schedule_by_structure(sch, ctx)
     assert loop_kinds(sch, "pointwise_conv_update") == [
-        (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (2, ForKind.SERIAL),
+        (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [48, 64])
+def test_a_long_sum_runs_in_blocks_over_a_copied_panel_of_b(n, local_session, tmp_path):
+    """k = 512 in 2 blocks of 256 outside the 5 tiles of 18 rows (the last skips 2), each block's
+    256-row panel of b copied into a buffer of its own in vectors; the tiles of n in parallel:
+    3 vectors wide (48: 2 tiles), or 2 where that makes n whole tiles (64: 4 tiles, not 2 and a
+    rest, which would not be copied). Checked against numpy with ties, NaN and infinities,
+    float32 and float64 (4 lanes)."""
+    shapes: list[tuple[int | str, ...]] = [(18, 512), (512, n)]
+    sch, ctx = schedule_of("matmul", shapes)
+    assert schedule_by_structure(sch, ctx).fell_through == ""
+    vectors = 3 if n == 48 else 2
+    tiles = n // (8 * vectors)
+    blocks = [(tiles, ForKind.PARALLEL), (2, ForKind.SERIAL)]
+    copy = [(256, ForKind.SERIAL), (vectors, ForKind.SERIAL), (8, ForKind.VECTORIZED)]
+    assert loop_kinds(sch, "b_global") == [*blocks, *copy]
+    assert loop_kinds(sch, "matmul_update")[:3] == [*blocks, (5, ForKind.SERIAL)]
+    target = get_target("x86")
+    for dtype in ("float32", "float64"):
+        bound = bind(get_op("matmul"), {}, [TensorType(s, dtype) for s in shapes])
+        mod, label = hand_schedule(bound, target, BuildOptions())
+        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
 
 
 def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector():
@@ -166,6 +189,42 @@ def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector()
         (2, ForKind.SERIAL), (3, ForKind.UNROLLED), (3, ForKind.UNROLLED), (8, ForKind.UNROLLED),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+SHORT_ROWS = [
+    ("depthwise_conv", [(1, 4, 14, 14), (4, 1, 3, 3)], {}),  # rows of 14: 8, 4 and 2 lanes
+    ("depthwise_conv", [(2, 3, 9, 7), (3, 1, 3, 3)], {"stride": 2}),  # rows of 4, every other column
+    ("grouped_conv", [(1, 8, 7, 7), (16, 2, 3, 3)], {}),  # rows of 7 by a block of 8 channels
+]
+"""Windows whose output rows are not whole vectors of 8 floats, but at most 4 vectors' lanes."""
+
+
+def test_a_window_row_longer_than_4_vectors_and_not_whole_ones_falls_through_saying_so():
+    sch, ctx = schedule_of("depthwise_conv", [(1, 2, 5, 37), (2, 1, 3, 3)])
+    why = "window: output rows of 37: not whole vectors of 8 nor at most 4 vectors long"
+    assert schedule_by_structure(sch, ctx) == Taken("generic", why)
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes", "attrs"), SHORT_ROWS, ids=lambda v: str(v) if isinstance(v, str) else ""
+)
+def test_a_window_of_short_rows_runs_each_row_as_one_vector(name, shapes, attrs, local_session, tmp_path):
+    """A 7x7 or 14x14 map's rows: the window rule still (one vector of the row's length, the
+    taps unrolled), not the generic schedule; checked against numpy with ties, NaN and
+    infinities in float32 and float64, and built for arm, armv7 and riscv64 with no note."""
+    for dtype in ("float32", "float64"):
+        bound = bind(get_op(name), attrs, [TensorType(s, dtype) for s in shapes])
+        target = get_target("x86")
+        sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, target, BuildOptions())) == Taken("window")
+        row = bound.output.shape[-1]
+        assert loop_kinds(sch, f"{name}_update")[-1] == (row, ForKind.VECTORIZED)
+        mod, label = hand_schedule(bound, target, BuildOptions())
+        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+    for target_name in ("arm", "armv7", "riscv64"):
+        compiled = compile_op(bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes]),
+                              get_target(target_name), BuildOptions())  # fmt: skip
+        assert compiled.schedule == "cpu/generic" and compiled.notes == ()
 
 
 def build_fast_op(out, *args: str):

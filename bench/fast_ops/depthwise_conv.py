@@ -21,7 +21,11 @@ class DepthwiseConv(Op):
     inputs = (Input("x", 4, 4), Input("w", 4, 4))
     attrs = (Attr("stride", Int(1, 4), 1, "step of the window"), Attr("pad", Int(0, 3), 1, "zeros each side"))
     dtypes = ("float32", "float64")  # float16 sums round at every term: past its tolerance
-    cases = (Case(((1, 32, 112, 112), (32, 1, 3, 3))), Case(((2, 3, 9, 7), (3, 1, 3, 3)), {"stride": 2}))
+    cases = (
+        Case(((1, 32, 112, 112), (32, 1, 3, 3))),
+        Case(((2, 3, 9, 7), (3, 1, 3, 3)), {"stride": 2}),
+        Case(((1, 8, 14, 14), (8, 1, 3, 3))),  # rows of 14: one vector of the row (not whole ones)
+    )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         x, w = inputs

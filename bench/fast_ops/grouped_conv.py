@@ -27,6 +27,7 @@ class GroupedConv(Op):
         Case(((1, 64, 56, 56), (64, 16, 3, 3))),
         Case(((2, 6, 5, 7), (4, 3, 3, 3)), {"groups": 2}),
         Case(((1, 8, 9, 9), (8, 2, 1, 1))),
+        Case(((1, 8, 7, 7), (16, 2, 3, 3))),  # rows of 7: one vector of the row (not whole ones)
     )
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:

@@ -12,13 +12,15 @@ cheap producers are inlined into their one consumer.
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
   which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
-  output tiles of DOT_ROWS rows by two vectors in parallel (an m of up to 6 rows one tile, m = 1
-  streamed along b's rows), the sum over k a register block of vector FMAs kept in registers
-  across k. A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
+  output tiles of DOT_ROWS rows by three vectors in parallel (an m of up to 6 rows one tile,
+  m = 1 streamed along b's rows), the sum over k a register block of vector FMAs kept in
+  registers across k; a long k in blocks, each block's panel of b copied contiguous first
+  (K_BLOCK). A ragged n ends in a vector tile and a scalar one, a ragged m in a tile that skips
   its missing rows.
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
-  (padding) computed per plane; vectors along the output row, the taps unrolled around them;
-  where the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
+  (padding) computed per plane; vectors along the output row (a short row that is not whole
+  vectors one vector of its length: ROW_VECTOR_LANES), the taps unrolled around them; where
+  the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
   tile keeps the elementwise schedule, with no note (it is as good a default there).
@@ -31,6 +33,7 @@ and, where one fell through, why.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,11 +49,21 @@ from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
 from deploy.schedules.vector_math import F32, rewrite_calls
 
-DOT_ROWS, DOT_VECTORS, ACCUMULATORS = 4, 2, 12
-"""A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (8 of AVX2's
-16 registers, 8 of NEON's 32), each k step DOT_VECTORS vector loads of b and DOT_ROWS
-broadcasts. An m of 2 to ACCUMULATORS / DOT_VECTORS rows is one tile (b read once), as many
-vectors wide as ACCUMULATORS allows."""
+DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
+"""A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (12 of AVX2's
+16 registers with the 3 vectors of b and a broadcast, 16 of NEON's 32), each k step 12 FMAs for
+DOT_VECTORS vector loads of b and DOT_ROWS broadcasts (4x2 did 8 for 6 loads: matmul
+128x768x768, AVX2, 1 thread, 1.8-2.0 ms against 1.6-1.8 ms). An m of 2 to FEW_ROWS rows is one
+tile (b read once), as many vectors wide as ACCUMULATORS allows."""
+
+K_BLOCK = 128, 256
+"""The sum over a long k (more than the larger) runs in blocks of the largest divisor of k in
+this range, the blocks outside the tiles of m, each block's panel of b (256 x 24 floats, 24 KiB)
+copied into a buffer of its own that stays in L1 while every tile of m reads it (matmul
+128x768x768, AVX2, 1 thread, loaded machine: 1.6-1.8 ms unblocked, 1.40-1.51 ms blocked and
+copied, numpy's 1.5-1.6). Only where the tiles of n and the batch give every core one (the
+loops left to run in parallel) and n is whole tiles (a part of n after `loop_partition` reads
+all its columns as one region, which the copy would take whole)."""
 
 GEMV_CHUNK, GEMV_STEPS = 64, 4
 """A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
@@ -61,7 +74,16 @@ follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 0.7-0.9x streamed
 WINDOW_CHANNELS = 8
 """Output channels of a window's register block when its reduction sums input channels too (a
 grouped convolution): 8 vector accumulators, each tap one load of the input's vector and 8
-broadcasts of weights."""
+broadcasts of weights; a short row's block (ROW_VECTOR_LANES) as many fewer as its vector is
+the target's vectors (grouped 3x3 on 1x64x28x28, AVX2, 1 thread: 0.54 ms with 8 channels of 4
+vectors, 0.39 ms with 2)."""
+
+
+ROW_VECTOR_LANES = 4
+"""A window's output row that is not whole vectors, of at most this many vectors' lanes (7, 14
+or 28 columns: a network's late maps), is one vector of its own length, which LLVM splits into
+vectors of the target's widths (14 floats on AVX2: 8, 4 and 2). Depthwise 3x3 on 1x96x14x14,
+AVX2, 1 thread: 0.081 ms in the generic schedule, 0.013 ms so (onnxruntime 0.066)."""
 
 
 class DoesNotFit(Exception):
@@ -253,12 +275,14 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
         index_dtype=str(stmt.iter_vars[0].var.ty),
     )
     sch.transform_block_layout(info.block, layout)
-    *batch, m, n, _ = sch.get_loops(info.block)
+    *batch, m, n, k = sch.get_loops(info.block)
     rows, size = extent(sch, m) or 1, extent(sch, n) or 1
     tile_rows, cols = 1, lanes  # m = 1: its whole vectors streamed (`stream`), not tiled
     if rows > 1:
-        few = rows <= ACCUMULATORS // DOT_VECTORS
-        tile_rows, cols = (rows, ACCUMULATORS // rows * lanes) if few else (DOT_ROWS, DOT_VECTORS * lanes)
+        few = rows <= FEW_ROWS
+        copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
+        wide = tile_vectors(size, lanes, copied)
+        tile_rows, cols = (rows, ACCUMULATORS // rows * lanes) if few else (DOT_ROWS, wide * lanes)
     tiles, vectors = size - size % cols, size - size % lanes
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
     sch.reorder(n, *batch, m)
@@ -272,7 +296,48 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
         else:
             tiled = i == 0 and width == tiles
             vector = lanes if width % lanes == 0 else 1
-            register_block(sch, block, cols if tiled else None, vector, tile_rows, work)
+            steps = width // cols * math.prod(sizes[axis] or 1 for axis in outer)
+            blocks = None
+            if len(parts) == 1 and rows > tile_rows and steps >= ctx.cores:
+                kb, panel = k_block(extent(sch, sch.get_loops(block)[-1])), panel_read(sch.get(block))
+                blocks = (kb, panel) if kb and panel is not None else None
+            register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks)
+
+
+def tile_vectors(size: int, lanes: int, copied: bool) -> int:
+    """Vectors of a tile of n's `size` columns: DOT_VECTORS, or one fewer where that makes n
+    whole tiles and b's panels are to be `copied` (K_BLOCK: a part of n is not). matmul
+    256x1024x1024, AVX2, 1 thread: 9.1 ms in tiles of 3 vectors and a rest, 5.9 ms in tiles of
+    2 vectors copied (b's rows 4 KiB apart all fall in one L1 set)."""
+    whole = size // lanes if size % lanes == 0 else 0
+    if copied and whole % DOT_VECTORS and whole % (DOT_VECTORS - 1) == 0:
+        return DOT_VECTORS - 1
+    return DOT_VECTORS
+
+
+def k_block(size: int | None) -> int | None:
+    """The block of a sum over `size` terms (K_BLOCK); None where it needs none or none divides."""
+    low, high = K_BLOCK
+    if size is None or size <= high:
+        return None
+    return next((d for d in range(high, low - 1, -1) if size % d == 0), None)
+
+
+def panel_read(stmt: Any) -> int | None:
+    """The position among a [batch..., m, n, k] block's reads of the operand read along n (b),
+    when the last index of its read is n itself (a panel of it is rows of `cols` floats); else
+    None (a 1x1 convolution's joined pixels, `n // w` and `n % w`)."""
+    *_, m, n, _ = (iv.var for iv in stmt.iter_vars)
+    for position, read in enumerate(stmt.reads):
+        index = [r.min for r in read.region]
+        if index and index[-1].same_as(n) and not any(mentions(i, m) for i in index):
+            return position
+    return None
+
+
+def mentions(expr: Any, var: Any) -> bool:
+    """`var` occurs in `expr`."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 def stream(sch: Any, block: Any, chunk: int, lanes: int, work: int) -> None:
@@ -297,24 +362,42 @@ def joined(variables: tuple[Any, ...], axes: list[int], sizes: list[int | None])
     return index
 
 
-def register_block(sch: Any, block: Any, cols: int | None, lanes: int, rows: int, work: int) -> None:
+def register_block(
+    sch: Any,
+    block: Any,
+    cols: int | None,
+    lanes: int,
+    rows: int,
+    work: int,
+    kb: tuple[int, int] | None = None,
+) -> None:
     """One part of a dot product's [n, batch..., m, k] loops in tiles of `rows` rows by `cols`
     columns (None: the part's columns, a loop that may not start at 0, which `split` refuses),
     in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k accumulated in the
     output tile, which LLVM keeps in registers across k (the buffers are noalias; a local
     cache_write after `loop_partition` saw the whole part as each tile's region and copied it
     all back a tile). A tile past a ragged m skips its rows past m: the predicate is outside
-    the vector lanes, which stay vectors."""
+    the vector lanes, which stay vectors. With `kb` (K_BLOCK: its terms, and the position of b
+    among the block's reads) the sum runs in blocks of that many terms outside the tiles of m,
+    each block's panel of b copied first into a buffer of its own (rows of `cols` floats one
+    after the other: b's rows, 3 KiB apart in a 768-wide b, fall in 4 of L1's 64 sets), and
+    only the tiles of n and the batch run in parallel."""
     n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
     n_tile, n_in = sch.split(n, factors=[None, cols]) if cols else (None, n)
     m_tile, m_in = sch.split(m, factors=[None, rows])
-    tiles = [loop for loop in (n_tile, *batch, m_tile) if loop is not None]
-    sch.reorder(*tiles, k, m_in, n_in)
+    k_out, k = sch.split(k, factors=[None, kb[0]]) if kb else (None, k)
+    panels = [loop for loop in (n_tile, *batch) if loop is not None]
+    tiles = panels if k_out else [*panels, m_tile]
+    sch.reorder(*panels, *([k_out] if k_out else []), m_tile, k, m_in, n_in)
     sch.unroll(m_in)
     if lanes > 1:
         sch.vectorize(sch.split(n_in, factors=[None, lanes])[1] if cols else n_in)
     parallel_outer(sch, tiles, work)  # before decompose: a complete block
-    sch.decompose_reduction(block, k)  # the init copies the vector loop
+    if kb and k_out is not None:
+        panel = sch.cache_read(block, kb[1], "global")  # lowered to a kb x cols buffer a block
+        sch.compute_at(panel, k_out)
+        vector_split(sch, sch.get_loops(panel)[-1], lanes)
+    sch.decompose_reduction(block, k_out or k)  # the init copies the vector loop
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
@@ -332,15 +415,21 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("fewer than 3 spatial axes: no plane and row")
     *planes, y, x = spatial
     size, work = extent(sch, x), work_of([extent(sch, loop) for loop in loops])
-    if lanes < 2 or size is None or size % lanes:
-        raise DoesNotFit(f"output rows of {size}: not whole vectors of {lanes}")
-    x_out, x_in = sch.split(x, factors=[None, lanes])
+    if lanes < 2:
+        raise DoesNotFit("no vector lanes for the dtype")
+    if size is None or (size % lanes and size > ROW_VECTOR_LANES * lanes):
+        raise DoesNotFit(
+            f"output rows of {size}: not whole vectors of {lanes} nor at most {ROW_VECTOR_LANES} vectors long"
+        )
+    x_out, x_in = sch.split(x, factors=[None, lanes]) if size % lanes == 0 else (None, x)
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
     if channel is not None:
-        planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
+        vectors = 1 if x_out else -(-size // lanes)  # a short row's one is this many of the target's
+        channels = max(1, WINDOW_CHANNELS // vectors)
+        planes[channel], channel_in = sch.split(planes[channel], factors=[None, channels])
         block = [channel_in]
-    sch.reorder(*planes, y, x_out, *taps, *block, x_in)
+    sch.reorder(*planes, y, *([x_out] if x_out else []), *taps, *block, x_in)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
