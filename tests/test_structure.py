@@ -285,6 +285,29 @@ def test_the_default_builds_use_the_vector_fma(tmp_path, target_name, name):
     assert re.search(VECTOR_FMA[target_name], listing), f"no vector FMA in {name} for {target_name}"
 
 
+def test_a_rows_sums_run_in_two_vectors_and_combine_in_halves():
+    """softmax over rows of 128 floats: the max and the sum each in 2 vectors of 8 side by side
+    (16 lanes), then combined 16 -> 8 -> 4 -> 2 a vector step each, the last 2 in the block: no
+    chain of 16 dependent maxes or adds a row (its results are checked against numpy with
+    specials in test_the_default_by_structure_matches_numpy)."""
+    sch, ctx = schedule_of("softmax", [(4, 128)])
+    assert schedule_by_structure(sch, ctx).rule == "row reduction"
+    for name in ("high", "total"):
+        assert loop_kinds(sch, name)[-1] == (2, ForKind.SERIAL)
+        row = sch.get_loops(sch.get_sblock(name))[0]
+        steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
+        lanes = [
+            (int(sch.get(loop).extent), ForKind(int(sch.get(loop).kind)))
+            for loop in (sch.get_loops(step)[-1] for step in steps)
+        ]
+        assert lanes == [
+            (16, ForKind.VECTORIZED),
+            (8, ForKind.VECTORIZED),
+            (4, ForKind.VECTORIZED),
+            (2, ForKind.VECTORIZED),
+        ]
+
+
 def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
     sch, ctx = schedule_of("softmax", [(3, 20)])
