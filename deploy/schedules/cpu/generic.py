@@ -6,8 +6,9 @@ cheap producers are inlined into their one consumer.
 
 - elementwise: today's generic (`elementwise.py`) for each block.
 - row reduction (softmax, norms): rows in parallel; every stage of a row computed inside the
-  row's loop while the row is in cache; each reduction over the row in vectors of lanes
-  (`rfactor`), one horizontal combine at its end; the elementwise stages in vectors.
+  row's loop while the row is in cache; each reduction over the row in ROW_ACCUMULATORS
+  vectors of lanes (`rfactor`), the lanes combined in halves at its end (`halves`); the
+  elementwise stages in vectors.
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
