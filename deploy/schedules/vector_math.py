@@ -46,6 +46,9 @@ def _pow2(n: Any) -> Any:
     return tirx.reinterpret(F32, bits)
 
 
+LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
+"""ln 2 as a sum whose first part has few bits (n times it is exact for the n exp and log meet):
+Cody and Waite's split."""
 EXP_HI, EXP_LO = 89.0, -104.0
 """Where exp's input is clamped: past ln(FLT_MAX) = 88.72 the scaling by 2**128 overflows to
 +inf, below ln(2**-150) = -103.97 it rounds to 0, so the clamp gives +inf and 0 itself."""
@@ -89,7 +92,7 @@ def fast_exp(x: Any) -> Any:
             first = tirx.reinterpret(F32, _bits(p) + tirx.shift_left(half, tirx.const(23, "int32")))
             return first * _pow2(n.astype("int32") - half)
 
-        return _let(v - n * _c(0.693359375) - n * _c(-2.12194440e-4), poly)
+        return _let(v - n * _c(LN2_HI) - n * _c(LN2_LO), poly)
 
     return _let(_clamp(x, EXP_LO, EXP_HI), body)
 
@@ -161,6 +164,7 @@ LOG_POLY = (
 )
 """Cephes' logf polynomial: log(1 + t) = t - t^2/2 + t^3 P(t) for t in [sqrt(0.5) - 1, sqrt(2) - 1]."""
 FLT_MIN = 2.0**-126
+"""The least normal float32."""
 DENORMAL_SCALE = 23
 """A denormal input is multiplied by 2**23 (then normal) and 23 taken off its exponent."""
 
@@ -192,8 +196,8 @@ def fast_log(x: Any) -> Any:
         for coefficient in LOG_POLY[1:]:
             p = p * t + _c(coefficient)
         t2 = t * t
-        y = t * t2 * p + n * _c(-2.12194440e-4) - _c(0.5) * t2
-        value = t + y + n * _c(0.693359375)
+        y = t * t2 * p + n * _c(LN2_LO) - _c(0.5) * t2
+        value = t + y + n * _c(LN2_HI)
         special = tirx.Select(v == _c(0.0), _c(-math.inf), _c(math.nan))
         return tirx.Select(v > _c(0.0), tirx.Select(v < _c(math.inf), value, v), special)
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx import IndexMap
@@ -48,7 +49,7 @@ from deploy.schedules.cpu.vectorize import parallel_outer
 from deploy.schedules.loops import extent, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
-from deploy.schedules.vector_math import F32, rewrite_calls
+from deploy.schedules.vector_math import F32, FLT_MIN, rewrite_calls
 
 DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
 """A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (12 of AVX2's
@@ -156,24 +157,21 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
     return inner
 
 
-FLT_MIN = 2.0**-126
-"""Below this a float32 divisor's reciprocal may overflow (1 / b is +inf for |b| < 2**-128)."""
-
-
 def reciprocal_divides(sch: Any, block: Any) -> None:
     """float32 `a / b` in `block` with `b` the same across its innermost axis (a row's sum) as
     `a * (1 / b)`: one divide a row and a multiply an element, where a vector divide costs
     several multiplies (layer_norm 1x128x768, AVX2, 1 thread: 0.036 -> 0.032 ms), within 2 ulp
-    of the divide. The store branches on the row's divisors: where one is below FLT_MIN the
-    row keeps its divides (a branch per vector that is the same all along the row). Exact ops
-    keep their divides, and so does RVV: TVM's vectorizer fails on softmax's multiply there
-    ("Cannot match type float32xvscalex4 vs float32xvscalex16")."""
+    of the divide. The store branches on the row's divisors: where one is below FLT_MIN (whose
+    reciprocal may overflow: 1 / b is +inf for |b| < 2**-128) the row keeps its divides (a
+    branch per vector that is the same all along the row). Exact ops keep their divides, and so
+    does RVV: TVM's vectorizer fails on softmax's multiply there ("Cannot match type
+    float32xvscalex4 vs float32xvscalex16")."""
     stmt = sch.get(block)
     inner = stmt.iter_vars[-1].var
     divisors: list[Any] = []
 
     def multiply(div: Any) -> Any:
-        if str(div.ty) != F32 or any(v.same_as(inner) for v in tirx.analysis.undefined_vars(div.b)):
+        if str(div.ty) != F32 or mentions(div.b, inner):
             return div
         divisors.append(div.b)
         return div.a * (tirx.const(1.0, F32) / div.b)
@@ -206,7 +204,8 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         if info.structure is Structure.ROW_REDUCTION:
             inner = sch.get_loops(info.block)[-1]
             size = extent(sch, inner)
-            width = next((lanes * n for n in (ROW_ACCUMULATORS, 2, 1) if size and size % (lanes * n) == 0), 0)
+            fits = [lanes * n for n in range(ROW_ACCUMULATORS, 0, -1) if size and size % (lanes * n) == 0]
+            width = fits[0] if fits else 0
             if lanes > 1 and size is not None and width and size >= 2 * width:
                 _, lane = sch.split(inner, factors=[None, width])
                 vector_reductions.append(sch.rfactor(lane, factor_axis=len(info.spatial)))
@@ -284,13 +283,13 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     if lanes < 2:
         raise DoesNotFit("no vector lanes for the dtype")
     work = work_of([extent(sch, loop) for loop in loops])
-    outer, ms, ns = dot_axes(sch.get(info.block))
+    stmt = sch.get(info.block)
+    outer, ms, ns = dot_axes(stmt)
     if not ms or not ns:
         raise DoesNotFit("no m or no n axis")
     sizes = [extent(sch, loop) for loop in loops]
     if any(sizes[i] is None for i in ms + ns):
         raise DoesNotFit("m or n of symbolic extent")
-    stmt = sch.get(info.block)
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
         lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
         ndim=len(loops),
@@ -470,7 +469,7 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
         raise ElementwiseFits("not one transposing block after inlining")
     (info,) = infos
     dtype = str(sch.get(info.block).writes[0].source.dtype)
-    size = int("".join(filter(str.isdigit, dtype))) // 8
+    size = np.dtype(dtype).itemsize
     lanes, line = ctx.lanes(dtype), max(1, CACHE_LINE_BYTES // size)
     loops = sch.get_loops(info.block)
     along, inner = loops[info.along], loops[-1]
