@@ -16,7 +16,7 @@ import tvm
 from tvm import te
 from tvm.tirx.stmt import ForKind
 
-from deploy.compiler.compile import compile_op, compile_scheduled, context, hand_schedule, prim_module
+from deploy.compiler.compile import compile_op, context, prim_module
 from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.devices.elf import elf_machine
@@ -96,9 +96,9 @@ def test_the_default_by_structure_matches_numpy(name, dtype, local_session, tmp_
     inputs, ties and planted NaN and infinities: a WrongAnswer fails the test."""
     bound = bound_op(name, dtype)
     target = get_target("x86")
-    mod, label = hand_schedule(bound, target, BuildOptions())
-    assert label == "cpu/generic"
-    check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+    compiled = compile_op(bound, target, BuildOptions())
+    assert compiled.schedule == "cpu/generic"
+    check(local_session, compiled, tmp_path)
 
 
 def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why():
@@ -133,16 +133,14 @@ def test_ragged_dot_products_take_the_rule_and_match_numpy(name, shapes, local_s
     target = get_target("x86")
     for dtype in ("float32", "float64"):
         bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
-        mod, label = hand_schedule(bound, target, BuildOptions())
-        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+        check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
 
 
-def loop_kinds(sch, block: str) -> list[tuple[int, ForKind]]:
-    """(extent, kind) of each loop around `block`, outermost first."""
-    return [
-        (int(sch.get(loop).extent), ForKind(int(sch.get(loop).kind)))
-        for loop in sch.get_loops(sch.get_sblock(block))
-    ]
+def loop_kinds(sch, block) -> list[tuple[int, ForKind]]:
+    """(extent, kind) of each loop around `block` (a name, or a handle where names repeat),
+    outermost first."""
+    loops = sch.get_loops(sch.get_sblock(block) if isinstance(block, str) else block)
+    return [(int(sch.get(loop).extent), ForKind(int(sch.get(loop).kind))) for loop in loops]
 
 
 def test_a_1x1_convolution_runs_vectors_along_its_pixels():
@@ -176,8 +174,7 @@ def test_a_long_sum_runs_in_blocks_over_a_copied_panel_of_b(n, local_session, tm
     target = get_target("x86")
     for dtype in ("float32", "float64"):
         bound = bind(get_op("matmul"), {}, [TensorType(s, dtype) for s in shapes])
-        mod, label = hand_schedule(bound, target, BuildOptions())
-        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+        check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
 
 
 def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector():
@@ -219,8 +216,7 @@ def test_a_window_of_short_rows_runs_each_row_as_one_vector(name, shapes, attrs,
         assert schedule_by_structure(sch, context(bound, target, BuildOptions())) == Taken("window")
         row = bound.output.shape[-1]
         assert loop_kinds(sch, f"{name}_update")[-1] == (row, ForKind.VECTORIZED)
-        mod, label = hand_schedule(bound, target, BuildOptions())
-        check(local_session, compile_scheduled(bound, target, BuildOptions(), mod, label), tmp_path)
+        check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
     for target_name in ("arm", "armv7", "riscv64"):
         compiled = compile_op(bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes]),
                               get_target(target_name), BuildOptions())  # fmt: skip
@@ -296,10 +292,7 @@ def test_a_rows_sums_run_in_two_vectors_and_combine_in_halves():
         assert loop_kinds(sch, name)[-1] == (2, ForKind.SERIAL)
         row = sch.get_loops(sch.get_sblock(name))[0]
         steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
-        lanes = [
-            (int(sch.get(loop).extent), ForKind(int(sch.get(loop).kind)))
-            for loop in (sch.get_loops(step)[-1] for step in steps)
-        ]
+        lanes = [loop_kinds(sch, step)[-1] for step in steps]
         assert lanes == [
             (16, ForKind.VECTORIZED),
             (8, ForKind.VECTORIZED),
