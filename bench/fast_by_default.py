@@ -61,16 +61,13 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("LayerNormalization", names, ["y"], axis=-1, epsilon=1e-5), []
     if name == "gelu":
         return helper.make_node("Gelu", names, ["y"]), []
-    if name == "depthwise_conv":
-        groups = inputs[0].shape[1]
-        return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1], strides=[1, 1]), []
+    if name in ("depthwise_conv", "grouped_conv"):  # 3x3, pad 1; groups from the channels
+        groups = inputs[0].shape[1] // inputs[1].shape[1]
+        return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1]), []
     if name in ("matmul", "batch_matmul"):
         return helper.make_node("MatMul", names, ["y"]), []
     if name == "pointwise_conv":
         return helper.make_node("Conv", names, ["y"]), []
-    if name == "grouped_conv":
-        groups = inputs[0].shape[1] // inputs[1].shape[1]
-        return helper.make_node("Conv", names, ["y"], group=groups, pads=[1, 1, 1, 1]), []
     if name == "mean_channels":
         axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
         return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
