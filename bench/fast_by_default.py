@@ -237,7 +237,7 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
     from deploy.compiler.compile import compile_scheduled
     from deploy.compiler.export import export
     from deploy.compiler.options import BuildOptions
-    from deploy.schedules.vector_math import libm_in_vector_loops
+    from deploy.schedules.vector_math import libm_in_vector_loops, lower_math
     from deploy.verify.compare import random_input
     from deploy.verify.measure import Timer
     from deploy.verify.run import against_reference, run_artifact
@@ -252,7 +252,7 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
         if not comparison.ok:
             notes.append(f"{label} check failed: {comparison.detail}")
             break
-    calls, in_vectors = libm_calls(directory), libm_in_vector_loops(mod["main"])
+    calls, in_vectors = libm_calls(directory), libm_in_vector_loops(lower_math(mod["main"]))
     if calls:
         notes.append(f"{label} calls libm's {', '.join(calls)} (nm -u)")
     if in_vectors:

@@ -13,19 +13,21 @@ import subprocess
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te
 from tvm.tirx.stmt import ForKind
 
 from deploy.compiler.compile import compile_op, context, prim_module
 from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
+from deploy.compiler.tir_passes import compile_cpu
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu.generic import Taken, schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
-from deploy.schedules.vector_math import libm_in_vector_loops, rewrite_calls
+from deploy.schedules.vector_math import ask_vector_math, libm_in_vector_loops, lower_math
 from deploy.verify.measure import check
 from tests.conftest import REPO, registry_kept, run_deploy
 
@@ -319,8 +321,10 @@ def fake_context() -> ScheduleContext:
 
 def test_libm_calls_are_rewritten_unless_asked_for():
     sch = elementwise(te.erf)
-    assert rewrite_calls(sch, fake_context(), libm=True) == 0 and "T.erf(" in str(sch.mod)
-    assert rewrite_calls(sch, fake_context()) == 1 and "T.erf(" not in str(sch.mod)
+    assert not ask_vector_math(sch, fake_context(), libm=True)
+    assert "T.erf(" in str(lower_math(sch.mod["main"]))
+    assert ask_vector_math(sch, fake_context())
+    assert "T.erf(" in str(sch.mod) and "T.erf(" not in str(lower_math(sch.mod["main"]))
 
 
 SPECIALS = np.array(
@@ -331,11 +335,11 @@ GRID = np.concatenate([np.linspace(-20, 20, 40001, dtype=np.float32), SPECIALS])
 
 def run_elementwise(fn, grid: np.ndarray = GRID) -> np.ndarray:
     sch = elementwise(fn, grid.size, str(grid.dtype))
-    rewrite_calls(sch, fake_context())
     vectors = sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1]
     sch.vectorize(vectors)
-    assert libm_in_vector_loops(sch.mod["main"]) == []
-    built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
+    ask_vector_math(sch, fake_context())
+    assert libm_in_vector_loops(lower_math(sch.mod["main"])) == []
+    built = compile_cpu(sch.mod, get_target("x86").tvm_target())
     out = tvm.runtime.empty(grid.shape, str(grid.dtype), tvm.cpu())
     built.mod["main"](tvm.runtime.tensor(grid, tvm.cpu()), out)
     return out.numpy()
@@ -368,13 +372,32 @@ def test_a_libm_call_left_in_a_vector_loop_is_found():
     sch = elementwise(te.exp)
     sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], factors=[None, 8])[1])
     assert libm_in_vector_loops(sch.mod["main"]) == ["exp"]
-    rewrite_calls(sch, fake_context())
-    assert libm_in_vector_loops(sch.mod["main"]) == []
+    ask_vector_math(sch, fake_context())
+    assert libm_in_vector_loops(lower_math(sch.mod["main"])) == []
 
 
 def test_a_libm_call_in_a_scalar_loop_is_not_reported():
     sch = elementwise(te.log)
     assert libm_in_vector_loops(sch.mod["main"]) == []
+
+
+@pytest.mark.parametrize("name", ["softmax", "gelu", "log_softmax"])
+def test_a_tuning_record_rebuilt_from_its_trace_keeps_the_vector_math(name: str):
+    """A record is rebuilt by replaying its trace on the computation (`records.apply_record`), and
+    so is every candidate a search measures: the vector math and a row's reciprocal are steps of
+    the trace (annotations the CPU build lowers), so the replayed schedule builds no libm call.
+    (Rewritten in place, untraced, a tuned softmax rebuilt at 5x the time measured for it.)"""
+    from deploy.schedules.cpu.generic import generic_cpu
+    from deploy.schedules.space import design_spaces
+    from deploy.tune.records import apply_record
+
+    sch, ctx = schedule_of(name)
+    hand = design_spaces(generic_cpu, ctx)(sch)[0]
+    record = type("Record", (), {"trace": hand.trace})
+    replayed = apply_record(sch.mod, record)
+    assert tvm_ffi.structural_equal(lower_math(replayed["main"]), lower_math(hand.mod["main"]))
+    assembly = compile_cpu(replayed, get_target("x86").tvm_target()).mod.inspect_source("asm")
+    assert not re.search(r"\b(exp|erf|log)f\b", assembly), name
 
 
 def row_normalized(rows: np.ndarray) -> np.ndarray:
@@ -385,7 +408,7 @@ def row_normalized(rows: np.ndarray) -> np.ndarray:
     y = te.compute(rows.shape, lambda i, j: x[i, j] / total[i], name="y")
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, y])}))
     assert schedule_by_structure(sch, fake_context()).rule == "row reduction"
-    built = tvm.compile(sch.mod, target=get_target("x86").tvm_target())
+    built = compile_cpu(sch.mod, get_target("x86").tvm_target())
     out = tvm.runtime.empty(rows.shape, "float32", tvm.cpu())
     built.mod["main"](tvm.runtime.tensor(rows, tvm.cpu()), out)
     return out.numpy()
@@ -396,7 +419,7 @@ def test_a_row_divide_is_a_reciprocal_a_row_even_for_denormal_sums():
     row whose divisor is denormal (1 / b overflows for |b| < 2**-128) keeps its divides."""
     sch, ctx = schedule_of("softmax")
     schedule_by_structure(sch, ctx)
-    assert "= e[v_i0, v_i1, v_i2] * (T.float32(1.0) / total[v_i0, v_i1])" in str(sch.mod)
+    assert "= e[v_i0, v_i1, v_i2] * (T.float32(1.0) / total[v_i0, v_i1])" in str(lower_math(sch.mod["main"]))
     rows = np.full((4, 16), 1e-45, np.float32)
     rows[1] *= 7
     rows[2] = np.linspace(-3, 5, 16, dtype=np.float32)

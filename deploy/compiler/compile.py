@@ -21,7 +21,7 @@ from deploy.ops.relayout import relayout
 from deploy.ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static
 from deploy.schedules import ScheduleContext, Strategy, strategy_for
 from deploy.schedules.registry import HAND, Choices, computed_module
-from deploy.schedules.vector_math import libm_in_vector_loops
+from deploy.schedules.vector_math import libm_in_vector_loops, lower_math
 
 if TYPE_CHECKING:
     from deploy.compiler.bundle import BundleSignature
@@ -130,7 +130,7 @@ def hand_scheduled(
 def libm_notes(mod: Any, target: Target) -> tuple[str, ...]:
     """The line a build prints when a machine-code target's scheduled `mod` still calls a scalar
     libm function inside a vector loop (one call per lane: the loop vectorized in name only)."""
-    calls = libm_in_vector_loops(mod["main"]) if target.artifact.machine_code else []
+    calls = libm_in_vector_loops(lower_math(mod["main"])) if target.artifact.machine_code else []
     return (f"scalar libm calls inside a vector loop, one per lane: {', '.join(calls)}",) if calls else ()
 
 

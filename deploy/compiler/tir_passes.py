@@ -1,6 +1,6 @@
-"""The deploy-cpu TIR pipeline CPU code is compiled through (`compile_cpu`): TVM's default
-pipeline plus strided vector loads made contiguous, the schedules' software prefetches and a
-graph's subroutines placed on the CPU.
+"""The deploy-cpu TIR pipeline CPU code is compiled through (`compile_cpu`): the math rewrites
+schedules ask for (`requested_math`), then TVM's default pipeline plus strided vector loads made
+contiguous, the schedules' software prefetches and a graph's subroutines placed on the CPU.
 
 TVM turns a vector load with stride 2 (a stride-2 pooling window along W) into one scalar load
 and insert per lane. `deinterleave_stride2` loads the 2*lanes elements those lanes span as two
@@ -15,6 +15,7 @@ from typing import Any
 
 from deploy.base.forked import FORK_LOCK
 from deploy.schedules.cpu import CACHE_LINE, PREFETCH
+from deploy.schedules.vector_math import lower_math
 
 PIPELINE = "deploy-cpu"
 CONFIG = {"tirx.disable_cse_tir": True}
@@ -46,6 +47,19 @@ def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
     low = tirx.BufferLoad(load.source, [tirx.Ramp(start, 1, n)])
     high = tirx.BufferLoad(load.source, [tirx.Ramp(start + n, 1, n)])
     return tirx.Shuffle([low, high], [tirx.IntImm("int32", odd + 2 * lane) for lane in range(n)])
+
+
+def requested_math() -> Any:
+    """A PrimFunc pass making the math rewrites the schedule asked for by annotation
+    (`deploy.schedules.vector_math.lower_math`: vector polynomials for libm calls, a row's
+    divides as multiplies). It runs first, while the blocks whose annotations ask are there."""
+    import tvm
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="RequestedMath")  # type: ignore[untyped-decorator]  # tvm: no stubs
+    def rewrite(func: Any, mod: Any, ctx: Any) -> Any:
+        return lower_math(func)
+
+    return rewrite
 
 
 def deinterleave_stride2() -> Any:
@@ -225,6 +239,7 @@ def _pipeline(**kwargs: Any) -> tuple[Any, Any, Any]:
 
     default, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default", **kwargs)
     passes = [
+        requested_math(),
         default,
         deinterleave_stride2(),
         software_prefetch(),

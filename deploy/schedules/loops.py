@@ -39,3 +39,8 @@ def fused_or_unit(sch: Any, loops: list[Any], anchor: Any) -> Any:
     if not loops:
         return sch.add_unit_loop(anchor)
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def mentions(expr: Any, var: Any) -> bool:
+    """`var` occurs in `expr`."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))

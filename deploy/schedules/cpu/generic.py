@@ -33,23 +33,21 @@ and, where one fell through, why.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import s_tir
 from tvm.tirx import IndexMap
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_outer
-from deploy.schedules.loops import extent, work_of
+from deploy.schedules.loops import extent, mentions, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
-from deploy.schedules.vector_math import F32, FLT_MIN, rewrite_calls
+from deploy.schedules.vector_math import ask_reciprocal_divides, ask_vector_math
 
 DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
 """A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (12 of AVX2's
@@ -157,47 +155,10 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
     return inner
 
 
-def reciprocal_divides(sch: Any, block: Any) -> None:
-    """float32 `a / b` in `block` with `b` the same across its innermost axis (a row's sum) as
-    `a * (1 / b)`: one divide a row and a multiply an element, where a vector divide costs
-    several multiplies (layer_norm 1x128x768, AVX2, 1 thread: 0.036 -> 0.032 ms), within 2 ulp
-    of the divide. The store branches on the row's divisors: where one is below FLT_MIN (whose
-    reciprocal may overflow: 1 / b is +inf for |b| < 2**-128) the row keeps its divides (a
-    branch per vector that is the same all along the row). Exact ops keep their divides, and so
-    does RVV: TVM's vectorizer fails on softmax's multiply there ("Cannot match type
-    float32xvscalex4 vs float32xvscalex16")."""
-    stmt = sch.get(block)
-    inner = stmt.iter_vars[-1].var
-    divisors: list[Any] = []
-
-    def multiply(div: Any) -> Any:
-        if str(div.ty) != F32 or mentions(div.b, inner):
-            return div
-        divisors.append(div.b)
-        return div.a * (tirx.const(1.0, F32) / div.b)
-
-    def store(value: Any) -> Any:
-        divisors.clear()
-        fast = tvm_ffi.structural_map(value, [(tirx.Div, multiply)])
-        if not divisors:
-            return value
-        tiny = [tirx.abs(b) < tirx.const(FLT_MIN, F32) for b in divisors]
-        condition = functools.reduce(tirx.Or, tiny[1:], tiny[0])
-        return tirx.IfThenElse(condition, value, fast)
-
-    new = tvm_ffi.structural_map(stmt, [(tirx.BufferStore, store)])
-    if not new.same_as(stmt):
-        sch.state.replace(sch.get_sref(block), new, {stmt: new})
-
-
 def rows(sch: Any, ctx: ScheduleContext) -> None:
     """Row reductions: see the module."""
     inline_producers(sch)
     infos = block_infos(sch)
-    if not ctx.bound.exact and ctx.predicated_vectors:  # not RVV: its vectorizer fails on them
-        for info in infos:
-            if info.structure is Structure.ELEMENTWISE:
-                reciprocal_divides(sch, info.block)
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
     vector_reductions = []
     for info in infos:
@@ -231,6 +192,8 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         sch.reorder(steps, lane)
         sch.vectorize(lane)
         sch.decompose_reduction(rf, steps)
+    if not ctx.bound.exact and ctx.predicated_vectors:  # not RVV: its vectorizer fails on them
+        ask_reciprocal_divides(sch, sch.get_loops(output.block)[0])
 
 
 def halves(sch: Any, block: Any, axis: int) -> list[Any]:
@@ -354,11 +317,6 @@ def panel_read(stmt: Any) -> int | None:
         if index and index[-1].same_as(n) and not any(mentions(i, m) for i in index):
             return position
     return None
-
-
-def mentions(expr: Any, var: Any) -> bool:
-    """`var` occurs in `expr`."""
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 def stream(sch: Any, block: Any, chunk: int, lanes: int, work: int) -> None:
@@ -513,8 +471,15 @@ def generic_cpu(sch: Any, ctx: ScheduleContext) -> Taken:
 
 def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
     """Schedule `sch` by the structure of its costliest block (see the module): the rule taken,
-    tried on a copy first, so a rule that does not fit leaves `sch` to the generic schedule."""
-    rewrite_calls(sch, ctx)
+    tried on a copy first, so a rule that does not fit leaves `sch` to the generic schedule. Its
+    calls become vector math (`ask_vector_math`, asked last: see MATH_KEY)."""
+    taken = _rule_taken(sch, ctx)
+    ask_vector_math(sch, ctx)
+    return taken
+
+
+def _rule_taken(sch: Any, ctx: ScheduleContext) -> Taken:
+    """`schedule_by_structure` but for the vector math."""
     structure = anchor(block_infos(sch)).structure
     rule = RULES.get(structure)
     if rule is None:
