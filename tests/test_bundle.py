@@ -653,6 +653,7 @@ def test_the_library_checks_every_tensor(tmp_path: Path) -> None:
 
 
 GRAPH_CALLS = """#define _POSIX_C_SOURCE 200112L
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -682,12 +683,33 @@ static int hook_calls;
 
 static int serial_hook(void* user, g_task task, void* context, int count) {
   int i, failed = 0;
-  *(int*)user += 1;
+  if (user != NULL) *(int*)user += 1;
   for (i = 0; i < count; ++i) failed |= task(i, context);  /* an engine's pool, one thread here */
   return failed;
 }
 
 static int same(const int64_t* got) { return memcmp(got, want, OUT * sizeof(int64_t)) == 0; }
+
+static int hooking = 1;
+
+static void* toggler(void* unused) {  /* an engine setting its hook and taking it back meanwhile */
+  (void)unused;
+  while (__atomic_load_n(&hooking, __ATOMIC_RELAXED)) {
+    g_set_parallel_for(serial_hook, NULL);
+    g_set_parallel_for(NULL, NULL);
+  }
+  return NULL;
+}
+
+static int threads_now(void) {  /* this process's threads: /proc/self/task has one entry each */
+  int count = 0;
+  DIR* tasks = opendir("/proc/self/task");
+  struct dirent* entry;
+  if (tasks == NULL) return -1;
+  while ((entry = readdir(tasks)) != NULL) count += entry->d_name[0] != '.';
+  closedir(tasks);
+  return count;
+}
 
 static void* caller(void* unused) {  /* an application thread calling g over and over */
   int64_t* out = aligned(OUT * sizeof(int64_t));
@@ -709,9 +731,9 @@ int main(void) {
   DLTensor ta, tb, tout, bad;
   size_t size;
   char* workspace;
-  pthread_t threads[2];
+  pthread_t threads[2], toggle;
   void* failed[2];
-  int i;
+  int i, running, stopped;
   a = aligned(A * sizeof(float));
   b = aligned(B * sizeof(float));
   want = aligned(OUT * sizeof(int64_t));
@@ -747,6 +769,22 @@ int main(void) {
   for (i = 0; i < 2; ++i) pthread_create(&threads[i], NULL, caller, NULL);
   for (i = 0; i < 2; ++i) pthread_join(threads[i], &failed[i]);
   printf("two-threads %d\\n", failed[0] == NULL && failed[1] == NULL);
+  pthread_create(&toggle, NULL, toggler, NULL);
+  for (i = 0; i < 2; ++i) pthread_create(&threads[i], NULL, caller, NULL);
+  for (i = 0; i < 2; ++i) pthread_join(threads[i], &failed[i]);
+  __atomic_store_n(&hooking, 0, __ATOMIC_RELAXED);
+  pthread_join(toggle, NULL);
+  printf("while-hooking %d\\n", failed[0] == NULL && failed[1] == NULL);
+  g_set_parallel_for(NULL, NULL);
+  report("pooled", g(&ta, &tb, &tout));
+  running = threads_now();
+  stopped = g_stop_threads();
+  printf("stopped %d %d %d\\n", running, stopped, threads_now());
+  memset(out, 0, OUT * sizeof(int64_t));
+  report("restarted", g(&ta, &tb, &tout));
+  running = threads_now();
+  stopped = g_stop_threads();
+  printf("restarted-same %d %d %d\\n", same(out), running, stopped);
   return 0;
 }
 """
@@ -776,7 +814,9 @@ def small_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[BoundGraph, P
 
 def test_a_graph_library_on_its_arena_threads_and_hook(small_graph, tmp_path: Path) -> None:
     """The arena from the thread's cache and from the caller, each checked; N read from the
-    tensors and checked; the thread count; an engine's parallel-for; two application threads."""
+    tensors and checked; the thread count; an engine's parallel-for, also set and unset by another
+    thread while two application threads call; the pool's threads stopped, and started again by
+    the next call."""
     x86_runs_here()
     _, directory = small_graph
     manifest = Manifest.read(directory)
@@ -804,6 +844,11 @@ def test_a_graph_library_on_its_arena_threads_and_hook(small_graph, tmp_path: Pa
         "hooked-same": "1 1",
         "unhooked": "1",
         "two-threads": "1",
+        "while-hooking": "1",
+        "pooled": "0 ",
+        "stopped": "2 1 1",
+        "restarted": "0 ",
+        "restarted-same": "1 2 1",
     }
 
 

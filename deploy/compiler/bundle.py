@@ -54,7 +54,7 @@ DLPACK_HEADER = "include/dlpack/dlpack.h"
 DLPACK_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
 API_SUFFIXES = (
     "", "_run", "_with_workspace", "_workspace_size", "_last_error", "_set_num_threads", "_num_threads",
-    "_set_parallel_for",
+    "_set_parallel_for", "_stop_threads",
 )  # fmt: skip
 """The functions a bundle exports, as NAME + suffix: every other symbol of its object is local."""
 NAMED_SUFFIXES = (*API_SUFFIXES, "_task", "_parallel_for", "_cl_open", "_cl_close", "_cl_enqueue")
@@ -358,6 +358,9 @@ int {name}_run(DLTensor* const* args, int num_args);
 /* This thread's last call's error: "" when it succeeded. */
 const char* {name}_last_error(void);
 
+/* The setters below may be called at any time from any thread, while calls run too: a parallel
+ * loop reads the settings when it starts and runs on what it read. */
+
 /* Threads the parallel loops run on: n >= 1, or 0 for one per online CPU (the default). Returns
  * the previous setting. */
 int {name}_set_num_threads(int n);
@@ -366,10 +369,17 @@ int {name}_num_threads(void);
 /* An engine that owns its threads runs the parallel loops on them: its parallel-for calls
  * task(i, context) for every i in [0, count) on any of its threads and returns when all are done
  * (0, or nonzero if a task failed). NULL goes back to the bundle's own pool. Returns the
- * previous one (NULL: the pool). */
+ * previous one (NULL: the pool), which the loops that started on it still call: keep it
+ * callable until the calls running when it was replaced have returned. */
 typedef int (*{name}_task)(int index, void* context);
 typedef int (*{name}_parallel_for)(void* user, {name}_task task, void* context, int count);
 {name}_parallel_for {name}_set_parallel_for({name}_parallel_for fn, void* user);
+
+/* Stop the bundle's pool threads, once the parallel loop in progress (if any) has ended: none
+ * is left running or spinning (before a fork, or when the engine is idle). The next parallel
+ * loop starts them again. Returns how many were stopped; -1 when called from inside a parallel
+ * task (an engine's hook running one of ours). */
+int {name}_stop_threads(void);
 
 #ifdef __cplusplus
 }}

@@ -114,6 +114,8 @@ DEPLOY_EXPORT int DEPLOY_API(_set_num_threads)(int n) { return deploy_rt_set_num
 
 DEPLOY_EXPORT int DEPLOY_API(_num_threads)(void) { return deploy_rt_num_threads(); }
 
+DEPLOY_EXPORT int DEPLOY_API(_stop_threads)(void) { return deploy_rt_stop_threads(); }
+
 DEPLOY_EXPORT DEPLOY_API(_parallel_for) DEPLOY_API(_set_parallel_for)(DEPLOY_API(_parallel_for) fn, void* user) {
   return (DEPLOY_API(_parallel_for))deploy_rt_set_parallel((deploy_rt_parallel_for)fn, user);
 }

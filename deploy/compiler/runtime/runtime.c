@@ -190,6 +190,7 @@ typedef struct {
 static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static atomic_int requested_threads;  /* 0: one per online CPU */
 static _Thread_local int in_task;     /* this thread runs a task: a launch from it is nested */
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the pair below */
 static deploy_rt_parallel_for hook;
 static void* hook_user;
 
@@ -293,12 +294,21 @@ int deploy_rt_num_threads(void) {
 }
 
 deploy_rt_parallel_for deploy_rt_set_parallel(deploy_rt_parallel_for fn, void* user) {
-  pthread_mutex_lock(&pool.launching);
+  pthread_mutex_lock(&hook_lock);
   deploy_rt_parallel_for previous = hook;
   hook = fn;
   hook_user = user;
-  pthread_mutex_unlock(&pool.launching);
+  pthread_mutex_unlock(&hook_lock);
   return previous;
+}
+
+int deploy_rt_stop_threads(void) {
+  if (in_task) return -1; /* the launch running this task holds `launching` until it returns */
+  pthread_mutex_lock(&pool.launching);
+  int stopped = pool.workers;
+  stop_workers();
+  pthread_mutex_unlock(&pool.launching);
+  return stopped;
 }
 
 typedef struct {
@@ -330,9 +340,13 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   int threads = deploy_rt_num_threads();
   if (num_task > 0 && num_task < threads) threads = num_task;
   if (in_task || threads == 1) return run_serially(fn, cdata);
-  if (hook != NULL) {
+  pthread_mutex_lock(&hook_lock); /* the pair as one: a setter may run on another thread */
+  deploy_rt_parallel_for engine = hook;
+  void* user = hook_user;
+  pthread_mutex_unlock(&hook_lock);
+  if (engine != NULL) {
     HookJob job = {fn, cdata, threads, 0, ""};
-    int status = hook(hook_user, hooked_task, &job, threads);
+    int status = engine(user, hooked_task, &job, threads);
     if (atomic_load(&job.failed)) return task_failed(job.error);  /* even if the hook said 0 */
     if (status != 0) set_reason("the parallel_for hook returned %d", status);
     return status == 0 ? 0 : -1;

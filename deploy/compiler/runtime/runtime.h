@@ -11,10 +11,14 @@
  * runtime: nothing here is visible outside the bundle.
  *
  * Threads: one pool per bundle, sized at run time (deploy_rt_set_num_threads; default one thread
- * per online CPU), woken by a launch, spinning briefly after each before it blocks. A launch
- * while another is running (a second application thread) or from inside a task (a nested
+ * per online CPU), started by the first parallel loop, woken by a launch, spinning briefly after
+ * each before it blocks, stopped by deploy_rt_stop_threads (or when the bundle is unloaded). A
+ * launch while another is running (a second application thread) or from inside a task (a nested
  * parallel loop) runs its work on the calling thread. An engine that owns its threads installs
  * a parallel hook (deploy_rt_set_parallel) and our loops run on them instead.
+ *
+ * Every setter may be called at any time from any thread, calls running included: a parallel
+ * loop reads the settings once, when it starts, and runs on what it read.
  */
 #ifndef DEPLOY_RUNTIME_H_
 #define DEPLOY_RUNTIME_H_
@@ -36,8 +40,14 @@ typedef int (*deploy_rt_parallel_for)(void* user, deploy_rt_task task, void* con
 int deploy_rt_set_num_threads(int n);
 /* The threads the next parallel loop runs on (the setting, 0 resolved). */
 int deploy_rt_num_threads(void);
-/* Run parallel loops through `fn` (NULL: the bundle's own pool); returns the previous hook. */
+/* Run parallel loops through `fn` (NULL: the bundle's own pool); returns the previous hook. A
+ * loop that started on the previous hook finishes on it: keep it callable until the calls
+ * running when it was replaced have returned. */
 deploy_rt_parallel_for deploy_rt_set_parallel(deploy_rt_parallel_for fn, void* user);
+/* Stop the pool's threads, after the parallel loop in progress (if any) ends; the next parallel
+ * loop starts them again. The number of threads stopped; -1 from inside a task (it would wait
+ * for its own loop). */
+int deploy_rt_stop_threads(void);
 
 /* The message of the last error a kernel raised on this thread ("" after deploy_rt_clear_error). */
 const char* deploy_rt_kernel_error(void);
