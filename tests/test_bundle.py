@@ -37,7 +37,7 @@ from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, comp
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
 from deploy.compiler.options import BuildOptions
-from deploy.compiler.runtime import ABI, ABI_HEADER, SOURCES
+from deploy.compiler.runtime import ABI, ABI_HEADER, SHARED, SOURCES
 from deploy.compiler.targets import get_target
 from deploy.devices import get_device
 from deploy.devices.platforms import get_platform
@@ -501,7 +501,7 @@ int main(int argc, char** argv) {
 def test_two_bundles_of_one_op_live_in_one_process(tmp_path: Path) -> None:
     """add at two sizes (prefixed add4 and add8) and leaky_relu: linked statically into one
     program, and add4 and add8 dlopen()ed beside them; each does its own job, and each library
-    exports its NAME_* functions and nothing else."""
+    exports its NAME_* functions and, weak, the runtime's shared ones, nothing else."""
     x86_runs_here()
     add, leaky = get_op("add"), get_op("leaky_relu")
     dirs = {
@@ -515,8 +515,13 @@ def test_two_bundles_of_one_op_live_in_one_process(tmp_path: Path) -> None:
         exported = subprocess.run(["nm", "-D", "--defined-only", str(directory / f"lib{name}.so")],
                                   capture_output=True, text=True, check=True).stdout  # fmt: skip
         for text in (listed, exported):
-            names = {line.split()[-1] for line in text.splitlines() if line.strip() and ":" not in line}
-            assert names and all(n == name or n.startswith(f"{name}_") for n in names), names
+            kinds = {
+                line.split()[-1]: line.split()[-2]
+                for line in text.splitlines()
+                if line.strip() and ":" not in line
+            }
+            api = {n for n in kinds if n == name or n.startswith(f"{name}_")}
+            assert api and {n: kinds[n] for n in set(kinds) - api} == dict.fromkeys(SHARED, "W"), kinds
     source = tmp_path / "two.c"
     source.write_text(TWO_OPS)
     flags = [f for d in dirs.values() for f in (f"-I{d}", f"-I{d / 'include'}")]
@@ -537,6 +542,91 @@ def test_two_bundles_of_one_op_live_in_one_process(tmp_path: Path) -> None:
         "dlopen add4 11 44",
         "dlopen add4 on 8: -1 add4: a has shape [8], expected [4]",
     ]
+
+
+THREAD_COUNT = """
+static int threads_now(void) {  /* this process's threads: /proc/self/task has one entry each */
+  int count = 0;
+  DIR* tasks = opendir("/proc/self/task");
+  struct dirent* entry;
+  if (tasks == NULL) return -1;
+  while ((entry = readdir(tasks)) != NULL) count += entry->d_name[0] != '.';
+  closedir(tasks);
+  return count;
+}
+
+static int threads_settled(int want) {  /* a joined thread's entry can outlive the join briefly */
+  struct timespec millisecond = {0, 1000000};
+  int tries, count = threads_now();
+  for (tries = 0; count != want && tries < 2000; ++tries, count = threads_now()) {
+    nanosleep(&millisecond, NULL);
+  }
+  return count;
+}
+"""
+"""C: the threads of the calling process, and that count once it settles (for the pool tests)."""
+
+
+ONE_POOL = (
+    """#define _POSIX_C_SOURCE 200112L
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "p1.h"
+#include "p2.h"
+#include "p3.h"
+
+enum { SIZE = 64 * 56 * 56 };
+static int64_t shape[4] = {1, 64, 56, 56};
+
+static DLTensor tensor(float* data) {
+  DLTensor t = {data, {kDLCPU, 0}, 4, {kDLFloat, 32, 1}, shape, NULL, 0};
+  return t;
+}
+
+"""
+    + THREAD_COUNT
+    + """
+int main(void) {
+  float *a, *b, *out;
+  DLTensor ta, tb, tout;
+  int i, status = 0, right = 1, running, stopped;
+  if (posix_memalign((void**)&a, 64, SIZE * 4) || posix_memalign((void**)&b, 64, SIZE * 4) ||
+      posix_memalign((void**)&out, 64, SIZE * 4)) return 3;
+  for (i = 0; i < SIZE; ++i) a[i] = (float)(i % 7), b[i] = (float)(i % 5);
+  ta = tensor(a), tb = tensor(b), tout = tensor(out);
+  p1_set_num_threads(3);
+  printf("threads %d %d %d\\n", p1_num_threads(), p2_num_threads(), p3_num_threads());
+  status |= p1(&ta, &tb, &tout) | p2(&ta, &tb, &tout) | p3(&ta, &tb, &tout);
+  for (i = 0; i < SIZE; ++i) right &= out[i] == (float)(i % 7 + i % 5);
+  running = threads_now();
+  stopped = p2_stop_threads();
+  printf("ran %d %d %d %d %d\\n", status, right, running, stopped, threads_settled(1));
+  return 0;
+}
+"""
+)
+
+
+def test_the_bundles_of_one_program_share_one_runtime(tmp_path: Path) -> None:
+    """Three bundles linked into one program bind to one runtime (runtime.h): the thread count set
+    through one is every one's, their parallel loops run on one pool (beside the
+    main thread: two workers, not two per bundle), and any of them stops it."""
+    x86_runs_here()
+    add = get_op("add")
+    names = ("p1", "p2", "p3")
+    dirs = [
+        bundle(bind(add, {}, [TensorType((1, 64, 56, 56), "float32")] * 2), "x86", tmp_path / n, n)
+        for n in names
+    ]
+    extra = tuple(
+        f for d, n in zip(dirs[1:], names[1:], strict=True) for f in (f"-I{d}", str(d / f"lib{n}.a"))
+    )
+    program = build_c(ONE_POOL, dirs[0], tmp_path / "one_pool", extra=extra)
+    proc = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["threads 3 3 3", "ran 0 1 3 2 1"]
 
 
 BAD_CALLS = """#define _POSIX_C_SOURCE 200112L
@@ -652,12 +742,14 @@ def test_the_library_checks_every_tensor(tmp_path: Path) -> None:
     }
 
 
-GRAPH_CALLS = """#define _POSIX_C_SOURCE 200112L
+GRAPH_CALLS = (
+    """#define _POSIX_C_SOURCE 200112L
 #include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "g.h"
 
 enum { N = 3, A = N * 16 * 32 * 32, B = N * 16 * 16, OUT = N * 16 * 16 };
@@ -701,16 +793,9 @@ static void* toggler(void* unused) {  /* an engine setting its hook and taking i
   return NULL;
 }
 
-static int threads_now(void) {  /* this process's threads: /proc/self/task has one entry each */
-  int count = 0;
-  DIR* tasks = opendir("/proc/self/task");
-  struct dirent* entry;
-  if (tasks == NULL) return -1;
-  while ((entry = readdir(tasks)) != NULL) count += entry->d_name[0] != '.';
-  closedir(tasks);
-  return count;
-}
-
+"""
+    + THREAD_COUNT
+    + """
 static void* caller(void* unused) {  /* an application thread calling g over and over */
   int64_t* out = aligned(OUT * sizeof(int64_t));
   DLTensor ta = tensor(a, 4, sa, 32, kDLFloat), tb = tensor(b, 4, sb, 32, kDLFloat);
@@ -779,7 +864,7 @@ int main(void) {
   report("pooled", g(&ta, &tb, &tout));
   running = threads_now();
   stopped = g_stop_threads();
-  printf("stopped %d %d %d\\n", running, stopped, threads_now());
+  printf("stopped %d %d %d\\n", running, stopped, threads_settled(1));
   memset(out, 0, OUT * sizeof(int64_t));
   report("restarted", g(&ta, &tb, &tout));
   running = threads_now();
@@ -788,6 +873,7 @@ int main(void) {
   return 0;
 }
 """
+)
 
 SMALL_GRAPH = """name: g
 inputs:

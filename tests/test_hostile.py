@@ -128,7 +128,12 @@ RUNNER_ROWS: list[tuple[str, int, str]] = [
 TAKEN = {
     "name of the C or POSIX library": ("pthread_create", "main", "free", "errno", "size_t", "memcpy"),
     "C or C++ keyword": ("_Bool", "_Alignas", "asm", "typeof"),
-    "name deploy's bundle runtime or glue gives": ("DLTensor", "deploy_rt_scratch", "call", "__tvm_ffi_main"),
+    "name deploy's bundle runtime or glue gives": (
+        "DLTensor",
+        "deploy_rt1_scratch",
+        "call",
+        "__tvm_ffi_main",
+    ),
 }
 """Names --name may not take (#49), by why: each would have failed at link time, or linked wrong."""
 NAMES_ROWS: list[tuple[str, int, str]] = [

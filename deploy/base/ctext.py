@@ -111,7 +111,7 @@ _RESERVED_BY = (
 )
 """Names reserved by how they begin, each for a collision a real build meets: (pattern, as a
 message shows it, whose). The runtime's and glue's types and functions (DeployTensorSpec,
-deploy_rt_scratch), TVM's (TVMBackend...), dlpack.h's types, enums and macros (DLTensor, kDLCPU,
+deploy_rt1_scratch), TVM's (TVMBackend...), dlpack.h's types, enums and macros (DLTensor, kDLCPU,
 DLPACK_DLL), pthread.h's, CL/cl.h's (cl_mem, CL_SUCCESS: an OpenCL bundle's NAME.h includes it),
 and the kernels' own symbols (k0_add)."""
 _KEPT = frozenset(ord(c) for c in '\\"?*/')

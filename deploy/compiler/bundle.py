@@ -42,7 +42,7 @@ from deploy.compiler.constants import constants_object
 from deploy.compiler.manifest import MANIFEST, PARTIAL
 from deploy.compiler.options import BuildOptions
 from deploy.compiler.plan import Plan
-from deploy.compiler.runtime import ALIGNMENT, ERRORS, MAX_DIMS, SOURCES
+from deploy.compiler.runtime import ALIGNMENT, ERRORS, MAX_DIMS, SHARED, SOURCES
 from deploy.compiler.targets import Target, all_targets
 from deploy.devices.native import cached_object, ffi_include, require_tool
 from deploy.devices.platforms import get_platform
@@ -532,7 +532,7 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     plugin = lto_plugin(gcc)
     check_symbols(run_tool([binutils["nm"], *plugin, str(combined)], "nm"), prefix)
     api = work / "api.txt"
-    api.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
+    api.write_text("".join(f"{name}\n" for name in (*(prefix + s for s in API_SUFFIXES), *SHARED)))
     single = work / f"{prefix}.o"
     run_tool([binutils["objcopy"], f"--keep-global-symbols={api}", str(combined), str(single)], "objcopy")
     entry = libraries_and_runner(

@@ -2,7 +2,8 @@
 `cl_bundle.py` into each bundle), and the constants Python reads from its one public header:
 
     abi.h             the alignment, the tensors' most dims and the error codes, spelled only there
-    runtime.h/.c      what TVM's kernels call: parallel launch, scratch memory, errors
+    runtime.h/.c      what TVM's kernels call: parallel launch, scratch memory, errors (one
+                      runtime per process: its SHARED functions, exported weak)
     bundle.h          what a bundle was built for (its tensors, its arena), for its API and runner
     bundle_names.h    the API's names: DEPLOY_API(_run) is NAME_run
     bundle_check.h    the checks the API makes of every tensor, and its one-line errors
@@ -37,3 +38,12 @@ MAX_DIMS = ABI["MAX_DIMS"]
 ERRORS = {name: value for name, value in ABI.items() if name.startswith("ERR_")}
 """What a bundle's functions return when they fail, by name (ERR_ARGUMENT ...): NAME.h defines
 NAME_ERR_ARGUMENT ... with these values."""
+SHARED = tuple(
+    re.findall(
+        r"^DEPLOY_RT_SHARED [^(]*?\b(deploy_rt\d+_\w+)\(",
+        (SOURCES / "runtime.h").read_text(),
+        re.M,
+    )
+)
+"""The runtime's functions every bundle exports weak, so that the bundles of one process bind to
+one runtime (runtime.h): deploy_rt1_set_num_threads ..."""

@@ -48,9 +48,9 @@ static int call(DLTensor* folded, void* arena, uint64_t bytes) {
     packed[count++].v_ptr = &arena_tensor;
   }
   TVMFFIAny result = {0};
-  deploy_rt_clear_error();
+  deploy_rt1_clear_error();
   if (__tvm_ffi_main(NULL, packed, count, &result) != 0) {
-    const char* why = deploy_rt_kernel_error();
+    const char* why = deploy_rt1_kernel_error();
     return fail(DEPLOY_ERR_KERNEL, "%s", why[0] ? why : "a kernel failed");
   }
   return DEPLOY_OK;
@@ -76,10 +76,10 @@ static int run(const DLTensor* const* args, void* workspace, size_t workspace_by
     }
     return call(folded, workspace, bytes);
   }
-  void* arena = deploy_rt_scratch((size_t)bytes);
+  void* arena = deploy_rt1_scratch((size_t)bytes);
   if (arena == NULL) return fail(DEPLOY_ERR_MEMORY, "out of memory for an arena of %" PRIu64 " bytes", bytes);
   status = call(folded, arena, bytes);
-  deploy_rt_release(arena);
+  deploy_rt1_release(arena);
   return status;
 }
 
@@ -110,12 +110,12 @@ DEPLOY_EXPORT size_t DEPLOY_API(_workspace_size)(DEPLOY_SYMBOL_PARAMS) {
 
 DEPLOY_EXPORT const char* DEPLOY_API(_last_error)(void) { return last_error; }
 
-DEPLOY_EXPORT int DEPLOY_API(_set_num_threads)(int n) { return deploy_rt_set_num_threads(n); }
+DEPLOY_EXPORT int DEPLOY_API(_set_num_threads)(int n) { return deploy_rt1_set_num_threads(n); }
 
-DEPLOY_EXPORT int DEPLOY_API(_num_threads)(void) { return deploy_rt_num_threads(); }
+DEPLOY_EXPORT int DEPLOY_API(_num_threads)(void) { return deploy_rt1_num_threads(); }
 
-DEPLOY_EXPORT int DEPLOY_API(_stop_threads)(void) { return deploy_rt_stop_threads(); }
+DEPLOY_EXPORT int DEPLOY_API(_stop_threads)(void) { return deploy_rt1_stop_threads(); }
 
 DEPLOY_EXPORT DEPLOY_API(_parallel_for) DEPLOY_API(_set_parallel_for)(DEPLOY_API(_parallel_for) fn, void* user) {
-  return (DEPLOY_API(_parallel_for))deploy_rt_set_parallel((deploy_rt_parallel_for)fn, user);
+  return (DEPLOY_API(_parallel_for))deploy_rt1_set_parallel((deploy_rt1_parallel_for)fn, user);
 }

@@ -1,4 +1,5 @@
-/* deploy's C runtime for TVM kernels (see runtime.h): errors, scratch memory, a thread pool. */
+/* deploy's C runtime for TVM kernels (see runtime.h): errors, scratch memory, a thread pool, one
+ * per process (the DEPLOY_RT_SHARED functions: whichever bundle's definitions the linker binds). */
 #define _GNU_SOURCE
 #include "runtime.h"
 
@@ -17,14 +18,6 @@
 #define SPINS 20000      /* polls of a flag before a thread blocks: about 20-100 us */
 #define CACHED_BLOCKS 4  /* freed scratch blocks a thread keeps for its next call */
 
-/* ---- TVM's ABI, as the kernel objects use it (tvm/runtime/c_backend_api.h) ---- */
-
-typedef struct {
-  void* sync_handle;
-  int32_t num_task;
-} TVMParallelGroupEnv;
-typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
-
 /* ---- errors: a kernel's message, per thread ----
  * A failure's first reason is set where it happens (a kernel's check, a refused workspace, an
  * engine's hook); what raises later in the same call (a graph's plan naming the kernel that
@@ -34,7 +27,7 @@ typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* 
 
 static _Thread_local char kernel_error[ERROR_BYTES];
 
-void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+void deploy_rt1_raise(const char* kind, const char** parts, int32_t num_parts) {
   char reason[ERROR_BYTES];
   memcpy(reason, kernel_error, sizeof(reason));
   size_t used = (size_t)snprintf(kernel_error, sizeof(kernel_error), "%s: ", kind ? kind : "Error");
@@ -45,6 +38,12 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int
   kernel_error[strcspn(kernel_error, "\n")] = '\0';  /* one line: TVM adds a call trace after it */
   used = strlen(kernel_error);
   if (reason[0]) snprintf(kernel_error + used, sizeof(kernel_error) - used, ": %s", reason);
+}
+
+/* What a kernel calls to raise an error: local to each bundle (TVM's runtime, loaded beside it,
+ * defines the same name), into the process's runtime. */
+void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+  deploy_rt1_raise(kind, parts, num_parts);
 }
 
 /* The reason for a failure the runtime sees itself, on this thread. */
@@ -67,9 +66,9 @@ static int task_failed(const char* first) {
   return -1;
 }
 
-const char* deploy_rt_kernel_error(void) { return kernel_error; }
+const char* deploy_rt1_kernel_error(void) { return kernel_error; }
 
-void deploy_rt_clear_error(void) { kernel_error[0] = '\0'; }
+void deploy_rt1_clear_error(void) { kernel_error[0] = '\0'; }
 
 /* ---- scratch: aligned blocks with their size in front, a few cached per thread ---- */
 
@@ -91,7 +90,7 @@ static void free_cache(void* unused) {
 
 static void make_cache_key(void) { pthread_key_create(&cache_key, free_cache); }
 
-void* deploy_rt_scratch(size_t bytes) {
+void* deploy_rt1_scratch(size_t bytes) {
   int best = -1;
   for (int i = 0; i < cache.count; ++i) {  /* the smallest cached block that is large enough */
     size_t size = block_size(cache.blocks[i]);
@@ -110,7 +109,7 @@ void* deploy_rt_scratch(size_t bytes) {
   return (char*)base + DEPLOY_ALIGNMENT;
 }
 
-void deploy_rt_release(void* block) {
+void deploy_rt1_release(void* block) {
   if (block == NULL) return;
   pthread_once(&cache_once, make_cache_key);
   pthread_setspecific(cache_key, &cache);  /* frees this thread's cache when it exits */
@@ -131,14 +130,14 @@ void deploy_rt_release(void* block) {
 
 static void* alloc_workspace(int device_type, int device_id, uint64_t nbytes, int code, int bits) {
   (void)device_type, (void)device_id, (void)code, (void)bits;
-  void* block = nbytes > SIZE_MAX ? NULL : deploy_rt_scratch((size_t)nbytes);
+  void* block = nbytes > SIZE_MAX ? NULL : deploy_rt1_scratch((size_t)nbytes);
   if (block == NULL) set_reason("workspace allocation of %llu bytes failed", (unsigned long long)nbytes);
   return block;
 }
 
 static int free_workspace(int device_type, int device_id, void* ptr) {
   (void)device_type, (void)device_id;
-  deploy_rt_release(ptr);
+  deploy_rt1_release(ptr);
   return 0;
 }
 
@@ -182,7 +181,7 @@ typedef struct {
   atomic_int failed;
   char error[ERROR_BYTES];    /* the reason of the launch's first failed task */
   int stopping;
-  FTVMParallelLambda fn;
+  deploy_rt1_lambda fn;
   void* cdata;
   Barrier barrier;
 } Pool;
@@ -191,7 +190,7 @@ static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREA
 static atomic_int requested_threads;  /* 0: one per online CPU */
 static _Thread_local int in_task;     /* this thread runs a task: a launch from it is nested */
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the pair below */
-static deploy_rt_parallel_for hook;
+static deploy_rt1_parallel_for hook;
 static void* hook_user;
 
 /* The next task of launch `generation`, or -1 when it has none left (or is over). */
@@ -209,7 +208,7 @@ static int claim(uint32_t generation) {
 /* Run every task of launch `generation` this thread can claim. */
 static void run_tasks(uint32_t generation) {
   for (int index; (index = claim(generation)) >= 0;) {
-    TVMParallelGroupEnv env = {&pool.barrier, TASKS(atomic_load(&pool.state))};
+    deploy_rt1_group env = {&pool.barrier, TASKS(atomic_load(&pool.state))};
     int nested = in_task;
     in_task = 1;
     kernel_error[0] = '\0';
@@ -278,13 +277,13 @@ __attribute__((destructor)) static void end_pool(void) {  /* dlclose or exit: no
   pthread_mutex_unlock(&pool.launching);
 }
 
-int deploy_rt_set_num_threads(int n) {
+int deploy_rt1_set_num_threads(int n) {
   if (n < 0) n = 0;
   if (n > MAX_THREADS) n = MAX_THREADS;
   return atomic_exchange(&requested_threads, n);
 }
 
-int deploy_rt_num_threads(void) {
+int deploy_rt1_num_threads(void) {
   int n = atomic_load(&requested_threads);
   if (n == 0) {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -293,16 +292,16 @@ int deploy_rt_num_threads(void) {
   return n;
 }
 
-deploy_rt_parallel_for deploy_rt_set_parallel(deploy_rt_parallel_for fn, void* user) {
+deploy_rt1_parallel_for deploy_rt1_set_parallel(deploy_rt1_parallel_for fn, void* user) {
   pthread_mutex_lock(&hook_lock);
-  deploy_rt_parallel_for previous = hook;
+  deploy_rt1_parallel_for previous = hook;
   hook = fn;
   hook_user = user;
   pthread_mutex_unlock(&hook_lock);
   return previous;
 }
 
-int deploy_rt_stop_threads(void) {
+int deploy_rt1_stop_threads(void) {
   if (in_task) return -1; /* the launch running this task holds `launching` until it returns */
   pthread_mutex_lock(&pool.launching);
   int stopped = pool.workers;
@@ -312,7 +311,7 @@ int deploy_rt_stop_threads(void) {
 }
 
 typedef struct {
-  FTVMParallelLambda fn;
+  deploy_rt1_lambda fn;
   void* cdata;
   int count;
   atomic_int failed;
@@ -321,7 +320,7 @@ typedef struct {
 
 static int hooked_task(int index, void* context) {  /* one task on an engine's thread */
   HookJob* job = (HookJob*)context;
-  TVMParallelGroupEnv env = {NULL, job->count};  /* no barrier: its tasks need not run at once */
+  deploy_rt1_group env = {NULL, job->count};  /* no barrier: its tasks need not run at once */
   int nested = in_task;
   in_task = 1;
   kernel_error[0] = '\0';
@@ -331,17 +330,17 @@ static int hooked_task(int index, void* context) {  /* one task on an engine's t
   return status;
 }
 
-static int run_serially(FTVMParallelLambda fn, void* cdata) {
-  TVMParallelGroupEnv env = {NULL, 1};  /* one task: the loop's whole range */
+static int run_serially(deploy_rt1_lambda fn, void* cdata) {
+  deploy_rt1_group env = {NULL, 1};  /* one task: the loop's whole range */
   return fn(0, &env, cdata);
 }
 
-static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
-  int threads = deploy_rt_num_threads();
+int deploy_rt1_parallel_launch(deploy_rt1_lambda fn, void* cdata, int num_task) {
+  int threads = deploy_rt1_num_threads();
   if (num_task > 0 && num_task < threads) threads = num_task;
   if (in_task || threads == 1) return run_serially(fn, cdata);
   pthread_mutex_lock(&hook_lock); /* the pair as one: a setter may run on another thread */
-  deploy_rt_parallel_for engine = hook;
+  deploy_rt1_parallel_for engine = hook;
   void* user = hook_user;
   pthread_mutex_unlock(&hook_lock);
   if (engine != NULL) {
@@ -372,13 +371,13 @@ static int parallel_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   return failed ? -1 : 0;
 }
 
-static int parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
+int deploy_rt1_parallel_barrier(int task_id, deploy_rt1_group* penv) {
   (void)task_id;
   Barrier* barrier = (Barrier*)penv->sync_handle;
   if (penv->num_task <= 1) return 0;
   if (barrier == NULL) {
     const char* parts[] = {"a kernel's parallel barrier cannot run under an engine's parallel hook"};
-    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 1);
+    deploy_rt1_raise("RuntimeError", parts, 1);
     return -1;
   }
   int phase = atomic_load(&barrier->phase);
@@ -396,9 +395,10 @@ static int parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
   return 0;
 }
 
-/* The strong definitions of the pointers the kernel objects define weak and NULL. */
-void* __TVMBackendParallelLaunch = (void*)&parallel_launch;
-void* __TVMBackendParallelBarrier = (void*)&parallel_barrier;
+/* The strong definitions of the pointers the kernel objects define weak and NULL (local to the
+ * bundle: TVM's runtime sets its modules' own): the process's runtime, whichever bundle's it is. */
+void* __TVMBackendParallelLaunch = (void*)&deploy_rt1_parallel_launch;
+void* __TVMBackendParallelBarrier = (void*)&deploy_rt1_parallel_barrier;
 void* __TVMBackendAllocWorkspace = (void*)&alloc_workspace;
 void* __TVMBackendFreeWorkspace = (void*)&free_workspace;
 
