@@ -4,13 +4,16 @@ structure (after: `deploy.schedules.cpu.generic`), against onnxruntime's kernel 
 and a numpy formulation of it, all timed interleaved in one process per thread count.
 
     .venv/bin/python bench/fast_by_default.py [--threads 1,2] [--rounds 7] [--ops softmax,gelu]
+                                              [--tuned DIR]
 
 Per op and thread count it prints the median ms of each and the spread (interquartile range,
 ms) of ours, then ours/onnxruntime and ours/numpy before and after. Both builds are checked
 against the op's reference first (a failed check is printed; matmul's float32 sums of 768
 terms fail the fixed float32 tolerance, issue #51 item 3, and are timed anyway). A row also
-says when a build still calls a scalar libm function (`nm -u`: expf, erff, ...). Issue #51's
-goals: within 1.5x of onnxruntime, never slower than numpy.
+says when a build still calls a scalar libm function (`nm -u`: expf, erff, ...). With `--tuned
+DIR` (a `deploy tune --db DIR` of the same ops and shapes on x86), the record each op's tuning
+accepted is timed too (t/ort; `-` where tuning kept the default). Issue #51's goals: within 1.5x
+of onnxruntime by default and 1.0x after a tune of at most 64 trials, never slower than numpy.
 """
 
 from __future__ import annotations
@@ -261,8 +264,9 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
     return Timer(session, directory, manifest, inputs), "; ".join(notes)
 
 
-def child(names: list[str], rounds: int, threads: int) -> None:
-    """Time each op at this process's TVM_NUM_THREADS: before, after, onnxruntime, numpy."""
+def child(names: list[str], rounds: int, threads: int, tuned: Path | None) -> None:
+    """Time each op at this process's TVM_NUM_THREADS: before, after, onnxruntime, numpy, and the
+    record tuning accepted under `tuned` where there is one."""
     import tvm
 
     from deploy.compiler.compile import context, prim_module
@@ -271,8 +275,13 @@ def child(names: list[str], rounds: int, threads: int) -> None:
     from deploy.ops import TensorType, bind, get_op, load_ops_path
     from deploy.schedules.cpu.elementwise import elementwise_cpu
     from deploy.schedules.cpu.generic import schedule_by_structure
+    from deploy.tune.tuners import AcceptedRecords
     from deploy.verify.compare import random_input
     from deploy.verify.measure import interleaved_runs
+
+    records = (
+        AcceptedRecords(tuned, lambda line: print(f"{'':19}note: {line}", flush=True)) if tuned else None
+    )
 
     target = host_target(argparse.ArgumentParser(), "x86")
     load_ops_path(HERE / "fast_ops")
@@ -292,18 +301,24 @@ def child(names: list[str], rounds: int, threads: int) -> None:
             inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
             timers = [timer_before, timer_after, HostTimer(onnxruntime_call(name, inputs, threads)),
                       HostTimer(numpy_call(name, inputs))]  # fmt: skip
+            accepted = records.schedule(bound, target, BuildOptions(tuned=records)) if records else None
+            note_tuned = ""
+            if accepted is not None:
+                timer_tuned, note_tuned = built(session, bound, target, accepted[0], "tuned", Path(tmp))
+                timers.append(timer_tuned)
             runs = interleaved_runs(timers, rounds)
             ms = [statistics.median(r) for r in runs]
             spread = [statistics.quantiles(r, n=4, method="inclusive") for r in runs]
             iqr = [high - low for low, _, high in spread]
             rule = taken.rule + (f" (fell through: {taken.fell_through})" if taken.fell_through else "")
+            tuned_ratio = f"{ms[4] / ms[2]:6.2f}" if accepted is not None else f"{'-':>6}"
             print(
                 f"{name:16} {threads:>2} {ms[0]:8.4f}±{iqr[0]:<7.4f} {ms[1]:8.4f}±{iqr[1]:<7.4f}"
-                f" {ms[2]:8.4f} {ms[3]:8.4f}  {ms[0] / ms[2]:6.2f} {ms[1] / ms[2]:6.2f}"
+                f" {ms[2]:8.4f} {ms[3]:8.4f}  {ms[0] / ms[2]:6.2f} {ms[1] / ms[2]:6.2f} {tuned_ratio}"
                 f"  {ms[0] / ms[3]:6.2f} {ms[1] / ms[3]:6.2f}  {rule}",
                 flush=True,
             )
-            for note in (note_before, note_after):
+            for note in (note_before, note_after, note_tuned):
                 if note:
                     print(f"{'':19}note: {note}", flush=True)
 
@@ -313,16 +328,19 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians of these)")
     parser.add_argument("--ops", default=",".join(WORKLOADS), help="ops, comma-separated")
+    parser.add_argument("--tuned", type=Path, help="a deploy tune --db directory: time its accepted records")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     at_least_one(parser, "--rounds", args.rounds)
+    if args.tuned is not None and not args.tuned.is_dir():
+        parser.error(f"--tuned {args.tuned}: expected the directory of a deploy tune --db")
     names = [n for n in args.ops.split(",") if n]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"--ops {','.join(unknown)}: expected some of {','.join(WORKLOADS)}")
     host_target(parser, "x86")
     if args.child:
-        child(names, args.rounds, int(os.environ["TVM_NUM_THREADS"]))
+        child(names, args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.tuned)
         return
     try:
         counts = [int(t) for t in args.threads.split(",")]
@@ -335,7 +353,7 @@ def main() -> None:
         f" load average {os.getloadavg()[0]:.1f}"
     )
     print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
-          f"  {'b/ort':>6} {'a/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip
+          f"  {'b/ort':>6} {'a/ort':>6} {'t/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip
     for threads in counts:
         env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         command = [
@@ -346,6 +364,7 @@ def main() -> None:
             str(args.rounds),
             "--ops",
             ",".join(names),
+            *(["--tuned", str(args.tuned)] if args.tuned is not None else []),
         ]
         subprocess.run(command, env=env, check=True)
 
