@@ -1,0 +1,470 @@
+"""onnxruntime: a custom-op library (`lib<name>.so`, exporting only `RegisterCustomOps`) serving
+the nodes of a model that deploy's ops implement in a non-standard domain.
+
+Each such node is compiled for the types and attributes the model gives it (`served_nodes`) into
+a bundle with a name deploy made (`ort<i>_<op>`, docs/bundles.md), and the bundles are linked
+with `onnxruntime_plugin.c` and its table (`plugin_table.h`, written here: every text from the
+model in it is an escaped literal) into one shared library: plain C, deploy's runtime inside, no
+libstdc++, nothing of onnxruntime linked (its API comes from the `OrtApiBase` it is given).
+The C API headers are onnxruntime 1.29.0's, fetched by ci/setup.sh into deploy's cache.
+
+`test` runs the model in onnxruntime's Python API with the library and compares every output
+with a reference run of the same model node by node: standard nodes in onnxruntime, the served
+nodes by their op's numpy reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from deploy.base.ctext import c_identifier, c_string, c_word
+from deploy.base.errors import DeployError, UsageError, printable, reason
+from deploy.base.files import fresh_directory
+from deploy.base.paths import cache_root
+from deploy.compiler.bundle import CFLAGS, run_tool
+from deploy.engines import Engine, engine_source, register
+from deploy.ops.onnx_mapping import domain_key, onnx_label
+from deploy.ops.spec import BoundOp, TensorType, is_symbolic
+
+HEADERS_VERSION = "1.29.0"
+HEADER = "onnxruntime_c_api.h"
+PLUGIN_JSON = "plugin.json"
+ENGINE_ALIGNMENT = 16
+"""What the kernels assume of onnxruntime's buffers: its allocator gives 64 bytes, but a graph
+input fed from numpy is used in place, and numpy's data is 16-byte aligned."""
+ELEM_TYPES = {
+    "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "float16": 10,
+    "float64": 11, "uint32": 12, "uint64": 13,
+}  # fmt: skip
+"""ONNX's TensorProto element type of each deploy dtype."""
+DLPACK = {"float": 2, "int": 0, "uint": 1}
+"""DLPack's type code of each dtype kind (kDLFloat, kDLInt, kDLUInt)."""
+
+
+def headers_dir() -> Path:
+    """Where ci/setup.sh keeps onnxruntime's C API headers: in deploy's cache."""
+    return cache_root() / "onnxruntime-headers" / HEADERS_VERSION
+
+
+def require_headers() -> Path:
+    """The headers' directory; a one-line DeployError naming what is missing and where."""
+    found = headers_dir()
+    if not (found / HEADER).is_file():
+        raise DeployError(
+            f"onnxruntime's C API header {HEADER} is missing: looked in {found} (run ci/setup.sh, which"
+            " fetches it with npm)"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class ServedNode:
+    """A node the plugin serves: its ONNX (domain, op_type), its first output's name (None: any
+    node of that type, an --op build), how messages name it, the op bound to its types and
+    attributes, and its ONNX attributes with whether each may be absent (ONNX's default)."""
+
+    domain: str
+    op_type: str
+    output: str | None
+    label: str
+    bound: BoundOp
+    attrs: tuple[tuple[str, Any, bool], ...]
+
+
+def _custom_mapping(bound: BoundOp) -> Any:
+    """The op's first non-standard-domain ONNX mapping; a UsageError when it declares none."""
+    for mapping in bound.op.onnx:
+        if domain_key(mapping.domain):
+            return mapping
+    raise UsageError(
+        f"op {bound.op.name} declares no ONNX node in a non-standard domain (its `onnx`): onnxruntime runs"
+        " its standard nodes itself"
+    )
+
+
+def _absent_ok(mapping: Any, given: dict[str, Any]) -> tuple[tuple[str, Any, bool], ...]:
+    """Each attribute of `given`, and whether leaving it out converts to the same op attributes."""
+    converted = mapping.attrs(given)
+    return tuple(
+        (name, value, mapping.attrs({k: v for k, v in given.items() if k != name}) == converted)
+        for name, value in sorted(given.items())
+    )
+
+
+def op_node(bound: BoundOp) -> ServedNode:
+    """The node of an --op build: the op's ONNX attributes as its own (same names), any node of
+    its custom type."""
+    mapping = _custom_mapping(bound)
+    given = {k: v for k, v in bound.attrs.items() if isinstance(v, (int, float, str, list))}
+    try:
+        same = mapping.attrs(given) == bound.attrs
+    except UsageError:
+        same = False
+    if not same:
+        raise UsageError(
+            f"op {bound.op.name}: its attributes are not its ONNX node's: build the plugin from a model"
+            " (--model) instead"
+        )
+    label = f"deploy op {bound.op.name} ({onnx_label(mapping.domain, mapping.op_type)})"
+    return ServedNode(mapping.domain, mapping.op_type, None, label, bound, _absent_ok(mapping, given))
+
+
+def model_nodes(path: Path) -> list[ServedNode]:
+    """The nodes of the ONNX model at `path` that a registered op implements in a non-standard
+    domain, each bound to the types ONNX's shape inference (or an earlier served node) gives its
+    inputs; a UsageError when there is none, or one cannot be served."""
+    from deploy.base.files import read_regular
+    from deploy.model.onnx_import import attribute_value, decode_onnx, node_name
+    from deploy.ops.registry import op_for_onnx
+    from deploy.ops.spec import bind
+
+    model = decode_onnx(path, read_regular(path))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        inferred = model
+    types: dict[str, TensorType | None] = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        types[value.name] = _value_type(value)
+    for tensor in model.graph.initializer:
+        types[tensor.name] = TensorType(tuple(tensor.dims), _dtype(tensor.data_type))
+    served = []
+    for index, node in enumerate(model.graph.node):
+        op = op_for_onnx(node.domain, node.op_type) if domain_key(node.domain) else None
+        if op is None:
+            continue
+        kind = printable(onnx_label(node.domain, node.op_type))
+        label = f"node {printable(node_name(index, node))!r} ({kind})"
+        inputs = [types.get(name) for name in node.input]
+        unknown = [name for name, t in zip(node.input, inputs, strict=True) if t is None]
+        if unknown:
+            raise UsageError(f"model {path}: {label}: the type of input {printable(unknown[0])!r} is unknown")
+        mapping = next(m for m in op.onnx if m.key() == (domain_key(node.domain), node.op_type))
+        given = {a.name: attribute_value(a) for a in node.attribute}
+        try:
+            if mapping.chain is not None or mapping.more_outputs:
+                raise UsageError(f"op {op.name} computes it as several ops: not served by a plugin yet")
+            if len(node.output) != 1:
+                raise UsageError(f"it has {len(node.output)} outputs: op {op.name} computes one")
+            bound = bind(op, mapping.attrs(given), [t for t in inputs if t is not None])
+        except UsageError as exc:
+            raise UsageError(f"model {path}: {label}: {exc}") from None
+        types[node.output[0]] = bound.output
+        served.append(
+            ServedNode(node.domain, node.op_type, node.output[0], label, bound, _absent_ok(mapping, given))
+        )
+    if not served:
+        raise UsageError(
+            f"model {path}: no node is in a non-standard domain that a registered op implements: nothing for"
+            " a plugin to serve (onnxruntime runs the model alone)"
+        )
+    return served
+
+
+def _dtype(elem: int) -> str:
+    names = {number: name for name, number in ELEM_TYPES.items()}
+    if elem not in names:
+        raise UsageError(f"element type {elem}: expected one of {', '.join(ELEM_TYPES)}")
+    return names[elem]
+
+
+def _value_type(value: onnx.ValueInfoProto) -> TensorType | None:
+    """A value's type as far as ONNX knows it: a dim_param as a symbolic dim, None where a dim
+    or the element type is unknown."""
+    tensor = value.type.tensor_type
+    if value.type.WhichOneof("value") != "tensor_type" or not tensor.HasField("shape"):
+        return None
+    if tensor.elem_type not in ELEM_TYPES.values():
+        return None
+    dims: list[int | str] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(dim.dim_value)
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            return None
+    try:
+        return TensorType(tuple(dims), _dtype(tensor.elem_type))
+    except (UsageError, ValueError, TypeError):
+        return None
+
+
+def _dim_rows(tensors: list[TensorType], inputs: int) -> list[str]:
+    """Each tensor as a PluginTensor initializer: a symbolic dim refers to the first input axis
+    holding that symbol (an output's dims are computed from the inputs')."""
+    first: dict[str, tuple[int, int]] = {}
+    rows = []
+    for number, tensor in enumerate(tensors):
+        dims = []
+        for axis, dim in enumerate(tensor.shape):
+            if is_symbolic(dim):
+                if str(dim.name) not in first:
+                    if number >= inputs:
+                        raise UsageError(f"output dim {dim.name} is not an input's: not served by a plugin")
+                    first[str(dim.name)] = (number, axis)
+                source = first[str(dim.name)]
+                dims.append(f"{{-1, {source[0]}, {source[1]}}}")
+            else:
+                dims.append(f"{{{int(dim)}, 0, 0}}")
+        kind = np.dtype(tensor.dtype).kind
+        code = DLPACK["float" if kind == "f" else "uint" if kind == "u" else "int"]
+        bits = np.dtype(tensor.dtype).itemsize * 8
+        body = ", ".join(dims) or "{0, 0, 0}"
+        rows.append(f"  {{{ELEM_TYPES[tensor.dtype]}, {code}, {bits}, {len(tensor.shape)}, {{{body}}}}},")
+    return rows
+
+
+def _attr_row(prefix: str, name: str, value: Any, absent_ok: bool) -> tuple[str, str]:
+    """(a C definition for a list's values or "", the PluginAttr initializer) of one attribute."""
+    ok = int(absent_ok)
+    literal = c_string(name)
+    if isinstance(value, (bool, int)):
+        row = f"{{{literal}, 0, {ok}, 1, {prefix}, NULL, NULL}}"
+        return f"static const int64_t {prefix}[] = {{{int(value)}LL}};\n", row
+    if isinstance(value, float):
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        union = f"static const union {{ uint32_t u; float f; }} {prefix}_u[] = {{{{{bits}u}}}};\n"
+        return union, f"{{{literal}, 1, {ok}, 1, NULL, &{prefix}_u[0].f, NULL}}"
+    if isinstance(value, str):
+        return "", f"{{{literal}, 4, {ok}, 0, NULL, NULL, {c_string(value)}}}"
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        values = ", ".join(f"{int(v)}LL" for v in value) or "0"
+        return (
+            f"static const int64_t {prefix}[] = {{{values}}};\n",
+            f"{{{literal}, 2, {ok}, {len(value)}, {prefix}, NULL, NULL}}",
+        )
+    if isinstance(value, list) and all(isinstance(v, float) for v in value):
+        words = ", ".join(f"{{{struct.unpack('<I', struct.pack('<f', v))[0]}u}}" for v in value) or "{0u}"
+        union = f"static const union {{ uint32_t u; float f; }} {prefix}_u[] = {{{words}}};\n"
+        return union, f"{{{literal}, 3, {ok}, {len(value)}, NULL, &{prefix}_u[0].f, NULL}}"
+    shown = printable(repr(value))[:40]
+    raise UsageError(f"attribute {printable(name)}={shown}: a plugin cannot check a value of its kind")
+
+
+def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
+    """plugin_table.h: each bundle's functions, and the PluginType table grouping `nodes` by
+    (domain, op_type); every name from the model as an escaped literal."""
+    parts = ["/* Generated by deploy (deploy/engines/onnxruntime.py): the nodes this plugin serves. */\n"]
+    rows: dict[tuple[str, str], list[str]] = {}
+    for number, (node, prefix) in enumerate(zip(nodes, prefixes, strict=True)):
+        parts.append(f"int {prefix}_run(DLTensor* const* args, int num_args);\n")
+        parts.append(f"const char* {prefix}_last_error(void);\n")
+        tensors = [*node.bound.inputs, node.bound.output]
+        parts.append(f"static const PluginTensor node{number}_tensors[] = {{\n")
+        parts.append("\n".join(_dim_rows(tensors, len(node.bound.inputs))) + "\n};\n")
+        attrs = []
+        for count, (name, value, absent_ok) in enumerate(node.attrs):
+            definition, row = _attr_row(f"node{number}_attr{count}", name, value, absent_ok)
+            parts.append(definition)
+            attrs.append(row)
+        parts.append(f"static const PluginAttr node{number}_attrs[] = {{{', '.join(attrs) or '{NULL}'}}};\n")
+        output = "NULL" if node.output is None else c_string(node.output)
+        rows.setdefault((node.domain, node.op_type), []).append(
+            f"  {{{output}, {c_string(node.label)}, {prefix}_run, {prefix}_last_error, node{number}_tensors,"
+            f" node{number}_attrs, {len(node.attrs)}}},"
+        )
+    types = []
+    for number, ((domain, op_type), node_rows) in enumerate(rows.items()):
+        served = [n for n in nodes if (n.domain, n.op_type) == (domain, op_type)]
+        parts.append(f"static const PluginNode type{number}_nodes[] = {{\n" + "\n".join(node_rows) + "\n};\n")
+
+        def elem(types_of: list[TensorType]) -> int:
+            return ELEM_TYPES[types_of[0].dtype] if len({t.dtype for t in types_of}) == 1 else 0
+
+        counts = {len(n.bound.inputs) for n in served}
+        if len(counts) != 1:
+            raise UsageError(f"{served[0].label}: nodes of one type take different input counts")
+        inputs = [t for n in served for t in n.bound.inputs]
+        types.append(
+            f"  {{{{0}}, {c_string(domain)}, {c_string(op_type)}, {counts.pop()}, 1, {elem(inputs)},"
+            f" {elem([n.bound.output for n in served])}, type{number}_nodes, {len(node_rows)}}},"
+        )
+    parts.append(f"#define PLUGIN_NUM_TYPES {len(types)}\n")
+    parts.append("static PluginType plugin_types[PLUGIN_NUM_TYPES] = {\n" + "\n".join(types) + "\n};\n")
+    return "".join(parts)
+
+
+def build_plugin(nodes: list[ServedNode], target: Any, options: Any, directory: Path, name: str) -> Path:
+    """Compile each node's kernel as a bundle, link them with the glue into `directory`/lib`name`.so
+    (written whole, or not at all) with plugin.json listing the nodes; returns the library."""
+    from deploy.compiler.bundle import write_bundle
+    from deploy.compiler.compile import compile_op
+    from deploy.compiler.export import check_destination
+    from deploy.devices.native import ffi_include, require_tool
+    from deploy.devices.platforms import get_platform
+
+    headers = require_headers()
+    platform = get_platform(target.arch)
+    gcc = require_tool(platform, "gcc", platform.gcc_package)
+    place = check_destination(directory)
+    if place.exists() and any(p.name not in (f"lib{name}.so", PLUGIN_JSON) for p in place.iterdir()):
+        raise UsageError(f"output {directory} holds other files than a plugin's: not replacing it")
+    options = replace(options, alignment=ENGINE_ALIGNMENT)
+    taken: set[str] = set()
+    prefixes = [c_identifier(f"ort{i}_{c_word(n.bound.op.name, 24)}", taken) for i, n in enumerate(nodes)]
+    place.parent.mkdir(parents=True, exist_ok=True)
+    staging = fresh_directory(place.parent, f".{place.name}.")
+    try:
+        with tempfile.TemporaryDirectory(prefix="deploy-ort-") as scratch:
+            work = Path(scratch)
+            archives = []
+            for node, prefix in zip(nodes, prefixes, strict=True):
+                bundle = work / prefix
+                bundle.mkdir()
+                write_bundle(compile_op(node.bound, target, options), bundle, prefix)
+                archives.append(str(bundle / f"lib{prefix}.a"))
+            (work / "plugin_table.h").write_text(plugin_table(nodes, prefixes))
+            glue = work / "plugin.o"
+            includes = [f"-I{work}", f"-I{headers}", f"-I{ffi_include()}"]
+            source = engine_source("onnxruntime_plugin.c")
+            run_tool([gcc, *CFLAGS, *includes, "-c", str(source), "-o", str(glue)], f"{gcc} on {source.name}")
+            script = work / "exports.map"
+            script.write_text("{ global: RegisterCustomOps; local: *; };\n")
+            library = staging / f"lib{name}.so"
+            run_tool(
+                [gcc, "-shared", "-static-libgcc", f"-Wl,--version-script={script}",
+                 f"-Wl,-soname,lib{name}.so", str(glue), *archives, "-o", str(library), "-lm", "-lpthread"],
+                f"{gcc} -shared (lib{name}.so)",
+            )  # fmt: skip
+        listing = [
+            {"node": n.label, "domain": n.domain, "op_type": n.op_type, "output": n.output,
+             "op": n.bound.op.name, "inputs": [t.dims() for t in n.bound.inputs], "bundle": p}
+            for n, p in zip(nodes, prefixes, strict=True)
+        ]  # fmt: skip
+        (staging / PLUGIN_JSON).write_text(json.dumps({"library": library.name, "nodes": listing}, indent=1))
+        if place.exists():
+            shutil.rmtree(place)
+        os.replace(staging, place)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return place / f"lib{name}.so"
+
+
+def build(bound: BoundOp | None, model: Path | None, target: Any, options: Any, directory: Path) -> list[str]:
+    """`deploy build --engine onnxruntime`: the plugin of an op (`bound`) or of a model's nodes."""
+    if target.arch not in ("x86_64", "aarch64"):
+        raise UsageError(
+            f"--engine onnxruntime: --target {target.name}: expected x86 or arm (the CPUs of its wheels)"
+        )
+    nodes = model_nodes(model) if model is not None else [op_node(bound)]  # type: ignore[arg-type]
+    name = c_word(model.stem if model is not None else nodes[0].bound.op.name, 40)
+    library = build_plugin(nodes, target, options, directory, name)
+    lines = [f"built {library} for onnxruntime on {target.name}: {len(nodes)} node(s) served"]
+    lines += [f"  {n.label}: op {n.bound.op.name} {', '.join(map(_shown, n.bound.inputs))}" for n in nodes]
+    return lines
+
+
+def _shown(t: TensorType) -> str:
+    return "x".join(map(str, t.dims())) + f" {t.dtype}"
+
+
+def run_model(model: Path, library: Path | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The model's outputs in onnxruntime's CPU provider, with the plugin `library` registered."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4  # fatal only: an error is the exception's line, not a log line too
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    try:
+        session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        return list(session.run(None, feeds))
+    except Exception as exc:  # onnxruntime raises a class of its own per status code
+        raise DeployError(f"onnxruntime: {reason(exc)}") from None
+
+
+def reference(model: Path, nodes: list[ServedNode], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The model's outputs node by node: the served nodes by their op's numpy reference, every
+    other in onnxruntime alone (a one-node model)."""
+    from deploy.model.onnx_import import initializer
+
+    proto = onnx.load(str(model))
+    ours = {n.output: n for n in nodes}
+    values: dict[str, np.ndarray] = {t.name: initializer(t, model.parent) for t in proto.graph.initializer}
+    values.update(feeds)
+    for node in proto.graph.node:
+        inputs = [values[t] for t in node.input]
+        if node.output[0] in ours:
+            bound = ours[node.output[0]].bound
+            values[node.output[0]] = bound.op.reference(bound.attrs, *inputs)
+            continue
+        outputs = [t for t in node.output if t]
+        values.update(zip(outputs, _one_node(proto, node, inputs, outputs), strict=True))
+    return [values[v.name] for v in proto.graph.output]
+
+
+def _one_node(
+    proto: onnx.ModelProto, node: onnx.NodeProto, inputs: list[np.ndarray], outputs: list[str]
+) -> list[Any]:
+    """`node` alone in onnxruntime, as a model with `proto`'s opsets, its inputs typed as `inputs`
+    and its outputs' types left to onnxruntime's inference."""
+    import onnxruntime
+
+    feeds = dict(zip(node.input, inputs, strict=True))
+    typed = [
+        onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in feeds.items()
+    ]
+    graph = onnx.helper.make_graph([node], "node", typed, [onnx.ValueInfoProto(name=t) for t in outputs])
+    one = onnx.helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4  # fatal only: an error is the exception's line, not a log line too
+    try:
+        session = onnxruntime.InferenceSession(
+            one.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        return list(session.run(outputs, feeds))
+    except Exception as exc:  # onnxruntime raises a class of its own per status code
+        said = reason(exc)
+        raise DeployError(f"node {printable(node.name)!r}: onnxruntime cannot run it alone: {said}") from None
+
+
+def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
+    """`deploy test --model M --engine onnxruntime`: build the plugin into `directory`, run the
+    model with it on random inputs (plain, and with NaN and infinities planted) and compare each
+    output with `reference` (bit for bit where every served op is exact)."""
+    from deploy.verify.compare import INPUT_SETS, compare, random_input
+
+    if target.arch != "x86_64":
+        raise UsageError(f"--engine onnxruntime: deploy test runs on x86 only yet, not {target.name}")
+    nodes = model_nodes(model)
+    library = build_plugin(nodes, target, options, directory, c_word(model.stem, 40))
+    proto = onnx.load(str(model))
+    given = {t.name for t in proto.graph.initializer}
+    inputs = [(v.name, _value_type(v)) for v in proto.graph.input if v.name not in given]
+    exact = all(n.bound.exact for n in nodes)
+    rule = next((n.bound.rule() for n in nodes if not n.bound.exact), None)
+    lines = []
+    rng = np.random.default_rng(0)
+    for inputs_set in INPUT_SETS:
+        feeds = {}
+        for name, t in inputs:
+            if t is None:
+                raise UsageError(f"model {model}: input {printable(name)!r} has no known type")
+            static = TensorType(tuple(2 if is_symbolic(d) else d for d in t.shape), t.dtype)
+            feeds[name] = random_input(static, rng, inputs_set.ties, inputs_set.specials)
+        got = run_model(model, library, feeds)
+        want = reference(model, nodes, feeds)
+        for output, g, w in zip(proto.graph.output, got, want, strict=True):
+            result = compare(w, g, exact, *((rule,) if rule is not None else ()))
+            what = f"{printable(output.name)!r} on {inputs_set.label} inputs"
+            if not result.ok:
+                raise DeployError(f"onnxruntime with the plugin: output {what} differs: {result.detail}")
+            lines.append(f"  output {what}: ok (max error {result.max_error:.3g})")
+    lines.insert(0, f"{model} in onnxruntime with {library}: {len(nodes)} node(s) served by deploy, ok")
+    return lines
+
+
+ENGINE = register(Engine("onnxruntime", "a custom-op library (RegisterCustomOps)", build, test))
