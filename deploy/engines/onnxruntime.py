@@ -51,18 +51,26 @@ DLPACK = {"float": 2, "int": 0, "uint": 1}
 """DLPack's type code of each dtype kind (kDLFloat, kDLInt, kDLUInt)."""
 
 
-def headers_dir() -> Path:
-    """Where ci/setup.sh keeps onnxruntime's C API headers: in deploy's cache."""
-    return cache_root() / "onnxruntime-headers" / HEADERS_VERSION
+HEADERS_VARIABLE = "DEPLOY_ORT_HEADERS"
+"""Names a directory holding onnxruntime's C API headers (an official release's include/)."""
+
+
+def headers_dir() -> tuple[Path, str]:
+    """Where onnxruntime's C API headers are looked for, and why there: `$DEPLOY_ORT_HEADERS`,
+    else where ci/setup.sh puts them, in deploy's cache."""
+    given = os.environ.get(HEADERS_VARIABLE)
+    if given:
+        return Path(given), f"${HEADERS_VARIABLE}"
+    return cache_root() / "onnxruntime-headers" / HEADERS_VERSION, "deploy's cache"
 
 
 def require_headers() -> Path:
     """The headers' directory; a one-line DeployError naming what is missing and where."""
-    found = headers_dir()
+    found, why = headers_dir()
     if not (found / HEADER).is_file():
         raise DeployError(
-            f"onnxruntime's C API header {HEADER} is missing: looked in {found} (run ci/setup.sh, which"
-            " fetches it with npm)"
+            f"onnxruntime's C API header {HEADER} is missing: looked in {found} ({why}); ci/setup.sh"
+            f" fetches it with npm, or set ${HEADERS_VARIABLE} to a directory holding it"
         )
     return found
 

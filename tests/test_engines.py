@@ -1,0 +1,209 @@
+"""deploy's kernels inside real engines (docs/engines.md): onnxruntime runs models whose
+custom-domain nodes a plugin built by `deploy build --engine onnxruntime` serves, compared with
+numpy; the bad inputs of issue #52 each end in one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from deploy.engines.onnxruntime import HEADERS_VARIABLE, headers_dir
+from tests.conftest import REPO, run_deploy
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is a test extra: pip install -e '.[test]'")
+
+HEADERS = headers_dir()[0]
+"""Where the headers are outside the tests' own cache (read when this module is imported, before
+conftest moves the cache): ci/setup.sh fetched them there."""
+pytestmark = pytest.mark.skipif(
+    not (HEADERS / "onnxruntime_c_api.h").is_file() or shutil.which("gcc") is None,
+    reason=f"no onnxruntime C API headers in {HEADERS} (run ci/setup.sh) or no gcc",
+)
+ENV = {HEADERS_VARIABLE: str(HEADERS)}
+EXAMPLES = ("--ops-path", str(REPO / "deploy" / "ops" / "examples"))
+CUSTOM = "com.example"
+SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.5, -2.5, 1e-40], np.float32)
+
+
+def hard_tanh_model(path: Path, shapes: list[tuple[int | str, ...]], attrs: list[dict[str, float]]) -> Path:
+    """x -> Relu -> HardTanh (com.example, `attrs[0]`) -> ... one custom node per entry, each on
+    its own input of `shapes` after a standard Abs, then Add of the first two where there are two:
+    standard and custom nodes mixed, each custom node with its own shape and attributes."""
+    nodes, inputs, outputs = [], [], []
+    for number, (shape, given) in enumerate(zip(shapes, attrs, strict=True)):
+        inputs.append(helper.make_tensor_value_info(f"x{number}", TensorProto.FLOAT, shape))
+        nodes.append(helper.make_node("Relu" if number == 0 else "Abs", [f"x{number}"], [f"a{number}"]))
+        custom = helper.make_node(
+            "HardTanh", [f"a{number}"], [f"h{number}"], name=f"ht{number}", domain=CUSTOM
+        )
+        custom.attribute.extend(helper.make_attribute(key, value) for key, value in given.items())
+        nodes.append(custom)
+        outputs.append(helper.make_tensor_value_info(f"h{number}", TensorProto.FLOAT, shape))
+    graph = helper.make_graph(nodes, path.stem, inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
+    )
+    onnx.save(model, path)
+    return path
+
+
+def session(model: Path, *libraries: Path) -> object:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for library in libraries:
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def build(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_deploy(*EXAMPLES, "build", "--target", "x86", "--engine", "onnxruntime", *args, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A model with two HardTanh nodes (a symbolic batch and a fixed shape, other attributes)
+    and its plugin."""
+    folder = tmp_path_factory.mktemp("two")
+    model = hard_tanh_model(folder / "two.onnx", [("N", 3, 5), (7,)], [{}, {"min_val": -0.5, "max_val": 2.0}])
+    built = build("--model", str(model), "-o", str(folder / "plugin"))
+    assert built.returncode == 0, built.stderr
+    assert "2 node(s) served" in built.stdout
+    return model, folder / "plugin" / "libtwo.so"
+
+
+def test_plugin_is_plain_c_exporting_only_register_custom_ops(two_nodes: tuple[Path, Path]) -> None:
+    library = two_nodes[1]
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True)
+    assert [line.split()[-1] for line in exported.stdout.splitlines()] == ["RegisterCustomOps"]
+    needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
+    libraries = sorted(line.split("[")[1].rstrip("]") for line in needed.splitlines() if "(NEEDED)" in line)
+    assert all(
+        not name.startswith(("libstdc++", "libonnxruntime", "libtvm", "libpython")) for name in libraries
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_two_custom_nodes_match_numpy_exactly(two_nodes: tuple[Path, Path], batch: int) -> None:
+    """Each node runs its own kernel (its shape, its attributes), NaN, infinities and signed zeros
+    included: HardTanh is exact, so bit for bit."""
+    model, library = two_nodes
+    rng = np.random.default_rng(batch)
+    x0 = rng.standard_normal((batch, 3, 5)).astype(np.float32) * 3
+    x0.reshape(-1)[: len(SPECIALS)] = SPECIALS
+    x1 = np.resize(SPECIALS, 7).astype(np.float32)
+    h0, h1 = session(model, library).run(None, {"x0": x0, "x1": x1})  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(h0, np.clip(np.maximum(x0, 0), -1.0, 1.0))
+    np.testing.assert_array_equal(h1, np.clip(np.abs(x1), -0.5, 2.0))
+
+
+@pytest.mark.parametrize("model", ["pool_add_leaky_htanh.onnx", "pool_add_leaky_htanh_n.onnx"])
+def test_deploy_test_runs_the_example_models_in_onnxruntime(model: str) -> None:
+    tested = run_deploy(
+        *EXAMPLES, "test", "--target", "x86", "--engine", "onnxruntime",
+        "--model", str(REPO / "examples" / model), env=ENV,
+    )  # fmt: skip
+    assert tested.returncode == 0, tested.stderr
+    assert "1 node(s) served by deploy, ok" in tested.stdout
+    assert "on NaN, inf, ties inputs: ok" in tested.stdout
+
+
+def test_an_op_build_serves_any_node_of_its_shape(tmp_path: Path) -> None:
+    built = build("--op", "hard_tanh", "--shape", "2x3", "-a", "max_val=0.5", "-o", str(tmp_path / "op"))
+    assert built.returncode == 0, built.stderr
+    library = tmp_path / "op" / "libhard_tanh.so"
+    same = hard_tanh_model(tmp_path / "same.onnx", [(2, 3)], [{"max_val": 0.5}])
+    x = np.resize(SPECIALS, (2, 3)).astype(np.float32)
+    (got,) = session(same, library).run(None, {"x0": x})  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got, np.clip(np.maximum(x, 0), -1.0, 0.5))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "attrs", "said"),
+    [
+        (
+            [(2, 4)],
+            [{"max_val": 0.5}],
+            "node 'ht0' (com.example::HardTanh): the shape of input 0 is not what",
+        ),
+        (
+            [(2, 3)],
+            [{"max_val": 0.75}],
+            "node 'ht0' (com.example::HardTanh): attribute max_val has another value",
+        ),
+        ([(2, 3)], [{}], "node 'ht0' (com.example::HardTanh): attribute max_val is absent"),
+    ],
+    ids=["shape", "attribute", "absent-attribute"],
+)
+def test_a_node_not_built_for_fails_session_creation(
+    tmp_path: Path, shapes: list[tuple[int | str, ...]], attrs: list[dict[str, float]], said: str
+) -> None:
+    built = build("--op", "hard_tanh", "--shape", "2x3", "-a", "max_val=0.5", "-o", str(tmp_path / "op"))
+    assert built.returncode == 0, built.stderr
+    other = hard_tanh_model(tmp_path / "other.onnx", shapes, attrs)
+    with pytest.raises(Exception, match="rebuild it with this model") as raised:
+        session(other, tmp_path / "op" / "libhard_tanh.so")
+    assert said in str(raised.value) and "\n" not in str(raised.value).strip()
+
+
+def test_a_default_attribute_may_be_left_out(tmp_path: Path) -> None:
+    """Built with min_val=-1 (ONNX's default), a node without min_val is the same node."""
+    built = build("--op", "hard_tanh", "--shape", "5", "-o", str(tmp_path / "op"))
+    assert built.returncode == 0, built.stderr
+    model = hard_tanh_model(tmp_path / "m.onnx", [(5,)], [{}])
+    (got,) = session(model, tmp_path / "op" / "libhard_tanh.so").run(None, {"x0": SPECIALS[:5]})  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got, np.clip(np.maximum(SPECIALS[:5], 0), -1.0, 1.0))
+
+
+def test_the_plugin_registered_twice_is_one_error(two_nodes: tuple[Path, Path]) -> None:
+    model, library = two_nodes
+    with pytest.raises(Exception, match="Domain already set in registry"):
+        session(model, library, library)
+
+
+def bad_models(folder: Path) -> None:
+    """plain.onnx (no custom node) and undeclared.onnx (a HardTanh with an attribute it lacks)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "plain.onnx")
+    hard_tanh_model(folder / "undeclared.onnx", [(4,)], [{"slope": 2.0}])
+
+
+NO_HEADERS = "no-headers"
+"""A directory name that holds no headers: $DEPLOY_ORT_HEADERS for the missing-headers case."""
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "said"),
+    [
+        (["--model", "plain.onnx"], 2, "no node is in a non-standard domain that a registered op implements"),
+        (
+            ["--model", "undeclared.onnx"], 2,
+            "node 'ht0' (com.example::HardTanh): ONNX attribute slope=2.0 is not supported",
+        ),
+        (["--op", "hard_tanh", "--shape", "4", "--headers"], 1, "onnxruntime_c_api.h is missing: looked in"),
+        (["--op", "add", "--shape", "4", "--shape", "4"], 2, "declares no ONNX node in a non-standard"),
+        (["--op", "hard_tanh", "--shape", "4", "--bundle"], 2, "--bundle do not apply"),
+    ],
+    ids=["no-node-served", "undeclared-attribute", "no-headers", "standard-op", "bundle-option"],
+)  # fmt: skip
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], code: int, said: str) -> None:
+    """Each one line on stderr with its exit code, and no plugin directory written."""
+    bad_models(tmp_path)
+    env = {**ENV, HEADERS_VARIABLE: str(tmp_path / NO_HEADERS)} if "--headers" in args else ENV
+    given = [str(tmp_path / a) if a.endswith(".onnx") else a for a in args if a != "--headers"]
+    result = run_deploy(
+        *EXAMPLES, "build", "--target", "x86", "--engine", "onnxruntime", *given, "-o", str(tmp_path / "out"),
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == code, result.stderr
+    assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "out").exists()
