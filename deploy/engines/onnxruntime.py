@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -439,14 +440,132 @@ def _one_node(
         raise DeployError(f"node {printable(node.name)!r}: onnxruntime cannot run it alone: {said}") from None
 
 
+FETCH_MB = 23
+"""About what onnxruntime's aarch64 wheel weighs."""
+CPUINFO_BLOCK = """processor\t: {n}
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+"""
+"""One CPU of an arm64 /proc/cpuinfo (a Neoverse N1): onnxruntime's aarch64 library parses
+/proc/cpuinfo in a static initializer and crashes on an x86 one under qemu-user."""
+
+
+def aarch64_runtime() -> Path:
+    """onnxruntime's aarch64 library, of the version installed here, from its PyPI wheel: fetched
+    once by pip (said on stderr with the size) into deploy's cache, the library alone kept."""
+    import sys
+    import zipfile
+
+    import onnxruntime
+
+    from deploy.base.locks import locked
+
+    version = onnxruntime.__version__
+    place = cache_root() / "onnxruntime" / f"{version}-aarch64"
+    library = place / "libonnxruntime.so.1"
+    place.mkdir(parents=True, exist_ok=True)
+    with locked(place.with_name(f"{place.name}.lock")):
+        if library.is_file():
+            return library
+        sys.stderr.write(
+            f"deploy: fetching onnxruntime {version}'s aarch64 wheel once with pip (about {FETCH_MB} MB);"
+            f" its library is kept in {place}\n"
+        )
+        with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "--platform", "manylinux_2_28_aarch64", "--python-version",
+                 f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp", "-d", fetched,
+                 f"onnxruntime=={version}"],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            wheels = list(Path(fetched).glob("*.whl"))
+            if proc.returncode != 0 or not wheels:
+                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+                raise DeployError(f"pip could not fetch onnxruntime {version}'s aarch64 wheel: {tail}")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                inside = [n for n in wheel.namelist() if Path(n).name.startswith("libonnxruntime.so.1.")]
+                if not inside:
+                    raise DeployError(f"{wheels[0].name} holds no libonnxruntime.so.1.*")
+                (Path(fetched) / "lib").write_bytes(wheel.read(inside[0]))
+            os.replace(Path(fetched) / "lib", library)
+    return library
+
+
+def run_emulated(model: Path, library: Path, feeds: dict[str, np.ndarray], target: Any) -> list[np.ndarray]:
+    """The model's outputs from onnxruntime's aarch64 library under qemu-user, run by deploy's C
+    host (onnxruntime_host.c, no Python) with the plugin `library`; the emulator sees an arm64
+    /proc/cpuinfo (bind-mounted in a mount namespace of its own: needs root)."""
+    from deploy.devices.native import require_tool
+    from deploy.devices.platforms import get_platform
+
+    if os.geteuid() != 0:
+        raise DeployError(
+            "deploy test --engine onnxruntime --target arm needs root: onnxruntime's aarch64 library"
+            " crashes on the host's x86 /proc/cpuinfo under qemu, and showing it an arm64 one takes a mount"
+        )
+    platform = get_platform(target.arch)
+    gcc = require_tool(platform, "gcc", platform.gcc_package)
+    runtime = aarch64_runtime()
+    with tempfile.TemporaryDirectory(prefix="deploy-ort-host-") as scratch:
+        work = Path(scratch)
+        host = work / "deploy-ort-host"
+        source = engine_source("onnxruntime_host.c")
+        run_tool(
+            [gcc, "-std=c11", "-O2", "-Wall", f"-I{require_headers()}", str(source), "-o", str(host), "-ldl"],
+            f"{gcc} on {source.name}",
+        )
+        cpus = os.cpu_count() or 1
+        (work / "cpuinfo").write_text("\n".join(CPUINFO_BLOCK.format(n=n) for n in range(cpus)) + "\n")
+        specs = []
+        for number, (name, array) in enumerate(feeds.items()):
+            path = work / f"input{number}.bin"
+            np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tofile(path)
+            dims = "x".join(map(str, array.shape))
+            specs.append(f"{name}={ELEM_TYPES[str(array.dtype)]}:{dims}:{path}")
+        (work / "out").mkdir()
+        emulated = [
+            *platform.emulator_command(),
+            str(host),
+            str(runtime),
+            str(model),
+            str(library),
+            str(work / "out"),
+        ]
+        script = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script, str(work / "cpuinfo"), *emulated, *specs],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            said = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
+            raise DeployError(f"onnxruntime under {platform.emulator_command()[0]}: {said[-1]}")
+        outputs = []
+        for line in proc.stdout.splitlines():
+            index, elem, dims = [*line.split(), ""][:3]
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+            data = np.fromfile(
+                work / "out" / f"{index}.bin", dtype=np.dtype(_dtype(int(elem))).newbyteorder("<")
+            )
+            outputs.append(data.reshape(shape))
+        return outputs
+
+
 def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
     """`deploy test --model M --engine onnxruntime`: build the plugin into `directory`, run the
-    model with it on random inputs (plain, and with NaN and infinities planted) and compare each
-    output with `reference` (bit for bit where every served op is exact)."""
+    model with it on random inputs (plain, ties, and with NaN and infinities planted) in
+    onnxruntime (on x86 its Python API; on arm its aarch64 library under the emulator, by a C
+    host) and compare each output with `reference` (bit for bit where every served op is exact)."""
     from deploy.verify.compare import INPUT_SETS, compare, random_input
+    from deploy.verify.onnx_reference import agrees_on_nan
 
-    if target.arch != "x86_64":
-        raise UsageError(f"--engine onnxruntime: deploy test runs on x86 only yet, not {target.name}")
+    if target.arch not in ("x86_64", "aarch64"):
+        raise UsageError(f"--engine onnxruntime: --target {target.name}: expected x86 or arm")
     nodes = model_nodes(model)
     library = build_plugin(nodes, target, options, directory, c_word(model.stem, 40))
     proto = onnx.load(str(model))
@@ -456,14 +575,22 @@ def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
     rule = next((n.bound.rule() for n in nodes if not n.bound.exact), None)
     lines = []
     rng = np.random.default_rng(0)
+    emulated = target.arch != "x86_64"
     for inputs_set in INPUT_SETS:
+        if emulated and inputs_set.specials and not agrees_on_nan(model):
+            lines.append(
+                f"  {inputs_set.label} inputs: not compared (the reference runs standard nodes in x86"
+                " onnxruntime, whose NaN handling differs from its aarch64 build in some ops:"
+                " deploy/verify/onnx_reference.py)"
+            )
+            continue
         feeds = {}
         for name, t in inputs:
             if t is None:
                 raise UsageError(f"model {model}: input {printable(name)!r} has no known type")
             static = TensorType(tuple(2 if is_symbolic(d) else d for d in t.shape), t.dtype)
             feeds[name] = random_input(static, rng, inputs_set.ties, inputs_set.specials)
-        got = run_model(model, library, feeds)
+        got = run_emulated(model, library, feeds, target) if emulated else run_model(model, library, feeds)
         want = reference(model, nodes, feeds)
         for output, g, w in zip(proto.graph.output, got, want, strict=True):
             result = compare(w, g, exact, *((rule,) if rule is not None else ()))
@@ -471,7 +598,8 @@ def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
             if not result.ok:
                 raise DeployError(f"onnxruntime with the plugin: output {what} differs: {result.detail}")
             lines.append(f"  output {what}: ok (max error {result.max_error:.3g})")
-    lines.insert(0, f"{model} in onnxruntime with {library}: {len(nodes)} node(s) served by deploy, ok")
+    where = "x86" if target.arch == "x86_64" else f"{target.name}, emulated"
+    lines.insert(0, f"{model} in onnxruntime ({where}) with deploy's plugin: {len(nodes)} node(s) served, ok")
     return lines
 
 
