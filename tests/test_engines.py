@@ -5,8 +5,12 @@ numpy; the bad inputs of issue #52 each end in one line."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -242,3 +246,47 @@ def test_bad_input_is_one_line(tmp_path: Path, args: list[str], code: int, said:
     assert result.returncode == code, result.stderr
     assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def doc_steps() -> list[tuple[str, str, list[str]]]:
+    """docs/engines.md's steps in order: (kind "sh" or "python", command or program, the output its
+    comment lines promise)."""
+    page = (REPO / "docs" / "engines.md").read_text()
+    steps: list[tuple[str, str, list[str]]] = []
+    for kind, body in re.findall(r"^ *```(sh|python)\n(.*?)^ *```", page, re.M | re.S):
+        text = textwrap.dedent(body)
+        if kind == "python":
+            said = re.findall(r"# (.*)$", text, re.M)
+            steps.append((kind, text, said))
+            continue
+        for line in text.splitlines():
+            if line.startswith("deploy "):
+                steps.append((kind, line, []))
+            elif line.startswith("# ") and steps:
+                steps[-1][2].append(line[2:].strip())
+    return steps
+
+
+def test_the_engines_page_runs_as_written(tmp_path: Path) -> None:
+    """Each x86 step of docs/engines.md, in order, in a directory holding the repository's examples:
+    every command succeeds and prints what its comments say (the arm test is above)."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "deploy").symlink_to(REPO / "deploy")
+    steps = [step for step in doc_steps() if "--target arm" not in step[1]]
+    assert [kind for kind, _, _ in steps] == ["sh", "sh", "python", "sh"]
+    for kind, text, said in steps:
+        if kind == "sh":
+            args = shlex.split(text)[1:]
+            done = subprocess.run(
+                [str(Path(sys.executable).with_name("deploy")), *args], cwd=tmp_path, capture_output=True,
+                text=True, env={**os.environ, **ENV}, timeout=600,
+            )  # fmt: skip
+        else:
+            done = subprocess.run(
+                [sys.executable, "-c", text], cwd=tmp_path, capture_output=True, text=True, timeout=600
+            )
+        assert done.returncode == 0, done.stderr
+        printed = [line.strip() for line in done.stdout.splitlines()]
+        if kind == "python":  # the program's comment is its one line of output
+            said = [said[-1]]
+        assert all(line in printed for line in said), (said, printed)

@@ -21,6 +21,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -370,7 +371,9 @@ def build(bound: BoundOp | None, model: Path | None, target: Any, options: Any, 
     nodes = model_nodes(model) if model is not None else [op_node(bound)]  # type: ignore[arg-type]
     name = c_word(model.stem if model is not None else nodes[0].bound.op.name, 40)
     library = build_plugin(nodes, target, options, directory, name)
-    lines = [f"built {library} for onnxruntime on {target.name}: {len(nodes)} node(s) served"]
+    lines = [
+        f"built {directory / library.name} for onnxruntime on {target.name}: {len(nodes)} node(s) served"
+    ]
     lines += [f"  {n.label}: op {n.bound.op.name} {', '.join(map(_shown, n.bound.inputs))}" for n in nodes]
     return lines
 
@@ -455,9 +458,9 @@ CPU revision\t: 1
 /proc/cpuinfo in a static initializer and crashes on an x86 one under qemu-user."""
 
 
-def aarch64_runtime() -> Path:
+def aarch64_runtime(say: Callable[[str], None]) -> Path:
     """onnxruntime's aarch64 library, of the version installed here, from its PyPI wheel: fetched
-    once by pip (said on stderr with the size) into deploy's cache, the library alone kept."""
+    once by pip (`say`s so, with the size) into deploy's cache, the library alone kept."""
     import sys
     import zipfile
 
@@ -472,9 +475,9 @@ def aarch64_runtime() -> Path:
     with locked(place.with_name(f"{place.name}.lock")):
         if library.is_file():
             return library
-        sys.stderr.write(
+        say(
             f"deploy: fetching onnxruntime {version}'s aarch64 wheel once with pip (about {FETCH_MB} MB);"
-            f" its library is kept in {place}\n"
+            f" its library is kept in {place}"
         )
         with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
             proc = subprocess.run(
@@ -497,7 +500,9 @@ def aarch64_runtime() -> Path:
     return library
 
 
-def run_emulated(model: Path, library: Path, feeds: dict[str, np.ndarray], target: Any) -> list[np.ndarray]:
+def run_emulated(
+    model: Path, library: Path, feeds: dict[str, np.ndarray], target: Any, say: Callable[[str], None]
+) -> list[np.ndarray]:
     """The model's outputs from onnxruntime's aarch64 library under qemu-user, run by deploy's C
     host (onnxruntime_host.c, no Python) with the plugin `library`; the emulator sees an arm64
     /proc/cpuinfo (bind-mounted in a mount namespace of its own: needs root)."""
@@ -511,7 +516,7 @@ def run_emulated(model: Path, library: Path, feeds: dict[str, np.ndarray], targe
         )
     platform = get_platform(target.arch)
     gcc = require_tool(platform, "gcc", platform.gcc_package)
-    runtime = aarch64_runtime()
+    runtime = aarch64_runtime(say)
     with tempfile.TemporaryDirectory(prefix="deploy-ort-host-") as scratch:
         work = Path(scratch)
         host = work / "deploy-ort-host"
@@ -545,8 +550,8 @@ def run_emulated(model: Path, library: Path, feeds: dict[str, np.ndarray], targe
         if proc.returncode != 0:
             said = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
             raise DeployError(f"onnxruntime under {platform.emulator_command()[0]}: {said[-1]}")
-        outputs = []
-        for line in proc.stdout.splitlines():
+        outputs, listing = [], proc.stdout  # a line per output: "INDEX ELEM D0xD1x..."
+        for line in listing.splitlines():
             index, elem, dims = [*line.split(), ""][:3]
             shape = tuple(int(d) for d in dims.split("x")) if dims else ()
             data = np.fromfile(
@@ -556,7 +561,7 @@ def run_emulated(model: Path, library: Path, feeds: dict[str, np.ndarray], targe
         return outputs
 
 
-def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
+def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[[str], None]) -> list[str]:
     """`deploy test --model M --engine onnxruntime`: build the plugin into `directory`, run the
     model with it on random inputs (plain, ties, and with NaN and infinities planted) in
     onnxruntime (on x86 its Python API; on arm its aarch64 library under the emulator, by a C
@@ -590,7 +595,9 @@ def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
                 raise UsageError(f"model {model}: input {printable(name)!r} has no known type")
             static = TensorType(tuple(2 if is_symbolic(d) else d for d in t.shape), t.dtype)
             feeds[name] = random_input(static, rng, inputs_set.ties, inputs_set.specials)
-        got = run_emulated(model, library, feeds, target) if emulated else run_model(model, library, feeds)
+        got = (
+            run_emulated(model, library, feeds, target, say) if emulated else run_model(model, library, feeds)
+        )
         want = reference(model, nodes, feeds)
         for output, g, w in zip(proto.graph.output, got, want, strict=True):
             result = compare(w, g, exact, *((rule,) if rule is not None else ()))
