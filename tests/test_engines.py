@@ -290,3 +290,30 @@ def test_the_engines_page_runs_as_written(tmp_path: Path) -> None:
         if kind == "python":  # the program's comment is its one line of output
             said = [said[-1]]
         assert all(line in printed for line in said), (said, printed)
+
+
+HOSTILE = 'y"*/\n#include <x>\\'
+"""A tensor and node name that would end a C string or comment, or start a directive, if it
+reached the generated C other than as an escaped literal."""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_names_from_the_model_stay_literals(tmp_path: Path, dtype: str) -> None:
+    """The model's names and attribute values enter the plugin's C escaped: the library builds,
+    and serves the node named so, in each float dtype, bit for bit."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    custom = helper.make_node("HardTanh", ["x"], [HOSTILE], name=HOSTILE, domain=CUSTOM, max_val=0.25)
+    graph = helper.make_graph(
+        [custom], "hostile",
+        [helper.make_tensor_value_info("x", elem, (3, 5))],
+        [helper.make_tensor_value_info(HOSTILE, elem, (3, 5))],
+    )  # fmt: skip
+    model = tmp_path / "hostile.onnx"
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), model)
+    built = build("--model", str(model), "-o", str(tmp_path / "plugin"))
+    assert built.returncode == 0, built.stderr
+    x = np.resize(SPECIALS, (3, 5)).astype(dtype)
+    (got,) = session(model, tmp_path / "plugin" / "libhostile.so").run(None, {"x": x})  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got, np.clip(x, np.array(-1.0, dtype), np.array(0.25, dtype)))
+    assert got.dtype == np.dtype(dtype)

@@ -235,31 +235,42 @@ def _dim_rows(tensors: list[TensorType], inputs: int) -> list[str]:
     return rows
 
 
+PLUGIN_INT, PLUGIN_FLOAT, PLUGIN_INTS, PLUGIN_FLOATS, PLUGIN_STRING = range(5)
+"""An attribute's kind, as onnxruntime_plugin.c's enum numbers them."""
+
+
+def _float_words(values: list[float]) -> str:
+    """Float32 values as the bits of their IEEE words (exactly what ONNX stored, -0.0 and NaN kept)."""
+    return ", ".join(f"{{{struct.unpack('<I', struct.pack('<f', v))[0]}u}}" for v in values) or "{0u}"
+
+
 def _attr_row(prefix: str, name: str, value: Any, absent_ok: bool) -> tuple[str, str]:
-    """(a C definition for a list's values or "", the PluginAttr initializer) of one attribute."""
-    ok = int(absent_ok)
-    literal = c_string(name)
-    if isinstance(value, (bool, int)):
-        row = f"{{{literal}, 0, {ok}, 1, {prefix}, NULL, NULL}}"
-        return f"static const int64_t {prefix}[] = {{{int(value)}LL}};\n", row
+    """(the C definition of the attribute's values or "", its PluginAttr initializer); `prefix`:
+    a C name deploy made for the values."""
+    head = f"{c_string(name)}, {{kind}}, {int(absent_ok)}, {{count}}"
+    floats = f"static const union {{{{ uint32_t u; float f; }}}} {prefix}[] = {{{{{{words}}}}}};\n"
+    if isinstance(value, int):
+        row = f"{{{head.format(kind=PLUGIN_INT, count=1)}, {prefix}, NULL, NULL}}"
+        return f"static const int64_t {prefix}[] = {{{value}LL}};\n", row
     if isinstance(value, float):
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-        union = f"static const union {{ uint32_t u; float f; }} {prefix}_u[] = {{{{{bits}u}}}};\n"
-        return union, f"{{{literal}, 1, {ok}, 1, NULL, &{prefix}_u[0].f, NULL}}"
+        row = f"{{{head.format(kind=PLUGIN_FLOAT, count=1)}, NULL, &{prefix}[0].f, NULL}}"
+        return floats.format(words=_float_words([value])), row
     if isinstance(value, str):
-        return "", f"{{{literal}, 4, {ok}, 0, NULL, NULL, {c_string(value)}}}"
+        return "", f"{{{head.format(kind=PLUGIN_STRING, count=0)}, NULL, NULL, {c_string(value)}}}"
     if isinstance(value, list) and all(isinstance(v, int) for v in value):
         values = ", ".join(f"{int(v)}LL" for v in value) or "0"
-        return (
-            f"static const int64_t {prefix}[] = {{{values}}};\n",
-            f"{{{literal}, 2, {ok}, {len(value)}, {prefix}, NULL, NULL}}",
-        )
+        row = f"{{{head.format(kind=PLUGIN_INTS, count=len(value))}, {prefix}, NULL, NULL}}"
+        return f"static const int64_t {prefix}[] = {{{values}}};\n", row
     if isinstance(value, list) and all(isinstance(v, float) for v in value):
-        words = ", ".join(f"{{{struct.unpack('<I', struct.pack('<f', v))[0]}u}}" for v in value) or "{0u}"
-        union = f"static const union {{ uint32_t u; float f; }} {prefix}_u[] = {{{words}}};\n"
-        return union, f"{{{literal}, 3, {ok}, {len(value)}, NULL, &{prefix}_u[0].f, NULL}}"
+        row = f"{{{head.format(kind=PLUGIN_FLOATS, count=len(value))}, NULL, &{prefix}[0].f, NULL}}"
+        return floats.format(words=_float_words(value)), row
     shown = printable(repr(value))[:40]
     raise UsageError(f"attribute {printable(name)}={shown}: a plugin cannot check a value of its kind")
+
+
+def _elem(types: list[TensorType]) -> int:
+    """The ONNX element type all of `types` have; 0 (UNDEFINED: any, checked per node) if several."""
+    return ELEM_TYPES[types[0].dtype] if len({t.dtype for t in types}) == 1 else 0
 
 
 def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
@@ -288,17 +299,13 @@ def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
     for number, ((domain, op_type), node_rows) in enumerate(rows.items()):
         served = [n for n in nodes if (n.domain, n.op_type) == (domain, op_type)]
         parts.append(f"static const PluginNode type{number}_nodes[] = {{\n" + "\n".join(node_rows) + "\n};\n")
-
-        def elem(types_of: list[TensorType]) -> int:
-            return ELEM_TYPES[types_of[0].dtype] if len({t.dtype for t in types_of}) == 1 else 0
-
         counts = {len(n.bound.inputs) for n in served}
         if len(counts) != 1:
             raise UsageError(f"{served[0].label}: nodes of one type take different input counts")
         inputs = [t for n in served for t in n.bound.inputs]
         types.append(
-            f"  {{{{0}}, {c_string(domain)}, {c_string(op_type)}, {counts.pop()}, 1, {elem(inputs)},"
-            f" {elem([n.bound.output for n in served])}, type{number}_nodes, {len(node_rows)}}},"
+            f"  {{{{0}}, {c_string(domain)}, {c_string(op_type)}, {counts.pop()}, 1, {_elem(inputs)},"
+            f" {_elem([n.bound.output for n in served])}, type{number}_nodes, {len(node_rows)}}},"
         )
     parts.append(f"#define PLUGIN_NUM_TYPES {len(types)}\n")
     parts.append("static PluginType plugin_types[PLUGIN_NUM_TYPES] = {\n" + "\n".join(types) + "\n};\n")
@@ -567,10 +574,14 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
     onnxruntime (on x86 its Python API; on arm its aarch64 library under the emulator, by a C
     host) and compare each output with `reference` (bit for bit where every served op is exact)."""
     from deploy.verify.compare import INPUT_SETS, compare, random_input
-    from deploy.verify.onnx_reference import agrees_on_nan
+    from deploy.verify.onnx_reference import agrees_on_nan, installed
 
     if target.arch not in ("x86_64", "aarch64"):
         raise UsageError(f"--engine onnxruntime: --target {target.name}: expected x86 or arm")
+    if not installed():
+        raise DeployError(
+            "deploy test --engine onnxruntime needs onnxruntime's Python package: pip install onnxruntime"
+        )
     nodes = model_nodes(model)
     library = build_plugin(nodes, target, options, directory, c_word(model.stem, 40))
     proto = onnx.load(str(model))
