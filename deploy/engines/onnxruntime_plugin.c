@@ -10,6 +10,7 @@
  * the shapes again (a symbolic dim is only known then) and calls the node's bundle on
  * onnxruntime's buffers, wrapped as DLTensors.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -273,22 +274,12 @@ static OrtStatus* compute(void* opaque, OrtKernelContext* context) {
   return NULL;
 }
 
-/* The custom-op domain of each type, made once per OrtSessionOptions and released with the
- * library (onnxruntime keeps a pointer to them, not a copy). */
-static OrtCustomOpDomain* plugin_domains[PLUGIN_NUM_TYPES];
+/* Each type's OrtCustomOp, filled once per process (onnxruntime reads them while sessions live). */
+static pthread_once_t plugin_filled = PTHREAD_ONCE_INIT;
 
-__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
-                                                                   const OrtApiBase* api_base) {
-  const OrtApi* api = api_base->GetApi(PLUGIN_API_VERSION);
-  if (api == NULL) {
-    fprintf(stderr, "deploy plugin: onnxruntime %s is older than the 1.16 this plugin needs\n",
-            api_base->GetVersionString());
-    const OrtApi* first = api_base->GetApi(1);
-    return first ? first->CreateStatus(ORT_FAIL, "deploy plugin: onnxruntime is older than 1.16") : NULL;
-  }
+static void fill_ops(void) {
   for (int t = 0; t < PLUGIN_NUM_TYPES; ++t) {
-    PluginType* type = &plugin_types[t];
-    OrtCustomOp* op = &type->op;
+    OrtCustomOp* op = &plugin_types[t].op;
     memset(op, 0, sizeof *op);
     op->version = PLUGIN_API_VERSION;
     op->GetName = op_name;
@@ -305,17 +296,36 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
     op->GetVariadicOutputMinArity = one;
     op->CreateKernelV2 = create_kernel;
     op->KernelComputeV2 = compute;
+  }
+}
+
+/* A custom-op domain per domain of the table, made for these session options (onnxruntime keeps
+ * a pointer to each, not a copy: they stay for the process). */
+__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                   const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(PLUGIN_API_VERSION);
+  if (api == NULL) { /* API 1 has CreateStatus: say it through that */
+    const OrtApi* first = api_base->GetApi(1);
+    char message[PLUGIN_MESSAGE];
+    snprintf(message, sizeof message, "deploy plugin: onnxruntime %s is older than the 1.16 it needs",
+             api_base->GetVersionString());
+    return first ? first->CreateStatus(ORT_FAIL, message) : NULL;
+  }
+  pthread_once(&plugin_filled, fill_ops);
+  OrtCustomOpDomain* domains[PLUGIN_NUM_TYPES];
+  for (int t = 0; t < PLUGIN_NUM_TYPES; ++t) {
+    const PluginType* type = &plugin_types[t];
     OrtCustomOpDomain* domain = NULL;
     for (int u = 0; u < t && domain == NULL; ++u)
-      if (strcmp(plugin_types[u].domain, type->domain) == 0) domain = plugin_domains[u];
+      if (strcmp(plugin_types[u].domain, type->domain) == 0) domain = domains[u];
     OrtStatus* status = NULL;
     if (domain == NULL) {
       status = api->CreateCustomOpDomain(type->domain, &domain);
       if (status == NULL) status = api->AddCustomOpDomain(options, domain);
     }
-    if (status == NULL) status = api->CustomOpDomain_Add(domain, op);
+    if (status == NULL) status = api->CustomOpDomain_Add(domain, &type->op);
     if (status != NULL) return status;
-    plugin_domains[t] = domain;
+    domains[t] = domain;
   }
   return NULL;
 }
