@@ -152,42 +152,54 @@ def test_deploy_test_on_each_target(tmp_path: Path, model: str, target: str) -> 
     assert compared == (model == "leaky_hard_tanh" or target == "x86"), tested.stdout
 
 
-def test_an_op_build_serves_any_node_of_its_shape(tmp_path: Path) -> None:
-    built = build("--op", "hard_tanh", "--shape", "2x3", "-a", "max_val=0.5", "-o", str(tmp_path / "op"))
+@pytest.fixture(scope="module")
+def op_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin of `--op hard_tanh --shape 2x3 -a max_val=0.5`."""
+    folder = tmp_path_factory.mktemp("op")
+    built = build("--op", "hard_tanh", "--shape", "2x3", "-a", "max_val=0.5", "-o", str(folder / "op"))
     assert built.returncode == 0, built.stderr
-    library = tmp_path / "op" / "libhard_tanh.so"
+    return folder / "op" / "libhard_tanh.so"
+
+
+def test_an_op_build_serves_any_node_of_its_shape(tmp_path: Path, op_plugin: Path) -> None:
     same = hard_tanh_model(tmp_path / "same.onnx", [(2, 3)], [{"max_val": 0.5}])
     x = np.resize(SPECIALS, (2, 3)).astype(np.float32)
-    (got,) = session(same, library).run(None, {"x0": x})  # type: ignore[attr-defined]
+    (got,) = session(same, op_plugin).run(None, {"x0": x})  # type: ignore[attr-defined]
     np.testing.assert_array_equal(got, np.clip(np.maximum(x, 0), -1.0, 0.5))
 
 
 @pytest.mark.parametrize(
     ("shapes", "attrs", "said"),
     [
-        (
-            [(2, 4)],
-            [{"max_val": 0.5}],
-            "node 'ht0' (com.example::HardTanh): the shape of input 0 is not what",
-        ),
-        (
-            [(2, 3)],
-            [{"max_val": 0.75}],
-            "node 'ht0' (com.example::HardTanh): attribute max_val has another value",
-        ),
-        ([(2, 3)], [{}], "node 'ht0' (com.example::HardTanh): attribute max_val is absent"),
+        ([(2, 4)], [{"max_val": 0.5}], "the shape of input 0 is not what"),
+        ([(2, 3)], [{"max_val": 0.75}], "attribute max_val has another value"),
+        ([(2, 3)], [{}], "attribute max_val is absent"),
     ],
     ids=["shape", "attribute", "absent-attribute"],
-)
+)  # fmt: skip
 def test_a_node_not_built_for_fails_session_creation(
-    tmp_path: Path, shapes: list[tuple[int | str, ...]], attrs: list[dict[str, float]], said: str
+    tmp_path: Path,
+    op_plugin: Path,
+    shapes: list[tuple[int | str, ...]],
+    attrs: list[dict[str, float]],
+    said: str,
 ) -> None:
-    built = build("--op", "hard_tanh", "--shape", "2x3", "-a", "max_val=0.5", "-o", str(tmp_path / "op"))
-    assert built.returncode == 0, built.stderr
     other = hard_tanh_model(tmp_path / "other.onnx", shapes, attrs)
     with pytest.raises(Exception, match="rebuild it with this model") as raised:
-        session(other, tmp_path / "op" / "libhard_tanh.so")
-    assert said in str(raised.value) and "\n" not in str(raised.value).strip()
+        session(other, op_plugin)
+    message = str(raised.value)
+    assert f"node 'ht0' (com.example::HardTanh): {said}" in message and "\n" not in message.strip()
+
+
+def test_a_node_of_another_model_fails_session_creation(tmp_path: Path, two_nodes: tuple[Path, Path]) -> None:
+    """The plugin of two.onnx loaded for a model with a third HardTanh: that node is named."""
+    three = hard_tanh_model(
+        tmp_path / "three.onnx", [("N", 3, 5), (7,), (7,)], [{}, {"min_val": -0.5, "max_val": 2.0}, {}]
+    )
+    with pytest.raises(
+        Exception, match=re.escape("node 'ht2' (com.example::HardTanh): this deploy plugin was not built")
+    ):
+        session(three, two_nodes[1])
 
 
 def test_a_default_attribute_may_be_left_out(tmp_path: Path) -> None:
