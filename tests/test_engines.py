@@ -243,14 +243,21 @@ NO_HEADERS = "no-headers"
         (["--op", "hard_tanh", "--shape", "4", "--headers"], 1, "onnxruntime_c_api.h is missing: looked in"),
         (["--op", "add", "--shape", "4", "--shape", "4"], 2, "declares no ONNX node in a non-standard"),
         (["--op", "hard_tanh", "--shape", "4", "--bundle"], 2, "--bundle do not apply"),
+        (["--model", "missing.onnx"], 2, "missing.onnx: cannot read it: No such file or directory"),
+        (["--model", str(REPO / "examples" / "maxpool_add.yaml")], 2, "onnxruntime runs ONNX models"),
     ],
-    ids=["no-node-served", "undeclared-attribute", "no-headers", "standard-op", "bundle-option"],
+    ids=[
+        "no-node-served", "undeclared-attribute", "no-headers", "standard-op", "bundle-option", "no-model",
+        "graph-file",
+    ],
 )  # fmt: skip
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], code: int, said: str) -> None:
     """Each one line on stderr with its exit code, and no plugin directory written."""
     bad_models(tmp_path)
     env = {**ENV, HEADERS_VARIABLE: str(tmp_path / NO_HEADERS)} if "--headers" in args else ENV
-    given = [str(tmp_path / a) if a.endswith(".onnx") else a for a in args if a != "--headers"]
+    given = [
+        str(tmp_path / a) if a.endswith(".onnx") and "/" not in a else a for a in args if a != "--headers"
+    ]
     result = run_deploy(
         *EXAMPLES, "build", "--target", "x86", "--engine", "onnxruntime", *given, "-o", str(tmp_path / "out"),
         env=env,

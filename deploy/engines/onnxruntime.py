@@ -133,12 +133,14 @@ def model_nodes(path: Path) -> list[ServedNode]:
     """The nodes of the ONNX model at `path` that a registered op implements in a non-standard
     domain, each bound to the types ONNX's shape inference (or an earlier served node) gives its
     inputs; a UsageError when there is none, or one cannot be served."""
-    from deploy.base.files import read_regular
+    from deploy.model import READERS, model_bytes
     from deploy.model.onnx_import import attribute_value, decode_onnx, node_name
     from deploy.ops.registry import op_for_onnx
     from deploy.ops.spec import bind
 
-    model = decode_onnx(path, read_regular(path))
+    if path.suffix.lower() != ".onnx":
+        raise UsageError(f"model {path}: onnxruntime runs ONNX models: expected a .onnx file")
+    model = decode_onnx(path, model_bytes(path, READERS[".onnx"]))
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except (onnx.shape_inference.InferenceError, ValueError):
