@@ -218,7 +218,8 @@ def test_the_plugin_registered_twice_is_one_error(two_nodes: tuple[Path, Path]) 
 
 
 def bad_models(folder: Path) -> None:
-    """plain.onnx (no custom node) and undeclared.onnx (a HardTanh with an attribute it lacks)."""
+    """plain.onnx (no custom node), undeclared.onnx (a HardTanh with an attribute it lacks) and
+    newline.onnx (its output named with a line break)."""
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "plain",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
@@ -226,6 +227,9 @@ def bad_models(folder: Path) -> None:
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "plain.onnx")
     hard_tanh_model(folder / "undeclared.onnx", [(4,)], [{"slope": 2.0}])
+    newline = onnx.load(hard_tanh_model(folder / "newline.onnx", [(4,)], [{}]))
+    newline.graph.node[1].output[0] = newline.graph.output[0].name = "h0\n"
+    onnx.save(newline, folder / "newline.onnx")
 
 
 NO_HEADERS = "no-headers"
@@ -244,11 +248,12 @@ NO_HEADERS = "no-headers"
         (["--op", "add", "--shape", "4", "--shape", "4"], 2, "declares no ONNX node in a non-standard"),
         (["--op", "hard_tanh", "--shape", "4", "--bundle"], 2, "--bundle do not apply"),
         (["--model", "missing.onnx"], 2, "missing.onnx: cannot read it: No such file or directory"),
+        (["--model", "newline.onnx"], 2, "node 'ht0' (com.example::HardTanh): tensor name 'h0\\n'"),
         (["--model", str(REPO / "examples" / "maxpool_add.yaml")], 2, "onnxruntime runs ONNX models"),
     ],
     ids=[
         "no-node-served", "undeclared-attribute", "no-headers", "standard-op", "bundle-option", "no-model",
-        "graph-file",
+        "graph-file", "line-break",
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], code: int, said: str) -> None:
@@ -311,9 +316,10 @@ def test_the_engines_page_runs_as_written(tmp_path: Path) -> None:
         assert all(line in printed for line in said), (said, printed)
 
 
-HOSTILE = 'y"*/\n#include <x>\\'
-"""A tensor and node name that would end a C string or comment, or start a directive, if it
-reached the generated C other than as an escaped literal."""
+HOSTILE = 'y"*/ #include <x> \\ ??/ \u00e9'
+"""A tensor and node name that would end a C string or comment, splice a line (a trigraph) or
+bring a byte that is not ASCII into the generated C if it reached it other than as an escaped
+literal."""
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])

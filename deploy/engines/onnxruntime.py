@@ -157,6 +157,11 @@ def model_nodes(path: Path) -> list[ServedNode]:
             continue
         kind = printable(onnx_label(node.domain, node.op_type))
         label = f"node {printable(node_name(index, node))!r} ({kind})"
+        for what, name in [("node", node.name), *(("tensor", t) for t in (*node.input, *node.output))]:
+            if not name.isprintable() or (what == "tensor" and not name):
+                raise UsageError(
+                    f"model {path}: {label}: {what} name {name!r}: expected printable characters"
+                )
         inputs = [types.get(name) for name in node.input]
         unknown = [name for name, t in zip(node.input, inputs, strict=True) if t is None]
         if unknown:
