@@ -415,6 +415,7 @@ def reference(model: Path, nodes: list[ServedNode], feeds: dict[str, np.ndarray]
     """The model's outputs node by node: the served nodes by their op's numpy reference, every
     other in onnxruntime alone (a one-node model)."""
     from deploy.model.onnx_import import initializer
+    from deploy.verify.onnx_reference import OnnxruntimeError, run_node
 
     proto = onnx.load(str(model))
     ours = {n.output: n for n in nodes}
@@ -427,34 +428,14 @@ def reference(model: Path, nodes: list[ServedNode], feeds: dict[str, np.ndarray]
             values[node.output[0]] = bound.op.reference(bound.attrs, *inputs)
             continue
         outputs = [t for t in node.output if t]
-        values.update(zip(outputs, _one_node(proto, node, inputs, outputs), strict=True))
+        types = {t: TensorType(a.shape, str(a.dtype)) for t, a in zip(node.input, inputs, strict=True)}
+        try:
+            values.update(zip(outputs, run_node(proto, node, types, inputs, outputs), strict=True))
+        except OnnxruntimeError as exc:
+            raise DeployError(
+                f"node {printable(node.name)!r}: onnxruntime cannot run it alone: {exc}"
+            ) from None
     return [values[v.name] for v in proto.graph.output]
-
-
-def _one_node(
-    proto: onnx.ModelProto, node: onnx.NodeProto, inputs: list[np.ndarray], outputs: list[str]
-) -> list[Any]:
-    """`node` alone in onnxruntime, as a model with `proto`'s opsets, its inputs typed as `inputs`
-    and its outputs' types left to onnxruntime's inference."""
-    import onnxruntime
-
-    feeds = dict(zip(node.input, inputs, strict=True))
-    typed = [
-        onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-        for n, a in feeds.items()
-    ]
-    graph = onnx.helper.make_graph([node], "node", typed, [onnx.ValueInfoProto(name=t) for t in outputs])
-    one = onnx.helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 4  # fatal only: an error is the exception's line, not a log line too
-    try:
-        session = onnxruntime.InferenceSession(
-            one.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        return list(session.run(outputs, feeds))
-    except Exception as exc:  # onnxruntime raises a class of its own per status code
-        said = reason(exc)
-        raise DeployError(f"node {printable(node.name)!r}: onnxruntime cannot run it alone: {said}") from None
 
 
 FETCH_MB = 23
