@@ -103,12 +103,17 @@ def _custom_mapping(bound: BoundOp) -> Any:
 
 
 def _absent_ok(mapping: Any, given: dict[str, Any]) -> tuple[tuple[str, Any, bool], ...]:
-    """Each attribute of `given`, and whether leaving it out converts to the same op attributes."""
+    """Each attribute of `given`, and whether leaving it out converts to the same op attributes
+    (not where the conversion then refuses the node: a required attribute)."""
     converted = mapping.attrs(given)
-    return tuple(
-        (name, value, mapping.attrs({k: v for k, v in given.items() if k != name}) == converted)
-        for name, value in sorted(given.items())
-    )
+
+    def same_without(name: str) -> bool:
+        try:
+            return bool(mapping.attrs({k: v for k, v in given.items() if k != name}) == converted)
+        except UsageError:
+            return False
+
+    return tuple((name, value, same_without(name)) for name, value in sorted(given.items()))
 
 
 def op_node(bound: BoundOp) -> ServedNode:
