@@ -1,16 +1,17 @@
 """onnxruntime: a custom-op library (`lib<name>.so`, exporting only `RegisterCustomOps`) serving
 the nodes of a model that deploy's ops implement in a non-standard domain.
 
-Each such node is compiled for the types and attributes the model gives it (`served_nodes`) into
+Each such node is compiled for the types and attributes the model gives it (`model_nodes`) into
 a bundle with a name deploy made (`ort<i>_<op>`, docs/bundles.md), and the bundles are linked
 with `onnxruntime_plugin.c` and its table (`plugin_table.h`, written here: every text from the
 model in it is an escaped literal) into one shared library: plain C, deploy's runtime inside, no
 libstdc++, nothing of onnxruntime linked (its API comes from the `OrtApiBase` it is given).
 The C API headers are onnxruntime 1.29.0's, fetched by ci/setup.sh into deploy's cache.
 
-`test` runs the model in onnxruntime's Python API with the library and compares every output
-with a reference run of the same model node by node: standard nodes in onnxruntime, the served
-nodes by their op's numpy reference.
+`test` runs the model with the library in onnxruntime (on x86 its Python API; on arm its aarch64
+library under qemu, by `onnxruntime_host.c`) and compares every output with a reference run of
+the same model node by node: standard nodes in onnxruntime, the served nodes by their op's numpy
+reference.
 """
 
 from __future__ import annotations
