@@ -8,7 +8,7 @@ PACKAGES=(python3 python3-venv python3-dev gcc g++
     gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user openssh-server openssh-client
     gcc-arm-linux-gnueabihf g++-arm-linux-gnueabihf binutils-arm-linux-gnueabihf
     gcc-riscv64-linux-gnu g++-riscv64-linux-gnu binutils-riscv64-linux-gnu
-    pocl-opencl-icd ocl-icd-opencl-dev)
+    pocl-opencl-icd ocl-icd-opencl-dev npm)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -36,5 +36,20 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e '.[test]'
     echo "$want" >"$stamp"
+fi
+# onnxruntime's C API headers (deploy build --engine onnxruntime): no PyPI or Debian package has
+# them; npm's com.github.asus4.onnxruntime repackages the official 1.29.0 release. Only the
+# headers are kept, in deploy's cache (the 150 MB package is deleted once they are out).
+ORT_HEADERS=${DEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/deploy}/onnxruntime-headers/1.29.0
+if [[ ! -f $ORT_HEADERS/onnxruntime_c_api.h ]]; then
+    echo "setup: fetching onnxruntime 1.29.0's C API headers once with npm (com.github.asus4.onnxruntime@0.4.9, about 150 MB; 1 MB kept in $ORT_HEADERS)"
+    fetch=$(mktemp -d)
+    (cd "$fetch" && npm pack --silent com.github.asus4.onnxruntime@0.4.9 >/dev/null)
+    mkdir -p "$fetch/headers"
+    tar -xzf "$fetch"/com.github.asus4.onnxruntime-0.4.9.tgz -C "$fetch/headers" --strip-components=7 \
+        --wildcards 'package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/*'
+    mkdir -p "$(dirname "$ORT_HEADERS")"
+    rm -rf "$ORT_HEADERS.partial" && mv "$fetch/headers" "$ORT_HEADERS.partial" && mv "$ORT_HEADERS.partial" "$ORT_HEADERS"
+    rm -rf "$fetch"
 fi
 echo "setup: ready ($(.venv/bin/deploy --version 2>/dev/null || echo deploy))"

@@ -86,13 +86,13 @@ def onnxruntime_reference(
             values[computed[0]] = bound.op.reference(bound.attrs, *inputs)
             continue
         try:
-            values.update(zip(computed, _run_node(proto, node, graph.types, inputs, computed), strict=True))
+            values.update(zip(computed, run_node(proto, node, graph.types, inputs, computed), strict=True))
         except OnnxruntimeError as exc:
             raise UsageError(f"{ours[computed[0]].node.label()}: onnxruntime cannot run it: {exc}") from None
     return [values[name] for name in graph.graph.outputs]
 
 
-def _run_node(
+def run_node(
     model: onnx.ModelProto,
     node: onnx.NodeProto,
     types: dict[str, TensorType],
@@ -100,7 +100,8 @@ def _run_node(
     outputs: list[str],
 ) -> list[np.ndarray]:
     """`node` alone in onnxruntime, as a model with `model`'s opsets: its `outputs` (the others
-    omitted, as ONNX writes an optional output nobody reads)."""
+    omitted, as ONNX writes an optional output nobody reads), each typed as `types` says (one it
+    does not name: as onnxruntime infers it)."""
     one = onnx.NodeProto()
     one.CopyFrom(node)
     kept = [t if t in outputs else "" for t in node.output]
@@ -109,6 +110,8 @@ def _run_node(
     one.output[:] = kept
 
     def value_info(name: str) -> onnx.ValueInfoProto:
+        if name not in types:
+            return onnx.ValueInfoProto(name=name)
         elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(types[name].dtype))
         return helper.make_tensor_value_info(name, elem_type, types[name].dims())
 
