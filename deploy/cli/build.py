@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,6 +13,7 @@ from deploy.base.errors import DeployError, UsageError, clipped, printable
 from deploy.cli.options import (
     ATTR,
     CORES,
+    ENGINE,
     LAYOUT,
     MODEL,
     OP_OPTIONAL,
@@ -80,6 +82,7 @@ from deploy.compiler.runtime import ALIGNMENT
     help="OpenCL float16: native half arithmetic (devices with cl_khr_fp16: Mali, Adreno), or storage:"
     " half in memory, computed in float32 (NVIDIA, PoCL) [default: native].",
 )
+@ENGINE
 def build_command(
     op_name: str | None,
     model: str | None,
@@ -97,6 +100,7 @@ def build_command(
     bundle_name: str | None,
     host_arch: str | None,
     fp16: str | None,
+    engine_name: str | None,
 ) -> None:
     """Compile an op, or a model's graph of ops (fused into kernels), for a target into a module
     and manifest.json (split for --cores, else for the cores of --device or the target's default
@@ -122,8 +126,16 @@ def build_command(
         kind = target.artifact.name
         raise UsageError(f"--fp16 applies to OpenCL targets; {target.name} writes {kind} kernels")
     options = replace(options, fp16_storage=fp16 == "storage")
+    if engine_name is not None:
+        given = {"--bundle": bundle, "--alignment": alignment, "--fp16": fp16, "--host-arch": host_arch}
+        if any(given.values()):
+            named = ", ".join(option for option, value in given.items() if value)
+            raise UsageError(f"--engine {engine_name} writes its own plugin: {named} do not apply to it")
     if bundle:
         check_bundle(target, bundle_name, host_arch)
+    if engine_name is not None:
+        _build_for_engine(engine_name, op_name, model, target, options, attrs, shapes, dtype, out_dir)
+        return
     if model is not None:
         graph = load_graph(model)
         name, output = graph.name, ", ".join(map(str, graph.outputs))
@@ -306,6 +318,36 @@ def run_command(
         if not comparison.ok:
             raise DeployError(f"check failed: {comparison.detail}, max error {comparison.max_error:.3g}")
         click.echo(f"check passed: max error {comparison.max_error:.3g} vs numpy", err=to_stderr)
+
+
+def _build_for_engine(
+    engine_name: str,
+    op_name: str | None,
+    model: str | None,
+    target: Any,
+    options: Any,
+    attrs: tuple[str, ...],
+    shapes: tuple[str, ...],
+    dtype: str | None,
+    out_dir: str | None,
+) -> None:
+    """`deploy build --engine NAME`: the engine's plugin of the op or the model into -o."""
+    from deploy.cli.args import parse_shape
+    from deploy.engines import get_engine
+    from deploy.ops import TensorType
+
+    engine = get_engine(engine_name)
+    bound = None
+    if model is None:
+        if not shapes:
+            raise UsageError("--shape is required with --op (once per input)")
+        assert op_name is not None  # op_or_model: --op where no --model
+        each = "float32" if dtype is None else dtype
+        bound = bind_op(op_name, attrs, [TensorType(parse_shape(s), each) for s in shapes])
+    if not out_dir:
+        raise UsageError(f"--engine {engine.name}: give -o DIR, the directory of the plugin")
+    for line in engine.build(bound, Path(model) if model else None, target, options, Path(out_dir)):
+        click.echo(line)
 
 
 def _untuned(tuned: str, tuning: str | None, schedule: str, subject: str) -> str:

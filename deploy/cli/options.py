@@ -182,6 +182,14 @@ MODEL = click.option(
     type=click.Path(dir_okay=False),
     help="A model instead of an op: ONNX (.onnx) or a graph file (.yaml/.json), see docs/graphs.md.",
 )
+ENGINE = click.option(
+    "--engine",
+    "engine_name",
+    metavar="ENGINE",
+    help="Build for, or test inside, an inference engine: onnxruntime (a custom-op library serving the"
+    " model's custom-domain nodes, or the op's) or executorch (a kernel library serving the deploy::"
+    " ops of an exported PyTorch program, or the op), see docs/engines.md.",
+)
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")
 CORES = click.option(

@@ -14,6 +14,7 @@ from rich.table import Table
 from deploy.base.errors import DeployError, UsageError
 from deploy.cli.options import (
     CORES,
+    ENGINE,
     LAYOUT,
     MODEL,
     TARGET,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: each op's).")
 @MODEL
 @LAYOUT
+@ENGINE
 def test_command(
     cores: int | None,
     target_name: str,
@@ -52,15 +54,20 @@ def test_command(
     dtypes: tuple[str, ...],
     model: str | None,
     layout: str | None,
+    engine_name: str | None,
 ) -> None:
     """Verify every op x dtype x shape against numpy on the target's device (with --tracker: on
     every free server of the key at once); with `deploy --ops-path DIR` and no --op, only the
     ops of DIR's files; with --model, the model's graph on random inputs,
-    ties and NaN/inf against numpy and (an ONNX model, onnxruntime installed) onnxruntime."""
+    ties and NaN/inf against numpy and (an ONNX model, onnxruntime installed) onnxruntime; with
+    --engine, the model inside that engine with deploy's plugin (docs/engines.md)."""
     from deploy.ops import get_op
     from deploy.verify.matrix import plan
 
     target, options = resolve_build(target_name, tuned, cores, layout, model)
+    if engine_name is not None:
+        _test_in_engine(engine_name, model, op_names, dtypes, target, options)
+        return
     if model is not None:
         if op_names or dtypes:
             raise UsageError(f"--model {model}: --op and --dtype select ops; the model file gives its own")
@@ -98,6 +105,31 @@ def _default_ops() -> list[Any]:
     if not names:
         raise UsageError(f"--ops-path {', '.join(folders)}: no op file there registers an op; pass --op")
     return [get_op(name) for name in names]
+
+
+def _test_in_engine(
+    engine_name: str,
+    model: str | None,
+    op_names: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    target: Any,
+    options: Any,
+) -> None:
+    """`deploy test --model M --engine NAME`: the engine's test of the model with its plugin,
+    built into a temporary directory."""
+    import tempfile
+    from pathlib import Path
+
+    from deploy.engines import get_engine
+
+    engine = get_engine(engine_name)
+    if model is None or op_names or dtypes:
+        raise UsageError(
+            f"--engine {engine.name}: give --model FILE and no --op or --dtype: a model runs in it"
+        )
+    with tempfile.TemporaryDirectory(prefix="deploy-engine-") as scratch:
+        for line in engine.test(Path(model), Path(scratch) / "plugin", target, options):
+            click.echo(line)
 
 
 def _test_model(model: str, target: Any, options: Any, device: Any) -> bool:
