@@ -1,0 +1,96 @@
+"""deploy's ops as PyTorch operators `deploy::<op>` and `deploy::<op>.out`, for a model that
+ExecuTorch runs with deploy's kernel library (docs/engines-executorch.md).
+
+    import deploy.engines.executorch_ops  # before torch.export, to_edge or torch.export.load
+
+defines, for every registered op, the functional schema `deploy::<op>(Tensor x0, ...) -> Tensor`
+and the out variant ExecuTorch's kernels implement (`to_executorch` turns calls into it), a fake
+kernel that gives export the output's shape and dtype (the op's own shape inference, its default
+attributes) and an eager CPU kernel that runs the op's numpy reference: an exported program run
+eagerly is the honest reference `deploy test --engine executorch` compares ExecuTorch with.
+Importing it needs torch; the names are made by deploy (`executorch.torch_name`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from deploy.base.errors import UsageError, reason
+from deploy.engines.executorch import NAMESPACE, torch_name
+from deploy.ops import BoundOp, Op, TensorType, all_ops, bind
+
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+"""Holds the definitions: they last as long as this module (torch drops a collected library's)."""
+_OPS: dict[str, Op] = {}
+"""The deploy op of each defined torch name."""
+
+
+def bound_call(name: str, tensors: tuple[Any, ...]) -> BoundOp:
+    """The deploy op behind `deploy::name` bound to the tensors it is called with (real or fake:
+    their shapes and dtypes), with its default attributes; a one-line UsageError where they do
+    not fit it (a wrong rank, a dtype it does not take, a symbolic size)."""
+    types = []
+    for i, tensor in enumerate(tensors):
+        if not all(isinstance(size, int) for size in tensor.shape):
+            raise UsageError(f"{NAMESPACE}::{name}: input x{i} has a symbolic shape; deploy's are static")
+        types.append(TensorType(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+    try:
+        return bind(_OPS[name], {}, types)
+    except UsageError as exc:
+        raise UsageError(f"{NAMESPACE}::{name}: {reason(exc)}") from None
+
+
+def _fake(name: str) -> Any:
+    def fake(*tensors: Any) -> Any:
+        out = bound_call(name, tensors).output
+        return tensors[0].new_empty(out.shape, dtype=getattr(torch, out.dtype))
+
+    return fake
+
+
+def _fake_out(name: str) -> Any:
+    def fake_out(*tensors: Any, out: Any) -> Any:
+        bound_call(name, tensors)
+        return out
+
+    return fake_out
+
+
+def _eager(name: str) -> Any:
+    def eager(*tensors: Any) -> Any:
+        bound = bound_call(name, tensors)
+        arrays = [t.detach().cpu().numpy() for t in tensors]
+        result = bound.op.reference(bound.attrs, *arrays)
+        return torch.from_numpy(np.ascontiguousarray(result, dtype=bound.output.dtype))
+
+    return eager
+
+
+def _eager_out(name: str) -> Any:
+    def eager_out(*tensors: Any, out: Any) -> Any:
+        return out.copy_(_eager(name)(*tensors))
+
+    return eager_out
+
+
+def define(op: Op) -> str:
+    """Define `deploy::<op>` and its `.out` variant for `op` (once); returns the torch name."""
+    name = torch_name(op.name)
+    if name in _OPS:
+        return name
+    _OPS[name] = op
+    args = ", ".join(f"Tensor x{i}" for i in range(len(op.inputs)))
+    _LIBRARY.define(f"{name}({args}) -> Tensor")
+    _LIBRARY.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
+    _LIBRARY.impl(name, _eager(name), "CPU")
+    _LIBRARY.impl(f"{name}.out", _eager_out(name), "CPU")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", _fake(name), lib=_LIBRARY)
+    torch.library.register_fake(f"{NAMESPACE}::{name}.out", _fake_out(name), lib=_LIBRARY)
+    return name
+
+
+for _op in all_ops():
+    define(_op)
