@@ -53,6 +53,8 @@ RUNTIME_LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "
 """The wheel's libraries the host needs: the runtime (with Module), its kernels of ATen ops."""
 DIR_VARIABLE = "DEPLOY_EXECUTORCH_DIR"
 """Names a directory laid out as the wheel's `executorch/` (include/, lib/) to use instead."""
+AARCH64_VARIABLE = "DEPLOY_EXECUTORCH_AARCH64_LIB"
+"""Names the directory of the aarch64 wheel's libraries to use instead of deploy's cache's."""
 CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
 C10_MACROS = "-DC10_USING_CUSTOM_GENERATED_MACROS"
 """What ExecuTorch's c10 headers need outside its own build (no generated cmake_macros.h)."""
@@ -86,6 +88,13 @@ class Runtime:
     lib: Path
 
 
+def aarch64_lib() -> Path:
+    """Where the aarch64 wheel's lib/ is: $DEPLOY_EXECUTORCH_AARCH64_LIB, else where ci/setup.sh
+    unpacks it in deploy's cache."""
+    given = os.environ.get(AARCH64_VARIABLE)
+    return Path(given) if given else cache_root() / "executorch" / VERSION / "aarch64" / "lib"
+
+
 def require_runtime(arch: str) -> Runtime:
     """ExecuTorch's headers and `arch`'s libraries, or a one-line DeployError naming what is
     missing and where it was looked for."""
@@ -106,7 +115,7 @@ def require_runtime(arch: str) -> Runtime:
     header = wheel / "include/executorch/runtime/kernel/operator_registry.h"
     if not header.is_file():
         raise DeployError(f"ExecuTorch's headers not found: no {printable(str(header))}")
-    lib = wheel / "lib" if arch == "x86_64" else cache_root() / "executorch" / VERSION / arch / "lib"
+    lib = wheel / "lib" if arch == "x86_64" else aarch64_lib()
     for name in RUNTIME_LIBRARIES:
         if not (lib / name).is_file():
             how = "" if arch == "x86_64" else f" (ci/setup.sh unpacks the {arch} wheel's lib/ there)"

@@ -1,0 +1,151 @@
+"""deploy's kernels inside ExecuTorch (docs/engines-executorch.md): a PyTorch model calling
+deploy's ops, exported to a .pte, runs in ExecuTorch with the kernel library `deploy build
+--engine executorch` writes, on x86 and under qemu-aarch64, compared with the model run eagerly
+with the ops' numpy references; a bad shape or a missing runtime is one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy.engines.executorch import AARCH64_VARIABLE, DIR_VARIABLE, aarch64_lib, run_host
+from tests.conftest import REPO, run_deploy
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("executorch") is None,
+    reason="torch and executorch are the extra 'executorch': pip install -e '.[executorch]' (ci/setup.sh)",
+)
+ARM_LIB = aarch64_lib()
+"""Where the aarch64 libraries are outside the tests' own cache (read when this module is
+imported, before conftest moves the cache): ci/setup.sh unpacked them there."""
+ENV = {AARCH64_VARIABLE: str(ARM_LIB)}
+NEEDS_ARM = pytest.mark.skipif(
+    not (ARM_LIB / "libexecutorch.so").is_file() or shutil.which("qemu-aarch64") is None,
+    reason=f"no ExecuTorch aarch64 libraries in {ARM_LIB} (run ci/setup.sh) or no qemu-aarch64",
+)
+SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.5, -2.5, 1e-40], np.float32)
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The error line of a failed deploy command (torch's import noise on stderr left out)."""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/executorch_model.py's model (conv, deploy::hard_sigmoid, linear, deploy::leaky_relu)."""
+    path = tmp_path_factory.mktemp("model") / "conv_hsig_linear_leaky.pt2"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "executorch_model.py"), str(path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+@pytest.mark.parametrize("target", ["x86", pytest.param("arm", marks=NEEDS_ARM)])
+def test_the_model_runs_in_executorch_and_matches(model: Path, target: str) -> None:
+    done = run_deploy("test", "--model", str(model), "--engine", "executorch", "--target", target, env=ENV)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith(
+        f"in ExecuTorch on {target} with deploy::hard_sigmoid.out, deploy::leaky_relu.out from deploy: ok"
+    )
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        f"  1 output(s) on {inputs} inputs" for inputs in ("random", "ties", "NaN, inf, ties")
+    ]
+
+
+def export_leaky(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .pte of a model that is deploy::leaky_relu of its input of `shape` and nothing else."""
+    import torch
+
+    import deploy.engines.executorch_ops  # noqa: F401
+    from deploy.engines.executorch import lower
+
+    class Leaky(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.deploy.leaky_relu(x)
+
+    program = torch.export.export(Leaky(), (torch.zeros(shape),))
+    path.write_bytes(lower(program, path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def leaky_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`deploy build --op leaky_relu --shape 2x8 --engine executorch`'s directory."""
+    folder = tmp_path_factory.mktemp("leaky") / "plugin"
+    done = run_deploy(
+        "build", "--op", "leaky_relu", "-a", "alpha=0.5", "--shape", "2x8", "--target", "x86",
+        "--engine", "executorch", "-o", str(folder), env=ENV,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "deploy::leaky_relu.out: op leaky_relu float32[2, 8]" in done.stdout
+    return folder
+
+
+def test_an_op_build_runs_a_pte_bit_for_bit(leaky_plugin: Path, tmp_path: Path) -> None:
+    """The kernel computes what numpy does, exactly (alpha=0.5: x * 0.5 rounds once, as numpy's),
+    NaN and infinities included; the eager reference takes the default alpha, so this compares
+    with numpy directly."""
+    pte = export_leaky(tmp_path / "leaky.pte", (2, 8))
+    x = np.resize(SPECIALS, (2, 8)) * np.float32(3)
+    (got,) = run_host(leaky_plugin, pte, [x], 1, "x86_64")
+    want = np.where(x > 0, x, x * np.float32(0.5))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_shape_the_kernel_was_not_built_for_is_one_line(leaky_plugin: Path, tmp_path: Path) -> None:
+    pte = export_leaky(tmp_path / "leaky29.pte", (2, 9))
+    from deploy.base.errors import DeployError
+
+    with pytest.raises(DeployError) as raised:
+        run_host(leaky_plugin, pte, [np.zeros((2, 9), np.float32)], 1, "x86_64")
+    message = str(raised.value)
+    assert message.startswith("ExecuTorch: deploy::leaky_relu.out: "), message
+    assert "[2, 9]" in message and "[2, 8]" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("env", "target", "said"),
+    [
+        ({DIR_VARIABLE: "{tmp}"}, "x86", "headers not found: no {tmp}/include/executorch/runtime/"),
+        ({AARCH64_VARIABLE: "{tmp}"}, "arm", "aarch64 libraries not found: no {tmp}/libexecutorch.so"),
+    ],
+)  # fmt: skip
+def test_a_missing_runtime_is_one_line(tmp_path: Path, env: dict[str, str], target: str, said: str) -> None:
+    given = {key: value.format(tmp=tmp_path) for key, value in env.items()}
+    done = run_deploy(
+        "build", "--op", "leaky_relu", "--shape", "4", "--target", target, "--engine", "executorch",
+        "-o", str(tmp_path / "out"), env={**ENV, **given},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert one_line(done).startswith("error: ExecuTorch's " + said.format(tmp=tmp_path)), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    import torch
+
+    plain = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(torch.nn.ReLU(), (torch.zeros(3),)), str(plain))
+    (tmp_path / "junk.pt2").write_text("not a program")
+    cases = [
+        (["--model", str(plain), "--target", "x86"], 2, "it calls no deploy:: op: nothing to serve"),
+        (["--model", str(tmp_path / "junk.pt2"), "--target", "x86"], 2, "expected a torch.export program"),
+        (["--model", str(tmp_path / "none.pt2"), "--target", "x86"], 2, "no such file"),
+        (["--model", str(plain), "--target", "armv7"], 2, "expected x86 or arm"),
+    ]
+    for args, code, said in cases:
+        done = run_deploy("test", "--engine", "executorch", *args, env=ENV)
+        assert done.returncode == code, (args, done.stderr)
+        assert said in one_line(done), done.stderr
