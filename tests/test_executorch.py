@@ -6,16 +6,20 @@ with the ops' numpy references; a bad shape or a missing runtime is one line."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from deploy.engines.executorch import AARCH64_VARIABLE, DIR_VARIABLE, aarch64_lib, run_host
-from tests.conftest import REPO, run_deploy
+from deploy.engines.executorch_library import AARCH64_VARIABLE, DIR_VARIABLE, aarch64_lib, run_host
+from tests.conftest import DEPLOY, REPO, run_deploy
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("executorch") is None,
@@ -149,3 +153,30 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         done = run_deploy("test", "--engine", "executorch", *args, env=ENV)
         assert done.returncode == code, (args, done.stderr)
         assert said in one_line(done), done.stderr
+
+
+@NEEDS_ARM
+def test_the_docs_steps_run(tmp_path: Path) -> None:
+    """docs/engines-executorch.md's steps, each line of its block in order in an empty directory
+    (`python` this interpreter, `deploy` the installed command), with its lower.py."""
+    page = (REPO / "docs" / "engines-executorch.md").read_text()
+    section = page[page.index("## Step by step") :]
+    steps = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    lower = re.search(r"```python\n( *)(# lower.py.*?)```", section, re.S)
+    (tmp_path / "lower.py").write_text(textwrap.dedent(lower.group(1) + lower.group(2)))
+    for line in steps.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[0] == "python":
+            words = [sys.executable, *(str(REPO / w) if w.startswith("examples/") else w for w in words[1:])]
+        elif words[0] == "deploy":
+            words[0] = DEPLOY
+        done = subprocess.run(
+            words, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+            env={**os.environ, **ENV},
+        )  # fmt: skip
+        assert done.returncode == 0, (line, done.stderr)
+        if words[0] == DEPLOY and "test" in words:
+            assert done.stdout.startswith("model.pt2 in ExecuTorch on "), done.stdout
+    assert (tmp_path / "et-x86" / "plugin.json").is_file()
+    y = np.fromfile(tmp_path / "y.bin", np.float32)
+    assert y.shape == (10,) and np.isfinite(y).all()

@@ -25,13 +25,14 @@ LAYERS = {
     "deploy.verify": 4,
     "deploy.bench": 5,
     "deploy.tune": 5,
+    "deploy.engines": 5,  # an engine's plugin: built by the compiler, checked as verify checks
     "deploy.cli": 6,
     "deploy": 7,
 }
 """A package may import its own modules, its subpackages of the same number (a package split into
 folders: `deploy.schedules.cpu`), and those of packages with a lower number."""
 PRINTING = ("rich", "matplotlib", "click")
-QUIET = ("deploy.model", "deploy.compiler", "deploy.verify", "deploy.bench", "deploy.tune")
+QUIET = ("deploy.model", "deploy.compiler", "deploy.verify", "deploy.bench", "deploy.tune", "deploy.engines")
 """The model reader and the rooms above it but the CLI: they report through return values and errors."""
 
 

@@ -8,7 +8,7 @@ and the out variant ExecuTorch's kernels implement (`to_executorch` turns calls 
 kernel that gives export the output's shape and dtype (the op's own shape inference, its default
 attributes) and an eager CPU kernel that runs the op's numpy reference: an exported program run
 eagerly is the honest reference `deploy test --engine executorch` compares ExecuTorch with.
-Importing it needs torch; the names are made by deploy (`executorch.torch_name`).
+Importing it needs torch; the names are made by deploy (`executorch_library.torch_name`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy.base.errors import UsageError, reason
-from deploy.engines.executorch import NAMESPACE, torch_name
-from deploy.ops import BoundOp, Op, TensorType, all_ops, bind
+from deploy.engines import executorch_library
+from deploy.engines.executorch_library import NAMESPACE, torch_name
+from deploy.ops import BoundOp, Op, all_ops
 
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 """Holds the definitions: they last as long as this module (torch drops a collected library's)."""
@@ -29,18 +29,9 @@ _OPS: dict[str, Op] = {}
 
 
 def bound_call(name: str, tensors: tuple[Any, ...]) -> BoundOp:
-    """The deploy op behind `deploy::name` bound to the tensors it is called with (real or fake:
-    their shapes and dtypes), with its default attributes; a one-line UsageError where they do
-    not fit it (a wrong rank, a dtype it does not take, a symbolic size)."""
-    types = []
-    for i, tensor in enumerate(tensors):
-        if not all(isinstance(size, int) for size in tensor.shape):
-            raise UsageError(f"{NAMESPACE}::{name}: input x{i} has a symbolic shape; deploy's are static")
-        types.append(TensorType(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
-    try:
-        return bind(_OPS[name], {}, types)
-    except UsageError as exc:
-        raise UsageError(f"{NAMESPACE}::{name}: {reason(exc)}") from None
+    """The deploy op behind the defined `deploy::name` bound to the tensors it is called with
+    (`executorch_library.bound_call`)."""
+    return executorch_library.bound_call(_OPS[name], name, tensors)
 
 
 def _fake(name: str) -> Any:
