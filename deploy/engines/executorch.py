@@ -7,8 +7,9 @@ its numpy reference (`executorch_ops.py` defines them in torch).
 
 from __future__ import annotations
 
-import copy
+import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,20 @@ SUMMING = {"aten::linear": -1, "aten::mm": -1, "aten::matmul": -1, "aten::bmm": 
 CONVOLUTIONS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution")
 
 
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+"""Loggers that warn on every import of ExecuTorch's exporter, about nothing deploy uses (torchao's
+CUDA extensions, which a CPU build of torch cannot load; a deprecation inside torchao): set to
+errors only, so that deploy's output is its own lines."""
+NOISY_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+"""The FutureWarning to_executorch's copies of torch's pytree specs raise on every lowering."""
+
+
 def load_program(model: Path) -> Any:
     """The torch.export program saved in `model` (.pt2), deploy's ops defined first; one-line
     errors for a missing torch or a file that is none."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", NOISY_WARNING, FutureWarning)
     try:
         import torch
 
@@ -142,13 +154,13 @@ def eager(program: Any, arrays: list[np.ndarray], magnitude: bool = False) -> li
 
     module = program.module()
     tensors = [torch.from_numpy(np.abs(a) if magnitude else a) for a in arrays]
-    if magnitude:
-        module = copy.deepcopy(module)
-        with torch.no_grad():
-            for value in [*module.parameters(), *module.buffers()]:
-                value.abs_()
     with torch.no_grad():
-        result = module(*tensors)
+        if magnitude:  # the module's own values untouched: |each| passed in their place
+            values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+            absolute = {name: value.abs() for name, value in values.items()}
+            result = torch.func.functional_call(module, absolute, tuple(tensors))
+        else:
+            result = module(*tensors)
     results = result if isinstance(result, tuple | list) else [result]
     return [r.detach().numpy() for r in results]
 
