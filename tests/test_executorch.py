@@ -115,8 +115,23 @@ def test_a_shape_the_kernel_was_not_built_for_is_one_line(leaky_plugin: Path, tm
     with pytest.raises(DeployError) as raised:
         run_host(leaky_plugin, pte, [np.zeros((2, 9), np.float32)], 1, "x86_64")
     message = str(raised.value)
-    assert message.startswith("ExecuTorch: deploy::leaky_relu.out: "), message
-    assert "[2, 9]" in message and "[2, 8]" in message and "\n" not in message
+    said = "forward failed: deploy::leaky_relu.out: et0_leaky_relu: x has shape [2, 9], expected [2, 8]"
+    assert message == f"ExecuTorch: {pte}: {said}", message
+
+
+@pytest.mark.parametrize(
+    ("given", "said"), [((2, 7), "holds 56 bytes"), ((3, 8), "holds more than 64 bytes")]
+)
+def test_an_input_of_another_size_is_refused_by_the_host(
+    leaky_plugin: Path, tmp_path: Path, given: tuple[int, ...], said: str
+) -> None:
+    pte = export_leaky(tmp_path / "leaky.pte", (2, 8))
+    from deploy.base.errors import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        run_host(leaky_plugin, pte, [np.zeros(given, np.float32)], 1, "x86_64")
+    message = str(raised.value)
+    assert re.fullmatch(rf"ExecuTorch: input \S+/in0\.bin {said}, expected 64", message), message
 
 
 @pytest.mark.parametrize(

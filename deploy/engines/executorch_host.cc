@@ -7,10 +7,12 @@
 // `output I DTYPE D0xD1...` (ExecuTorch's ScalarType number). Linked with -Wl,--no-as-needed
 // against the wheel's libexecutorch (runtime, Module), its kernels and the kernel libraries of
 // deploy's ops, whose static registration is what serves their nodes. Errors are one line on
-// stderr: exit 2 for a bad command line or file, 1 when loading or running the program fails
-// (a kernel's own reason is then on the line ExecuTorch logged before it).
+// stderr: exit 2 for a bad command line or file, 1 when loading or running the program fails,
+// with the first error ExecuTorch logged (a deploy kernel's own reason where one failed); its
+// other log lines are dropped.
 #include <executorch/extension/module/module.h>
 #include <executorch/runtime/core/exec_aten/exec_aten.h>
+#include <executorch/runtime/platform/platform.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +31,25 @@ using executorch::runtime::EValue;
 namespace {
 
 constexpr size_t kAlign = 64;  // the most any bundle asks (DEPLOY_ALIGNMENT)
+
+std::string first_error;  // the first error ExecuTorch logged; a deploy kernel's replaces another's
+
+// ExecuTorch's log: errors kept for the one line a failure prints, the rest (CPU probing) dropped.
+void on_log(et_timestamp_t, et_pal_log_level_t level, const char*, const char*, size_t, const char* message,
+            size_t length) {
+  if (level != kError && level != kFatal) return;
+  std::string text(message, length);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  bool ours = text.rfind("deploy::", 0) == 0;
+  if (first_error.empty() || (ours && first_error.rfind("deploy::", 0) != 0)) first_error = text;
+}
+
+// The failure's one line: what failed, then why (ExecuTorch's first error, else its code).
+int failed(const char* model, const char* what, Error error) {
+  std::string why = first_error.empty() ? "error " + std::to_string(static_cast<unsigned>(error)) : first_error;
+  std::fprintf(stderr, "executorch-host: %s: %s failed: %s\n", model, what, why.c_str());
+  return 1;
+}
 
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "executorch-host: %s\n", message.c_str());
@@ -52,8 +73,8 @@ std::string read_input(const char* path, size_t nbytes, Input& in) {
   size_t got = std::fread(in.data.get(), 1, nbytes + 1, f);
   std::fclose(f);
   if (got != nbytes) {
-    return std::string("input ") + path + " holds " + std::to_string(got) + (got > nbytes ? "+" : "") +
-           " bytes, expected " + std::to_string(nbytes);
+    std::string held = got > nbytes ? "more than " + std::to_string(nbytes) : std::to_string(got);
+    return std::string("input ") + path + " holds " + held + " bytes, expected " + std::to_string(nbytes);
   }
   return "";
 }
@@ -69,13 +90,10 @@ int main(int argc, char** argv) {
     }
     (argv[i][1] == 'i' ? ins : outs).push_back(argv[i + 1]);
   }
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(on_log, __FILE__));
   Module module(argv[1], Module::LoadMode::File);
   auto meta = module.method_meta("forward");
-  if (!meta.ok()) {
-    std::fprintf(stderr, "executorch-host: %s: cannot load its forward method (error 0x%x)\n", argv[1],
-                 static_cast<unsigned>(meta.error()));
-    return 1;
-  }
+  if (!meta.ok()) return failed(argv[1], "loading its forward method", meta.error());
   if (meta->num_inputs() != ins.size()) {
     return usage_error(std::to_string(ins.size()) + " inputs given, " + argv[1] + "'s forward takes " +
                        std::to_string(meta->num_inputs()));
@@ -102,11 +120,7 @@ int main(int argc, char** argv) {
     values.emplace_back(Tensor(in.impl.get()));
   }
   auto result = module.forward(values);
-  if (!result.ok()) {
-    std::fprintf(stderr, "executorch-host: %s: forward failed (error 0x%x)\n", argv[1],
-                 static_cast<unsigned>(result.error()));
-    return 1;
-  }
+  if (!result.ok()) return failed(argv[1], "forward", result.error());
   if (result->size() != outs.size()) {
     return usage_error(std::to_string(outs.size()) + " outputs given, forward returned " +
                        std::to_string(result->size()));

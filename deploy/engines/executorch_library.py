@@ -258,13 +258,10 @@ def run_host(directory: Path, pte: Path, arrays: list[np.ndarray], count: int, a
 
 
 def _host_error(code: int, stderr: str) -> DeployError:
-    """The one line a failed host run ends in: the kernel's reason where it logged one, else
-    ExecuTorch's first error (`Missing operator: ...`), else the host's last line, each without
-    ExecuTorch's `E time file:line] ` prefix; exit 2 for what the host refused as bad input."""
+    """The one line a failed host run ends in (the host's: what failed and ExecuTorch's first
+    error, a kernel's own reason where one failed); exit 2 for what it refused as bad input."""
     lines = [line for line in stderr.splitlines() if line.strip()]
-    errors = [line.split("] ", 1)[-1] for line in lines if line.startswith("E ")]
-    ours = [line for line in errors if line.startswith(f"{NAMESPACE}::")]
-    text = (ours or errors or lines or [f"{HOST} exited with {code}"])[0 if ours or errors else -1]
+    text = lines[-1].removeprefix(f"{HOST}: ") if lines else f"{HOST} exited with {code}"
     return (UsageError if code == 2 else DeployError)(f"ExecuTorch: {printable(text)}")
 
 
