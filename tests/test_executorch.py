@@ -195,3 +195,39 @@ def test_the_docs_steps_run(tmp_path: Path) -> None:
     assert (tmp_path / "et-x86" / "plugin.json").is_file()
     y = np.fromfile(tmp_path / "y.bin", np.float32)
     assert y.shape == (10,) and np.isfinite(y).all()
+
+
+HARD_TANH_MODEL = """
+import sys
+import torch
+from deploy.ops import load_ops_path
+load_ops_path(sys.argv[1])
+import deploy.engines.executorch_ops
+
+class Clip(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.deploy.hard_tanh(torch.relu(x))
+
+torch.export.save(torch.export.export(Clip(), (torch.zeros(4, 5),)), sys.argv[2])
+"""
+"""A model calling an op of the user's own files (deploy/ops/examples/hard_tanh.py)."""
+
+
+def test_an_op_of_the_users_files(tmp_path: Path) -> None:
+    examples, model = str(REPO / "deploy" / "ops" / "examples"), tmp_path / "clip.pt2"
+    (tmp_path / "export.py").write_text(HARD_TANH_MODEL)
+    made = subprocess.run(
+        [sys.executable, str(tmp_path / "export.py"), examples, str(model)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    args = ("test", "--model", str(model), "--engine", "executorch", "--target", "x86")
+    done = run_deploy("--ops-path", examples, *args, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{model} in ExecuTorch on x86 with deploy::hard_tanh.out from deploy: ok")
+    unknown = run_deploy(*args, env=ENV)
+    assert unknown.returncode == 2
+    assert one_line(unknown) == (
+        f"error: --model {model}: it calls deploy::hard_tanh, which is no registered op"
+        " (an op of your own files: deploy --ops-path DIR)"
+    )

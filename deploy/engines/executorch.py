@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,25 @@ NOISY_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """The FutureWarning to_executorch's copies of torch's pytree specs raise on every lowering."""
 
 
+class _Kept(logging.Handler):
+    """Keeps the records of a logger, tracebacks included (torch.export's: why a load failed),
+    in place of its handlers, which print them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(self.format(record))
+
+
+UNKNOWN_OP = re.compile(rf"failed to resolve torch\.ops\.{NAMESPACE}\.(\w+)")
+"""What torch.export says of a node whose operator is not defined: a deploy op not registered."""
+
+
 def load_program(model: Path) -> Any:
     """The torch.export program saved in `model` (.pt2), deploy's ops defined first; one-line
-    errors for a missing torch or a file that is none."""
+    errors for a missing torch, a file that is none, or a call of a deploy op not registered."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", NOISY_WARNING, FutureWarning)
@@ -58,12 +75,22 @@ def load_program(model: Path) -> Any:
         raise DeployError(f"--engine executorch needs torch for a model: {reason(exc)}") from None
     if not model.is_file():
         raise UsageError(f"--model {printable(str(model))}: no such file")
+    logger, kept = logging.getLogger("torch.export"), _Kept()
+    handlers, logger.handlers = logger.handlers, [kept]
     try:
         return torch.export.load(str(model))
     except Exception as exc:
+        unknown = next((m.group(1) for m in map(UNKNOWN_OP.search, kept.messages) if m), None)
+        if unknown is not None:
+            raise UsageError(
+                f"--model {printable(str(model))}: it calls {NAMESPACE}::{unknown}, which is no registered"
+                " op (an op of your own files: deploy --ops-path DIR)"
+            ) from None
         raise UsageError(
             f"--model {printable(str(model))}: expected a torch.export program (.pt2): {reason(exc)}"
         ) from None
+    finally:
+        logger.handlers = handlers
 
 
 def model_ops(program: Any, model: Path) -> dict[str, BoundOp]:
