@@ -117,6 +117,7 @@ def _test_in_engine(
 ) -> None:
     """`deploy test --model M --engine NAME`: the engine's test of the model with its plugin,
     built into a temporary directory."""
+    import functools
     import tempfile
     from pathlib import Path
 
@@ -128,7 +129,8 @@ def _test_in_engine(
             f"--engine {engine.name}: give --model FILE and no --op or --dtype: a model runs in it"
         )
     with tempfile.TemporaryDirectory(prefix="deploy-engine-") as scratch:
-        for line in engine.test(Path(model), Path(scratch) / "plugin", target, options):
+        say = functools.partial(click.echo, err=True)
+        for line in engine.test(Path(model), Path(scratch) / "plugin", target, options, say):
             click.echo(line)
 
 

@@ -17,10 +17,10 @@ from deploy.base.errors import UsageError
 
 @dataclass(frozen=True)
 class Engine:
-    """An engine: its name, what its plugin is (for help and messages), `build` (the op's or
-    model's plugin into a directory; returns lines to print) and `test` (a model run in the engine
-    with its plugin against a reference; returns lines to print, raises a DeployError when an
-    output differs)."""
+    """An engine: its name, what its plugin is (for messages), `build` (the op's or model's
+    plugin into a directory; returns lines to print) and `test` (a model run in the engine with
+    its plugin against a reference, told how to say what it fetches; returns lines to print,
+    raises a DeployError when an output differs)."""
 
     name: str
     plugin: str

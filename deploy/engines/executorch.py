@@ -11,6 +11,7 @@ import logging
 import math
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,7 @@ def eager(program: Any, arrays: list[np.ndarray], magnitude: bool = False) -> li
     return [r.detach().numpy() for r in results]
 
 
-def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
+def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[[str], None]) -> list[str]:
     """`deploy test --model M.pt2 --engine executorch`: build the kernel library of the deploy ops
     the program calls into `directory`, lower the program to a .pte beside it, run it in the host
     on random inputs (plain, ties, and with NaN and infinities planted) and compare every output
@@ -202,6 +203,7 @@ def test(model: Path, directory: Path, target: Any, options: Any) -> list[str]:
     _check_arch(target)
     program = load_program(model)
     served = model_ops(program, model)
+    say(f"building the kernels of {', '.join(f'{NAMESPACE}::{op}' for op in served)} for {target.name}")
     place = build_library(served, target, options, directory, library_name(model.stem))
     pte = place / f"{c_word(model.stem, 40)}.pte"
     pte.write_bytes(lower(program, model))
