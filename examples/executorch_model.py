@@ -3,8 +3,9 @@
 
 conv_hsig_linear_leaky: Conv2d(3 -> 8, 3x3, padding 1) on `x` [1, 3, 8, 8], then deploy's
 hard_sigmoid as its activation (`deploy::hard_sigmoid`), flattened, Linear(512 -> 10), then
-deploy's leaky_relu (`deploy::leaky_relu`). Weights seeded; float32 throughout. Saved with
-torch.export.save: `deploy build/test --model OUT.pt2 --engine executorch` lowers it.
+deploy's leaky_relu with alpha 0.1 (`deploy::leaky_relu`: an attribute is a keyword). Weights
+seeded; float32 throughout. Saved with torch.export.save: `deploy build/test --model OUT.pt2
+--engine executorch` lowers it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class ConvHsigLinearLeaky(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.deploy.hard_sigmoid(self.conv(x))
-        return torch.ops.deploy.leaky_relu(self.linear(torch.flatten(y, 1)))
+        return torch.ops.deploy.leaky_relu(self.linear(torch.flatten(y, 1)), alpha=0.1)
 
 
 def export(path: str) -> None:

@@ -68,8 +68,8 @@ def test_the_model_runs_in_executorch_and_matches(model: Path, target: str) -> N
     ]
 
 
-def export_leaky(path: Path, shape: tuple[int, ...]) -> Path:
-    """A .pte of a model that is deploy::leaky_relu of its input of `shape` and nothing else."""
+def export_leaky(path: Path, shape: tuple[int, ...], alpha: float | None = 0.5) -> Path:
+    """A .pte of a model that is deploy::leaky_relu(alpha) of its input of `shape`, nothing else."""
     import torch
 
     import deploy.engines.executorch_ops  # noqa: F401
@@ -77,7 +77,7 @@ def export_leaky(path: Path, shape: tuple[int, ...]) -> Path:
 
     class Leaky(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.deploy.leaky_relu(x)
+            return torch.ops.deploy.leaky_relu(x, alpha=alpha)
 
     program = torch.export.export(Leaky(), (torch.zeros(shape),))
     path.write_bytes(lower(program, path))
@@ -99,13 +99,26 @@ def leaky_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_an_op_build_runs_a_pte_bit_for_bit(leaky_plugin: Path, tmp_path: Path) -> None:
     """The kernel computes what numpy does, exactly (alpha=0.5: x * 0.5 rounds once, as numpy's),
-    NaN and infinities included; the eager reference takes the default alpha, so this compares
-    with numpy directly."""
+    NaN and infinities included."""
     pte = export_leaky(tmp_path / "leaky.pte", (2, 8))
     x = np.resize(SPECIALS, (2, 8)) * np.float32(3)
     (got,) = run_host(leaky_plugin, pte, [x], 1, "x86_64")
     want = np.where(x > 0, x, x * np.float32(0.5))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("alpha", "said"), [(0.25, "0.25"), (None, "0.01")])
+def test_an_attribute_the_kernel_was_not_built_for_is_one_line(
+    leaky_plugin: Path, tmp_path: Path, alpha: float | None, said: str
+) -> None:
+    """A .pte with another alpha, or none (the op's default, 0.01), than the kernel's 0.5."""
+    pte = export_leaky(tmp_path / "leaky.pte", (2, 8), alpha)
+    from deploy.base.errors import DeployError
+
+    with pytest.raises(DeployError) as raised:
+        run_host(leaky_plugin, pte, [np.zeros((2, 8), np.float32)], 1, "x86_64")
+    why = f"attribute alpha is {said}; the kernel was built for 0.5"
+    assert str(raised.value) == f"ExecuTorch: {pte}: forward failed: deploy::leaky_relu.out: {why}"
 
 
 def test_a_shape_the_kernel_was_not_built_for_is_one_line(leaky_plugin: Path, tmp_path: Path) -> None:

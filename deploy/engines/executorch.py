@@ -27,6 +27,7 @@ from deploy.engines.executorch_library import (
     build_library,
     library_name,
     run_host,
+    shown_call,
     shown_types,
     torch_name,
 )
@@ -105,11 +106,11 @@ def model_ops(program: Any, model: Path) -> dict[str, BoundOp]:
         if node.op != "call_function" or getattr(target, "namespace", None) != NAMESPACE:
             continue
         name = target._schema.name.split("::", 1)[1]
-        bound = bound_call(name, tuple(arg.meta["val"] for arg in node.args))
-        if name in served and served[name].inputs != bound.inputs:
+        bound = bound_call(name, tuple(arg.meta["val"] for arg in node.args), dict(node.kwargs))
+        if name in served and (served[name].inputs, served[name].attrs) != (bound.inputs, bound.attrs):
             raise UsageError(
                 f"model {printable(str(model))}: {NAMESPACE}::{name} is called with"
-                f" {shown_types(served[name])} and with {shown_types(bound)}: one kernel per op"
+                f" {shown_call(served[name])} and with {shown_call(bound)}: one kernel per op"
             )
         served[name] = bound
     if not served:

@@ -2,8 +2,9 @@
 //
 // Each entry of the table (executorch_table.h, generated: the ops' names as escaped literals,
 // their bundles' functions by the prefixes deploy made) is registered at load time as a boxed
-// kernel `<namespace>::<op>.out`, whose arguments are the op's input tensors, then its output
-// tensor (`out`). A call wraps ExecuTorch's tensors as DLTensors (no copy) and runs the bundle,
+// kernel `<namespace>::<op>.out`, whose arguments are the op's input tensors, the attributes its
+// schema takes (keyword-only numbers and flags, None: the op's default), then its output tensor
+// (`out`). The attributes are checked against those the bundle was built for. A call wraps ExecuTorch's tensors as DLTensors (no copy) and runs the bundle,
 // which checks every dtype, shape and alignment against what it was built for. A bad tensor fails
 // the kernel through ExecuTorch's error path: one logged line naming the op and the reason, and
 // the context's InvalidArgument (Internal for a failing kernel), which Method::execute returns.
@@ -28,11 +29,22 @@ using executorch::runtime::Span;
 constexpr int kMaxDims = 16;  // DEPLOY_MAX_DIMS
 constexpr int kMaxArgs = 16;
 
+enum { kAttrFloat, kAttrInt, kAttrBool };
+
+struct EtAttr {
+  const char* name;
+  int kind;         // kAttrFloat, kAttrInt or kAttrBool
+  double value;     // what the bundle was built for
+  double fallback;  // the op's default: what None means
+};
+
 struct EtOp {
   const char* name;  // "<namespace>::<op>.out", as ExecuTorch looks it up
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
-  int num_args;  // inputs, then the output
+  int num_inputs;  // tensors; the bundle takes them, then the output
+  const EtAttr* attrs;
+  int num_attrs;
 };
 
 }  // namespace
@@ -63,24 +75,56 @@ void fail(KernelRuntimeContext& ctx, const EtOp& op, Error error, const char* re
   ctx.fail(error);
 }
 
-// Runs entry `op` on the boxed arguments: its input tensors, its output tensor, then (unused)
-// the slot of the out variant's return value.
+// Whether the attribute `value` is a number or flag (None: the op's default), set in `got`.
+bool attr_value(const EValue& value, const EtAttr& attr, double* got) {
+  if (value.isNone()) {
+    *got = attr.fallback;
+  } else if (value.isDouble()) {
+    *got = value.toDouble();
+  } else if (value.isInt()) {
+    *got = static_cast<double>(value.toInt());
+  } else if (value.isBool()) {
+    *got = value.toBool() ? 1.0 : 0.0;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Runs entry `op` on the boxed arguments: its input tensors, its attributes, its output tensor,
+// then (unused) the slot of the out variant's return value.
 void run_op(const EtOp& op, KernelRuntimeContext& ctx, Span<EValue*> stack) {
   char reason[160];
-  if (static_cast<int>(stack.size()) < op.num_args || op.num_args > kMaxArgs) {
+  const int num_args = op.num_inputs + 1;  // the bundle's tensors
+  const int expected = op.num_inputs + op.num_attrs + 1;
+  if (static_cast<int>(stack.size()) < expected || num_args > kMaxArgs) {
     std::snprintf(reason, sizeof reason, "called with %d arguments, expected %d",
-                  static_cast<int>(stack.size()), op.num_args);
+                  static_cast<int>(stack.size()), expected);
     return fail(ctx, op, Error::InvalidArgument, reason);
+  }
+  for (int j = 0; j < op.num_attrs; ++j) {
+    const EtAttr& attr = op.attrs[j];
+    double got = 0;
+    if (!attr_value(*stack[op.num_inputs + j], attr, &got)) {
+      std::snprintf(reason, sizeof reason, "attribute %s is no number", attr.name);
+      return fail(ctx, op, Error::InvalidArgument, reason);
+    }
+    if (got != attr.value) {
+      std::snprintf(reason, sizeof reason, "attribute %s is %.17g; the kernel was built for %.17g", attr.name,
+                    got, attr.value);
+      return fail(ctx, op, Error::InvalidArgument, reason);
+    }
   }
   DLTensor tensors[kMaxArgs];
   DLTensor* args[kMaxArgs];
   int64_t shapes[kMaxArgs][kMaxDims];
-  for (int i = 0; i < op.num_args; ++i) {
-    if (!stack[i]->isTensor()) {
+  for (int i = 0; i < num_args; ++i) {
+    const int slot = i < op.num_inputs ? i : op.num_inputs + op.num_attrs;  // the output after the attributes
+    if (!stack[slot]->isTensor()) {
       std::snprintf(reason, sizeof reason, "argument %d is no tensor", i);
       return fail(ctx, op, Error::InvalidArgument, reason);
     }
-    Tensor& t = stack[i]->toTensor();
+    Tensor& t = stack[slot]->toTensor();
     DLTensor& d = tensors[i];
     if (!dl_dtype(t.scalar_type(), &d.dtype)) {
       std::snprintf(reason, sizeof reason, "argument %d has ExecuTorch dtype %d, which no bundle takes", i,
@@ -107,7 +151,7 @@ void run_op(const EtOp& op, KernelRuntimeContext& ctx, Span<EValue*> stack) {
     d.byte_offset = 0;
     args[i] = &d;
   }
-  int code = op.run(args, op.num_args);
+  int code = op.run(args, num_args);
   if (code != 0) {  // the bundle's one-line reason: a bad tensor (-1), else its kernel failed
     return fail(ctx, op, code == -1 ? Error::InvalidArgument : Error::Internal, op.last_error());
   }

@@ -16,7 +16,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import keyword
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +35,7 @@ from deploy.base.paths import cache_root
 from deploy.compiler.bundle import run_tool
 from deploy.engines import engine_source
 from deploy.ops import bind
+from deploy.ops.attrs import Attr, Bool, Float, Int
 from deploy.ops.spec import BoundOp, Op, TensorType
 
 VERSION = "1.5.1"
@@ -115,19 +118,50 @@ def require_runtime(arch: str) -> Runtime:
     return Runtime(wheel / "include", lib)
 
 
-def kernel_table(names: list[str], prefixes: list[str]) -> str:
-    """executorch_table.h: the bundles' headers, each kernel's name (an escaped literal) and its
-    bundle's functions (prefixes deploy made), and DEPLOY_ET_FOR_EACH over the entries."""
+ATTR_KINDS = {Float: ("float", 0), Int: ("int", 1), Bool: ("bool", 2)}
+"""The attribute kinds a torch schema takes (their torch type) and the kernel checks (its code in
+executorch_kernel.cc's EtAttr): numbers and flags; an op's other attributes keep its defaults."""
+
+
+def schema_attrs(op: Op) -> list[Attr]:
+    """The attributes of `op` its torch schema takes, keyword-only and optional (None: the op's
+    default): those of a kind in ATTR_KINDS with a default, named as an identifier no schema or
+    Python word takes."""
+    return [
+        a
+        for a in op.attrs
+        if type(a.kind) in ATTR_KINDS
+        and a.default is not None
+        and IDENTIFIER.fullmatch(a.name)
+        and not keyword.iskeyword(a.name)
+        and a.name != "out"
+        and not re.fullmatch(r"x\d+", a.name)
+    ]
+
+
+def kernel_table(served: dict[str, BoundOp], prefixes: list[str]) -> str:
+    """executorch_table.h: the bundles' headers, each kernel's name (an escaped literal), its
+    bundle's functions (prefixes deploy made), its inputs and the attributes its schema takes
+    (name as an escaped literal, kind, the value built for and the op's default, as exact hex
+    floats), and DEPLOY_ET_FOR_EACH over the entries."""
     lines = [f'#include "{prefix}.h"\n' for prefix in prefixes]
+    for i, bound in enumerate(served.values()):
+        rows = [
+            f"{{{c_string(a.name)}, {ATTR_KINDS[type(a.kind)][1]}, {float(bound.attrs[a.name]).hex()},"
+            f" {float(a.default).hex()}}}"
+            for a in schema_attrs(bound.op)
+        ]
+        lines.append(f"static const EtAttr kEtAttrs{i}[] = {{{', '.join(rows) or '{nullptr, 0, 0, 0}'}}};\n")
     lines.append("static const EtOp kEtOps[] = {\n")
-    for name, prefix in zip(names, prefixes, strict=True):
+    for i, ((name, bound), prefix) in enumerate(zip(served.items(), prefixes, strict=True)):
         literal = c_string(f"{NAMESPACE}::{name}.out")
+        count = len(schema_attrs(bound.op))
         lines.append(
-            f"    {{{literal}, {prefix}_run, {prefix}_last_error,"
-            f" {prefix.upper()}_NUM_INPUTS + {prefix.upper()}_NUM_OUTPUTS}},\n"
+            f"    {{{literal}, {prefix}_run, {prefix}_last_error, {prefix.upper()}_NUM_INPUTS,"
+            f" kEtAttrs{i}, {count}}},\n"
         )
     lines.append("};\n")
-    each = " ".join(f"X({i})" for i in range(len(names)))
+    each = " ".join(f"X({i})" for i in range(len(served)))
     lines.append(f"#define DEPLOY_ET_FOR_EACH(X) {each}\n")
     return "".join(lines)
 
@@ -172,7 +206,7 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
                 write_bundle(compile_op(bound, target, options), bundle, prefix)
                 archives.append(str(bundle / f"lib{prefix}.a"))
                 includes += [f"-I{bundle}", f"-I{bundle / 'include'}"]
-            (work / "executorch_table.h").write_text(kernel_table(list(served), prefixes))
+            (work / "executorch_table.h").write_text(kernel_table(served, prefixes))
             glue = engine_source("executorch_kernel.cc")
             (staging / "lib").mkdir()
             for library in RUNTIME_LIBRARIES:
@@ -224,6 +258,12 @@ def shown_types(bound: BoundOp) -> str:
     return ", ".join(f"{t.dtype}{list(t.shape)}" for t in bound.inputs)
 
 
+def shown_call(bound: BoundOp) -> str:
+    """A call as messages show it: its inputs' types, then the attributes its schema takes."""
+    attrs = [f"{a.name}={bound.attrs[a.name]!r}" for a in schema_attrs(bound.op)]
+    return ", ".join([shown_types(bound), *attrs])
+
+
 def run_host(directory: Path, pte: Path, arrays: list[np.ndarray], count: int, arch: str) -> list[np.ndarray]:
     """The .pte's `count` outputs for `arrays`, run by the plugin's host (under `arch`'s emulator
     where it is not this machine's). A failed run is one line: the kernel's own reason where
@@ -265,16 +305,17 @@ def _host_error(code: int, stderr: str) -> DeployError:
     return (UsageError if code == 2 else DeployError)(f"ExecuTorch: {printable(text)}")
 
 
-def bound_call(op: Op, name: str, tensors: tuple[Any, ...]) -> BoundOp:
+def bound_call(op: Op, name: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> BoundOp:
     """`op` (`deploy::name`) bound to the tensors it is called with (real or fake tensors, or
-    anything with a shape and a torch dtype), with its default attributes; a one-line UsageError
-    where they do not fit it (a wrong rank, a dtype it does not take, a symbolic size)."""
+    anything with a shape and a torch dtype) and the attributes given (None: the op's default);
+    a one-line UsageError where they do not fit it (a wrong rank, a dtype it does not take, a
+    symbolic size, a value out of range)."""
     types = []
     for i, tensor in enumerate(tensors):
         if not all(isinstance(size, int) for size in tensor.shape):
             raise UsageError(f"{NAMESPACE}::{name}: input x{i} has a symbolic shape; deploy's are static")
         types.append(TensorType(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
     try:
-        return bind(op, {}, types)
+        return bind(op, {key: value for key, value in attrs.items() if value is not None}, types)
     except UsageError as exc:
         raise UsageError(f"{NAMESPACE}::{name}: {reason(exc)}") from None

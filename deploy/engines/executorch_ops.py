@@ -3,11 +3,13 @@ ExecuTorch runs with deploy's kernel library (docs/engines-executorch.md).
 
     import deploy.engines.executorch_ops  # before torch.export, to_edge or torch.export.load
 
-defines, for every registered op, the functional schema `deploy::<op>(Tensor x0, ...) -> Tensor`
-and the out variant ExecuTorch's kernels implement (`to_executorch` turns calls into it), a fake
-kernel that gives export the output's shape and dtype (the op's own shape inference, its default
-attributes) and an eager CPU kernel that runs the op's numpy reference: an exported program run
-eagerly is the honest reference `deploy test --engine executorch` compares ExecuTorch with.
+defines, for every registered op, the functional schema `deploy::<op>(Tensor x0, ..., *,
+float? alpha=None, ...) -> Tensor` (its number and flag attributes keyword-only, None: the op's
+default; `executorch_library.schema_attrs`) and the out variant ExecuTorch's kernels implement
+(`to_executorch` turns calls into it), a fake kernel that gives export the output's shape and
+dtype (the op's own shape inference) and an eager CPU kernel that runs the op's numpy
+reference: an exported program run eagerly is the honest reference `deploy test --engine
+executorch` compares ExecuTorch with.
 Importing it needs torch; the names are made by deploy (`executorch_library.torch_name`).
 """
 
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 from deploy.engines import executorch_library
-from deploy.engines.executorch_library import NAMESPACE, torch_name
+from deploy.engines.executorch_library import ATTR_KINDS, NAMESPACE, schema_attrs, torch_name
 from deploy.ops import BoundOp, Op, all_ops
 
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -28,31 +30,31 @@ _OPS: dict[str, Op] = {}
 """The deploy op of each defined torch name."""
 
 
-def bound_call(name: str, tensors: tuple[Any, ...]) -> BoundOp:
-    """The deploy op behind the defined `deploy::name` bound to the tensors it is called with
-    (`executorch_library.bound_call`)."""
-    return executorch_library.bound_call(_OPS[name], name, tensors)
+def bound_call(name: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> BoundOp:
+    """The deploy op behind the defined `deploy::name` bound to the tensors and attributes it is
+    called with (`executorch_library.bound_call`)."""
+    return executorch_library.bound_call(_OPS[name], name, tensors, attrs)
 
 
 def _fake(name: str) -> Any:
-    def fake(*tensors: Any) -> Any:
-        out = bound_call(name, tensors).output
+    def fake(*tensors: Any, **attrs: Any) -> Any:
+        out = bound_call(name, tensors, attrs).output
         return tensors[0].new_empty(out.shape, dtype=getattr(torch, out.dtype))
 
     return fake
 
 
 def _fake_out(name: str) -> Any:
-    def fake_out(*tensors: Any, out: Any) -> Any:
-        bound_call(name, tensors)
+    def fake_out(*tensors: Any, out: Any, **attrs: Any) -> Any:
+        bound_call(name, tensors, attrs)
         return out
 
     return fake_out
 
 
 def _eager(name: str) -> Any:
-    def eager(*tensors: Any) -> Any:
-        bound = bound_call(name, tensors)
+    def eager(*tensors: Any, **attrs: Any) -> Any:
+        bound = bound_call(name, tensors, attrs)
         arrays = [t.detach().cpu().numpy() for t in tensors]
         result = bound.op.reference(bound.attrs, *arrays)
         return torch.from_numpy(np.ascontiguousarray(result, dtype=bound.output.dtype))
@@ -61,8 +63,8 @@ def _eager(name: str) -> Any:
 
 
 def _eager_out(name: str) -> Any:
-    def eager_out(*tensors: Any, out: Any) -> Any:
-        return out.copy_(_eager(name)(*tensors))
+    def eager_out(*tensors: Any, out: Any, **attrs: Any) -> Any:
+        return out.copy_(_eager(name)(*tensors, **attrs))
 
     return eager_out
 
@@ -73,9 +75,11 @@ def define(op: Op) -> str:
     if name in _OPS:
         return name
     _OPS[name] = op
-    args = ", ".join(f"Tensor x{i}" for i in range(len(op.inputs)))
+    tensors = [f"Tensor x{i}" for i in range(len(op.inputs))]
+    attrs = [f"{ATTR_KINDS[type(a.kind)][0]}? {a.name}=None" for a in schema_attrs(op)]
+    args = ", ".join([*tensors, "*", *attrs]) if attrs else ", ".join(tensors)
     _LIBRARY.define(f"{name}({args}) -> Tensor")
-    _LIBRARY.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
+    _LIBRARY.define(f"{name}.out({', '.join([*tensors, '*', *attrs])}, Tensor(a!) out) -> Tensor(a!)")
     _LIBRARY.impl(name, _eager(name), "CPU")
     _LIBRARY.impl(f"{name}.out", _eager_out(name), "CPU")
     torch.library.register_fake(f"{NAMESPACE}::{name}", _fake(name), lib=_LIBRARY)
