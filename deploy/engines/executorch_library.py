@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -99,7 +100,7 @@ def require_runtime(arch: str) -> Runtime:
         spec = importlib.util.find_spec("executorch")
         if spec is None or not spec.submodule_search_locations:
             raise DeployError(
-                f"ExecuTorch not found: no executorch package in {printable(str(Path(os.__file__).parent))}"
+                f"ExecuTorch not found: no executorch package on {printable(sys.executable)}'s path"
                 f" (pip install executorch=={VERSION}, or ci/setup.sh; or ${DIR_VARIABLE})"
             )
         wheel = Path(next(iter(spec.submodule_search_locations)))
