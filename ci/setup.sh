@@ -32,9 +32,10 @@ fi
 stamp=.venv/.deploy-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-    echo "setup: installing the project into .venv"
+    echo "setup: installing the project into .venv (first time: with torch 2.13.0+cpu, a 192 MB download,"
+    echo "setup: 754 MB installed, and executorch 1.5.1, 19 MB: the extra 'executorch')"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[test]'
+    .venv/bin/python -m pip install -q -e '.[test,executorch]'
     echo "$want" >"$stamp"
 fi
 # onnxruntime's C API headers (deploy build --engine onnxruntime): no PyPI or Debian package has
@@ -50,6 +51,20 @@ if [[ ! -f $ORT_HEADERS/onnxruntime_c_api.h ]]; then
         --wildcards 'package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/*'
     mkdir -p "$(dirname "$ORT_HEADERS")"
     rm -rf "$ORT_HEADERS.partial" && mv "$fetch/headers" "$ORT_HEADERS.partial" && mv "$ORT_HEADERS.partial" "$ORT_HEADERS"
+    rm -rf "$fetch"
+fi
+# ExecuTorch's aarch64 libraries (deploy build/test --engine executorch --target arm): the same
+# release's manylinux_2_28_aarch64 wheel, of which only lib/ is kept, in deploy's cache.
+ET_ARM=${DEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/deploy}/executorch/1.5.1/aarch64
+if [[ ! -f $ET_ARM/lib/libexecutorch.so ]]; then
+    echo "setup: fetching executorch 1.5.1's aarch64 wheel once (18 MB; its lib/, 12 MB, kept in $ET_ARM)"
+    fetch=$(mktemp -d)
+    .venv/bin/python -m pip download -q executorch==1.5.1 --platform manylinux_2_28_aarch64 \
+        --only-binary=:all: --no-deps -d "$fetch"
+    (cd "$fetch" && python3 -m zipfile -e executorch-1.5.1-*.whl unpacked)
+    mkdir -p "$ET_ARM"
+    rm -rf "$ET_ARM/lib.partial" && mv "$fetch/unpacked/executorch/lib" "$ET_ARM/lib.partial"
+    mv "$ET_ARM/lib.partial" "$ET_ARM/lib"
     rm -rf "$fetch"
 fi
 echo "setup: ready ($(.venv/bin/deploy --version 2>/dev/null || echo deploy))"

@@ -276,6 +276,9 @@ def doc_steps() -> list[tuple[str, str, list[str]]]:
     """docs/engines.md's steps in order: (kind "sh" or "python", command or program, the output its
     comment lines promise)."""
     page = (REPO / "docs" / "engines.md").read_text()
+    page = page[
+        page.index("## Step by step (onnxruntime)") : page.index("## What the onnxruntime library is")
+    ]
     steps: list[tuple[str, str, list[str]]] = []
     for kind, body in re.findall(r"^ *```(sh|python)\n(.*?)^ *```", page, re.M | re.S):
         text = textwrap.dedent(body)

@@ -187,7 +187,8 @@ ENGINE = click.option(
     "engine_name",
     metavar="ENGINE",
     help="Build for, or test inside, an inference engine: onnxruntime (a custom-op library serving the"
-    " model's custom-domain nodes, or the op's), see docs/engines.md.",
+    " model's custom-domain nodes, or the op's) or executorch (a kernel library serving the deploy::"
+    " ops of an exported PyTorch program, or the op), see docs/engines.md.",
 )
 TARGET = click.option("--target", "target_name", required=True, help="Target name (see `deploy targets`).")
 ATTR = click.option("-a", "--attr", "attrs", multiple=True, metavar="KEY=VALUE", help="Op attribute.")

@@ -29,7 +29,7 @@ class Engine:
 
 
 _ENGINES: dict[str, Engine] = {}
-MODULES = ("onnxruntime",)
+MODULES = ("onnxruntime", "executorch")
 """The modules under deploy/engines/ that register an engine, imported on first look-up."""
 
 
