@@ -107,6 +107,44 @@ def test_two_custom_nodes_match_numpy_exactly(two_nodes: tuple[Path, Path], batc
     np.testing.assert_array_equal(h1, np.clip(np.abs(x1), -0.5, 2.0))
 
 
+ON_ENGINE_THREADS = """
+import os, sys
+import numpy as np
+import onnxruntime as ort
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+model, library, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+options = ort.SessionOptions()
+options.intra_op_num_threads = count
+options.inter_op_num_threads = 1
+options.register_custom_ops_library(library)
+session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+x = np.random.default_rng(0).standard_normal((64, 4096)).astype(np.float32) * 3
+before = threads()
+(y,) = session.run(None, {"x0": x})
+print(threads() - before, np.array_equal(y, np.clip(np.maximum(x, 0), -1.0, 1.0)))
+"""
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_kernels_run_on_onnxruntimes_threads(tmp_path: Path, count: int) -> None:
+    """A served node's parallel loops run on the session's intra-op threads (KernelContext_ParallelFor):
+    at one thread the plugin starts no thread of its own, and at two the result is the same."""
+    model = hard_tanh_model(tmp_path / "big.onnx", [(64, 4096)], [{}])
+    built = build("--model", str(model), "-o", str(tmp_path / "plugin"))
+    assert built.returncode == 0, built.stderr
+    library = tmp_path / "plugin" / "libbig.so"
+    ran = subprocess.run(
+        [sys.executable, "-c", ON_ENGINE_THREADS, str(model), str(library), str(count)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    started, same = ran.stdout.split()
+    assert same == "True" and (count > 1 or started == "0"), ran.stdout
+
+
 ON_ARM = [
     pytest.mark.emulator,
     pytest.mark.skipif(

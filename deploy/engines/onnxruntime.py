@@ -294,6 +294,7 @@ def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
     for number, (node, prefix) in enumerate(zip(nodes, prefixes, strict=True)):
         parts.append(f"int {prefix}_run(DLTensor* const* args, int num_args);\n")
         parts.append(f"const char* {prefix}_last_error(void);\n")
+        parts.append(f"plugin_parallel_for {prefix}_set_parallel_for(plugin_parallel_for fn, void* user);\n")
         tensors = [*node.bound.inputs, node.bound.output]
         parts.append(f"static const PluginTensor node{number}_tensors[] = {{\n")
         parts.append("\n".join(_dim_rows(tensors, len(node.bound.inputs))) + "\n};\n")
@@ -305,7 +306,8 @@ def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
         parts.append(f"static const PluginAttr node{number}_attrs[] = {{{', '.join(attrs) or '{NULL}'}}};\n")
         output = "NULL" if node.output is None else c_string(node.output)
         rows.setdefault((node.domain, node.op_type), []).append(
-            f"  {{{output}, {c_string(node.label)}, {prefix}_run, {prefix}_last_error, node{number}_tensors,"
+            f"  {{{output}, {c_string(node.label)}, {prefix}_run, {prefix}_last_error,"
+            f" {prefix}_set_parallel_for, node{number}_tensors,"
             f" node{number}_attrs, {len(node.attrs)}}},"
         )
     types = []

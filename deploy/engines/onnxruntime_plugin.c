@@ -49,11 +49,16 @@ typedef struct {
   const char* text;
 } PluginAttr;
 
+/* A bundle's parallel-for hook types (NAME_task, NAME_parallel_for: docs/bundles.md). */
+typedef int (*plugin_task)(int index, void* context);
+typedef int (*plugin_parallel_for)(void* user, plugin_task task, void* context, int count);
+
 typedef struct {
   const char* output; /* the node's first output, NULL: any node of its type */
   const char* label;  /* how messages name it */
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
+  plugin_parallel_for (*set_parallel_for)(plugin_parallel_for fn, void* user);
   const PluginTensor* tensors; /* its inputs, then its outputs */
   const PluginAttr* attrs;
   int num_attrs;
@@ -171,6 +176,41 @@ static const char* tensor_problem(const PluginTensor* want, int elem, size_t ran
   return NULL;
 }
 
+/* ---- the bundles' parallel loops on onnxruntime's intra-op threads ----
+ * Each bundle's hook (NAME_set_parallel_for) is set once to engine_parallel_for, which hands a
+ * loop's tasks to KernelContext_ParallelFor (API 17, onnxruntime 1.17) of the node this thread is
+ * computing: the session's intra_op_num_threads is the kernels' too, and no thread of deploy's own
+ * pool is started. Without API 17, or outside a compute, the tasks run on the calling thread. */
+
+static const OrtApi* parallel_api; /* API 17, or NULL: tasks run serially */
+static _Thread_local OrtKernelContext* computing;
+
+typedef struct {
+  plugin_task task;
+  void* context;
+  _Atomic int failed;
+} PluginLoop;
+
+static void loop_task(void* data, size_t index) {
+  PluginLoop* loop = data;
+  if (loop->task((int)index, loop->context) != 0) loop->failed = 1;
+}
+
+static int engine_parallel_for(void* user, plugin_task task, void* context, int count) {
+  (void)user;
+  PluginLoop loop = {task, context, 0};
+  OrtStatus* status = NULL;
+  if (parallel_api != NULL && computing != NULL)
+    status = parallel_api->KernelContext_ParallelFor(computing, loop_task, (size_t)count, 0, &loop);
+  else
+    for (int i = 0; i < count; ++i) loop_task(&loop, (size_t)i);
+  if (status != NULL) {
+    parallel_api->ReleaseStatus(status);
+    return -1;
+  }
+  return loop.failed;
+}
+
 static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
                                 void** kernel) {
   const PluginType* type = (const PluginType*)op;
@@ -270,7 +310,10 @@ static OrtStatus* compute(void* opaque, OrtKernelContext* context) {
     args[i] = &tensors[i];
   }
   if (status != NULL) return status;
-  if (node->run(args, count) != 0) return fail(api, "%s: %s", node->label, node->last_error());
+  computing = context;
+  int failed = node->run(args, count);
+  computing = NULL;
+  if (failed) return fail(api, "%s: %s", node->label, node->last_error());
   return NULL;
 }
 
@@ -279,6 +322,9 @@ static pthread_once_t plugin_filled = PTHREAD_ONCE_INIT;
 
 static void fill_ops(void) {
   for (int t = 0; t < PLUGIN_NUM_TYPES; ++t) {
+    for (int n = 0; n < plugin_types[t].num_nodes; ++n) {
+      plugin_types[t].nodes[n].set_parallel_for(engine_parallel_for, NULL);
+    }
     OrtCustomOp* op = &plugin_types[t].op;
     memset(op, 0, sizeof *op);
     op->version = PLUGIN_API_VERSION;
@@ -311,6 +357,7 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
              api_base->GetVersionString());
     return first ? first->CreateStatus(ORT_FAIL, message) : NULL;
   }
+  parallel_api = api_base->GetApi(17);
   pthread_once(&plugin_filled, fill_ops);
   OrtCustomOpDomain* domains[PLUGIN_NUM_TYPES];
   for (int t = 0; t < PLUGIN_NUM_TYPES; ++t) {
