@@ -107,6 +107,32 @@ def test_two_custom_nodes_match_numpy_exactly(two_nodes: tuple[Path, Path], batc
     np.testing.assert_array_equal(h1, np.clip(np.abs(x1), -0.5, 2.0))
 
 
+def test_nodes_past_a_custom_node_are_typed_and_served(tmp_path: Path) -> None:
+    """x -> HardTanh -> Transpose -> HardTanh -> Abs: ONNX's shape inference knows nothing past a
+    custom node, so the build infers again with the served node's output type (the Transpose's
+    output, the second node's input, is known only so); onnxruntime, which knows no shape for a
+    custom node's output either, creates the session, and both nodes run exactly."""
+    first = helper.make_node("HardTanh", ["x"], ["h0"], name="first", domain=CUSTOM)
+    second = helper.make_node(
+        "HardTanh", ["t"], ["h1"], name="second", domain=CUSTOM, min_val=0.0, max_val=2.0
+    )
+    graph = helper.make_graph(
+        [first, helper.make_node("Transpose", ["h0"], ["t"], perm=[1, 0]), second,
+         helper.make_node("Abs", ["h1"], ["y"])],
+        "chained", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 5))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = tmp_path / "chained.onnx"
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), model)
+    built = build("--model", str(model), "-o", str(tmp_path / "plugin"))
+    assert built.returncode == 0, built.stderr
+    assert "node 'second' (com.example::HardTanh): op hard_tanh 5x3 float32" in built.stdout
+    x = np.resize(SPECIALS, (3, 5)).astype(np.float32) * 3
+    (y,) = session(model, tmp_path / "plugin" / "libchained.so").run(None, {"x": x})  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(y, np.abs(np.clip(np.clip(x, -1.0, 1.0).T, 0.0, 2.0)))
+
+
 ON_ENGINE_THREADS = """
 import os, sys
 import numpy as np

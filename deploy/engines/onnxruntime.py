@@ -147,15 +147,8 @@ def model_nodes(path: Path) -> list[ServedNode]:
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"model {path}: onnxruntime runs ONNX models: expected a .onnx file")
     model = decode_onnx(path, model_bytes(path, READERS[".onnx"]))
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):
-        inferred = model
-    types: dict[str, TensorType | None] = {}
-    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        types[value.name] = _value_type(value)
-    for tensor in model.graph.initializer:
-        types[tensor.name] = TensorType(tuple(tensor.dims), _dtype(tensor.data_type))
+    outputs: dict[str, TensorType] = {}
+    types, inferred_with = _inferred(model, outputs), 0
     served = []
     for index, node in enumerate(model.graph.node):
         op = op_for_onnx(node.domain, node.op_type) if domain_key(node.domain) else None
@@ -169,6 +162,9 @@ def model_nodes(path: Path) -> list[ServedNode]:
                     f"model {path}: {label}: {what} name {name!r}: expected printable characters"
                 )
         inputs = [types.get(name) for name in node.input]
+        if None in inputs and len(outputs) > inferred_with:  # past a served node: infer again
+            types, inferred_with = _inferred(model, outputs), len(outputs)
+            inputs = [types.get(name) for name in node.input]
         unknown = [name for name, t in zip(node.input, inputs, strict=True) if t is None]
         if unknown:
             raise UsageError(f"model {path}: {label}: the type of input {printable(unknown[0])!r} is unknown")
@@ -182,7 +178,7 @@ def model_nodes(path: Path) -> list[ServedNode]:
             bound = bind(op, mapping.attrs(given), [t for t in inputs if t is not None])
         except UsageError as exc:
             raise UsageError(f"model {path}: {label}: {exc}") from None
-        types[node.output[0]] = bound.output
+        types[node.output[0]] = outputs[node.output[0]] = bound.output
         served.append(
             ServedNode(node.domain, node.op_type, node.output[0], label, bound, _absent_ok(mapping, given))
         )
@@ -192,6 +188,27 @@ def model_nodes(path: Path) -> list[ServedNode]:
             " a plugin to serve (onnxruntime runs the model alone)"
         )
     return served
+
+
+def _inferred(model: onnx.ModelProto, served: dict[str, TensorType]) -> dict[str, TensorType | None]:
+    """Every tensor's type as ONNX's shape inference knows it, given the types of the outputs of
+    the nodes served so far (`served`: ONNX cannot infer a custom node's, nor so any node after
+    one) and the initializers'."""
+    given = onnx.ModelProto()
+    given.CopyFrom(model)
+    given.graph.value_info.extend(
+        onnx.helper.make_tensor_value_info(name, ELEM_TYPES[t.dtype], t.dims()) for name, t in served.items()
+    )
+    try:
+        inferred = onnx.shape_inference.infer_shapes(given)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        inferred = given
+    types: dict[str, TensorType | None] = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        types[value.name] = _value_type(value)
+    for tensor in model.graph.initializer:
+        types[tensor.name] = TensorType(tuple(tensor.dims), _dtype(tensor.data_type))
+    return types
 
 
 def _dtype(elem: int) -> str:

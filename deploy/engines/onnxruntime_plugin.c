@@ -248,7 +248,9 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api, const 
     if (status == NULL && tensor != NULL) status = api->GetTensorElementType(tensor, &elem);
     if (status == NULL && tensor != NULL) status = api->GetDimensionsCount(tensor, &rank);
     const char* problem = NULL;
-    if (status == NULL && tensor != NULL && rank <= PLUGIN_MAX_DIMS) {
+    if (status == NULL && tensor != NULL && rank == 0 && node->tensors[i].rank > 0) {
+      /* no shape: onnxruntime infers none after a custom node; checked when the node runs */
+    } else if (status == NULL && tensor != NULL && rank <= PLUGIN_MAX_DIMS) {
       status = api->GetDimensions(tensor, dims, rank);
       if (status == NULL) problem = tensor_problem(&node->tensors[i], elem, rank, dims, NULL);
     } else if (status == NULL && tensor != NULL) {
