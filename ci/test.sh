@@ -4,10 +4,14 @@
 # pyproject.toml), run the whole test suite. Extra arguments go to pytest, e.g.
 # `bash ci/test.sh -m "not emulator and not slow"` for the quick loop.
 # --durations=25 lists the slowest tests, so a CI run shows where its time goes (target: under 30 min).
+# Most tests keep one core busy (a compile, an emulator run), so pytest runs one worker process per
+# CPU this job may use (pytest-xdist; nproc counts a cpuset, as deploy's host_cpus does), each test
+# file whole in one worker (--dist loadfile: what a file's tests share, an emulator session or the
+# matrix's bundles, is built once). `-n 0` as an extra argument runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest -q --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "$(nproc)" --dist loadfile --durations=25 "$@"

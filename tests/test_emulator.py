@@ -13,6 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
+from deploy.base.paths import emulator_dir
 from deploy.devices import DeviceLost
 from deploy.devices.emulator import Emulator
 from deploy.devices.rpc import connect
@@ -27,11 +28,13 @@ pytestmark = [
 
 
 def rpc_servers() -> set[int]:
-    """Pids of emulator RPC servers (qemu running the native RPC server) on this machine."""
-    found = set()
+    """Pids of this test session's emulator RPC servers (qemu running the native RPC server, its
+    files in this session's emulator directory): another pytest worker's servers come and go
+    meanwhile."""
+    found, ours = set(), str(emulator_dir())
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "deploy-rpc-server" in cmdline and "qemu-aarch64" in cmdline:
+        if "deploy-rpc-server" in cmdline and "qemu-aarch64" in cmdline and ours in cmdline:
             found.add(proc.info["pid"])
     return found
 
