@@ -133,6 +133,7 @@ def session(model: Path, threads: int, library: Path | None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.log_severity_level = 3  # not the light models' unused-initializer warnings
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if library is not None:
