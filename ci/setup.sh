@@ -8,12 +8,15 @@ PACKAGES=(python3 python3-venv python3-dev gcc g++
     gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user openssh-server openssh-client
     gcc-arm-linux-gnueabihf g++-arm-linux-gnueabihf binutils-arm-linux-gnueabihf
     gcc-riscv64-linux-gnu g++-riscv64-linux-gnu binutils-riscv64-linux-gnu
-    pocl-opencl-icd ocl-icd-opencl-dev npm)
+    pocl-opencl-icd ocl-icd-opencl-dev)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# npm fetches onnxruntime's C headers: the machine's own Node.js, else Debian's (which conflicts
+# with a Node.js installed from elsewhere, so it is asked for only when there is no npm).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]]; then SUDO=(); elif command -v sudo >/dev/null; then SUDO=(sudo); else
         echo "setup: missing Debian packages ${missing[*]} and not root (no sudo): install them first" >&2
