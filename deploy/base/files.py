@@ -60,6 +60,23 @@ def fresh_directory(parent: Path, prefix: str) -> Path:
         return path
 
 
+@contextmanager
+def replacing_directory(place: Path) -> Iterator[Path]:
+    """A fresh directory beside `place` to write a whole artifact into: when the block ends, it
+    replaces `place` (what was there removed); when it raises, it is removed and `place` stays as
+    it was. A reader never sees half an artifact."""
+    place.parent.mkdir(parents=True, exist_ok=True)
+    staging = fresh_directory(place.parent, f".{place.name}.")
+    try:
+        yield staging
+        if place.exists():
+            shutil.rmtree(place)
+        os.replace(staging, place)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def remove_entry(path: Path) -> None:
     """Remove an entry of deploy's own cache, whatever it became: a directory tree, a file, a
     symlink (only the link goes)."""

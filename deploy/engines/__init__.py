@@ -11,8 +11,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from deploy.base.ctext import c_identifier, c_word
 from deploy.base.errors import UsageError
+from deploy.ops.spec import BoundOp
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,23 @@ def get_engine(name: str) -> Engine:
 def engine_source(name: str) -> Path:
     """A C file of the engines' glue, beside this module."""
     return Path(__file__).with_name(name)
+
+
+def write_bundles(
+    bounds: list[BoundOp], tag: str, target: Any, options: Any, work: Path
+) -> list[tuple[str, Path]]:
+    """Each op of `bounds` compiled for `target` as `options` say and written as a bundle into a
+    directory of `work` named by its prefix, `<tag><i>_<op>` (an identifier deploy makes, each
+    once): (prefix, directory) per op, in order. An engine's plugin links their libraries."""
+    from deploy.compiler.bundle import write_bundle
+    from deploy.compiler.compile import compile_op
+
+    taken: set[str] = set()
+    written = []
+    for index, bound in enumerate(bounds):
+        prefix = c_identifier(f"{tag}{index}_{c_word(bound.op.name, 24)}", taken)
+        directory = work / prefix
+        directory.mkdir()
+        write_bundle(compile_op(bound, target, options), directory, prefix)
+        written.append((prefix, directory))
+    return written

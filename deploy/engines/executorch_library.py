@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from deploy.base.ctext import IDENTIFIER, c_identifier, c_string, c_word
+from deploy.base.ctext import IDENTIFIER, c_string, c_word
 from deploy.base.errors import DeployError, UsageError, printable, reason
-from deploy.base.files import fresh_directory
+from deploy.base.files import replacing_directory
 from deploy.base.paths import cache_root
 from deploy.compiler.bundle import run_tool
-from deploy.engines import engine_source
+from deploy.engines import engine_source, write_bundles
 from deploy.ops import bind
 from deploy.ops.attrs import Attr, Bool, Float, Int
 from deploy.ops.spec import BoundOp, Op, TensorType
@@ -177,8 +177,6 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
     """Compile each served op (by torch name) as a bundle, link them with the glue into
     `directory`/lib`name`.so, build the host beside it and copy ExecuTorch's libraries into
     `directory`/lib (written whole, or not at all); returns the directory."""
-    from deploy.compiler.bundle import write_bundle
-    from deploy.compiler.compile import compile_op
     from deploy.compiler.export import check_destination
     from deploy.devices.native import require_tool
     from deploy.devices.platforms import get_platform
@@ -192,21 +190,14 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
     if place.exists() and any(p.name not in ours for p in place.iterdir()):
         raise UsageError(f"output {directory} holds other files than a plugin's: not replacing it")
     options = replace(options, alignment=ENGINE_ALIGNMENT)
-    taken: set[str] = set()
-    prefixes = [c_identifier(f"et{i}_{c_word(op, 24)}", taken) for i, op in enumerate(served)]
     includes = [f"-I{runtime.include}", f"-I{runtime.include}/executorch/runtime/core/portable_type/c10"]
-    place.parent.mkdir(parents=True, exist_ok=True)
-    staging = fresh_directory(place.parent, f".{place.name}.")
-    try:
+    with replacing_directory(place) as staging:
         with tempfile.TemporaryDirectory(prefix="deploy-et-") as scratch:
             work = Path(scratch)
-            archives = []
-            for bound, prefix in zip(served.values(), prefixes, strict=True):
-                bundle = work / prefix
-                bundle.mkdir()
-                write_bundle(compile_op(bound, target, options), bundle, prefix)
-                archives.append(str(bundle / f"lib{prefix}.a"))
-                includes += [f"-I{bundle}", f"-I{bundle / 'include'}"]
+            bundles = write_bundles(list(served.values()), "et", target, options, work)
+            prefixes = [prefix for prefix, _ in bundles]
+            archives = [str(bundle / f"lib{prefix}.a") for prefix, bundle in bundles]
+            includes += [flag for _, bundle in bundles for flag in (f"-I{bundle}", f"-I{bundle / 'include'}")]
             (work / "executorch_table.h").write_text(kernel_table(served, prefixes))
             glue = engine_source("executorch_kernel.cc")
             (staging / "lib").mkdir()
@@ -235,12 +226,6 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
         ]  # fmt: skip
         plugin = {"library": f"lib{name}.so", "host": HOST, "target": target.name, "kernels": listing}
         (staging / PLUGIN_JSON).write_text(json.dumps(plugin, indent=1))
-        if place.exists():
-            shutil.rmtree(place)
-        os.replace(staging, place)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return place
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -30,12 +29,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy.base.ctext import c_identifier, c_string, c_word
+from deploy.base.ctext import c_string, c_word
 from deploy.base.errors import DeployError, UsageError, printable, reason
-from deploy.base.files import fresh_directory
+from deploy.base.files import replacing_directory
 from deploy.base.paths import cache_root
 from deploy.compiler.bundle import CFLAGS, run_tool
-from deploy.engines import Engine, engine_source, register
+from deploy.engines import Engine, engine_source, register, write_bundles
 from deploy.ops.onnx_mapping import domain_key, onnx_label
 from deploy.ops.spec import BoundOp, TensorType, is_symbolic
 
@@ -347,8 +346,6 @@ def plugin_table(nodes: list[ServedNode], prefixes: list[str]) -> str:
 def build_plugin(nodes: list[ServedNode], target: Any, options: Any, directory: Path, name: str) -> Path:
     """Compile each node's kernel as a bundle, link them with the glue into `directory`/lib`name`.so
     (written whole, or not at all) with plugin.json listing the nodes; returns the library."""
-    from deploy.compiler.bundle import write_bundle
-    from deploy.compiler.compile import compile_op
     from deploy.compiler.export import check_destination
     from deploy.devices.native import ffi_include, require_tool
     from deploy.devices.platforms import get_platform
@@ -360,19 +357,12 @@ def build_plugin(nodes: list[ServedNode], target: Any, options: Any, directory: 
     if place.exists() and any(p.name not in (f"lib{name}.so", PLUGIN_JSON) for p in place.iterdir()):
         raise UsageError(f"output {directory} holds other files than a plugin's: not replacing it")
     options = replace(options, alignment=ENGINE_ALIGNMENT)
-    taken: set[str] = set()
-    prefixes = [c_identifier(f"ort{i}_{c_word(n.bound.op.name, 24)}", taken) for i, n in enumerate(nodes)]
-    place.parent.mkdir(parents=True, exist_ok=True)
-    staging = fresh_directory(place.parent, f".{place.name}.")
-    try:
+    with replacing_directory(place) as staging:
         with tempfile.TemporaryDirectory(prefix="deploy-ort-") as scratch:
             work = Path(scratch)
-            archives = []
-            for node, prefix in zip(nodes, prefixes, strict=True):
-                bundle = work / prefix
-                bundle.mkdir()
-                write_bundle(compile_op(node.bound, target, options), bundle, prefix)
-                archives.append(str(bundle / f"lib{prefix}.a"))
+            bundles = write_bundles([n.bound for n in nodes], "ort", target, options, work)
+            prefixes = [prefix for prefix, _ in bundles]
+            archives = [str(bundle / f"lib{prefix}.a") for prefix, bundle in bundles]
             (work / "plugin_table.h").write_text(plugin_table(nodes, prefixes))
             glue = work / "plugin.o"
             includes = [f"-I{work}", f"-I{headers}", f"-I{ffi_include()}"]
@@ -392,12 +382,6 @@ def build_plugin(nodes: list[ServedNode], target: Any, options: Any, directory: 
             for n, p in zip(nodes, prefixes, strict=True)
         ]  # fmt: skip
         (staging / PLUGIN_JSON).write_text(json.dumps({"library": library.name, "nodes": listing}, indent=1))
-        if place.exists():
-            shutil.rmtree(place)
-        os.replace(staging, place)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return place / f"lib{name}.so"
 
 
