@@ -479,7 +479,8 @@ def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
 
 
 def _rule_taken(sch: Any, ctx: ScheduleContext) -> Taken:
-    """`schedule_by_structure` but for the vector math."""
+    """The rule `schedule_by_structure` applies, and what it took; the vector math is asked for
+    after it, once the loops are final."""
     structure = anchor(block_infos(sch)).structure
     rule = RULES.get(structure)
     if rule is None:
