@@ -24,7 +24,7 @@ from deploy.compiler.tir_passes import compile_cpu
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
-from deploy.schedules.cpu.generic import Taken, schedule_by_structure
+from deploy.schedules.cpu.generic import ROW_BLOCK, Taken, row_block, schedule_by_structure
 from deploy.schedules.registry import ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import ask_vector_math, libm_in_vector_loops, lower_math
@@ -301,6 +301,43 @@ def test_a_rows_sums_run_in_two_vectors_and_combine_in_halves():
             (4, ForKind.VECTORIZED),
             (2, ForKind.VECTORIZED),
         ]
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes"),
+    [("softmax", [(4, 16, 64)]), ("log_softmax", [(64, 20)]), ("layer_norm", [(64, 128), (128,), (128,)])],
+)
+def test_a_step_of_the_rows_runs_each_stage_over_a_block_of_rows(name, shapes, local_session, tmp_path):
+    """64 rows: a parallel step takes ROW_BLOCK (8) of them and each stage (the max, the sum,
+    the output) loops over all 8 before the next stage starts (a stage of one value a row, in
+    one vector across them); checked against numpy on random
+    inputs, ties and planted NaN and infinities (a row of 20 floats is not whole vectors: its
+    sums stay scalar), in each dtype the op takes. Too little work for threads (64 x 20
+    floats) keeps the steps serial."""
+    sch, ctx = schedule_of(name, shapes)
+    assert schedule_by_structure(sch, ctx).rule == "row reduction"
+    step = sch.get_loops(sch.get_sblock(name))[0]
+    assert int(sch.get(step).extent) == 64 // ROW_BLOCK
+    kind = ForKind.SERIAL if name == "log_softmax" else ForKind.PARALLEL
+    for block in sch.get_child_blocks(step):
+        loops = loop_kinds(sch, block)
+        assert loops[0] == (64 // ROW_BLOCK, kind)
+        across_rows = [
+            (1, ForKind.SERIAL),
+            (ROW_BLOCK, ForKind.VECTORIZED),
+        ]  # a scalar a row: layer_norm's mean
+        assert loops[1] == (ROW_BLOCK, ForKind.SERIAL) or loops[1:] == across_rows
+    target = get_target("x86")
+    for dtype in get_op(name).dtypes:
+        bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
+        check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
+
+
+def test_a_step_takes_one_row_where_a_block_would_leave_a_core_idle():
+    """12 rows on 2 cores: blocks of 8, 4 or 2 would leave a core fewer than 4 steps."""
+    assert [row_block(12, 512, 2), row_block(12, 512, 1), row_block(64, 4096, 1)] == [1, 3, 8]
+    assert row_block(64, 8192, 1) == 4  # 8 rows of 8 KiB would not stay in L1 with their stages
+    assert row_block(None, 512, 1) == 1
 
 
 def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
