@@ -5,8 +5,9 @@ exp, erf, sigmoid and tanh become vector polynomials (`deploy.schedules.vector_m
 cheap producers are inlined into their one consumer.
 
 - elementwise: today's generic (`elementwise.py`) for each block.
-- row reduction (softmax, norms): rows in parallel; every stage of a row computed inside the
-  row's loop while the row is in cache; each reduction over the row in ROW_ACCUMULATORS
+- row reduction (softmax, norms): rows in parallel, a step a block of rows (ROW_BLOCK) with
+  each stage run over the block before the next; every stage computed inside the step while
+  its rows are in cache; each reduction over the row in ROW_ACCUMULATORS
   vectors of lanes (`rfactor`), the lanes combined in halves at its end (`halves`); the
   elementwise stages in vectors.
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
