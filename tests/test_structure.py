@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,8 +25,8 @@ from deploy.compiler.tir_passes import compile_cpu
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
-from deploy.schedules.cpu.generic import ROW_BLOCK, Taken, row_block, schedule_by_structure
-from deploy.schedules.registry import ScheduleContext
+from deploy.schedules.cpu.generic import ROW_BLOCK, ROWS_A_STEP, Taken, row_block, schedule_by_structure
+from deploy.schedules.registry import Picked, ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
 from deploy.schedules.vector_math import ask_vector_math, libm_in_vector_loops, lower_math
 from deploy.verify.measure import check
@@ -334,10 +335,24 @@ def test_a_step_of_the_rows_runs_each_stage_over_a_block_of_rows(name, shapes, l
 
 
 def test_a_step_takes_one_row_where_a_block_would_leave_a_core_idle():
-    """12 rows on 2 cores: blocks of 8, 4 or 2 would leave a core fewer than 4 steps."""
-    assert [row_block(12, 512, 2), row_block(12, 512, 1), row_block(64, 4096, 1)] == [1, 3, 8]
-    assert row_block(64, 8192, 1) == 4  # 8 rows of 8 KiB would not stay in L1 with their stages
-    assert row_block(None, 512, 1) == 1
+    """12 rows on 2 cores: blocks of 2 or 4 would leave a core fewer than 4 steps; a block
+    divides the innermost row extent (it never straddles an outer index) and fits 32 KiB."""
+    assert [row_block(12, 12, 512, 2), row_block(12, 12, 512, 1), row_block(64, 64, 4096, 1)] == [1, 2, 8]
+    assert row_block(64, 64, 8192, 1) == 4  # 8 rows of 8 KiB would not stay in L1 with their stages
+    assert row_block(3, 96, 512, 1) == 1  # rows of 32 x 3: no block of 3 or more divides 3
+    assert row_block(None, 96, 512, 1) == 1
+
+
+def test_a_search_tries_each_block_of_rows():
+    """The block of rows is a structural pick: a search builds each of them (64 rows of 64
+    floats on 2 cores: 1 to 16 rows a step), the hand takes ROW_BLOCK."""
+    sch, ctx = schedule_of("softmax", [(4, 16, 64)])
+    seen = Picked()
+    schedule_by_structure(sch, replace(ctx, cores=2, choices=seen))
+    assert (ROWS_A_STEP, (1, 2, 4, 8, 16), ROW_BLOCK) in seen.seen
+    sch, ctx = schedule_of("softmax", [(4, 16, 64)])
+    schedule_by_structure(sch, replace(ctx, cores=2, choices=Picked({ROWS_A_STEP: 16})))
+    assert int(sch.get(sch.get_loops(sch.get_sblock("softmax"))[0]).extent) == 64 // 16
 
 
 def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():

@@ -103,6 +103,10 @@ interleaved rounds against onnxruntime: softmax 1x12x128x128 1.11x -> 1.01x, log
 1.34x -> 1.14x, layer_norm 1x128x768 0.44x -> 0.33x. Each core keeps ROW_BLOCK_STEPS steps."""
 
 
+ROWS_A_STEP = "rows a step"
+"""The pick of a row reduction's block of rows (`row_blocks`): the default is `row_block`'s."""
+
+
 class DoesNotFit(Exception):
     """A rule's structure does not fit the function (the reason names what)."""
 
@@ -189,17 +193,23 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     if not outer:
         raise DoesNotFit("a single row: no rows to run in parallel")
     work = work_of([extent(sch, loop) for loop in loops])
+    rows_of = (
+        extent(sch, outer[-1]),
+        work_of([extent(sch, loop) for loop in outer]),
+        row_bytes(sch, output.block),
+    )
     row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    size = extent(sch, row)
-    block_rows = row_block(size, row_bytes(sch, output.block), ctx.cores)
-    if size is not None and block_rows > 1:
+    block_rows = ctx.choices.pick(
+        ROWS_A_STEP, row_blocks(*rows_of, ctx.cores), row_block(*rows_of, ctx.cores)
+    )
+    if block_rows > 1:
         row, _ = sch.split(row, factors=[None, block_rows])
     parallel_if_worth(sch, row, work)
     for block in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
         sch.compute_at(block, row)
     if block_rows > 1:
         for block in sch.get_child_blocks(row):
-            rows_first(sch, block, row)
+            rows_first(sch, block, row, len(outer) - 1)
     if output.structure is Structure.ELEMENTWISE:
         vector_split(sch, sch.get_loops(output.block)[-1], lanes)
     for block in sch.get_child_blocks(row)[:-1]:  # the stages (the output is done)
@@ -215,36 +225,56 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         ask_reciprocal_divides(sch, sch.get_loops(output.block)[0])
 
 
-def row_block(rows: int | None, row_bytes: int, cores: int) -> int:
+def row_block(last: int | None, rows: int, row_bytes: int, cores: int) -> int:
     """Rows a step of the row loop runs each stage over, one stage after the other: the largest
-    divisor of `rows` up to ROW_BLOCK whose rows fit ROW_BLOCK_BYTES, leaving each of `cores`
-    ROW_BLOCK_STEPS steps (1: a row a step)."""
-    if rows is None:
-        return 1
+    divisor of the innermost row extent `last` (a block never straddles an outer index) up to
+    ROW_BLOCK whose rows fit ROW_BLOCK_BYTES, leaving each of `cores` ROW_BLOCK_STEPS steps of
+    the `rows` (1: a row a step)."""
     fits = [
-        n for n in range(ROW_BLOCK, 1, -1)
-        if rows % n == 0 and n * row_bytes <= ROW_BLOCK_BYTES and rows // n >= ROW_BLOCK_STEPS * cores
-    ]  # fmt: skip
-    return fits[0] if fits else 1
+        n
+        for n in row_blocks(last, rows, row_bytes, cores)
+        if n <= ROW_BLOCK and n * row_bytes <= ROW_BLOCK_BYTES
+    ]
+    return max(n for n in (1, *fits) if n == 1 or rows // n >= ROW_BLOCK_STEPS * cores)
+
+
+def row_blocks(last: int | None, rows: int, row_bytes: int, cores: int) -> tuple[int, ...]:
+    """The blocks of rows a search tries (ROWS_A_STEP): each power of two up to 2 ROW_BLOCK that
+    divides the innermost row extent `last`, fits 2 ROW_BLOCK_BYTES and leaves each of `cores` a
+    step of the `rows`."""
+    if last is None:
+        return (1,)
+    fits = [n for n in (2, 4, 8, 16) if n <= 2 * ROW_BLOCK and last % n == 0 and rows // n >= cores]
+    return (1, *[n for n in fits if n * row_bytes <= 2 * ROW_BLOCK_BYTES])
 
 
 def row_bytes(sch: Any, block: Any) -> int:
-    """Bytes of one row of `block`'s output (its last axis)."""
+    """Bytes of one row of `block`'s output (its last axis; past any block for a symbolic one)."""
     buffer = sch.get(block).writes[0].source
     size = buffer.shape[-1]
-    return int(size) * buffer.dtype.bits // 8 if isinstance(size, tirx.IntImm) else ROW_BLOCK_BYTES + 1
+    return int(size) * buffer.dtype.bits // 8 if isinstance(size, tirx.IntImm) else 2 * ROW_BLOCK_BYTES + 1
 
 
-def rows_first(sch: Any, block: Any, row: Any) -> None:
+def rows_first(sch: Any, block: Any, row: Any, axis: int) -> None:
     """`block`, computed at the step `row` of a block of rows, loops over those rows outermost
-    (compute_at put their loop where its iterator is, after the reduction's lanes)."""
+    (compute_at put their loop where its iterator is, after the reduction's lanes): the loop
+    bound to the index of its write's row `axis` (the innermost row axis)."""
     outer = sch.get(row).loop_var
     loops = sch.get_loops(block)
     inner = loops[[sch.get(loop).loop_var.same_as(outer) for loop in loops].index(True) + 1 :]
-    bindings = [value for value in sch.get(inner[-1]).body.iter_values if mentions(value, outer)]
-    (rows_loop,) = [loop for loop in inner if any(mentions(b, sch.get(loop).loop_var) for b in bindings)]
-    rows_var = sch.get(rows_loop).loop_var
-    sch.reorder(rows_loop, *[loop for loop in inner if not sch.get(loop).loop_var.same_as(rows_var)])
+    realize = sch.get(inner[-1]).body
+    index = sch.get(block).writes[0].region[axis].min
+    bound = [
+        value
+        for var, value in zip(realize.block.iter_vars, realize.iter_values, strict=True)
+        if mentions(index, var.var)
+    ]
+    found = [loop for loop in inner if any(mentions(value, sch.get(loop).loop_var) for value in bound)]
+    if len(found) != 1:
+        raise DoesNotFit(f"block {sch.get(block).name_hint}: no one loop over the block of rows")
+    sch.reorder(
+        found[0], *[loop for loop in inner if not sch.get(loop).loop_var.same_as(sch.get(found[0]).loop_var)]
+    )
 
 
 def halves(sch: Any, block: Any, axis: int) -> list[Any]:
