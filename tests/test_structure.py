@@ -28,7 +28,15 @@ from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu.generic import ROW_BLOCK, ROWS_A_STEP, Taken, row_block, schedule_by_structure
 from deploy.schedules.registry import Picked, ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos
-from deploy.schedules.vector_math import ask_vector_math, libm_in_vector_loops, lower_math
+from deploy.schedules.vector_math import (
+    EXP_HI,
+    EXP_LO,
+    SHIFTED_KEY,
+    ask_vector_math,
+    libm_in_vector_loops,
+    lower_math,
+    shifted_by_row_max,
+)
 from deploy.verify.measure import check
 from tests.conftest import REPO, registry_kept, run_deploy
 
@@ -369,6 +377,33 @@ def elementwise(fn, n: int = 64, dtype: str = "float32"):
 
 def fake_context() -> ScheduleContext:
     return context(bound_op("gelu"), get_target("x86"), BuildOptions())
+
+
+def shifted_exp(other_row: bool = False, reducer=te.max) -> tvm.IRModule:
+    """exp(x - high) over rows of 16, high each row's max (or another reduction), read at the
+    same row or (`other_row`) at the next one."""
+    x = te.placeholder((4, 16), "float32", name="x")
+    k = te.reduce_axis((0, 16), name="k")
+    high = te.compute((4,), lambda i: reducer(x[i, k], axis=k), name="high")
+    y = te.compute((4, 16), lambda i, j: te.exp(x[i, j] - high[(i + 1) % 4 if other_row else i]), name="y")
+    return tvm.IRModule({"main": te.create_prim_func([x, y])})
+
+
+def test_exp_of_a_value_minus_its_rows_max_is_known_nonpositive():
+    """softmax's exp(x - max(x)) is clamped from below only (no EXP_HI in its lowering); an exp
+    of x minus another row's max, or minus a row's sum, keeps both clamps."""
+    assert shifted_by_row_max(shifted_exp()["main"]) == ["x-high"]
+    for op in ("softmax", "log_softmax"):
+        sch, ctx = schedule_of(op, [(4, 64)])
+        assert shifted_by_row_max(sch.mod["main"]) == ["x-high"]
+        schedule_by_structure(sch, ctx)
+        lowered = lower_math(sch.mod["main"]).script()
+        assert f"{EXP_LO}" in lowered and f"{EXP_HI}" not in lowered and SHIFTED_KEY not in lowered
+    assert shifted_by_row_max(shifted_exp(other_row=True)["main"]) == []
+    assert shifted_by_row_max(shifted_exp(reducer=te.sum)["main"]) == []
+    sch = tvm.s_tir.Schedule(shifted_exp(other_row=True))
+    assert ask_vector_math(sch, fake_context(), shifted=shifted_by_row_max(sch.mod["main"]))
+    assert f"{EXP_HI}" in lower_math(sch.mod["main"]).script()
 
 
 def test_libm_calls_are_rewritten_unless_asked_for():

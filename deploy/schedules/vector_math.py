@@ -37,6 +37,10 @@ through `sch.state.replace` is not traced, and records rebuilt with libm's calls
 ms measured while tuning, 0.28 ms rebuilt). Loops, not blocks: in TVM 0.27 annotating a block
 after the root block (as a search's unroll choice does) writes into the module the schedule
 was made from, which every later candidate starts from."""
+SHIFTED_KEY = "deploy.shifted_exp"
+"""Loop annotation beside MATH_KEY naming the differences `A-B` (buffer names, `;` between)
+whose exp needs no clamp from above: B is A's maximum along its last axis (`shifted_by_row_max`),
+so A - B <= 0 (a NaN stays NaN). Traced, as MATH_KEY."""
 RECIPROCAL_KEY = "deploy.reciprocal_divides"
 """Loop annotation asking the CPU build for `_reciprocal_divides` (traced, as MATH_KEY)."""
 SPATIAL = 0
@@ -90,11 +94,12 @@ def _clamp(v: Any, low: float, high: float) -> Any:
     return _let(tirx.Select(v < _c(low), _c(low), v), lambda w: tirx.Select(w > _c(high), _c(high), w))
 
 
-def fast_exp(x: Any) -> Any:
+def fast_exp(x: Any, nonpositive: bool = False) -> Any:
     """exp(x), float32: x clamped (EXP_HI, EXP_LO), x = n ln2 + r with n rounded by EXP_ROUND,
     2 exp(r) by EXP_POLY doubled, times 2**(n - 1) from the rounding's bits: n runs from -126
     (0) to 128 (+inf), so 2**(n - 1) is a normal float or 0. 14 vector operations with the
-    clamp; NaN goes through as NaN (its bits shift to a scale of 0, and NaN * 0 is NaN)."""
+    clamp; NaN goes through as NaN (its bits shift to a scale of 0, and NaN * 0 is NaN). A
+    `nonpositive` x (softmax's x - max) is clamped from below only: 13."""
 
     def body(v: Any) -> Any:
         return _let(v * _c(1 / math.log(2)) + _c(EXP_ROUND), lambda t: scaled(v, t))
@@ -108,7 +113,8 @@ def fast_exp(x: Any) -> Any:
 
         return _let(t - _c(EXP_ROUND), lambda n: _let(v - n * _c(LN2_HI) - n * _c(LN2_LO), poly))
 
-    return _let(_clamp(x, EXP_LO, EXP_HI), body)
+    clamped = tirx.Select(x < _c(EXP_LO), _c(EXP_LO), x) if nonpositive else _clamp(x, EXP_LO, EXP_HI)
+    return _let(clamped, body)
 
 
 ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
@@ -228,27 +234,126 @@ REWRITES: dict[str, Callable[[Any], Any]] = {
 """The calls rewritten, by TIR op name."""
 
 
-def _rewrite(call: Any) -> Any:
+def _rewrite(call: Any, shifted: frozenset[str] = frozenset()) -> Any:
     """A float32 call as its polynomial; a float16 one as the float32 polynomial between casts
-    (LLVM has no half erf at all)."""
+    (LLVM has no half erf at all). An exp of a difference named in `shifted` (`A-B`) is
+    nonpositive (SHIFTED_KEY)."""
     if not isinstance(call, ir.expr.Call) or not isinstance(call.op, ir.Op):
         return call
     rewrite, dtype = REWRITES.get(call.op.name), str(call.ty)
     if rewrite is None or dtype not in (F32, "float16"):
         return call
-    value = rewrite(call.args[0].astype(F32))
+    argument = call.args[0].astype(F32)
+    if rewrite is fast_exp and _difference(call.args[0]) in shifted:
+        value = fast_exp(argument, nonpositive=True)
+    else:
+        value = rewrite(argument)
     return value if dtype == F32 else value.astype(dtype)
 
 
-def ask_vector_math(sch: Any, ctx: ScheduleContext, libm: bool = False) -> bool:
+def _loaded(expr: Any) -> Any:
+    """The BufferLoad `expr` is, under any casts; None if it is none."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, ir.TensorLoad) else None
+
+
+def _loads_subtracted(expr: Any) -> tuple[Any, Any] | None:
+    """(load of A, load of B) where `expr` is A[...] - B[...] (under casts); None otherwise."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    if not isinstance(expr, tirx.Sub):
+        return None
+    a, b = _loaded(expr.a), _loaded(expr.b)
+    return (a, b) if a is not None and b is not None else None
+
+
+def _difference(expr: Any) -> str:
+    """`A-B` where `expr` is a load of A minus a load of B (under casts); "" otherwise."""
+    loads = _loads_subtracted(expr)
+    return f"{loads[0].source.name}-{loads[1].source.name}" if loads else ""
+
+
+def _same_row(longer: Any, shorter: Any) -> bool:
+    """`longer` indexes one more axis than `shorter`, after the very same index variables."""
+    return len(longer.indices) == len(shorter.indices) + 1 and all(
+        i.same_as(j) for i, j in zip(longer.indices[:-1], shorter.indices, strict=True)
+    )
+
+
+def _row_max_source(block: Any) -> tuple[str, str] | None:
+    """(B, A) where `block` is B[s...] = max(B[s...], A[s..., k]), k over all of A's last axis."""
+    store, reduced = block.body, [iv for iv in block.iter_vars if int(iv.iter_type) != SPATIAL]
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Max) or len(reduced) != 1:
+        return None
+    for own, read in ((store.value.a, store.value.b), (store.value.b, store.value.a)):
+        own, read = _loaded(own), _loaded(read)
+        if own is None or read is None or not own.source.same_as(store.buffer):
+            continue
+        k = reduced[0]
+        whole = int(k.dom.min) == 0 and tvm_ffi.structural_equal(k.dom.extent, read.source.shape[-1])
+        if (
+            whole
+            and read.indices[-1].same_as(k.var)
+            and _same_row(read, store)
+            and all(i.same_as(j) for i, j in zip(own.indices, store.indices, strict=True))
+        ):
+            return store.buffer.name, read.source.name
+    return None
+
+
+def shifted_by_row_max(func: Any) -> list[str]:
+    """The differences `A-B` (buffer names) of `func`'s exp calls that are never positive: B is
+    written by a max reduction of A along A's last axis (`_row_max_source`), and every exp of
+    A - B in `func` reads A[s..., j] - B[s...], the same row (softmax's exp(x - max(x))).
+    Looked for in the function as computed, before a schedule rewrites its blocks; none where
+    two buffers share a name."""
+    blocks: list[Any] = []
+    buffers: list[Any] = []
+
+    def on_access(node: Any, visitor: Any) -> Any:
+        buffer = node.source if isinstance(node, ir.TensorLoad) else node.buffer
+        if not any(buffer.same_as(b) for b in buffers):
+            buffers.append(buffer)
+        return visitor.default_visit(node)
+
+    def on_block(block: Any, visitor: Any) -> Any:
+        blocks.append(block)
+        return visitor.default_visit(block)
+
+    tvm_ffi.structural_visit(
+        func.body, [(SBlock, on_block), (ir.TensorLoad, on_access), (tirx.BufferStore, on_access)]
+    )
+    if len({b.name for b in buffers}) != len(buffers):
+        return []
+    row_max = dict(filter(None, map(_row_max_source, blocks)))
+    rows: dict[str, bool] = {}
+
+    def on_call(call: Any, visitor: Any) -> Any:
+        loads = _loads_subtracted(call.args[0]) if call.op.same_as(ir.Op.get("tirx.exp")) else None
+        if loads and row_max.get(loads[1].source.name) == loads[0].source.name:
+            name = _difference(call.args[0])
+            rows[name] = rows.get(name, True) and _same_row(*loads)
+        return visitor.default_visit(call)
+
+    tvm_ffi.structural_visit(func.body, [(ir.expr.Call, on_call)])
+    return sorted(name for name, same in rows.items() if same)
+
+
+def ask_vector_math(
+    sch: Any, ctx: ScheduleContext, libm: bool = False, shifted: list[str] | None = None
+) -> bool:
     """Have the CPU build rewrite the float32 and float16 exp, log, erf, sigmoid and tanh calls
     of `sch` as vector polynomials (`lower_math`), unless `libm` or the pick VECTOR_MATH says to
-    keep libm's: MATH_KEY on each outermost loop (a schedule's last step: the loops are final).
-    Whether it asked."""
+    keep libm's: MATH_KEY on each outermost loop (a schedule's last step: the loops are final),
+    and SHIFTED_KEY with the `shifted` differences (`shifted_by_row_max` of the function before
+    it was scheduled). Whether it asked."""
     if libm or not ctx.choices.pick(VECTOR_MATH, (True, False), True):
         return False
     for loop in _outermost_loops(sch, sch.get_sblock("root")):
         sch.annotate(loop, MATH_KEY, 1)
+        if shifted:
+            sch.annotate(loop, SHIFTED_KEY, ";".join(shifted))
     return True
 
 
@@ -309,20 +414,23 @@ def lower_math(func: Any) -> Any:
     are left alone), and under one annotated MATH_KEY every float32 and float16 call of
     REWRITES as its polynomial. The first step of the CPU build (`deploy.compiler.tir_passes`)."""
 
-    def rewrite_calls(body: Any) -> Any:
-        return tvm_ffi.structural_map(body, [(ir.expr.Call, _rewrite)])
+    def rewrite_calls(loop: Any) -> Any:
+        shifted = frozenset(str(loop.annotations.get(SHIFTED_KEY, "")).split(";"))
+        return tvm_ffi.structural_map(
+            loop.body, [(ir.expr.Call, functools.partial(_rewrite, shifted=shifted))]
+        )
 
-    def reciprocals(body: Any) -> Any:
-        return tvm_ffi.structural_map(body, [(SBlock, _reciprocal_divides)])
+    def reciprocals(loop: Any) -> Any:
+        return tvm_ffi.structural_map(loop.body, [(SBlock, _reciprocal_divides)])
 
-    for key, rewrite in ((RECIPROCAL_KEY, reciprocals), (MATH_KEY, rewrite_calls)):
+    for keys, rewrite in (((RECIPROCAL_KEY,), reciprocals), ((MATH_KEY, SHIFTED_KEY), rewrite_calls)):
 
-        def lowered(loop: Any, key: str = key, rewrite: Callable[[Any], Any] = rewrite) -> Any:
-            if key not in loop.annotations:
+        def lowered(loop: Any, keys: tuple[str, ...] = keys, rewrite: Callable[[Any], Any] = rewrite) -> Any:
+            if keys[0] not in loop.annotations:
                 return loop
-            kept = {k: v for k, v in loop.annotations.items() if k != key}
+            kept = {k: v for k, v in loop.annotations.items() if k not in keys}
             return tirx.For(
-                loop.loop_var, loop.min, loop.extent, loop.kind, rewrite(loop.body), loop.thread_binding,
+                loop.loop_var, loop.min, loop.extent, loop.kind, rewrite(loop), loop.thread_binding,
                 kept, loop.step,
             )  # fmt: skip
 

@@ -48,7 +48,7 @@ from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer
 from deploy.schedules.loops import extent, mentions, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
-from deploy.schedules.vector_math import ask_reciprocal_divides, ask_vector_math
+from deploy.schedules.vector_math import ask_reciprocal_divides, ask_vector_math, shifted_by_row_max
 
 DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
 """A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (12 of AVX2's
@@ -554,8 +554,9 @@ def schedule_by_structure(sch: Any, ctx: ScheduleContext) -> Taken:
     """Schedule `sch` by the structure of its costliest block (see the module): the rule taken,
     tried on a copy first, so a rule that does not fit leaves `sch` to the generic schedule. Its
     calls become vector math (`ask_vector_math`, asked last: see MATH_KEY)."""
+    shifted = shifted_by_row_max(sch.mod["main"])
     taken = _rule_taken(sch, ctx)
-    ask_vector_math(sch, ctx)
+    ask_vector_math(sch, ctx, shifted=shifted)
     return taken
 
 
