@@ -415,7 +415,7 @@ def lower_math(func: Any) -> Any:
     REWRITES as its polynomial. The first step of the CPU build (`deploy.compiler.tir_passes`)."""
 
     def rewrite_calls(loop: Any) -> Any:
-        shifted = frozenset(str(loop.annotations.get(SHIFTED_KEY, "")).split(";"))
+        shifted = frozenset(filter(None, str(loop.annotations.get(SHIFTED_KEY, "")).split(";")))
         return tvm_ffi.structural_map(
             loop.body, [(ir.expr.Call, functools.partial(_rewrite, shifted=shifted))]
         )
