@@ -31,7 +31,7 @@ import onnx
 
 from deploy.base.ctext import c_string, c_word
 from deploy.base.errors import DeployError, UsageError, printable, reason
-from deploy.base.files import replacing_directory
+from deploy.base.files import replacing_directory, sha256_file
 from deploy.base.paths import cache_root
 from deploy.compiler.bundle import CFLAGS, run_tool
 from deploy.engines import Engine, engine_source, register, write_bundles
@@ -450,6 +450,13 @@ def reference(model: Path, nodes: list[ServedNode], feeds: dict[str, np.ndarray]
     return [values[v.name] for v in proto.graph.output]
 
 
+AARCH64_VERSION = "1.32.0"
+"""The onnxruntime release whose aarch64 library deploy runs (under qemu, or on an aarch64 board)."""
+AARCH64_WHEEL = "onnxruntime-1.32.0-cp311-cp311-manylinux_2_28_aarch64.whl"
+AARCH64_WHEEL_SHA256 = "2303372a85299b6757b0e11e1cbf13e410ddf7e10c37f4b37e99d1c90e7daf7c"
+AARCH64_LIBRARY_SHA256 = "49852228a93995158b2a813d4df487d47a1b76b0eaa894507ef49e91b6d7954a"
+"""The sha256 of that wheel as PyPI serves it, and of the library deploy keeps from it: both are
+checked, the wheel when it is fetched and the kept library at each use."""
 FETCH_MB = 23
 """About what onnxruntime's aarch64 wheel weighs."""
 CPUINFO_BLOCK = """processor\t: {n}
@@ -465,45 +472,48 @@ CPU revision\t: 1
 /proc/cpuinfo in a static initializer and crashes on an x86 one under qemu-user."""
 
 
+def _check_pinned(path: Path, expected: str, remedy: str) -> None:
+    """`path` holds the bytes deploy pinned: a one-line DeployError naming it and both digests."""
+    found = sha256_file(path)
+    if found != expected:
+        raise DeployError(f"{path} has sha256 {found}, expected {expected} (pinned by deploy): {remedy}")
+
+
 def aarch64_runtime(say: Callable[[str], None]) -> Path:
-    """onnxruntime's aarch64 library, of the version installed here, from its PyPI wheel: fetched
-    once by pip (`say`s so, with the size) into deploy's cache, the library alone kept."""
+    """onnxruntime's aarch64 library (AARCH64_VERSION), from its PyPI wheel: fetched once by pip
+    (`say`s so, with the size) into deploy's cache, the wheel's sha256 checked before the library
+    alone is kept, and the kept library's at each use."""
     import sys
     import zipfile
 
-    import onnxruntime
-
     from deploy.base.locks import locked
 
-    version = onnxruntime.__version__
-    place = cache_root() / "onnxruntime" / f"{version}-aarch64"
+    place = cache_root() / "onnxruntime" / f"{AARCH64_VERSION}-aarch64"
     library = place / "libonnxruntime.so.1"
     place.mkdir(parents=True, exist_ok=True)
     with locked(place.with_name(f"{place.name}.lock")):
-        if library.is_file():
-            return library
-        say(
-            f"deploy: fetching onnxruntime {version}'s aarch64 wheel once with pip (about {FETCH_MB} MB);"
-            f" its library is kept in {place}"
-        )
-        with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "--platform", "manylinux_2_28_aarch64", "--python-version",
-                 f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp", "-d", fetched,
-                 f"onnxruntime=={version}"],
-                capture_output=True, text=True,
-            )  # fmt: skip
-            wheels = list(Path(fetched).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-                raise DeployError(f"pip could not fetch onnxruntime {version}'s aarch64 wheel: {tail}")
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                inside = [n for n in wheel.namelist() if Path(n).name.startswith("libonnxruntime.so.1.")]
-                if not inside:
-                    raise DeployError(f"{wheels[0].name} holds no libonnxruntime.so.1.*")
-                (Path(fetched) / "lib").write_bytes(wheel.read(inside[0]))
-            os.replace(Path(fetched) / "lib", library)
+        if not library.is_file():
+            say(
+                f"deploy: fetching onnxruntime {AARCH64_VERSION}'s aarch64 wheel once with pip (about"
+                f" {FETCH_MB} MB); its library is kept in {place}"
+            )
+            with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                     "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11", "--implementation",
+                     "cp", "-d", fetched, f"onnxruntime=={AARCH64_VERSION}"],
+                    capture_output=True, text=True,
+                )  # fmt: skip
+                wheel_path = Path(fetched) / AARCH64_WHEEL
+                if proc.returncode != 0 or not wheel_path.is_file():
+                    said = (proc.stderr or proc.stdout).strip().splitlines()[-2:] or [f"no {AARCH64_WHEEL}"]
+                    raise DeployError(f"pip could not fetch {AARCH64_WHEEL}: {' | '.join(said)}")
+                _check_pinned(wheel_path, AARCH64_WHEEL_SHA256, "the index serves other bytes: refusing it")
+                with zipfile.ZipFile(wheel_path) as wheel:
+                    inside = f"onnxruntime/capi/libonnxruntime.so.{AARCH64_VERSION}"
+                    (Path(fetched) / "lib").write_bytes(wheel.read(inside))
+                os.replace(Path(fetched) / "lib", library)
+        _check_pinned(library, AARCH64_LIBRARY_SHA256, "delete it to fetch it again")
     return library
 
 
