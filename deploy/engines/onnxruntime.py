@@ -9,7 +9,8 @@ libstdc++, nothing of onnxruntime linked (its API comes from the `OrtApiBase` it
 The C API headers are onnxruntime 1.29.0's, fetched by ci/setup.sh into deploy's cache.
 
 `test` runs the model with the library in onnxruntime (on x86 its Python API; on arm its aarch64
-library under qemu, by `onnxruntime_host.c`) and compares every output with a reference run of
+library under qemu, by `onnxruntime_host.c`; on a board, that host pushed there with the
+engine's library by `board.py`) and compares every output with a reference run of
 the same model node by node: standard nodes in onnxruntime, the served nodes by their op's numpy
 reference.
 """
