@@ -70,10 +70,10 @@ def run_on_board(
     timeout_s: float,
 ) -> subprocess.CompletedProcess[str]:
     """Run `program` (a name of `files`) on `board` with `args(where the files are there)`, in a
-    fresh directory holding `inputs`, under the board's `timeout`; the files it leaves there
-    named by `outputs`' listing afterwards are fetched into `outputs` (a local directory) when it
-    succeeds. `files` maps each name the host expects (`lib/x.so` for a subdirectory) to the
-    local file. Returns what it exited with and printed, as subprocess.run would."""
+    fresh directory holding `inputs`, under the board's `timeout`; when it succeeds, the files it
+    wrote there (all but the inputs) are fetched into the local directory `outputs`. `files` maps
+    each name the host expects (`lib/x.so` for a subdirectory) to the local file. Returns what it
+    exited with and printed (its stderr's last lines), as subprocess.run would."""
     client = ssh_connect(board)
     try:
         shell = BoardShell(board, client)
