@@ -70,4 +70,24 @@ if [[ ! -f $ET_ARM/lib/libexecutorch.so ]]; then
     mv "$ET_ARM/lib.partial" "$ET_ARM/lib"
     rm -rf "$fetch"
 fi
+# An onnxruntime older than deploy's plugin needs (its API 16: onnxruntime 1.16), for the test
+# that the plugin refuses it in one line (tests/test_onnxruntime_versions.py): onnxruntime 1.15.1,
+# the last release before 1.16, with the numpy 1.x it was built against; their cp311 x86_64
+# wheels, sha256-pinned, unpacked into deploy's cache (its PyPI wheel has no libonnxruntime.so:
+# the Python module is how it loads a plugin).
+ORT_OLD=${DEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/deploy}/onnxruntime/1.15.1-x86_64
+if [[ $(uname -m) == x86_64 && ! -d $ORT_OLD/site/onnxruntime ]]; then
+    echo "setup: fetching onnxruntime 1.15.1 and numpy 1.26.4 once (cp311 x86_64 wheels, 24 MB; 81 MB unpacked in $ORT_OLD)"
+    fetch=$(mktemp -d)
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
+        --python-version 3.11 --implementation cp -d "$fetch" onnxruntime==1.15.1 numpy==1.26.4
+    (cd "$fetch" && sha256sum -c --quiet --strict) <<'SUMS'
+2f748cce6a70ed38c19658615c55f4eedb9192765a4e9c4bd2682adfe980698d  onnxruntime-1.15.1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+666dbfb6ec68962c033a450943ded891bed2d54e6755e35e5835d63f4f6931d5  numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+SUMS
+    for wheel in "$fetch"/*.whl; do python3 -m zipfile -e "$wheel" "$fetch/site"; done
+    mkdir -p "$ORT_OLD"
+    rm -rf "$ORT_OLD/site.partial" && mv "$fetch/site" "$ORT_OLD/site.partial" && mv "$ORT_OLD/site.partial" "$ORT_OLD/site"
+    rm -rf "$fetch"
+fi
 echo "setup: ready ($(.venv/bin/deploy --version 2>/dev/null || echo deploy))"

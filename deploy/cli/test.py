@@ -66,7 +66,7 @@ def test_command(
 
     target, options = resolve_build(target_name, tuned, cores, layout, model)
     if engine_name is not None:
-        _test_in_engine(engine_name, model, op_names, dtypes, target, options)
+        _test_in_engine(engine_name, model, op_names, dtypes, target, options, where)
         return
     if model is not None:
         if op_names or dtypes:
@@ -114,23 +114,27 @@ def _test_in_engine(
     dtypes: tuple[str, ...],
     target: Any,
     options: Any,
+    where: DeviceChoice,
 ) -> None:
     """`deploy test --model M --engine NAME`: the engine's test of the model with its plugin,
-    built into a temporary directory."""
+    built into a temporary directory; run here, under the target's emulator, or on the board
+    `--device` names."""
     import functools
     import tempfile
     from pathlib import Path
 
     from deploy.engines import get_engine
+    from deploy.engines.board import engine_board
 
     engine = get_engine(engine_name)
     if model is None or op_names or dtypes:
         raise UsageError(
             f"--engine {engine.name}: give --model FILE and no --op or --dtype: a model runs in it"
         )
+    board = engine_board(engine.name, target, where)
     with tempfile.TemporaryDirectory(prefix="deploy-engine-") as scratch:
         say = functools.partial(click.echo, err=True)
-        for line in engine.test(Path(model), Path(scratch) / "plugin", target, options, say):
+        for line in engine.test(Path(model), Path(scratch) / "plugin", target, options, say, board):
             click.echo(line)
 
 

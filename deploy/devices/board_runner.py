@@ -97,7 +97,7 @@ class SshRunnerLink:
         self._run(f"rm -rf -- {shlex.quote(remote)}")  # a bundle of these sums cut short, or changed
         with self.shell.files(f"pushing {directory.name} to {staging}") as sftp:
             for folder in sorted({posixpath.dirname(posixpath.join(staging, name)) for name in files}):
-                _make_dirs(sftp, folder)
+                make_dirs(sftp, folder)
             for name in files:
                 sftp.put(str(directory / name), posixpath.join(staging, name))
             sftp.chmod(posixpath.join(staging, program), 0o755)
@@ -115,7 +115,7 @@ class SshRunnerLink:
         work = posixpath.join(self.calls, secrets.token_hex(8))
         try:
             with self.shell.files(f"pushing the inputs to {work}") as sftp:
-                _make_dirs(sftp, work)
+                make_dirs(sftp, work)
                 for path in inputs:
                     sftp.put(str(path), posixpath.join(work, path.name))
             args = [posixpath.join(bundle, RUNNER), bundle]
@@ -143,7 +143,7 @@ class SshRunnerLink:
             raise DeployError(f"{self.shell.board.name}: `{command}` failed: {said}")
 
 
-def _make_dirs(sftp: paramiko.SFTPClient, path: str) -> None:
+def make_dirs(sftp: paramiko.SFTPClient, path: str) -> None:
     """`mkdir -p` over SFTP (the board may have no `mkdir`: deploy runs only TOOLS there)."""
     parent = posixpath.dirname(path)
     if parent and parent != path:
@@ -151,7 +151,7 @@ def _make_dirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(parent)
             parent = ""
         if parent:
-            _make_dirs(sftp, parent)
+            make_dirs(sftp, parent)
     with suppress(OSError):
         sftp.mkdir(path)
 

@@ -22,8 +22,9 @@ from deploy.ops.spec import BoundOp
 class Engine:
     """An engine: its name, what its plugin is (for messages), `build` (the op's or model's
     plugin into a directory; returns lines to print) and `test` (a model run in the engine with
-    its plugin against a reference, told how to say what it fetches; returns lines to print,
-    raises a DeployError when an output differs)."""
+    its plugin against a reference, told how to say what it fetches and the board to run on,
+    None for here or the emulator; returns lines to print, raises a DeployError when an output
+    differs)."""
 
     name: str
     plugin: str

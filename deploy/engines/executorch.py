@@ -13,7 +13,7 @@ import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from deploy.engines.executorch_library import (
 )
 from deploy.ops.spec import BoundOp, TensorType
 from deploy.ops.tolerance import Rule, combined, op_rule
+
+if TYPE_CHECKING:
+    from deploy.devices.boards import Board
 
 SUMMING = ("aten::linear", "aten::mm", "aten::matmul", "aten::bmm", "aten::addmm")
 """ATen ops of an exported program that sum over their first matrix's last dim (addmm's second
@@ -198,11 +201,19 @@ def eager(program: Any, arrays: list[np.ndarray], magnitude: bool = False) -> li
     return [r.detach().numpy() for r in results]
 
 
-def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[[str], None]) -> list[str]:
+def test(
+    model: Path,
+    directory: Path,
+    target: Any,
+    options: Any,
+    say: Callable[[str], None],
+    board: Board | None = None,
+) -> list[str]:
     """`deploy test --model M.pt2 --engine executorch`: build the kernel library of the deploy ops
     the program calls into `directory`, lower the program to a .pte beside it, run it in the host
-    on random inputs (plain, ties, and with NaN and infinities planted) and compare every output
-    with the program run eagerly (`eager`) under the ops' rules and the program's sums'."""
+    (here, under the emulator, or pushed to `board`) on random inputs (plain, ties, and with NaN
+    and infinities planted) and compare every output with the program run eagerly (`eager`)
+    under the ops' rules and the program's sums'."""
     from deploy.verify.compare import INPUT_SETS, compare_all, random_input
 
     _check_arch(target)
@@ -228,7 +239,7 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
     for inputs_set in INPUT_SETS:
         arrays = [random_input(t, rng, inputs_set.ties, inputs_set.specials) for t in inputs]
         want = eager(program, arrays)
-        got = run_host(place, pte, arrays, len(want), target.arch)
+        got = run_host(place, pte, arrays, len(want), target.arch, board)
         names = [f"output{i}" for i in range(len(want))]
         result = compare_all(want, got, exact, names, rule, eager(program, arrays, magnitude=True))
         if not result.ok:
@@ -236,7 +247,8 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
         error = f"max error {result.max_error:.3g}"
         lines.append(f"  {len(want)} output(s) on {inputs_set.label} inputs: ok ({error})")
     kernels = ", ".join(f"{NAMESPACE}::{op}.out" for op in served)
-    lines.insert(0, f"{model} in ExecuTorch on {target.name} with {kernels} from deploy: ok")
+    where = target.name if board is None else f"{target.name}, board {board.name}"
+    lines.insert(0, f"{model} in ExecuTorch on {where} with {kernels} from deploy: ok")
     return lines
 
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from deploy.engines import engine_source, write_bundles
 from deploy.ops import bind
 from deploy.ops.attrs import Attr, Bool, Float, Int
 from deploy.ops.spec import BoundOp, Op, TensorType
+
+if TYPE_CHECKING:
+    from deploy.devices.boards import Board
 
 VERSION = "1.5.1"
 """The ExecuTorch release whose headers, libraries and exporter deploy uses."""
@@ -250,25 +253,44 @@ def shown_call(bound: BoundOp) -> str:
     return ", ".join([shown_types(bound), *attrs])
 
 
-def run_host(directory: Path, pte: Path, arrays: list[np.ndarray], count: int, arch: str) -> list[np.ndarray]:
+def run_host(
+    directory: Path, pte: Path, arrays: list[np.ndarray], count: int, arch: str, board: Board | None = None
+) -> list[np.ndarray]:
     """The .pte's `count` outputs for `arrays`, run by the plugin's host (under `arch`'s emulator
-    where it is not this machine's). A failed run is one line: the kernel's own reason where
+    where it is not this machine's; on `board`, with the directory and the .pte pushed
+    there, when one is given). A failed run is one line: the kernel's own reason where
     ExecuTorch logged one, else the host's."""
     from deploy.devices.platforms import get_platform
 
     platform = get_platform(arch)
-    platform.require_emulator()
+    if board is None:
+        platform.require_emulator()
     with tempfile.TemporaryDirectory(prefix="deploy-et-run-") as scratch:
         work = Path(scratch)
-        command = [*platform.emulator_command(), str(directory / HOST), str(pte)]
+        files = []  # the host's -i and -o files, named in `work`
         for i, array in enumerate(arrays):
             np.ascontiguousarray(array).tofile(work / f"in{i}.bin")
-            command += ["-i", str(work / f"in{i}.bin")]
+            files += ["-i", f"in{i}.bin"]
         outputs = [work / f"out{i}.bin" for i in range(count)]
-        for path in outputs:
-            command += ["-o", str(path)]
+        files += [word for path in outputs for word in ("-o", path.name)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=HOST_SECONDS, check=False)
+            if board is None:
+                paths = [word if word.startswith("-") else str(work / word) for word in files]
+                command = [*platform.emulator_command(), str(directory / HOST), str(pte), *paths]
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=HOST_SECONDS, check=False
+                )
+            else:
+                from deploy.engines.board import run_on_board
+
+                pushed = {str(p.relative_to(directory)): p for p in directory.rglob("*") if p.is_file()}
+                pushed[pte.name] = pte
+                inputs = [work / f"in{i}.bin" for i in range(len(arrays))]
+
+                def args(remote: str) -> list[str]:  # run in the call's directory, holding the files
+                    return [f"{remote}/{HOST}", f"{remote}/{pte.name}", *files]
+
+                done = run_on_board(board, pushed, HOST, args, inputs, work, HOST_SECONDS)
         except subprocess.TimeoutExpired:
             raise DeployError(f"ExecuTorch: {HOST} ran past {HOST_SECONDS} s") from None
         if done.returncode != 0:

@@ -9,7 +9,8 @@ libstdc++, nothing of onnxruntime linked (its API comes from the `OrtApiBase` it
 The C API headers are onnxruntime 1.29.0's, fetched by ci/setup.sh into deploy's cache.
 
 `test` runs the model with the library in onnxruntime (on x86 its Python API; on arm its aarch64
-library under qemu, by `onnxruntime_host.c`) and compares every output with a reference run of
+library under qemu, by `onnxruntime_host.c`; on a board, that host pushed there with the
+engine's library by `board.py`) and compares every output with a reference run of
 the same model node by node: standard nodes in onnxruntime, the served nodes by their op's numpy
 reference.
 """
@@ -24,19 +25,22 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from deploy.base.ctext import c_string, c_word
 from deploy.base.errors import DeployError, UsageError, printable, reason
-from deploy.base.files import replacing_directory
+from deploy.base.files import replacing_directory, sha256_file
 from deploy.base.paths import cache_root
 from deploy.compiler.bundle import CFLAGS, run_tool
 from deploy.engines import Engine, engine_source, register, write_bundles
 from deploy.ops.onnx_mapping import domain_key, onnx_label
 from deploy.ops.spec import BoundOp, TensorType, is_symbolic
+
+if TYPE_CHECKING:
+    from deploy.devices.boards import Board
 
 HEADERS_VERSION = "1.29.0"
 HEADER = "onnxruntime_c_api.h"
@@ -447,6 +451,13 @@ def reference(model: Path, nodes: list[ServedNode], feeds: dict[str, np.ndarray]
     return [values[v.name] for v in proto.graph.output]
 
 
+AARCH64_VERSION = "1.32.0"
+"""The onnxruntime release whose aarch64 library deploy runs (under qemu, or on an aarch64 board)."""
+AARCH64_WHEEL = "onnxruntime-1.32.0-cp311-cp311-manylinux_2_28_aarch64.whl"
+AARCH64_WHEEL_SHA256 = "2303372a85299b6757b0e11e1cbf13e410ddf7e10c37f4b37e99d1c90e7daf7c"
+AARCH64_LIBRARY_SHA256 = "49852228a93995158b2a813d4df487d47a1b76b0eaa894507ef49e91b6d7954a"
+"""The sha256 of that wheel as PyPI serves it, and of the library deploy keeps from it: both are
+checked, the wheel when it is fetched and the kept library at each use."""
 FETCH_MB = 23
 """About what onnxruntime's aarch64 wheel weighs."""
 CPUINFO_BLOCK = """processor\t: {n}
@@ -462,65 +473,90 @@ CPU revision\t: 1
 /proc/cpuinfo in a static initializer and crashes on an x86 one under qemu-user."""
 
 
+def _check_pinned(path: Path, expected: str, remedy: str) -> None:
+    """`path` holds the bytes deploy pinned: a one-line DeployError naming it and both digests."""
+    found = sha256_file(path)
+    if found != expected:
+        raise DeployError(f"{path} has sha256 {found}, expected {expected} (pinned by deploy): {remedy}")
+
+
 def aarch64_runtime(say: Callable[[str], None]) -> Path:
-    """onnxruntime's aarch64 library, of the version installed here, from its PyPI wheel: fetched
-    once by pip (`say`s so, with the size) into deploy's cache, the library alone kept."""
+    """onnxruntime's aarch64 library (AARCH64_VERSION), from its PyPI wheel: fetched once by pip
+    (`say`s so, with the size) into deploy's cache, the wheel's sha256 checked before the library
+    alone is kept, and the kept library's at each use."""
     import sys
     import zipfile
 
-    import onnxruntime
-
     from deploy.base.locks import locked
 
-    version = onnxruntime.__version__
-    place = cache_root() / "onnxruntime" / f"{version}-aarch64"
+    place = cache_root() / "onnxruntime" / f"{AARCH64_VERSION}-aarch64"
     library = place / "libonnxruntime.so.1"
     place.mkdir(parents=True, exist_ok=True)
     with locked(place.with_name(f"{place.name}.lock")):
-        if library.is_file():
-            return library
-        say(
-            f"deploy: fetching onnxruntime {version}'s aarch64 wheel once with pip (about {FETCH_MB} MB);"
-            f" its library is kept in {place}"
-        )
-        with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "--platform", "manylinux_2_28_aarch64", "--python-version",
-                 f"{sys.version_info[0]}.{sys.version_info[1]}", "--implementation", "cp", "-d", fetched,
-                 f"onnxruntime=={version}"],
-                capture_output=True, text=True,
-            )  # fmt: skip
-            wheels = list(Path(fetched).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-                raise DeployError(f"pip could not fetch onnxruntime {version}'s aarch64 wheel: {tail}")
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                inside = [n for n in wheel.namelist() if Path(n).name.startswith("libonnxruntime.so.1.")]
-                if not inside:
-                    raise DeployError(f"{wheels[0].name} holds no libonnxruntime.so.1.*")
-                (Path(fetched) / "lib").write_bytes(wheel.read(inside[0]))
-            os.replace(Path(fetched) / "lib", library)
+        if not library.is_file():
+            say(
+                f"deploy: fetching onnxruntime {AARCH64_VERSION}'s aarch64 wheel once with pip (about"
+                f" {FETCH_MB} MB); its library is kept in {place}"
+            )
+            with tempfile.TemporaryDirectory(dir=place.parent, prefix=".fetch-") as fetched:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                     "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11", "--implementation",
+                     "cp", "-d", fetched, f"onnxruntime=={AARCH64_VERSION}"],
+                    capture_output=True, text=True,
+                )  # fmt: skip
+                wheel_path = Path(fetched) / AARCH64_WHEEL
+                if proc.returncode != 0 or not wheel_path.is_file():
+                    said = (proc.stderr or proc.stdout).strip().splitlines()[-2:] or [f"no {AARCH64_WHEEL}"]
+                    raise DeployError(f"pip could not fetch {AARCH64_WHEEL}: {' | '.join(said)}")
+                _check_pinned(wheel_path, AARCH64_WHEEL_SHA256, "the index serves other bytes: refusing it")
+                with zipfile.ZipFile(wheel_path) as wheel:
+                    inside = f"onnxruntime/capi/libonnxruntime.so.{AARCH64_VERSION}"
+                    (Path(fetched) / "lib").write_bytes(wheel.read(inside))
+                os.replace(Path(fetched) / "lib", library)
+        _check_pinned(library, AARCH64_LIBRARY_SHA256, "delete it to fetch it again")
     return library
 
 
-def run_emulated(
-    model: Path, library: Path, feeds: dict[str, np.ndarray], target: Any, say: Callable[[str], None]
+def installed_runtime() -> Path:
+    """The x86_64 library of the onnxruntime installed here (its wheel's `capi/`), which a board
+    runs; a one-line DeployError where the package has none."""
+    import onnxruntime
+
+    capi = Path(onnxruntime.__file__).parent / "capi"
+    found = sorted(capi.glob("libonnxruntime.so.1.*"))
+    if not found:
+        raise DeployError(f"onnxruntime {onnxruntime.__version__} has no libonnxruntime.so.1.* in {capi}")
+    return found[0]
+
+
+HOST_SECONDS = 600
+"""The longest the C host may run a model, under the emulator or on a board."""
+
+
+def run_hosted(
+    model: Path,
+    library: Path,
+    feeds: dict[str, np.ndarray],
+    target: Any,
+    say: Callable[[str], None],
+    board: Board | None = None,
 ) -> list[np.ndarray]:
-    """The model's outputs from onnxruntime's aarch64 library under qemu-user, run by deploy's C
-    host (onnxruntime_host.c, no Python) with the plugin `library`; the emulator sees an arm64
-    /proc/cpuinfo (bind-mounted in a mount namespace of its own: needs root)."""
+    """The model's outputs from deploy's C host (onnxruntime_host.c, no Python) with the plugin
+    `library`: on `board`, pushed there with onnxruntime's library for its CPU and the model;
+    else onnxruntime's aarch64 library under qemu-user, which sees an arm64 /proc/cpuinfo
+    (bind-mounted in a mount namespace of its own: needs root)."""
     from deploy.devices.native import require_tool
     from deploy.devices.platforms import get_platform
 
-    if os.geteuid() != 0:
+    if board is None and os.geteuid() != 0:
         raise DeployError(
             "deploy test --engine onnxruntime --target arm needs root: onnxruntime's aarch64 library"
             " crashes on the host's x86 /proc/cpuinfo under qemu, and showing it an arm64 one takes a mount"
         )
     platform = get_platform(target.arch)
     gcc = require_tool(platform, "gcc", platform.gcc_package)
-    runtime = aarch64_runtime(say)
+    runtime = aarch64_runtime(say) if target.arch == "aarch64" else installed_runtime()
     with tempfile.TemporaryDirectory(prefix="deploy-ort-host-") as scratch:
         work = Path(scratch)
         host = work / "deploy-ort-host"
@@ -529,31 +565,43 @@ def run_emulated(
             [gcc, "-std=c11", "-O2", "-Wall", f"-I{require_headers()}", str(source), "-o", str(host), "-ldl"],
             f"{gcc} on {source.name}",
         )
-        cpus = os.cpu_count() or 1
-        (work / "cpuinfo").write_text("\n".join(CPUINFO_BLOCK.format(n=n) for n in range(cpus)) + "\n")
-        specs = []
+        specs, inputs = [], []  # the input files are named relative to `work`, where the host runs
         for number, (name, array) in enumerate(feeds.items()):
-            path = work / f"input{number}.bin"
-            np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tofile(path)
+            inputs.append(work / f"input{number}.bin")
+            np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tofile(inputs[-1])
             dims = "x".join(map(str, array.shape))
-            specs.append(f"{name}={ELEM_TYPES[str(array.dtype)]}:{dims}:{path}")
+            specs.append(f"{name}={ELEM_TYPES[str(array.dtype)]}:{dims}:{inputs[-1].name}")
         (work / "out").mkdir()
-        emulated = [
-            *platform.emulator_command(),
-            str(host),
-            str(runtime),
-            str(model),
-            str(library),
-            str(work / "out"),
-        ]
-        script = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
-        proc = subprocess.run(
-            ["unshare", "-m", "sh", "-c", script, str(work / "cpuinfo"), *emulated, *specs],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        if board is None:
+            cpus = os.cpu_count() or 1
+            (work / "cpuinfo").write_text("\n".join(CPUINFO_BLOCK.format(n=n) for n in range(cpus)) + "\n")
+            emulated = [*platform.emulator_command(), str(host), str(runtime), str(model.resolve()),
+                        str(library.resolve()), "out", *specs]  # fmt: skip
+            script = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
+            proc = subprocess.run(
+                ["unshare", "-m", "sh", "-c", script, str(work / "cpuinfo"), *emulated],
+                capture_output=True, text=True, timeout=HOST_SECONDS, cwd=work,
+            )  # fmt: skip
+            where = f"under {platform.emulator_command()[0]}"
+        else:
+            from deploy.engines.board import run_on_board
+
+            pushed = {
+                host.name: host,
+                "libonnxruntime.so.1": runtime,
+                "model.onnx": model,
+                library.name: library,
+            }
+
+            def args(remote: str) -> list[str]:
+                files = [f"{remote}/{name}" for name in ("libonnxruntime.so.1", "model.onnx", library.name)]
+                return [f"{remote}/{host.name}", *files, ".", *specs]
+
+            proc = run_on_board(board, pushed, host.name, args, inputs, work / "out", HOST_SECONDS)
+            where = f"on {board.name}"
         if proc.returncode != 0:
             said = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
-            raise DeployError(f"onnxruntime under {platform.emulator_command()[0]}: {said[-1]}")
+            raise DeployError(f"onnxruntime {where}: {said[-1]}")
         outputs, listing = [], proc.stdout  # a line per output: "INDEX ELEM D0xD1x..."
         for line in listing.splitlines():
             index, elem, dims = [*line.split(), ""][:3]
@@ -565,11 +613,19 @@ def run_emulated(
         return outputs
 
 
-def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[[str], None]) -> list[str]:
+def test(
+    model: Path,
+    directory: Path,
+    target: Any,
+    options: Any,
+    say: Callable[[str], None],
+    board: Board | None = None,
+) -> list[str]:
     """`deploy test --model M --engine onnxruntime`: build the plugin into `directory`, run the
     model with it on random inputs (plain, ties, and with NaN and infinities planted) in
     onnxruntime (on x86 its Python API; on arm its aarch64 library under the emulator, by a C
-    host) and compare each output with `reference` (bit for bit where every served op is exact)."""
+    host; on `board`, the C host pushed there) and compare each output with `reference` (bit for
+    bit where every served op is exact)."""
     from deploy.verify.compare import INPUT_SETS, compare, random_input
     from deploy.verify.onnx_reference import agrees_on_nan, installed
 
@@ -588,9 +644,9 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
     rule = next((n.bound.rule() for n in nodes if not n.bound.exact), None)
     lines = []
     rng = np.random.default_rng(0)
-    emulated = target.arch != "x86_64"
+    aarch64 = target.arch != "x86_64"
     for inputs_set in INPUT_SETS:
-        if emulated and inputs_set.specials and not agrees_on_nan(model):
+        if aarch64 and inputs_set.specials and not agrees_on_nan(model):
             lines.append(
                 f"  {inputs_set.label} inputs: not compared (the reference runs standard nodes in x86"
                 " onnxruntime, whose NaN handling differs from its aarch64 build in some ops:"
@@ -603,8 +659,11 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
                 raise UsageError(f"model {model}: input {printable(name)!r} has no known type")
             static = TensorType(tuple(2 if is_symbolic(d) else d for d in t.shape), t.dtype)
             feeds[name] = random_input(static, rng, inputs_set.ties, inputs_set.specials)
+        hosted = aarch64 or board is not None
         got = (
-            run_emulated(model, library, feeds, target, say) if emulated else run_model(model, library, feeds)
+            run_hosted(model, library, feeds, target, say, board)
+            if hosted
+            else run_model(model, library, feeds)
         )
         want = reference(model, nodes, feeds)
         for output, g, w in zip(proto.graph.output, got, want, strict=True):
@@ -614,6 +673,7 @@ def test(model: Path, directory: Path, target: Any, options: Any, say: Callable[
                 raise DeployError(f"onnxruntime with the plugin: output {what} differs: {result.detail}")
             lines.append(f"  output {what}: ok (max error {result.max_error:.3g})")
     where = "x86" if target.arch == "x86_64" else f"{target.name}, emulated"
+    where = where if board is None else f"{target.name}, board {board.name}"
     lines.insert(0, f"{model} in onnxruntime ({where}) with deploy's plugin: {len(nodes)} node(s) served, ok")
     return lines
 
