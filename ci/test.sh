@@ -7,11 +7,12 @@
 # Most tests keep one core busy (a compile, an emulator run), so pytest runs one worker process per
 # CPU this job may use (pytest-xdist; nproc counts a cpuset, as deploy's host_cpus does), each test
 # file whole in one worker (--dist loadfile: what a file's tests share, an emulator session or the
-# matrix's bundles, is built once). `-n 0` as an extra argument runs them in this process.
+# matrix's bundles, is built once), the longest files first (tests/conftest.py: LONGEST_FILES;
+# xdist's own reorder is by number of tests). `-n 0` as an extra argument runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest -q -n "$(nproc)" --dist loadfile --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "$(nproc)" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -21,6 +21,23 @@ DEPLOY = str(Path(sys.executable).with_name("deploy"))
 _FILE_SECONDS: dict[str, float] = {}
 
 
+LONGEST_FILES = (
+    "test_ops_matrix.py", "test_bundle.py", "test_tune.py", "test_graphs.py", "test_ssh.py",
+    "test_engine_boards.py", "test_bench.py", "test_executorch.py", "test_engines.py",
+)  # fmt: skip
+"""The files that took longest in CI (809 s for the matrix down to 110 s), longest first: each
+CI worker takes the next whole file when it is done with one (`--dist loadfile`), so these go
+first and the short ones fill in at the end, where a long file started last would leave the
+other workers idle (longest-first scheduling). Update it from a CI run's "slowest files"."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of LONGEST_FILES first, longest first; the others after, as collected (with
+    `--no-loadscope-reorder`, the order CI's workers take the files in)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Seconds per test file (setup, call and teardown), for the summary below."""
     path = report.nodeid.split("::", 1)[0]
