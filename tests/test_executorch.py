@@ -321,3 +321,22 @@ def test_an_op_of_the_users_files(tmp_path: Path) -> None:
         f"error: --model {model}: it calls deploy::hard_tanh, which is no registered op"
         " (an op of your own files: deploy --ops-path DIR)"
     )
+
+
+def test_the_bench_script_runs_end_to_end() -> None:
+    """bench/engine_executorch.py at its smallest: a row per thread count, with deploy's time,
+    ExecuTorch's, their ratio and the crossing cost; a bad size is one line, exit 2."""
+    script = [sys.executable, str(REPO / "bench" / "engine_executorch.py")]
+    done = subprocess.run([*script, "--size", "32", "--rounds", "2", "--runs", "1"],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("MobileNetV2 1x3x32x32: 35 ReLU6 served by deploy"), lines
+    number, times = r"-?\d+\.\d+", r"\d+\.\d+ \[\d+\.\d+-\d+\.\d+\]"
+    for row, threads in zip(lines[2:], (1, 2), strict=True):
+        assert re.fullmatch(rf" +{threads} +{times} +{times} +{number} +{number}", row), row
+    bad = subprocess.run([*script, "--size", "31"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1].endswith(
+        "error: --size 31: expected 32 to 1024 (the net halves it five times)"
+    )
