@@ -8,11 +8,12 @@
 // which checks every dtype, shape and alignment against what it was built for. A bad tensor fails
 // the kernel through ExecuTorch's error path: one logged line naming the op and the reason, and
 // the context's InvalidArgument (Internal for a failing kernel), which Method::execute returns.
-// The bundles' parallel loops run on ExecuTorch's threadpool (the one its optimized kernels use,
-// sized by the application), so the library starts no thread of its own.
-#include <executorch/runtime/core/function_ref.h>
+// The bundles' parallel loops run on ExecuTorch's threadpool through the parallel_for its own
+// kernels call (sized by the application), so the library starts no thread of its own.
+#define ET_USE_THREADPOOL  // parallel_for from libexecutorch_threadpool, not the serial fallback
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
 #include <executorch/runtime/platform/log.h>
 
 #include <atomic>
@@ -20,16 +21,6 @@
 #include <cstdio>
 
 #include "dlpack/dlpack.h"
-
-// ExecuTorch's threadpool (libexecutorch_threadpool), whose header the wheel does not ship: the
-// member used here, as executorch/extension/threadpool/threadpool.h declares it.
-namespace executorch::extension::threadpool {
-class ThreadPool {
- public:
-  void run(executorch::runtime::FunctionRef<void(size_t)> fn, size_t range);
-};
-ThreadPool* get_threadpool();
-}  // namespace executorch::extension::threadpool
 
 namespace {
 
@@ -180,16 +171,17 @@ void boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   run_op(kEtOps[I], ctx, stack);
 }
 
-// A bundle's parallel loop on ExecuTorch's threadpool: task(i) for i in [0, count), the calling
-// thread taking part; nonzero when a task failed.
+// A bundle's parallel loop on ExecuTorch's threadpool: task(i) for i in [0, count) in a chunk per
+// thread, the calling thread taking part (all on it under a NoThreadPoolGuard); nonzero when a
+// task failed.
 int on_threadpool(void*, EtTask task, void* context, int count) {
   std::atomic<int> failed{0};
-  executorch::extension::threadpool::get_threadpool()->run(
-      [&](size_t i) {
-        if (task(static_cast<int>(i), context) != 0) failed.store(1, std::memory_order_relaxed);
-      },
-      static_cast<size_t>(count));
-  return failed.load();
+  bool ran = executorch::extension::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (task(static_cast<int>(i), context) != 0) failed.store(1, std::memory_order_relaxed);
+    }
+  });
+  return ran ? failed.load() : 1;
 }
 
 #define DEPLOY_ET_KERNEL(i) executorch::runtime::Kernel(kEtOps[i].name, boxed<i>),
