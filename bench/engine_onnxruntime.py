@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from harness import at_least_one, host_target, run
+from harness import at_least_one, host_target, run, spread, thread_counts
 from onnx import helper
 
 from deploy.compiler.options import BuildOptions
@@ -159,11 +159,6 @@ def timed(
     return times
 
 
-def spread(times: list[float]) -> str:
-    low, mid, high = statistics.quantiles(times, n=4, method="inclusive")
-    return f"{mid:.4f} [{low:.4f}-{high:.4f}]"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50", help="a light model: resnet50, bvlc_alexnet, ...")
@@ -175,9 +170,7 @@ def main() -> None:
     if not source.is_file():
         known = ", ".join(sorted(p.stem.removeprefix("light_") for p in LIGHT.glob("light_*.onnx")))
         parser.error(f"--model {args.model}: expected one of {known}")
-    counts = [int(t) for t in args.threads.split(",") if t.strip().isdigit() and int(t) > 0]
-    if len(counts) != len(args.threads.split(",")):
-        parser.error(f"--threads {args.threads}: expected thread counts of at least 1, comma-separated")
+    counts = thread_counts(parser, args.threads)
     host_target(parser, "x86")
     load_ops_path(REPO / "deploy" / "ops" / "examples")
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:

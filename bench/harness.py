@@ -6,6 +6,7 @@ device); Ctrl-C is exit 130. Imported by the scripts beside it (`python bench/NA
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,6 +39,23 @@ def at_least_one(parser: argparse.ArgumentParser, option: str, count: int) -> in
     if count < 1:
         parser.error(f"{option} {count}: expected at least 1")
     return count
+
+
+def thread_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """`--threads` as a list of counts of at least 1 (`1,2`): else `parser.error`."""
+    words = text.split(",")
+    counts = [int(w) for w in words if w.strip().isdigit() and int(w) > 0]
+    if len(counts) != len(words):
+        parser.error(f"--threads {text}: expected thread counts of at least 1, comma-separated")
+    return counts
+
+
+def spread(times: list[float]) -> str:
+    """The median of `times` (ms) and, from two on, their interquartile range: `m [q1-q3]`."""
+    if len(times) < 2:
+        return f"{times[0]:.4f}"
+    low, mid, high = statistics.quantiles(times, n=4, method="inclusive")
+    return f"{mid:.4f} [{low:.4f}-{high:.4f}]"
 
 
 def run(main: Callable[[], None]) -> None:

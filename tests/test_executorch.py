@@ -5,14 +5,17 @@ with the ops' numpy references; a bad shape or a missing runtime is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +150,80 @@ def test_an_input_of_another_size_is_refused_by_the_host(
     assert re.fullmatch(rf"ExecuTorch: input \S+/in0\.bin {said}, expected 64", message), message
 
 
+HOST_TIMES = re.compile(r"forward: 3 runs on 2 threads: median ([\d.]+) ms \(min ([\d.]+), max ([\d.]+)\)")
+
+
+def test_the_host_times_forward_on_the_threads_asked(leaky_plugin: Path, tmp_path: Path) -> None:
+    """--repeat N: N timed calls after a warm-up, their median, least and most in one line;
+    --threads T: ExecuTorch's threadpool of T threads. The outputs are still written."""
+    pte = export_leaky(tmp_path / "leaky.pte", (2, 8))
+    x = np.resize(SPECIALS, (2, 8))
+    x.tofile(tmp_path / "x.bin")
+    command = [str(leaky_plugin / "executorch-host"), str(pte), "-i", str(tmp_path / "x.bin"),
+               "-o", str(tmp_path / "y.bin"), "--threads", "2", "--repeat", "3"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    timing, output = done.stdout.splitlines()
+    found = HOST_TIMES.fullmatch(timing)
+    assert found is not None, timing
+    least, median, most = (float(found.group(i)) for i in (2, 1, 3))
+    assert 0 < least <= median <= most
+    assert output == "output 0 6 2x8"
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "y.bin", np.float32).reshape(2, 8),
+                                  np.where(x > 0, x, x * np.float32(0.5)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--repeat", "0"], "--repeat 0: expected a count from 1 to 1000000"),
+        (["--repeat", "3x"], "--repeat 3x: expected a count from 1 to 1000000"),
+        (["--threads", "0"], "--threads 0: expected a count from 1 to 1024"),
+        (["--threads", "9" * 20], f"--threads {'9' * 20}: expected a count from 1 to 1024"),
+        (["--threads"], "argument --threads: expected -i FILE, -o FILE, --threads T or --repeat N"),
+        (["--fast", "1"], "argument --fast: expected -i FILE, -o FILE, --threads T or --repeat N"),
+    ],
+)  # fmt: skip
+def test_a_bad_timing_flag_is_one_line(
+    leaky_plugin: Path, tmp_path: Path, args: list[str], said: str
+) -> None:
+    command = [str(leaky_plugin / "executorch-host"), str(tmp_path / "none.pte"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"executorch-host: {said}\n", "")
+
+
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="deploy's own pool starts threads only with 2 CPUs or more"
+)
+def test_deploys_kernels_run_on_executorchs_threads(tmp_path: Path) -> None:
+    """The library hands its parallel loops to ExecuTorch's threadpool: while the host runs at
+    --threads 1 it has one thread (deploy's own pool would add one per CPU but the caller), at 2
+    two. Counted as most samples see it: ExecuTorch's default pool lives briefly at the start."""
+    folder = tmp_path / "plugin"
+    done = run_deploy("build", "--op", "leaky_relu", "-a", "alpha=0.5", "--shape", "1024x1024", "--target",
+                      "x86", "--engine", "executorch", "-o", str(folder), env=ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pte = export_leaky(tmp_path / "big.pte", (1024, 1024))
+    x = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    x.tofile(tmp_path / "x.bin")
+    for threads in (1, 2):
+        command = [str(folder / "executorch-host"), str(pte), "-i", str(tmp_path / "x.bin"), "-o",
+                   str(tmp_path / "y.bin"), "--threads", str(threads), "--repeat", "2000"]  # fmt: skip
+        host = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        while host.poll() is None:
+            status = Path(f"/proc/{host.pid}/status")
+            with contextlib.suppress(OSError):  # it may end between the poll and the read
+                seen.append(int(re.search(r"^Threads:\s+(\d+)", status.read_text(), re.M).group(1)))
+            time.sleep(0.005)
+        out, err = host.communicate()
+        assert host.returncode == 0, err
+        assert out.startswith(f"forward: 2000 runs on {threads} threads:"), out
+        assert statistics.mode(seen) == threads, seen
+        np.testing.assert_array_equal(np.fromfile(tmp_path / "y.bin", np.float32).reshape(x.shape),
+                                      np.where(x > 0, x, x * np.float32(0.5)))  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("env", "target", "said"),
     [
@@ -243,4 +320,23 @@ def test_an_op_of_the_users_files(tmp_path: Path) -> None:
     assert one_line(unknown) == (
         f"error: --model {model}: it calls deploy::hard_tanh, which is no registered op"
         " (an op of your own files: deploy --ops-path DIR)"
+    )
+
+
+def test_the_bench_script_runs_end_to_end() -> None:
+    """bench/engine_executorch.py at its smallest: a row per thread count, with deploy's time,
+    ExecuTorch's, their ratio and the crossing cost; a bad size is one line, exit 2."""
+    script = [sys.executable, str(REPO / "bench" / "engine_executorch.py")]
+    done = subprocess.run([*script, "--size", "32", "--rounds", "2", "--runs", "1"],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("MobileNetV2 1x3x32x32: 35 ReLU6 served by deploy"), lines
+    number, times = r"-?\d+\.\d+", r"\d+\.\d+ \[\d+\.\d+-\d+\.\d+\]"
+    for row, threads in zip(lines[2:], (1, 2), strict=True):
+        assert re.fullmatch(rf" +{threads} +{times} +{times} +{number} +{number}", row), row
+    bad = subprocess.run([*script, "--size", "31"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1].endswith(
+        "error: --size 31: expected 32 to 1024 (the net halves it five times)"
     )

@@ -1,6 +1,11 @@
 // deploy's ExecuTorch host: runs a .pte's `forward` on raw input files, writes raw outputs.
 //
-//   executorch-host MODEL.pte -i IN0 [-i IN1 ...] -o OUT0 [-o OUT1 ...]
+//   executorch-host MODEL.pte -i IN0 [-i IN1 ...] -o OUT0 [-o OUT1 ...] [--threads T] [--repeat N]
+//
+// --threads T sizes ExecuTorch's threadpool, which runs the parallel loops of ExecuTorch's kernels
+// that have one and all of deploy's kernels' (default: ExecuTorch's own size). --repeat N times N
+// `forward` calls after one untimed warm-up call and prints `forward: N runs on T threads: median
+// M ms (min A, max B)`.
 //
 // Each input file holds one input's bytes, C order, of the dtype and shape the program declares
 // (checked against its size); each output is written the same way, and described on stdout as
@@ -14,12 +19,26 @@
 #include <executorch/runtime/core/exec_aten/exec_aten.h>
 #include <executorch/runtime/platform/platform.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
+
+// ExecuTorch's threadpool (libexecutorch_threadpool), whose header the wheel does not ship: the
+// two members used here, as executorch/extension/threadpool/threadpool.h declares them.
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  size_t get_thread_count() const;
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
 
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
@@ -31,6 +50,8 @@ using executorch::runtime::EValue;
 namespace {
 
 constexpr size_t kAlign = 64;  // the most any bundle asks (DEPLOY_ALIGNMENT)
+constexpr long kMostThreads = 1024;
+constexpr long kMostRuns = 1000000;
 
 std::string first_error;  // the first error ExecuTorch logged; a deploy kernel's replaces another's
 
@@ -79,18 +100,55 @@ std::string read_input(const char* path, size_t nbytes, Input& in) {
   return "";
 }
 
+// The count `text` of option `option`, 1 to `most`; -1 (its one line printed) otherwise.
+long count_option(const char* option, const char* text, long most) {
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || value < 1 || value > most) {
+    usage_error(std::string(option) + " " + text + ": expected a count from 1 to " + std::to_string(most));
+    return -1;
+  }
+  return value;
+}
+
+// The median, least and most of `ms` (sorted here), as the --repeat line says them.
+void print_times(std::vector<double>& ms, size_t threads) {
+  std::sort(ms.begin(), ms.end());
+  size_t n = ms.size();
+  double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  std::printf("forward: %zu runs on %zu threads: median %.4f ms (min %.4f, max %.4f)\n", n, threads, median,
+              ms.front(), ms.back());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage_error("usage: executorch-host MODEL.pte -i IN ... -o OUT ...");
+  if (argc < 2) {
+    return usage_error("usage: executorch-host MODEL.pte -i IN ... -o OUT ... [--threads T] [--repeat N]");
+  }
   std::vector<const char*> ins, outs;
+  long threads = 0, repeat = 0;  // 0: not given
   for (int i = 2; i < argc; i += 2) {
-    if (i + 1 >= argc || (std::strcmp(argv[i], "-i") != 0 && std::strcmp(argv[i], "-o") != 0)) {
-      return usage_error(std::string("argument ") + argv[i] + ": expected -i FILE or -o FILE");
+    bool file = std::strcmp(argv[i], "-i") == 0 || std::strcmp(argv[i], "-o") == 0;
+    bool threads_given = std::strcmp(argv[i], "--threads") == 0;
+    if (i + 1 >= argc || !(file || threads_given || std::strcmp(argv[i], "--repeat") == 0)) {
+      return usage_error(std::string("argument ") + argv[i] +
+                         ": expected -i FILE, -o FILE, --threads T or --repeat N");
     }
-    (argv[i][1] == 'i' ? ins : outs).push_back(argv[i + 1]);
+    if (file) {
+      (argv[i][1] == 'i' ? ins : outs).push_back(argv[i + 1]);
+      continue;
+    }
+    long& value = threads_given ? threads : repeat;
+    value = count_option(argv[i], argv[i + 1], threads_given ? kMostThreads : kMostRuns);
+    if (value < 0) return 2;
   }
   executorch::runtime::register_pal(executorch::runtime::PalImpl::create(on_log, __FILE__));
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  if (threads > 0 && !pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads))) {
+    std::fprintf(stderr, "executorch-host: cannot make a threadpool of %ld threads\n", threads);
+    return 1;
+  }
   Module module(argv[1], Module::LoadMode::File);
   auto meta = module.method_meta("forward");
   if (!meta.ok()) return failed(argv[1], "loading its forward method", meta.error());
@@ -119,8 +177,16 @@ int main(int argc, char** argv) {
                                            in.strides.data());
     values.emplace_back(Tensor(in.impl.get()));
   }
-  auto result = module.forward(values);
+  auto result = module.forward(values);  // the warm-up call when timed
   if (!result.ok()) return failed(argv[1], "forward", result.error());
+  std::vector<double> ms;
+  for (long r = 0; r < repeat; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    auto again = module.forward(values);  // into the same planned outputs as the first call's
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    if (!again.ok()) return failed(argv[1], "forward", again.error());
+  }
+  if (repeat > 0) print_times(ms, pool->get_thread_count());
   if (result->size() != outs.size()) {
     return usage_error(std::to_string(outs.size()) + " outputs given, forward returned " +
                        std::to_string(result->size()));

@@ -8,10 +8,15 @@
 // which checks every dtype, shape and alignment against what it was built for. A bad tensor fails
 // the kernel through ExecuTorch's error path: one logged line naming the op and the reason, and
 // the context's InvalidArgument (Internal for a failing kernel), which Method::execute returns.
+// The bundles' parallel loops run on ExecuTorch's threadpool through the parallel_for its own
+// kernels call (sized by the application), so the library starts no thread of its own.
+#define ET_USE_THREADPOOL  // parallel_for from libexecutorch_threadpool, not the serial fallback
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
 #include <executorch/runtime/platform/log.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 
@@ -38,10 +43,14 @@ struct EtAttr {
   double fallback;  // the op's default: what None means
 };
 
+typedef int (*EtTask)(int index, void* context);                          // NAME_task
+typedef int (*EtParallelFor)(void* user, EtTask task, void* context, int count);  // NAME_parallel_for
+
 struct EtOp {
   const char* name;  // "<namespace>::<op>.out", as ExecuTorch looks it up
   int (*run)(DLTensor* const* args, int num_args);
   const char* (*last_error)(void);
+  EtParallelFor (*set_parallel_for)(EtParallelFor fn, void* user);
   int num_inputs;  // tensors; the bundle takes them, then the output
   const EtAttr* attrs;
   int num_attrs;
@@ -162,10 +171,29 @@ void boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   run_op(kEtOps[I], ctx, stack);
 }
 
+// A bundle's parallel loop on ExecuTorch's threadpool: task(i) for i in [0, count) in a chunk per
+// thread, the calling thread taking part (all on it under a NoThreadPoolGuard); nonzero when a
+// task failed.
+int on_threadpool(void*, EtTask task, void* context, int count) {
+  std::atomic<int> failed{0};
+  bool ran = executorch::extension::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (task(static_cast<int>(i), context) != 0) failed.store(1, std::memory_order_relaxed);
+    }
+  });
+  return ran ? failed.load() : 1;
+}
+
 #define DEPLOY_ET_KERNEL(i) executorch::runtime::Kernel(kEtOps[i].name, boxed<i>),
 const executorch::runtime::Kernel kKernels[] = {DEPLOY_ET_FOR_EACH(DEPLOY_ET_KERNEL)};
 
-// Registered when the library is loaded (link it with -Wl,--no-as-needed, or dlopen it).
-const Error kRegistered = executorch::runtime::register_kernels({kKernels, sizeof kKernels / sizeof *kKernels});
+// The loops of every bundle on ExecuTorch's threads, then the kernels registered.
+Error install() {
+  for (const EtOp& op : kEtOps) op.set_parallel_for(on_threadpool, nullptr);
+  return executorch::runtime::register_kernels({kKernels, sizeof kKernels / sizeof *kKernels});
+}
+
+// Done when the library is loaded (link it with -Wl,--no-as-needed, or dlopen it).
+const Error kRegistered = install();
 
 }  // namespace

@@ -51,7 +51,8 @@ ENGINE_ALIGNMENT = 16
 ARCHES = {"x86_64": "x86", "aarch64": "arm"}
 """The CPUs ExecuTorch's wheels are built for, and their targets."""
 RUNTIME_LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "libexecutorch_threadpool.so")
-"""The wheel's libraries the host needs: the runtime (with Module), its kernels of ATen ops."""
+"""The wheel's libraries the host needs: the runtime (with Module), its kernels of ATen ops, the
+threadpool both its kernels and deploy's run their parallel loops on."""
 DIR_VARIABLE = "DEPLOY_EXECUTORCH_DIR"
 """Names a directory laid out as the wheel's `executorch/` (include/, lib/) to use instead."""
 AARCH64_VARIABLE = "DEPLOY_EXECUTORCH_AARCH64_LIB"
@@ -161,8 +162,8 @@ def kernel_table(served: dict[str, BoundOp], prefixes: list[str]) -> str:
         literal = c_string(f"{NAMESPACE}::{name}.out")
         count = len(schema_attrs(bound.op))
         lines.append(
-            f"    {{{literal}, {prefix}_run, {prefix}_last_error, {prefix.upper()}_NUM_INPUTS,"
-            f" kEtAttrs{i}, {count}}},\n"
+            f"    {{{literal}, {prefix}_run, {prefix}_last_error, {prefix}_set_parallel_for,"
+            f" {prefix.upper()}_NUM_INPUTS, kEtAttrs{i}, {count}}},\n"
         )
     lines.append("};\n")
     each = " ".join(f"X({i})" for i in range(len(served)))
@@ -209,7 +210,8 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
             lib = staging / "lib"
             run_tool(
                 [gxx, *CXXFLAGS, C10_MACROS, f"-I{work}", *includes, "-shared", str(glue), *archives,
-                 f"-Wl,-soname,lib{name}.so", f"-L{lib}", "-lexecutorch", "-Wl,-rpath,$ORIGIN/lib",
+                 f"-Wl,-soname,lib{name}.so", f"-L{lib}", "-lexecutorch", "-lexecutorch_threadpool",
+                 "-Wl,-rpath,$ORIGIN/lib",
                  "-o", str(staging / f"lib{name}.so")],
                 f"{gxx} on {glue.name}",
             )  # fmt: skip
@@ -218,7 +220,8 @@ def build_library(served: dict[str, BoundOp], target: Any, options: Any, directo
                 [gxx, *CXXFLAGS, C10_MACROS, *includes, str(source), "-o", str(staging / HOST),
                  "-Wl,--no-as-needed",
                  str(staging / f"lib{name}.so"), f"-L{lib}", "-lexecutorch", "-lexecutorch_kernels_optimized",
-                 "-Wl,--as-needed", f"-Wl,-rpath-link,{lib}", "-Wl,-rpath,$ORIGIN:$ORIGIN/lib"],
+                 "-lexecutorch_threadpool", "-Wl,--as-needed", f"-Wl,-rpath-link,{lib}",
+                 "-Wl,-rpath,$ORIGIN:$ORIGIN/lib"],
                 f"{gxx} on {source.name}",
             )  # fmt: skip
         listing = [
