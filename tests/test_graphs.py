@@ -113,10 +113,17 @@ CHAINS: dict[str, tuple[dict[str, tuple[int, ...]], list[Any], list[tuple[str, .
          ("sum", "add", {}, ("pool", "act"))],
         [("pool", "act", "sum")],
     ),
+    "two-pools": (
+        {"a": (2, 3, 13, 12), "b": (2, 3, 7, 6)},
+        [("p1", "max_pool2d", POOL, ("a",)), ("sum", "add", {}, ("p1", "b")),
+         ("p2", "max_pool2d", POOL, ("sum",))],
+        [("p1",), ("sum", "p2")],
+    ),
 }  # fmt: skip
 """Graphs whose fusion takes each path: an injective anchor first or last, a reduction anchor with
 an injective producer, a reduction that cuts the graph in two kernels, two branches computing
-the same (equal PrimFuncs, each kept its own), a tensor read twice."""
+the same (equal PrimFuncs, each kept its own), a tensor read twice, a windowed op whose taps
+would recompute another's window (cut between them)."""
 
 
 @on_every_target("dtype,chain", [(d, c) for d in ("float32", "float16") for c in CHAINS])
@@ -420,12 +427,13 @@ def test_a_long_chain_of_ops_that_read_their_input_thrice_is_cut_into_kernels(lo
     assert len(kernels(pool_add)) == 1, "nine taps read once each: the pool still fuses into the add"
 
 
-@pytest.mark.parametrize("kernel,size,sizes", [(1, 8, [3, 4, 4]), (2, 128, [1, 2, 2, 2])])
+@pytest.mark.parametrize("kernel,size,sizes", [(1, 8, [3, 4, 4]), (2, 128, [1] * 7)])
 def test_a_chain_of_pools_is_cut_before_it_takes_minutes_to_compile(kernel, size, sizes, local_session):
     """Each pooling reads every tap twice (the tap and its NaN test): ten of kernel 1 in one kernel
     did not compile in 13 minutes (nested 9 deep), five of kernel 2 took 35 s (64 copies in three).
-    Cut at 3 deep (`MAX_NESTING`) and 32 copies, ten of kernel 1 build in under 3 s; the graph
-    still matches numpy."""
+    Cut at 3 deep (`MAX_NESTING`) and 32 copies, ten of kernel 1 build in under 3 s; a pool of
+    kernel 2 reads 4 taps, a window, so each is a kernel of its own (no window inlined into
+    another's taps); the graph still matches numpy."""
     chain = [
         (f"p{i}", "max_pool2d", {"kernel": kernel}, (f"p{i - 1}" if i else "x",)) for i in range(sum(sizes))
     ]
@@ -437,6 +445,22 @@ def test_a_chain_of_pools_is_cut_before_it_takes_minutes_to_compile(kernel, size
             random_input(t, np.random.default_rng(0), specials=True) for t in g.inputs
         ])  # fmt: skip
         assert comparison.ok, comparison.detail
+
+
+@pytest.mark.parametrize("name", ["x86", "opencl"])
+def test_a_pool_after_a_pool_reads_a_buffer_so_each_kernel_stays_small(name):
+    """pool -> add -> pool as one kernel inlined the first pool's 9 taps, each read twice (the tap
+    and its NaN test), into each of the second's 9 taps and their NaN tests: over 300 loads, 8 s to
+    schedule and compile for OpenCL. Cut between the two windowed ops, the second reads a buffer
+    the first wrote, and each scheduled kernel holds a few dozen loads (counted, not timed)."""
+    from deploy.compiler.compile import lay_out, schedule_op
+    from deploy.compiler.fusion import _loads
+
+    inputs, nodes, _ = CHAINS["two-pools"]
+    target, options = get_target(name), BuildOptions()
+    laid = lay_out(graph(inputs, "float32", *nodes), target, options)
+    sizes = [len(_loads(schedule_op(k.bound, target, options).mod["main"])) for k in laid.kernels]
+    assert max(sizes) <= 9 * 2 * 2, f"{sizes} loads: over 9 taps of the add's 2 inputs, each read twice"
 
 
 @pytest.mark.parametrize(
@@ -612,10 +636,11 @@ def test_a_conversion_is_a_kernel_of_its_own():
     assert [k.nodes for k in found] == [
         ("a_NCHW4c",),
         ("c_NCHW4c",),
-        ("pool", "act", "sum", "both", "pool2"),
+        ("pool",),  # a window: not inlined into pool2's taps
+        ("act", "sum", "both", "pool2"),
         ("best",),
     ]
-    assert [k.layouts for k in found] == [("NCHW -> NCHW4c",), ("NCHW -> NCHW4c",), ("NCHW4c",), ("NCHW4c",)]
+    assert [k.layouts for k in found] == [("NCHW -> NCHW4c",)] * 2 + [("NCHW4c",)] * 3
 
 
 def without(mark: pytest.MarkDecorator, *ids: str) -> pytest.MarkDecorator:

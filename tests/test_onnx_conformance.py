@@ -49,6 +49,7 @@ SAMPLE = (
     "test_maxpool_2d_ceil",
     "test_maxpool_with_argmax_2d_precomputed_strides",
     "test_maxpool_3d_dilations",
+    "test_maxpool_2d_dilations",  # 1x1x4x4: wrong on arm while the dilated taps divided a descending index
 )
 """The cases run on the other kinds of target too."""
 

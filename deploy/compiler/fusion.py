@@ -93,15 +93,17 @@ ten build in 2.7 s and two hundred in 24 s; a leaky_relu chain reaches both limi
 node."""
 
 
-def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]]]:
+def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]], list[dict[str, int]]]:
     """`relax_main` over PrimFunc `n<index>` per node (its op's own computation), its functions
     classified and grouped by FuseOps; a node whose op does not fuse (`Op.fuses`) is classified
     opaque, which FuseOps leaves alone. With it, per node, how many times its computation reads
-    each tensor it reads (what inlining copies)."""
+    each tensor it reads (what inlining copies), and at how many distinct points (indices) per
+    output element: 1 for an elementwise or broadcast read, the taps of a window."""
     from tvm import relax, te
 
     calls: list[Call] = []
     reads: list[dict[str, int]] = []
+    points: list[dict[str, int]] = []
     for index, n in enumerate(graph.nodes):
         placeholders = [
             te.placeholder(graph.types[t].shape, graph.types[t].dtype, name=f"x{i}")
@@ -111,28 +113,33 @@ def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]]]:
         name = f"n{index}"  # its own symbol, or BlockBuilder merges equal PrimFuncs of two nodes
         func = te.create_prim_func([*placeholders, out]).with_attr("global_symbol", name)
         calls.append((name, func, n.node.inputs, n.node.output))
-        loaded = _loaded_buffers(func)
+        loads = _loads(func)
         count: dict[str, int] = {}
+        distinct: dict[str, int] = {}
         for i, tensor in enumerate(n.node.inputs):
-            count[tensor] = count.get(tensor, 0) + loaded.count(f"x{i}")
+            mine = [at for buffer, at in loads if buffer == f"x{i}"]
+            count[tensor] = count.get(tensor, 0) + len(mine)
+            distinct[tensor] = max(distinct.get(tensor, 0), len(set(mine)))
         reads.append(count)
+        points.append(distinct)
     annotated = relax.transform.AnnotateTIROpPattern()(relax_main(graph, calls))
     for index, n in enumerate(graph.nodes):
         if not n.bound.op.fuses:
             gvar = annotated.get_global_var(f"n{index}")
             annotated[gvar] = annotated[gvar].with_attr("op_pattern", OPAQUE)
-    return relax.transform.FuseOps()(annotated), reads
+    return relax.transform.FuseOps()(annotated), reads, points
 
 
-def _loaded_buffers(func: Any) -> list[str]:
-    """The name of the buffer of each load in `func`'s body, once per load."""
+def _loads(func: Any) -> list[tuple[str, int]]:
+    """Each load in `func`'s body: its buffer's name and the structural hash of its indices (equal
+    for two loads of one element: the loop variables are the same objects)."""
     import tvm
     import tvm_ffi
 
-    loaded: list[str] = []
+    loaded: list[tuple[str, int]] = []
 
     def note(load: Any) -> Any:
-        loaded.append(load.source.name)
+        loaded.append((load.source.name, tvm_ffi.structural_hash(load.indices)))
         return load
 
     tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, note)])
@@ -143,19 +150,26 @@ def _chunks(
     graph: BoundGraph,
     group: list[int],
     reads: list[dict[str, int]],
+    points: list[dict[str, int]],
     patterns: dict[int, int],
     readers_of: dict[str, list[int]],
 ) -> list[list[int]]:
     """`group` (node indices in data-flow order) cut into runs each of which inlines no node more
-    than MAX_COPIES times nor through more than MAX_NESTING levels that multiply it: from the last
-    node back, a node joins the run after it while its output is read only inside that run (by
-    any node of the graph) and both stay within their limits, else a new run ends with it. A
-    reduction is not inlined (`inline_into_last`): what it reads is copied as often as it reads
-    it, however often the reduction's own output is read, through no further level. The count is
-    of each op's own computation; a family's variant may read its input as often or less."""
+    than MAX_COPIES times nor through more than MAX_NESTING levels that multiply it, and no
+    windowed node (one reading an input at several points: pooling's taps) where the run's last
+    node evaluates it at several points (the product of the points each reader on the way reads
+    it at: a pool -> add -> pool inlined recomputes the first pool's 9 taps at each of the
+    second's 9, each tap tested for NaN, 324 loads that took 11 s to build for OpenCL), so the
+    second windowed op reads a buffer the first wrote: from the last node back, a node joins the
+    run after it while its output is read only inside that run (by any node of the graph) and it
+    stays within these limits, else a new run ends with it. A reduction is not inlined
+    (`inline_into_last`): what it reads is copied as often as it reads it, however often the
+    reduction's own output is read, through no further level. The count is of each op's own
+    computation; a family's variant may read its input as often or less."""
     runs: list[list[int]] = []
     copies: dict[int, int] = {}
     nesting: dict[int, int] = {}
+    spread: dict[int, int] = {}
     for index in reversed(group):
         output = graph.nodes[index].node.output
         run = runs[-1] if runs else []
@@ -165,13 +179,15 @@ def _chunks(
         count = sum(reads[i][output] * (1 if i in kept else copies[i]) for i in inlined)
         most = max((1 if i in kept else copies[i] for i in inlined), default=1)
         nested = max((0 if i in kept else nesting[i] for i in inlined), default=0) + (count > most)
+        at = max((points[i][output] * (1 if i in kept else spread[i]) for i in inlined), default=1)
+        windowed = max(points[index].values(), default=1) > 1
         inside = output not in graph.graph.outputs and bool(readers) and all(i in run for i in readers)
-        if inside and count <= MAX_COPIES and nested <= MAX_NESTING:
+        if inside and count <= MAX_COPIES and nested <= MAX_NESTING and not (windowed and at > 1):
             run.insert(0, index)
-            copies[index], nesting[index] = count, nested
+            copies[index], nesting[index], spread[index] = count, nested, at
         else:
             runs.append([index])
-            copies[index], nesting[index] = 1, 0
+            copies[index], nesting[index], spread[index] = 1, 0, 1
     return [run for run in reversed(runs)]
 
 
@@ -214,13 +230,13 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
     """The graph's kernels in the order they run. A group whose inner tensors are read outside
     it (by another kernel or as a graph output) is split into one kernel per node; one that
     would inline a node too many times, into runs (`_chunks`)."""
-    fused, reads = _relax_of(graph)
+    fused, reads, points = _relax_of(graph)
     patterns = _patterns(fused)
     readers_of = _readers(graph)
     outputs = set(graph.graph.outputs)
     result: list[Kernel] = []
     for group in [
-        run for found in _groups(fused) for run in _chunks(graph, found, reads, patterns, readers_of)
+        run for found in _groups(fused) for run in _chunks(graph, found, reads, points, patterns, readers_of)
     ]:
         nodes = [graph.nodes[i] for i in group]
         members = set(group)

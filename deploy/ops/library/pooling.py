@@ -226,13 +226,14 @@ class Pool2d:
     def tap(self, axis: int, out: Any, step: int, size: int) -> Any:
         """The index tap `step` of the window at output `out` reads along `axis` (0: H, 1: W) of
         an input `size` long: clamped into the input, a dilated tap onto the window's nearest tap
-        inside it (`windows`)."""
+        inside it (`windows`). Each bound divides an index that grows with `out` (a descending one,
+        `size - 1 - start`, gave wrong lanes on arm once vectorized: ONNX's 2-D dilations case)."""
         d, start = self.dilation[axis], out * self.stride[axis] - self.padding[axis]
         index = start + step * d
         if d == 1:
             return clamp(index, size)
-        first = start + te.max(0, tirx.floordiv(d - 1 - start, d)) * d  # its first tap inside
-        last = start + te.min(self.kernel[axis] - 1, tirx.floordiv(size - 1 - start, d)) * d
+        first = start - te.min(0, tirx.floordiv(start, d)) * d  # its first tap inside
+        last = start + te.min(self.kernel[axis] - 1, -tirx.floordiv(start - size + d, d)) * d
         return te.max(te.min(index, last), first)
 
     def indices(
