@@ -12,14 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from deploy.devices.server_process import free_port
 from deploy.engines.onnxruntime import HEADERS_VARIABLE, headers_dir
 from tests import sshd
 from tests.conftest import REPO, run_deploy
+from tests.test_engines import leaky_hard_tanh
 
 HEADERS = headers_dir()[0]
 """Where ci/setup.sh put onnxruntime's headers (read before conftest moves the cache)."""
@@ -53,20 +52,6 @@ def board(tmp_path_factory: pytest.TempPathFactory):
     assert added.returncode == 0, added.stderr
     yield remote
     sshd.stop(running)
-
-
-def leaky_hard_tanh(path: Path) -> Path:
-    """x (N x 37) -> LeakyRelu -> com.example::HardTanh(-0.25, 0.5), as tests/test_engines.py's."""
-    custom = helper.make_node("HardTanh", ["l"], ["y"], name="clip", domain="com.example")
-    custom.attribute.extend([helper.make_attribute("min_val", -0.25), helper.make_attribute("max_val", 0.5)])
-    graph = helper.make_graph(
-        [helper.make_node("LeakyRelu", ["x"], ["l"], alpha=0.1), custom], path.stem,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ("N", 37))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ("N", 37))],
-    )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
-    return path
 
 
 def pushed_and_cleaned(remote: Path, host: str) -> None:
