@@ -36,6 +36,13 @@ CUSTOM = "com.example"
 SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.5, -2.5, 1e-40], np.float32)
 
 
+def saved(graph: onnx.GraphProto, path: Path) -> Path:
+    """`graph` saved at `path` as a model importing ONNX opset 17 and CUSTOM's version 1."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
+    return path
+
+
 def hard_tanh_model(path: Path, shapes: list[tuple[int | str, ...]], attrs: list[dict[str, float]]) -> Path:
     """x -> Relu -> HardTanh (com.example, `attrs[0]`) -> ... one custom node per entry, each on
     its own input of `shapes` after a standard Abs, then Add of the first two where there are two:
@@ -50,12 +57,7 @@ def hard_tanh_model(path: Path, shapes: list[tuple[int | str, ...]], attrs: list
         custom.attribute.extend(helper.make_attribute(key, value) for key, value in given.items())
         nodes.append(custom)
         outputs.append(helper.make_tensor_value_info(f"h{number}", TensorProto.FLOAT, shape))
-    graph = helper.make_graph(nodes, path.stem, inputs, outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
-    )
-    onnx.save(model, path)
-    return path
+    return saved(helper.make_graph(nodes, path.stem, inputs, outputs), path)
 
 
 def session(model: Path, *libraries: Path) -> object:
@@ -122,9 +124,7 @@ def test_nodes_past_a_custom_node_are_typed_and_served(tmp_path: Path) -> None:
         "chained", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 5))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )  # fmt: skip
-    model = tmp_path / "chained.onnx"
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), model)
+    model = saved(graph, tmp_path / "chained.onnx")
     built = build("--model", str(model), "-o", str(tmp_path / "plugin"))
     assert built.returncode == 0, built.stderr
     assert "node 'second' (com.example::HardTanh): op hard_tanh 5x3 float32" in built.stdout
@@ -194,9 +194,7 @@ def leaky_hard_tanh(path: Path) -> Path:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ("N", 37))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ("N", 37))],
     )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
-    return path
+    return saved(graph, path)
 
 
 @pytest.mark.parametrize("model", ["leaky_hard_tanh", "pool_add_leaky_htanh_n.onnx"])
@@ -400,9 +398,7 @@ def test_names_from_the_model_stay_literals(tmp_path: Path, dtype: str) -> None:
         [helper.make_tensor_value_info("x", elem, (3, 5))],
         [helper.make_tensor_value_info(HOSTILE, elem, (3, 5))],
     )  # fmt: skip
-    model = tmp_path / "hostile.onnx"
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(CUSTOM, 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), model)
+    model = saved(graph, tmp_path / "hostile.onnx")
     built = build("--model", str(model), "-o", str(tmp_path / "plugin"))
     assert built.returncode == 0, built.stderr
     x = np.resize(SPECIALS, (3, 5)).astype(dtype)
