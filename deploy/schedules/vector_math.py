@@ -271,7 +271,12 @@ def _loads_subtracted(expr: Any) -> tuple[Any, Any] | None:
 def _difference(expr: Any) -> str:
     """`A-B` where `expr` is a load of A minus a load of B (under casts); "" otherwise."""
     loads = _loads_subtracted(expr)
-    return f"{loads[0].source.name}-{loads[1].source.name}" if loads else ""
+    return _named(*loads) if loads else ""
+
+
+def _named(a: Any, b: Any) -> str:
+    """The name SHIFTED_KEY gives the difference of the loads `a` and `b`: `A-B`."""
+    return f"{a.source.name}-{b.source.name}"
 
 
 def _same_row(longer: Any, shorter: Any) -> bool:
@@ -332,8 +337,7 @@ def shifted_by_row_max(func: Any) -> list[str]:
     def on_call(call: Any, visitor: Any) -> Any:
         loads = _loads_subtracted(call.args[0]) if call.op.same_as(ir.Op.get("tirx.exp")) else None
         if loads and row_max.get(loads[1].source.name) == loads[0].source.name:
-            name = _difference(call.args[0])
-            rows[name] = rows.get(name, True) and _same_row(*loads)
+            rows[_named(*loads)] = rows.get(_named(*loads), True) and _same_row(*loads)
         return visitor.default_visit(call)
 
     tvm_ffi.structural_visit(func.body, [(ir.expr.Call, on_call)])

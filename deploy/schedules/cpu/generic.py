@@ -244,7 +244,8 @@ def row_blocks(last: int | None, rows: int, row_bytes: int, cores: int) -> tuple
     step of the `rows`."""
     if last is None:
         return (1,)
-    fits = [n for n in (2, 4, 8, 16) if n <= 2 * ROW_BLOCK and last % n == 0 and rows // n >= cores]
+    powers = [2**i for i in range(1, (2 * ROW_BLOCK).bit_length())]
+    fits = [n for n in powers if last % n == 0 and rows // n >= cores]
     return (1, *[n for n in fits if n * row_bytes <= 2 * ROW_BLOCK_BYTES])
 
 
@@ -272,9 +273,8 @@ def rows_first(sch: Any, block: Any, row: Any, axis: int) -> None:
     found = [loop for loop in inner if any(mentions(value, sch.get(loop).loop_var) for value in bound)]
     if len(found) != 1:
         raise DoesNotFit(f"block {sch.get(block).name_hint}: no one loop over the block of rows")
-    sch.reorder(
-        found[0], *[loop for loop in inner if not sch.get(loop).loop_var.same_as(sch.get(found[0]).loop_var)]
-    )
+    over_rows = sch.get(found[0]).loop_var
+    sch.reorder(found[0], *[loop for loop in inner if not sch.get(loop).loop_var.same_as(over_rows)])
 
 
 def halves(sch: Any, block: Any, axis: int) -> list[Any]:
