@@ -379,10 +379,10 @@ def fake_context() -> ScheduleContext:
     return context(bound_op("gelu"), get_target("x86"), BuildOptions())
 
 
-def shifted_exp(other_row: bool = False, reducer=te.max) -> tvm.IRModule:
-    """exp(x - high) over rows of 16, high each row's max (or another reduction), read at the
+def shifted_exp(other_row: bool = False, reducer=te.max, name: str = "x") -> tvm.IRModule:
+    """exp(name - high) over rows of 16, high each row's max (or another reduction), read at the
     same row or (`other_row`) at the next one."""
-    x = te.placeholder((4, 16), "float32", name="x")
+    x = te.placeholder((4, 16), "float32", name=name)
     k = te.reduce_axis((0, 16), name="k")
     high = te.compute((4,), lambda i: reducer(x[i, k], axis=k), name="high")
     y = te.compute((4, 16), lambda i, j: te.exp(x[i, j] - high[(i + 1) % 4 if other_row else i]), name="y")
@@ -401,6 +401,7 @@ def test_exp_of_a_value_minus_its_rows_max_is_known_nonpositive():
         assert f"{EXP_LO}" in lowered and f"{EXP_HI}" not in lowered and SHIFTED_KEY not in lowered
     assert shifted_by_row_max(shifted_exp(other_row=True)["main"]) == []
     assert shifted_by_row_max(shifted_exp(reducer=te.sum)["main"]) == []
+    assert shifted_by_row_max(shifted_exp(name="x-y")["main"]) == []  # "x-y-high" names no one pair
     sch = tvm.s_tir.Schedule(shifted_exp(other_row=True))
     assert ask_vector_math(sch, fake_context(), shifted=shifted_by_row_max(sch.mod["main"]))
     assert f"{EXP_HI}" in lower_math(sch.mod["main"]).script()

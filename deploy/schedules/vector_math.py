@@ -312,7 +312,8 @@ def shifted_by_row_max(func: Any) -> list[str]:
     written by a max reduction of A along A's last axis (`_row_max_source`), and every exp of
     A - B in `func` reads A[s..., j] - B[s...], the same row (softmax's exp(x - max(x))).
     Looked for in the function as computed, before a schedule rewrites its blocks; none where
-    two buffers share a name."""
+    two buffers share a name, or one's name holds the `-` or `;` of SHIFTED_KEY's names (`a-b`
+    and `c` would read as `a` and `b-c`)."""
     blocks: list[Any] = []
     buffers: list[Any] = []
 
@@ -329,7 +330,8 @@ def shifted_by_row_max(func: Any) -> list[str]:
     tvm_ffi.structural_visit(
         func.body, [(SBlock, on_block), (ir.TensorLoad, on_access), (tirx.BufferStore, on_access)]
     )
-    if len({b.name for b in buffers}) != len(buffers):
+    names = {b.name for b in buffers}
+    if len(names) != len(buffers) or any("-" in name or ";" in name for name in names):
         return []
     row_max = dict(filter(None, map(_row_max_source, blocks)))
     rows: dict[str, bool] = {}
