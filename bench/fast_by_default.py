@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import at_least_one, host_target, run
+from harness import HostTimer, at_least_one, host_target, run
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
@@ -199,31 +199,6 @@ def grouped_conv(x: np.ndarray, w: np.ndarray) -> Callable[[], Any]:
         return out
 
     return conv
-
-
-class HostTimer:
-    """A host function timed as `deploy.verify.measure.Timer` times an artifact: runs of calls
-    lasting about 0.2 s, milliseconds per call."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        import time
-
-        from deploy.verify.measure import TARGET_SECONDS, calls_lasting
-
-        start = time.perf_counter()
-        fn()
-        self.fn, self.number = fn, calls_lasting(TARGET_SECONDS, time.perf_counter() - start)
-
-    def runs(self, repeat: int) -> list[float]:
-        import time
-
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for _ in range(self.number):
-                self.fn()
-            times.append((time.perf_counter() - start) / self.number * 1e3)
-        return times
 
 
 def libm_calls(directory: Path) -> list[str]:

@@ -9,7 +9,7 @@ import argparse
 import statistics
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deploy.base.errors import DeployError, reason
 from deploy.base.paths import check_places
@@ -70,3 +70,28 @@ def run(main: Callable[[], None]) -> None:
     except KeyboardInterrupt as interrupt:  # SIGTERM and SIGHUP end a script as the shell says
         print("error: stopped by SIGINT", file=sys.stderr)
         sys.exit(exit_code(interrupt))
+
+
+class HostTimer:
+    """A host function timed as `deploy.verify.measure.Timer` times an artifact: runs of calls
+    lasting about 0.2 s, milliseconds per call."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        import time
+
+        from deploy.verify.measure import TARGET_SECONDS, calls_lasting
+
+        start = time.perf_counter()
+        fn()
+        self.fn, self.number = fn, calls_lasting(TARGET_SECONDS, time.perf_counter() - start)
+
+    def runs(self, repeat: int) -> list[float]:
+        import time
+
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(self.number):
+                self.fn()
+            times.append((time.perf_counter() - start) / self.number * 1e3)
+        return times

@@ -80,7 +80,7 @@ def main() -> None:
     at_least_one(parser, "--repeat", args.repeat)
     counts = args.threads
     print(f"target {args.target} on {host_cpus()} CPUs; medians of {args.repeat}; x floor = time"
-          " / (bytes read / read GB/s + bytes written / write GB/s), each at that thread count")  # fmt: skip
+          " / max(bytes read / read GB/s, bytes written / write GB/s), each at that count")  # fmt: skip
     print(f"{'threads':>7} {'read':>6} {'write':>6} {'copy':>6} {'op':>10} {'ms':>8} {'x floor':>7}"
           f" {'x copy':>6}  vs {counts[0]} thread(s)")  # fmt: skip
     first: dict[str, float] = {}

@@ -36,7 +36,7 @@ def test_bench_reports_the_floor_beside_each_op(tmp_path: Path) -> None:
         assert 0.01 < row["gb_per_s"] < 1000, "a plausible speed (a ms/s slip would be 1000x off)"
         read = moved - (ADD_WRITTEN if row["op"] == "add" else 8 * 256)
         assert row["floor_ms"] == pytest.approx(
-            (read / row["read_gb_per_s"] + (moved - read) / row["write_gb_per_s"]) / 1e6
+            max(read / row["read_gb_per_s"], (moved - read) / row["write_gb_per_s"]) / 1e6
         )
         # medians of per-round ratios: near the ratio of the medians, not equal to it; 3 rounds on a
         # loaded CI machine put them 1.6x apart, so this checks units (a ms/s slip is 1000x), not speed
@@ -95,7 +95,7 @@ def test_ratios_are_per_round_so_drift_cancels() -> None:
     slow = bandwidth_from(total, fill_ms=2.0, fold_ms=2.0 + 2.0 / FOLD, copy_ms=4.0)
     beside = Beside(runs=(3.0, 6.0, 3.0), bandwidths=(fast, slow, fast))
     assert beside.ms == 3.0
-    assert beside.x_floor(2 * total, total) == pytest.approx(1.0), "3 ms against a 3 ms floor, every round"
+    assert beside.x_floor(3 * total, total) == pytest.approx(1.0), "3 ms against a 3 ms floor, every round"
     assert beside.x_copy(3 * total) == pytest.approx(1.0)
     assert beside.bandwidth.write == 1000.0
 

@@ -49,6 +49,10 @@ def test_ops_table_and_targets():
     targets = {t["name"]: t for t in json.loads(invoke("targets", "--json").stdout)}
     assert targets["x86"]["tvm"] == {"kind": "llvm", "mcpu": "core-avx2"}
     assert targets["arm-fp16"]["layouts"] == {"float32": "NCHW4c", "float16": "NCHW8c"}
+    assert (
+        targets["x86"]["streaming_store_bytes"] == 16 << 20
+        and targets["armv7"]["streaming_store_bytes"] is None
+    )
     table = invoke("targets").stdout
     assert "layouts" in table and "NCHW8c" in table
 

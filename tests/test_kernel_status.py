@@ -160,7 +160,8 @@ def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> 
     graph = bind_graph(load_model(tmp_path / "k.yaml"))
     target, options = get_target("x86"), BuildOptions(cores=1)
     laid = lay_out(graph, target, options)
-    calls = _calls([ScheduledKernel(k, schedule_op(k.bound, target, options)) for k in laid.kernels], 64)
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target, options)) for k in laid.kernels]
+    calls = _calls(laid.graph, scheduled, target, 64)
     name, func, reads, writes = calls[0]
     check = tvm.tirx.AssertStmt(
         tvm.tirx.const(False), tvm.ir.StringImm("ValueError"), [tvm.ir.StringImm("its check failed")]

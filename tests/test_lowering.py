@@ -216,3 +216,105 @@ def test_a_sliding_window_is_one_stream() -> None:
     store = tirx.BufferStore(out, taps[0] + taps[1] + taps[2], [tirx.Ramp(ow * 8, 1, 8)])
     loop = tirx.For(ow, 0, 56, tirx.ForKind.SERIAL, store, annotations={PREFETCH: 16384})
     assert len(_prefetched_offsets(_prefetched(loop, []), ow, per_step=16)) == 1
+
+
+STREAMING = {
+    "x86": ("objdump", "binutils", "vmovntps", "sfence"),
+    "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", "stnp", "dmb"),
+}
+"""target -> (disassembler, its Debian package, a streaming store, the fence after them)."""
+
+
+@pytest.mark.parametrize("target", sorted(STREAMING))
+def test_an_output_from_the_targets_size_on_streams(tmp_path: Path, target: str) -> None:
+    """#53: an op's output of at least `streaming_store_bytes` is written with non-temporal
+    stores, fenced before the kernel returns; a smaller one with plain stores."""
+    from dataclasses import replace
+
+    tool, package, store, fence = STREAMING[target]
+    if shutil.which(tool) is None:
+        pytest.skip(f"needs {tool} (Debian package {package})")
+    bound = bind(get_op("add"), {}, [TensorType((2, 8, 32, 32), "float32")] * 2)
+    small = replace(get_target(target), streaming_store_bytes=bound.output.nbytes() + 1)
+    plain = disassembled(compile_op(bound, small, BuildOptions()), tmp_path / "plain", tool)
+    assert store not in plain and fence not in plain
+    large = replace(small, streaming_store_bytes=bound.output.nbytes())
+    streamed = disassembled(compile_op(bound, large, BuildOptions()), tmp_path / "streamed", tool)
+    assert store in streamed and fence in streamed
+
+
+def test_streamed_outputs_match_numpy_and_only_the_graphs_own_output_streams(local_session) -> None:
+    """A graph streams the output of its last kernel, never a tensor a later kernel reads (it
+    would be read back from memory), and runs like numpy; so does a streamed op."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from deploy.compiler.compile import ScheduledKernel, schedule_op
+    from deploy.compiler.fusion import kernels
+    from deploy.compiler.shared_object import _calls
+    from deploy.compiler.streaming import STREAMED
+    from deploy.ops.graph import Graph, Node, bind_graph
+    from deploy.verify.compare import random_input
+    from deploy.verify.run import verify
+
+    target = replace(get_target("x86"), streaming_store_bytes=1)
+    chain = [("n0", "leaky_relu", {"alpha": 0.5}, ("x",))]
+    chain += [(f"n{i}", "leaky_relu", {"alpha": 0.5}, (f"n{i - 1}",)) for i in range(1, 5)]
+    nodes = tuple(Node(name, get_op(op), attrs, reads, name) for name, op, attrs, reads in chain)
+    g = bind_graph(Graph("g", (("x", TensorType((3, 40), "float32")),), nodes, ("n4",)))
+    found = kernels(g)
+    assert len(found) == 2, "3**4 copies of the first node would not fit one kernel"
+    scheduled = [ScheduledKernel(k, schedule_op(k.bound, target, BuildOptions())) for k in found]
+    calls = _calls(g, scheduled, target, 64)
+    names = [[p.name for p in func.params] for _, func, _, _ in calls]
+    assert not any(n.startswith(STREAMED) for n in names[0]), "the first kernel's output is read next"
+    assert names[1][-1].startswith(STREAMED) and not names[1][0].startswith(STREAMED)
+    rng = np.random.default_rng(53)
+    for item in (g, bind(get_op("add"), {}, [TensorType((5, 37), "float32")] * 2)):
+        arrays = [random_input(t, rng, specials=True) for t in item.inputs]
+        comparison, _ = verify(local_session, item, target, BuildOptions(), arrays)
+        assert comparison.ok, comparison.detail
+
+
+IR = """target triple = "{triple}"
+define i32 @kernel(ptr %{mark}out, ptr %a) {{
+entry:
+  br label %loop
+loop:
+  %p = phi ptr [ %{mark}out, %entry ], [ %next, %loop ]
+  %v = load <4 x float>, ptr %a, align 16
+  store <4 x float> %v, ptr %p, align 16, !tbaa !1
+  store <4 x float> %v, ptr %a, align 16
+  %next = getelementptr inbounds float, ptr %p, i64 4
+  br i1 true, label %done, label %loop
+done:
+  ret i32 0
+}}
+define i32 @reads_back(ptr %{mark}out) {{
+  %q = getelementptr inbounds float, ptr %{mark}out, i64 4
+  %w = load float, ptr %q, align 4
+  store float %w, ptr %{mark}out, align 4
+  ret i32 0
+}}
+!1 = !{{!"x"}}
+"""
+
+
+@pytest.mark.parametrize(("triple", "fence"), [("x86_64-linux-gnu", "call void @llvm.x86.sse.sfence()"),
+                                               ("aarch64-linux-gnu", "fence seq_cst")])  # fmt: skip
+def test_stores_through_a_streamed_pointer_are_marked_in_the_ir(triple: str, fence: str) -> None:
+    """Stores through the mark's pointer and what is derived from it (a phi, a getelementptr
+    below its use) get `!nontemporal`, other stores do not, and a function that reads the buffer
+    back streams nothing; the streaming function fences before it returns."""
+    from deploy.compiler.streaming import STREAMED, stream_ir
+
+    assert stream_ir(IR.format(triple=triple, mark="")) is None, "no marked buffer, nothing to do"
+    text = stream_ir(IR.format(triple=triple, mark=STREAMED))
+    assert text is not None
+    lines = text.splitlines()
+    marked = [line.strip() for line in lines if "!nontemporal" in line]
+    assert marked == ["store <4 x float> %v, ptr %p, align 16, !tbaa !1, !nontemporal !2"]
+    assert lines[-1] == "!2 = !{i32 1}"
+    assert lines.count(f"  {fence}") == 1 and lines[lines.index(f"  {fence}") + 1] == "  ret i32 0"
+    assert ("declare void @llvm.x86.sse.sfence()" in lines) == triple.startswith("x86")

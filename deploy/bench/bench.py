@@ -194,8 +194,8 @@ def measure_row(
     """Median ms of an op or a graph (built with `build` for the session's device) on seeded
     random inputs (a symbolic batch of the size in `sizes`), timed interleaved with the
     bandwidth kernels of `stick`; MB moved (inputs and a graph's constants read once, outputs
-    written once); GB/s; the median bandwidths; the floor (bytes read at the read bandwidth plus
-    bytes written at the write bandwidth) and the median over rounds of the time over it, and
+    written once); GB/s; the median bandwidths; the floor (the longer of bytes read at the read
+    bandwidth and bytes written at the write bandwidth) and the median over rounds of the time over it, and
     the same against the copy bandwidth alone; numpy, onnxruntime and PyTorch ms on this host
     (`onnxruntime_ms`, `torch_ms`) and our speed-up over each. An artifact whose answer differs
     from numpy gets no time: its row says how it differs (`wrong_answer`) and its TIMED figures

@@ -3,11 +3,14 @@ our own builds.
 
 Three kernels over BYTES (well beyond the last-level cache), each built for the target with its
 generic schedule, checked against numpy and timed on the device:
-- write: a fill, `out[i] = x[0]`: BYTES written;
+- write: a fill, `out[i] = x[0]`: BYTES written (with streaming stores where the target has them,
+  `deploy/compiler/streaming.py`, as a large output is);
 - read: a fold of FOLD rows, `out[j] = x[0, j] + ... + x[FOLD-1, j]`: BYTES read, BYTES/FOLD
   written (its write time at the write bandwidth is taken off);
 - copy: `out = x`, BYTES read and written, the yardstick before the split.
-An op's floor is bytes read / read bandwidth + bytes written / write bandwidth. `deploy bench` times each
+An op's floor is the longer of bytes read / read bandwidth and bytes written / write bandwidth:
+streaming stores go out beside the reads (measured: an add moves its bytes faster than the
+sum of the two times would allow), so only the busier direction bounds it. `deploy bench` times each
 op interleaved with the three kernels, one run of each per round, and takes the median of the
 per-round ratios: this shared machine's bandwidth drifts between minutes, and a yardstick measured
 minutes before the op could not follow it.
@@ -115,8 +118,9 @@ class Bandwidth:
     copy: float
 
     def floor_ms(self, read_bytes: int, written_bytes: int) -> float:
-        """Milliseconds an op that reads and writes these bytes takes at best."""
-        return (read_bytes / self.read + written_bytes / self.write) / 1e6
+        """Milliseconds an op that reads and writes these bytes takes at best: the longer of its
+        reads and its writes, which overlap."""
+        return max(read_bytes / self.read, written_bytes / self.write) / 1e6
 
     def copy_ms(self, moved: int) -> float:
         """Milliseconds `moved` bytes take at the copy bandwidth (the copy-only yardstick)."""

@@ -91,8 +91,8 @@ def bench_command(
     single: bool,
 ) -> None:
     """Median time per op (its bench case, well past the last-level cache), or of a model's graph,
-    on the target's device, against its floor (bytes read at the device's read bandwidth + bytes
-    written at its write bandwidth, both timed in the same rounds as the op) and its copy
+    on the target's device, against its floor (the longer of bytes read at the device's read
+    bandwidth and bytes written at its write bandwidth, both timed in the same rounds as the op) and its copy
     bandwidth, numpy, onnxruntime and (if installed) PyTorch, measured in one run; and each op at
     batch 1. On a terminal, a line on stderr says which row is being built and timed."""
     from deploy.bench.bench import BenchOptions, bench_model, bench_ops, refuse_wrong_answers

@@ -81,6 +81,7 @@ def describe_targets() -> list[dict[str, Any]]:
             "vector_bits": t.vector_bits,
             "default_device": t.default_device,
             "layouts": dict(t.layouts),
+            "streaming_store_bytes": t.streaming_store_bytes,
         }
         for t in all_targets()
     ]
@@ -88,11 +89,30 @@ def describe_targets() -> list[dict[str, Any]]:
 
 def print_targets(described: list[dict[str, Any]]) -> None:
     table = Table(title="targets")
-    for column in ("target", "arch", "vector bits", "default device", "layouts", "description"):
-        table.add_column(column)
+    columns = (
+        "target",
+        "arch",
+        "vector bits",
+        "default device",
+        "layouts",
+        "streaming stores",
+        "description",
+    )
+    for column in columns:
+        table.add_column(column, no_wrap=column == "target")  # a name to copy whole
     for t in described:
         layouts = ", ".join(f"{dtype} {layout}" for dtype, layout in t["layouts"].items())
-        row = (t["name"], t["arch"], str(t["vector_bits"]), t["default_device"], layouts, t["description"])
+        streams = t["streaming_store_bytes"]
+        streaming = "-" if streams is None else f"from {streams / 2**20:g} MiB"
+        row = (
+            t["name"],
+            t["arch"],
+            str(t["vector_bits"]),
+            t["default_device"],
+            layouts,
+            streaming,
+            t["description"],
+        )
         table.add_row(*row)
     wide_console().print(table)
 

@@ -17,6 +17,7 @@ from deploy.compiler.artifacts import ArtifactKind
 from deploy.compiler.constants import constants_object
 from deploy.compiler.fusion import Call
 from deploy.compiler.plan import Plan, plan_arena, plan_module
+from deploy.compiler.streaming import streamed_name, streams, with_streaming_stores
 from deploy.compiler.tir_passes import compile_cpu
 
 if TYPE_CHECKING:
@@ -98,37 +99,56 @@ def export_module(executable: Any, path: Path, target: Target, addons: tuple[Pat
         raise DeployError(f"linking {path.name} for target {target.name} failed: {printable(said)}") from None
 
 
-def _calls(kernels: list[ScheduledKernel], alignment: int) -> list[Call]:
+def streaming_from(target: Target, t: TensorType) -> bool:
+    """Whether an output of type `t` that no later kernel reads is written with streaming stores
+    on `target` (`streaming.py`): at least `streaming_store_bytes` (at a symbolic batch of 1)."""
+    limit = target.streaming_store_bytes
+    return limit is not None and t.nbytes() >= limit
+
+
+def _calls(graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, alignment: int) -> list[Call]:
     """The kernels as a plan calls them: (unique name, PrimFunc, tensors read, tensor written),
-    each assuming `alignment` bytes of its buffers."""
+    each assuming `alignment` bytes of its buffers; a kernel writing a large output of the graph
+    that no later kernel reads streams its stores (`streaming_from`)."""
     calls = []
     for index, k in enumerate(kernels):
         name, func = k.function(index)
-        calls.append((name, aligned(func, alignment), k.kernel.reads, k.kernel.writes))
+        written = k.kernel.writes
+        later = {t for other in kernels[index + 1 :] for t in other.kernel.reads}
+        streamed = (
+            written in graph.graph.outputs
+            and written not in later
+            and streaming_from(target, graph.types[written])
+        )
+        output = {len(k.kernel.reads)} if streamed else set()
+        calls.append((name, aligned(func, alignment, output), k.kernel.reads, written))
     return calls
 
 
-def aligned(func: Any, alignment: int) -> Any:
+def aligned(func: Any, alignment: int, streamed: set[int] | None = None) -> Any:
     """`func` with its parameter buffers assumed `alignment`-byte aligned: TVM's kernels assume
     ALIGNMENT (abi.h; the loads are `vmovaps`, an unaligned buffer a crash); less makes them
-    unaligned loads."""
+    unaligned loads. The buffers of the parameters at the indices `streamed` are named to
+    stream their stores (`streaming.py`), unless a buffer's name already holds the mark."""
     import tvm
     import tvm_ffi
     from tvm import tirx
 
-    if all(p.data_alignment == alignment for p in func.params):
+    names = [p.name for p in func.params]
+    streamed = streamed if streamed and streams(names) else set()
+    if all(p.data_alignment == alignment for p in func.params) and not streamed:
         return func
     new = {
         p: tirx.decl_buffer(
             p.shape,
             p.dtype,
-            p.name,
+            streamed_name(p.name) if index in streamed else p.name,
             elem_offset=p.elem_offset,
             data_alignment=alignment,
             offset_factor=p.offset_factor,
             strides=p.strides,
         )
-        for p in func.params
+        for index, p in enumerate(func.params)
     }
 
     def swap(var: Any) -> Any:
@@ -147,14 +167,18 @@ class SharedObject(ArtifactKind):
     def compile(self, mod: Any, target: Target, options: BuildOptions, stored: tuple[TensorType, ...]) -> Any:
         import tvm
 
-        functions = {gvar.name_hint: aligned(func, options.alignment) for gvar, func in mod.functions.items()}
-        return compile_cpu(tvm.IRModule(functions), target.tvm_target())
+        output = {len(stored) - 1} if streaming_from(target, stored[-1]) else set()
+        functions = {
+            gvar.name_hint: aligned(func, options.alignment, output if gvar.name_hint == "main" else None)
+            for gvar, func in mod.functions.items()
+        }
+        return with_streaming_stores(compile_cpu(tvm.IRModule(functions), target.tvm_target()))
 
     def compile_graph(
         self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
     ) -> Any:
-        plan = plan_module(graph, _calls(kernels, options.alignment), options.alignment)
-        return compile_cpu(plan, target.tvm_target())
+        plan = plan_module(graph, _calls(graph, kernels, target, options.alignment), options.alignment)
+        return with_streaming_stores(compile_cpu(plan, target.tvm_target()))
 
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
         return plan_arena(graph, [(k.kernel.reads, k.kernel.writes) for k in kernels])

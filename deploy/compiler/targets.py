@@ -40,6 +40,12 @@ class Target:
     """TVM's vectorizer builds a vector with lanes masked off (a row's ragged end) for it: not for
     RVV, where it fails on an integer max so masked ("Cannot broadcast lanes=4 is_scalable=1"),
     so the schedules leave such ends scalar."""
+    streaming_store_bytes: int | None = None
+    """An output of at least this many bytes that no later kernel of the call reads is written
+    with streaming stores (`streaming.py`: x86 `movntps`, AArch64 `stnp`), which skip the read
+    of each line a plain store makes; about the size of the target's last-level cache, below
+    which a plain store leaves the tensor in cache for whatever reads it next. None: the target
+    has no such stores (armv7, RVV without Zihintntl)."""
     cross_compiler: str | None = None
     cross_package: str | None = None
     """Debian package that provides `cross_compiler`."""
@@ -97,6 +103,7 @@ X86 = register_target(
         schedules=("x86", "cpu"),
         cpu_flags=("avx2", "fma"),
         layouts=(("float32", "NCHW8c"),),
+        streaming_store_bytes=16 << 20,
     )
 )
 register_target(
@@ -118,6 +125,7 @@ ARM = register_target(
         vector_bits=128,
         schedules=("arm", "cpu"),
         layouts=(("float32", "NCHW4c"),),
+        streaming_store_bytes=4 << 20,
         cross_compiler="aarch64-linux-gnu-gcc",
         cross_package="gcc-aarch64-linux-gnu",
         default_device="emulator",
