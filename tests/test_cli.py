@@ -205,3 +205,46 @@ def test_a_reader_that_stops_reading_ends_deploy_quietly(tmp_path, command) -> N
     )
     printing.stdout.close()
     assert (printing.wait(timeout=120), printing.stderr.read()) == (141, "")
+
+
+def test_deploy_test_builds_the_next_cases_while_the_device_runs_one(tmp_path, monkeypatch) -> None:
+    """#53: a case's build goes on while the device runs the case before it: while the first
+    case runs, the next ones are built (found in the cache) without the worker asking."""
+    import threading
+
+    import deploy.verify.matrix as matrix
+    from deploy.compiler.cache import build_key
+    from deploy.compiler.manifest import Manifest
+    from deploy.compiler.options import BuildOptions, for_device
+    from deploy.compiler.targets import get_target
+    from deploy.devices import get_device
+    from deploy.ops import get_op
+
+    monkeypatch.setenv("DEPLOY_CACHE_DIR", str(tmp_path))
+    target, device = get_target("x86"), get_device("local")
+    planned = matrix.plan([get_op("leaky_relu")], ["float32"])[:3]
+    seen: list[bool] = []
+    verify_case = matrix.verify_case
+
+    def built(index: int, options: BuildOptions) -> bool:
+        bound = planned[index].bind()
+        key = build_key(bound, target, options)
+        entries = list((tmp_path / "builds").glob(f"*-{key}"))
+        return any(Manifest.cached(e, key, target.artifact) is not None for e in entries)
+
+    def first_waits_for_the_next(session, case, *args):
+        if case is planned[0]:
+            options = for_device(BuildOptions(), session)
+            ready = threading.Event()
+            for _ in range(600):  # up to a minute: a build takes a second or two
+                if built(1, options) and built(2, options):
+                    ready.set()
+                    break
+                ready.wait(0.1)
+            seen.append(ready.is_set())
+        return verify_case(session, case, *args)
+
+    monkeypatch.setattr(matrix, "verify_case", first_waits_for_the_next)
+    results = matrix.run_matrix(planned, target, BuildOptions(), device)
+    assert [r.ok for r in results] == [True] * 3
+    assert seen == [True], "the next cases were not built while the first ran"

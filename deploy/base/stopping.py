@@ -123,6 +123,25 @@ def interruptible(call: Callable[[], T]) -> T:
     return value
 
 
+def beside(work: Callable[[], None], name: str) -> threading.Event:
+    """Run `work` (which raises nothing) on a daemon thread of its own, counted as an
+    `interruptible` call is: a command stopped while it runs ends with `os._exit` (`abandoned`),
+    without waiting for it, so it may write only what a kill may interrupt (the build cache's
+    staging). Returns the event set when it ends."""
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            ended.set()
+            _abandoned.remove(ended)
+
+    _abandoned.append(ended)
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return ended
+
+
 def abandoned() -> bool:
     """Whether a stopped `interruptible` call still runs. The process must then end with
     `os._exit`: a normal exit runs C++ static destructors under the running call (a crash)."""

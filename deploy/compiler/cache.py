@@ -77,6 +77,12 @@ def build_key(item: Buildable, target: Target, options: BuildOptions, laid: Laid
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def _cached(directory: Path, key: str, target: Target) -> Manifest | None:
+    """The manifest of the entry at `directory` when it is the whole build of `key`."""
+    with artifact_lock(directory, shared=True):
+        return Manifest.cached(directory, key, target.artifact)
+
+
 def cached_build(item: Buildable, target: Target, options: BuildOptions) -> tuple[Path, Manifest]:
     """The artifact directory for (an op or a graph, target, options), building it on a miss; an entry
     that is not the whole build of its key (`Manifest.cached`) is built again. A `--tuned`
@@ -89,9 +95,11 @@ def cached_build(item: Buildable, target: Target, options: BuildOptions) -> tupl
     directory = cache_root() / "builds" / f"{name_part(item.name)}-{target.name}-{key}"
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
+        manifest = _cached(directory, key, target)
+        if manifest is not None:  # a lookup waits for no other thread's build
+            return directory, manifest
         with _BUILDING:
-            with artifact_lock(directory, shared=True):
-                manifest = Manifest.cached(directory, key, target.artifact)
+            manifest = _cached(directory, key, target)  # built while this thread waited
             if manifest is not None:
                 return directory, manifest
             compiled = (
