@@ -369,3 +369,22 @@ def test_a_read_only_cache_is_named_as_such(mounted, monkeypatch, tmp_path):
         said = f"the cache {cache}/{place} (from $DEPLOY_CACHE_DIR) is not writable: Read-only file system"
         assert result.stderr.splitlines() == [f"error: {said}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "mnt0"]
+
+
+def test_a_killed_childs_temporary_files_are_removed(tmp_path: Path) -> None:
+    """A child killed mid-export (a stop, its deadline) had left TVM's temporary `lib0.o` in
+    $TMPDIR: the child's temporary files now go in a directory the parent removes."""
+    import tempfile
+
+    made = tmp_path / "made.txt"
+
+    def killed_mid_write() -> None:
+        work = Path(tempfile.mkdtemp())  # as TVM's export_library makes its own
+        (work / "lib0.o").write_bytes(b"")
+        made.write_text(str(work))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(ChildDied, match="killed by SIGKILL"):
+        in_child(killed_mid_write)
+    left = Path(made.read_text())
+    assert left.name.startswith("tmp") and not left.exists() and not left.parent.exists()

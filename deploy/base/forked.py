@@ -76,13 +76,19 @@ def signals_after(parent: int) -> Iterator[None]:
 def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None:
     """`action()` in a forked child: its exception is raised here, its stderr copied to ours; any
     other end is ChildDied. The child dumps no core (an abort would leave one in the working
-    directory)."""
+    directory). Its temporary files go in a directory of ours, removed whatever its end: a child
+    killed mid-export had left TVM's `lib0.o` behind."""
     parent, pid = os.getpid(), 0
-    with tempfile.TemporaryFile() as said, tempfile.TemporaryFile() as sent:
+    with (
+        tempfile.TemporaryFile() as said,
+        tempfile.TemporaryFile() as sent,
+        tempfile.TemporaryDirectory(prefix="deploy-child-") as scratch,
+    ):
         try:
             with FORK_LOCK, signals_after(parent):  # a ^C during the fork: raised once `pid` is set
                 pid = os.fork()
             if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
+                tempfile.tempdir = scratch
                 _child(action, sent.fileno(), said.fileno())
             status = _wait(pid, deadline_s)
         except BaseException:  # a stop (^C) anywhere here: the child goes too, and never returns
