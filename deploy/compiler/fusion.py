@@ -243,7 +243,10 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
         inner = [n.node.output for n in nodes[:-1]]
         read_outside = any(t in outputs or not members.issuperset(readers_of.get(t, [])) for t in inner)
         if len(nodes) > 1 and not read_outside:
-            anchor = max(range(len(nodes)), key=lambda i: (patterns.get(group[i], OPAQUE), i))
+            anchor = max(  # the most complex node; a view (a reshape) only where all are views
+                range(len(nodes)),
+                key=lambda i: (patterns.get(group[i], OPAQUE), not nodes[i].bound.op.view, i),
+            )
             result.append(_fused_kernel(graph, nodes, anchor))
         else:
             result += [

@@ -291,6 +291,10 @@ class Op:
     always a kernel of its own)."""
     onnx: ClassVar[tuple[OnnxOp, ...]] = ()
     """The ONNX nodes this op implements, each with its attribute conversion (`onnx_mapping.py`)."""
+    view: ClassVar[bool] = False
+    """Its output is its input's elements in the same order under another shape (a reshape): a
+    fused kernel that ends in views writes its anchor's output in their place, in the anchor's
+    loops (`deploy/schedules/fused.py`)."""
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
         """Validate shapes (CheckShape) and return the output type (InferShape/InferType)."""

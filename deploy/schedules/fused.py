@@ -43,10 +43,10 @@ def node_compute(families: tuple[str, ...], ctx: ScheduleContext) -> Any:
     return compute
 
 
-def inline_into_last(sch: Any, op: FusedOp) -> None:
-    """Inline each node's output block but the last node's into its consumers, where it can be
-    (a spatial block; a reduction's stays)."""
-    for index in range(len(op.nodes) - 1):
+def inline_into_last(sch: Any, op: FusedOp, last: int | None = None) -> None:
+    """Inline each node's output block before node `last` (default: the last node) into its
+    consumers, where it can be (a spatial block; a reduction's stays)."""
+    for index in range(len(op.nodes) - 1 if last is None else last):
         block = sch.get_sblock(op.block_name(index))
         try:
             sch.compute_inline(block)
@@ -67,11 +67,36 @@ def anchored(schedule: ScheduleFn, op: FusedOp) -> ScheduleFn:
     return apply
 
 
+def ends_in_views(op: FusedOp) -> bool:
+    """Whether the nodes after the group's anchor are all views (`Op.view`: reshapes), as where
+    a 3-D pool runs as 2-D pools and reshapes (`max_pool2d.py`)."""
+    after = op.nodes[op.anchor + 1 :]
+    return bool(after) and all(n.bound.op.view for n in after)
+
+
+def viewed(schedule: ScheduleFn, op: FusedOp) -> ScheduleFn:
+    """`schedule` (the anchor's) applied to the fused PrimFunc of a group that `ends_in_views`:
+    the nodes before the anchor inlined into it, the views after it inlined into its block
+    (`reverse_compute_inline`: the anchor writes the group's output at the view's index of each
+    element, the same address), so that the anchor's own loops remain, which its schedule was
+    written for; it sees the anchor's own bound op."""
+    anchor = op.nodes[op.anchor].bound
+
+    def apply(sch: Any, ctx: ScheduleContext) -> None:
+        inline_into_last(sch, op, op.anchor)
+        for index in range(op.anchor + 1, len(op.nodes)):
+            sch.reverse_compute_inline(sch.get_sblock(op.block_name(index)))
+        schedule(sch, replace(ctx, bound=anchor, fused=True))
+
+    return apply
+
+
 def fused_strategy(families: tuple[str, ...], ctx: ScheduleContext) -> Strategy | None:
     """The strategy of the fused group `ctx.bound.op`: its nodes' computations composed; the
     anchor's hand schedule where it applies (the group writes the anchor's output shape, or a
     broadcast of it: the loops that schedule was written for, which a layout_transform after the
-    anchor changes; and TVM takes every step on the hand's choices), else the generic."""
+    anchor changes; or it ends in views, `viewed`; and TVM takes every step on the hand's
+    choices), else the generic."""
     op = ctx.bound.op
     assert isinstance(op, FusedOp)
 
@@ -81,12 +106,12 @@ def fused_strategy(families: tuple[str, ...], ctx: ScheduleContext) -> Strategy 
     anchor = find_schedule(families, op.nodes[op.anchor].bound.op.name, generic=False)
     own, written = op.nodes[op.anchor].bound.output.shape, ctx.bound.output.shape
     same_loops = len(own) == len(written) and all(a in (b, 1) for a, b in zip(own, written, strict=True))
-    if (
-        anchor is not None
-        and same_loops
-        and _applies(anchored(anchor.schedule, op), compute, replace(ctx, choices=HAND))
-    ):
-        return Strategy(anchor.label, anchored(anchor.schedule, op), compute)
+    if anchor is not None:
+        hand = anchored(anchor.schedule, op) if same_loops else None
+        if hand is None and ends_in_views(op):
+            hand = viewed(anchor.schedule, op)
+        if hand is not None and _applies(hand, compute, replace(ctx, choices=HAND)):
+            return Strategy(anchor.label, hand, compute)
     generic = find_schedule(families, GENERIC)
     return None if generic is None else Strategy(generic.label, anchored(generic.schedule, op), compute)
 

@@ -52,6 +52,7 @@ class Reshape(Op):
 
     name = "reshape"
     inputs = (Input("x"),)
+    view = True
     attrs = (
         Attr(
             "shape",
