@@ -388,3 +388,38 @@ def test_a_killed_childs_temporary_files_are_removed(tmp_path: Path) -> None:
         in_child(killed_mid_write)
     left = Path(made.read_text())
     assert left.name.startswith("tmp") and not left.exists() and not left.parent.exists()
+
+
+ORPHANED = """
+import os, sys, threading, time
+from pathlib import Path
+from deploy.base.forked import in_child
+
+def child():
+    Path(sys.argv[1]).write_text(str(os.getpid()))
+    time.sleep(60)
+
+threading.Thread(target=in_child, args=(child,), daemon=True).start()
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.01)
+os._exit(0)  # as a command stopped while another thread exports ends (`stopping.beside`)
+"""
+
+
+def test_a_child_ends_with_the_process_that_forked_it(tmp_path: Path) -> None:
+    """A command stopped while the build-ahead thread exported ended with os._exit, and the
+    export's child ran on, holding the build cache's lock: it is now killed with its parent."""
+    import sys
+
+    pid_file = tmp_path / "child.pid"
+    subprocess.run([sys.executable, "-c", ORPHANED, str(pid_file)], check=True, timeout=60)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)

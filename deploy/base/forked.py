@@ -12,6 +12,7 @@ second to import TVM, and ops a user's file registered in this process would be 
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 import pickle
@@ -26,6 +27,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+PR_SET_PDEATHSIG = 1
+"""Linux's prctl option: the signal a process gets when the thread that forked it ends."""
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+"""Looked up here: a child of a process with threads must not load anything (the loader's lock)."""
 FORK_LOCK = threading.Lock()
 """Held while this process forks, and by whoever calls into LLVM in this process (`tvm.compile`):
 a fork while another thread is inside LLVM would copy its locks held, and the child could wait
@@ -89,7 +94,7 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
                 pid = os.fork()
             if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
                 tempfile.tempdir = scratch
-                _child(action, sent.fileno(), said.fileno())
+                _child(action, sent.fileno(), said.fileno(), parent)
             status = _wait(pid, deadline_s)
         except BaseException:  # a stop (^C) anywhere here: the child goes too, and never returns
             if os.getpid() != parent:
@@ -158,11 +163,16 @@ def _received(sent: IO[bytes]) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
-def _child(action: Callable[[], None], sent: int, stderr: int) -> None:
+def _child(action: Callable[[], None], sent: int, stderr: int, parent: int) -> None:
     """Run `action` as `in_child`'s child and exit: 0, or 1 with its exception pickled to `sent`
-    (1 with nothing sent if even that fails)."""
+    (1 with nothing sent if even that fails). It is killed when the thread that forked it ends
+    (`PR_SET_PDEATHSIG`): a command stopped while another thread exports ends with `os._exit`
+    (`stopping.beside`), and an orphan would hold the build cache's lock until it ended."""
     code = 1
     try:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the line above
+            return
         faulthandler.disable()  # a test runner's, which would print the abort's Python stack
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
         os.dup2(stderr, 2)  # LLVM's own line; Python's buffers are the parent's, never flushed here

@@ -134,8 +134,7 @@ def beside(work: Callable[[], None], name: str) -> threading.Event:
         try:
             work()
         finally:
-            ended.set()
-            _abandoned.remove(ended)
+            ended.set()  # kept in `_abandoned`, which `abandoned` reads without a lock
 
     _abandoned.append(ended)
     threading.Thread(target=run, name=name, daemon=True).start()

@@ -243,7 +243,7 @@ def kernels(graph: BoundGraph) -> list[Kernel]:
         inner = [n.node.output for n in nodes[:-1]]
         read_outside = any(t in outputs or not members.issuperset(readers_of.get(t, [])) for t in inner)
         if len(nodes) > 1 and not read_outside:
-            anchor = max(  # the most complex node; a view (a reshape) only where all are views
+            anchor = max(  # the node of the highest pattern; of those, a view (a reshape) last
                 range(len(nodes)),
                 key=lambda i: (patterns.get(group[i], OPAQUE), not nodes[i].bound.op.view, i),
             )

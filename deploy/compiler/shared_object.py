@@ -111,13 +111,13 @@ def _calls(graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, al
     each assuming `alignment` bytes of its buffers; a kernel writing a large output of the graph
     that no later kernel reads streams its stores (`streaming_from`)."""
     calls = []
+    last_read = {t: index for index, k in enumerate(kernels) for t in k.kernel.reads}
     for index, k in enumerate(kernels):
         name, func = k.function(index)
         written = k.kernel.writes
-        later = {t for other in kernels[index + 1 :] for t in other.kernel.reads}
         streamed = (
             written in graph.graph.outputs
-            and written not in later
+            and last_read.get(written, -1) <= index
             and streaming_from(target, graph.types[written])
         )
         output = {len(k.kernel.reads)} if streamed else set()
