@@ -172,13 +172,16 @@ class SharedObject(ArtifactKind):
             gvar.name_hint: aligned(func, options.alignment, output if gvar.name_hint == "main" else None)
             for gvar, func in mod.functions.items()
         }
-        return with_streaming_stores(compile_cpu(tvm.IRModule(functions), target.tvm_target()))
+        executable = compile_cpu(tvm.IRModule(functions), target.tvm_target())
+        return with_streaming_stores(executable) if output else executable  # IR read only then
 
     def compile_graph(
         self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
     ) -> Any:
-        plan = plan_module(graph, _calls(graph, kernels, target, options.alignment), options.alignment)
-        return with_streaming_stores(compile_cpu(plan, target.tvm_target()))
+        calls = _calls(graph, kernels, target, options.alignment)
+        executable = compile_cpu(plan_module(graph, calls, options.alignment), target.tvm_target())
+        marked = any(not streams([p.name for p in func.params]) for _, func, _, _ in calls)
+        return with_streaming_stores(executable) if marked else executable  # IR read only then
 
     def graph_plan(self, graph: BoundGraph, kernels: list[ScheduledKernel]) -> Plan:
         return plan_arena(graph, [(k.kernel.reads, k.kernel.writes) for k in kernels])
