@@ -210,8 +210,11 @@ def libm_calls(directory: Path) -> list[str]:
     return sorted(set(found))
 
 
-def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path) -> tuple[Any, str]:
-    """(timer, note) of `mod` compiled and exported: the note says a failed check and libm calls."""
+def built(
+    session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path, at: Any = None
+) -> tuple[Any, str]:
+    """(timer, note) of `mod` compiled and exported, run at the shapes of `at` (a bound op; by
+    default `bound`, which may have a symbolic batch): the note says a failed check and libm calls."""
     from deploy.compiler.compile import compile_scheduled
     from deploy.compiler.export import export
     from deploy.compiler.options import BuildOptions
@@ -223,10 +226,10 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
     compiled = compile_scheduled(bound, target, BuildOptions(), mod, label)
     directory = Path(tempfile.mkdtemp(prefix=f"{bound.op.name}-{label}-", dir=tmp))
     manifest = export(compiled, directory)
-    notes = []
+    notes, at = [], at or bound
     for specials in (False, True):
-        inputs = [random_input(t, np.random.default_rng(1), specials=specials) for t in bound.inputs]
-        comparison = against_reference(bound, inputs, run_artifact(session, directory, manifest, inputs))
+        inputs = [random_input(t, np.random.default_rng(1), specials=specials) for t in at.inputs]
+        comparison = against_reference(at, inputs, run_artifact(session, directory, manifest, inputs))
         if not comparison.ok:
             notes.append(f"{label} check failed: {comparison.detail}")
             break
@@ -235,7 +238,7 @@ def built(session: Any, bound: Any, target: Any, mod: Any, label: str, tmp: Path
         notes.append(f"{label} calls libm's {', '.join(calls)} (nm -u)")
     if in_vectors:
         notes.append(f"{label} calls {', '.join(in_vectors)} in vector loops: a scalar libm call a lane")
-    inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
+    inputs = [random_input(t, np.random.default_rng(0)) for t in at.inputs]
     return Timer(session, directory, manifest, inputs), "; ".join(notes)
 
 

@@ -27,7 +27,7 @@ from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu.generic import ROW_BLOCK, ROWS_A_STEP, Taken, row_block, schedule_by_structure
 from deploy.schedules.registry import Picked, ScheduleContext
-from deploy.schedules.structure import Structure, anchor, block_infos
+from deploy.schedules.structure import Structure, anchor, block_infos, dot_axes
 from deploy.schedules.vector_math import (
     EXP_HI,
     EXP_LO,
@@ -215,6 +215,23 @@ def test_a_1x1_convolution_runs_vectors_along_its_pixels():
         (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes", "axes"),
+    [
+        ("pointwise_conv", [(2, 8, 4, 12), (16, 8, 1, 1)], ([0], [1], [2, 3])),  # images: a batch
+        ("pointwise_conv", [("N", 8, 4, 12), (16, 8, 1, 1)], ([0], [1], [2, 3])),
+        ("matmul", [(8, 32), (32, 40)], ([], [0], [1])),
+        ("batch_matmul", [(2, 8, 16), (2, 16, 32)], ([0], [1], [2])),
+    ],
+)
+def test_a_dot_product_joins_into_n_only_what_b_holds_after_its_sums(name, shapes, axes):
+    """n is b's own variables read after its reduction variables: a 1x1 convolution's pixels,
+    not its image (x[image, ci, y, x]), which loops as a batch, static or symbolic."""
+    sch, _ = schedule_of(name, shapes)
+    (block,) = [info.block for info in block_infos(sch)]
+    assert dot_axes(sch.get(block)) == axes
 
 
 @pytest.mark.parametrize("n", [48, 64])

@@ -18,8 +18,8 @@ cheap producers are inlined into their one consumer.
   m = 1 streamed along b's rows), the sum over k a register block of vector FMAs kept in
   registers across k; a long k in blocks, each block's panel of b copied contiguous first
   (K_BLOCK). A ragged n ends in a vector tile and a scalar one; an m that is not whole tiles
-  (ragged, or symbolic) is padded up to them (`pad_rows`), and a symbolic batch of a 1x1
-  convolution's images loops as a batch.
+  (ragged, or symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as
+  a batch (`dot_axes`).
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
   (padding) computed per plane; vectors along the output row (a short row that is not whole
   vectors one vector of its length: ROW_VECTOR_LANES), the taps unrolled around them; where
@@ -333,8 +333,6 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     if not ms or not ns:
         raise DoesNotFit("no m or no n axis")
     sizes = [extent(sch, loop) for loop in loops]
-    if len(ns) > 1 and sizes[ns[0]] is None:  # a symbolic batch of a 1x1 convolution's images
-        outer, ns = sorted([*outer, ns[0]]), ns[1:]
     if any(sizes[i] is None for i in ms[1:] + ns):  # the first of m's axes may be a batch
         raise DoesNotFit("n, or an inner axis of m, of symbolic extent")
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below

@@ -1,0 +1,106 @@
+"""Dot products whose rows are not whole register tiles (issue #51): a ragged m (ViT's 197
+tokens, 131 rows), a symbolic m (a sequence length) and a 1x1 convolution's batch of images,
+built per size static, and once with the dimension N symbolic, against onnxruntime's kernel for
+the same work, timed interleaved with it in one process per kind of build and thread count (two
+of TVM's thread pools in one process take turns spinning on this 2-core machine: the module
+loaded second ran 1.5-2.5x slower at 2 threads, whichever it was), with a pause after each
+(onnxruntime's workers spin after a run: the call timed next ran at half speed at 2 threads).
+
+    .venv/bin/python bench/dot_rows.py [--threads 1,2] [--rounds 7]
+
+Per row: the build (static, or symbolic run at the row's size), the median ms of ours and of
+onnxruntime, and their ratio. Each build is checked against the op's reference (NaN and
+infinities included) first; a failed check is printed. Before the padding
+(`deploy.schedules.cpu.generic.pad_rows`) a ragged m tested its rows inside the sum (matmul
+131x768x768: 1.7x onnxruntime's time), and a symbolic m or image batch fell through to the
+generic schedule (29-50x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fast_by_default import HERE, built, onnxruntime_call
+from harness import HostTimer, at_least_one, host_target, run, thread_counts
+
+WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int]]] = [
+    ("matmul", [("N", 768), (768, 768)], [128, 131, 197]),
+    ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)], [1, 2]),
+    ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4]),
+]
+"""(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at)."""
+
+
+def child(rounds: int, threads: int, kind: str) -> None:
+    """Time each workload's `kind` of build (static, symbolic) at this process's TVM_NUM_THREADS."""
+    from deploy.compiler.compile import hand_schedule
+    from deploy.compiler.options import BuildOptions
+    from deploy.devices import get_device
+    from deploy.ops import TensorType, bind, get_op, load_ops_path
+    from deploy.verify.compare import random_input
+    from deploy.verify.measure import interleaved_runs
+
+    target = host_target(argparse.ArgumentParser(), "x86")
+    load_ops_path(HERE / "fast_ops")
+
+    def bound_at(name: str, shapes: list[tuple[int | str, ...]], size: int | str) -> Any:
+        return bind(
+            get_op(name),
+            {},
+            [TensorType(tuple(size if d == "N" else d for d in s), "float32") for s in shapes],
+        )
+
+    pause: Any = HostTimer(lambda: time.sleep(0.001))  # both thread pools go idle between timers
+    with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
+        for name, shapes, sizes in WORKLOADS:
+            symbolic = bound_at(name, shapes, "N")
+            mod = hand_schedule(symbolic, target, BuildOptions())[0] if kind == "symbolic" else None
+            for size in sizes:
+                bound = bound_at(name, shapes, size)
+                build = symbolic if kind == "symbolic" else bound
+                scheduled = mod if mod is not None else hand_schedule(bound, target, BuildOptions())[0]
+                timer, note = built(session, build, target, scheduled, kind, Path(tmp), at=bound)
+                inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
+                timers: list[Any] = [timer, HostTimer(onnxruntime_call(name, inputs, threads))]
+                runs = interleaved_runs([*timers, pause], rounds)
+                ours, ort = (statistics.median(r) for r in runs[:2])
+                shape = " @ ".join("x".join(map(str, t.shape)) for t in bound.inputs)
+                print(
+                    f"{kind:9} {shape:26} {threads:>2} {ours:9.4f} {ort:9.4f}  {ours / ort:6.2f}", flush=True
+                )
+                if note:
+                    print(f"{'':12}note: {note}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians of these)")
+    parser.add_argument("--child", choices=("static", "symbolic"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    at_least_one(parser, "--rounds", args.rounds)
+    host_target(parser, "x86")
+    if args.child:
+        child(args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.child)
+        return
+    counts = thread_counts(parser, args.threads)
+    print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'build':9} {'shapes':26} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
+    for threads in counts:
+        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        for kind in ("static", "symbolic"):
+            command = [sys.executable, __file__, "--child", kind, "--rounds", str(args.rounds)]
+            subprocess.run(command, env=env, check=True)
+
+
+if __name__ == "__main__":
+    run(main)
