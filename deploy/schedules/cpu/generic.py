@@ -22,7 +22,8 @@ cheap producers are inlined into their one consumer.
   a batch (`dot_axes`).
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
   (padding) computed per plane; vectors along the output row (a short row that is not whole
-  vectors one vector of its length: ROW_VECTOR_LANES), the taps unrolled around them; where
+  vectors one vector of its length: ROW_VECTOR_LANES; a longer one its whole vectors, then its
+  rest as one vector of that length), the taps unrolled around them; where
   the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
@@ -505,26 +506,48 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     size, work = extent(sch, x), work_of([extent(sch, loop) for loop in loops])
     if lanes < 2:
         raise DoesNotFit("no vector lanes for the dtype")
-    if size is None or (size % lanes and size > ROW_VECTOR_LANES * lanes):
-        raise DoesNotFit(
-            f"output rows of {size}: not whole vectors of {lanes} nor at most {ROW_VECTOR_LANES} vectors long"
-        )
-    x_out, x_in = sch.split(x, factors=[None, lanes]) if size % lanes == 0 else (None, x)
+    if size is None:
+        raise DoesNotFit("output rows of symbolic length")
+    whole = size - size % lanes if size > ROW_VECTOR_LANES * lanes else 0  # the rest: one vector
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
     if channel is not None:
-        vectors = 1 if x_out else -(-size // lanes)  # a short row's one is this many of the target's
+        vectors = 1 if whole else -(-size // lanes)  # a short row's one is this many of the target's
         channels = max(1, WINDOW_CHANNELS // vectors)
         planes[channel], channel_in = sch.split(planes[channel], factors=[None, channels])
         block = [channel_in]
-    sch.reorder(*planes, y, *([x_out] if x_out else []), *taps, *block, x_in)
+    sch.reorder(*planes, y, x, *taps, *block)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
-    sch.vectorize(x_in)
-    for tap in [*(tap for i, tap in enumerate(taps) if i not in sums), *block]:
-        sch.unroll(tap)
-    sch.decompose_reduction(output.block, taps[0])  # the init copies the vector loop
+    unrolled = [i for i, _ in enumerate(taps) if i not in sums]
+    parts = sch.loop_partition(x, [whole, None]) if 0 < whole < size else [x]
+    for part in parts:
+        (part_block,) = sch.get_child_blocks(part) if len(parts) > 1 else (output.block,)
+        *_, row = sch.get_loops(part_block)[: -len(taps) - len(block)]
+        part_taps = sch.get_loops(part_block)[-len(taps) - len(block) :]
+        if part is parts[0] and whole:
+            row_out, row = sch.split(row, factors=[None, lanes])
+            sch.reorder(row_out, *part_taps, row)
+        else:  # a row, or its rest, of fewer than ROW_VECTOR_LANES vectors: a vector of its length
+            sch.reorder(*part_taps, row)
+        window_steps(sch, part_block, len(taps), unrolled, len(block))
+
+
+def window_steps(sch: Any, block: Any, taps: int, unrolled: list[int], channels: int) -> None:
+    """A window's `block` whose loops end in its `taps` reduction loops, `channels` loops of a
+    register block of output channels and the vector loop: the vector loop vectorized, the taps
+    at `unrolled` (not the sums over input channels) and the channel block unrolled, the init
+    split off before the taps (it copies the vector loop)."""
+    loops = sch.get_loops(block)
+    tap_loops, channel_loops = (
+        loops[-1 - channels - taps : -1 - channels],
+        loops[len(loops) - 1 - channels : -1],
+    )
+    sch.vectorize(loops[-1])
+    for loop in [*(tap_loops[i] for i in unrolled), *channel_loops]:
+        sch.unroll(loop)
+    sch.decompose_reduction(block, tap_loops[0])
 
 
 def transpose(sch: Any, ctx: ScheduleContext) -> None:

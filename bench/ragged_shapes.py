@@ -1,19 +1,20 @@
-"""Dot products whose rows are not whole register tiles (issue #51): a ragged m (ViT's 197
-tokens, 131 rows), a symbolic m (a sequence length) and a 1x1 convolution's batch of images,
+"""Shapes that are not whole tiles (issue #51): dot products with a ragged m (ViT's 197 tokens,
+131 rows), a symbolic m (a sequence length) or a 1x1 convolution's batch of images, and sliding
+windows whose output rows are longer than 4 vectors and not whole ones (35 and 75 columns), each
 built per size static, and once with the dimension N symbolic, against onnxruntime's kernel for
 the same work, timed interleaved with it in one process per kind of build and thread count (two
 of TVM's thread pools in one process take turns spinning on this 2-core machine: the module
 loaded second ran 1.5-2.5x slower at 2 threads, whichever it was), with a pause after each
 (onnxruntime's workers spin after a run: the call timed next ran at half speed at 2 threads).
 
-    .venv/bin/python bench/dot_rows.py [--threads 1,2] [--rounds 7]
+    .venv/bin/python bench/ragged_shapes.py [--threads 1,2] [--rounds 7]
 
 Per row: the build (static, or symbolic run at the row's size), the median ms of ours and of
 onnxruntime, and their ratio. Each build is checked against the op's reference (NaN and
-infinities included) first; a failed check is printed. Before the padding
-(`deploy.schedules.cpu.generic.pad_rows`) a ragged m tested its rows inside the sum (matmul
-131x768x768: 1.7x onnxruntime's time), and a symbolic m or image batch fell through to the
-generic schedule (29-50x).
+infinities included) first; a failed check is printed. Before this round a ragged m tested its
+rows inside the sum (matmul 131x768x768: 1.7x onnxruntime's time), a symbolic m or image batch
+fell through to the generic schedule (29-50x), and so did a window row of 35 or 75 columns
+(1.7-1.9x onnxruntime, slower than numpy).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int]]] = [
     ("matmul", [("N", 768), (768, 768)], [128, 131, 197]),
     ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)], [1, 2]),
     ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4]),
+    ("depthwise_conv", [("N", 32, 75, 75), (32, 1, 3, 3)], [1]),
+    ("depthwise_conv", [("N", 32, 35, 35), (32, 1, 3, 3)], [1, 4]),
 ]
 """(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at)."""
 
