@@ -21,7 +21,6 @@ import pytest
 
 from deploy.base.threads import host_cpus
 from deploy.compiler.options import BuildOptions
-from deploy.tune.records import ACCEPTED, RECORDS
 from tests.conftest import DEPLOY, invoke, run_deploy
 from tests.test_arm import needs_cross, needs_qemu
 from tests.test_opencl import DEVICES as OPENCL_DEVICES
@@ -143,8 +142,9 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     its loops reversed, so that the innermost steps across batch items 784 KiB apart: about 12x
     the hand schedule's time here; planted with a search time of 1 ns) loses to the hand schedule
     when both are timed in one session: the hand schedule stays. The search's own record (the
-    hand schedule with a unit split, the same code) is removed first: timed beside the hand, two
-    builds of one code differ by noise alone, and once it came out ahead by more than the spread."""
+    hand schedule with a unit split) compiles to the hand's module byte for byte and is not
+    timed: beside the hand, two builds of one code differ by noise alone, and once it came out
+    ahead by more than the spread and was accepted."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -161,8 +161,6 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     task = task_dir(db, "x86")
     target, options = resolve_build("x86", cores=host_cpus())
     mod = prim_module(bind(get_op("add"), {}, [TensorType((8, 64, 56, 56), "float32")] * 2), target, options)
-    (task / RECORDS).write_text("")  # the hand schedule's own record: the slow one is the only contender
-    (task / ACCEPTED).unlink()  # and its verdict, which would stand while the task holds one record
     database = ms.database.JSONDatabase(work_dir=str(task))
     reversed_loops = tvm.s_tir.Schedule(mod)
     reversed_loops.reorder(*reversed(reversed_loops.get_loops(reversed_loops.get_sblock("out"))))
@@ -172,13 +170,15 @@ def test_a_record_slower_than_the_hand_schedule_is_never_accepted(tmp_path: Path
     )  # fmt: skip
     database.commit_tuning_record(unscheduled)
 
-    judged = run_deploy("tune", *args, "--trials", "1")  # no new search: judges the planted record
+    judged = run_deploy("tune", *args, "--trials", "2")  # no new search: judges the two records
     assert judged.returncode == 0, judged.stderr
     assert "kept the hand schedule" in judged.stdout
     assert "default " in judged.stdout and " ms / best found " in judged.stdout
     verdict = json.loads((task / "accepted.json").read_text())
-    assert verdict["record"] is None and verdict["records"] == 1
-    assert verdict["best_tuned_ms"] > verdict["hand_ms"]  # the planted record, measured beside the hand
+    assert verdict["record"] is None and verdict["records"] == 2
+    assert len(verdict["same_as_hand"]) == 1  # the search's own record, the hand's module
+    assert "1 of the fastest records compile to the hand schedule's own module" in judged.stdout
+    assert verdict["best_tuned_ms"] > verdict["hand_ms"]  # the planted record, the only one timed
 
     out = tmp_path / "art"
     built = run_deploy("build", *args[:6], "--target", "x86", "--tuned", str(db), "-o", str(out))

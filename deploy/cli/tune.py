@@ -262,6 +262,12 @@ def _print_result(console: Console, result: TuneResult, trials: int) -> None:
     if entry is None:
         console.print("no candidate ran: builds keep the hand schedule", highlight=False)
         return
+    if entry.get("same_as_hand"):
+        console.print(
+            f"{len(entry['same_as_hand'])} of the fastest records compile to the hand schedule's own"
+            " module: not timed against it",
+            highlight=False,
+        )
     failed = entry.get("hand_failed")
     if failed:
         console.print(f"[red]the default build fails its check[/red]: {failed}", highlight=False)
