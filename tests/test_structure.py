@@ -148,15 +148,41 @@ def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why(tmp_p
     assert taken.rule == "generic" and taken.notes[0].startswith(TOTAL_NOTE)
 
 
+LINEAR = """from tvm import te
+
+from deploy.ops import Case, Input, Op, TensorType, register
+
+
+@register
+class Linear(Op):
+    name = "linear"
+    inputs = (Input("x", 3, 3), Input("w", 2, 2))
+    dtypes = ("float32", "float64")
+    cases = (Case(((2, 7, 16), (16, 24))),)
+
+    def infer(self, attrs, inputs):
+        x, w = inputs
+        return TensorType((x.shape[0], x.shape[1], w.shape[1]), x.dtype)
+
+    def compute(self, attrs, out, x, w):
+        k = te.reduce_axis((0, x.shape[2]), "k")
+        return te.compute(out.shape, lambda b, s, n: te.sum(x[b, s, k] * w[k, n], axis=k), name="linear")
+
+    def reference(self, attrs, x, w):
+        return (x.astype("float64") @ w.astype("float64")).astype(x.dtype)
+"""
+"""A user's linear layer over a batch of sequences: its m is the batch and the sequence joined."""
+
 PADDED_DOTS = [
     ("matmul", [("N", 24), (24, 40)], [1, 3, 4, 13]),  # a symbolic m: rows, a sequence length
     ("matmul", [(13, 300), (300, 48)], [13]),  # ragged m, a long k in blocks over copied panels
     ("batch_matmul", [("N", 7, 9), ("N", 9, 24)], [1, 3]),  # a symbolic batch, ragged m
-    ("pointwise_conv", [("N", 3, 5, 8), (5, 3, 1, 1)], [1, 2]),  # a symbolic batch of images, m 5
+    ("pointwise_conv", [("N", 3, 5, 8), (30, 3, 1, 1)], [1, 2]),  # a symbolic batch of images, m 30
+    ("linear", [("N", 7, 16), (16, 24)], [1, 3]),  # m a symbolic batch by 7 rows: 7 padded to 8
 ]
 """Dot products whose m is not whole tiles of 4 rows (symbolic, or ragged past 6 rows), at the
-sizes they run at: padded up to whole tiles; a symbolic image batch of a 1x1 convolution loops
-as a batch (it was joined into n, which must be static)."""
+sizes they run at: m's innermost axis padded up to whole tiles; a 1x1 convolution's images loop
+as a batch (joined to its pixels, a symbolic batch fell through: n must be static)."""
 
 
 @pytest.mark.parametrize(
@@ -172,28 +198,33 @@ def test_a_dot_product_whose_m_is_not_whole_tiles_is_padded_to_them(
     from deploy.verify.compare import random_input
     from deploy.verify.run import against_reference, run_artifact
 
-    sch, ctx = schedule_of(name, shapes)
-    assert schedule_by_structure(sch, ctx).fell_through == ""
-    padded = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "_pad" in sch.get(b).name_hint]
-    assert padded or name == "pointwise_conv"  # 5 output channels: one tile of 5 rows, no pad
-    updates = [b for b in str(sch.mod).split('T.sblock("')[1:] if b.split('"')[0].endswith("_update")]
-    assert updates and not any("T.where" in update for update in updates)
-    for dtype in ("float32", "float64"):
-        bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
-        directory = tmp_path / dtype
-        manifest = export(compile_op(bound, get_target("x86"), BuildOptions()), directory)
-        for size in sizes:
-            at = bind(
-                get_op(name),
-                {},
-                [TensorType(tuple(size if d == "N" else d for d in s), dtype) for s in shapes],
-            )
-            for specials in (False, True):
-                inputs = [random_input(t, np.random.default_rng(size), specials=specials) for t in at.inputs]
-                comparison = against_reference(
-                    at, inputs, run_artifact(local_session, directory, manifest, inputs)
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "linear.py").write_text(LINEAR)
+    with registry_kept():
+        load_ops_path(tmp_path / "ops")
+        sch, ctx = schedule_of(name, shapes)
+        assert schedule_by_structure(sch, ctx).fell_through == ""
+        padded = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "_pad" in sch.get(b).name_hint]
+        updates = [b for b in str(sch.mod).split('T.sblock("')[1:] if b.split('"')[0].endswith("_update")]
+        assert padded and updates and not any("T.where" in update for update in updates)
+        for dtype in ("float32", "float64"):
+            bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
+            directory = tmp_path / dtype
+            manifest = export(compile_op(bound, get_target("x86"), BuildOptions()), directory)
+            for size in sizes:
+                at = bind(
+                    get_op(name),
+                    {},
+                    [TensorType(tuple(size if d == "N" else d for d in s), dtype) for s in shapes],
                 )
-                assert comparison.ok, (dtype, size, comparison.detail)
+                for specials in (False, True):
+                    inputs = [
+                        random_input(t, np.random.default_rng(size), specials=specials) for t in at.inputs
+                    ]
+                    comparison = against_reference(
+                        at, inputs, run_artifact(local_session, directory, manifest, inputs)
+                    )
+                    assert comparison.ok, (dtype, size, comparison.detail)
 
 
 RAGGED_DOTS = [
@@ -292,6 +323,14 @@ def test_a_grouped_convolution_blocks_output_channels_around_each_input_vector()
         (2, ForKind.SERIAL), (3, ForKind.UNROLLED), (3, ForKind.UNROLLED), (8, ForKind.UNROLLED),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+def test_a_window_row_of_whole_vectors_runs_in_vectors_of_the_target():
+    """A row of 16 floats: 2 vectors of AVX2's 8 lanes, not one vector of 16 (which LLVM splits
+    anyway, but a grouped convolution's channel block would shrink to fit it)."""
+    sch, ctx = schedule_of("depthwise_conv", [(1, 4, 16, 16), (4, 1, 3, 3)])
+    assert schedule_by_structure(sch, ctx) == Taken("window")
+    assert loop_kinds(sch, "depthwise_conv_update")[-1] == (8, ForKind.VECTORIZED)
 
 
 SHORT_ROWS = [

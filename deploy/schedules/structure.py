@@ -117,6 +117,7 @@ def dot_axes(stmt: Any) -> tuple[list[int], list[int], list[int]]:
                 index = reducing[side]
                 summed = min(p for p, i in enumerate(index) if _uses(i, reduce))
                 apart = mine & set().union(*(_uses(i, spatial) for i in index[:summed]))
+                apart -= set().union(*(_uses(i, spatial) for i in index[summed:]))  # b[n // 8, k, n % 8]
                 batch = [i for i in range(len(spatial)) if i not in (mine - apart) | theirs]
                 return batch, sorted(theirs), sorted(mine - apart)
     last = len(spatial) - 1

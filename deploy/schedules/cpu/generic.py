@@ -85,7 +85,8 @@ vectors, 0.39 ms with 2)."""
 ROW_VECTOR_LANES = 4
 """A window's output row that is not whole vectors, of at most this many vectors' lanes (7, 14
 or 28 columns: a network's late maps), is one vector of its own length, which LLVM splits into
-vectors of the target's widths (14 floats on AVX2: 8, 4 and 2). Depthwise 3x3 on 1x96x14x14,
+vectors of the target's widths (14 floats on AVX2: 8, 4 and 2); a longer one runs its whole
+vectors, then its rest so (35 columns: 4 vectors and one of 3 lanes). Depthwise 3x3 on 1x96x14x14,
 AVX2, 1 thread: 0.081 ms in the generic schedule, 0.013 ms so (onnxruntime 0.066)."""
 
 
@@ -336,6 +337,9 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     sizes = [extent(sch, loop) for loop in loops]
     if any(sizes[i] is None for i in ms[1:] + ns):  # the first of m's axes may be a batch
         raise DoesNotFit("n, or an inner axis of m, of symbolic extent")
+    rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
+    if rows > FEW_ROWS and rows % DOT_ROWS and pad_rows(sch, info.block, ms[-1], lanes, work):
+        stmt, sizes = sch.get(info.block), [extent(sch, loop) for loop in sch.get_loops(info.block)]
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
         lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
         ndim=len(loops),
@@ -343,21 +347,13 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     )
     sch.transform_block_layout(info.block, layout)
     *batch, m, n, k = sch.get_loops(info.block)
-    rows: float = extent(sch, m) or math.inf  # symbolic: as many as a batch brings
-    size = extent(sch, n) or 1
+    rows, size = extent(sch, m) or math.inf, extent(sch, n) or 1
     tile_rows, cols = 1, lanes  # m = 1: its whole vectors streamed (`stream`), not tiled
     if rows > 1:
         few = rows <= FEW_ROWS
         copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
         wide = tile_vectors(size, lanes, copied)
         tile_rows, cols = (int(rows), ACCUMULATORS // int(rows) * lanes) if few else (DOT_ROWS, wide * lanes)
-        if (
-            not few
-            and (rows == math.inf or rows % tile_rows)
-            and pad_rows(sch, info.block, tile_rows, lanes, work)
-        ):
-            *batch, m, n, k = sch.get_loops(info.block)
-            rows = extent(sch, m) or math.inf
     tiles, vectors = size - size % cols, size - size % lanes
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
     sch.reorder(n, *batch, m)
@@ -379,16 +375,20 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
             register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks)
 
 
-def pad_rows(sch: Any, block: Any, rows: int, lanes: int, work: int) -> bool:
-    """Whether a [batch..., m, n, k] `block` whose m is not whole tiles of `rows` (ragged, or
-    symbolic: a sequence length) now computes whole tiles: its m padded up to them
-    (`pad_einsum`: the operand read along m copied into a buffer of zero rows past m, the
-    output computed into one and copied out, both copies in vectors, rows in parallel). A
-    tile's rows otherwise each test m inside the sum over k (matmul 131x768x768, AVX2, 1
-    thread: 4.7 ms against 2.2 for 128 rows; padded 2.8, onnxruntime's 2.8). False where
-    TVM refuses (m's tiles then test their rows)."""
+def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
+    """Whether a dot product's `block`, whose m (its spatial variables at the positions `dot_axes`
+    says, joined) is not whole tiles of DOT_ROWS rows (ragged, or symbolic: a sequence length, a
+    batch of rows), now computes whole tiles: m's innermost variable, at `axis`, padded up to a
+    multiple of DOT_ROWS (`pad_einsum`: the operand read along m copied into a buffer of zero
+    rows past m, the output computed into one and copied out; the copies in vectors where their
+    rows are whole ones, in parallel where `work` is worth threads). A tile's rows otherwise
+    each test m inside the sum over k (matmul 131x768x768, AVX2, 1 thread: 4.7 ms against 2.2
+    for 128 rows; padded 2.8, onnxruntime's 2.8). False where TVM refuses (an index that is not
+    a plain variable): m's tiles then test their rows."""
+    padding = [1] * len(sch.get(block).iter_vars)
+    padding[axis] = DOT_ROWS
     try:
-        sch.pad_einsum(block, [1] * (len(sch.get(block).iter_vars) - 3) + [rows, 1, 1])
+        sch.pad_einsum(block, padding)
     except s_tir.ScheduleError:
         return False
     for copy in (*sch.get_producers(block), *sch.get_consumers(block)):
@@ -508,7 +508,8 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("no vector lanes for the dtype")
     if size is None:
         raise DoesNotFit("output rows of symbolic length")
-    whole = size - size % lanes if size > ROW_VECTOR_LANES * lanes else 0  # the rest: one vector
+    whole = size - size % lanes if size % lanes == 0 or size > ROW_VECTOR_LANES * lanes else 0
+    # a short row not whole vectors (none whole: 0), or a longer row's rest: one vector of its length
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
     if channel is not None:
