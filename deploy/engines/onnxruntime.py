@@ -414,7 +414,8 @@ def run_model(model: Path, library: Path | None, feeds: dict[str, np.ndarray]) -
     its graph optimized short of layout transforms: `reference` runs each standard node alone,
     and on an AVX2 host without AVX-512 the NCHWc MaxPool that ORT_ENABLE_ALL swaps in treats a
     window's NaN unlike the plain one (0.79 against 1.06 in examples/pool_add_leaky_htanh_n.onnx
-    on NaN inputs, onnxruntime alone): the comparison is of deploy's kernels, like for like."""
+    on NaN inputs, onnxruntime alone): the comparison is of deploy's kernels, like for like (the
+    C host, `onnxruntime_host.c`, sets the same level)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
