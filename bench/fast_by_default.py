@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run
+from harness import HostTimer, at_least_one, host_target, run, thread_env
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
@@ -333,7 +333,7 @@ def main() -> None:
     print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
           f"  {'b/ort':>6} {'a/ort':>6} {'t/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip
     for threads in counts:
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        env = thread_env(threads)
         command = [
             sys.executable,
             __file__,

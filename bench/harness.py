@@ -50,6 +50,14 @@ def thread_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
     return counts
 
 
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment of a bench child timing at `threads`: TVM's pool and numpy's BLAS
+    (OpenMP) both that wide."""
+    import os
+
+    return {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+
+
 def spread(times: list[float]) -> str:
     """The median of `times` (ms) and, from two on, their interquartile range: `m [q1-q3]`."""
     if len(times) < 2:

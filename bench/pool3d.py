@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_counts
+from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
 
 
 def model(path: Path, shape: tuple[int, ...]) -> None:
@@ -112,7 +112,7 @@ def main() -> None:
           f" ms ± interquartile range; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"{'threads':>7} {'deploy ms':>16} {'ort ms':>16} {'ort/ours':>9}  schedule")
     for threads in counts:
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        env = thread_env(threads)
         command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--shape", args.shape]
         subprocess.run(command, env=env, check=True)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from fast_by_default import HERE, built, onnxruntime_call
-from harness import HostTimer, at_least_one, host_target, run, thread_counts
+from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
 
 WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int]]] = [
     ("matmul", [("N", 768), (768, 768)], [128, 131, 197]),
@@ -99,7 +99,7 @@ def main() -> None:
     print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
     print(f"{'build':9} {'shapes':26} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
     for threads in counts:
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        env = thread_env(threads)
         for kind in ("static", "symbolic"):
             command = [sys.executable, __file__, "--child", kind, "--rounds", str(args.rounds)]
             subprocess.run(command, env=env, check=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_counts
+from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
 
 OPS = ("add", "leaky_relu", "hard_sigmoid", "layout_transform")
 
@@ -127,7 +127,7 @@ def main() -> None:
     print(f"{'op':17} {'th':>2} {'plain ms':>17} {'streamed ms':>17} {'ort ms':>17} {'torch ms':>17}"
           f" {'plain':>6} {'ort':>6} {'torch':>6}")  # fmt: skip
     for threads in counts:
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        env = thread_env(threads)
         command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--target", args.target,
                    "--ops", args.ops]  # fmt: skip
         subprocess.run(command, env=env, check=True)

@@ -174,6 +174,6 @@ def judge_built(
         else:
             checked[name] = found
     verdict = judge(session, hand, checked) | {"rejected": rejected}
-    if same and verdict.get("best_tuned_ms", 0) is None:  # the hand's code was the best found
+    if same and verdict["record"] is None and verdict["best_tuned_ms"] is None:  # only the hand's code
         verdict["best_tuned_ms"] = verdict["hand_ms"]
     return verdict | ({"same_as_hand": same} if same else {})

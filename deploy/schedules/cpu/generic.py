@@ -338,7 +338,8 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     if any(sizes[i] is None for i in ms[1:] + ns):  # the first of m's axes may be a batch
         raise DoesNotFit("n, or an inner axis of m, of symbolic extent")
     rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
-    if rows > FEW_ROWS and rows % DOT_ROWS and pad_rows(sch, info.block, ms[-1], lanes, work):
+    whole_tiles = rows != math.inf and rows % DOT_ROWS == 0
+    if rows > FEW_ROWS and not whole_tiles and pad_rows(sch, info.block, ms[-1], lanes, work):
         stmt, sizes = sch.get(info.block), [extent(sch, loop) for loop in sch.get_loops(info.block)]
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
         lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
@@ -525,8 +526,8 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     parts = sch.loop_partition(x, [whole, None]) if 0 < whole < size else [x]
     for part in parts:
         (part_block,) = sch.get_child_blocks(part) if len(parts) > 1 else (output.block,)
-        *_, row = sch.get_loops(part_block)[: -len(taps) - len(block)]
-        part_taps = sch.get_loops(part_block)[-len(taps) - len(block) :]
+        part_loops = sch.get_loops(part_block)
+        row, part_taps = part_loops[-len(taps) - len(block) - 1], part_loops[-len(taps) - len(block) :]
         if part is parts[0] and whole:
             row_out, row = sch.split(row, factors=[None, lanes])
             sch.reorder(row_out, *part_taps, row)
@@ -541,10 +542,7 @@ def window_steps(sch: Any, block: Any, taps: int, unrolled: list[int], channels:
     at `unrolled` (not the sums over input channels) and the channel block unrolled, the init
     split off before the taps (it copies the vector loop)."""
     loops = sch.get_loops(block)
-    tap_loops, channel_loops = (
-        loops[-1 - channels - taps : -1 - channels],
-        loops[len(loops) - 1 - channels : -1],
-    )
+    tap_loops, channel_loops = loops[-1 - channels - taps : -1 - channels], loops[-1 - channels : -1]
     sch.vectorize(loops[-1])
     for loop in [*(tap_loops[i] for i in unrolled), *channel_loops]:
         sch.unroll(loop)
