@@ -744,3 +744,26 @@ def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
     assert anchor(block_infos(sch)).structure is Structure.DATA_MOVEMENT
     taken = schedule_by_structure(sch, ctx)
     assert (taken.rule, taken.notes) == ("elementwise", ())
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes", "copied"),
+    [
+        ("pointwise_conv", [(2, 64, 56, 56), (128, 64, 1, 1)], "x_global"),
+        ("matmul", [(16, 256), (256, 1056)], "b_global"),
+    ],
+)
+def test_a_b_past_the_cache_is_copied_a_block_of_columns_at_a_time(
+    name, shapes, copied, local_session, tmp_path
+):
+    """b of more than PACK_FROM_BYTES (1.6 MiB of pixels; 1.03 MiB of a matrix with k = 256, which
+    needs no K_BLOCK) is copied a block of n's tiles at a time (at most PACKED_BYTES of it) into a
+    buffer of its own, inside the parallel loop over the batch and the blocks; the block's tiles
+    then read the copy. Checked against numpy with ties, NaN and infinities."""
+    sch, ctx = schedule_of(name, shapes)
+    assert schedule_by_structure(sch, ctx).fell_through == ""
+    outer = sch.get(sch.get_loops(sch.get_sblock(copied))[0])
+    assert ForKind(int(outer.kind)) == ForKind.PARALLEL and int(outer.extent) > 1
+    check(
+        local_session, compile_op(bound_op(name, shapes=shapes), get_target("x86"), BuildOptions()), tmp_path
+    )
