@@ -17,9 +17,10 @@ cheap producers are inlined into their one consumer.
   output tiles of DOT_ROWS rows by three vectors in parallel (an m of up to 6 rows one tile,
   m = 1 streamed along b's rows), the sum over k a register block of vector FMAs kept in
   registers across k; a long k in blocks, each block's panel of b copied contiguous first
-  (K_BLOCK). A ragged n ends in a vector tile and a scalar one; an m that is not whole tiles
-  (ragged, or symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as
-  a batch (`dot_axes`).
+  (K_BLOCK); a b past the cache copied a block of its columns at a time (PACKED_BYTES). A
+  ragged n ends in a vector tile and a scalar one; an m that is not whole tiles (ragged, or
+  symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as a batch
+  (`dot_axes`).
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
   (padding) computed per plane; vectors along the output row (a short row that is not whole
   vectors one vector of its length: ROW_VECTOR_LANES; a longer one its whole vectors, then its
@@ -70,15 +71,15 @@ all its columns as one region, which the copy would take whole)."""
 
 PACKED_BYTES, PACK_FROM_BYTES = 64 * 1024, 1024 * 1024
 """Where k needs no blocks (K_BLOCK) and b, every batch's, is more than PACK_FROM_BYTES (twice a
-core's L2: it does not stay in cache from one call to the next), n's tiles run in blocks of at
-most PACKED_BYTES of b (k x the block's columns), the blocks in parallel, each block of b copied
-first into a buffer of its own that the block's tiles then read from L2. Read in place, a tile's
-panel of b (k rows of 96 bytes, a row of b apart) came from memory a line at a time from as many
-rows, more streams than the hardware prefetchers follow; the copy reads whole rows of the block.
-AVX2, 1 thread, medians against onnxruntime: 1x1 conv 2x64x56x56 by 128x64 1.70-1.72x -> 1.09-1.18x,
-matmul 128x256 @ 256x3072 1.31x -> 1.07x. A b that stays in cache (1x64x56x56: 800 KiB) ran 10-20%
-slower copied: a 1x1 convolution's copy takes whole image rows (56 columns), up to 40% more
-than the block's."""
+core's L2: it does not stay in cache from one call to the next; a symbolic batch counts as 1,
+as in `work_of`), n's tiles run in blocks of at most PACKED_BYTES of b (k x the block's
+columns), the blocks in parallel, each block of b copied first into a buffer of its own that the
+block's tiles then read from L2. Read in place, a tile's panel of b (k rows of 96 bytes, a row
+of b apart) came from memory a line at a time from as many rows, more streams than the hardware
+prefetchers follow; the copy reads whole rows of the block. AVX2, 1 thread, medians against
+onnxruntime: 1x1 conv 2x64x56x56 by 128x64 1.70-1.72x -> 1.09-1.19x, matmul 128x256 @ 256x3072
+1.31x -> 1.07x. A b that stays in cache (1x64x56x56: 800 KiB) ran 10-20% slower copied: a 1x1
+convolution's copy takes whole image rows (56 columns), up to 40% more than the block's."""
 
 GEMV_CHUNK, GEMV_STEPS = 64, 4
 """A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
@@ -447,7 +448,7 @@ def packed_blocks(sch: Any, block: Any, tiles: int, cols: int) -> tuple[int, int
         return None
     position, read = found[0]
     terms, size = extent(sch, sch.get_loops(block)[-1]), read.source.dtype.bits // 8
-    dims = [int(d) if isinstance(d, tirx.IntImm) else math.inf for d in read.source.shape]
+    dims = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in read.source.shape]  # as `work_of`
     if terms is None or size * math.prod(dims) <= PACK_FROM_BYTES:
         return None
     most = PACKED_BYTES // (terms * cols * size)
