@@ -25,7 +25,15 @@ from deploy.compiler.tir_passes import compile_cpu
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
-from deploy.schedules.cpu.generic import ROW_BLOCK, ROWS_A_STEP, Taken, row_block, schedule_by_structure
+from deploy.schedules.cpu.generic import (
+    PACKED_BYTES,
+    ROW_BLOCK,
+    ROWS_A_STEP,
+    Taken,
+    copied_bytes,
+    row_block,
+    schedule_by_structure,
+)
 from deploy.schedules.registry import Picked, ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos, dot_axes
 from deploy.schedules.vector_math import (
@@ -747,23 +755,87 @@ def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
 
 
 @pytest.mark.parametrize(
-    ("name", "shapes", "copied"),
+    ("name", "shapes", "copied", "update", "most"),
     [
-        ("pointwise_conv", [(2, 64, 56, 56), (128, 64, 1, 1)], "x_global"),
-        ("matmul", [(16, 256), (256, 1056)], "b_global"),
+        (
+            "pointwise_conv",
+            [(2, 64, 56, 56), (128, 64, 1, 1)],
+            "x_global",
+            "pointwise_conv_ax20_update",
+            86016,
+        ),
+        ("matmul", [(16, 256), (256, 1056)], "b_global", "matmul_update", 49152),
     ],
 )
 def test_a_b_past_the_cache_is_copied_a_block_of_columns_at_a_time(
-    name, shapes, copied, local_session, tmp_path
+    name, shapes, copied, update, most, local_session, tmp_path
 ):
-    """b of more than PACK_FROM_BYTES (1.6 MiB of pixels; 1.03 MiB of a matrix with k = 256, which
-    needs no K_BLOCK) is copied a block of n's tiles at a time (at most PACKED_BYTES of it) into a
-    buffer of its own, inside the parallel loop over the batch and the blocks; the block's tiles
-    then read the copy. Checked against numpy with ties, NaN and infinities."""
+    """b of more than PACK_FROM_BYTES (1.53 MiB of pixels; 1.03 MiB of a matrix with k = 256,
+    which needs no K_BLOCK) is copied a block of n's tiles at a time into a buffer of its own
+    inside the parallel loop over the batch and the blocks: 64 rows of 6 image rows (the 240
+    columns of 10 tiles span 6), 256 rows of 2 tiles; the block's tiles, then m's, run inside
+    it and read the copy. Checked against numpy with ties, NaN and infinities."""
     sch, ctx = schedule_of(name, shapes)
     assert schedule_by_structure(sch, ctx).fell_through == ""
-    outer = sch.get(sch.get_loops(sch.get_sblock(copied))[0])
-    assert ForKind(int(outer.kind)) == ForKind.PARALLEL and int(outer.extent) > 1
+    copy = sch.get_sblock(copied)
+    outer = sch.get(sch.get_loops(copy)[0])
+    assert ForKind(int(outer.kind)) == ForKind.PARALLEL and int(outer.extent) >= ctx.cores
+    assert copied_bytes(sch, copy) == most <= PACKED_BYTES * 3 // 2
+    tiles = loop_kinds(sch, update)
+    assert tiles[0][1] == ForKind.PARALLEL and tiles[1][1] == tiles[2][1] == ForKind.SERIAL
+    assert tiles[2][0] == 32 if name == "pointwise_conv" else 4  # m's tiles inside the block's
     check(
         local_session, compile_op(bound_op(name, shapes=shapes), get_target("x86"), BuildOptions()), tmp_path
     )
+
+
+STRIDED = """from tvm import te
+
+from deploy.ops import Case, Input, Op, TensorType, register
+
+
+@register
+class Strided(Op):
+    name = "strided_pointwise_conv"
+    inputs = (Input("x", 4, 4), Input("w", 4, 4))
+    dtypes = ("float32",)
+    cases = (Case(((1, 64, 112, 112), (128, 64, 1, 1))),)
+
+    def infer(self, attrs, inputs):
+        x, w = inputs
+        return TensorType((x.shape[0], w.shape[0], x.shape[2] // 2, x.shape[3] // 2), x.dtype)
+
+    def compute(self, attrs, out, x, w):
+        ci = te.reduce_axis((0, x.shape[1]), "ci")
+        return te.compute(
+            out.shape,
+            lambda n, co, y, z: te.sum(x[n, ci, 2 * y, 2 * z] * w[co, ci, 0, 0], axis=ci),
+            name="strided",
+        )
+
+    def reference(self, attrs, x, w):
+        return (w[:, :, 0, 0].astype("float64") @ x[:, :, ::2, ::2].reshape(64, -1)).reshape(1, 128, 56, 56)
+"""
+"""A ResNet downsampling 1x1 convolution (stride 2) as a user writes it: 3.1 MiB of x."""
+
+
+IN_PLACE: list[tuple[str, list[tuple[int | str, ...]]]] = [
+    ("pointwise_conv", [(1, 64, 56, 56), (128, 64, 1, 1)]),
+    ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)]),
+    ("strided_pointwise_conv", [(1, 64, 112, 112), (128, 64, 1, 1)]),
+]
+
+
+def test_a_b_that_stays_in_cache_or_whose_block_would_copy_too_much_is_read_in_place(tmp_path):
+    """One image of 1x64x56x56 (784 KiB) stays in L2 between calls, and a symbolic batch counts
+    as one image; a stride-2 1x1 convolution's block of 240 output pixels would copy 11 rows of
+    111 columns of its 64 channels (305 KiB, every other row and column unread), past 1.5 x
+    PACKED_BYTES."""
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "strided.py").write_text(STRIDED)
+    with registry_kept():
+        load_ops_path(tmp_path / "ops")
+        for name, shapes in IN_PLACE:
+            sch, ctx = schedule_of(name, shapes)
+            assert schedule_by_structure(sch, ctx).fell_through == ""
+            assert "_global" not in str(sch.mod), name

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tvm
+import tvm.sym.analyzer
 from tvm import s_tir, tirx
 from tvm.tirx import IndexMap
 
@@ -73,13 +75,16 @@ PACKED_BYTES, PACK_FROM_BYTES = 64 * 1024, 1024 * 1024
 """Where k needs no blocks (K_BLOCK) and b, every batch's, is more than PACK_FROM_BYTES (twice a
 core's L2: it does not stay in cache from one call to the next; a symbolic batch counts as 1,
 as in `work_of`), n's tiles run in blocks of at most PACKED_BYTES of b (k x the block's
-columns), the blocks in parallel, each block of b copied first into a buffer of its own that the
-block's tiles then read from L2. Read in place, a tile's panel of b (k rows of 96 bytes, a row
-of b apart) came from memory a line at a time from as many rows, more streams than the hardware
-prefetchers follow; the copy reads whole rows of the block. AVX2, 1 thread, medians against
-onnxruntime: 1x1 conv 2x64x56x56 by 128x64 1.70-1.72x -> 1.09-1.19x, matmul 128x256 @ 256x3072
-1.31x -> 1.07x. A b that stays in cache (1x64x56x56: 800 KiB) ran 10-20% slower copied: a 1x1
-convolution's copy takes whole image rows (56 columns), up to 40% more than the block's."""
+columns), the batch and the blocks in parallel (m's tiles inside them), each block of b copied
+first into a buffer of its own that the block's tiles then read from L2. Read in place, a tile's
+panel of b (k rows of 96 bytes, a row of b apart) came from memory a line at a time from as many
+rows, more streams than the hardware prefetchers follow; the copy reads whole rows of the block.
+AVX2, 1 thread, medians against onnxruntime: 1x1 conv 2x64x56x56 by 128x64 1.70-1.72x -> 1.09-1.20x,
+matmul 128x256 @ 256x3072 1.31x -> 1.07x. A b that stays in cache (1x64x56x56: 784 KiB) ran
+10-20% slower copied. A copy is what b's read covers over a block: a 1x1 convolution's whole
+image rows (56 columns), up to 40% more than the block's columns; blocks too few for the cores,
+or whose copy would be more than 1.5 x PACKED_BYTES (a stride-2 1x1 convolution's: every other
+row and column of what it spans unread), read b in place."""
 
 GEMV_CHUNK, GEMV_STEPS = 64, 4
 """A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
@@ -387,7 +392,11 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
                 kb, panel = k_block(extent(sch, sch.get_loops(block)[-1])), panel_read(sch.get(block))
                 blocks = (kb, panel) if kb and panel is not None else None
             if tiled and blocks is None and rows > tile_rows:
-                packed = packed_blocks(sch, block, width // cols, cols)
+                packed = packed_blocks(sch, block, width // cols, cols, ctx.cores)
+            if packed is not None:  # tried on a copy of the schedule: what b's read covers a block
+                trial = sch.copy()
+                copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
+                packed = None if copied_bytes(trial, copy) > PACKED_BYTES * 3 // 2 else packed
             register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks, packed)
 
 
@@ -433,39 +442,59 @@ def k_block(size: int | None) -> int | None:
     return next((d for d in range(high, low - 1, -1) if size % d == 0), None)
 
 
-def packed_blocks(sch: Any, block: Any, tiles: int, cols: int) -> tuple[int, int] | None:
-    """(tiles a block, b's position among the reads) where a dot product's [n, batch..., m, k]
-    block runs n's `tiles` of `cols` columns in blocks with b copied (PACKED_BYTES); None where b
-    stays in cache, no block fits, or b is not read by a plain load of n (a variable of m in it)."""
-    stmt = sch.get(block)
+def b_read(stmt: Any) -> tuple[int, Any] | None:
+    """(position among the reads, the read) of the one read of a dot product's block, its
+    variables [batch..., m, n, k], that mentions n and not m (b); None unless exactly one does."""
     *_, m, n, _ = (iv.var for iv in stmt.iter_vars)
     found = [
         (position, read)
         for position, read in enumerate(stmt.reads)
         if any(mentions(r.min, n) for r in read.region) and not any(mentions(r.min, m) for r in read.region)
     ]
-    if len(found) != 1:
+    return found[0] if len(found) == 1 else None
+
+
+def packed_blocks(sch: Any, block: Any, tile_count: int, cols: int, cores: int) -> tuple[int, int] | None:
+    """(tiles a block, b's position among the reads) where a dot product's block, its loops [n,
+    batch..., m, k], runs n's `tile_count` tiles of `cols` columns in blocks with b copied
+    (PACKED_BYTES); None where k needs blocks, b stays in cache, no block of several tiles fits,
+    or the blocks (times the batch) are fewer than the `cores`."""
+    found = b_read(sch.get(block))
+    terms = extent(sch, sch.get_loops(block)[-1])
+    if found is None or terms is None or k_block(terms) is not None:
         return None
-    position, read = found[0]
-    terms, size = extent(sch, sch.get_loops(block)[-1]), read.source.dtype.bits // 8
+    position, read = found
+    item_bytes = read.source.dtype.bits // 8
     dims = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in read.source.shape]  # as `work_of`
-    if terms is None or size * math.prod(dims) <= PACK_FROM_BYTES:
+    if item_bytes * math.prod(dims) <= PACK_FROM_BYTES:
         return None
-    most = PACKED_BYTES // (terms * cols * size)
-    per_block = max((d for d in range(1, most + 1) if tiles % d == 0), default=1)
-    return (per_block, position) if per_block > 1 else None
+    most = PACKED_BYTES // (terms * cols * item_bytes)
+    per_block = max((d for d in range(1, most + 1) if tile_count % d == 0), default=1)
+    loops = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
+    batches = math.prod(extent(sch, loop) or 1 for loop in loops[1:-2])
+    if per_block == 1 or tile_count // per_block * batches < cores:
+        return None
+    return per_block, position
+
+
+def copied_bytes(sch: Any, copy: Any) -> int:
+    """Bytes of the buffer `copy` (a block of `sch` copying a read into one, inside the loop it is
+    computed at, the outermost) is lowered to: the most each of its own loops runs."""
+    loops = [sch.get(loop) for loop in sch.get_loops(copy)]
+    analyzer = tvm.sym.analyzer.Analyzer()
+    for loop in loops:
+        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+    most = [analyzer.const_int_bound(loop.extent).max_value for loop in loops[1:]]
+    return math.prod(most) * sch.get(copy).writes[0].source.dtype.bits // 8
 
 
 def panel_read(stmt: Any) -> int | None:
-    """The position among a [batch..., m, n, k] block's reads of the operand read along n (b),
-    when the last index of its read is n itself (a panel of it is rows of `cols` floats); else
-    None (a 1x1 convolution's joined pixels, `n // w` and `n % w`)."""
-    *_, m, n, _ = (iv.var for iv in stmt.iter_vars)
-    for position, read in enumerate(stmt.reads):
-        index = [r.min for r in read.region]
-        if index and index[-1].same_as(n) and not any(mentions(i, m) for i in index):
-            return position
-    return None
+    """b's position among a [batch..., m, n, k] block's reads (`b_read`) when the last index of
+    its read is n itself (a panel of it is rows of `cols` floats); else None (a 1x1
+    convolution's joined pixels, `n // w` and `n % w`)."""
+    *_, n, _ = (iv.var for iv in stmt.iter_vars)
+    found = b_read(stmt)
+    return found[0] if found and found[1].region[-1].min.same_as(n) else None
 
 
 def stream(sch: Any, block: Any, chunk: int, lanes: int, work: int) -> None:
@@ -499,7 +528,7 @@ def register_block(
     work: int,
     kb: tuple[int, int] | None = None,
     packed: tuple[int, int] | None = None,
-) -> None:
+) -> Any | None:
     """One part of a dot product's [n, batch..., m, k] loops in tiles of `rows` rows by `cols`
     columns (None: the part's columns, a loop that may not start at 0, which `split` refuses),
     in vectors of `lanes` (1: scalar); tiles in parallel, the sum over k accumulated in the
@@ -511,13 +540,14 @@ def register_block(
     each block's panel of b copied first into a buffer of its own (rows of `cols` floats one
     after the other: b's rows, 3 KiB apart in a 768-wide b, fall in 4 of L1's 64 sets), and
     only the tiles of n and the batch run in parallel. With `packed` (PACKED_BYTES: tiles a block,
-    and b's position) n's tiles run in blocks inside the batch, each block's columns of b copied
-    into a buffer of its own first, the blocks in parallel."""
+    and b's position; not with `kb`) n's tiles run in blocks inside the batch, each block's
+    columns of b copied into a buffer of its own first, the batch and the blocks in parallel and
+    m's tiles inside them. Returns that copy's block (None without `packed`)."""
     n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
     n_tile, n_in = sch.split(n, factors=[None, cols]) if cols else (None, n)
     m_tile, m_in = sch.split(m, factors=[None, rows])
     k_out, k = sch.split(k, factors=[None, kb[0]]) if kb else (None, k)
-    if packed and n_tile is not None:
+    if packed:
         n_block, n_tile = sch.split(n_tile, factors=[None, packed[0]])
         tiles = [*batch, n_block]
         sch.reorder(*tiles, n_tile, m_tile, k, m_in, n_in)
@@ -528,8 +558,8 @@ def register_block(
     sch.unroll(m_in)
     if lanes > 1:
         sch.vectorize(sch.split(n_in, factors=[None, lanes])[1] if cols else n_in)
-    fused = parallel_outer(sch, tiles, work)  # before decompose: a complete block
-    if packed and fused is not None:
+    fused, copy = parallel_outer(sch, tiles, work), None  # before decompose: a complete block
+    if packed:
         copy = sch.cache_read(block, packed[1], "global")  # lowered to a buffer a block of n
         sch.compute_at(copy, fused)
         vector_split(sch, sch.get_loops(copy)[-1], lanes)
@@ -538,6 +568,7 @@ def register_block(
         sch.compute_at(panel, k_out)
         vector_split(sch, sch.get_loops(panel)[-1], lanes)
     sch.decompose_reduction(block, k_out or k)  # the init copies the vector loop
+    return copy
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
