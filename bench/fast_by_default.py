@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_env
+from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
@@ -320,11 +320,8 @@ def main() -> None:
     if args.child:
         child(names, args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.tuned)
         return
-    try:
-        counts = [int(t) for t in args.threads.split(",")]
-    except ValueError:
-        parser.error(f"--threads {args.threads}: expected thread counts such as 1,2")
-    if not counts or any(not 1 <= t <= (os.cpu_count() or 1) for t in counts):
+    counts = thread_counts(parser, args.threads)
+    if max(counts) > (os.cpu_count() or 1):  # more threads than cores times the contention
         parser.error(f"--threads {args.threads}: expected counts from 1 to {os.cpu_count()}")
     print(
         f"medians of {args.rounds} interleaved rounds, ms ± interquartile range;"
