@@ -377,6 +377,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
     sch.reorder(n, *batch, m)
     parts = sch.loop_partition(n, [*widths[:-1], None]) if len(widths) > 1 else [n]
+    batches = math.prod(sizes[axis] or 1 for axis in outer)  # a symbolic batch counts as 1
     for i, (part, width) in enumerate(zip(parts, widths, strict=True)):
         (block,) = sch.get_child_blocks(part) if len(parts) > 1 else (info.block,)
         if rows == 1 and i == 0 and width == vectors:
@@ -386,13 +387,13 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
         else:
             tiled = i == 0 and width == tiles
             vector = lanes if width % lanes == 0 else 1
-            steps = width // cols * math.prod(sizes[axis] or 1 for axis in outer)
+            steps = width // cols * batches
             blocks, packed = None, None
             if len(parts) == 1 and rows > tile_rows and steps >= ctx.cores:
                 kb, panel = k_block(extent(sch, sch.get_loops(block)[-1])), panel_read(sch.get(block))
                 blocks = (kb, panel) if kb and panel is not None else None
             if tiled and blocks is None and rows > tile_rows:
-                packed = packed_blocks(sch, block, width // cols, cols, ctx.cores)
+                packed = packed_blocks(sch, block, width // cols, cols, batches, ctx.cores)
             if packed is not None:  # tried on a copy of the schedule: what b's read covers a block
                 trial = sch.copy()
                 copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
@@ -454,11 +455,13 @@ def b_read(stmt: Any) -> tuple[int, Any] | None:
     return found[0] if len(found) == 1 else None
 
 
-def packed_blocks(sch: Any, block: Any, tile_count: int, cols: int, cores: int) -> tuple[int, int] | None:
+def packed_blocks(
+    sch: Any, block: Any, tile_count: int, cols: int, batches: int, cores: int
+) -> tuple[int, int] | None:
     """(tiles a block, b's position among the reads) where a dot product's block, its loops [n,
     batch..., m, k], runs n's `tile_count` tiles of `cols` columns in blocks with b copied
     (PACKED_BYTES); None where k needs blocks, b stays in cache, no block of several tiles fits,
-    or the blocks (times the batch) are fewer than the `cores`."""
+    or the blocks times the `batches` are fewer than the `cores`."""
     found = b_read(sch.get(block))
     terms = extent(sch, sch.get_loops(block)[-1])
     if found is None or terms is None or k_block(terms) is not None:
@@ -470,8 +473,6 @@ def packed_blocks(sch: Any, block: Any, tile_count: int, cols: int, cores: int) 
         return None
     most = PACKED_BYTES // (terms * cols * item_bytes)
     per_block = max((d for d in range(1, most + 1) if tile_count % d == 0), default=1)
-    loops = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
-    batches = math.prod(extent(sch, loop) or 1 for loop in loops[1:-2])
     if per_block == 1 or tile_count // per_block * batches < cores:
         return None
     return per_block, position
