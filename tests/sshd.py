@@ -1,5 +1,9 @@
 """A real OpenSSH server for tests: loopback port, generated host and user keys, config in a temp dir.
 
+Every server a test process starts has the same host key: the session shares one known_hosts
+(tests/conftest.py), and a port the kernel hands out again to a later server must not read as a
+board whose host key changed.
+
 Its logins see a board without Python: PATH holds only a directory of links to BOARD_TOOLS, and
 HOME is an empty directory (this machine's ~/.bashrc, which bash reads for SSH commands, would put
 pyenv's python3 back on the PATH). The login shell's builtins (cd, echo, exec, kill, command) come
@@ -33,6 +37,23 @@ def keygen(path: Path) -> Path:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "deploy-test", "-f", str(path)], check=True
     )
+    return path
+
+
+_HOST_KEY: list[tuple[bytes, bytes]] = []
+"""The process's host key pair (private, public), made by the first `start`."""
+
+
+def _host_key(path: Path) -> Path:
+    """The process's one host key, written to `path` (and `path`.pub)."""
+    if not _HOST_KEY:
+        keygen(path)
+        _HOST_KEY.append((path.read_bytes(), path.with_suffix(".pub").read_bytes()))
+        return path
+    private, public = _HOST_KEY[0]
+    path.write_bytes(private)
+    path.chmod(0o600)
+    path.with_suffix(".pub").write_bytes(public)
     return path
 
 
@@ -85,7 +106,7 @@ def start(directory: Path, tools: tuple[str, ...] = BOARD_TOOLS, env: dict[str, 
     path = _board_path(directory / "board-bin", tools)
     home = directory / "board-home"
     home.mkdir()
-    host_key = keygen(directory / "host_ed25519")
+    host_key = _host_key(directory / "host_ed25519")
     user_key = keygen(directory / "user_ed25519")
     (directory / "authorized_keys").write_text((directory / "user_ed25519.pub").read_text())
     port = _free_port()

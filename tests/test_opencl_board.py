@@ -88,7 +88,8 @@ def test_a_board_without_opencl_is_one_line_naming_it(server, tmp_path):
     bare = sshd.start(tmp_path / "sshd", POCL_TOOLS, env={"OCL_ICD_VENDORS": str(tmp_path / "no-vendors")})
     try:
         (tmp_path / "no-vendors").mkdir()
-        assert add("oclbare", bare, tmp_path / "oclbare", "--opencl", "0:0").exit_code == 0
+        added = add("oclbare", bare, tmp_path / "oclbare", "--opencl", "0:0")
+        assert added.exit_code == 0, added.output
         failed = invoke("test", "--target", "opencl", "--device", "oclbare", "--op", "add")
         assert failed.exit_code == 1, failed.stdout
         assert failed.stderr.startswith("error: oclbare cannot run OpenCL bundles: no OpenCL platform"), (
@@ -97,13 +98,15 @@ def test_a_board_without_opencl_is_one_line_naming_it(server, tmp_path):
         assert len(failed.stderr.splitlines()) == 1, failed.stderr
     finally:
         sshd.stop(bare)
-    assert add("oclnodev", server, tmp_path / "oclnodev", "--opencl", "0:7").exit_code == 0
+    added = add("oclnodev", server, tmp_path / "oclnodev", "--opencl", "0:7")
+    assert added.exit_code == 0, added.output
     failed = invoke("test", "--target", "opencl", "--device", "oclnodev", "--op", "add", "--dtype", "float32")
     assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.stderr
     assert failed.stderr.startswith("error: oclnodev: no OpenCL device 0:7: platform 0 has 1 device"), (
         failed.stderr
     )
-    assert add("oclcpu", server, tmp_path / "oclcpu").exit_code == 0
+    added = add("oclcpu", server, tmp_path / "oclcpu")
+    assert added.exit_code == 0, added.output
     failed = invoke("test", "--target", "opencl", "--device", "oclcpu", "--op", "add")
     assert (failed.exit_code, failed.stderr) == (
         2,
