@@ -32,7 +32,7 @@ from deploy.base.ctext import C_KEYWORDS
 from deploy.base.errors import DeployError, UsageError
 from deploy.base.files import sha256_file
 from deploy.base.threads import host_cpus
-from deploy.compiler.bundle import check_symbols, signature
+from deploy.compiler.bundle import check_symbols, signature, write_bundle
 from deploy.compiler.compile import Compiled, CompiledGraph, compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
@@ -155,9 +155,11 @@ def case_inputs(planned: PlannedCase, sizes: dict[str, int]) -> list[np.ndarray]
 class MatrixBundles:
     """The bundles of the matrix's cases, each prefixed m<index>, built once per module: on a
     target's first use, every case of it that this run's selected tests call, side by side: the
-    compiles here, one after another; the exports (the compilers, binutils and linkers they
+    compiles here, one after another; the bundles (the compilers, binutils and linkers they
     run, most of a bundle's time) in `host_cpus()` threads, each into a directory of its own,
-    since exports into one directory take turns (`artifact_lock`), while the next compiles."""
+    while the next compiles. Each directory holds the bundle alone (`write_bundle`): these tests
+    call its runner and its library, never the artifact's module (tests/test_ops_matrix.py and
+    deploy build's tests write those)."""
 
     def __init__(self, root: Path, needed: dict[str, set[int]]) -> None:
         self.root, self.needed = root, needed
@@ -168,11 +170,11 @@ class MatrixBundles:
         if (target, index) not in self.built:
             todo = sorted(self.needed.get(target, set()) | {index})
             places = [self.root / f"{target}-m{i}" / "bundle" for i in todo]
+            for place in places:
+                place.mkdir(parents=True)
             with ThreadPoolExecutor(host_cpus()) as pool:
                 exports = [
-                    pool.submit(
-                        export, compiled_for(PLANNED[i].bind(), target), place, bundle=True, name=f"m{i}"
-                    )
+                    pool.submit(write_bundle, compiled_for(PLANNED[i].bind(), target), place, f"m{i}")
                     for i, place in zip(todo, places, strict=True)
                 ]
             for i, place, done in zip(todo, places, exports, strict=True):
@@ -344,9 +346,9 @@ def c_program(
         count=len(calls),
     )  # fmt: skip
     program.with_suffix(".c").write_text(source)
-    directories = list(dict.fromkeys(c[1] for c in calls))
-    flags = [f for d in directories for f in (f"-I{d}", f"-I{d / 'include'}")]
-    libraries = [str(d / f"lib{Manifest.read(d).bundle['name']}.a") for d in directories]
+    bundles = dict.fromkeys((c[1], c[0]) for c in calls)  # each call's NAME is its bundle's
+    flags = [f for d, _ in bundles for f in (f"-I{d}", f"-I{d / 'include'}")]
+    libraries = [str(d / f"lib{name}.a") for d, name in bundles]
     cmd = [TARGETS[target].tool("gcc"), "-std=c99", "-Wall", "-Wextra", "-Werror", *flags,
            str(program.with_suffix(".c")), *libraries, *libs, "-o", str(program)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
