@@ -24,7 +24,7 @@ import pytest
 
 from deploy.base.ctext import IDENTIFIER, c_string
 from deploy.base.errors import UsageError
-from deploy.compiler.bundle import CFLAGS, HEADER_PARAMS, check_name
+from deploy.compiler.bundle import CFLAGS, HEADER_PARAMS, LINKED_SOURCES, check_name
 from deploy.compiler.compile import compile_graph
 from deploy.compiler.export import export
 from deploy.compiler.options import BuildOptions
@@ -421,8 +421,9 @@ def test_tensors_named_as_the_headers_parameters_build_and_run(kind, tmp_path):
 @pytest.mark.parametrize("kind", list(TARGETS))
 def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
     """Every name the built library's symbol table holds (its functions and data, local or not,
-    and the C library's it calls) but its own API is refused as --name, but for runtime.c's
-    statics (`pool`: it includes no NAME.h, and they stay local to it through `ld -r`): what
+    and the C library's it calls) but its own API is refused as --name, but for the statics of
+    the sources compiled once (`LINKED_SOURCES`: runtime.c's `pool`, bundle_check.c's
+    `check_tensor`; they include no NAME.h, and stay local to their object through `ld -r`): what
     `check_name` reads from the sources and lists covers what the linker sees."""
     available(kind)
     listing = subprocess.run(
@@ -431,16 +432,19 @@ def test_no_symbol_of_a_bundle_may_be_its_name(kind, bundles):
         text=True,
         check=True,
     ).stdout
-    runtime = cached_object(tool(kind, "gcc"), SOURCES / "runtime.c", CFLAGS)
-    statics = subprocess.run(
-        [tool(kind, "nm"), str(runtime)], capture_output=True, text=True, check=True
-    ).stdout
-    local = {f[-1] for f in map(str.split, statics.splitlines()) if len(f) >= 2 and f[-2].islower()}
+    linked = ("bundle_check.c",) if kind == "opencl" else LINKED_SOURCES
+    local: set[str] = set()
+    for source in linked:
+        built = cached_object(tool(kind, "gcc"), SOURCES / source, CFLAGS)
+        statics = subprocess.run(
+            [tool(kind, "nm"), str(built)], capture_output=True, text=True, check=True
+        ).stdout
+        local |= {f[-1] for f in map(str.split, statics.splitlines()) if len(f) >= 2 and f[-2].islower()}
     symbols = {f[-1] for f in map(str.split, listing.splitlines()) if len(f) >= 2}
     others = {s for s in symbols if IDENTIFIER.fullmatch(s) and s != "names" and not s.startswith("names_")}
     assert "pthread_create" in others or kind == "opencl"
-    assert {"pool", "hooked_task"} <= local
-    for symbol in sorted(others - (local if kind != "opencl" else set())):
+    assert {"check_tensor"} <= local and ({"pool", "hooked_task"} <= local or kind == "opencl")
+    for symbol in sorted(others - local):
         with pytest.raises(UsageError, match="cannot prefix a bundle"):
             check_name(symbol)
     for symbol in sorted(local - {"names"}):  # the runtime's statics, wherever they are: a prefix

@@ -11,9 +11,10 @@ generators do. Nothing of TVM's runtime, no libstdc++, no glibc version floor fo
 
 The object is TVM's kernels (`Module.write_to_file`: an op's `main`, or a graph's plan, see
 `plan.py`), `deploy/compiler/runtime/runtime.c` (parallel launch, scratch, errors) and
-`deploy/compiler/runtime/bundle.c` (the API: checks every tensor, runs the plan on an arena),
-linked with `ld -r` and its symbols other than the API made local. A kernel that needs a runtime
-function deploy's runtime does not define is refused by name before anything is written.
+`deploy/compiler/runtime/bundle.c` (the API: checks every tensor with `bundle_check.c`, runs the
+plan on an arena), linked with `ld -r` and its symbols other than the API made local. A kernel
+that needs a runtime function deploy's runtime does not define is refused by name before anything
+is written.
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ API_SOURCES = (
 )  # fmt: skip
 """The C that includes NAME.h and bundle_config.h (with dlpack.h): no C parameter name takes a name
 they give."""
-LINKED_SOURCES = ("runtime.c",)
-"""The C linked into a bundle's object that does not include NAME.h: no --name takes a name it
-gives other objects (`linked_names`). run.cc, the runner's, names nothing a C object links to
-but main: its own are C++'s, in an anonymous namespace."""
+LINKED_SOURCES = ("runtime.c", "bundle_check.c")
+"""The C linked into a bundle's object that does not include NAME.h, compiled once per compiler
+(`cached_object`): no --name takes a name it gives other objects (`linked_names`). run.cc, the
+runner's, names nothing a C object links to but main: its own are C++'s, in an anonymous
+namespace."""
 RUNTIME_SYMBOLS = re.compile(r"_*(TVM|tvm)")
 """Names of what a kernel may ask of a runtime: any left undefined or weak (NULL) is refused."""
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-fPIC", "-fvisibility=hidden")
@@ -518,10 +520,10 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     includes = [f"-I{work}", f"-I{staging}", f"-I{staging / 'include'}", f"-I{SOURCES}"]
     kernels = work / "kernels.o"
     compiled.executable.mod.write_to_file(str(kernels))
-    objects = [kernels, cached_object(gcc, SOURCES / "runtime.c", CFLAGS), work / "bundle.o", work / "glue.o"]
-    for source, obj in (("bundle.c", objects[2]), ("runner_glue.c", objects[3])):
+    api, glue = work / "bundle.o", work / "glue.o"
+    for source, obj in (("bundle.c", api), ("runner_glue.c", glue)):
         run_tool([gcc, *CFLAGS, *includes, "-c", str(SOURCES / source), "-o", str(obj)], f"{gcc} on {source}")
-    linked = objects[:3]
+    linked = [kernels, *(cached_object(gcc, SOURCES / source, CFLAGS) for source in LINKED_SOURCES), api]
     if compiled.constants:
         linked.append(constants_object(compiled.constants, gcc, work))
     combined = work / "combined.o"
@@ -536,7 +538,7 @@ def write_cpu_bundle(compiled: Bundled, staging: Path, name: str | None, host: s
     single = work / f"{prefix}.o"
     run_tool([binutils["objcopy"], f"--keep-global-symbols={api}", str(combined), str(single)], "objcopy")
     entry = libraries_and_runner(
-        (gcc, gxx, binutils["ar"]), single, objects[3], staging, prefix, ("-lm", "-lpthread"), ("-static",)
+        (gcc, gxx, binutils["ar"]), single, glue, staging, prefix, ("-lm", "-lpthread"), ("-static",)
     )
     shutil.rmtree(work)
     return entry

@@ -40,7 +40,7 @@ from deploy.compiler.bundle import (
 )
 from deploy.compiler.constants import BLOB, write_blob
 from deploy.compiler.runtime import SOURCES
-from deploy.devices.native import cl_include, ffi_include, require_tool
+from deploy.devices.native import cached_object, cl_include, ffi_include, require_tool
 from deploy.devices.platforms import get_platform
 from deploy.ops.spec import TensorType
 
@@ -219,10 +219,15 @@ def write_cl_bundle(compiled: Bundled, staging: Path, name: str | None, host: st
             [gcc, *CFLAGS, *includes, f"-Wa,-I{work}", "-c", str(SOURCES / source_file), "-o", str(obj)],
             f"{gcc} on {source_file}",
         )  # -Wa,-I: where .incbin finds kernels.cl and constants.bin
+    checks = cached_object(gcc, SOURCES / "bundle_check.c", CFLAGS)
+    combined = work / "combined.o"
+    run_tool(
+        [gcc, "-r", "-nostdlib", str(api), str(checks), "-o", str(combined)], f"{gcc} -r (linking {prefix}.o)"
+    )
     names = work / "api.txt"
     names.write_text("".join(f"{prefix}{suffix}\n" for suffix in API_SUFFIXES))
     single = work / f"{prefix}.o"
-    run_tool([objcopy, f"--keep-global-symbols={names}", str(api), str(single)], "objcopy")
+    run_tool([objcopy, f"--keep-global-symbols={names}", str(combined), str(single)], "objcopy")
     # deploy-run dlopens the driver: glibc stays shared (a static program cannot dlopen)
     entry = libraries_and_runner(
         (gcc, gxx, ar),

@@ -6,7 +6,8 @@
                       runtime per process: its SHARED functions, exported weak)
     bundle.h          what a bundle was built for (its tensors, its arena), for its API and runner
     bundle_names.h    the API's names: DEPLOY_API(_run) is NAME_run
-    bundle_check.h    the checks the API makes of every tensor, and its one-line errors
+    bundle_check.h/.c the checks the API makes of every tensor, and its one-line errors (the
+                      .c compiled once per compiler, the .h making the bundle it checks for)
     bundle.c          a CPU bundle's API over its kernels (an op's `main` or a graph's plan)
     cl_bundle.c       an OpenCL bundle's API over its launch plan
     runner_glue.c     the bundle's signature for its runner

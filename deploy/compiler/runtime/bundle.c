@@ -8,8 +8,9 @@
  * one-line message in NAME_last_error(), never a crash. A graph's kernels run on an arena, the
  * caller's (NAME_with_workspace) or one the call takes from the thread's scratch cache.
  */
-#include "bundle.h"
+#include <inttypes.h>
 
+#include "bundle.h"
 #include "runtime.h"
 #include DEPLOY_HEADER
 

@@ -2,7 +2,8 @@
  *
  * deploy generates `bundle_config.h` per bundle (found on the include path): the public prefix,
  * one DeployTensorSpec per input and one per output in call order, the symbolic dims, and
- * the arena's slots when it is a graph's plan (deploy/compiler/plan.py lays them out).
+ * the arena's slots when it is a graph's plan (deploy/compiler/plan.py lays them out). What is
+ * compiled once for every bundle (run.cc, bundle_check.c) defines DEPLOY_NO_BUNDLE_CONFIG first.
  */
 #ifndef DEPLOY_BUNDLE_H_
 #define DEPLOY_BUNDLE_H_
@@ -41,7 +42,7 @@ typedef struct {
   int (*select_device)(int platform, int device); /* NAME_cl_open of an OpenCL bundle, else NULL */
 } DeployRunner;
 
-#ifndef DEPLOY_RUNNER_ONLY
+#ifndef DEPLOY_NO_BUNDLE_CONFIG
 #include "bundle_config.h"
 
 #define DEPLOY_NUM_TENSORS (DEPLOY_NUM_INPUTS + DEPLOY_NUM_OUTPUTS)
@@ -62,6 +63,6 @@ static inline uint64_t deploy_arena_bytes(const int64_t* symbols) {
   }
   return total < DEPLOY_ALIGNMENT ? DEPLOY_ALIGNMENT : total;
 }
-#endif /* DEPLOY_RUNNER_ONLY */
+#endif /* DEPLOY_NO_BUNDLE_CONFIG */
 
 #endif /* DEPLOY_BUNDLE_H_ */

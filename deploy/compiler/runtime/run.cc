@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#define DEPLOY_RUNNER_ONLY
+#define DEPLOY_NO_BUNDLE_CONFIG
 #include "bundle.h"
 #include "sha256.h"
 
