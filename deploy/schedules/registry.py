@@ -125,10 +125,15 @@ class ScheduleContext:
 
 class Report(Protocol):
     """What a schedule may return besides scheduling in place: the lines the build prints once
-    about its choices (a rule that did not fit and why)."""
+    about its choices (a rule that did not fit and why), and the symbolic dim, if any, whose size
+    1 at run time takes a kernel of its own (`at_one`: the build schedules the function again with
+    that dim 1 and branches on it)."""
 
     @property
     def notes(self) -> tuple[str, ...]: ...
+
+    @property
+    def at_one(self) -> str: ...
 
 
 ScheduleFn = Callable[[Any, ScheduleContext], Report | None]

@@ -151,6 +151,9 @@ class Taken:
 
     rule: str
     fell_through: str = ""
+    at_one: str = ""
+    """A symbolic dim (its name) whose size 1 gets a kernel of its own: a dot product's m, whose
+    tiles pad one row to DOT_ROWS and read b's panels in place, where one row streams b."""
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -334,8 +337,8 @@ def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:
         vector_split(sch, sch.get_loops(infos[-1].block)[-1], lanes)
 
 
-def dot(sch: Any, ctx: ScheduleContext) -> None:
-    """Dot products: see the module."""
+def dot(sch: Any, ctx: ScheduleContext) -> str | None:
+    """Dot products: see the module. Returns m's symbol where m is one symbolic dim (`Taken.at_one`)."""
     inline_producers(sch)
     infos = block_infos(sch)
     if len(infos) != 1:
@@ -356,6 +359,8 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
     if any(sizes[i] is None for i in ms[1:] + ns):  # the first of m's axes may be a batch
         raise DoesNotFit("n, or an inner axis of m, of symbolic extent")
     rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
+    first = sch.get(loops[ms[0]]).extent
+    at_one = str(first.name) if len(ms) == 1 and isinstance(first, tirx.Var) else None
     whole_tiles = rows != math.inf and rows % DOT_ROWS == 0
     if rows > FEW_ROWS and not whole_tiles and pad_rows(sch, info.block, ms[-1], lanes, work):
         stmt, sizes = sch.get(info.block), [extent(sch, loop) for loop in sch.get_loops(info.block)]
@@ -399,6 +404,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> None:
                 copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
                 packed = None if copied_bytes(trial, copy) > PACKED_BYTES * 3 // 2 else packed
             register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks, packed)
+    return at_one
 
 
 def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
@@ -659,7 +665,7 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     parallel_outer(sch, tiles, work)
 
 
-RULES: dict[Structure, Callable[[Any, ScheduleContext], None]] = {
+RULES: dict[Structure, Callable[[Any, ScheduleContext], str | None]] = {
     Structure.DOT: dot,
     Structure.WINDOW: window,
     Structure.ROW_REDUCTION: rows,
@@ -709,8 +715,7 @@ def _rule_taken(sch: Any, ctx: ScheduleContext) -> Taken:
         reason = str(why).splitlines()[0] if isinstance(why, DoesNotFit) else schedule_reason(why)
         inlined_elementwise(sch, ctx)
         return Taken("generic", f"{structure.value}: {reason}")
-    rule(sch, ctx)
-    return Taken(structure.value)
+    return Taken(structure.value, at_one=rule(sch, ctx) or "")
 
 
 def schedule_reason(error: Exception) -> str:
