@@ -83,13 +83,18 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
     raise ValueError(name)
 
 
-def onnxruntime_call(name: str, inputs: list[np.ndarray], threads: int) -> Callable[[], Any]:
-    """One call of onnxruntime's kernel through IOBinding into a preallocated output."""
+def onnxruntime_call(
+    name: str, inputs: list[np.ndarray], threads: int, constants: tuple[int, ...] = ()
+) -> Callable[[], Any]:
+    """One call of onnxruntime's kernel through IOBinding into a preallocated output; the inputs
+    at `constants` are the model's initializers (a layer's weights, which onnxruntime may pack
+    once when the session loads), the others fed each call."""
     import onnxruntime
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     node, initializers = onnx_node(name, inputs)
-    feeds = {f"i{i}": a for i, a in enumerate(inputs)}
+    initializers += [numpy_helper.from_array(inputs[i], f"i{i}") for i in constants]
+    feeds = {f"i{i}": a for i, a in enumerate(inputs) if i not in constants}
     graph = helper.make_graph(
         [node], name,
         [helper.make_tensor_value_info(k, TensorProto.FLOAT, a.shape) for k, a in feeds.items()],

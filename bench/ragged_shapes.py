@@ -33,14 +33,18 @@ import numpy as np
 from fast_by_default import HERE, built, onnxruntime_call
 from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
 
-WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int]]] = [
-    ("matmul", [("N", 768), (768, 768)], [128, 131, 197]),
-    ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)], [1, 2]),
-    ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4]),
-    ("depthwise_conv", [("N", 32, 75, 75), (32, 1, 3, 3)], [1]),
-    ("depthwise_conv", [("N", 32, 35, 35), (32, 1, 3, 3)], [1, 4]),
+WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int], tuple[int, ...]]] = [
+    ("matmul", [("N", 768), (768, 768)], [128, 131, 197], ()),
+    ("matmul", [("N", 768), (768, 3072)], [1, 2, 4, 6], (1,)),
+    ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)], [1, 2], ()),
+    ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4], ()),
+    ("depthwise_conv", [("N", 32, 75, 75), (32, 1, 3, 3)], [1], ()),
+    ("depthwise_conv", [("N", 32, 35, 35), (32, 1, 3, 3)], [1, 4], ()),
 ]
-"""(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at)."""
+"""(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at, the inputs
+that are constants in onnxruntime's model). A linear layer's few rows (a decoder's tokens, a
+small batch) by a 9 MiB weight: onnxruntime packs a constant weight once when it loads the model
+(fed each call, it packed it each call: 4 ms for 2 or 4 rows), deploy reads it as it is."""
 
 
 def child(rounds: int, threads: int, kind: str) -> None:
@@ -64,7 +68,7 @@ def child(rounds: int, threads: int, kind: str) -> None:
 
     pause: Any = HostTimer(lambda: time.sleep(0.001))  # both thread pools go idle between timers
     with tempfile.TemporaryDirectory() as tmp, get_device("local").open() as session:
-        for name, shapes, sizes in WORKLOADS:
+        for name, shapes, sizes, constants in WORKLOADS:
             symbolic = bound_at(name, shapes, "N")
             mod = hand_schedule(symbolic, target, BuildOptions())[0] if kind == "symbolic" else None
             for size in sizes:
@@ -73,12 +77,15 @@ def child(rounds: int, threads: int, kind: str) -> None:
                 scheduled = mod if mod is not None else hand_schedule(bound, target, BuildOptions())[0]
                 timer, note = built(session, build, target, scheduled, kind, Path(tmp), at=bound)
                 inputs = [random_input(t, np.random.default_rng(0)) for t in bound.inputs]
-                timers: list[Any] = [timer, HostTimer(onnxruntime_call(name, inputs, threads))]
+                timers: list[Any] = [timer, HostTimer(onnxruntime_call(name, inputs, threads, constants))]
                 runs = interleaved_runs([*timers, pause], rounds)
                 ours, ort = (statistics.median(r) for r in runs[:2])
-                shape = " @ ".join("x".join(map(str, t.shape)) for t in bound.inputs)
+                shape = " @ ".join(
+                    "x".join(map(str, t.shape)) + (" const" if i in constants else "")
+                    for i, t in enumerate(bound.inputs)
+                )
                 print(
-                    f"{kind:9} {shape:26} {threads:>2} {ours:9.4f} {ort:9.4f}  {ours / ort:6.2f}", flush=True
+                    f"{kind:9} {shape:32} {threads:>2} {ours:9.4f} {ort:9.4f}  {ours / ort:6.2f}", flush=True
                 )
                 if note:
                     print(f"{'':12}note: {note}", flush=True)
@@ -97,7 +104,7 @@ def main() -> None:
         return
     counts = thread_counts(parser, args.threads)
     print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'build':9} {'shapes':26} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
+    print(f"{'build':9} {'shapes':32} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
     for threads in counts:
         env = thread_env(threads)
         for kind in ("static", "symbolic"):

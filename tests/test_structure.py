@@ -184,6 +184,7 @@ class Linear(Op):
 PADDED_DOTS = [
     ("matmul", [("N", 24), (24, 40)], [1, 3, 4, 13]),  # a symbolic m: rows, a sequence length
     ("matmul", [(13, 300), (300, 48)], [13]),  # ragged m, a long k in blocks over copied panels
+    ("matmul", [("N", 256), (256, 1032)], [1, 2, 5, 7]),  # b past the cache: 2 to 6 rows stream it
     ("batch_matmul", [("N", 7, 9), ("N", 9, 24)], [1, 3]),  # a symbolic batch, ragged m
     ("pointwise_conv", [("N", 3, 5, 8), (30, 3, 1, 1)], [1, 2]),  # a symbolic batch of images, m 30
     ("linear", [("N", 7, 16), (16, 24)], [1, 3]),  # m a symbolic batch by 7 rows: 7 padded to 8
@@ -236,20 +237,25 @@ def test_a_dot_product_whose_m_is_not_whole_tiles_is_padded_to_them(
 
 
 @pytest.mark.parametrize(
-    ("name", "shapes", "branched"),
+    ("name", "shapes", "branched", "few"),
     [
-        ("matmul", [("N", 24), (24, 40)], True),  # m symbolic: one row at run time streams b
-        ("batch_matmul", [("N", 7, 9), ("N", 9, 24)], False),  # the batch is symbolic, m is 7
-        ("linear", [("N", 7, 16), (16, 24)], False),  # m is the batch and 7 rows joined
+        ("matmul", [("N", 24), (24, 40)], True, False),  # m symbolic: one row at run time streams b
+        ("matmul", [("N", 256), (256, 1032)], True, True),  # and 2 to 6 rows too, b past the cache
+        ("batch_matmul", [("N", 7, 9), ("N", 9, 24)], False, False),  # the batch is symbolic, m is 7
+        ("linear", [("N", 7, 16), (16, 24)], False, False),  # m is the batch and 7 rows joined
     ],
-    ids=["matmul", "batch_matmul", "linear"],
+    ids=["matmul", "matmul-past-cache", "batch_matmul", "linear"],
 )
-def test_a_symbolic_m_of_one_row_at_run_time_takes_a_kernel_of_its_own(name, shapes, branched, tmp_path):
+def test_a_symbolic_m_of_few_rows_at_run_time_takes_a_kernel_of_its_own(
+    name, shapes, branched, few, tmp_path
+):
     """A dot product whose m is one symbolic dim is built as `if N == 1: <one row> else: <tiles>`
     (`compile.branched_at_one`): the row streams b, where the padded tiles read b's panels in
     place (1x768 @ 768x3072: 8.7x onnxruntime's time, 1.15x so). Its parameters are declared
     again as one row over the same data; a symbolic batch or an m joined from two dims keeps one
-    kernel. PADDED_DOTS checks the builds against numpy at N = 1, 3, 4 and 13."""
+    kernel. Where b is past the cache, 2 to 6 rows stream it too (`elif N <= 6`: 4.8-7.7x
+    onnxruntime's time in tiles, 1.1-1.2x so), unpadded, a row at a time. PADDED_DOTS checks the
+    builds against numpy at the sizes of each branch."""
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "linear.py").write_text(LINEAR)
     with registry_kept():
@@ -257,10 +263,14 @@ def test_a_symbolic_m_of_one_row_at_run_time_takes_a_kernel_of_its_own(name, sha
         bound = bind(get_op(name), {}, [TensorType(s, "float32") for s in shapes])
         script = hand_schedule(bound, get_target("x86"), BuildOptions())[0].script()
     assert ("if N == 1:" in script) == branched
+    assert ("if N <= 6:" in script) == few
     if branched:
         one, tiles = script.split("if N == 1:")[1].split("else:", 1)
         assert "a_pad" not in one and "a_pad" in tiles
-        assert "a.view(1, 24" in one and "matmul.view(1, 40" in one
+        assert f"a.view(1, {shapes[0][1]}" in one and f"matmul.view(1, {shapes[1][1]}" in one
+    if few:
+        rows, tiles = script.split("if N <= 6:")[1].split("else:", 1)
+        assert "a_pad" not in rows and "a_pad" in tiles
 
 
 RAGGED_DOTS = [
@@ -270,6 +280,10 @@ RAGGED_DOTS = [
     ("matmul", [(1, 96), (96, 200)]),  # one row (a matrix-vector product): streamed along b's rows
     ("matmul", [(1, 10), (10, 203)]),  # streamed vectors then a scalar rest; k not whole steps of 4
     ("batch_matmul", [(3, 1, 8), (3, 8, 40)]),  # one row a batch
+    ("matmul", [(4, 256), (256, 1032)]),  # few rows by a b past the cache: streamed, summed aside
+    ("matmul", [(6, 255), (255, 1035)]),  # streamed vectors then a scalar rest; k not whole steps
+    ("batch_matmul", [(2, 3, 128), (2, 128, 1040)]),  # few rows a batch, streamed
+    ("pointwise_conv", [(1, 32, 96, 96), (3, 32, 1, 1)]),  # 3 channels by 1.1 MiB of pixels
     ("batch_matmul", [(3, 5, 9), (3, 9, 27)]),
     ("pointwise_conv", [(2, 3, 5, 7), (5, 3, 1, 1)]),  # pixels 5x7 joined: 35, past a tile
     ("grouped_conv", [(2, 8, 5, 8), (12, 2, 3, 3)]),  # 12 output channels: a block of 8 and 4
@@ -308,6 +322,21 @@ def test_a_1x1_convolution_runs_vectors_along_its_pixels():
     assert loop_kinds(sch, "pointwise_conv_update") == [
         (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
+    ]  # fmt: skip
+
+
+def test_a_few_rows_by_a_b_past_the_cache_stream_b_along_its_rows():
+    """4 rows by a 1 MiB b: chunks of 43 vectors in parallel, 4 of b's rows a step, each vector of
+    b loaded once for the 4 rows (1x768 @ 768x3072's way; tiles read its panels in place, 4 rows
+    at 1.9 ms against 0.5 so), summed in a buffer of their own and copied out."""
+    sch, ctx = schedule_of("matmul", [(4, 256), (256, 1032)])
+    schedule_by_structure(sch, ctx)
+    assert loop_kinds(sch, "matmul_update") == [
+        (3, ForKind.PARALLEL), (64, ForKind.SERIAL), (43, ForKind.SERIAL), (4, ForKind.UNROLLED),
+        (4, ForKind.UNROLLED), (8, ForKind.VECTORIZED),
+    ]  # fmt: skip
+    assert [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))] == [
+        "matmul_init", "matmul_update", "matmul_global",
     ]  # fmt: skip
 
 

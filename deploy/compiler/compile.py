@@ -128,17 +128,32 @@ def hand_scheduled(
     if report is not None and report.at_one and symbols_of(bound.inputs) == (report.at_one,):
         one = bind(bound.op, bound.attrs, [t.at({report.at_one: 1}) for t in bound.inputs])
         one_ctx = context(as_computed(one, options), target, options, choices)
-        scheduled = branched_at_one(mod, scheduled, report.at_one, found, one_ctx)
+        few = None
+        if report.few_rows:
+            few_sch = tvm.s_tir.Schedule(mod)
+            found.schedule(few_sch, replace(ctx, few_rows=report.few_rows))
+            few = (report.few_rows, few_sch.mod)
+        scheduled = branched_at_one(mod, scheduled, report.at_one, found, one_ctx, few)
     return Scheduled(scheduled, found.label, notes=(*said, *libm_notes(scheduled, target)))
 
 
-def branched_at_one(computed: Any, scheduled: Any, symbol: str, found: Strategy, one: ScheduleContext) -> Any:
+def branched_at_one(
+    computed: Any,
+    scheduled: Any,
+    symbol: str,
+    found: Strategy,
+    one: ScheduleContext,
+    few: tuple[int, Any] | None = None,
+) -> Any:
     """`scheduled` (the strategy's schedule of `computed`, `main(inputs..., out)` with the
     symbolic dim `symbol`) as `if symbol == 1: <computed scheduled with that dim 1> else: <it>`:
     the run time picks the kernel by size (a dot product's single row streams b; its tiles would
     pad it to four rows and read b's panels in place: 8.7x onnxruntime's time for 1x768 @
     768x3072, 1.15x so). The tensors with that dim are the same memory, declared there as one
-    row (`DeclBuffer` over each parameter's data)."""
+    row (`DeclBuffer` over each parameter's data). With `few` (the most rows, and `computed`
+    scheduled for them: `ScheduleContext.few_rows`) sizes 2 to that many run that instead (a dot
+    product's few rows stream b too: 2 to 6 rows by 768x3072, 4.8-7.7x onnxruntime's time in
+    tiles)."""
     import tvm
     from tvm import tirx
 
@@ -158,7 +173,10 @@ def branched_at_one(computed: Any, scheduled: Any, symbol: str, found: Strategy,
         if any(p.same_as(r) for r in rows)
     ]
     general = scheduled["main"]
-    body = tirx.IfThenElse(dim == 1, tirx.SeqStmt([*declared, single.body]), general.body)
+    rest = general.body
+    if few is not None:
+        rest = tirx.IfThenElse(dim <= few[0], few[1]["main"].body, rest)
+    body = tirx.IfThenElse(dim == 1, tirx.SeqStmt([*declared, single.body]), rest)
     return tvm.IRModule({"main": general.with_body(body)})
 
 

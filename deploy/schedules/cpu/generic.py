@@ -60,7 +60,8 @@ DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
 16 registers with the 3 vectors of b and a broadcast, 16 of NEON's 32), each k step 12 FMAs for
 DOT_VECTORS vector loads of b and DOT_ROWS broadcasts (4x2 did 8 for 6 loads: matmul
 128x768x768, AVX2, 1 thread, 1.8-2.0 ms against 1.6-1.8 ms). An m of 2 to FEW_ROWS rows is one
-tile (b read once), as many vectors wide as ACCUMULATORS allows."""
+tile (b read once), as many vectors wide as ACCUMULATORS allows, where b stays in cache
+(PACK_FROM_BYTES); a larger b is streamed as a matrix-vector product's is (GEMV_CHUNK)."""
 
 K_BLOCK = 128, 256
 """The sum over a long k (more than the larger) runs in blocks of the largest divisor of k in
@@ -90,7 +91,10 @@ GEMV_CHUNK, GEMV_STEPS = 64, 4
 """A matrix-vector product (m = 1) streams b along its rows: chunks of at most GEMV_CHUNK
 vectors of the output in parallel, each updated by GEMV_STEPS rows of b at a time (a tile of
 columns down all of k instead jumped a row of b every 256 bytes, which the prefetchers do not
-follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 0.7-0.9x streamed)."""
+follow: 1.26x onnxruntime's time for 1x768 @ 768x3072, against 0.7-0.9x streamed). So does an
+m of 2 to FEW_ROWS rows whose b does not stay in cache, each vector of b loaded once for all the
+rows (AVX2, 1 thread, @ 768x3072: 2 rows 1.17 -> 0.3-0.45 ms, 4 rows 1.93 -> 0.4-0.55, 6 rows
+3.67 -> 0.64-0.80; onnxruntime with b a constant it packs ahead: 0.32, 0.49, 0.75)."""
 
 WINDOW_CHANNELS = 8
 """Output channels of a window's register block when its reduction sums input channels too (a
@@ -154,6 +158,9 @@ class Taken:
     at_one: str = ""
     """A symbolic dim (its name) whose size 1 gets a kernel of its own: a dot product's m, whose
     tiles pad one row to DOT_ROWS and read b's panels in place, where one row streams b."""
+    few_rows: int = 0
+    """Sizes 2 to this of `at_one` get another (0: none): a dot product's few rows by a b past the
+    cache, streamed (GEMV_CHUNK)."""
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -337,8 +344,18 @@ def outer_reduction(sch: Any, ctx: ScheduleContext) -> None:
         vector_split(sch, sch.get_loops(infos[-1].block)[-1], lanes)
 
 
-def dot(sch: Any, ctx: ScheduleContext) -> str | None:
-    """Dot products: see the module. Returns m's symbol where m is one symbolic dim (`Taken.at_one`)."""
+@dataclass(frozen=True)
+class AtRunTime:
+    """A symbolic dim whose small sizes get kernels of their own (`Taken.at_one`, `few_rows`)."""
+
+    symbol: str
+    few_rows: int = 0
+
+
+def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
+    """Dot products: see the module. Returns m's symbol where m is one symbolic dim, with the few
+    rows that stream where b is past the cache (`Taken.at_one`, `few_rows`); with
+    `ScheduleContext.few_rows` such an m streams b, its rows a loop."""
     inline_producers(sch)
     infos = block_infos(sch)
     if len(infos) != 1:
@@ -361,8 +378,10 @@ def dot(sch: Any, ctx: ScheduleContext) -> str | None:
     rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
     first = sch.get(loops[ms[0]]).extent
     at_one = str(first.name) if len(ms) == 1 and isinstance(first, tirx.Var) else None
+    few_at_run_time = at_one is not None and ctx.few_rows > 0
     whole_tiles = rows != math.inf and rows % DOT_ROWS == 0
-    if rows > FEW_ROWS and not whole_tiles and pad_rows(sch, info.block, ms[-1], lanes, work):
+    padded = rows > FEW_ROWS and not whole_tiles and not few_at_run_time
+    if padded and pad_rows(sch, info.block, ms[-1], lanes, work):
         stmt, sizes = sch.get(info.block), [extent(sch, loop) for loop in sch.get_loops(info.block)]
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
         lambda *v: (*(v[i] for i in outer), joined(v, ms, sizes), joined(v, ns, sizes), v[-1]),
@@ -372,8 +391,11 @@ def dot(sch: Any, ctx: ScheduleContext) -> str | None:
     sch.transform_block_layout(info.block, layout)
     *batch, m, n, k = sch.get_loops(info.block)
     rows, size = extent(sch, m) or math.inf, extent(sch, n) or 1
-    tile_rows, cols = 1, lanes  # m = 1: its whole vectors streamed (`stream`), not tiled
-    if rows > 1:
+    b = b_read(sch.get(info.block))
+    past_cache = b is not None and read_bytes(b[1]) > PACK_FROM_BYTES
+    streamed = rows == 1 or few_at_run_time or (rows <= FEW_ROWS and past_cache)
+    tile_rows, cols = (0 if few_at_run_time else int(rows)) if streamed else 1, lanes  # `stream`
+    if not streamed:
         few = rows <= FEW_ROWS
         copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
         wide = tile_vectors(size, lanes, copied)
@@ -385,10 +407,11 @@ def dot(sch: Any, ctx: ScheduleContext) -> str | None:
     batches = math.prod(sizes[axis] or 1 for axis in outer)  # a symbolic batch counts as 1
     for i, (part, width) in enumerate(zip(parts, widths, strict=True)):
         (block,) = sch.get_child_blocks(part) if len(parts) > 1 else (info.block,)
-        if rows == 1 and i == 0 and width == vectors:
+        if streamed and i == 0 and width == vectors:
             count = vectors // lanes
             chunk = max(d for d in range(1, GEMV_CHUNK + 1) if count % d == 0)
-            stream(sch, block, chunk, lanes, work)
+            aside = len(parts) == 1 and written_along_n(sch.get(block))
+            stream(sch, block, chunk, lanes, work, tile_rows, accumulated=aside)
         else:
             tiled = i == 0 and width == tiles
             vector = lanes if width % lanes == 0 else 1
@@ -403,8 +426,9 @@ def dot(sch: Any, ctx: ScheduleContext) -> str | None:
                 trial = sch.copy()
                 copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
                 packed = None if copied_bytes(trial, copy) > PACKED_BYTES * 3 // 2 else packed
-            register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks, packed)
-    return at_one
+            rows_a_tile = max(tile_rows, 1)  # a symbolic m streamed: its rest a row a tile
+            register_block(sch, block, cols if tiled else None, vector, rows_a_tile, work, blocks, packed)
+    return AtRunTime(at_one, FEW_ROWS if past_cache else 0) if at_one else None
 
 
 def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
@@ -461,6 +485,12 @@ def b_read(stmt: Any) -> tuple[int, Any] | None:
     return found[0] if len(found) == 1 else None
 
 
+def read_bytes(read: Any) -> int:
+    """Bytes of the buffer a block's `read` reads from (a symbolic dim counts as 1, as in `work_of`)."""
+    dims = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in read.source.shape]
+    return read.source.dtype.bits // 8 * math.prod(dims)
+
+
 def packed_blocks(
     sch: Any, block: Any, tile_count: int, cols: int, batches: int, cores: int
 ) -> tuple[int, int] | None:
@@ -474,8 +504,7 @@ def packed_blocks(
         return None
     position, read = found
     item_bytes = read.source.dtype.bits // 8
-    dims = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in read.source.shape]  # as `work_of`
-    if item_bytes * math.prod(dims) <= PACK_FROM_BYTES:
+    if read_bytes(read) <= PACK_FROM_BYTES:
         return None
     most = PACKED_BYTES // (terms * cols * item_bytes)
     per_block = max((d for d in range(1, most + 1) if tile_count % d == 0), default=1)
@@ -504,17 +533,43 @@ def panel_read(stmt: Any) -> int | None:
     return found[0] if found and found[1].region[-1].min.same_as(n) else None
 
 
-def stream(sch: Any, block: Any, chunk: int, lanes: int, work: int) -> None:
-    """A matrix-vector product's [n, batch..., m = 1, k] loops (GEMV_CHUNK): chunks of `chunk`
-    vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time."""
+def written_along_n(stmt: Any) -> bool:
+    """Whether a [batch..., m, n, k] block writes its output at n itself along the last axis (a
+    chunk of n is a range of it), not at n joined from several (a 1x1 convolution's pixels, `n //
+    w` and `n % w`: the rows a chunk touches, which a copy of them would take whole)."""
+    *_, n, _ = (iv.var for iv in stmt.iter_vars)
+    return bool(stmt.writes[0].region[-1].min.same_as(n))
+
+
+def stream(
+    sch: Any, block: Any, chunk: int, lanes: int, work: int, rows: int = 1, accumulated: bool = False
+) -> None:
+    """A dot product's [n, batch..., m, k] loops, m of `rows` rows (0: symbolic) (GEMV_CHUNK):
+    chunks of `chunk` vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time,
+    each vector of b loaded once for all of m's rows (unrolled; a symbolic m loops over the
+    chunk a row at a time, reading its GEMV_STEPS rows of b from L1 again). With `accumulated`
+    (the block `written_along_n`, not after `loop_partition`, whose part a cache_write takes
+    whole) a chunk of several rows sums into a buffer of its own and is copied out after: the
+    output's rows, a row of n apart, fell in the same L1 sets as b's (4x768 @ 768x3072, AVX2, 1
+    thread: 0.5-1.2 ms in place, 0.4-0.55 ms so)."""
     n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
     n_tile, n_vector, lane = sch.split(n, factors=[None, chunk, lanes])
     steps = GEMV_STEPS if (extent(sch, k) or 1) % GEMV_STEPS == 0 else 1
     k_out, k_in = sch.split(k, factors=[None, steps])
-    sch.reorder(n_tile, *batch, m, k_out, n_vector, k_in, lane)
+    if rows == 1:
+        sch.reorder(n_tile, *batch, m, k_out, n_vector, k_in, lane)
+    elif rows:
+        sch.reorder(n_tile, *batch, k_out, n_vector, m, k_in, lane)
+        sch.unroll(m)
+    else:  # each row's broadcasts of a outside its pass over the chunk's rows of b, in L1
+        sch.reorder(n_tile, *batch, k_out, m, n_vector, k_in, lane)
     sch.vectorize(lane)
     sch.unroll(k_in)
-    parallel_outer(sch, [n_tile, *batch, m], work)  # before decompose: a complete block
+    fused = parallel_outer(sch, [n_tile, *batch, *([m] if rows == 1 else [])], work)  # a complete block
+    if rows > 1 and accumulated:
+        sums = sch.cache_write(block, 0, "global")  # lowered to a rows x chunk buffer a step
+        sch.reverse_compute_at(sums, fused)
+        vector_split(sch, sch.get_loops(sums)[-1], lanes)
     sch.decompose_reduction(block, k_out)  # the init copies the vector loop
 
 
@@ -665,7 +720,7 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     parallel_outer(sch, tiles, work)
 
 
-RULES: dict[Structure, Callable[[Any, ScheduleContext], str | None]] = {
+RULES: dict[Structure, Callable[[Any, ScheduleContext], AtRunTime | None]] = {
     Structure.DOT: dot,
     Structure.WINDOW: window,
     Structure.ROW_REDUCTION: rows,
@@ -715,7 +770,10 @@ def _rule_taken(sch: Any, ctx: ScheduleContext) -> Taken:
         reason = str(why).splitlines()[0] if isinstance(why, DoesNotFit) else schedule_reason(why)
         inlined_elementwise(sch, ctx)
         return Taken("generic", f"{structure.value}: {reason}")
-    return Taken(structure.value, at_one=rule(sch, ctx) or "")
+    sized = rule(sch, ctx)
+    if sized is None:
+        return Taken(structure.value)
+    return Taken(structure.value, at_one=sized.symbol, few_rows=sized.few_rows)
 
 
 def schedule_reason(error: Exception) -> str:
