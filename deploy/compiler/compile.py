@@ -20,7 +20,7 @@ from deploy.ops.layouts import LAYOUTS, NCHW, Layout
 from deploy.ops.relayout import relayout
 from deploy.ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static, symbols_of
 from deploy.schedules import ScheduleContext, Strategy, strategy_for
-from deploy.schedules.registry import HAND, Choices, computed_module
+from deploy.schedules.registry import HAND, Choices, computed_module, run_time_sizes
 from deploy.schedules.vector_math import libm_in_vector_loops, lower_math
 
 if TYPE_CHECKING:
@@ -125,15 +125,13 @@ def hand_scheduled(
     report = found.schedule(sch, ctx)
     said = report.notes if report is not None else ()
     scheduled = sch.mod
-    if report is not None and report.at_one and symbols_of(bound.inputs) == (report.at_one,):
-        one = bind(bound.op, bound.attrs, [t.at({report.at_one: 1}) for t in bound.inputs])
+    symbol, few_rows = run_time_sizes(report)
+    if symbol and symbols_of(bound.inputs) == (symbol,):
+        one = bind(bound.op, bound.attrs, [t.at({symbol: 1}) for t in bound.inputs])
         one_ctx = context(as_computed(one, options), target, options, choices)
-        few = None
-        if report.few_rows:
-            few_sch = tvm.s_tir.Schedule(mod)
-            found.schedule(few_sch, replace(ctx, few_rows=report.few_rows))
-            few = (report.few_rows, few_sch.mod)
-        scheduled = branched_at_one(mod, scheduled, report.at_one, found, one_ctx, few)
+        few = replace(ctx, few_rows=few_rows) if few_rows else None
+        scheduled, more = branched_at_one(mod, scheduled, symbol, found, one_ctx, few)
+        said = tuple(dict.fromkeys((*said, *more)))
     return Scheduled(scheduled, found.label, notes=(*said, *libm_notes(scheduled, target)))
 
 
@@ -143,17 +141,17 @@ def branched_at_one(
     symbol: str,
     found: Strategy,
     one: ScheduleContext,
-    few: tuple[int, Any] | None = None,
-) -> Any:
+    few: ScheduleContext | None = None,
+) -> tuple[Any, tuple[str, ...]]:
     """`scheduled` (the strategy's schedule of `computed`, `main(inputs..., out)` with the
     symbolic dim `symbol`) as `if symbol == 1: <computed scheduled with that dim 1> else: <it>`:
     the run time picks the kernel by size (a dot product's single row streams b; its tiles would
     pad it to four rows and read b's panels in place: 8.7x onnxruntime's time for 1x768 @
     768x3072, 1.15x so). The tensors with that dim are the same memory, declared there as one
-    row (`DeclBuffer` over each parameter's data). With `few` (the most rows, and `computed`
-    scheduled for them: `ScheduleContext.few_rows`) sizes 2 to that many run that instead (a dot
+    row (`DeclBuffer` over each parameter's data). With `few` (`computed`'s context with
+    `few_rows` set) sizes up to `few.few_rows` run `computed` scheduled in it instead (a dot
     product's few rows stream b too: 2 to 6 rows by 768x3072, 4.8-7.7x onnxruntime's time in
-    tiles)."""
+    tiles). With the module, the notes those schedules return."""
     import tvm
     from tvm import tirx
 
@@ -165,7 +163,7 @@ def branched_at_one(
         for p in rows
     }
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func.specialize(views)}))
-    found.schedule(sch, one)
+    reports = [found.schedule(sch, one)]
     single = sch.mod["main"]
     declared = [
         tirx.DeclBuffer(q, data=p.data)
@@ -175,9 +173,12 @@ def branched_at_one(
     general = scheduled["main"]
     rest = general.body
     if few is not None:
-        rest = tirx.IfThenElse(dim <= few[0], few[1]["main"].body, rest)
+        rows = tvm.s_tir.Schedule(computed)
+        reports.append(found.schedule(rows, few))
+        rest = tirx.IfThenElse(dim <= few.few_rows, rows.mod["main"].body, rest)
     body = tirx.IfThenElse(dim == 1, tirx.SeqStmt([*declared, single.body]), rest)
-    return tvm.IRModule({"main": general.with_body(body)})
+    notes = tuple(line for report in reports if report is not None for line in report.notes)
+    return tvm.IRModule({"main": general.with_body(body)}), notes
 
 
 def libm_notes(mod: Any, target: Target) -> tuple[str, ...]:

@@ -116,8 +116,8 @@ class ScheduleContext:
     """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
     after the group's producers were inlined where they could be: the stages left must stay."""
     few_rows: int = 0
-    """Where not 0, the function runs only where its symbolic dim `Report.at_one` is 2 to this many
-    (the build branches on it): a schedule may take the structure of a few rows."""
+    """Where not 0, the function runs only where its symbolic dim `Report.at_one` is at most this
+    many and not 1 (the build branches on it): a schedule may take the structure of a few rows."""
 
     def lanes(self, dtype: str) -> int:
         if dtype in self.scalar_dtypes:
@@ -128,19 +128,19 @@ class ScheduleContext:
 
 class Report(Protocol):
     """What a schedule may return besides scheduling in place: the lines the build prints once
-    about its choices (a rule that did not fit and why), and the symbolic dim, if any, whose size
-    1 at run time takes a kernel of its own (`at_one`: the build schedules the function again with
-    that dim 1 and branches on it), and sizes 2 to `few_rows` another where that is not 0 (the
-    function scheduled again with `ScheduleContext.few_rows`)."""
+    about its choices (a rule that did not fit and why). It may also name a symbolic dim whose
+    size 1 at run time takes a kernel of its own (`at_one`, a str: the build schedules the
+    function again with that dim 1 and branches on it), and sizes up to `few_rows` (an int, not
+    0) another (the function scheduled again with `ScheduleContext.few_rows`): optional
+    attributes (`run_time_sizes`), which a user's schedule need not have."""
 
     @property
     def notes(self) -> tuple[str, ...]: ...
 
-    @property
-    def at_one(self) -> str: ...
 
-    @property
-    def few_rows(self) -> int: ...
+def run_time_sizes(report: Report | None) -> tuple[str, int]:
+    """(`at_one`, `few_rows`) of a schedule's `report`: ("", 0) where it names none."""
+    return str(getattr(report, "at_one", "") or ""), int(getattr(report, "few_rows", 0) or 0)
 
 
 ScheduleFn = Callable[[Any, ScheduleContext], Report | None]

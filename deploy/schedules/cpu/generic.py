@@ -410,7 +410,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
         if streamed and i == 0 and width == vectors:
             count = vectors // lanes
             chunk = max(d for d in range(1, GEMV_CHUNK + 1) if count % d == 0)
-            aside = len(parts) == 1 and written_along_n(sch.get(block))
+            aside = len(parts) == 1 and along_n(sch.get(block), sch.get(block).writes[0])
             stream(sch, block, chunk, lanes, work, tile_rows, accumulated=aside)
         else:
             tiled = i == 0 and width == tiles
@@ -528,17 +528,16 @@ def panel_read(stmt: Any) -> int | None:
     """b's position among a [batch..., m, n, k] block's reads (`b_read`) when the last index of
     its read is n itself (a panel of it is rows of `cols` floats); else None (a 1x1
     convolution's joined pixels, `n // w` and `n % w`)."""
-    *_, n, _ = (iv.var for iv in stmt.iter_vars)
     found = b_read(stmt)
-    return found[0] if found and found[1].region[-1].min.same_as(n) else None
+    return found[0] if found and along_n(stmt, found[1]) else None
 
 
-def written_along_n(stmt: Any) -> bool:
-    """Whether a [batch..., m, n, k] block writes its output at n itself along the last axis (a
-    chunk of n is a range of it), not at n joined from several (a 1x1 convolution's pixels, `n //
-    w` and `n % w`: the rows a chunk touches, which a copy of them would take whole)."""
+def along_n(stmt: Any, access: Any) -> bool:
+    """Whether `access` (a read or write region of a [batch..., m, n, k] block) is at n itself
+    along its last axis (a chunk of n is a range of it), not at n joined from several (a 1x1
+    convolution's pixels, `n // w` and `n % w`: the rows a chunk touches)."""
     *_, n, _ = (iv.var for iv in stmt.iter_vars)
-    return bool(stmt.writes[0].region[-1].min.same_as(n))
+    return bool(access.region[-1].min.same_as(n))
 
 
 def stream(
@@ -548,10 +547,10 @@ def stream(
     chunks of `chunk` vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time,
     each vector of b loaded once for all of m's rows (unrolled; a symbolic m loops over the
     chunk a row at a time, reading its GEMV_STEPS rows of b from L1 again). With `accumulated`
-    (the block `written_along_n`, not after `loop_partition`, whose part a cache_write takes
-    whole) a chunk of several rows sums into a buffer of its own and is copied out after: the
-    output's rows, a row of n apart, fell in the same L1 sets as b's (4x768 @ 768x3072, AVX2, 1
-    thread: 0.5-1.2 ms in place, 0.4-0.55 ms so)."""
+    (the output written `along_n`, else a copy takes whole rows; not after `loop_partition`,
+    whose part a cache_write takes whole) a chunk of several rows sums into a buffer of its own
+    and is copied out after: the output's rows, a row of n apart, fell in the same L1 sets as
+    b's (4x768 @ 768x3072, AVX2, 1 thread: 0.5-1.2 ms in place, 0.4-0.55 ms so)."""
     n, *batch, m, k = sch.get_loops(block)[-len(sch.get(block).iter_vars) :]
     n_tile, n_vector, lane = sch.split(n, factors=[None, chunk, lanes])
     steps = GEMV_STEPS if (extent(sch, k) or 1) % GEMV_STEPS == 0 else 1
