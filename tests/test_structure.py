@@ -273,48 +273,30 @@ def test_a_symbolic_m_of_few_rows_at_run_time_takes_a_kernel_of_its_own(
         assert "a_pad" not in rows and "a_pad" in tiles
 
 
-SAID_SUM = """
+NOTES_ONLY = """
 from types import SimpleNamespace
 
-from tvm import te
-
-from deploy.ops import Case, Input, Op, TensorType, register
 from deploy.schedules.registry import register_schedule
 
 
-@register
-class SaidSum(Op):
-    name = "said_sum"
-    inputs = (Input("x", 2, 2), Input("w", 2, 2))
-    dtypes = ("float32",)
-    cases = (Case((("N", 8), (8, 16))),)
-
-    def infer(self, attrs, inputs):
-        return TensorType((inputs[0].shape[0], inputs[1].shape[1]), inputs[0].dtype)
-
-    def compute(self, attrs, out, x, w):
-        k = te.reduce_axis((0, 8), "k")
-        return te.compute(out.shape, lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="out")
-
-    def reference(self, attrs, x, w):
-        return x @ w
-
-
-@register_schedule("cpu", "said_sum")
+@register_schedule("cpu", "linear")
 def as_computed(sch, ctx):
     return SimpleNamespace(notes=("left as computed",))
 """
+"""A user's schedule of LINEAR returning notes and nothing else (registered in a `deploy`
+subprocess only)."""
 
 
 def test_a_schedule_may_return_notes_alone(tmp_path):
     """docs/writing-fast-ops.md: a schedule returns what the build says, an object with `notes`;
     the sizes its dims get kernels of at run time (`Report`'s `at_one`, `few_rows`) are optional
     (a build read `at_one` of every report: an object without it was a traceback)."""
-    (tmp_path / "said_sum.py").write_text(SAID_SUM)
-    proc = run_deploy("--ops-path", str(tmp_path), "build", "--op", "said_sum", "--shape", "Nx8",
-                      "--shape", "8x16", "--target", "x86", "-o", str(tmp_path / "out"))  # fmt: skip
+    (tmp_path / "linear.py").write_text(LINEAR)
+    (tmp_path / "linear_cpu.py").write_text(NOTES_ONLY)
+    proc = run_deploy("--ops-path", str(tmp_path), "build", "--op", "linear", "--shape", "Nx7x16",
+                      "--shape", "16x24", "--target", "x86", "-o", str(tmp_path / "out"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "note: said_sum: left as computed" in proc.stderr
+    assert "note: linear: left as computed" in proc.stderr
 
 
 RAGGED_DOTS = [

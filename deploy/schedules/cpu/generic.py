@@ -394,7 +394,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     b = b_read(sch.get(info.block))
     past_cache = b is not None and read_bytes(b[1]) > PACK_FROM_BYTES
     streamed = rows == 1 or few_at_run_time or (rows <= FEW_ROWS and past_cache)
-    tile_rows, cols = (0 if few_at_run_time else int(rows)) if streamed else 1, lanes  # `stream`
+    tile_rows, cols = int(rows) if streamed and not few_at_run_time else 1, lanes  # `stream`'s
     if not streamed:
         few = rows <= FEW_ROWS
         copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
@@ -410,8 +410,9 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
         if streamed and i == 0 and width == vectors:
             count = vectors // lanes
             chunk = max(d for d in range(1, GEMV_CHUNK + 1) if count % d == 0)
-            aside = len(parts) == 1 and along_n(sch.get(block), sch.get(block).writes[0])
-            stream(sch, block, chunk, lanes, work, tile_rows, accumulated=aside)
+            stmt = sch.get(block)
+            aside = len(parts) == 1 and along_n(stmt, stmt.writes[0])
+            stream(sch, block, chunk, lanes, work, 0 if few_at_run_time else tile_rows, accumulated=aside)
         else:
             tiled = i == 0 and width == tiles
             vector = lanes if width % lanes == 0 else 1
@@ -426,8 +427,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
                 trial = sch.copy()
                 copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
                 packed = None if copied_bytes(trial, copy) > PACKED_BYTES * 3 // 2 else packed
-            rows_a_tile = max(tile_rows, 1)  # a symbolic m streamed: its rest a row a tile
-            register_block(sch, block, cols if tiled else None, vector, rows_a_tile, work, blocks, packed)
+            register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks, packed)
     return AtRunTime(at_one, FEW_ROWS if past_cache else 0) if at_one else None
 
 
