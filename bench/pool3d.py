@@ -1,6 +1,6 @@
-"""3-D MaxPool (issue #53): ONNX's MaxPool over D, H and W, built by deploy (two 2-D pools between
-reshapes, `maxpool_as_2d`) and run by onnxruntime (IOBinding, preallocated output), timed
-interleaved in one process per thread count.
+"""3-D MaxPool (issue #53): ONNX's MaxPool over D, H and W, built by deploy (`max_pool3d`, one
+pass over the input) and run by onnxruntime (IOBinding, preallocated output), timed interleaved
+in one process per thread count.
 
     .venv/bin/python bench/pool3d.py [--threads 1,2] [--rounds 9] [--shape 8,32,16,56,56]
 

@@ -37,12 +37,13 @@ def draw_attrs(data: st.DataObject, op: Any) -> dict[str, Any]:
 
 
 def draw_shape(data: st.DataObject, spec: Any, attrs: dict[str, Any]) -> tuple[int, ...]:
-    """Up to rank 4; a tensor in a packed layout (an op's `layout` or `src` attribute) is four
-    dims and the pack width."""
+    """Up to rank 4 (or the input's least rank: max_pool3d's 5); a tensor in a packed layout (an
+    op's `layout` or `src` attribute) is four dims and the pack width."""
     packs = [LAYOUTS[attrs[k]].pack for k in ("layout", "src") if k in attrs and LAYOUTS[attrs[k]].packed]
     if packs and spec.max_rank >= 5:
         return (*data.draw(st.lists(st.integers(1, MAX_DIM), min_size=4, max_size=4)), packs[0])
-    rank = data.draw(st.integers(spec.min_rank, min(spec.max_rank, 4)), label=f"rank {spec.name}")
+    most = min(spec.max_rank, max(spec.min_rank, 4))
+    rank = data.draw(st.integers(spec.min_rank, most), label=f"rank {spec.name}")
     return tuple(data.draw(st.lists(st.integers(1, MAX_DIM), min_size=rank, max_size=rank)))
 
 

@@ -592,19 +592,22 @@ def test_a_further_output_is_computed_by_its_own_op_where_one_is_declared(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("attrs", "shape", "out", "outputs"),
+    ("attrs", "shape", "out", "outputs", "ops"),
     [
-        ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [2, 3, 9, 11], [2, 3, 5, 6], 2),
+        ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [2, 3, 9, 11], [2, 3, 5, 6], 2,
+         ["max_pool2d", "max_pool2d_indices"]),
         ({"kernel_shape": [2, 3, 3], "strides": [1, 2, 2], "pads": [0, 1, 1, 0, 1, 1], "ceil_mode": 1},
-         [2, 3, 5, 9, 11], [2, 3, 4, 5, 6], 1),
-        ({"kernel_shape": [3], "strides": [2], "dilations": [2]}, [2, 3, 17], [2, 3, 7], 1),
+         [2, 3, 5, 9, 11], [2, 3, 4, 5, 6], 1, ["max_pool3d"]),
+        ({"kernel_shape": [3], "strides": [2], "dilations": [2]}, [2, 3, 17], [2, 3, 7], 1,
+         ["reshape", "max_pool2d", "reshape"]),
     ],
 )  # fmt: skip
 def test_onnxruntime_runs_a_model_node_that_is_several_of_ours(
-    tmp_path: Path, attrs: dict[str, Any], shape: list[int], out: list[int], outputs: int
+    tmp_path: Path, attrs: dict[str, Any], shape: list[int], out: list[int], outputs: int, ops: list[str]
 ) -> None:
     """The second reference runs the model's nodes, not the graph's: a MaxPool whose Indices are
-    read (two nodes of ours) and 3-D and 1-D ones (reshapes around 2-D pools) match onnxruntime."""
+    read (two nodes of ours), a 3-D one (max_pool3d, one node) and a 1-D one (reshapes around a
+    2-D pool) match onnxruntime."""
     names = ["y", "i"][:outputs]
     node = helper.make_node("MaxPool", ["x"], names, "pool", **attrs)
     values = [
@@ -613,6 +616,7 @@ def test_onnxruntime_runs_a_model_node_that_is_several_of_ours(
     ]
     path = onnx_file(tmp_path, [node], [("x", TensorProto.FLOAT, shape)], ("y", 0, []), outputs=values)
     bound = bind_graph(load_model(path))
+    assert [n.bound.op.name for n in bound.nodes] == ops
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32).round(1)  # ties
     found = onnxruntime_reference(path, bound, [x])
     assert found is not None and len(found) == outputs

@@ -178,12 +178,14 @@ INDEX_DTYPES = ("float32", "float16", "int8", "int64")
 
 FEW_DTYPES = {
     "max_pool2d_indices": ("float32", "int8"),
+    "max_pool3d": ("float32", "int8"),
     "reshape": ("float16",),
     "hard_sigmoid": ("float32", "float16"),
 }
 """Ops whose matrices run a few of their dtypes, and a search's structures for their first case
 only: the pooling indices compare with a float max (its NaN test) and an integer max (float16
-converts as max_pool2d's does); a reshape moves elements and computes nothing; hard_sigmoid
+converts as max_pool2d's does); max_pool3d is max_pool2d's computation and schedule with one
+more window axis (max_pool2d runs every dtype); a reshape moves elements and computes nothing; hard_sigmoid
 computes as leaky_relu does (float64 takes float32's path). `deploy test` runs every dtype."""
 
 

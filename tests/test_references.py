@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
-from deploy.ops.library.pooling import Pool2d
+from deploy.ops.library.pooling import Pool
 
 
-def naive_max_pool(x: np.ndarray, pool: Pool2d) -> np.ndarray:
+def naive_max_pool(x: np.ndarray, pool: Pool) -> np.ndarray:
     """Every window's taps one by one: `kernel` of them `dilation` apart from the window's start,
     those inside the input."""
     n, c, h, w = x.shape
@@ -32,14 +32,14 @@ def naive_max_pool(x: np.ndarray, pool: Pool2d) -> np.ndarray:
 
 
 POOLS = [
-    Pool2d((3, 3), (2, 2), (1, 1), False),
-    Pool2d((3, 3), (2, 2), (1, 1), True),
-    Pool2d((2, 3), (1, 2), (1, 0), True),
-    Pool2d((4, 4), (3, 3), (2, 2), True),
-    Pool2d((1, 1), (2, 2), (0, 0), False),
-    Pool2d((3, 2), (2, 1), (2, 0), True, padding_end=(0, 1)),
-    Pool2d((2, 3), (1, 2), (1, 1), False, dilation=(3, 2)),
-    Pool2d((3, 3), (2, 2), (2, 1), True, padding_end=(1, 2), dilation=(2, 2)),
+    Pool((3, 3), (2, 2), (1, 1), False),
+    Pool((3, 3), (2, 2), (1, 1), True),
+    Pool((2, 3), (1, 2), (1, 0), True),
+    Pool((4, 4), (3, 3), (2, 2), True),
+    Pool((1, 1), (2, 2), (0, 0), False),
+    Pool((3, 2), (2, 1), (2, 0), True, padding_end=(0, 1)),
+    Pool((2, 3), (1, 2), (1, 1), False, dilation=(3, 2)),
+    Pool((3, 3), (2, 2), (2, 1), True, padding_end=(1, 2), dilation=(2, 2)),
 ]
 
 
@@ -51,7 +51,7 @@ def test_pool_reference_matches_naive_loops(pool, size):
 
 
 def test_pool_output_size_follows_pytorch():
-    assert Pool2d((3, 3), (2, 2), (1, 1), False).out_size(0, 112) == 56
-    assert Pool2d((3, 3), (2, 2), (0, 0), True).out_size(0, 6) == 3
-    assert Pool2d((2, 2), (2, 2), (1, 1), True).out_size(0, 5) == 3  # a 4th window would start in padding
-    assert Pool2d((3, 3), (3, 3), (1, 1), True).out_size(0, 5) == 2
+    assert Pool((3, 3), (2, 2), (1, 1), False).out_size(0, 112) == 56
+    assert Pool((3, 3), (2, 2), (0, 0), True).out_size(0, 6) == 3
+    assert Pool((2, 2), (2, 2), (1, 1), True).out_size(0, 5) == 3  # a 4th window would start in padding
+    assert Pool((3, 3), (3, 3), (1, 1), True).out_size(0, 5) == 2

@@ -1,7 +1,7 @@
 """PyTorch (CPU) versions of the shipped ops, timed beside ours by `deploy bench` when torch is
 installed (`pip install torch==2.13.0`, a CPU build); ops without one show no PyTorch column.
 Where PyTorch has an `out=` form the output is preallocated, as an engine calling it would;
-where it has none (max_pool2d, a graph's eager ops) every call allocates, and the row says so."""
+where it has none (max pooling, a graph's eager ops) every call allocates, and the row says so."""
 
 from __future__ import annotations
 
@@ -83,9 +83,11 @@ def _argmax_into(attrs: dict[str, Any], out: Any, x: Any) -> Any:
 
 
 def _max_pool(attrs: dict[str, Any], x: Any) -> Any:
+    """F.max_pool2d, or F.max_pool3d for a kernel of three (max_pool3d's)."""
     import torch.nn.functional as F
 
-    return F.max_pool2d(
+    pool = F.max_pool3d if len(attrs["kernel"]) == 3 else F.max_pool2d
+    return pool(
         x,
         kernel_size=attrs["kernel"],
         stride=attrs["stride"] or attrs["kernel"],
@@ -106,6 +108,7 @@ BASELINES: dict[str, TorchOp] = {
     "leaky_relu": TorchOp(_leaky_relu, _leaky_relu_into),
     "hard_sigmoid": TorchOp(_hard_sigmoid, _hard_sigmoid_into, says=_hard_sigmoid_says),
     "max_pool2d": TorchOp(_max_pool, says=_pool_says),
+    "max_pool3d": TorchOp(_max_pool, says=_pool_says),
     "argmax": TorchOp(_argmax, _argmax_into, says=lambda attrs: not attrs["select_last"]),  # first on ties
 }
 

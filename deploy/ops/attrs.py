@@ -103,34 +103,36 @@ class Int:
 
 
 @dataclass(frozen=True)
-class IntPair:
-    """Two integers in [lo, hi], written `3` (both) or `3,2`; normalized to a tuple (h, w)."""
+class IntPerAxis:
+    """One integer in [lo, hi] per axis of `axes` (a pooling window's H and W, or D, H and W),
+    written `3` (every axis) or `3,2`; normalized to a tuple in the order of `axes`."""
 
     lo: int
     hi: int = 2**31 - 1
     fuzz_hi: int = 4
+    axes: str = "HW"
     takes_text: ClassVar[bool] = False
 
     def type_name(self) -> str:
-        return "int,int"
+        return ",".join("int" for _ in self.axes)
 
-    def normalize(self, name: str, value: Any) -> tuple[int, int]:
-        expected = f"an integer in [{self.lo}, {self.hi}] or a pair 'H,W' of them"
+    def normalize(self, name: str, value: Any) -> tuple[int, ...]:
+        several = "a pair" if len(self.axes) == 2 else f"{len(self.axes)} values"
+        expected = f"an integer in [{self.lo}, {self.hi}] or {several} '{','.join(self.axes)}' of them"
         parts = _parts(value)
         if len(parts) == 1:
-            parts = parts * 2
-        if len(parts) != 2:
+            parts = parts * len(self.axes)
+        if len(parts) != len(self.axes):
             raise _bad(name, value, expected)
         scalar = Int(self.lo, self.hi)
         try:
-            first, second = (scalar.normalize(name, p) for p in parts)
+            return tuple(scalar.normalize(name, p) for p in parts)
         except UsageError:
             raise _bad(name, value, expected) from None
-        return first, second
 
     def strategy(self, st: Any) -> Any:
         one = st.integers(self.lo, self.fuzz_hi)
-        return st.tuples(one, one)
+        return st.tuples(*(one for _ in self.axes))
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,7 @@ class Choice:
         return st.sampled_from(self.values)
 
 
-AttrKind = Float | Int | IntPair | Ints | Bool | Choice
+AttrKind = Float | Int | IntPerAxis | Ints | Bool | Choice
 
 
 @dataclass(frozen=True)

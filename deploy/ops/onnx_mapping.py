@@ -117,26 +117,29 @@ def require(attrs: dict[str, Any], name: str, allowed: Any, supported: str) -> N
         raise unsupported(name, attrs[name], supported)
 
 
-def pair(attrs: dict[str, Any], name: str, default: list[int]) -> tuple[int, int]:
-    """A 2-D ONNX list attribute (kernel_shape, strides) as (h, w)."""
+def per_axis(attrs: dict[str, Any], name: str, default: list[int], axes: str = "HW") -> tuple[int, ...]:
+    """A pooling ONNX list attribute (kernel_shape, strides) with a value per axis of `axes`."""
     value = attrs.get(name, default)
-    if not isinstance(value, list) or len(value) != 2:
-        raise unsupported(name, value, "only 2-D pooling (two values, H and W)")
-    return value[0], value[1]
+    if not isinstance(value, list) or len(value) != len(axes):
+        raise unsupported(name, value, f"{len(axes)}-D pooling here ({len(axes)} values, {', '.join(axes)})")
+    return tuple(value)
 
 
-def pads(attrs: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """ONNX `auto_pad` and 2-D `pads` [h_begin, w_begin, h_end, w_end] as ((h, w) before, (h, w)
-    after): auto_pad NOTSET (the pads as given) or VALID (none). SAME_UPPER and SAME_LOWER pad by
-    the input's size: the importer makes them explicit pads first (`onnx_import.explicit_pads`)."""
+def pads(attrs: dict[str, Any], axes: str = "HW") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ONNX `auto_pad` and `pads` [x1_begin, x2_begin, ..., x1_end, x2_end, ...] over `axes`
+    as (before, after), a value per axis each: auto_pad NOTSET (the pads as given) or VALID
+    (none). SAME_UPPER and SAME_LOWER pad by the input's size: the importer makes them explicit
+    pads first (`onnx_import.explicit_pads`)."""
+    rank = len(axes)
     auto_pad = attrs.get("auto_pad", "NOTSET")
-    given = attrs.get("pads", [0, 0, 0, 0])
+    given = attrs.get("pads", [0] * 2 * rank)
     if auto_pad not in ("NOTSET", "VALID"):
         raise unsupported(
             "auto_pad", auto_pad, "NOTSET (explicit pads), VALID (none), or SAME_* on an input of known size"
         )
-    if not isinstance(given, list) or len(given) != 4:
-        raise unsupported("pads", given, "only 2-D pads [h_begin, w_begin, h_end, w_end]")
+    if not isinstance(given, list) or len(given) != 2 * rank:
+        names = [f"{axis.lower()}_{end}" for end in ("begin", "end") for axis in axes]
+        raise unsupported("pads", given, f"{rank}-D pads here [{', '.join(names)}]")
     if auto_pad == "VALID" and any(given):
         raise unsupported("pads", given, "pads together with auto_pad=VALID")
-    return (given[0], given[1]), (given[2], given[3])
+    return tuple(given[:rank]), tuple(given[rank:])

@@ -69,7 +69,7 @@ def anchored(schedule: ScheduleFn, op: FusedOp) -> ScheduleFn:
 
 def ends_in_views(op: FusedOp) -> bool:
     """Whether the nodes after the group's anchor are all views (`Op.view`: reshapes), as where
-    a 3-D pool runs as 2-D pools and reshapes (`max_pool2d.py`)."""
+    a 1-D pool runs as a 2-D pool between reshapes (`max_pool2d.py`)."""
     after = op.nodes[op.anchor + 1 :]
     return bool(after) and all(n.bound.op.view for n in after)
 

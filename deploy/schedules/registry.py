@@ -149,7 +149,7 @@ choices, if anything, it returns (`Report`), for the build to record."""
 ComputeFn = Callable[..., Any]
 """compute(ctx, *placeholders) -> the output te.Tensor: a family's variant of `ctx.bound`'s op, a
 named function that calls the op's computation with the building blocks it takes as arguments
-(`deploy.ops.library.pooling.max_pool2d_compute`'s window max) or computes it in another form
+(`deploy.ops.library.pooling.max_pool_compute`'s window max) or computes it in another form
 (`deploy.ops.library.argmax_compute`), its structural choices made through `ctx.choices`."""
 S = TypeVar("S", bound=ScheduleFn)
 

@@ -1,5 +1,6 @@
 """max_pool2d: 2-D max pooling (kernel, stride, padding, ceil_mode) in any layout (NCHW, NHWC,
-NCHW4c, NCHW8c: see deploy/ops/layouts.py)."""
+NCHW4c, NCHW8c: see deploy/ops/layouts.py). ONNX MaxPool imports as it, or by its kernel's rank
+as max_pool3d or a 2-D pool between reshapes (`maxpool_by_rank`)."""
 
 from __future__ import annotations
 
@@ -9,103 +10,65 @@ import numpy as np
 from tvm import te
 
 from deploy.ops.layouts import NCHW, Layout, Relayout, layout_of
-from deploy.ops.library.pooling import Pool2d, max_pool2d_compute, pool_attrs, pooled_type
-from deploy.ops.onnx_mapping import OnnxOp, OnnxOutput, check_names, pads, pair, unsupported
+from deploy.ops.library.pooling import Pool, max_pool_compute, pool_attrs, pooled_type
+from deploy.ops.onnx_mapping import OnnxOp, OnnxOutput, check_names, pads, per_axis, unsupported
 from deploy.ops.registry import register
 from deploy.ops.spec import Case, Input, Op, TensorType
 
 
-def from_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any]:
-    """ONNX MaxPool -> max_pool2d: 2-D kernel_shape, strides (ONNX default 1, not the kernel),
-    pads (`padding_end` where they differ after the axis), ceil_mode, dilations (storage_order
-    concerns the Indices only)."""
+def from_onnx_maxpool(attrs: dict[str, Any], axes: str = "HW") -> dict[str, Any]:
+    """ONNX MaxPool -> max_pool2d (`axes` HW) or max_pool3d (DHW): kernel_shape, strides (ONNX
+    default 1, not the kernel), pads (`padding_end` where they differ after the axis),
+    ceil_mode, dilations, a value per axis each (storage_order concerns the Indices only)."""
     check_names(
         attrs, ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order")
     )
-    before, after = pads(attrs)
+    before, after = pads(attrs, axes)
+    ones = [1] * len(axes)
     return {
-        "kernel": pair(attrs, "kernel_shape", []),
-        "stride": pair(attrs, "strides", [1, 1]),
+        "kernel": per_axis(attrs, "kernel_shape", [], axes),
+        "stride": per_axis(attrs, "strides", ones, axes),
         "padding": before,
         **({"padding_end": after} if after != before else {}),
         "ceil_mode": attrs.get("ceil_mode", 0),
-        "dilation": pair(attrs, "dilations", [1, 1]),
+        "dilation": per_axis(attrs, "dilations", ones, axes),
     }
 
 
-def maxpool_as_2d(
+def maxpool_by_rank(
     attrs: dict[str, Any], shape: tuple[int | None, ...] | None
 ) -> list[tuple[str, dict[str, Any]]] | None:
-    """1-D and 3-D ONNX MaxPool as 2-D pools between reshapes (None: a 2-D one, max_pool2d
-    alone; any rank: each list as long as the kernel's). 1-D [N, C, L] pools [N, C, 1, L] with a
-    1 x k window; 3-D [N, C, D, H, W] pools H and W of [N, C * D, H, W], then D of
-    [N, C, D, OH * OW] with a k x 1 window: a max over a box is the max over D of the maxes over
-    H and W, and each axis's output size depends on that axis alone. A 3-D pool needs C, D, H
-    and W known (a symbolic batch is fine)."""
+    """ONNX MaxPool by its kernel's rank (None: 2-D, max_pool2d alone). 3-D [N, C, D, H, W] is
+    max_pool3d, one pass. 1-D [N, C, L] pools [N, C, 1, L] with a 1 x k window between
+    reshapes."""
+    del shape  # each rank's ops take any input max_pool2d's or max_pool3d's spec does
     kernel = attrs.get("kernel_shape")
     if not isinstance(kernel, list) or len(kernel) not in (1, 2, 3):
         raise unsupported("kernel_shape", kernel, "1, 2 or 3 values (1-D, 2-D or 3-D pooling)")
     rank = len(kernel)
-    lists = {
-        "kernel_shape": kernel,
-        "strides": attrs.get("strides", [1] * rank),
-        "dilations": attrs.get("dilations", [1] * rank),
-        "pads": attrs.get("pads", [0] * 2 * rank),
-    }
-    for name, value in lists.items():
-        wanted = 2 * rank if name == "pads" else rank
-        if not isinstance(value, list) or len(value) != wanted:
-            count = "1 value" if wanted == 1 else f"{wanted} values"
+    lists = {"strides": [1] * rank, "dilations": [1] * rank, "pads": [0] * 2 * rank}
+    for name, default in lists.items():
+        value = attrs.get(name, default)
+        if not isinstance(value, list) or len(value) != len(default):
+            count = "1 value" if len(default) == 1 else f"{len(default)} values"
             raise unsupported(name, value, f"{count} for the {rank}-D kernel_shape")
+        lists[name] = value
     if rank == 2:
         return None
-    pads_ = lists["pads"]
-    per_axis = [
-        {"kernel": k, "stride": s, "dilation": d, "padding": p, "padding_end": e}
-        for k, s, d, p, e in zip(
-            kernel, lists["strides"], lists["dilations"], pads_[:rank], pads_[rank:], strict=True
-        )
-    ]
-    plain = {n: v for n, v in attrs.items() if n not in lists}
-
-    def pool(h: dict[str, Any] | None, w: dict[str, Any] | None) -> dict[str, Any]:
-        """max_pool2d over H with axis `h`'s window and W with `w`'s (None: a window of 1)."""
-        one = {"kernel": 1, "stride": 1, "dilation": 1, "padding": 0, "padding_end": 0}
-        h, w = h or one, w or one
-        return from_onnx_maxpool(
-            {
-                **plain,
-                **{
-                    onnx: [h[ours], w[ours]]
-                    for onnx, ours in (
-                        ("kernel_shape", "kernel"),
-                        ("strides", "stride"),
-                        ("dilations", "dilation"),
-                    )
-                },
-                "pads": [h["padding"], w["padding"], h["padding_end"], w["padding_end"]],
-            }
-        )
-
-    if rank == 1:
-        return [
-            ("reshape", {"shape": [0, 0, 1, -1]}),
-            ("max_pool2d", pool(None, per_axis[0])),
-            ("reshape", {"shape": [0, 0, -1]}),
-        ]
-    known = [size for size in shape[1:] if size is not None] if shape is not None and len(shape) == 5 else []
-    if len(known) != 4:
-        raise unsupported("kernel_shape", kernel, "3-D pooling of an input whose C, D, H and W are known")
-    channels, depth, height, width = known
-    over_hw = pool(per_axis[1], per_axis[2])
-    hw = Pool2d.from_attrs({**over_hw, "layout": "NCHW"})
-    oh, ow = hw.out_size(0, height), hw.out_size(1, width)
+    if rank == 3:
+        return [("max_pool3d", from_onnx_maxpool(attrs, "DHW"))]
+    (stride,), (dilation,), (begin, end) = lists.values()
+    as_2d = {
+        **attrs,
+        "kernel_shape": [1, kernel[0]],
+        "strides": [1, stride],
+        "dilations": [1, dilation],
+        "pads": [0, begin, 0, end],
+    }
     return [
-        ("reshape", {"shape": [0, channels * depth, height, width]}),
-        ("max_pool2d", over_hw),
-        ("reshape", {"shape": [0, channels, depth, oh * ow]}),
-        ("max_pool2d", pool(per_axis[0], None)),
-        ("reshape", {"shape": [0, channels, -1, oh, ow]}),
+        ("reshape", {"shape": [0, 0, 1, -1]}),
+        ("max_pool2d", from_onnx_maxpool(as_2d)),
+        ("reshape", {"shape": [0, 0, -1]}),
     ]
 
 
@@ -119,14 +82,15 @@ def indices_from_onnx(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any] | None:
-    """max_pool2d -> ONNX MaxPool (NCHW only): the stride spelled out (ONNX's default is 1)."""
-    if layout_of(attrs) is not NCHW:
+    """max_pool2d (NCHW only) or max_pool3d -> ONNX MaxPool: the stride spelled out (ONNX's
+    default is 1)."""
+    if "layout" in attrs and layout_of(attrs) is not NCHW:
         return None
-    (kh, kw), (ph, pw) = attrs["kernel"], attrs["padding"]
+    kernel, padding = attrs["kernel"], attrs["padding"]
     return {
-        "kernel_shape": [kh, kw],
-        "strides": list(attrs["stride"] or (kh, kw)),
-        "pads": [ph, pw, *(attrs.get("padding_end") or (ph, pw))],
+        "kernel_shape": list(kernel),
+        "strides": list(attrs["stride"] or kernel),
+        "pads": [*padding, *(attrs.get("padding_end") or padding)],
         "ceil_mode": int(attrs["ceil_mode"]),
         "dilations": list(attrs["dilation"]),
     }
@@ -145,7 +109,7 @@ class MaxPool2d(Op):
             "MaxPool",
             attrs=from_onnx_maxpool,
             node_attrs=to_onnx_maxpool,
-            chain=maxpool_as_2d,
+            chain=maxpool_by_rank,
             more_outputs=(OnnxOutput("max_pool2d_indices", indices_from_onnx),),
         ),
     )
@@ -168,13 +132,13 @@ class MaxPool2d(Op):
     bench = Case(((32, 64, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1})  # 128 MB moved
 
     def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
-        return pooled_type("x", inputs[0], Pool2d.from_attrs(attrs))
+        return pooled_type("x", inputs[0], Pool.from_attrs(attrs))
 
     def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        return max_pool2d_compute(attrs, out, x)
+        return max_pool_compute(attrs, out, x)
 
     def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        return Pool2d.from_attrs(attrs).reference(x)
+        return Pool.from_attrs(attrs).reference(x)
 
     def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
         """Pooling is what a layout is chosen for: it moves to any layout, unless its input has

@@ -1,7 +1,7 @@
-"""2-D max pooling: `max_pool2d`'s windows, output size and reference in any layout
-(`deploy/ops/layouts.py`: the window slides over the layout's H and W axes), and the pooling ops'
-computations, whose building blocks (the window max, a column stage) are explicit arguments
-that target families' compute variants pass.
+"""Max pooling: the windows, output size and reference of `max_pool2d` in any layout
+(`deploy/ops/layouts.py`: the window slides over the layout's H and W axes) and of `max_pool3d`
+(NCDHW: over D, H and W), and the pooling ops' computations, whose building blocks (the window
+max, a column stage) are explicit arguments that target families' compute variants pass.
 
 Output size follows PyTorch: floor((H + p + p_end - k) / s) + 1, or ceil with `ceil_mode`, where
 the last window must start inside the input or its left padding (p_end is p unless `padding_end`
@@ -12,6 +12,7 @@ are -inf for floats and the type minimum for integers.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 from tvm import te, tirx
 
 from deploy.base.errors import UsageError
-from deploy.ops.attrs import Attr, Bool, IntPair
+from deploy.ops.attrs import Attr, Bool, IntPerAxis
 from deploy.ops.layouts import NCHW, Layout, layout_attr, layout_of
 from deploy.ops.nan import any_nan_bits, is_nan_bits
 from deploy.ops.spec import TensorType
@@ -29,33 +30,44 @@ from deploy.ops.spec import TensorType
 MAX_KERNEL = 16
 
 
-def pool_attrs(kernel: int, stride: int | None, padding: int) -> tuple[Attr, ...]:
-    """The attributes of a 2-D pooling op with the given defaults (stride None: = kernel)."""
+def pool_attrs(kernel: int, stride: int | None, padding: int, axes: str = "HW") -> tuple[Attr, ...]:
+    """The attributes of a pooling op over `axes` (HW: 2-D, with a layout; DHW: 3-D) with the
+    given defaults (stride None: = kernel)."""
+    names = ",".join(axes)
+
+    def per_axis(value: int) -> tuple[int, ...]:
+        return (value,) * len(axes)
+
     return (
-        Attr("kernel", IntPair(1, MAX_KERNEL, fuzz_hi=3), (kernel, kernel), "window H,W"),
+        Attr("kernel", IntPerAxis(1, MAX_KERNEL, fuzz_hi=3, axes=axes), per_axis(kernel), f"window {names}"),
         Attr(
             "stride",
-            IntPair(1, fuzz_hi=3),
-            None if stride is None else (stride, stride),
-            "step H,W (default: the kernel)",
+            IntPerAxis(1, fuzz_hi=3, axes=axes),
+            None if stride is None else per_axis(stride),
+            f"step {names} (default: the kernel)",
             optional=stride is None,
         ),
         Attr(
             "padding",
-            IntPair(0, fuzz_hi=1),
-            (padding, padding),
-            "border H,W before each axis (and after it unless padding_end says), less than the kernel",
+            IntPerAxis(0, fuzz_hi=1, axes=axes),
+            per_axis(padding),
+            f"border {names} before each axis (and after it unless padding_end says), less than the kernel",
         ),
         Attr(
             "padding_end",
-            IntPair(0, fuzz_hi=1),
+            IntPerAxis(0, fuzz_hi=1, axes=axes),
             None,
-            "border after H,W where it differs (ONNX's pads, TensorFlow's SAME), less than the kernel",
+            f"border after {names} where it differs (ONNX's pads, TensorFlow's SAME), less than the kernel",
             optional=True,
         ),
         Attr("ceil_mode", Bool(), False, "round the output size up"),
-        Attr("dilation", IntPair(1, MAX_KERNEL, fuzz_hi=2), (1, 1), "spacing of a window's taps H,W"),
-        layout_attr(),
+        Attr(
+            "dilation",
+            IntPerAxis(1, MAX_KERNEL, fuzz_hi=2, axes=axes),
+            per_axis(1),
+            f"spacing of a window's taps {names}",
+        ),
+        *((layout_attr(),) if axes == "HW" else ()),
     )
 
 
@@ -67,7 +79,7 @@ def nan_test_max(values: list[Any], dtype: str) -> Any:
     """The max of float `values` with an explicit NaN test, NaN when any is NaN (as numpy's max):
     a max chain, and one integer test on the bits (`deploy/ops/nan.py`) that vectorizes everywhere. The
     plain definition; a target family may pair the pooling ops with its own (the `window_max` of
-    `max_pool2d_compute`): on x86 `llvm.maximum` becomes a compare-and-blend sequence that
+    `max_pool_compute`): on x86 `llvm.maximum` becomes a compare-and-blend sequence that
     measured 2-5x slower than this test in bench/hand_vs_generic.py, on ARM it is one NEON `fmax`."""
     return tirx.Select(
         any_nan_bits(values, dtype), tirx.const(float("nan"), dtype), functools.reduce(te.max, values)
@@ -83,42 +95,56 @@ def max_of(values: list[Any], dtype: str, window_max: WindowMax) -> Any:
 
 
 STAGED_MAX_TAPS = 9
-"""Windows of more taps than this compute `Pool2d.indices` in two passes (see there)."""
+"""Windows of more taps than this compute `Pool.indices` in two passes (see there)."""
 
 
 @dataclass(frozen=True)
-class Pool2d:
-    """Kernel, stride and the padding before and after each axis as (h, w) pairs, the rounding
-    mode, and the layout of the input and output."""
+class Pool:
+    """A max pool's windows over 2 spatial axes (H, W of `layout`) or 3 (D, H, W of NCDHW, where
+    `layout` is NCHW: channels first, unpacked): kernel, stride and the padding before and after
+    each axis as tuples with a value per axis, the rounding mode, and the layout of the input and
+    output. Each axis's output size and taps depend on that axis alone."""
 
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
     ceil_mode: bool
     layout: Layout = NCHW
-    padding_end: tuple[int, int] | None = None
+    padding_end: tuple[int, ...] | None = None
     """None: as `padding` (symmetric)."""
-    dilation: tuple[int, int] = (1, 1)
+    dilation: tuple[int, ...] = (1, 1)
     """Taps `dilation` apart: a window spans (kernel - 1) * dilation + 1 elements."""
 
     @classmethod
-    def from_attrs(cls, attrs: dict[str, Any]) -> Pool2d:
+    def from_attrs(cls, attrs: dict[str, Any]) -> Pool:
+        """The pool of max_pool2d's (any layout) or max_pool3d's (no layout attribute: NCDHW)
+        attributes."""
         return cls(
             attrs["kernel"],
             attrs["stride"] or attrs["kernel"],
             attrs["padding"],
             attrs["ceil_mode"],
-            layout_of(attrs),
+            layout_of(attrs) if "layout" in attrs else NCHW,
             attrs.get("padding_end"),
-            attrs.get("dilation", (1, 1)),
+            attrs.get("dilation", (1,) * len(attrs["kernel"])),
         )
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        """The tensor axes the window slides over: the layout's H and W, or NCDHW's D, H and W."""
+        return self.layout.spatial if len(self.kernel) == 2 else tuple(range(2, 2 + len(self.kernel)))
+
+    @property
+    def labels(self) -> str:
+        """The names of the window's axes, in order: HW or DHW."""
+        return "DHW"[-len(self.kernel) :]
 
     def span(self, axis: int) -> int:
         """The elements a window covers along `axis`, its taps and the gaps between them."""
         return (self.kernel[axis] - 1) * self.dilation[axis] + 1
 
     @property
-    def after(self) -> tuple[int, int]:
+    def after(self) -> tuple[int, ...]:
         """The padding after each axis."""
         return self.padding if self.padding_end is None else self.padding_end
 
@@ -131,12 +157,14 @@ class Pool2d:
         return out
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The output shape, in the input's layout; checks the layout's rank and pack, that the
-        window (the kernel, dilated) fits the padded input and padding < kernel on each side
-        (every window holds an input element, as ONNX requires)."""
-        self.layout.check(name, shape)
+        """The output shape, in the input's layout; checks a 2-D pool's layout (rank and pack;
+        a 3-D pool's rank 5 is its input's spec), that the window (the kernel, dilated) fits the
+        padded input and padding < kernel on each side (every window holds an input element, as
+        ONNX requires)."""
+        if len(self.kernel) == 2:
+            self.layout.check(name, shape)
         out = list(shape)
-        for axis, (label, position) in enumerate(zip("HW", self.layout.spatial, strict=True)):
+        for axis, (label, position) in enumerate(zip(self.labels, self.spatial, strict=True)):
             k, p, after = self.kernel[axis], self.padding[axis], self.after[axis]
             for attr, pads in (("padding", self.padding), ("padding_end", self.after)):
                 if pads[axis] >= k:
@@ -169,16 +197,16 @@ class Pool2d:
         self, data: te.Tensor, window_max: WindowMax = nan_test_max, columns_first: bool = False
     ) -> Callable[..., Any]:
         """(output index...) -> TE expression: the max of the window at that output of `data`
-        (in this pool's layout: the window slides over its H and W axes), float windows maxed by
-        `window_max`.
+        (in this pool's layout: the window slides over its H and W axes, or NCDHW's D, H and W),
+        float windows maxed by `window_max`.
 
         Plainly every tap of the window at once: along W each tap is strided by the stride (a
         gather of every other element at stride 2 in NCHW). Where `columns_first`, a
         stage `column_max` (the output's shape with W as in the input) first maxes the kernel's
-        rows at every input column, reading W contiguously, and each output then maxes its
-        window's kw columns of that stage (a row that stays in L1): the same result (max is
-        associative; NaN propagates through both stages), with kh * sw + kw taps per output
-        instead of kh * kw, most of them contiguous.
+        rows (a 3-D pool's kd * kh rows of its D and H) at every input column, reading W
+        contiguously, and each output then maxes its window's kw columns of that stage (a row that
+        stays in L1): the same result (max is associative; NaN propagates through both stages),
+        with kh * sw + kw taps per output instead of kh * kw, most of them contiguous.
 
         A tap in the padding reads the nearest input element instead (its index clamped): that
         element is in the same window — padding is less than the kernel and every window starts
@@ -189,39 +217,32 @@ class Pool2d:
         outside the input reads the window's nearest tap inside it instead (`output_shape` checks
         every window has one), again with no condition. (A select would not do: its unread branch
         still loads, and LLVM takes an in-bounds load to mean the index is in range.)"""
-        h_axis, w_axis = self.layout.spatial
-        height, width = int(data.shape[h_axis]), int(data.shape[w_axis])
+        spatial = self.spatial
+        sizes = [int(data.shape[position]) for position in spatial]
         dtype = str(data.dtype)
 
-        def at(index: tuple[Any, ...], axis: int, value: Any) -> tuple[Any, ...]:
-            return (*index[:axis], value, *index[axis + 1 :])
+        def taps(source: te.Tensor, index: tuple[Any, ...], axes: range) -> list[Any]:
+            """The elements of `source` a window at output `index` reads along the window's
+            `axes` (the other axes as `index` says), in row-major order of the taps."""
+            steps = itertools.product(*(range(self.kernel[axis]) for axis in axes))
+            found = []
+            for step in steps:
+                at = list(index)
+                for axis, k in zip(axes, step, strict=True):
+                    at[spatial[axis]] = self.tap(axis, index[spatial[axis]], k, sizes[axis])
+                found.append(source[tuple(at)])
+            return found
 
-        def row(oh: Any, dh: int) -> Any:
-            return self.tap(0, oh, dh, height)
-
-        def col(ow: Any, dw: int) -> Any:
-            return self.tap(1, ow, dw, width)
-
-        rows, cols = range(self.kernel[0]), range(self.kernel[1])
+        last = len(spatial) - 1
         if not columns_first:
-            return lambda *i: max_of(
-                [
-                    data[at(at(i, h_axis, row(i[h_axis], dh)), w_axis, col(i[w_axis], dw))]
-                    for dh in rows
-                    for dw in cols
-                ],
-                dtype,
-                window_max,
-            )
-        shape = at(tuple(data.shape), h_axis, self.out_size(0, height))
+            return lambda *i: max_of(taps(data, i, range(last + 1)), dtype, window_max)
+        shape = list(data.shape)
+        for axis, position in enumerate(spatial[:last]):
+            shape[position] = self.out_size(axis, sizes[axis])
         columns = te.compute(
-            shape,
-            lambda *i: max_of([data[at(i, h_axis, row(i[h_axis], dh))] for dh in rows], dtype, window_max),
-            name="column_max",
+            tuple(shape), lambda *i: max_of(taps(data, i, range(last)), dtype, window_max), name="column_max"
         )
-        return lambda *i: max_of(
-            [columns[at(i, w_axis, col(i[w_axis], dw))] for dw in cols], dtype, window_max
-        )
+        return lambda *i: max_of(taps(columns, i, range(last, last + 1)), dtype, window_max)
 
     def tap(self, axis: int, out: Any, step: int, size: int) -> Any:
         """The index tap `step` of the window at output `out` reads along `axis` (0: H, 1: W) of
@@ -298,12 +319,15 @@ class Pool2d:
 
     def reference(self, data: np.ndarray) -> np.ndarray:
         """Numpy max pooling of an array in this pool's layout (via NCHW; a packed layout's
-        padding lanes pooled like channels)."""
+        padding lanes pooled like channels), or of an NCDHW one."""
+        if len(self.kernel) == 3:
+            return self._pool_nchw(data)
         return self.layout.from_nchw(self._pool_nchw(self.layout.to_nchw(data)))
 
     def _pool_nchw(self, data: np.ndarray) -> np.ndarray:
-        """Numpy max pooling of an NCHW array."""
-        return self._taps_nchw(data, numpy_pad_value(data.dtype)).max(axis=(4, 5))
+        """Numpy max pooling of a channels-first array (NCHW, NCDHW)."""
+        taps = self._taps_nchw(data, numpy_pad_value(data.dtype))
+        return taps.max(axis=tuple(range(-len(self.kernel), 0)))
 
     def reference_indices(self, data: np.ndarray, column_major: bool) -> np.ndarray:
         """Numpy: `indices` of an NCHW array, int64: per window, among its taps inside the input
@@ -325,51 +349,48 @@ class Pool2d:
         return np.take_along_axis(index, hit.argmax(axis=-1)[..., None], axis=-1)[..., 0]
 
     def _taps_nchw(self, data: np.ndarray, pad: Any) -> np.ndarray:
-        """The taps of every window of an NCHW array, padded with `pad`: N x C x OH x OW x KH x KW."""
-        oh, ow = self.out_size(0, data.shape[2]), self.out_size(1, data.shape[3])
-        spans = (self.span(0), self.span(1))
+        """The taps of every window of a channels-first array, padded with `pad`: N x C x the
+        output's spatial dims x the kernel's (OH x OW x KH x KW in 2-D)."""
+        axes = range(len(self.kernel))
+        outs = [self.out_size(axis, data.shape[2 + axis]) for axis in axes]
+        spans = tuple(self.span(axis) for axis in axes)
         extra = [
-            max(0, (o - 1) * s + k - (size + p + after))
-            for o, s, k, size, p, after in zip(
-                (oh, ow), self.stride, spans, data.shape[2:], self.padding, self.after, strict=True
-            )
+            max(0, (outs[axis] - 1) * self.stride[axis] + spans[axis] - (data.shape[2 + axis] + padded))
+            for axis, padded in zip(axes, np.add(self.padding, self.after), strict=True)
         ]
-        widths = (
-            (0, 0),
-            (0, 0),
-            (self.padding[0], self.after[0] + extra[0]),
-            (self.padding[1], self.after[1] + extra[1]),
-        )
+        widths = ((0, 0), (0, 0), *((self.padding[axis], self.after[axis] + extra[axis]) for axis in axes))
         padded = np.pad(data, widths, constant_values=pad)
-        windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=(2, 3))
-        windows = windows[:, :, :: self.stride[0], :: self.stride[1]][:, :, :oh, :ow]
-        return windows[..., :: self.dilation[0], :: self.dilation[1]]  # the taps of each window
+        windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=tuple(2 + a for a in axes))
+        starts = [slice(0, (outs[axis] - 1) * self.stride[axis] + 1, self.stride[axis]) for axis in axes]
+        taps = [slice(None, None, d) for d in self.dilation]  # the taps of each window
+        index: tuple[Any, ...] = (slice(None), slice(None), *starts, Ellipsis, *taps)
+        return windows[index]
 
 
-def max_pool2d_compute(
+def max_pool_compute(
     attrs: dict[str, Any],
     out: TensorType,
     x: te.Tensor,
     window_max: WindowMax = nan_test_max,
     columns_first: bool = False,
 ) -> te.Tensor:
-    """max_pool2d's computation: each output the max of its window of `x` (`Pool2d.windows`),
+    """max_pool2d's computation: each output the max of its window of `x` (`Pool.windows`),
     float windows maxed by `window_max`, each window's columns maxed in a stage of their own
     first where `columns_first`. The defaults are the plain definition; a target family's
     compute variant passes its own (`deploy/schedules/cpu/pooling.py`)."""
-    windows = Pool2d.from_attrs(attrs).windows(x, window_max, columns_first)
+    windows = Pool.from_attrs(attrs).windows(x, window_max, columns_first)
     return te.compute(out.shape, windows, name="out")
 
 
-def indices_pool(attrs: dict[str, Any]) -> Pool2d:
+def indices_pool(attrs: dict[str, Any]) -> Pool:
     """max_pool2d_indices' pool: its attributes, in NCHW (the op has no layout)."""
-    return Pool2d.from_attrs({**attrs, "layout": "NCHW"})
+    return Pool.from_attrs({**attrs, "layout": "NCHW"})
 
 
 def max_pool2d_indices_compute(
     attrs: dict[str, Any], out: TensorType, x: te.Tensor, window_max: WindowMax = nan_test_max
 ) -> te.Tensor:
-    """max_pool2d_indices' computation (`Pool2d.indices`), float windows maxed by `window_max`
+    """max_pool2d_indices' computation (`Pool.indices`), float windows maxed by `window_max`
     (the default: the plain definition; `deploy/schedules/gpu/pooling.py` passes its own)."""
     return indices_pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"], window_max)
 
@@ -383,5 +404,5 @@ def numpy_pad_value(dtype: np.dtype) -> Any:
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
-def pooled_type(name: str, tensor: TensorType, pool: Pool2d) -> TensorType:
+def pooled_type(name: str, tensor: TensorType, pool: Pool) -> TensorType:
     return TensorType(pool.output_shape(name, tensor.shape), tensor.dtype)

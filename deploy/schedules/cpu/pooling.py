@@ -1,5 +1,5 @@
 """max_pool2d on CPUs: its computation as CPUs build it (the window max and the column stage
-`deploy.ops.library.pooling.max_pool2d_compute` takes: `pooling_on_cpus`, and
+`deploy.ops.library.pooling.max_pool_compute` takes: `pooling_on_cpus`, and
 `pooling_with_llvm_maximum` for the families with a vector max) and its schedule
 (`pool_window`), registered for family "cpu": every x86 target's, and with the ARM and RISC-V
 families' compute (`deploy/schedules/arm.py`, `riscv.py`) theirs."""
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from tvm import tirx
 
-from deploy.ops.library.pooling import Pool2d, WindowMax, max_pool2d_compute, nan_test_max
+from deploy.ops.library.pooling import Pool, WindowMax, max_pool_compute, nan_test_max
 from deploy.schedules.cpu.prefetch import per_cache_line, prefetch_ahead
 from deploy.schedules.cpu.vectorize import parallel_outer, partition, vectorize_parts
 from deploy.schedules.loops import blocks, extent
@@ -28,11 +28,13 @@ once (the hand's where windows do not overlap)."""
 def columns_first(ctx: ScheduleContext) -> bool:
     """Whether CPUs max each window's columns in a stage first: where a vector holds a row of
     pixels (NCHW) and the windows' rows overlap (kernel > stride: the stage saves taps;
-    32x64x112x112 k2 s2 measured 3.45 ms with the stage, 3.41 without), not where channels are
+    32x64x112x112 k2 s2 measured 3.45 ms with the stage, 3.41 without; a 3-D pool's D or H), not
+    where channels are
     innermost (a vector holds a pixel's channels: its taps are contiguous already), unless
     `ctx.choices` picks otherwise (`COLUMNS_FIRST`)."""
-    pool = Pool2d.from_attrs(ctx.bound.attrs)
-    by_rows = not pool.layout.channels_inner and pool.kernel[0] > pool.stride[0]
+    pool = Pool.from_attrs(ctx.bound.attrs)
+    overlap = any(k > s for k, s in zip(pool.kernel[:-1], pool.stride[:-1], strict=True))
+    by_rows = not pool.layout.channels_inner and overlap
     return ctx.choices.pick(COLUMNS_FIRST, (by_rows, not by_rows), by_rows)
 
 
@@ -40,7 +42,7 @@ def pooling_on_cpus(ctx: ScheduleContext, x: Any) -> Any:
     """max_pool2d as CPUs compute it: windows maxed by the plain definition's NaN test, their
     columns first where `columns_first` says."""
     bound = ctx.bound
-    return max_pool2d_compute(
+    return max_pool_compute(
         bound.attrs, bound.output, x, window_max=nan_test_max, columns_first=columns_first(ctx)
     )
 
@@ -62,16 +64,18 @@ def pooling_with_llvm_maximum(ctx: ScheduleContext, x: Any) -> Any:
     """max_pool2d as CPUs with a NaN-propagating vector max compute it (`arm.py`, `riscv.py`):
     windows maxed by `vector_max`, their columns first where `columns_first` says."""
     bound = ctx.bound
-    return max_pool2d_compute(
+    return max_pool_compute(
         bound.attrs, bound.output, x, window_max=vector_max(ctx), columns_first=columns_first(ctx)
     )
 
 
+@register_schedule("cpu", "max_pool3d", compute=pooling_on_cpus)
 @register_schedule("cpu", "max_pool2d", compute=pooling_on_cpus)
 def pool_window(sch: Any, ctx: ScheduleContext) -> None:
     """Pooling in the op's layout: `channels_inner_window` where a vector holds a pixel's
-    channels (NHWC, NCHW4c, NCHW8c), `nchw_window` where it holds a row of pixels (NCHW)."""
-    if Pool2d.from_attrs(ctx.bound.attrs).layout.channels_inner:
+    channels (NHWC, NCHW4c, NCHW8c), `nchw_window` where it holds a row of pixels (NCHW, and
+    max_pool3d's NCDHW, its D beside N and C)."""
+    if Pool.from_attrs(ctx.bound.attrs).layout.channels_inner:
         channels_inner_window(sch, ctx)
     else:
         nchw_window(sch, ctx)
@@ -93,7 +97,7 @@ def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     parallel, the input prefetched PREFETCH_BYTES ahead per pixel. A search also tries
     half-width vectors and the column stage (computed per row, vectorized alike)."""
     *stages, block = blocks(sch)
-    pool = Pool2d.from_attrs(ctx.bound.attrs)
+    pool = Pool.from_attrs(ctx.bound.attrs)
     h_axis, w_axis = pool.layout.spatial
     loops = sch.get_loops(block)
     rows, pixels = loops[h_axis], loops[-2]
@@ -121,15 +125,17 @@ def vectorize_channels(sch: Any, loop: Any, lanes: int) -> None:
 
 
 def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
-    """NCHW pooling-style block (each output reads a window): N*C planes in parallel, rows in
-    order, vectorized along W. Keeping H out of the parallel loop avoids div/mod per vector.
+    """NCHW pooling-style block (each output reads a window): N*C planes (N*C*D of NCDHW) in
+    parallel, rows in order, vectorized along W. Keeping H out of the parallel loop avoids
+    div/mod per vector.
 
-    Each output row first maxes its window's kh input rows at every column (`COLUMNS_FIRST`:
+    Each output row first maxes its window's kh input rows (kd * kh of NCDHW) at every column
+    (`COLUMNS_FIRST`:
     a stage of one row, in L1), with contiguous vector loads a cache line per step, prefetching
     the input PREFETCH_BYTES ahead; the output then maxes kw columns of that row (one
     deinterleave per vector at stride 2). Its row clamps are per row, so the output splits only
     W: the border vector of each row is split off, and in the interior the taps' clamped indices
-    (see `Pool2d.windows`) simplify to plain strided vector loads. A search also tries the stage
+    (see `Pool.windows`) simplify to plain strided vector loads. A search also tries the stage
     per plane, half-width vectors, one loop without border splits, unrolling inside each plane,
     other prefetch distances, and every tap at once (no stage; the border rows split off too)."""
     *stages, block = blocks(sch)
@@ -138,8 +144,9 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     borders = ctx.choices.pick("split borders", (True, False), True)
     work = ctx.bound.output.elements()
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
-    pool = Pool2d.from_attrs(ctx.bound.attrs)
-    in_h, in_w = ctx.bound.inputs[0].shape[2:]
+    pool = Pool.from_attrs(ctx.bound.attrs)
+    h_axis, w_axis = len(pool.kernel) - 2, len(pool.kernel) - 1  # of the window's axes
+    in_h, in_w = ctx.bound.inputs[0].shape[-2:]
     for stage in stages:
         per = ctx.choices.pick("column stage per", ("row", "plane"), "row")
         by_row = per == "row" or fused is None
@@ -159,9 +166,9 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
         prefetch_ahead(sch, ctx, steps)
     if lanes > 1:
         sch.split(width, factors=[None, lanes])
-    rows = partition(sch, height, *pool.interior(0, in_h)) if borders and not stages else [height]
+    rows = partition(sch, height, *pool.interior(h_axis, in_h)) if borders and not stages else [height]
     if lanes > 1:
-        lo, hi = pool.interior(1, in_w)
+        lo, hi = pool.interior(w_axis, in_w)
         first, last = -(-lo // lanes), hi // lanes
         ragged = not ctx.predicated_vectors and ctx.bound.output.shape[-1] % lanes != 0
         for row_loop in rows:
