@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-from tvm import te
-
 from deploy.ops.layouts import NCHW, Layout, Relayout, layout_of
-from deploy.ops.library.pooling import Pool, max_pool_compute, pool_attrs, pooled_type
+from deploy.ops.library.pooling import MaxPooling, pool_attrs
 from deploy.ops.onnx_mapping import OnnxOp, OnnxOutput, check_names, pads, per_axis, unsupported
 from deploy.ops.registry import register
-from deploy.ops.spec import Case, Input, Op, TensorType
+from deploy.ops.spec import Case, Input, TensorType
 
 
 def from_onnx_maxpool(attrs: dict[str, Any], axes: str = "HW") -> dict[str, Any]:
@@ -97,13 +94,12 @@ def to_onnx_maxpool(attrs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @register
-class MaxPool2d(Op):
+class MaxPool2d(MaxPooling):
     """2-D max pooling (NCHW, or `layout`); padding is -inf (floats) or the type minimum (integers)."""
 
     name = "max_pool2d"
     inputs = (Input("x", min_rank=4, max_rank=5),)  # 5: a packed layout
     attrs = pool_attrs(kernel=2, stride=None, padding=0)
-    exact = True
     onnx = (
         OnnxOp(
             "MaxPool",
@@ -130,15 +126,6 @@ class MaxPool2d(Op):
         Case(((2, 9, 11, 7),), {"kernel": "3,2", "stride": "2,1", "padding": "1,0", "layout": "NHWC"}),
     )
     bench = Case(((32, 64, 112, 112),), {"kernel": 3, "stride": 2, "padding": 1})  # 128 MB moved
-
-    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
-        return pooled_type("x", inputs[0], Pool.from_attrs(attrs))
-
-    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        return max_pool_compute(attrs, out, x)
-
-    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        return Pool.from_attrs(attrs).reference(x)
 
     def relayout(self, attrs: dict[str, Any], inputs: list[TensorType], layout: Layout) -> Relayout | None:
         """Pooling is what a layout is chosen for: it moves to any layout, unless its input has

@@ -6,25 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-from tvm import te
-
 from deploy.ops.library.max_pool2d import to_onnx_maxpool
-from deploy.ops.library.pooling import Pool, max_pool_compute, pool_attrs, pooled_type
+from deploy.ops.library.pooling import MaxPooling, pool_attrs
 from deploy.ops.onnx_mapping import OnnxNode
 from deploy.ops.registry import register
-from deploy.ops.spec import Case, Input, Op, TensorType
+from deploy.ops.spec import Case, Input, TensorType
 
 
 @register
-class MaxPool3d(Op):
+class MaxPool3d(MaxPooling):
     """3-D max pooling of NCDHW; padding is -inf (floats) or the type minimum (integers), a NaN in
     a window makes its max NaN."""
 
     name = "max_pool3d"
     inputs = (Input("x", min_rank=5, max_rank=5),)
     attrs = pool_attrs(kernel=2, stride=None, padding=0, axes="DHW")
-    exact = True
     cases = (
         Case(((2, 3, 7, 12, 19),), {"kernel": 3, "stride": 2, "padding": 1}),
         Case(
@@ -35,15 +31,6 @@ class MaxPool3d(Op):
         Case((("N", 2, 4, 9, 10),), {"kernel": 3, "stride": 2, "padding": 1}),
     )
     bench = Case(((8, 32, 16, 56, 56),), {"kernel": 3, "stride": 2, "padding": 1})  # 51 MB read
-
-    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
-        return pooled_type("x", inputs[0], Pool.from_attrs(attrs))
-
-    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
-        return max_pool_compute(attrs, out, x)
-
-    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        return Pool.from_attrs(attrs).reference(x)
 
     def onnx_baseline(self, attrs: dict[str, Any], inputs: list[TensorType]) -> OnnxNode | None:
         """ONNX MaxPool, which imports as this op through max_pool2d's mapping (one op per ONNX

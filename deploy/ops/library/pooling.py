@@ -25,7 +25,7 @@ from deploy.base.errors import UsageError
 from deploy.ops.attrs import Attr, Bool, IntPerAxis
 from deploy.ops.layouts import NCHW, Layout, layout_attr, layout_of
 from deploy.ops.nan import any_nan_bits, is_nan_bits
-from deploy.ops.spec import TensorType
+from deploy.ops.spec import Op, TensorType
 
 MAX_KERNEL = 16
 
@@ -406,3 +406,19 @@ def numpy_pad_value(dtype: np.dtype) -> Any:
 
 def pooled_type(name: str, tensor: TensorType, pool: Pool) -> TensorType:
     return TensorType(pool.output_shape(name, tensor.shape), tensor.dtype)
+
+
+class MaxPooling(Op):
+    """What max_pool2d and max_pool3d share (each registers its own subclass): the output type,
+    computation and reference of the pool of their attributes (`Pool.from_attrs`)."""
+
+    exact = True
+
+    def infer(self, attrs: dict[str, Any], inputs: list[TensorType]) -> TensorType:
+        return pooled_type("x", inputs[0], Pool.from_attrs(attrs))
+
+    def compute(self, attrs: dict[str, Any], out: TensorType, x: te.Tensor) -> te.Tensor:
+        return max_pool_compute(attrs, out, x)
+
+    def reference(self, attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
+        return Pool.from_attrs(attrs).reference(x)
