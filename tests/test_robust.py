@@ -393,7 +393,7 @@ def test_a_killed_childs_temporary_files_are_removed(tmp_path: Path) -> None:
 ORPHANED = """
 import os, sys, threading, time
 from pathlib import Path
-from deploy.base.forked import in_child
+from deploy.base.forked import end_children, in_child
 
 def child():
     Path(sys.argv[1]).write_text(str(os.getpid()))
@@ -402,18 +402,28 @@ def child():
 threading.Thread(target=in_child, args=(child,), daemon=True).start()
 while not Path(sys.argv[1]).exists():
     time.sleep(0.01)
+if sys.argv[2] == "as the CLI ends":
+    end_children()
 os._exit(0)  # as a command stopped while another thread exports ends (`stopping.beside`)
 """
 
 
-def test_a_child_ends_with_the_process_that_forked_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ending", ["os._exit alone", "as the CLI ends"])
+def test_a_child_ends_with_the_process_that_forked_it(ending: str, tmp_path: Path) -> None:
     """A command stopped while the build-ahead thread exported ended with os._exit, and the
-    export's child ran on, holding the build cache's lock: it is now killed with its parent."""
+    export's child ran on, holding the build cache's lock: it is now killed with its parent. The
+    CLI ends such a process after `end_children`, which also removes the child's scratch
+    directory (it stayed in $TMPDIR)."""
     import sys
 
-    pid_file = tmp_path / "child.pid"
-    subprocess.run([sys.executable, "-c", ORPHANED, str(pid_file)], check=True, timeout=60)
+    pid_file, scratch = tmp_path / "child.pid", tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-c", ORPHANED, str(pid_file), ending]
+    subprocess.run(command, check=True, timeout=60, env={**os.environ, "TMPDIR": str(scratch)})
     child = int(pid_file.read_text())
+    left = [p.name for p in scratch.iterdir()]
+    kept = 0 if ending == "as the CLI ends" else 1
+    assert len(left) == kept and all(name.startswith("deploy-child-") for name in left), left
     deadline = time.monotonic() + 10
     while True:
         try:

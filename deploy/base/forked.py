@@ -18,6 +18,7 @@ import os
 import pickle
 import resource
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -39,6 +40,9 @@ checked: a child that waits anyway is killed at its deadline (`DEADLINE_S`)."""
 
 DEADLINE_S = 30 * 60.0
 """Longest a child may run: far past any export (seconds), short of a build hung for good."""
+_RUNNING: dict[str, int] = {}
+"""The scratch directory of each `in_child` call under way, and its child's pid (0 before the
+fork), for `end_children`."""
 
 
 class ChildDied(Exception):
@@ -89,12 +93,14 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
         tempfile.TemporaryFile() as sent,
         tempfile.TemporaryDirectory(prefix="deploy-child-") as scratch,
     ):
+        _RUNNING[scratch] = 0
         try:
             with FORK_LOCK, signals_after(parent):  # a ^C during the fork: raised once `pid` is set
                 pid = os.fork()
             if pid == 0:  # the child: only this thread, and out by os._exit (no atexit, no flushes)
                 tempfile.tempdir = scratch
                 _child(action, sent.fileno(), said.fileno(), parent)
+            _RUNNING[scratch] = pid
             status = _wait(pid, deadline_s)
         except BaseException:  # a stop (^C) anywhere here: the child goes too, and never returns
             if os.getpid() != parent:
@@ -102,6 +108,8 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
             if pid > 0:
                 _end(pid)
             raise
+        finally:
+            _RUNNING.pop(scratch, None)
         said.seek(0)
         text = said.read().decode(errors="replace")
         exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
@@ -117,6 +125,17 @@ def in_child(action: Callable[[], None], deadline_s: float = DEADLINE_S) -> None
         sys.stderr.write(text)
     if raised is not None:
         raise raised
+
+
+def end_children() -> None:
+    """Kill the children `in_child` calls of other threads wait for, and remove their scratch
+    directories: for a process about to end with `os._exit` under such a call (a command stopped
+    while another thread exports, `stopping.abandoned`), which runs no `finally`. Each child
+    would die with its thread anyway (`_child`), but its directory would stay in $TMPDIR."""
+    for scratch, pid in list(_RUNNING.items()):
+        if pid > 0:
+            _end(pid)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _wait(pid: int, deadline_s: float) -> int | None:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from deploy.base.errors import DeployError, first_line
+from deploy.base.forked import end_children
 from deploy.base.paths import check_places
 from deploy.base.stopping import Stopped, abandoned, exit_code, stopped_by, stopping_like_ctrl_c
 from deploy.base.threads import check_thread_env
@@ -133,6 +134,7 @@ class DeployGroup(click.Group):
             return super().main(*args, **kwargs)
         except SystemExit as exc:
             if abandoned():  # a stopped compile still runs: end now, under it (`interruptible`)
+                end_children()  # an export's child, and its scratch in $TMPDIR
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(exc.code if isinstance(exc.code, int) else 1)
