@@ -127,57 +127,58 @@ def hand_scheduled(
     scheduled = sch.mod
     symbol, few_rows = run_time_sizes(report)
     if symbol and symbols_of(bound.inputs) == (symbol,):
-        one = bind(bound.op, bound.attrs, [t.at({symbol: 1}) for t in bound.inputs])
-        one_ctx = context(as_computed(one, options), target, options, choices)
-        few = replace(ctx, few_rows=few_rows) if few_rows else None
-        scheduled, more = branched_at_one(mod, scheduled, symbol, found, one_ctx, few)
+        sizes = range(1, max(few_rows, 1) + 1)
+        sized = [(size, context_at(bound, {symbol: size}, target, options, choices)) for size in sizes]
+        scheduled, more = branched_by_size(mod, scheduled, symbol, found, sized)
         said = tuple(dict.fromkeys((*said, *more)))
     return Scheduled(scheduled, found.label, notes=(*said, *libm_notes(scheduled, target)))
 
 
-def branched_at_one(
-    computed: Any,
-    scheduled: Any,
-    symbol: str,
-    found: Strategy,
-    one: ScheduleContext,
-    few: ScheduleContext | None = None,
+def context_at(
+    bound: BoundOp, sizes: dict[str, int], target: Target, options: BuildOptions, choices: Choices
+) -> ScheduleContext:
+    """The schedule's context of `bound` with its symbolic dims at `sizes`."""
+    at = bind(bound.op, bound.attrs, [t.at(sizes) for t in bound.inputs])
+    return context(as_computed(at, options), target, options, choices)
+
+
+def branched_by_size(
+    computed: Any, scheduled: Any, symbol: str, found: Strategy, sized: list[tuple[int, ScheduleContext]]
 ) -> tuple[Any, tuple[str, ...]]:
     """`scheduled` (the strategy's schedule of `computed`, `main(inputs..., out)` with the
-    symbolic dim `symbol`) as `if symbol == 1: <computed scheduled with that dim 1> else: <it>`:
-    the run time picks the kernel by size (a dot product's single row streams b; its tiles would
-    pad it to four rows and read b's panels in place: 8.7x onnxruntime's time for 1x768 @
-    768x3072, 1.15x so). The tensors with that dim are the same memory, declared there as one
-    row (`DeclBuffer` over each parameter's data). With `few` (`computed`'s context with
-    `few_rows` set) sizes up to `few.few_rows` run `computed` scheduled in it instead (a dot
-    product's few rows stream b too: 2 to 6 rows by 768x3072, 4.8-7.7x onnxruntime's time in
-    tiles). With the module, the notes those schedules return."""
+    symbolic dim `symbol`) as `if symbol == 1: <computed scheduled with that dim 1> elif symbol
+    == 2: ... else: <it>`, a branch for each (size, its context) of `sized`: the run time picks
+    the kernel by size. A dot product's single row streams b, where its tiles would pad it to
+    four rows and read b's panels in place (8.7x onnxruntime's time for 1x768 @ 768x3072, 1.15x
+    so); 2 to 6 rows by a b past the cache stream it too, their rows unrolled (4.8-7.7x
+    onnxruntime's time in tiles, 1.24-1.71x as a loop over the rows). The tensors with that dim
+    are the same memory, declared in each branch at its size (`DeclBuffer` over each parameter's
+    data). With the module, the notes those schedules return."""
     import tvm
     from tvm import tirx
 
     func = computed["main"]
     dim = next(d for p in func.params for d in p.shape if isinstance(d, tirx.Var) and d.name == symbol)
     rows = [p for p in func.params if any(d.same_as(dim) for d in p.shape)]
-    views = {
-        p: tirx.decl_buffer([1 if d.same_as(dim) else d for d in p.shape], p.dtype, name=p.name, data=p.data)
-        for p in rows
-    }
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func.specialize(views)}))
-    reports = [found.schedule(sch, one)]
-    single = sch.mod["main"]
-    declared = [
-        tirx.DeclBuffer(q, data=p.data)
-        for p, q in zip(func.params, single.params, strict=True)
-        if any(p.same_as(r) for r in rows)
-    ]
     general = scheduled["main"]
-    rest = general.body
-    if few is not None:
-        rows = tvm.s_tir.Schedule(computed)
-        reports.append(found.schedule(rows, few))
-        rest = tirx.IfThenElse(dim <= few.few_rows, rows.mod["main"].body, rest)
-    body = tirx.IfThenElse(dim == 1, tirx.SeqStmt([*declared, single.body]), rest)
-    notes = tuple(line for report in reports if report is not None for line in report.notes)
+    body, reports = general.body, []
+    for size, ctx in reversed(sized):
+        views = {
+            p: tirx.decl_buffer(
+                [size if d.same_as(dim) else d for d in p.shape], p.dtype, name=p.name, data=p.data
+            )
+            for p in rows
+        }
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func.specialize(views)}))
+        reports.append(found.schedule(sch, ctx))
+        special = sch.mod["main"]
+        declared = [
+            tirx.DeclBuffer(q, data=p.data)
+            for p, q in zip(func.params, special.params, strict=True)
+            if any(p.same_as(r) for r in rows)
+        ]
+        body = tirx.IfThenElse(dim == size, tirx.SeqStmt([*declared, special.body]), body)
+    notes = tuple(line for report in reversed(reports) if report is not None for line in report.notes)
     return tvm.IRModule({"main": general.with_body(body)}), notes
 
 

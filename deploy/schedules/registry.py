@@ -115,9 +115,6 @@ class ScheduleContext:
     fused: bool = False
     """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
     after the group's producers were inlined where they could be: the stages left must stay."""
-    few_rows: int = 0
-    """Where not 0, the function runs only where its symbolic dim `Report.at_one` is at most this
-    many and not 1 (the build branches on it): a schedule may take the structure of a few rows."""
 
     def lanes(self, dtype: str) -> int:
         if dtype in self.scalar_dtypes:
@@ -130,9 +127,9 @@ class Report(Protocol):
     """What a schedule may return besides scheduling in place: the lines the build prints once
     about its choices (a rule that did not fit and why). It may also name a symbolic dim whose
     size 1 at run time takes a kernel of its own (`at_one`, a str: the build schedules the
-    function again with that dim 1 and branches on it), and sizes up to `few_rows` (an int, not
-    0) another (the function scheduled again with `ScheduleContext.few_rows`): optional
-    attributes (`run_time_sizes`), which a user's schedule need not have."""
+    function again with that dim 1 and branches on it), and so does each size up to `few_rows`
+    (an int, 0: none past 1): optional attributes (`run_time_sizes`), which a user's schedule
+    need not have."""
 
     @property
     def notes(self) -> tuple[str, ...]: ...

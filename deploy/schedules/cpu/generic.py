@@ -159,8 +159,8 @@ class Taken:
     """A symbolic dim (its name) whose size 1 gets a kernel of its own: a dot product's m, whose
     tiles pad one row to DOT_ROWS and read b's panels in place, where one row streams b."""
     few_rows: int = 0
-    """Sizes 2 to this of `at_one` get another (0: none): a dot product's few rows by a b past the
-    cache, streamed (GEMV_CHUNK)."""
+    """Sizes 2 to this of `at_one` get one each too (0: none): a dot product's few rows by a b
+    past the cache, streamed (GEMV_CHUNK), their rows unrolled."""
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -354,8 +354,8 @@ class AtRunTime:
 
 def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     """Dot products: see the module. Returns m's symbol where m is one symbolic dim, with the few
-    rows that stream where b is past the cache (`Taken.at_one`, `few_rows`); with
-    `ScheduleContext.few_rows` such an m streams b, its rows a loop."""
+    rows that stream where b is past the cache (`Taken.at_one`, `few_rows`): the build schedules
+    each of those sizes again, static."""
     inline_producers(sch)
     infos = block_infos(sch)
     if len(infos) != 1:
@@ -378,9 +378,8 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
     first = sch.get(loops[ms[0]]).extent
     at_one = str(first.name) if len(ms) == 1 and isinstance(first, tirx.Var) else None
-    few_at_run_time = at_one is not None and ctx.few_rows > 0
     whole_tiles = rows != math.inf and rows % DOT_ROWS == 0
-    padded = rows > FEW_ROWS and not whole_tiles and not few_at_run_time
+    padded = rows > FEW_ROWS and not whole_tiles
     if padded and pad_rows(sch, info.block, ms[-1], lanes, work):
         stmt, sizes = sch.get(info.block), [extent(sch, loop) for loop in sch.get_loops(info.block)]
     layout = IndexMap.from_func(  # [batch..., m, n, k]: one loop each, n partitioned below
@@ -393,8 +392,8 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     rows, size = extent(sch, m) or math.inf, extent(sch, n) or 1
     b = b_read(sch.get(info.block))
     past_cache = b is not None and read_bytes(b[1]) > PACK_FROM_BYTES
-    streamed = rows == 1 or few_at_run_time or (rows <= FEW_ROWS and past_cache)
-    tile_rows, cols = int(rows) if streamed and not few_at_run_time else 1, lanes  # `stream`'s
+    streamed = rows == 1 or (rows <= FEW_ROWS and past_cache)
+    tile_rows, cols = int(rows) if streamed else 1, lanes  # `stream`'s
     if not streamed:
         few = rows <= FEW_ROWS
         copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
@@ -412,7 +411,7 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
             chunk = max(d for d in range(1, GEMV_CHUNK + 1) if count % d == 0)
             stmt = sch.get(block)
             aside = len(parts) == 1 and along_n(stmt, stmt.writes[0])
-            stream(sch, block, chunk, lanes, work, 0 if few_at_run_time else tile_rows, accumulated=aside)
+            stream(sch, block, chunk, lanes, work, tile_rows, accumulated=aside)
         else:
             tiled = i == 0 and width == tiles
             vector = lanes if width % lanes == 0 else 1
@@ -543,10 +542,9 @@ def along_n(stmt: Any, access: Any) -> bool:
 def stream(
     sch: Any, block: Any, chunk: int, lanes: int, work: int, rows: int = 1, accumulated: bool = False
 ) -> None:
-    """A dot product's [n, batch..., m, k] loops, m of `rows` rows (0: symbolic) (GEMV_CHUNK):
-    chunks of `chunk` vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time,
-    each vector of b loaded once for all of m's rows (unrolled; a symbolic m loops over the
-    chunk a row at a time, reading its GEMV_STEPS rows of b from L1 again). With `accumulated`
+    """A dot product's [n, batch..., m, k] loops, m of `rows` rows (GEMV_CHUNK): chunks of
+    `chunk` vectors of `lanes` in parallel, each updated GEMV_STEPS rows of b at a time, each
+    vector of b loaded once for all of m's rows (unrolled). With `accumulated`
     (the output written `along_n`, else a copy takes whole rows; not after `loop_partition`,
     whose part a cache_write takes whole) a chunk of several rows sums into a buffer of its own
     and is copied out after: the output's rows, a row of n apart, fell in the same L1 sets as
@@ -557,11 +555,9 @@ def stream(
     k_out, k_in = sch.split(k, factors=[None, steps])
     if rows == 1:
         sch.reorder(n_tile, *batch, m, k_out, n_vector, k_in, lane)
-    elif rows:
+    else:
         sch.reorder(n_tile, *batch, k_out, n_vector, m, k_in, lane)
         sch.unroll(m)
-    else:  # each row's broadcasts of a outside its pass over the chunk's rows of b, in L1
-        sch.reorder(n_tile, *batch, k_out, m, n_vector, k_in, lane)
     sch.vectorize(lane)
     sch.unroll(k_in)
     fused = parallel_outer(sch, [n_tile, *batch, *([m] if rows == 1 else [])], work)  # a complete block
