@@ -34,6 +34,17 @@ def any_nan_bits(values: list[Any], dtype: str) -> Any:
     return functools.reduce(tirx.max, magnitudes) > tirx.const(inf, itype)
 
 
+def none_nan(values: list[Any], dtype: str) -> Any:
+    """TE expression: whether none of the float `values` is NaN, as ordered equalities of each
+    value with itself through a bit cast (TVM folds `x == x` to true; LLVM keeps the cast pair
+    as `x`): LLVM merges each pair of them into one `fcmp ord`, one vector compare for two taps
+    where `any_nan_bits` takes a mask, a max and a compare a tap (max_pool2d 3x3 s2, AVX2, in
+    cache: 0.188 -> 0.153 ms)."""
+    itype = NAN_BITS[dtype][0]
+    same = [v == tirx.reinterpret(dtype, tirx.reinterpret(itype, v)) for v in values]
+    return functools.reduce(tirx.And, same)
+
+
 def times_zero(value: Any, dtype: str, zero: float = 0.0) -> Any:
     """TE expression: float `value` times `zero` (0.0 or -0.0) as IEEE has it: NaN for NaN and
     infinities, else a zero with the product's sign. Written `value * zero`, TVM's constant

@@ -11,7 +11,7 @@ from typing import Any
 from tvm import te, tirx
 
 from deploy.ops.layouts import NCHW, layout_of
-from deploy.ops.nan import is_nan_bits
+from deploy.ops.nan import is_nan_bits, none_nan
 from deploy.ops.spec import TensorType
 
 
@@ -214,7 +214,7 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False)
         value = x[(*i[:-1], tirx.min(position, extent - 1))]
         if last and extent % lanes:
             position = tirx.Select(position < extent, position, far)
-        nan = (tirx.Select(is_nan_bits(value, dtype), position, far),) if floating else ()
+        nan = (tirx.Select(none_nan([value], dtype), far, position),) if floating else ()
         return scan((value, position, *nan), axis=step)
 
     partials = te.compute((*rows, lanes), partial, name="argmax_partial")

@@ -24,7 +24,7 @@ from tvm import te, tirx
 from deploy.base.errors import UsageError
 from deploy.ops.attrs import Attr, Bool, IntPerAxis
 from deploy.ops.layouts import NCHW, Layout, layout_attr, layout_of
-from deploy.ops.nan import any_nan_bits, is_nan_bits
+from deploy.ops.nan import is_nan_bits, none_nan
 from deploy.ops.spec import Op, TensorType
 
 MAX_KERNEL = 16
@@ -77,12 +77,13 @@ WindowMax = Callable[[list[Any], str], Any]
 
 def nan_test_max(values: list[Any], dtype: str) -> Any:
     """The max of float `values` with an explicit NaN test, NaN when any is NaN (as numpy's max):
-    a max chain, and one integer test on the bits (`deploy/ops/nan.py`) that vectorizes everywhere. The
-    plain definition; a target family may pair the pooling ops with its own (the `window_max` of
+    a max chain, and ordered compares that vectorize everywhere (`none_nan`). The plain
+    definition; a target family may pair the pooling ops with its own (the `window_max` of
     `max_pool_compute`): on x86 `llvm.maximum` becomes a compare-and-blend sequence that
-    measured 2-5x slower than this test in bench/hand_vs_generic.py, on ARM it is one NEON `fmax`."""
+    measured 2-5x slower than an integer test on the bits in bench/hand_vs_generic.py, on ARM it
+    is one NEON `fmax`."""
     return tirx.Select(
-        any_nan_bits(values, dtype), tirx.const(float("nan"), dtype), functools.reduce(te.max, values)
+        none_nan(values, dtype), functools.reduce(te.max, values), tirx.const(float("nan"), dtype)
     )
 
 
