@@ -23,9 +23,9 @@ _FILE_SECONDS: dict[str, float] = {}
 
 LONGEST_FILES = (
     "test_ops_matrix.py", "test_bundle.py", "test_tune.py", "test_graphs.py", "test_ssh.py",
-    "test_engine_boards.py", "test_bench.py", "test_executorch.py", "test_engines.py",
+    "test_executorch.py", "test_bench.py", "test_tracker.py", "test_device_inputs.py", "test_engines.py",
 )  # fmt: skip
-"""The files that took longest in CI (809 s for the matrix down to 110 s), longest first: each
+"""The files that took longest in CI (1127 s for the matrix down to 100 s), longest first: each
 CI worker takes the next whole file when it is done with one (`--dist loadfile`), so these go
 first and the short ones fill in at the end, where a long file started last would leave the
 other workers idle (longest-first scheduling). Update it from a CI run's "slowest files"."""
