@@ -8,6 +8,8 @@ import itertools
 
 import numpy as np
 import pytest
+import tvm
+from tvm import te
 
 from deploy.ops.library.pooling import Pool
 
@@ -48,6 +50,33 @@ POOLS = [
 def test_pool_reference_matches_naive_loops(pool, size):
     x = np.random.default_rng(0).standard_normal((1, 2, *size)).astype("float32") - 10
     np.testing.assert_array_equal(pool.reference(x), naive_max_pool(x, pool))
+
+
+WIDE = [
+    Pool((3, 3), (1, 1), (2, 2), True, dilation=(2, 2)),
+    Pool((4, 2), (3, 1), (1, 1), True, padding_end=(3, 0), dilation=(2, 3)),
+]
+"""Pools whose windows at (3, 4) span past both ends of the input: a dilated tap there reads the
+window's first tap inside."""
+
+
+@pytest.mark.parametrize("columns_first", [False, True])
+@pytest.mark.parametrize(
+    ("pool", "size"),
+    [(p, s) for p in POOLS for s in [(5, 5), (8, 9)]] + [(p, (3, 4)) for p in WIDE],
+    ids=str,
+)
+def test_pool_computation_matches_naive_loops(pool, size, columns_first):
+    """The computation's taps (`Pool.windows`: clamped where some window crosses an end, a
+    dilated one onto its window's first tap inside), in one pass or a column stage first, run
+    plainly on the host."""
+    x = np.random.default_rng(1).standard_normal((1, 2, *size)).astype("float32")
+    data = te.placeholder(x.shape, "float32", name="x")
+    out = te.compute(pool.output_shape("x", x.shape), pool.windows(data, columns_first=columns_first))
+    built = tvm.compile(te.create_prim_func([data, out]), target="llvm")
+    got = tvm.runtime.tensor(np.zeros([int(n) for n in out.shape], "float32"))
+    built["main"](tvm.runtime.tensor(x), got)
+    np.testing.assert_array_equal(got.numpy(), naive_max_pool(x, pool))
 
 
 def test_pool_output_size_follows_pytorch():

@@ -31,6 +31,7 @@ from deploy.schedules.cpu.generic import (
     ROWS_A_STEP,
     Taken,
     copied_bytes,
+    inline_producers,
     row_block,
     schedule_by_structure,
 )
@@ -347,6 +348,27 @@ def test_a_1x1_convolution_runs_vectors_along_its_pixels():
         (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+def test_a_window_max_that_each_tap_compares_with_stays_a_stage():
+    """max_pool2d_indices over 25 taps finds each window's max in a stage (`top`) that the search
+    for its position compares every tap with: inlined there, each comparison recomputed the 25
+    taps (ONNX's 5x5 MaxPool with indices took 30 s to compile). A map read twice (a cast, an
+    add) is still inlined."""
+    bound = bind(
+        get_op("max_pool2d_indices"), {"kernel": 5, "padding": 2}, [TensorType((1, 1, 5, 5), "float32")]
+    )
+    target = get_target("x86")
+    sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+    schedule_by_structure(sch, context(bound, target, BuildOptions()))
+    assert [info.name for info in block_infos(sch)] == ["top", "out"]
+    x, y = (te.placeholder((4, 8), "float16", name=name) for name in "xy")
+    wide = te.compute(x.shape, lambda i, j: x[i, j].astype("float32"), name="wide")
+    summed = te.compute(x.shape, lambda i, j: wide[i, j] + y[i, j].astype("float32"), name="summed")
+    square = te.compute(x.shape, lambda i, j: summed[i, j] * summed[i, j], name="square")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y, square]))
+    inline_producers(sch)
+    assert [info.name for info in block_infos(sch)] == ["square"]
 
 
 def test_a_few_rows_by_a_b_past_the_cache_stream_b_along_its_rows():

@@ -72,6 +72,22 @@ def _uses(expr: Any, variables: tuple[Any, ...]) -> set[int]:
     return {i for i, v in enumerate(variables) if any(v.same_as(u) for u in used)}
 
 
+def loads(stmt: Any) -> list[Any]:
+    """The buffer of each load in a block statement's body: one entry a load, so a buffer read
+    at two places (or twice at one) is listed twice."""
+    import tvm
+    import tvm_ffi
+
+    found: list[Any] = []
+
+    def note(load: Any) -> Any:
+        found.append(load.source)
+        return load
+
+    tvm_ffi.structural_map(stmt.body, [(tvm.ir.TensorLoad, note)])
+    return found
+
+
 def _extent(value: Any) -> int:
     return int(value) if isinstance(value, tirx.IntImm) else 1
 

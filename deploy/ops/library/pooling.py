@@ -215,8 +215,8 @@ class Pool:
         taps need no condition (which would keep the loop from vectorizing). Where a schedule
         splits the interior off, the clamps simplify away and the loads are plain vector loads.
         Dilated taps skip elements, so the nearest element may lie between two taps: there a tap
-        outside the input reads the window's nearest tap inside it instead (`output_shape` checks
-        every window has one), again with no condition. (A select would not do: its unread branch
+        outside the input reads the window's first tap inside it instead (`output_shape` checks
+        every window has one), again with no condition on a load. (A select would not do: its unread branch
         still loads, and LLVM takes an in-bounds load to mean the index is in range.)"""
         spatial = self.spatial
         sizes = [int(data.shape[position]) for position in spatial]
@@ -247,16 +247,25 @@ class Pool:
 
     def tap(self, axis: int, out: Any, step: int, size: int) -> Any:
         """The index tap `step` of the window at output `out` reads along `axis` (0: H, 1: W) of
-        an input `size` long: clamped into the input, a dilated tap onto the window's nearest tap
-        inside it (`windows`). Each bound divides an index that grows with `out` (a descending one,
-        `size - 1 - start`, gave wrong lanes on arm once vectorized: ONNX's 2-D dilations case)."""
-        d, start = self.dilation[axis], out * self.stride[axis] - self.padding[axis]
+        an input `size` long: clamped into the input, a dilated tap onto the window's first tap
+        inside it (`windows`), which divides an index that grows with `out` (a descending one,
+        `size - 1 - start`, gave wrong lanes on arm once vectorized: ONNX's 2-D dilations case).
+        A side is bounded only where some output's tap `step` crosses it, and a dilated tap past
+        the end is a select of its own index: TVM's region analysis of a window's taps grew
+        steeply with divisions in their bounds (a 5x5x5 window of dilation 2, each bound a min
+        and a division, took 17 s to make a PrimFunc of; 0.1-0.8 s now)."""
+        d, s, p = self.dilation[axis], self.stride[axis], self.padding[axis]
+        start = out * s - p
         index = start + step * d
+        low = step * d - p < 0  # the first window's tap is before the input
+        high = (self.out_size(axis, size) - 1) * s - p + step * d > size - 1  # the last's after it
         if d == 1:
-            return clamp(index, size)
-        first = start - te.min(0, tirx.floordiv(start, d)) * d  # its first tap inside
-        last = start + te.min(self.kernel[axis] - 1, -tirx.floordiv(start - size + d, d)) * d
-        return te.max(te.min(index, last), first)
+            index = te.min(index, size - 1) if high else index
+            return te.max(index, 0) if low else index
+        first = te.max(start, tirx.floormod(start, d)) if p > 0 else start  # the first tap inside
+        if high:
+            index = tirx.Select(index <= size - 1, index, first)
+        return te.max(index, first) if low else index
 
     def indices(
         self,
@@ -394,11 +403,6 @@ def max_pool2d_indices_compute(
     """max_pool2d_indices' computation (`Pool.indices`), float windows maxed by `window_max`
     (the default: the plain definition; `deploy/schedules/gpu/pooling.py` passes its own)."""
     return indices_pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"], window_max)
-
-
-def clamp(index: Any, size: int) -> Any:
-    """`index` clamped into [0, size)."""
-    return te.max(te.min(index, size - 1), 0)
 
 
 def numpy_pad_value(dtype: np.dtype) -> Any:

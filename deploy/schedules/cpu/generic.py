@@ -52,7 +52,7 @@ from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer
 from deploy.schedules.loops import extent, mentions, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
-from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes
+from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes, loads
 from deploy.schedules.vector_math import ask_reciprocal_divides, ask_vector_math, shifted_by_row_max
 
 DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
@@ -170,12 +170,24 @@ class Taken:
         return (f"rule fell through to the generic schedule: {self.fell_through}",)
 
 
+INLINED_LOADS = 16
+"""The most loads an elementwise producer's copies may make where its consumer reads it at more
+than one place: a map repeated (an add read twice, 4), not a window (25 taps read 24 times)."""
+
+
 def inline_producers(sch: Any) -> None:
     """Inline every elementwise block but the output that has one consumer (a cast, a scale, a
     padding into a reduction's read); one with several (softmax's exp, read by the sum and the
-    output) stays a stage, computed once."""
+    output) stays a stage, computed once, and so does one whose copies would load more than
+    INLINED_LOADS elements (a window's max that each tap of a search for it compares with:
+    inlined, 25 taps took 30 s to compile)."""
     for info in block_infos(sch)[:-1]:
-        if info.structure is Structure.ELEMENTWISE and len(sch.get_consumers(info.block)) == 1:
+        consumers = sch.get_consumers(info.block)
+        if info.structure is Structure.ELEMENTWISE and len(consumers) == 1:
+            written = sch.get(info.block).writes[0].source
+            copies = sum(b.same_as(written) for b in loads(sch.get(consumers[0])))
+            if copies > 1 and copies * len(loads(sch.get(info.block))) > INLINED_LOADS:
+                continue
             try:
                 sch.compute_inline(info.block)
             except s_tir.ScheduleError:
