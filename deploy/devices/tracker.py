@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import struct
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 from deploy.base.errors import DeployError, UsageError, reason
 from deploy.base.paths import cache_root
 from deploy.base.stopping import raise_if_stopped
+from deploy.base.tvm_workers import worker_env
 from deploy.devices.registry import DeviceLost
 from deploy.devices.rpc import EndpointDevice, RpcSession, rpc_session
 from deploy.devices.server_process import Server, ServerState, accepts, spawn
@@ -147,7 +149,7 @@ class TrackerProcess:
         log = self.base / f"tracker-{port}.log"
         cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
                "--port-end", str(port + 1)]  # fmt: skip
-        proc = spawn(cmd, log)
+        proc = spawn(cmd, log, worker_env(os.environ))
         server = Server.of(proc, port, log, host=host)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not accepts(port, host):

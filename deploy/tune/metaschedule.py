@@ -31,6 +31,7 @@ from typing import Any
 from deploy.base.errors import UsageError
 from deploy.base.stopping import STOP_SIGNALS, handled, interrupt_for
 from deploy.base.threads import host_cpus
+from deploy.base.tvm_workers import hide_torch_in_workers
 from deploy.compiler.compile import Compiled, compile_scheduled, context, prim_module
 from deploy.compiler.compile import strategy as compiled_strategy
 from deploy.compiler.options import BuildOptions, for_device
@@ -64,7 +65,9 @@ def cost_model() -> str:
 
 @contextmanager
 def _measuring(device: Device, bound: BoundOp, timeout_s: float) -> Iterator[tuple[Measuring, Any]]:
-    """(MetaSchedule's runner, open a verification session) for the device, kept up while tuning."""
+    """(MetaSchedule's runner, open a verification session) for the device, kept up while tuning;
+    the worker processes MetaSchedule starts from here on import TVM without torch."""
+    hide_torch_in_workers()
     if device.measures_in_process:
         yield local_runner(timeout_s), device.open
         return
