@@ -17,6 +17,7 @@ from typing import Any
 from deploy.ops.fused import FusedOp, outside_reads
 from deploy.ops.graph import BoundGraph, BoundNode
 from deploy.ops.spec import BoundOp, is_symbolic, symbols_of
+from deploy.schedules.structure import loads
 
 
 @dataclass(frozen=True)
@@ -133,17 +134,9 @@ def _relax_of(graph: BoundGraph) -> tuple[Any, list[dict[str, int]], list[dict[s
 def _loads(func: Any) -> list[tuple[str, int]]:
     """Each load in `func`'s body: its buffer's name and the structural hash of its indices (equal
     for two loads of one element: the loop variables are the same objects)."""
-    import tvm
     import tvm_ffi
 
-    loaded: list[tuple[str, int]] = []
-
-    def note(load: Any) -> Any:
-        loaded.append((load.source.name, tvm_ffi.structural_hash(load.indices)))
-        return load
-
-    tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, note)])
-    return loaded
+    return [(load.source.name, tvm_ffi.structural_hash(load.indices)) for load in loads(func.body)]
 
 
 def _chunks(

@@ -72,19 +72,19 @@ def _uses(expr: Any, variables: tuple[Any, ...]) -> set[int]:
     return {i for i, v in enumerate(variables) if any(v.same_as(u) for u in used)}
 
 
-def loads(stmt: Any) -> list[Any]:
-    """The buffer of each load in a block statement's body: one entry a load, so a buffer read
-    at two places (or twice at one) is listed twice."""
+def loads(node: Any) -> list[Any]:
+    """Each load in a TIR statement or expression (a block's or a function's body), in order: a
+    buffer read at two places, or twice at one, is read by two of them."""
     import tvm
     import tvm_ffi
 
     found: list[Any] = []
 
     def note(load: Any) -> Any:
-        found.append(load.source)
+        found.append(load)
         return load
 
-    tvm_ffi.structural_map(stmt.body, [(tvm.ir.TensorLoad, note)])
+    tvm_ffi.structural_map(node, [(tvm.ir.TensorLoad, note)])
     return found
 
 

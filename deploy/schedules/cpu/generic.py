@@ -185,8 +185,8 @@ def inline_producers(sch: Any) -> None:
         consumers = sch.get_consumers(info.block)
         if info.structure is Structure.ELEMENTWISE and len(consumers) == 1:
             written = sch.get(info.block).writes[0].source
-            copies = sum(b.same_as(written) for b in loads(sch.get(consumers[0])))
-            if copies > 1 and copies * len(loads(sch.get(info.block))) > INLINED_LOADS:
+            copies = sum(load.source.same_as(written) for load in loads(sch.get(consumers[0]).body))
+            if copies > 1 and copies * len(loads(sch.get(info.block).body)) > INLINED_LOADS:
                 continue
             try:
                 sch.compute_inline(info.block)
