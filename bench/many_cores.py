@@ -1,7 +1,7 @@
 """x86 kernels on a many-core machine and OpenCL kernels on its GPU, with no TVM there: `build`
 makes everything on this host, `run` times it on that machine.
 
-    .venv/bin/python bench/many_cores.py build DIR [--cores 16]
+    .venv/bin/python bench/many_cores.py build DIR [--cores 16] [--no-cpu]
     PYTHONPATH=. python3 bench/many_cores.py run DIR [--threads 1,2,4,8,16] [--rounds 7] [--no-gpu]
 
 `build` writes x86 bundles (split for `--cores`, the machine's core count), each checked against
@@ -43,13 +43,15 @@ GPU_WORKLOADS: list[tuple[str, str, dict[str, Any], list[tuple[int, ...]], str]]
     ("argmax axis=-1 2560x100000", "argmax", {"axis": -1}, [(2560, 100_000)], "float16"),
     ("add 128x64x112x112 + same", "add", {}, [(128, 64, 112, 112)] * 2, "float16"),
     ("max_pool2d k3s2p1 256x64x112x112", "max_pool2d", POOL, [(256, 64, 112, 112)], "float16"),
+    ("max_pool2d k3s2p1 256x64x112x112", "max_pool2d", POOL, [(256, 64, 112, 112)], F32),
 ]
 GRAPH_BATCH = 32
 """examples/maxpool_add.yaml's batch on the CPU; on the GPU 8 times as many (past its L2)."""
 
 
-def build(directory: Path, cores: int) -> None:
-    """Every bundle, timer and artifact under `directory`, and `plan.json` listing them."""
+def build(directory: Path, cores: int, cpu: bool) -> None:
+    """Every bundle, timer and artifact under `directory` (the x86 ones only where `cpu`), and
+    `plan.json` listing them."""
     import numpy as np
     from bundle_latency import REPO, check, driver, one_node
 
@@ -89,9 +91,9 @@ def build(directory: Path, cores: int) -> None:
             check(target, graph, [random_input(t, rng) for t in graph.inputs], Path(work) / "check")
         return str(driver(target, graph, static=True).relative_to(directory))
 
-    cpu = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS]
-    cpu.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
-    for index, (label, graph) in enumerate(cpu):
+    bundles = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS]
+    bundles.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
+    for index, (label, graph) in enumerate(bundles if cpu else []):
         moved = moved_by(graph)
         plan["cpu"].append(
             {
@@ -252,6 +254,7 @@ def main() -> None:
     made = sub.add_parser("build", help="bundles, timers and OpenCL artifacts (needs deploy)")
     made.add_argument("directory", type=Path)
     made.add_argument("--cores", type=int, default=16, help="the machine's cores, which builds split for")
+    made.add_argument("--no-cpu", action="store_true", help="the OpenCL artifacts only")
     timing = sub.add_parser("run", help="time them (needs numpy; pyopencl for the GPU)")
     timing.add_argument("directory", type=Path)
     timing.add_argument("--threads", type=thread_counts, default=[1, 2, 4, 8, 16])
@@ -268,7 +271,7 @@ def main() -> None:
             parser.error(f"{args.directory}: not empty and not an earlier build (no plan.json); expected a"
                          " new or empty directory")  # fmt: skip
         args.directory.mkdir(parents=True, exist_ok=True)
-        build(args.directory, args.cores)
+        build(args.directory, args.cores, cpu=not args.no_cpu)
         return
     at_least_one(parser, "--rounds", args.rounds)
     plan = json.loads((args.directory / "plan.json").read_text())
