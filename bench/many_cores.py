@@ -2,7 +2,7 @@
 makes everything on this host, `run` times it on that machine.
 
     .venv/bin/python bench/many_cores.py build DIR [--cores 16] [--no-cpu]
-    PYTHONPATH=. python3 bench/many_cores.py run DIR [--threads 1,2,4,8,16] [--rounds 7] [--no-gpu]
+    PYTHONPATH=. python3 bench/many_cores.py run DIR [--threads 1,2,4,8,16] [--rounds 7] [--no-gpu] [--no-cpu]
 
 `build` writes x86 bundles (split for `--cores`, the machine's core count), each checked against
 numpy here and given a static C timer (`bundle_latency.driver`), and OpenCL artifacts (float32,
@@ -91,9 +91,10 @@ def build(directory: Path, cores: int, cpu: bool) -> None:
             check(target, graph, [random_input(t, rng) for t in graph.inputs], Path(work) / "check")
         return str(driver(target, graph, static=True).relative_to(directory))
 
-    bundles = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS]
-    bundles.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
-    for index, (label, graph) in enumerate(bundles if cpu else []):
+    bundles = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS if cpu]
+    if cpu:
+        bundles.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
+    for index, (label, graph) in enumerate(bundles):
         moved = moved_by(graph)
         plan["cpu"].append(
             {

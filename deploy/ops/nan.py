@@ -1,5 +1,6 @@
 """NaN tests that vectorize (TVM leaves `tirx.isnan` calls scalar, and folds `x != x` to false),
-and IEEE multiplication by zero (TVM folds `x * 0.0` to 0.0, NaN and infinities included)."""
+IEEE multiplication by zero (TVM folds `x * 0.0` to 0.0, NaN and infinities included), and the
+lowest value of a dtype (what never wins a max)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,8 @@ def times_zero(value: Any, dtype: str, zero: float = 0.0) -> Any:
         sign = tirx.bitwise_xor(sign, sign_bit)
     nonfinite = tirx.bitwise_and(bits, tirx.const(mask, itype)) >= tirx.const(inf, itype)
     return tirx.Select(nonfinite, tirx.const(float("nan"), dtype), tirx.reinterpret(dtype, sign))
+
+
+def lowest(dtype: str) -> Any:
+    """The identity value of a max: -inf for floats, the type minimum for integers."""
+    return tirx.const(float("-inf"), dtype) if dtype.startswith("float") else tirx.min_value(dtype)

@@ -11,17 +11,8 @@ from typing import Any
 from tvm import te, tirx
 
 from deploy.ops.layouts import NCHW, layout_of
-from deploy.ops.nan import is_nan_bits, none_nan
+from deploy.ops.nan import is_nan_bits, lowest, none_nan
 from deploy.ops.spec import TensorType
-
-
-def _lowest(value_type: str) -> Any:
-    """The identity value of a max: -inf for floats, the type minimum for integers."""
-    return (
-        tirx.const(float("-inf"), value_type)
-        if value_type.startswith("float")
-        else tirx.min_value(value_type)
-    )
 
 
 def argmax_reducer(dtype: str, last: bool) -> Any:
@@ -41,7 +32,7 @@ def argmax_reducer(dtype: str, last: bool) -> Any:
         return tirx.Select(take, i1, i0), tirx.Select(take, v1, v0)
 
     def identity(index_type: str, value_type: str) -> tuple[Any, Any]:  # an index every tie beats
-        return tirx.min_value(index_type) if last else tirx.max_value(index_type), _lowest(value_type)
+        return tirx.min_value(index_type) if last else tirx.max_value(index_type), lowest(value_type)
 
     return te.comm_reducer(combine, identity, name="argmax")
 
@@ -60,7 +51,7 @@ def _keep_greatest(dtype: str, last: bool) -> Any:
         return tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1])
 
     def identity(value_type: str, index_type: str) -> tuple[Any, Any]:
-        return _lowest(value_type), tirx.const(0, index_type)
+        return lowest(value_type), tirx.const(0, index_type)
 
     return te.comm_reducer(keep_greatest, identity, name="keep_greatest")
 
@@ -204,7 +195,7 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False)
         return (tirx.Select(take, b[0], a[0]), tirx.Select(take, b[1], a[1]), *nan)
 
     def identity(*types: str) -> tuple[Any, ...]:
-        return (_lowest(types[0]), tirx.const(0, types[1]), *((far,) if floating else ()))
+        return (lowest(types[0]), tirx.const(0, types[1]), *((far,) if floating else ()))
 
     scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
     step = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")

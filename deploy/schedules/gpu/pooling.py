@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.ops.library.pooling import Pool, max_of, max_pool2d_indices_compute, max_pool_compute
-from deploy.ops.nan import any_nan_bits
+from deploy.ops.nan import any_nan_bits, lowest
 from deploy.schedules.gpu.generic import bind_work_items
 from deploy.schedules.loops import blocks, extent, fused_or_unit
 from deploy.schedules.registry import ScheduleContext, register_schedule
@@ -54,22 +54,33 @@ class RowVectors:
     vectors: int
 
     @classmethod
-    def of(cls, pool: Pool, shape: tuple[Any, ...], out: tuple[Any, ...], lanes: int) -> RowVectors | None:
-        """The row vectors of `pool` over an input of `shape` to an output of `out`, None unless
-        every window is contiguous (no dilation, and along W a window at least as wide as its
-        stride, so a tile's taps cover every lane of each vector), W is innermost and whole vectors
-        in both (a vector is either inside the input or in its padding, and a tile's outputs are
-        one vector store), and the vector is at least 2 lanes."""
+    def of(
+        cls, pool: Pool, shape: tuple[Any, ...], out: tuple[Any, ...], lanes: int, bits: int
+    ) -> RowVectors | None:
+        """The row vectors of `pool` over an input of `shape` to an output of `out` (spatial dims
+        static), in vectors of `lanes` elements of `bits`. None unless W is innermost and whole
+        vectors in both (a vector is wholly inside the input or in its padding, and a tile's
+        outputs are one vector store), the vector is at least 2 lanes, every window is contiguous
+        (no dilation, and along W at least as wide as its stride, so no vector loaded lies wholly
+        between two windows) and a tile's rows for one row of outputs fit in `REGISTERS` (a
+        window of 8x8 would take 256: a private array that spills, and one of 16x16 did not
+        compile in 400 s)."""
         w = pool.spatial[-1]
-        sizes = [shape[axis] for axis in pool.spatial] + [out[w]]
-        if lanes < 2 or w != len(shape) - 1 or not all(isinstance(s, int) for s in sizes):
+        if lanes < 2 or w != len(shape) - 1:
             return None
         k, s, p = pool.kernel[-1], pool.stride[-1], pool.padding[-1]
         if any(d != 1 for d in pool.dilation) or k < s or shape[w] % lanes or out[w] % lanes:
             return None
         shift = lanes * math.ceil(p / lanes)
         last = shift - p + (lanes - 1) * s + k - 1  # the tile's last column, from its first vector's
-        return cls(lanes, shift, last // lanes + 1)
+        vectors = last // lanes + 1
+        fits = math.prod(pool.kernel[:-1]) * row_registers(vectors, lanes, bits) <= REGISTERS
+        return cls(lanes, shift, vectors) if fits else None
+
+
+def row_registers(vectors: int, lanes: int, bits: int) -> int:
+    """32-bit registers that a row of `vectors` vectors of `lanes` elements of `bits` takes."""
+    return vectors * math.ceil(lanes * bits / 32)
 
 
 OUTPUT_ROWS = "output rows a work-item"
@@ -79,7 +90,9 @@ k3 s2 p1 of 256x64x112x112 took 0.427, 0.368 and 0.338 ms in float32 at 1, 2 and
 copy of its bytes 0.306), 0.248, 0.228 and 0.217 in float16 stored as half (0.156). Tiles of
 twice the lanes (`vload8`, `vload_half8`) took 1.7-1.9x as long (docs/performance.md)."""
 REGISTERS = 128
-"""32-bit registers a work-item's rows may take (each thread of an NVIDIA SM has up to 255)."""
+"""32-bit registers a work-item's rows may take (a thread of an NVIDIA SM has up to 255; measured on
+an H200 only: embedded GPUs such as Mali and Adreno lose occupancy past about 64, where fewer
+rows may win, which a tuner searching `OUTPUT_ROWS` would find)."""
 
 
 def row_vector_max_pool(ctx: ScheduleContext, x: Any) -> Any:
@@ -95,18 +108,19 @@ def row_vector_max_pool(ctx: ScheduleContext, x: Any) -> Any:
       are constants once the tile's outputs are unrolled (registers, not memory).
 
     A search may pick the one-output form instead (`row_vectors`)."""
+    import tvm
     from tvm import te, tirx
 
     bound = ctx.bound
     pool, dtype = Pool.from_attrs(bound.attrs), str(x.dtype)
     shape, out = tuple(bound.inputs[0].shape), tuple(bound.output.shape)
-    rows = RowVectors.of(pool, shape, out, ctx.lanes(dtype))
+    rows = RowVectors.of(pool, shape, out, ctx.lanes(dtype), tvm.DataType(dtype).bits)
     if rows is None or not ctx.choices.pick("row_vectors", (True, False), True):
         return max_pool_branch_max(ctx, x)
     *axes, w = pool.spatial
     lanes, s, p = rows.lanes, pool.stride[-1], pool.padding[-1]
     padded = {axis: (out[axis] - 1) * pool.stride[i] + pool.kernel[i] for i, axis in enumerate(axes)}
-    pad = tirx.const(float("-inf"), dtype) if dtype.startswith("float") else tirx.min_value(dtype)
+    pad = lowest(dtype)
 
     def load(*index: Any) -> Any:
         *at, vector, lane = index
@@ -144,12 +158,15 @@ def row_vector_max_pool(ctx: ScheduleContext, x: Any) -> Any:
     return te.compute(out, window, name="out")
 
 
+@register_schedule("gpu", "max_pool3d", compute=row_vector_max_pool)
+@register_schedule("gpu", "max_pool2d", compute=row_vector_max_pool)
 def row_vector_pool_gpu(sch: Any, ctx: ScheduleContext) -> None:
     """`row_vector_max_pool`'s two stages in one kernel: the output (a fused group's last block)
     in tiles of `lanes` along W (by `OUTPUT_ROWS` rows where the rows divide), a work-item each,
     whose rows (`row_vectors`) are loaded a vector at a time into registers, its outputs computed
     unrolled into registers and stored a vector a row. The one-output form gets
-    `max_pool2d_gpu`."""
+    `max_pool2d_gpu` (as would a stage that a fused group's producers left beside the two, each
+    stage a kernel of its own)."""
     stages = blocks(sch)
     if len(stages) != 2 or sch.get(stages[0]).name_hint != "row_vectors":
         max_pool2d_gpu(sch, ctx)
@@ -159,8 +176,9 @@ def row_vector_pool_gpu(sch: Any, ctx: ScheduleContext) -> None:
     store = sch.cache_write(last, 0, "local")
     *leading, h, w = sch.get_loops(store)
     tile, within = sch.split(w, factors=[None, lanes])
-    words = extent(sch, sch.get_loops(stage)[-2]) or 1, lanes, sch.get(stage).writes[0].source.dtype
-    rows = output_rows(ctx, extent(sch, h) or 1, registers(*words))
+    vectors = extent(sch, sch.get_loops(stage)[-2]) or 1
+    per_row = row_registers(vectors, lanes, sch.get(stage).writes[0].source.dtype.bits)
+    rows = output_rows(ctx, extent(sch, h) or 1, per_row)
     outer, inner = sch.split(h, factors=[None, rows])
     sch.reorder(outer, tile, inner, within)
     fused = fused_or_unit(sch, [*leading, outer, tile], store)
@@ -180,18 +198,14 @@ def row_vector_pool_gpu(sch: Any, ctx: ScheduleContext) -> None:
         sch.unroll(loop)
 
 
-def registers(vectors: int, lanes: int, dtype: Any) -> int:
-    """32-bit registers that a row of `vectors` vectors of `lanes` elements of `dtype` takes."""
-    return vectors * math.ceil(lanes * dtype.bits / 32)
-
-
 def output_rows(ctx: ScheduleContext, height: int, per_row: int) -> int:
-    """A work-item's rows of outputs (`OUTPUT_ROWS`) along an axis `height` long, each row it
-    reads taking `per_row` registers."""
+    """A work-item's rows of outputs (`OUTPUT_ROWS`) along an axis `height` long, the one before W
+    (the pool's H, unless a fused group's last block has other loops: a reshape after the pool),
+    each input row it reads taking `per_row` registers."""
     pool = Pool.from_attrs(ctx.bound.attrs)
     *above, (k, s) = zip(pool.kernel[:-1], pool.stride[:-1], strict=True)
-    words = math.prod(k for k, _ in above) * per_row
-    fitting = [n for n in (1, 2, 4) if height % n == 0 and ((n - 1) * s + k) * words <= REGISTERS]
+    plane = math.prod(k for k, _ in above) * per_row  # a row's registers times the rows above H's
+    fitting = [n for n in (1, 2, 4) if height % n == 0 and ((n - 1) * s + k) * plane <= REGISTERS]
     return ctx.choices.pick(OUTPUT_ROWS, tuple(fitting), fitting[-1]) if len(fitting) > 1 else 1
 
 
@@ -200,7 +214,3 @@ def max_pool2d_gpu(sch: Any, ctx: ScheduleContext) -> None:
     """One output (a max, or where it is) per work-item: TVM does not vectorize the window max's
     NaN branch, and a vector of outputs would run as a loop of them in one work-item."""
     bind_work_items(sch, ctx, vectorize=False)
-
-
-register_schedule("gpu", "max_pool3d", compute=row_vector_max_pool)(row_vector_pool_gpu)
-register_schedule("gpu", "max_pool2d", compute=row_vector_max_pool)(row_vector_pool_gpu)
