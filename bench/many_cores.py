@@ -91,10 +91,9 @@ def build(directory: Path, cores: int, cpu: bool) -> None:
             check(target, graph, [random_input(t, rng) for t in graph.inputs], Path(work) / "check")
         return str(driver(target, graph, static=True).relative_to(directory))
 
-    bundles = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS if cpu]
-    if cpu:
-        bundles.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
-    for index, (label, graph) in enumerate(bundles):
+    bundles = [(label, one_node(op, attrs, shapes)) for label, op, attrs, shapes in CPU_WORKLOADS]
+    bundles.append((f"maxpool_add graph, batch {GRAPH_BATCH}", graph_at(GRAPH_BATCH, F32)))
+    for index, (label, graph) in enumerate(bundles if cpu else []):
         moved = moved_by(graph)
         plan["cpu"].append(
             {

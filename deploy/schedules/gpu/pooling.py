@@ -122,6 +122,10 @@ def row_vector_max_pool(ctx: ScheduleContext, x: Any) -> Any:
     padded = {axis: (out[axis] - 1) * pool.stride[i] + pool.kernel[i] for i, axis in enumerate(axes)}
     pad = lowest(dtype)
 
+    def first(tile: Any, vector: Any) -> Any:
+        """The input column a tile's vector starts at: a multiple of lanes."""
+        return tile * (lanes * s) - rows.shift + vector * lanes
+
     def load(*index: Any) -> Any:
         *at, vector, lane = index
         inside = []
@@ -131,12 +135,12 @@ def row_vector_max_pool(ctx: ScheduleContext, x: Any) -> Any:
                 inside.append(at[axis] >= 0)
             if padded[axis] - pool.padding[i] > shape[axis]:
                 inside.append(at[axis] < shape[axis])
-        first = at[w] * (lanes * s) - rows.shift + vector * lanes  # a multiple of lanes
-        at[w] = first + lane
+        start = first(at[w], vector)
+        at[w] = start + lane
         if rows.shift > 0:
-            inside.append(first >= 0)
-        if lanes * s * (out[w] // lanes - 1) - rows.shift + (rows.vectors - 1) * lanes >= shape[w]:
-            inside.append(first < shape[w])
+            inside.append(start >= 0)
+        if first(out[w] // lanes - 1, rows.vectors - 1) >= shape[w]:  # the last tile's last vector
+            inside.append(start < shape[w])
         value = x[tuple(at)]
         return tirx.if_then_else(functools.reduce(tirx.And, inside), value, pad) if inside else value
 
