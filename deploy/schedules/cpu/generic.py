@@ -22,10 +22,9 @@ cheap producers are inlined into their one consumer.
   symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as a batch
   (`dot_axes`).
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
-  (padding) computed per plane; vectors along the output row (a short row that is not whole
-  vectors one vector of its length: ROW_VECTOR_LANES; a longer one its whole vectors, then its
-  rest as one vector of that length), the taps unrolled around them; where
-  the sum is over input channels too, WINDOW_CHANNELS output channels share each load.
+  (padding) computed per plane; vectors along the output row (its whole vectors, then its rest
+  as one vector of that length: `window`), the taps unrolled around them; where the sum is over
+  input channels too, WINDOW_CHANNELS output channels share each load.
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
   tile keeps the elementwise schedule, with no note (it is as good a default there).
@@ -99,17 +98,7 @@ rows (AVX2, 1 thread, @ 768x3072: 2 rows 1.17 -> 0.3-0.45 ms, 4 rows 1.93 -> 0.4
 WINDOW_CHANNELS = 8
 """Output channels of a window's register block when its reduction sums input channels too (a
 grouped convolution): 8 vector accumulators, each tap one load of the input's vector and 8
-broadcasts of weights; a short row's block (ROW_VECTOR_LANES) as many fewer as its vector is
-the target's vectors (grouped 3x3 on 1x64x28x28, AVX2, 1 thread: 0.54 ms with 8 channels of 4
-vectors, 0.39 ms with 2)."""
-
-
-ROW_VECTOR_LANES = 4
-"""A window's output row that is not whole vectors, of at most this many vectors' lanes (7, 14
-or 28 columns: a network's late maps), is one vector of its own length, which LLVM splits into
-vectors of the target's widths (14 floats on AVX2: 8, 4 and 2); a longer one runs its whole
-vectors, then its rest so (35 columns: 4 vectors and one of 3 lanes). Depthwise 3x3 on 1x96x14x14,
-AVX2, 1 thread: 0.081 ms in the generic schedule, 0.013 ms so (onnxruntime 0.066)."""
+broadcasts of weights."""
 
 
 ROW_ACCUMULATORS = 2
@@ -641,7 +630,17 @@ def register_block(
 
 
 def window(sch: Any, ctx: ScheduleContext) -> None:
-    """Sliding windows: see the module."""
+    """Sliding windows: see the module. An output row that is not whole vectors (7, 14, 28 or 56
+    columns: a network's late maps) runs its whole vectors, then its rest as one vector of that
+    length, which LLVM splits into vectors of the target's widths (28 floats on AVX2: 3 vectors,
+    then one of 4); a row shorter than one vector is one vector of its length. Depthwise 3x3 on
+    1x96x14x14, AVX2, 1 thread: 0.081 ms in the generic schedule, 0.013 ms as one vector of 14,
+    0.007 ms so (onnxruntime 0.04-0.07). Rows of up to 4 vectors ran as one vector of their
+    length, with as many fewer output channels in a block (WINDOW_CHANNELS) as it is the target's
+    vectors: on a 2-core AMD Zen 5, 1 thread, grouped 3x3 (16 channels a group) took 0.074 ->
+    0.039 ms on 1x64x14x14 and 0.294 -> 0.159 on 1x64x28x28 (AVX2), 0.98 -> 0.33 on 1x64x56x56
+    and 0.234 -> 0.086 on 1x64x28x28 (AVX-512), against onnxruntime's 0.049, 0.150, 0.53 and
+    0.15."""
     infos = block_infos(sch)
     output = infos[-1]
     if output.structure is not Structure.WINDOW or any(
@@ -659,14 +658,11 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         raise DoesNotFit("no vector lanes for the dtype")
     if size is None:
         raise DoesNotFit("output rows of symbolic length")
-    whole = size - size % lanes if size % lanes == 0 or size > ROW_VECTOR_LANES * lanes else 0
-    # a short row not whole vectors (none whole: 0), or a longer row's rest: one vector of its length
+    whole = size - size % lanes  # the rest (a row shorter than a vector: all) is one vector
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
     if channel is not None:
-        vectors = 1 if whole else -(-size // lanes)  # a short row's one is this many of the target's
-        channels = max(1, WINDOW_CHANNELS // vectors)
-        planes[channel], channel_in = sch.split(planes[channel], factors=[None, channels])
+        planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
         block = [channel_in]
     sch.reorder(*planes, y, x, *taps, *block)
     plane = parallel_outer(sch, planes, work)
@@ -681,7 +677,7 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         if part is parts[0] and whole:
             row_out, row = sch.split(row, factors=[None, lanes])
             sch.reorder(row_out, *part_taps, row)
-        else:  # a row, or its rest, of fewer than ROW_VECTOR_LANES vectors: a vector of its length
+        else:  # a row shorter than a vector, or a longer row's rest: a vector of its length
             sch.reorder(*part_taps, row)
         window_steps(sch, part_block, len(taps), unrolled, len(block))
 
