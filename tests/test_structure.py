@@ -23,6 +23,7 @@ from deploy.compiler.compile import compile_op, context, hand_schedule, prim_mod
 from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.compiler.tir_passes import compile_cpu
+from deploy.devices import get_device
 from deploy.devices.elf import elf_machine
 from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
@@ -349,6 +350,24 @@ def test_a_1x1_convolution_runs_vectors_along_its_pixels():
         (8, ForKind.PARALLEL), (8, ForKind.SERIAL), (4, ForKind.UNROLLED), (3, ForKind.SERIAL),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+def test_avx512_tiles_a_dot_product_of_whole_8_row_tiles_by_8_rows(local_session, tmp_path):
+    """On x86-avx512 (32 vector registers) an m of whole 8-row tiles runs 8 rows by 3 vectors (24
+    accumulators), an m of 4-row tiles keeps 4 rows; checked against numpy with ties, NaN and
+    infinities where the host has AVX-512."""
+    target = get_target("x86-avx512")
+    for rows, tile in ((16, 8), (12, 4)):
+        bound = bind(
+            get_op("matmul"), {}, [TensorType((rows, 32), "float32"), TensorType((32, 96), "float32")]
+        )
+        sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, target, BuildOptions())) == Taken("dot product")
+        assert loop_kinds(sch, "matmul_update")[-4:] == [
+            (32, ForKind.SERIAL), (tile, ForKind.UNROLLED), (3, ForKind.SERIAL), (16, ForKind.VECTORIZED),
+        ]  # fmt: skip
+        if not get_device("local").missing_cpu_flags(target.cpu_flags):
+            check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
 
 
 def test_a_window_max_that_each_tap_compares_with_stays_a_stage():
