@@ -15,9 +15,9 @@ cheap producers are inlined into their one consumer.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
   which operand is read along which output axes (n: the vectors, a 1x1 convolution's pixels);
   output tiles of DOT_ROWS rows (WIDE_ROWS on AVX-512) by three vectors in parallel (an m of up
-  to 6 rows one tile, m = 1 streamed along b's rows), the sum over k a register block of vector FMAs kept in
-  registers across k; a long k in blocks, each block's panel of b copied contiguous first
-  (K_BLOCK); a b past the cache copied a block of its columns at a time (PACKED_BYTES). A
+  to 6 rows one tile, m = 1 streamed along b's rows), the sum over k a register block of vector
+  FMAs kept in registers across k; a long k in blocks, each block's panel of b copied contiguous
+  first (K_BLOCK); a b past the cache copied a block of its columns at a time (PACKED_BYTES). A
   ragged n ends in a vector tile and a scalar one; an m that is not whole tiles (ragged, or
   symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as a batch
   (`dot_axes`).
@@ -404,12 +404,13 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     streamed = rows == 1 or (rows <= FEW_ROWS and past_cache)
     tile_rows, cols = int(rows) if streamed else 1, lanes  # `stream`'s
     if not streamed:
-        few = rows <= FEW_ROWS
-        copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
-        wide = tile_vectors(size, lanes, copied)
-        wide_rows = ctx.vector_bits >= WIDE_VECTOR_BITS and rows % WIDE_ROWS == 0
-        tile_rows = WIDE_ROWS if wide_rows else DOT_ROWS
-        tile_rows, cols = (int(rows), ACCUMULATORS // int(rows) * lanes) if few else (tile_rows, wide * lanes)
+        if rows <= FEW_ROWS:
+            tile_rows, cols = int(rows), ACCUMULATORS // int(rows) * lanes
+        else:
+            copied = k_block(extent(sch, k)) is not None and panel_read(sch.get(info.block)) is not None
+            wide_rows = ctx.vector_bits >= WIDE_VECTOR_BITS and rows % WIDE_ROWS == 0
+            tile_rows = WIDE_ROWS if wide_rows else DOT_ROWS
+            cols = tile_vectors(size, lanes, copied) * lanes
     tiles, vectors = size - size % cols, size - size % lanes
     widths = [w for w in [tiles, *[lanes] * ((vectors - tiles) // lanes), size - vectors] if w]
     sch.reorder(n, *batch, m)
