@@ -29,12 +29,16 @@ from deploy.devices.platforms import get_platform
 from deploy.ops import TensorType, bind, get_op, load_ops_path
 from deploy.schedules.cpu.generic import (
     PACKED_BYTES,
+    ROW_ACCUMULATORS,
     ROW_BLOCK,
+    ROW_VECTORS_SIDE_BY_SIDE,
     ROWS_A_STEP,
+    WIDE_ROW_ACCUMULATORS,
     Taken,
     copied_bytes,
     inline_producers,
     row_block,
+    row_lanes,
     schedule_by_structure,
 )
 from deploy.schedules.registry import Picked, ScheduleContext
@@ -675,6 +679,50 @@ def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
     sch, ctx = schedule_of("softmax", [(3, 20)])
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
+
+
+def rf_lanes(sch, name: str) -> list[int]:
+    """Lanes of each vector step of reduction `name`'s rfactor stages, in order."""
+    row = sch.get_loops(sch.get_sblock(name))[0]
+    steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
+    return [
+        loop_kinds(sch, step)[-1][0] for step in steps if loop_kinds(sch, step)[-1][1] == ForKind.VECTORIZED
+    ]
+
+
+def test_rows_that_are_not_whole_vectors_run_in_the_widest_lanes_that_divide_them(local_session, tmp_path):
+    """Rows of 1000 floats (a classifier's softmax) on x86-avx512 run vectors of 8 lanes (1000 is
+    no whole vectors of 16), rows of 20 on x86 vectors of 4 and rows of 7 stay scalar; each
+    checked against numpy with ties, NaN and infinities (x86-avx512 where the host has it)."""
+    assert [row_lanes(16, 1000), row_lanes(8, 20), row_lanes(8, 7), row_lanes(16, None)] == [8, 4, 8, 16]
+    for target_name, rows, lanes in (("x86-avx512", 1000, 8), ("x86", 20, 4), ("x86", 7, 0)):
+        target = get_target(target_name)
+        bound = bind(get_op("softmax"), {}, [TensorType((3, rows), "float32")])
+        sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, target, BuildOptions())).rule == "row reduction"
+        assert rf_lanes(sch, "total")[:1] == ([lanes] if lanes else [])
+        assert loop_kinds(sch, "softmax")[-1] == (
+            (lanes, ForKind.VECTORIZED) if lanes else (rows, ForKind.SERIAL)
+        )
+        if not get_device("local").missing_cpu_flags(target.cpu_flags):
+            check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
+
+
+def test_avx512_rows_accumulate_in_one_vector_and_a_search_tries_two():
+    """softmax over rows of 128 floats: AVX-512 sums a row in one vector of 16 lanes
+    (WIDE_ROW_ACCUMULATORS), combined 16 -> 8 -> 4 -> 2; two side by side (AVX2's
+    ROW_ACCUMULATORS) would add a step, 32 -> 16; a search tries both."""
+    target = get_target("x86-avx512")
+    bound = bind(get_op("softmax"), {}, [TensorType((16, 128), "float32")])
+    for picks, lanes in (
+        ({}, [16, 8, 4, 2]),
+        ({ROW_VECTORS_SIDE_BY_SIDE: ROW_ACCUMULATORS}, [32, 16, 8, 4, 2]),
+    ):
+        sch, seen = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions())), Picked(picks)
+        schedule_by_structure(sch, replace(context(bound, target, BuildOptions()), choices=seen))
+        taken = picks.get(ROW_VECTORS_SIDE_BY_SIDE, WIDE_ROW_ACCUMULATORS)
+        assert (ROW_VECTORS_SIDE_BY_SIDE, (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS), taken) in seen.seen
+        assert rf_lanes(sch, "total") == lanes
 
 
 def elementwise(fn, n: int = 64, dtype: str = "float32"):

@@ -8,7 +8,8 @@ cheap producers are inlined into their one consumer.
 - row reduction (softmax, norms): rows in parallel, a step a block of rows (ROW_BLOCK) with
   each stage run over the block before the next; every stage computed inside the step while
   its rows are in cache; each reduction over the row in ROW_ACCUMULATORS
-  vectors of lanes (`rfactor`), the lanes combined in halves at its end (`halves`); the
+  (WIDE_ROW_ACCUMULATORS on AVX-512) vectors of lanes (`rfactor`; fewer lanes where the row
+  is not whole vectors of them: `row_lanes`), the lanes combined in halves at its end (`halves`); the
   elementwise stages in vectors.
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
@@ -109,11 +110,19 @@ grouped convolution): 8 vector accumulators, each tap one load of the input's ve
 broadcasts of weights."""
 
 
-ROW_ACCUMULATORS = 2
+ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS = 2, 1
 """Vectors a row's sum or max accumulates in side by side, where the row is whole pairs: the
 adds of one accumulator wait for each other (4 cycles each on AVX2 and NEON). Two made
 layer_norm 1x128x768 1.5x faster; four made it faster still, but softmax 1x12x128x128 (rows of
-16 vectors) 10% slower."""
+16 vectors) 10% slower. Where vectors are WIDE_VECTOR_BITS wide, one (a search tries both:
+ROW_VECTORS_SIDE_BY_SIDE): AVX-512 on Zen 5, 1 thread, against onnxruntime, two -> one: softmax
+1x12x128x128 1.12x -> 0.90x, log_softmax 1.01x -> 0.82x, softmax over rows of 64 and 512 1.23x
+-> 0.95x and 0.94x -> 0.89x, layer_norm over rows of 256, 768 and 1024 the same or faster; only
+layer_norm over rows of 2048 slower (0.27x -> 0.32x). The second accumulator adds a halving
+step a row (`halves`) and breaks a chain that the wide vectors make half as long."""
+
+ROW_VECTORS_SIDE_BY_SIDE = "row vectors side by side"
+"""The pick of ROW_ACCUMULATORS or WIDE_ROW_ACCUMULATORS (each is an option)."""
 
 
 ROW_BLOCK, ROW_BLOCK_BYTES, ROW_BLOCK_STEPS = 8, 32 * 1024, 4
@@ -209,19 +218,38 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
     return inner
 
 
+def row_lanes(lanes: int, size: int | None) -> int:
+    """Lanes of the vectors along a row of `size` elements: the target's `lanes`, else the
+    widest half, quarter... of them that divides the row (rows of 1000 floats, a classifier's,
+    run in 8 lanes on AVX-512: 16-lane vectors left them scalar, softmax 8x1000 at 2.9x
+    onnxruntime's time), else `lanes` (a row that is no whole vectors, left scalar)."""
+    if size is None:
+        return lanes
+    fits = [lanes >> i for i in range(lanes.bit_length()) if lanes >> i >= 2 and size % (lanes >> i) == 0]
+    return fits[0] if fits else lanes
+
+
 def rows(sch: Any, ctx: ScheduleContext) -> None:
     """Row reductions: see the module."""
     inline_producers(sch)
     infos = block_infos(sch)
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
+    accumulators = (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS)[ctx.vector_bits >= WIDE_VECTOR_BITS]
     vector_reductions = []
     for info in infos:
         if info.structure is Structure.ROW_REDUCTION:
             inner = sch.get_loops(info.block)[-1]
             size = extent(sch, inner)
-            fits = [lanes * n for n in range(ROW_ACCUMULATORS, 0, -1) if size and size % (lanes * n) == 0]
-            width = fits[0] if fits else 0
-            if lanes > 1 and size is not None and width and size >= 2 * width:
+            along = row_lanes(lanes, size)
+            if along > 1 and size is not None and size % along == 0 and size >= 2 * along:
+                side_by_side = ctx.choices.pick(
+                    ROW_VECTORS_SIDE_BY_SIDE, (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS), accumulators
+                )
+                width = max(
+                    along * n
+                    for n in range(1, side_by_side + 1)
+                    if size % (along * n) == 0 and size >= 2 * along * n
+                )
                 _, lane = sch.split(inner, factors=[None, width])
                 vector_reductions.append(sch.rfactor(lane, factor_axis=len(info.spatial)))
                 vector_reductions += halves(sch, info.block, len(info.spatial))
@@ -251,11 +279,12 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         for block in sch.get_child_blocks(row):
             rows_first(sch, block, row, len(outer) - 1)
     if output.structure is Structure.ELEMENTWISE:
-        vector_split(sch, sch.get_loops(output.block)[-1], lanes)
+        last = sch.get_loops(output.block)[-1]
+        vector_split(sch, last, row_lanes(lanes, extent(sch, last)))
     for block in sch.get_child_blocks(row)[:-1]:  # the stages (the output is done)
         inner = sch.get_loops(block)[1:]
         if inner and classify(sch.get(block))[0] is Structure.ELEMENTWISE:
-            vector_split(sch, inner[-1], lanes)
+            vector_split(sch, inner[-1], row_lanes(lanes, extent(sch, inner[-1])))
     for rf in vector_reductions:
         lane, steps = sch.get_loops(rf)[-2:]  # compute_at made them in the order of its iterators
         sch.reorder(steps, lane)
