@@ -7,14 +7,16 @@ of TVM's thread pools in one process take turns spinning on this 2-core machine:
 loaded second ran 1.5-2.5x slower at 2 threads, whichever it was), with a pause after each
 (onnxruntime's workers spin after a run: the call timed next ran at half speed at 2 threads).
 
-    .venv/bin/python bench/ragged_shapes.py [--threads 1,2] [--rounds 7]
+    .venv/bin/python bench/ragged_shapes.py [--threads 1,2] [--rounds 7] [--target x86-avx512]
 
 Per row: the build (static, or symbolic run at the row's size), the median ms of ours and of
 onnxruntime, and their ratio. Each build is checked against the op's reference (NaN and
-infinities included) first; a failed check is printed. Before this round a ragged m tested its
-rows inside the sum (matmul 131x768x768: 1.7x onnxruntime's time), a symbolic m or image batch
-fell through to the generic schedule (29-50x), and so did a window row of 35 or 75 columns
-(1.7-1.9x onnxruntime, slower than numpy).
+infinities included) first; a failed check is printed. `--target` builds for another x86
+target the host runs (as in `fast_by_default.py`: on an AVX-512 host onnxruntime runs its
+AVX-512 kernels). Before this round a ragged m tested its rows inside the sum (matmul
+131x768x768: 1.7x onnxruntime's time), a symbolic m or image batch fell through to the generic
+schedule (29-50x), and so did a window row of 35 or 75 columns (1.7-1.9x onnxruntime, slower
+than numpy).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ small batch) by a 9 MiB weight: onnxruntime packs a constant weight once when it
 (fed each call, it packed it each call: 4 ms for 2 or 4 rows), deploy reads it as it is."""
 
 
-def child(rounds: int, threads: int, kind: str) -> None:
+def child(rounds: int, threads: int, kind: str, target_name: str) -> None:
     """Time each workload's `kind` of build (static, symbolic) at this process's TVM_NUM_THREADS."""
     from deploy.compiler.compile import hand_schedule
     from deploy.compiler.options import BuildOptions
@@ -56,7 +58,7 @@ def child(rounds: int, threads: int, kind: str) -> None:
     from deploy.verify.compare import random_input
     from deploy.verify.measure import interleaved_runs
 
-    target = host_target(argparse.ArgumentParser(), "x86")
+    target = host_target(argparse.ArgumentParser(), target_name)
     load_ops_path(HERE / "fast_ops")
 
     def bound_at(name: str, shapes: list[tuple[int | str, ...]], size: int | str) -> Any:
@@ -95,12 +97,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians of these)")
+    parser.add_argument("--target", default="x86", help="an x86 target this host runs [default: x86]")
     parser.add_argument("--child", choices=("static", "symbolic"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     at_least_one(parser, "--rounds", args.rounds)
-    host_target(parser, "x86")
+    host_target(parser, args.target)
     if args.child:
-        child(args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.child)
+        child(args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.child, args.target)
         return
     counts = thread_counts(parser, args.threads)
     print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
@@ -109,6 +112,7 @@ def main() -> None:
         env = thread_env(threads)
         for kind in ("static", "symbolic"):
             command = [sys.executable, __file__, "--child", kind, "--rounds", str(args.rounds)]
+            command += ["--target", args.target]
             subprocess.run(command, env=env, check=True)
 
 
