@@ -143,6 +143,24 @@ def test_ctrl_c_term_and_hangup_stop_the_automatic_server(sig: signal.Signals):
     assert proc.returncode == 128 + sig and f"stopped by {sig.name}" in err.splitlines()[-1], err
 
 
+def test_a_killed_command_takes_its_automatic_server_with_it():
+    """SIGKILL gives deploy no chance to stop the server it started: the server stops itself once
+    its parent is gone (`--parent`), a session in progress included."""
+    before = rpc_servers()
+    proc = subprocess.Popen(
+        [DEPLOY, "test", "--target", "arm"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: rpc_servers() - before)
+        started = rpc_servers() - before
+        time.sleep(2)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert gone(started), "SIGKILL left the emulator running"
+
+
 def test_concurrent_starts_run_one_server():
     """Two `emulator start` at once: both report the same server, and only it runs."""
     before = rpc_servers()

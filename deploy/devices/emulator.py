@@ -6,7 +6,8 @@ runtime libraries beside it, about 5 MB in all, ready in well under a second.
 
 `deploy device emulator start` leaves a server running (its pid, process group, port and key file
 in `server.json`); any command that needs the emulator uses that one, or starts its own and stops
-it when done — on errors and Ctrl-C too, since the whole process group is stopped.
+it when done — on errors and Ctrl-C too, since the whole process group is stopped, and when the
+command is killed outright, since such a server stops once its parent is gone (`--parent`).
 """
 
 from __future__ import annotations
@@ -51,9 +52,13 @@ class Emulator:
             )
         return native_runtime(target)
 
-    def start(self, port: int | None = None, tracker: str | None = None, key: str = "emulator") -> Server:
+    def start(
+        self, port: int | None = None, tracker: str | None = None, key: str = "emulator", own: bool = False
+    ) -> Server:
         """Start a server in its own process group; return once it accepts connections (and, with
-        `tracker`, once it is registered there under `key`)."""
+        `tracker`, once it is registered there under `key`). An `own` server (one command's) stops
+        once this process is gone, however it ended (`--parent`: SIGKILL leaves no chance to
+        stop it from here)."""
         runtime = self.provision()
         port = port or free_port()
         stem = f"server-{port}-{secrets.token_hex(4)}"  # its own files, even if two starts race for a port
@@ -63,6 +68,8 @@ class Emulator:
         work.mkdir(parents=True, exist_ok=True)
         cmd = [*self.platform.emulator_command(), str(runtime / SERVER), "--host", "127.0.0.1",
                "--port", str(port), "--key-file", str(key_file), "--work-dir", str(work)]  # fmt: skip
+        if own:
+            cmd += ["--parent", str(os.getpid())]
         if tracker:
             cmd = [sys.executable, "-m", "deploy.devices.registrar", tracker, key, str(key_file), "--", *cmd]
         env = {**os.environ, THREADS_ENV: runtime_threads()}
@@ -131,7 +138,7 @@ class _EmulatorEndpoint:
             return detached
         if self.own is None or not self.own.alive():
             self.close()
-            self.own = self.emulator.start()
+            self.own = self.emulator.start(own=True)
         return self.own
 
     def session(self, session_timeout_s: float = 0) -> AbstractContextManager[RpcSession]:

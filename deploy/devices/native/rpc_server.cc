@@ -7,7 +7,11 @@
 // outlives the timeout its client asked for is killed and the client is told so.
 //
 //   deploy-rpc-server --port P [--port-end E] [--host 127.0.0.1] [--key-file F] [--work-dir D]
+//                     [--parent PID]
 //
+// --parent: the pid of the process that started us; once it is gone (we are reparented) the
+// server stops as on SIGTERM. A server deploy starts for one command goes with it even when the
+// command is killed with SIGKILL, which leaves it no chance to stop the server itself.
 // --key-file: the session key clients must send ("client:" + the file's first line); without it
 // the key is empty, as with the Python server. Stdout gets one line per event, for whoever started
 // us: "bind to HOST:PORT" once listening, then "session start" / "session end" around each session
@@ -15,6 +19,7 @@
 #include <arpa/inet.h>
 #include <ftw.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -47,6 +52,7 @@ struct Options {
   int port_end = 0;
   std::string key;
   std::string work_dir = "/tmp";
+  pid_t parent = 0;  // 0: outlive whoever started us
 };
 
 [[noreturn]] void Fail(const std::string& message) {
@@ -73,6 +79,9 @@ Options ParseArgs(int argc, char** argv) {
       opt.port_end = std::atoi(value.c_str());
     } else if (flag == "--work-dir") {
       opt.work_dir = value;
+    } else if (flag == "--parent") {
+      opt.parent = static_cast<pid_t>(std::atoi(value.c_str()));
+      if (opt.parent <= 0) Fail("--parent " + value + ": expected a process id");
     } else if (flag == "--key-file") {
       std::ifstream in(value);
       if (!in || !std::getline(in, opt.key)) Fail("cannot read key file " + value);
@@ -171,6 +180,13 @@ volatile sig_atomic_t g_stop = 0;
 
 void OnStop(int) { g_stop = 1; }
 
+// --parent: stop as on SIGTERM once this pid is no longer our parent. Polled (the loop below
+// waits for a client 200 ms at a time), not watched by a thread: qemu-user aborts a fork made
+// after the guest started a thread ("cpu == current_cpu").
+pid_t g_parent = 0;
+
+bool Stopping() { return g_stop || (g_parent > 0 && getppid() != g_parent); }
+
 void CatchStops() {
   struct sigaction action = {};
   action.sa_handler = OnStop;
@@ -185,7 +201,7 @@ void AwaitSession(pid_t child, int fd, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
   while (waitpid(child, &status, WNOHANG) == 0) {
-    if (g_stop) {
+    if (Stopping()) {
       kill(child, SIGKILL);
       waitpid(child, &status, 0);
       return;
@@ -230,9 +246,12 @@ int main(int argc, char** argv) {
   Options opt = ParseArgs(argc, argv);
   signal(SIGPIPE, SIG_IGN);
   CatchStops();
+  g_parent = opt.parent;
   int listener = Listen(&opt);
   Say("bind to " + opt.host + ":" + std::to_string(opt.port));
-  while (!g_stop) {
+  while (!Stopping()) {
+    pollfd waiting = {listener, POLLIN, 0};
+    if (poll(&waiting, 1, 200) <= 0) continue;  // a stop, or time to look at the parent again
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     double timeout_s = 0;
