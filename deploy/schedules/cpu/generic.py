@@ -118,8 +118,8 @@ layer_norm 1x128x768 1.5x faster; four made it faster still, but softmax 1x12x12
 ROW_VECTORS_SIDE_BY_SIDE): AVX-512 on Zen 5, 1 thread, against onnxruntime, two -> one: softmax
 1x12x128x128 1.12x -> 0.90x, log_softmax 1.01x -> 0.82x, softmax over rows of 64 and 512 1.23x
 -> 0.95x and 0.94x -> 0.89x, layer_norm over rows of 256, 768 and 1024 the same or faster; only
-layer_norm over rows of 2048 slower (0.27x -> 0.32x). The second accumulator adds a halving
-step a row (`halves`) and breaks a chain that the wide vectors make half as long."""
+layer_norm over rows of 2048 slower (0.27x -> 0.32x). Our reading: the second accumulator adds
+a halving step a row (`halves`) to break a chain that vectors twice as wide make half as long."""
 
 ROW_VECTORS_SIDE_BY_SIDE = "row vectors side by side"
 """The pick of ROW_ACCUMULATORS or WIDE_ROW_ACCUMULATORS (each is an option)."""
