@@ -42,9 +42,12 @@ WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int], tuple[int, ..
     ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4], ()),
     ("depthwise_conv", [("N", 32, 75, 75), (32, 1, 3, 3)], [1], ()),
     ("depthwise_conv", [("N", 32, 35, 35), (32, 1, 3, 3)], [1, 4], ()),
+    ("softmax", [("N", 1000)], [8, 64], ()),
+    ("log_softmax", [("N", 1000)], [8, 64], ()),
 ]
 """(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at, the inputs
-that are constants in onnxruntime's model). A linear layer's few rows (a decoder's tokens, a
+that are constants in onnxruntime's model). A classifier's rows of 1000 scores are no whole
+vectors of 16 floats (AVX-512). A linear layer's few rows (a decoder's tokens, a
 small batch) by a 9 MiB weight: onnxruntime packs a constant weight once when it loads the model
 (fed each call, it packed it each call: 4 ms for 2 or 4 rows), deploy reads it as it is."""
 
@@ -82,12 +85,12 @@ def child(rounds: int, threads: int, kind: str, target_name: str) -> None:
                 timers: list[Any] = [timer, HostTimer(onnxruntime_call(name, inputs, threads, constants))]
                 runs = interleaved_runs([*timers, pause], rounds)
                 ours, ort = (statistics.median(r) for r in runs[:2])
-                shape = " @ ".join(
+                shape = f"{name} " + " @ ".join(
                     "x".join(map(str, t.shape)) + (" const" if i in constants else "")
                     for i, t in enumerate(bound.inputs)
                 )
                 print(
-                    f"{kind:9} {shape:32} {threads:>2} {ours:9.4f} {ort:9.4f}  {ours / ort:6.2f}", flush=True
+                    f"{kind:9} {shape:48} {threads:>2} {ours:9.4f} {ort:9.4f}  {ours / ort:6.2f}", flush=True
                 )
                 if note:
                     print(f"{'':12}note: {note}", flush=True)
@@ -107,7 +110,7 @@ def main() -> None:
         return
     counts = thread_counts(parser, args.threads)
     print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'build':9} {'shapes':32} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
+    print(f"{'build':9} {'op, shapes':48} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
     for threads in counts:
         env = thread_env(threads)
         for kind in ("static", "symbolic"):
