@@ -21,7 +21,7 @@ from typing import Any
 
 import tvm_ffi
 from tvm import ir, tirx
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, SBlockRealize
 
 from deploy.schedules.loops import mentions
 from deploy.schedules.registry import ScheduleContext
@@ -43,6 +43,13 @@ whose exp needs no clamp from above: B is A's maximum along its last axis (`shif
 so A - B <= 0 (a NaN stays NaN). Traced, as MATH_KEY."""
 RECIPROCAL_KEY = "deploy.reciprocal_divides"
 """Loop annotation asking the CPU build for `_reciprocal_divides` (traced, as MATH_KEY)."""
+
+LANES_KEY = "deploy.lanes_in_row"
+"""Loop annotation of the row rule (`deploy.schedules.cpu.generic`): only this many of the loop's
+lanes (a vector's) are in the row, and the block under it runs for those alone (a masked vector).
+It marks a row's last step where the row is not whole vectors: the split made that test, and
+TVM's compute_at dropped it when it moved the step into the row loop (the lanes past a row of
+1000 maxed the next row's floats and, on the last row, what lay past the tensor)."""
 SPATIAL = 0
 """`tirx.IterVar.DataPar`: an iteration variable of a block that is not a reduction's."""
 
@@ -415,7 +422,8 @@ def _reciprocal_divides(block: Any) -> Any:
 
 def lower_math(func: Any) -> Any:
     """The PrimFunc `func` with the rewrites its schedule asked for made, and their annotations
-    dropped: under a loop annotated RECIPROCAL_KEY each elementwise block's divides by a row
+    dropped: under a loop annotated LANES_KEY its block runs for the lanes in the row; under a
+    loop annotated RECIPROCAL_KEY each elementwise block's divides by a row
     constant as multiplies (`_reciprocal_divides`: first, so that the polynomials' own divides
     are left alone), and under one annotated MATH_KEY every float32 and float16 call of
     REWRITES as its polynomial. The first step of the CPU build (`deploy.compiler.tir_passes`)."""
@@ -429,7 +437,20 @@ def lower_math(func: Any) -> Any:
     def reciprocals(loop: Any) -> Any:
         return tvm_ffi.structural_map(loop.body, [(SBlock, _reciprocal_divides)])
 
-    for keys, rewrite in (((RECIPROCAL_KEY,), reciprocals), ((MATH_KEY, SHIFTED_KEY), rewrite_calls)):
+    def lanes_in_row(loop: Any) -> Any:
+        inside = loop.loop_var < int(loop.annotations[LANES_KEY])
+
+        def masked(realize: Any) -> Any:
+            return SBlockRealize(realize.iter_values, tirx.And(realize.predicate, inside), realize.block)
+
+        return tvm_ffi.structural_map(loop.body, [(SBlockRealize, masked)])
+
+    rewrites = (
+        ((LANES_KEY,), lanes_in_row),
+        ((RECIPROCAL_KEY,), reciprocals),
+        ((MATH_KEY, SHIFTED_KEY), rewrite_calls),
+    )
+    for keys, rewrite in rewrites:
 
         def lowered(loop: Any, keys: tuple[str, ...] = keys, rewrite: Callable[[Any], Any] = rewrite) -> Any:
             if keys[0] not in loop.annotations:

@@ -8,9 +8,10 @@ cheap producers are inlined into their one consumer.
 - row reduction (softmax, norms): rows in parallel, a step a block of rows (ROW_BLOCK) with
   each stage run over the block before the next; every stage computed inside the step while
   its rows are in cache; each reduction over the row in ROW_ACCUMULATORS
-  (WIDE_ROW_ACCUMULATORS on AVX-512) vectors of lanes (`rfactor`; fewer lanes where the row
-  is not whole vectors of them: `row_lanes`), the lanes combined in halves at its end (`halves`); the
-  elementwise stages in vectors.
+  (WIDE_ROW_ACCUMULATORS on AVX-512) vectors of lanes (`rfactor`), the lanes combined in halves
+  at its end (`halves`); the elementwise stages in vectors. A row that is not whole vectors runs
+  its whole ones, then one with the lanes past the row masked off (`masked_rest`), or where the
+  target masks no lanes, vectors of the widest fraction of a vector that divides it (`row_lanes`).
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
@@ -49,11 +50,16 @@ from tvm import s_tir, tirx
 from tvm.tirx import IndexMap
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
-from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer
+from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer, partition
 from deploy.schedules.loops import extent, mentions, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes, loads
-from deploy.schedules.vector_math import ask_reciprocal_divides, ask_vector_math, shifted_by_row_max
+from deploy.schedules.vector_math import (
+    LANES_KEY,
+    ask_reciprocal_divides,
+    ask_vector_math,
+    shifted_by_row_max,
+)
 
 DOT_ROWS, DOT_VECTORS, ACCUMULATORS, FEW_ROWS = 4, 3, 12, 6
 """A dot product's register block: DOT_ROWS x DOT_VECTORS vectors of accumulators (12 of AVX2's
@@ -219,14 +225,48 @@ def vector_split(sch: Any, loop: Any, lanes: int) -> Any | None:
 
 
 def row_lanes(lanes: int, size: int | None) -> int:
-    """Lanes of the vectors along a row of `size` elements: the target's `lanes`, else the
-    widest half, quarter... of them that divides the row (rows of 1000 floats, a classifier's,
-    run in 8 lanes on AVX-512: 16-lane vectors left them scalar, softmax 8x1000 at 2.9x
-    onnxruntime's time), else `lanes` (a row that is no whole vectors, left scalar)."""
+    """Lanes of the vectors along a row of `size` elements that `masked_rest` leaves: the
+    target's `lanes`, else the widest half, quarter... of them that divides the row, else
+    `lanes` (a row that is no whole vectors, left scalar)."""
     if size is None:
         return lanes
     fits = [lanes >> i for i in range(lanes.bit_length()) if lanes >> i >= 2 and size % (lanes >> i) == 0]
     return fits[0] if fits else lanes
+
+
+def masked_rest(ctx: ScheduleContext, lanes: int, size: int | None) -> bool:
+    """Whether a row of `size` elements that is not whole vectors of `lanes` runs its whole
+    vectors, then the rest in one vector with the lanes past the row masked off (LANES_KEY):
+    where the target masks lanes (not RVV) and the row is at least two vectors. A classifier's
+    rows of 1000 floats on AVX-512, 1 thread, against onnxruntime: left scalar, softmax 8x1000
+    2.87x and 64x1000 5.54x; in vectors of 8 (`row_lanes`) 0.85x and 1.43x; so, 0.51x and 0.86x
+    (64 rows of 1024 take 0.86x)."""
+    return ctx.predicated_vectors and size is not None and size % lanes != 0 and size >= 2 * lanes
+
+
+def vector_reduction(sch: Any, block: Any, width: int, axis: int) -> list[tuple[Any, int, int]]:
+    """`block`'s reduction along the row in `width` lanes side by side (`rfactor` at `axis`), the
+    lanes then combined in `halves`: each rfactor block with its whole steps and the lanes of a
+    last step past them that are in the row (0: none)."""
+    inner = sch.get_loops(block)[-1]
+    size = extent(sch, inner) or width
+    _, lane = sch.split(inner, factors=[None, width])  # the split's test of the last step:
+    rf = sch.rfactor(lane, factor_axis=axis)  # compute_at drops it, LANES_KEY puts it back
+    steps = [(step, 0, 0) for step in halves(sch, block, axis)]
+    return [(rf, size // width, size % width), *steps]
+
+
+def row_vectors(sch: Any, ctx: ScheduleContext, loop: Any, lanes: int) -> None:
+    """An elementwise stage's `loop` along the row in vectors: of `lanes` where the row is whole
+    ones; its whole vectors then the rest as one vector of that length where the reductions mask
+    theirs (`masked_rest`); else in `row_lanes`."""
+    size = extent(sch, loop)
+    if size is not None and masked_rest(ctx, lanes, size):
+        vectors, rest = partition(sch, loop, size - size % lanes, size - size % lanes)
+        vector_split(sch, vectors, lanes)
+        sch.vectorize(rest)
+        return
+    vector_split(sch, loop, row_lanes(lanes, size))
 
 
 def rows(sch: Any, ctx: ScheduleContext) -> None:
@@ -235,24 +275,23 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     infos = block_infos(sch)
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
     accumulators = (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS)[ctx.vector_bits >= WIDE_VECTOR_BITS]
-    vector_reductions = []
+    vector_reductions: list[tuple[Any, int, int]] = []  # (rfactor block, whole steps, lanes after)
     for info in infos:
         if info.structure is Structure.ROW_REDUCTION:
             inner = sch.get_loops(info.block)[-1]
             size = extent(sch, inner)
-            along = row_lanes(lanes, size)
-            if along > 1 and size is not None and size % along == 0 and size >= 2 * along:
+            masked = masked_rest(ctx, lanes, size)
+            along = lanes if masked else row_lanes(lanes, size)
+            if along > 1 and size is not None and (masked or size % along == 0) and size >= 2 * along:
                 side_by_side = ctx.choices.pick(
                     ROW_VECTORS_SIDE_BY_SIDE, (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS), accumulators
                 )
                 width = max(
                     along * n
                     for n in range(1, side_by_side + 1)
-                    if size % (along * n) == 0 and size >= 2 * along * n
+                    if (masked or size % (along * n) == 0) and size >= 2 * along * n
                 )
-                _, lane = sch.split(inner, factors=[None, width])
-                vector_reductions.append(sch.rfactor(lane, factor_axis=len(info.spatial)))
-                vector_reductions += halves(sch, info.block, len(info.spatial))
+                vector_reductions += vector_reduction(sch, info.block, width, len(info.spatial))
         elif info.structure is not Structure.ELEMENTWISE:
             raise DoesNotFit(f"block {info.name} is a {info.structure.value}")
     output = infos[-1]
@@ -279,19 +318,21 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
         for block in sch.get_child_blocks(row):
             rows_first(sch, block, row, len(outer) - 1)
     if output.structure is Structure.ELEMENTWISE:
-        last = sch.get_loops(output.block)[-1]
-        vector_split(sch, last, row_lanes(lanes, extent(sch, last)))
+        row_vectors(sch, ctx, sch.get_loops(output.block)[-1], lanes)
     for block in sch.get_child_blocks(row)[:-1]:  # the stages (the output is done)
         inner = sch.get_loops(block)[1:]
         if inner and classify(sch.get(block))[0] is Structure.ELEMENTWISE:
-            vector_split(sch, inner[-1], row_lanes(lanes, extent(sch, inner[-1])))
-    for rf in vector_reductions:
+            row_vectors(sch, ctx, inner[-1], lanes)
+    for rf, whole, rest in vector_reductions:
         lane, steps = sch.get_loops(rf)[-2:]  # compute_at made them in the order of its iterators
         sch.reorder(steps, lane)
         sch.vectorize(lane)
         sch.decompose_reduction(rf, steps)
+        if rest:  # the whole vectors, then one with only `rest` lanes in the row
+            (last,) = sch.get_child_blocks(partition(sch, steps, whole, whole)[-1])
+            sch.annotate(sch.get_loops(last)[-1], LANES_KEY, rest)
     if not ctx.bound.exact and ctx.predicated_vectors:  # not RVV: its vectorizer fails on them
-        ask_reciprocal_divides(sch, sch.get_loops(output.block)[0])
+        ask_reciprocal_divides(sch, row)  # the step, outermost of every block
 
 
 def row_block(last: int | None, rows: int, row_bytes: int, cores: int) -> int:
