@@ -735,6 +735,19 @@ def test_rows_that_are_not_whole_vectors_run_whole_ones_then_a_masked_one(local_
                 check(local_session, compile_op(bound, target, BuildOptions()), tmp_path)
 
 
+def test_rvv_row_sums_of_one_vector_stay_scalar_and_build():
+    """On riscv64 log_softmax over rows of 8, 12 or 20 floats (no whole pairs of vectors of 4)
+    failed to build (TVM's `MatchType`): their sums stay scalar and build; rows of 16 still sum
+    in two vectors of 4."""
+    target = get_target("riscv64")
+    for rows, lanes in ((8, []), (12, []), (20, []), (16, [8, 4, 2])):
+        bound = bind(get_op("log_softmax"), {}, [TensorType((4, rows), "float32")])
+        sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, target, BuildOptions())).rule == "row reduction"
+        assert rf_lanes(sch, "total") == lanes
+        assert compile_op(bound, target, BuildOptions()).schedule == "cpu/generic"
+
+
 def test_avx512_rows_accumulate_in_one_vector_and_a_search_tries_two():
     """softmax over rows of 128 floats: AVX-512 sums a row in one vector of 16 lanes
     (WIDE_ROW_ACCUMULATORS), combined 16 -> 8 -> 4 -> 2; two side by side (AVX2's

@@ -234,6 +234,15 @@ def row_lanes(lanes: int, size: int | None) -> int:
     return fits[0] if fits else lanes
 
 
+def in_vectors(ctx: ScheduleContext, width: int, lanes: int) -> bool:
+    """Whether a row reduction runs in `width` lanes side by side (vectors of `lanes`). Not on
+    RVV in one vector (rows of 4, 12 or 20 floats: no whole pairs of vectors of 4), which stays
+    scalar: log_softmax over rows of 20 failed to build there, TVM's vector-length-agnostic
+    rewrite assigning the sum's vector of exp polynomials to one element (`MatchType` in its
+    dtype legalizer); in two vectors (rows of 16, 24) it builds and runs."""
+    return width > lanes or ctx.predicated_vectors
+
+
 def masked_rest(ctx: ScheduleContext, lanes: int, size: int | None) -> bool:
     """Whether a row of `size` elements that is not whole vectors of `lanes` runs its whole
     vectors, then the rest in one vector with the lanes past the row masked off (LANES_KEY):
@@ -291,7 +300,8 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
                     for n in range(1, side_by_side + 1)
                     if (masked or size % (along * n) == 0) and size >= 2 * along * n
                 )
-                vector_reductions += vector_reduction(sch, info.block, width, len(info.spatial))
+                if in_vectors(ctx, width, along):
+                    vector_reductions += vector_reduction(sch, info.block, width, len(info.spatial))
         elif info.structure is not Structure.ELEMENTWISE:
             raise DoesNotFit(f"block {info.name} is a {info.structure.value}")
     output = infos[-1]
