@@ -627,6 +627,19 @@ def test_the_default_builds_use_the_vector_fma(tmp_path, target_name, name):
     assert re.search(VECTOR_FMA[target_name], listing), f"no vector FMA in {name} for {target_name}"
 
 
+def rf_steps(sch, name: str) -> list[tuple[int, ForKind]]:
+    """(extent, kind) of the innermost loop of each of reduction `name`'s rfactor stages, in
+    order (the stages sit in the row loop of `name`)."""
+    row = sch.get_loops(sch.get_sblock(name))[0]
+    steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
+    return [loop_kinds(sch, step)[-1] for step in steps]
+
+
+def rf_lanes(sch, name: str) -> list[int]:
+    """Lanes of each vector step of reduction `name`'s rfactor stages, in order."""
+    return [extent for extent, kind in rf_steps(sch, name) if kind == ForKind.VECTORIZED]
+
+
 def test_a_rows_sums_run_in_two_vectors_and_combine_in_halves():
     """softmax over rows of 128 floats: the max and the sum each in 2 vectors of 8 side by side
     (16 lanes), then combined 16 -> 8 -> 4 -> 2 a vector step each, the last 2 in the block: no
@@ -636,10 +649,7 @@ def test_a_rows_sums_run_in_two_vectors_and_combine_in_halves():
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
     for name in ("high", "total"):
         assert loop_kinds(sch, name)[-1] == (2, ForKind.SERIAL)
-        row = sch.get_loops(sch.get_sblock(name))[0]
-        steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
-        lanes = [loop_kinds(sch, step)[-1] for step in steps]
-        assert lanes == [
+        assert rf_steps(sch, name) == [
             (16, ForKind.VECTORIZED),
             (8, ForKind.VECTORIZED),
             (4, ForKind.VECTORIZED),
@@ -701,15 +711,6 @@ def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
     sch, ctx = schedule_of("softmax", [(3, 20)])
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
-
-
-def rf_lanes(sch, name: str) -> list[int]:
-    """Lanes of each vector step of reduction `name`'s rfactor stages, in order."""
-    row = sch.get_loops(sch.get_sblock(name))[0]
-    steps = [b for b in sch.get_child_blocks(row) if sch.get(b).name_hint == f"{name}_rf_update"]
-    return [
-        loop_kinds(sch, step)[-1][0] for step in steps if loop_kinds(sch, step)[-1][1] == ForKind.VECTORIZED
-    ]
 
 
 def test_rows_that_are_not_whole_vectors_run_whole_ones_then_a_masked_one(local_session, tmp_path):

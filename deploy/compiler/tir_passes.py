@@ -50,10 +50,10 @@ def _stride2_to_shuffle(load: Any, analyzer: Any) -> Any:
 
 
 def requested_math() -> Any:
-    """A PrimFunc pass making the math rewrites the schedule asked for by annotation
+    """A PrimFunc pass making the rewrites the schedule asked for by annotation
     (`deploy.schedules.vector_math.lower_math`: vector polynomials for libm calls, a row's
-    divides as multiplies). It runs first, while the annotated loops and the blocks under them
-    are as the schedule left them."""
+    divides as multiplies, a row's last vector masked to the lanes in the row). It runs first,
+    while the annotated loops and the blocks under them are as the schedule left them."""
     import tvm
 
     @tvm.tirx.transform.prim_func_pass(opt_level=0, name="RequestedMath")  # type: ignore[untyped-decorator]  # tvm: no stubs

@@ -253,13 +253,11 @@ def masked_rest(ctx: ScheduleContext, lanes: int, size: int | None) -> bool:
     return ctx.predicated_vectors and size is not None and size % lanes != 0 and size >= 2 * lanes
 
 
-def vector_reduction(sch: Any, block: Any, width: int, axis: int) -> list[tuple[Any, int, int]]:
-    """`block`'s reduction along the row in `width` lanes side by side (`rfactor` at `axis`), the
-    lanes then combined in `halves`: each rfactor block with its whole steps and the lanes of a
-    last step past them that are in the row (0: none)."""
-    inner = sch.get_loops(block)[-1]
-    size = extent(sch, inner) or width
-    _, lane = sch.split(inner, factors=[None, width])  # the split's test of the last step:
+def vector_reduction(sch: Any, block: Any, size: int, width: int, axis: int) -> list[tuple[Any, int, int]]:
+    """`block`'s reduction along its row of `size` elements in `width` lanes side by side
+    (`rfactor` at `axis`), the lanes then combined in `halves`: each rfactor block with its whole
+    steps and the lanes of a last step past them that are in the row (0: none)."""
+    _, lane = sch.split(sch.get_loops(block)[-1], factors=[None, width])  # the last step's test:
     rf = sch.rfactor(lane, factor_axis=axis)  # compute_at drops it, LANES_KEY puts it back
     steps = [(step, 0, 0) for step in halves(sch, block, axis)]
     return [(rf, size // width, size % width), *steps]
@@ -301,7 +299,7 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
                     if (masked or size % (along * n) == 0) and size >= 2 * along * n
                 )
                 if in_vectors(ctx, width, along):
-                    vector_reductions += vector_reduction(sch, info.block, width, len(info.spatial))
+                    vector_reductions += vector_reduction(sch, info.block, size, width, len(info.spatial))
         elif info.structure is not Structure.ELEMENTWISE:
             raise DoesNotFit(f"block {info.name} is a {info.structure.value}")
     output = infos[-1]
