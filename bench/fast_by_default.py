@@ -47,11 +47,13 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "grouped_conv": ([(1, 64, 56, 56), (64, 16, 3, 3)], {"groups": 4}),
     "log_softmax": ([(1, 12, 128, 128)], {}),
     "transpose2d": ([(1024, 1024)], {}),
+    "dense": ([(128, 768), (768, 768)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
 scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
 convolutions that are dot products (1x1, and grouped 3x3: a channel sum with window taps); and
-a row reduction calling log (log_softmax)."""
+a row reduction calling log (log_softmax); a dot product whose weight is read along its sum (a
+Linear layer's w[n, k], as PyTorch keeps it)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -73,6 +75,8 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("MatMul", names, ["y"]), []
     if name == "pointwise_conv":
         return helper.make_node("Conv", names, ["y"]), []
+    if name == "dense":
+        return helper.make_node("Gemm", names, ["y"], transB=1), []
     if name == "mean_channels":
         axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
         return helper.make_node("ReduceMean", [*names, "axes"], ["y"], keepdims=1), [axes]
@@ -159,6 +163,8 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return depthwise
     if name in ("matmul", "batch_matmul"):
         return lambda: np.matmul(x, inputs[1])
+    if name == "dense":
+        return lambda: np.matmul(x, inputs[1].T)
     if name == "pointwise_conv":
         w = inputs[1][:, :, 0, 0]
         return lambda: np.matmul(w, x.reshape(x.shape[0], x.shape[1], -1)).reshape(

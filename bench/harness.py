@@ -52,10 +52,11 @@ def thread_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The environment of a bench child timing at `threads`: TVM's pool and numpy's BLAS
-    (OpenMP) both that wide."""
+    (OpenMP, OpenBLAS: deploy otherwise keeps it on one thread) both that wide."""
     import os
 
-    return {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    wide = {name: str(threads) for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    return {**os.environ, **wide}
 
 
 def spread(times: list[float]) -> str:

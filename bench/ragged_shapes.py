@@ -38,6 +38,7 @@ from harness import HostTimer, at_least_one, host_target, run, thread_counts, th
 WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int], tuple[int, ...]]] = [
     ("matmul", [("N", 768), (768, 768)], [128, 131, 197], ()),
     ("matmul", [("N", 768), (768, 3072)], [1, 2, 4, 6], (1,)),
+    ("dense", [("N", 768), (3072, 768)], [1, 2, 4, 6, 128], (1,)),
     ("pointwise_conv", [("N", 64, 56, 56), (128, 64, 1, 1)], [1, 2], ()),
     ("pointwise_conv", [("N", 64, 28, 28), (128, 64, 1, 1)], [1, 4], ()),
     ("depthwise_conv", [("N", 32, 75, 75), (32, 1, 3, 3)], [1], ()),
@@ -47,9 +48,10 @@ WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int], tuple[int, ..
 ]
 """(op of bench/fast_ops, shapes with the symbolic dimension N, the sizes N runs at, the inputs
 that are constants in onnxruntime's model). A classifier's rows of 1000 scores are no whole
-vectors of 16 floats (AVX-512). A linear layer's few rows (a decoder's tokens, a
-small batch) by a 9 MiB weight: onnxruntime packs a constant weight once when it loads the model
-(fed each call, it packed it each call: 4 ms for 2 or 4 rows), deploy reads it as it is."""
+vectors of 16 floats (AVX-512). A linear layer's few rows (a decoder's tokens, a small batch)
+by a 9 MiB weight, also as PyTorch keeps it (`dense`: w[n, k]): onnxruntime packs a constant
+weight once when it loads the model (fed each call, it packed it each call: 4 ms for 2 or 4
+rows), deploy reads it as it is."""
 
 
 def child(rounds: int, threads: int, kind: str, target_name: str) -> None:

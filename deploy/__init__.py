@@ -2,9 +2,17 @@
 `ops` (what an op is; `ops/library` the shipped ones) -> `schedules` -> `compiler` (modules, bundles)
 -> `devices` -> `verify`; `tune`, `bench`, `model` and the `cli` on top; `base` beneath all."""
 
+import os
 import sys
 from types import FrameType
 from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+"""numpy's OpenBLAS on the calling thread only, unless asked otherwise (before numpy loads it):
+its at-fork handler joins its worker threads, and a fork of `base/forked.py` while the main
+thread was finishing a float64 reference matmul (`deploy test` of dense, 128x768 @ 768x768^T)
+waited on one of them for good. The bench scripts set it per thread count for their numpy
+baselines (`bench/harness.py`)."""
 
 
 class _TorchHiddenFromTvm:
