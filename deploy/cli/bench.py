@@ -65,7 +65,8 @@ MAX_REPEAT = 1000
     "--baselines/--no-baselines",
     default=True,
     show_default=True,
-    help="Time numpy, onnxruntime and PyTorch (when installed) on this host beside the device.",
+    help="Time numpy (its BLAS on one thread unless OPENBLAS_NUM_THREADS says more), onnxruntime and"
+    " PyTorch (when installed) on this host beside the device.",
 )
 @click.option(
     "--batch-1/--no-batch-1",
