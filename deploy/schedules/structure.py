@@ -140,6 +140,25 @@ def dot_axes(stmt: Any) -> tuple[list[int], list[int], list[int]]:
     return list(range(last - 1)), [last - 1], [last]
 
 
+def transposed_read(stmt: Any) -> tuple[int, int] | None:
+    """Where no operand of a dot product's block is read along an output axis (its innermost
+    index uses no spatial variable: a Linear layer's weight as PyTorch keeps it, a[m, k] @ b[n,
+    k]; attention's q @ k^T), so that `dot_axes` takes the last spatial variable as n: the
+    position among the reads of the one read at n with a reduction variable last, and the
+    position of n among its indices. None where no read is so."""
+    _, spatial, reduce = classify(stmt)
+    reads = [[r.min for r in read.region] for read in stmt.reads]
+    reducing = [p for p, index in enumerate(reads) if any(_uses(i, reduce) for i in index)]
+    if not spatial or any(_uses(reads[p][-1], spatial) for p in reducing):
+        return None
+    for position in reducing:
+        index = reads[position]
+        at_n = [p for p, i in enumerate(index[:-1]) if i.same_as(spatial[-1])]
+        if at_n and any(index[-1].same_as(v) for v in reduce):
+            return position, at_n[0]
+    return None
+
+
 def channel_sum(stmt: Any) -> tuple[set[int], int | None]:
     """A window's reduction variables that are not taps of its window (no read index adds them
     to one of the two innermost spatial variables, the output's row and column: a grouped

@@ -55,7 +55,16 @@ from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer, partition
 from deploy.schedules.loops import extent, mentions, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
-from deploy.schedules.structure import Structure, anchor, block_infos, channel_sum, classify, dot_axes, loads
+from deploy.schedules.structure import (
+    Structure,
+    anchor,
+    block_infos,
+    channel_sum,
+    classify,
+    dot_axes,
+    loads,
+    transposed_read,
+)
 from deploy.schedules.vector_math import (
     LANES_KEY,
     ask_reciprocal_divides,
@@ -466,20 +475,19 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
         raise DoesNotFit("not [batch..., m, n] over one k")
     if lanes < 2:
         raise DoesNotFit("no vector lanes for the dtype")
-    work = work_of([extent(sch, loop) for loop in loops])
+    sizes = [extent(sch, loop) for loop in loops]
+    work = work_of(sizes)
     stmt = sch.get(info.block)
     across, step = transposed_read(stmt), None
     if across is not None:
         _, ms, ns = dot_axes(stmt)
-        m_rows = math.prod(extent(sch, loops[i]) or math.inf for i in ms)
-        step = along_k_step(m_rows, extent(sch, loops[ns[-1]]), extent(sch, loops[-1]), lanes)
+        step = along_k_step(math.prod(sizes[i] or math.inf for i in ms), sizes[ns[-1]], sizes[-1], lanes)
         if step is None:
             transpose_b(sch, info.block, *across, lanes, work)
             stmt = sch.get(info.block)
     outer, ms, ns = dot_axes(stmt)
     if not ms or not ns:
         raise DoesNotFit("no m or no n axis")
-    sizes = [extent(sch, loop) for loop in loops]
     if any(sizes[i] is None for i in ms[1:] + ns):  # the first of m's axes may be a batch
         raise DoesNotFit("n, or an inner axis of m, of symbolic extent")
     rows = math.prod(size or math.inf for size in (sizes[i] for i in ms))  # symbolic: a batch's
@@ -542,23 +550,6 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     return AtRunTime(at_one, FEW_ROWS if past_cache else 0) if at_one else None
 
 
-def transposed_read(stmt: Any) -> tuple[int, int] | None:
-    """Where neither operand of a dot product's block is read along its own output axis (a
-    Linear layer's weight as PyTorch keeps it, a[m, k] @ b[n, k]; attention's q @ k^T): the
-    position among the reads of the one read at n (the last spatial variable: `dot_axes`) with
-    a reduction variable last, and the position of n among its indices. None where no read is so."""
-    _, spatial, reduce = classify(stmt)
-    reducing = [p for p, read in enumerate(stmt.reads) if any(uses_any(r.min, reduce) for r in read.region)]
-    if dot_axes(stmt)[2] != [len(spatial) - 1] or any(along_own(stmt, p) for p in reducing):
-        return None
-    for position in reducing:
-        index = [r.min for r in stmt.reads[position].region]
-        at_n = [p for p, i in enumerate(index[:-1]) if i.same_as(spatial[-1])]
-        if at_n and any(index[-1].same_as(v) for v in reduce):
-            return position, at_n[0]
-    return None
-
-
 def transpose_b(sch: Any, block: Any, position: int, swap: int, lanes: int, work: int) -> None:
     """The read at `position` of a dot product's `block` (`transposed_read`: n at index `swap`, k
     last) copied first, in parallel tiles, into a buffer of its own with n and k swapped, which
@@ -609,19 +600,6 @@ def along_k(sch: Any, block: Any, rows: int, step: int, lanes: int, work: int) -
     sch.reverse_compute_at(block, fused)  # the lanes added while the step's sums are in cache
     lane, *rest = sch.get_loops(block)[-len(inner) :]
     sch.reorder(*rest, lane)
-
-
-def uses_any(expr: Any, variables: tuple[Any, ...]) -> bool:
-    """Whether `expr` mentions any of `variables`."""
-    return any(mentions(expr, v) for v in variables)
-
-
-def along_own(stmt: Any, position: int) -> bool:
-    """Whether a dot product's read at `position` is contiguous along a spatial variable (its
-    innermost index one)."""
-    _, spatial, _ = classify(stmt)
-    index = [r.min for r in stmt.reads[position].region]
-    return bool(index) and any(index[-1].same_as(v) for v in spatial)
 
 
 def transposed_tiles(sch: Any, block: Any, along: Any, inner: Any, line: int, lanes: int, work: int) -> None:
