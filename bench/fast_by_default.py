@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
+from harness import (
+    AVX2_HOST_HELP,
+    HostTimer,
+    at_least_one,
+    avx2_host,
+    host_target,
+    run,
+    thread_counts,
+    thread_env,
+)
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
@@ -321,6 +330,7 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(WORKLOADS), help="ops, comma-separated")
     parser.add_argument("--tuned", type=Path, help="a deploy tune --db directory: time its accepted records")
     parser.add_argument("--target", default="x86", help="an x86 target this host runs [default: x86]")
+    parser.add_argument("--avx2-host", action="store_true", help=AVX2_HOST_HELP)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     at_least_one(parser, "--rounds", args.rounds)
@@ -337,9 +347,11 @@ def main() -> None:
     counts = thread_counts(parser, args.threads)
     if max(counts) > (os.cpu_count() or 1):  # more threads than cores times the contention
         parser.error(f"--threads {args.threads}: expected counts from 1 to {os.cpu_count()}")
+    if args.avx2_host:
+        avx2_host(parser, args.target)
     print(
         f"medians of {args.rounds} interleaved rounds, ms ± interquartile range;"
-        f" load average {os.getloadavg()[0]:.1f}"
+        f" load average {os.getloadavg()[0]:.1f}" + ("; AVX-512 hidden from CPUID" if args.avx2_host else "")
     )
     print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
           f"  {'b/ort':>6} {'a/ort':>6} {'t/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip

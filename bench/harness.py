@@ -6,9 +6,15 @@ device); Ctrl-C is exit 130. Imported by the scripts beside it (`python bench/NA
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.base.errors import DeployError, reason
@@ -34,6 +40,52 @@ def host_target(parser: argparse.ArgumentParser, name: str) -> Target:
     return target
 
 
+AVX2_HOST_HELP = (
+    "time as on an AVX2 host: AVX-512 hidden from CPUID in the timing processes, so onnxruntime,"
+    " numpy and PyTorch run the AVX2 kernels they would there (with --target x86, on an AVX-512 host)"
+)
+HIDE_AVX512 = Path(__file__).resolve().parent / "hide_avx512.c"
+
+
+def avx2_host(parser: argparse.ArgumentParser, target_name: str) -> None:
+    """`--avx2-host`: the processes this script starts from here on (its timing children) see no
+    AVX-512 in CPUID (`hide_avx512.c` as LD_PRELOAD, built once into the cache with the host's
+    cc), so baselines that dispatch on CPUID run their AVX2 kernels beside our `x86` build: the
+    comparison of an AVX2 host, on the same cores. Nothing to hide on a host without AVX-512;
+    refused (`parser.error`) for another target or where Linux offers no CPUID faulting."""
+    from deploy.base.paths import cache_root
+    from deploy.devices import get_device
+
+    if target_name != "x86":
+        parser.error(f"--avx2-host with --target {target_name}: expected --target x86 (AVX2 builds)")
+    host = get_device("local")
+    if host.missing_cpu_flags(("avx512f",)):
+        print("note: --avx2-host: this host has no AVX-512 to hide", file=sys.stderr)
+        return
+    if host.missing_cpu_flags(("cpuid_fault",)):
+        parser.error("--avx2-host: this host offers no CPUID faulting (no cpuid_fault in /proc/cpuinfo)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        parser.error("--avx2-host: no C compiler to build bench/hide_avx512.c (Debian: gcc)")
+    source = HIDE_AVX512.read_bytes()
+    library = cache_root() / "bench" / f"hide_avx512-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if not library.is_file():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent) as staging:
+            built = Path(staging) / library.name
+            command = [cc, "-O2", "-shared", "-fPIC", str(HIDE_AVX512), "-o", str(built)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                parser.error(f"--avx2-host: {cc} could not build {HIDE_AVX512.name}: {said}")
+            built.replace(library)
+    os.environ["LD_PRELOAD"] = " ".join(filter(None, (str(library), os.environ.get("LD_PRELOAD"))))
+    probe = "import numpy; print(numpy._core._multiarray_umath.__cpu_features__['AVX512F'])"
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
+    if seen != "False":
+        parser.error(f"--avx2-host: AVX-512 still shows through CPUID (numpy's AVX512F: {seen or 'none'})")
+
+
 def at_least_one(parser: argparse.ArgumentParser, option: str, count: int) -> int:
     """`count` (--repeat, --rounds), which must be at least 1: else `parser.error`."""
     if count < 1:
@@ -53,8 +105,6 @@ def thread_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
 def thread_env(threads: int) -> dict[str, str]:
     """The environment of a bench child timing at `threads`: TVM's pool and numpy's BLAS
     (OpenMP, OpenBLAS: deploy otherwise keeps it on one thread) both that wide."""
-    import os
-
     wide = {name: str(threads) for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     return {**os.environ, **wide}
 

@@ -33,7 +33,16 @@ from typing import Any
 
 import numpy as np
 from fast_by_default import HERE, built, onnxruntime_call
-from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
+from harness import (
+    AVX2_HOST_HELP,
+    HostTimer,
+    at_least_one,
+    avx2_host,
+    host_target,
+    run,
+    thread_counts,
+    thread_env,
+)
 
 WORKLOADS: list[tuple[str, list[tuple[int | str, ...]], list[int], tuple[int, ...]]] = [
     ("matmul", [("N", 768), (768, 768)], [128, 131, 197], ()),
@@ -103,6 +112,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians of these)")
     parser.add_argument("--target", default="x86", help="an x86 target this host runs [default: x86]")
+    parser.add_argument("--avx2-host", action="store_true", help=AVX2_HOST_HELP)
     parser.add_argument("--child", choices=("static", "symbolic"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     at_least_one(parser, "--rounds", args.rounds)
@@ -111,7 +121,10 @@ def main() -> None:
         child(args.rounds, int(os.environ["TVM_NUM_THREADS"]), args.child, args.target)
         return
     counts = thread_counts(parser, args.threads)
-    print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}")
+    if args.avx2_host:
+        avx2_host(parser, args.target)
+    hidden = "; AVX-512 hidden from CPUID" if args.avx2_host else ""
+    print(f"medians of {args.rounds} interleaved rounds, ms; load average {os.getloadavg()[0]:.1f}{hidden}")
     print(f"{'build':9} {'op, shapes':48} {'th':>2} {'ours':>9} {'ort':>9}  {'ratio':>6}")
     for threads in counts:
         env = thread_env(threads)

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deploy.base.errors import UsageError
 from deploy.bench.torch_baseline import torch_version
 from deploy.cli.bench import versus, warn_in_cache
+from deploy.devices import get_device
 from deploy.ops import TensorType
-from tests.conftest import run_deploy
+from tests.conftest import REPO, run_deploy
 
 ADD_WRITTEN = 4 * 32 * 64 * 112 * 112
 ADD_BYTES = 3 * ADD_WRITTEN
@@ -423,3 +430,42 @@ def test_an_op_names_its_own_baselines(tmp_path: Path, own_registry: None) -> No
     assert not dw_row["numpy_na"] and dw_row["numpy_ms"] > 0
     table = invoke("bench", "--target", "x86", "--op", "my_gelu", "--repeat", "1", "--no-batch-1")
     assert table.exit_code == 0 and "n/a" in table.output
+
+
+def bench_harness(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """bench/harness.py, as the scripts beside it import it."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    return importlib.import_module("harness")
+
+
+def test_an_avx2_host_is_refused_for_another_target(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness = bench_harness(monkeypatch)
+    with pytest.raises(SystemExit) as stopped:
+        harness.avx2_host(argparse.ArgumentParser(prog="fast_by_default.py"), "x86-avx512")
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith("error: --avx2-host with --target x86-avx512: expected --target x86 (AVX2 builds)")
+
+
+NOT_ON_HOST = get_device("local").missing_cpu_flags(("avx512f", "cpuid_fault"))
+
+
+@pytest.mark.skipif("avx512f" in NOT_ON_HOST, reason="this host has no AVX-512 to hide")
+@pytest.mark.skipif("cpuid_fault" in NOT_ON_HOST, reason="this host offers no CPUID faulting")
+def test_an_avx2_host_hides_avx512_from_cpuid_and_keeps_other_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes a bench script starts with --avx2-host see no AVX-512 in CPUID, whatever
+    SIGSEGV handler a library sets after (TVM's), and a real fault still ends the process there."""
+    monkeypatch.setenv("LD_PRELOAD", "")
+    bench_harness(monkeypatch).avx2_host(argparse.ArgumentParser(), "x86")
+    probe = (
+        "import numpy, tvm\n"
+        "print(numpy._core._multiarray_umath.__cpu_features__['AVX512F'])\n"
+        "import onnxruntime, ctypes\n"
+        "ctypes.string_at(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=dict(os.environ))
+    assert done.stdout.split() == ["False"]
+    assert done.returncode == -signal.SIGSEGV, done.stderr
+    assert "Segfault encountered" in done.stderr  # TVM's handler got the real fault
