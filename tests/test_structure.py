@@ -387,7 +387,8 @@ def test_avx512_tiles_a_dot_product_of_whole_8_row_tiles_by_8_rows(local_session
 def test_a_weight_read_along_its_sum_is_copied_transposed_or_summed_along_k():
     """x[m, k] @ w[n, k]^T (a Linear layer's weight as PyTorch keeps it): many rows read a copy
     of w transposed to [k, n], whole vectors along n (in place, each vector gathered a row of w
-    apart: 9.8 ms against 0.66 copied, 128x768 @ 768x768^T); a few rows sum each output along
+    apart: 9.8 ms against 0.66 copied, 128x768 @ 768x768^T), or their panels of b copy it
+    transposed, where the dot rule copies them; a few rows sum each output along
     k, in vectors of x's and w's contiguous rows, several of n a step (ALONG_K_SUMS)."""
     sch, ctx = schedule_of("dense", [(8, 32), (24, 32)])
     assert schedule_by_structure(sch, ctx) == Taken("dot product")
@@ -396,6 +397,13 @@ def test_a_weight_read_along_its_sum_is_copied_transposed_or_summed_along_k():
     assert loop_kinds(sch, copy)[-2:] == [(16, ForKind.UNROLLED), (8, ForKind.VECTORIZED)]
     assert loop_kinds(sch, "dense_update")[-1] == (8, ForKind.VECTORIZED)
     assert "w_global" in str(sch.get(sch.get_sblock("dense_update")).reads)
+
+    sch, ctx = schedule_of("dense", [(128, 768), (768, 768)])  # b's panels copied: w read by them
+    assert schedule_by_structure(sch, ctx) == Taken("dot product")
+    update = sch.get_sblock("dense_update")
+    (panel,) = [b for b in sch.get_producers(update) if sch.get(b).name_hint != "dense_init"]
+    (read,) = sch.get(panel).reads
+    assert read.source.name == "w" and [int(d) for d in sch.get(panel).writes[0].source.shape] == [768, 768]
 
     sch, ctx = schedule_of("dense", [(2, 32), (24, 32)])
     assert schedule_by_structure(sch, ctx) == Taken("dot product")

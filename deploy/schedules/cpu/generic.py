@@ -478,12 +478,12 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     sizes = [extent(sch, loop) for loop in loops]
     work = work_of(sizes)
     stmt = sch.get(info.block)
-    across, step = transposed_read(stmt), None
+    across, step, transposed = transposed_read(stmt), None, None
     if across is not None:
         _, ms, ns = dot_axes(stmt)
         step = along_k_step(math.prod(sizes[i] or math.inf for i in ms), sizes[ns[-1]], sizes[-1], lanes)
         if step is None:
-            transpose_b(sch, info.block, *across, lanes, work)
+            transposed = transpose_b(sch, info.block, *across, lanes, work)
             stmt = sch.get(info.block)
     outer, ms, ns = dot_axes(stmt)
     if not ms or not ns:
@@ -547,15 +547,27 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
                 copy = register_block(trial, block, cols, vector, tile_rows, work, None, packed)
                 packed = None if copied_bytes(trial, copy) > PACKED_BYTES * 3 // 2 else packed
             register_block(sch, block, cols if tiled else None, vector, tile_rows, work, blocks, packed)
+    if transposed is not None:
+        transposed_into_copies(sch, transposed)
     return AtRunTime(at_one, FEW_ROWS if past_cache else 0) if at_one else None
 
 
-def transpose_b(sch: Any, block: Any, position: int, swap: int, lanes: int, work: int) -> None:
+def transposed_into_copies(sch: Any, transposed: Any) -> None:
+    """`transpose_b`'s copy inlined where only copies read it (`register_block`'s panels of b or
+    blocks of its columns), which then read b transposed themselves: one copy of b, not two
+    (matmul 128x768 @ 768x768^T over matmul's time, 1 thread, AMD Zen 5: AVX2 1.06-1.32 -> 1.02-1.05,
+    AVX-512 1.28-1.29 -> 1.10-1.11)."""
+    if all(classify(sch.get(c))[0] is Structure.ELEMENTWISE for c in sch.get_consumers(transposed)):
+        sch.compute_inline(transposed)
+
+
+def transpose_b(sch: Any, block: Any, position: int, swap: int, lanes: int, work: int) -> Any:
     """The read at `position` of a dot product's `block` (`transposed_read`: n at index `swap`, k
     last) copied first, in parallel tiles, into a buffer of its own with n and k swapped, which
     the block then reads as b[k, n]: the tiles' vectors along n loaded whole instead of gathered
     a row of b apart (matmul 128x768 @ 768x768^T, AVX-512, 1 thread: 9.8 ms gathered, 0.66 ms
-    so, 0.58 ms for b[k, n]; onnxruntime's Gemm with transB and b a constant 0.57)."""
+    so, 0.58 ms for b[k, n]; onnxruntime's Gemm with transB and b a constant 0.57). Returns the
+    copy's block."""
     read = sch.get(block).reads[position]
     ndim = len(read.region)
     order = [*range(swap), ndim - 1, *range(swap + 1, ndim - 1), swap]
@@ -567,6 +579,7 @@ def transpose_b(sch: Any, block: Any, position: int, swap: int, lanes: int, work
     loops = sch.get_loops(copy)
     line = max(1, CACHE_LINE_BYTES // (read.source.dtype.bits // 8))
     transposed_tiles(sch, copy, loops[-1], loops[swap], line, lanes, work)
+    return copy
 
 
 def along_k_step(rows: float, size: int | None, terms: int | None, lanes: int) -> int | None:
