@@ -70,6 +70,13 @@ def parallel(sch: Any) -> None:
     sch.parallel(sch.get_loops(sch.get_sblock("out"))[0])
 
 
+def transposed_copy(sch: Any) -> None:
+    """A copy of a read with its axes swapped: a `transform_layout` step (an IndexMap in the
+    trace, which TVM's own `as_json` of a record cannot convert)."""
+    copy = sch.cache_read(sch.get_sblock("out"), 0, "global")
+    sch.transform_layout(copy, ("write", 0), lambda i, j: (j, i))
+
+
 def import_llvm(sch: Any) -> None:
     sch.annotate(sch.get_loops(sch.get_sblock("out"))[0], "pragma_import_llvm", INJECTED_LLVM)
 
@@ -109,6 +116,18 @@ def test_a_pinned_record_is_built(tmp_path: Path) -> None:
 
     root, out = tmp_path / "db", tmp_path / "out"
     _, record = plant(root, parallel)
+    built = build(root, out)
+    assert built.exit_code == 0 and not built.stderr, built.output
+    assert manifest(out)["schedule"] == "tuned" and manifest(out)["tuning_record"] == record_id(record)
+
+
+def test_a_pinned_record_that_transforms_a_layout_is_built(tmp_path: Path) -> None:
+    """A record whose trace holds an IndexMap (the dot rule's transposed weight) is pinned by its
+    sha256 when tuned and found by it when read back from the records file."""
+    from deploy.tune.records import record_id
+
+    root, out = tmp_path / "db", tmp_path / "out"
+    _, record = plant(root, transposed_copy)
     built = build(root, out)
     assert built.exit_code == 0 and not built.stderr, built.output
     assert manifest(out)["schedule"] == "tuned" and manifest(out)["tuning_record"] == record_id(record)

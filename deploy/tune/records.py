@@ -75,9 +75,37 @@ def shown(value: Any) -> str:
     return textwrap.shorten(json.dumps(value, default=str), 60, placeholder="...")
 
 
+def record_json(record: Any) -> Any:
+    """A MetaSchedule tuning record as plain JSON values: what TVM's `as_json` gives, but an
+    object of the trace that it has no conversion for (a `transform_layout` step's IndexMap: it
+    raised TypeError for every record of a dot product whose weight is copied transposed) as
+    TVM's own JSON text of it, the way the records file holds it."""
+    from tvm.s_tir.meta_schedule import _ffi_api
+
+    return _plain(_ffi_api.TuningRecordAsJSON(record))
+
+
+def _plain(value: Any) -> Any:
+    import tvm
+    from tvm.tirx import FloatImm, IntImm
+    from tvm_ffi import Array, Map
+
+    if value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, IntImm | FloatImm):
+        return value.value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Array):
+        return [_plain(item) for item in value]
+    if isinstance(value, Map):
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    return str(tvm.ir.save_json(value))
+
+
 def record_sha256(record: Any) -> str:
-    """sha256 of a MetaSchedule tuning record's JSON form: what a verdict pins."""
-    return hashlib.sha256(json.dumps(record.as_json(), sort_keys=True).encode()).hexdigest()
+    """sha256 of a MetaSchedule tuning record's JSON form (`record_json`): what a verdict pins."""
+    return hashlib.sha256(json.dumps(record_json(record), sort_keys=True).encode()).hexdigest()
 
 
 def record_id(record: Any) -> str:
