@@ -4,7 +4,7 @@ structure (after: `deploy.schedules.cpu.generic`), against onnxruntime's kernel 
 and a numpy formulation of it, all timed interleaved in one process per thread count.
 
     .venv/bin/python bench/fast_by_default.py [--threads 1,2] [--rounds 7] [--ops softmax,gelu]
-                                              [--tuned DIR] [--target x86-avx512]
+                                              [--tuned DIR] [--target x86-avx512] [--avx2-host]
 
 Per op and thread count it prints the median ms of each and the spread (interquartile range,
 ms) of ours, then ours/onnxruntime and ours/numpy before and after. Both builds are checked
@@ -16,6 +16,8 @@ accepted is timed too (t/ort; `-` where tuning kept the default). Issue #51's go
 of onnxruntime by default and 1.0x after a tune of at most 64 trials, never slower than numpy.
 `--target` builds for another x86 target the host runs (x86-avx512: onnxruntime's MLAS picks
 AVX-512 kernels on such a host, so an AVX2 build is not the comparison a user there makes).
+`--avx2-host` makes that host time as an AVX2 one: the processes that time see no AVX-512 in
+CPUID (`hide_avx512.c`), so onnxruntime and numpy run their AVX2 kernels beside our x86 build.
 """
 
 from __future__ import annotations

@@ -8,15 +8,16 @@ loaded second ran 1.5-2.5x slower at 2 threads, whichever it was), with a pause 
 (onnxruntime's workers spin after a run: the call timed next ran at half speed at 2 threads).
 
     .venv/bin/python bench/ragged_shapes.py [--threads 1,2] [--rounds 7] [--target x86-avx512]
+                                            [--avx2-host]
 
 Per row: the build (static, or symbolic run at the row's size), the median ms of ours and of
 onnxruntime, and their ratio. Each build is checked against the op's reference (NaN and
 infinities included) first; a failed check is printed. `--target` builds for another x86
 target the host runs (as in `fast_by_default.py`: on an AVX-512 host onnxruntime runs its
-AVX-512 kernels). Before this round a ragged m tested its rows inside the sum (matmul
-131x768x768: 1.7x onnxruntime's time), a symbolic m or image batch fell through to the generic
-schedule (29-50x), and so did a window row of 35 or 75 columns (1.7-1.9x onnxruntime, slower
-than numpy).
+AVX-512 kernels; `--avx2-host` hides them there, as in `fast_by_default.py`). Before this
+round a ragged m tested its rows inside the sum (matmul 131x768x768: 1.7x onnxruntime's time),
+a symbolic m or image batch fell through to the generic schedule (29-50x), and so did a window
+row of 35 or 75 columns (1.7-1.9x onnxruntime, slower than numpy).
 """
 
 from __future__ import annotations
