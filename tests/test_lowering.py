@@ -63,11 +63,13 @@ def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
     assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)
 
 
+L1_PRFM = "prfm\tpldl1keep"
 DISASSEMBLY = {
-    "x86": ("objdump", "binutils", ("vmaxps",), ("vshufps", "vpermps"), "prefetcht0"),
-    "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", ("fmax\tv",), ("uzp", "ld2"), "prfm"),
+    "x86": ("objdump", "binutils", ("vmaxps",), ("vshufps", "vpermps"), "prefetcht1"),
+    "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", ("fmax\tv",), ("uzp", "ld2"), L1_PRFM),
 }
-"""target -> (disassembler, its Debian package, a vector max, deinterleaves, a prefetch)."""
+"""target -> (disassembler, its Debian package, a vector max, deinterleaves, a prefetch into the
+target's `prefetch_level`: L2 on x86, L1 on aarch64)."""
 
 
 def disassembled(compiled: Any, tmp_path: Path, tool: str = "objdump") -> str:
@@ -127,15 +129,33 @@ def _prefetched_offsets(loop: Any, line: Any, per_step: int = 16) -> list[int]:
     return [int(analyzer.simplify(a.args[0].indices[0] - line * per_step)) for a in addresses]
 
 
+def localities(loop: Any) -> list[int]:
+    """The locality of each prefetch leading the loop's body (3: into L1, 2: into L2)."""
+    return [int(s.value.args[3]) for s in loop.body.seq if "llvm.prefetch" in str(s)]
+
+
+def with_level(loop: Any, level: int) -> Any:
+    """`loop` annotated to prefetch into cache level `level` as well."""
+    from tvm import tirx
+
+    from deploy.schedules.cpu import PREFETCH_LEVEL
+
+    annotations = {**loop.annotations, PREFETCH_LEVEL: level}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, None, annotations)
+
+
 def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
     from deploy.compiler.tir_passes import _prefetched
-    from deploy.schedules.cpu import PREFETCH
+    from deploy.schedules.cpu import PREFETCH, PREFETCH_LEVEL
 
     loop, stage = _streaming_loop(16384)
     lowered = _prefetched(loop, [stage])
     # one per row of x, 4096 floats ahead: not one per vector, none for the stage or the inner loop
     assert _prefetched_offsets(lowered, loop.loop_var) == [4096, 4096 + 112, 4096 + 224]
     assert PREFETCH not in lowered.annotations
+    assert localities(lowered) == [3, 3, 3]  # into L1 unless the loop says another level
+    into_l2 = _prefetched(with_level(loop, 2), [stage])
+    assert localities(into_l2) == [2, 2, 2] and PREFETCH_LEVEL not in into_l2.annotations
     unannotated, _ = _streaming_loop(0)
     assert _prefetched(unannotated, [stage]).body.same_as(unannotated.body)  # 0: none
 
@@ -148,7 +168,7 @@ def test_inner_loops_shows_the_pooling_rows_loop_with_its_prefetches() -> None:
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert shown.startswith("max_pool2d 1x8x32x32:float32 for x86 (cpu/max_pool2d), objdump:")
     loops = [line for line in shown.splitlines() if line.startswith("  loop ")]
-    assert any("vmaxps" in line and "prefetcht0" in line for line in loops), shown
+    assert any("vmaxps" in line and "prefetcht1" in line for line in loops), shown
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
@@ -167,7 +187,7 @@ def test_a_searched_unroll_depth_keeps_the_prefetches(tmp_path: Path, depth: int
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((1, 8, 32, 32), "float32")])
     target = get_target("x86")
     mod, name = hand_schedule(bound, target, BuildOptions(), Unrolled())
-    assert "prefetcht0" in disassembled(compile_scheduled(bound, target, BuildOptions(), mod, name), tmp_path)
+    assert "prefetcht1" in disassembled(compile_scheduled(bound, target, BuildOptions(), mod, name), tmp_path)
 
 
 EDGES = [
@@ -197,7 +217,7 @@ def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attr
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
 def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
     bound = bind(get_op("argmax"), {"axis": -1}, [TensorType((8, 1024), "float32")])
-    assert "prefetcht0" in disassembled(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
+    assert "prefetcht1" in disassembled(compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
 
 
 def test_a_sliding_window_is_one_stream() -> None:

@@ -40,6 +40,7 @@ def context(
         choices,
         target.scalar_dtypes,
         target.predicated_vectors,
+        target.prefetch_level,
     )
 
 

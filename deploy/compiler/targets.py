@@ -46,6 +46,14 @@ class Target:
     of each line a plain store makes; about the size of the target's last-level cache, below
     which a plain store leaves the tensor in cache for whatever reads it next. None: the target
     has no such stores (armv7, RVV without Zihintntl)."""
+    prefetch_level: int = 1
+    """The cache level a schedule's software prefetch of a streamed input fills (1: L1, 2: L2;
+    `deploy.schedules.cpu.prefetch`). x86's fill L2 (`prefetcht1`): the stream's lines then wait
+    in L2 instead of holding L1's few miss buffers, and the core's own loads find them there.
+    AMD Zen 5, L1 and L2 builds interleaved, 1 / 2 threads, x86-avx512: max_pool2d
+    32x64x112x112 k3 s2 p1 0.89 / 0.83 of L1's time, argmax 256x100000 0.89 / 0.90; x86:
+    0.94 / 0.96 and 0.96 / 0.93 (L3, `prefetcht2`: 0.89 of L1's for the pool; non-temporal:
+    1.74). The ARM and RISC-V targets keep L1, not measured on a device."""
     cross_compiler: str | None = None
     cross_package: str | None = None
     """Debian package that provides `cross_compiler`."""
@@ -102,6 +110,7 @@ X86 = register_target(
         vector_bits=256,
         schedules=("x86", "cpu"),
         cpu_flags=("avx2", "fma"),
+        prefetch_level=2,
         layouts=(("float32", "NCHW8c"),),
         streaming_store_bytes=16 << 20,
     )

@@ -112,6 +112,8 @@ class ScheduleContext:
     """Dtypes the target's vector unit lacks, whose loops stay scalar (`Target.scalar_dtypes`)."""
     predicated_vectors: bool = True
     """TVM builds a vector with some lanes masked off for the target (`Target.predicated_vectors`)."""
+    prefetch_level: int = 1
+    """The cache level software prefetches fill (`Target.prefetch_level`)."""
     fused: bool = False
     """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
     after the group's producers were inlined where they could be: the stages left must stay."""

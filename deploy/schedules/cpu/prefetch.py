@@ -22,6 +22,11 @@ took the x86 pooling kernel (32x64x112x112 k3 s2 p1, one thread) from 7.9 to 3.2
 2-core EPYC VM (4 KiB: 4.1 ms, 64 KiB: 3.3 ms)."""
 
 
+PREFETCH_LEVEL = "software_prefetch_level"
+"""Loop annotation beside PREFETCH: the cache level the prefetches fill (`Target.prefetch_level`;
+absent: 1, L1)."""
+
+
 CACHE_LINE = 64
 """Bytes per cache line (x86-64 and the AArch64 cores we target): what one prefetch fetches."""
 
@@ -40,11 +45,13 @@ def per_cache_line(sch: Any, ctx: ScheduleContext, loop: Any, vector_bytes: int)
 
 
 def prefetch_ahead(sch: Any, ctx: ScheduleContext, loops: list[Any]) -> None:
-    """Annotate `loops` (steps through a streamed input) to prefetch PREFETCH_BYTES ahead; a
-    search also tries none, a quarter and four times as far. The loops are kept from being
-    unrolled by an unroll depth of an outer loop (a search's): lowering unrolls before it
-    prefetches, which would drop the annotation with the loop."""
+    """Annotate `loops` (steps through a streamed input) to prefetch PREFETCH_BYTES ahead into
+    the target's cache level (PREFETCH_LEVEL); a search also tries none, a quarter and four
+    times as far. The loops are kept from being unrolled by an unroll depth of an outer loop (a
+    search's): lowering unrolls before it prefetches, which would drop the annotation with the
+    loop."""
     options = (0, PREFETCH_BYTES // 4, PREFETCH_BYTES, 4 * PREFETCH_BYTES)
     ctx.choices.annotate(sch, loops, PREFETCH, PREFETCH_BYTES, options)
     for loop in loops:
+        sch.annotate(loop, PREFETCH_LEVEL, ctx.prefetch_level)
         sch.annotate(loop, "pragma_auto_unroll_max_step", 0)
