@@ -39,6 +39,7 @@ from harness import (
     at_least_one,
     avx2_host,
     host_target,
+    quartiles,
     run,
     thread_counts,
     thread_env,
@@ -310,8 +311,7 @@ def child(names: list[str], rounds: int, threads: int, tuned: Path | None, targe
                 timers.append(timer_tuned)
             runs = interleaved_runs(timers, rounds)
             ms = [statistics.median(r) for r in runs]
-            spread = [statistics.quantiles(r, n=4, method="inclusive") for r in runs]
-            iqr = [high - low for low, _, high in spread]
+            iqr = [high - low for low, _, high in map(quartiles, runs)]
             rule = taken.rule + (f" (fell through: {taken.fell_through})" if taken.fell_through else "")
             tuned_ratio = f"{ms[4] / ms[2]:6.2f}" if accepted is not None else f"{'-':>6}"
             print(
@@ -349,11 +349,10 @@ def main() -> None:
     counts = thread_counts(parser, args.threads)
     if max(counts) > (os.cpu_count() or 1):  # more threads than cores times the contention
         parser.error(f"--threads {args.threads}: expected counts from 1 to {os.cpu_count()}")
-    if args.avx2_host:
-        avx2_host(parser, args.target)
+    hidden = avx2_host(parser, args.target) if args.avx2_host else ""
     print(
         f"medians of {args.rounds} interleaved rounds, ms ± interquartile range;"
-        f" load average {os.getloadavg()[0]:.1f}" + ("; AVX-512 hidden from CPUID" if args.avx2_host else "")
+        f" load average {os.getloadavg()[0]:.1f}{hidden}"
     )
     print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
           f"  {'b/ort':>6} {'a/ort':>6} {'t/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip

@@ -47,12 +47,13 @@ AVX2_HOST_HELP = (
 HIDE_AVX512 = Path(__file__).resolve().parent / "hide_avx512.c"
 
 
-def avx2_host(parser: argparse.ArgumentParser, target_name: str) -> None:
+def avx2_host(parser: argparse.ArgumentParser, target_name: str) -> str:
     """`--avx2-host`: the processes this script starts from here on (its timing children) see no
     AVX-512 in CPUID (`hide_avx512.c` as LD_PRELOAD, built once into the cache with the host's
     cc), so baselines that dispatch on CPUID run their AVX2 kernels beside our `x86` build: the
-    comparison of an AVX2 host, on the same cores. Nothing to hide on a host without AVX-512;
-    refused (`parser.error`) for another target or where Linux offers no CPUID faulting."""
+    comparison of an AVX2 host, on the same cores. Returns what the script's header says of it
+    (nothing where the host has no AVX-512 to hide); refused (`parser.error`) for another target
+    or where Linux offers no CPUID faulting."""
     from deploy.base.paths import cache_root
     from deploy.devices import get_device
 
@@ -61,7 +62,7 @@ def avx2_host(parser: argparse.ArgumentParser, target_name: str) -> None:
     host = get_device("local")
     if host.missing_cpu_flags(("avx512f",)):
         print("note: --avx2-host: this host has no AVX-512 to hide", file=sys.stderr)
-        return
+        return ""
     if host.missing_cpu_flags(("cpuid_fault",)):
         parser.error("--avx2-host: this host offers no CPUID faulting (no cpuid_fault in /proc/cpuinfo)")
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -84,6 +85,7 @@ def avx2_host(parser: argparse.ArgumentParser, target_name: str) -> None:
     seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
     if seen != "False":
         parser.error(f"--avx2-host: AVX-512 still shows through CPUID (numpy's AVX512F: {seen or 'none'})")
+    return "; AVX-512 hidden from CPUID"
 
 
 def at_least_one(parser: argparse.ArgumentParser, option: str, count: int) -> int:
@@ -109,11 +111,19 @@ def thread_env(threads: int) -> dict[str, str]:
     return {**os.environ, **wide}
 
 
+def quartiles(times: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of `times`; one time (`--rounds 1`) is all three."""
+    if len(times) < 2:
+        return times[0], times[0], times[0]
+    low, mid, high = statistics.quantiles(times, n=4, method="inclusive")
+    return low, mid, high
+
+
 def spread(times: list[float]) -> str:
     """The median of `times` (ms) and, from two on, their interquartile range: `m [q1-q3]`."""
     if len(times) < 2:
         return f"{times[0]:.4f}"
-    low, mid, high = statistics.quantiles(times, n=4, method="inclusive")
+    low, mid, high = quartiles(times)
     return f"{mid:.4f} [{low:.4f}-{high:.4f}]"
 
 

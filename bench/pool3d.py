@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
+from harness import HostTimer, at_least_one, host_target, quartiles, run, thread_counts, thread_env
 
 
 def model(path: Path, shape: tuple[int, ...]) -> None:
@@ -85,7 +85,7 @@ def child(rounds: int, threads: int, shape: tuple[int, ...]) -> None:
         ours, theirs = interleaved_runs(timers, rounds)
         cells = []
         for times in (ours, theirs):
-            low, _, high = statistics.quantiles(times, n=4, method="inclusive")
+            low, _, high = quartiles(times)
             cells.append(f"{statistics.median(times):8.3f}±{high - low:<7.3f}")
         ratio = statistics.median(theirs) / statistics.median(ours)
         print(f"{threads:>7} {cells[0]} {cells[1]} {ratio:9.2f}  {manifest.schedule}", flush=True)

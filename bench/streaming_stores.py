@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import HostTimer, at_least_one, host_target, run, thread_counts, thread_env
+from harness import HostTimer, at_least_one, host_target, quartiles, run, thread_counts, thread_env
 
 OPS = ("add", "leaky_relu", "hard_sigmoid", "layout_transform")
 
@@ -99,7 +99,7 @@ def row(name: str, threads: int, runs: dict[str, list[float]]) -> str:
             cells.append(f"{'-':>17}")
             ratios.append(f"{'-':>6}")
             continue
-        low, _, high = statistics.quantiles(runs[label], n=4, method="inclusive")
+        low, _, high = quartiles(runs[label])
         cells.append(f"{ms[label]:8.3f}±{high - low:<8.3f}")
         ratios.append(f"{ms[label] / ms['streamed']:6.2f}")
     del ratios[1]
