@@ -229,6 +229,10 @@ def test_argmax_nan_infinities_ties_and_minimum_like_numpy(target, dtype, axis, 
     assert comparison.ok, comparison.detail
 
 
+LONG_ROW = 65547
+"""A row of at least 64 KiB in every dtype, not a whole number of vectors: the CPU reads it as
+several streams (`SCAN_STREAMS`), the last one overlapping the one before."""
+
 WIDE = [
     (dtype, extent, attrs)
     for dtype in ARGMAX_DTYPES
@@ -237,19 +241,23 @@ WIDE = [
         (50, {"axis": -1}),
         (50, {"axis": 1, "keepdims": True, "out_dtype": "int32"}),
         (1000, {"axis": -1}),
+        (LONG_ROW, {"axis": -1}),
     )
-]
+] + [(dtype, LONG_ROW, {"axis": -1, "select_last": True}) for dtype in ("float32", "int8")]
 
 
 @on_every_target("dtype,extent,attrs", WIDE)
 def test_wide_argmax_rows_like_numpy(target, dtype, extent, attrs, sessions):
-    """Rows wide enough for the CPU's max-then-find form (16 lanes dividing the row, 16 not, 8)
-    and several steps of the GPU's strided work-items: the max tied across lanes, NaN anywhere
-    (first wins), rows all NaN, all minimum, all -inf but a last +inf."""
+    """Rows wide enough for the CPU's max-then-find form (16 lanes dividing the row, 16 not, 8;
+    a long row in streams) and several steps of the GPU's strided work-items: the max tied
+    across lanes, NaN anywhere (first wins), rows all NaN, all minimum, all -inf but a last
+    +inf, a max tied at three quarters of the row and at its end (where streams meet)."""
     rng = np.random.default_rng(extent)
     floating = np.issubdtype(np.dtype(dtype), np.floating)
     x = rng.integers(0, 5, size=(8, extent)).astype(dtype)  # many ties of the max
     x[1] = -np.inf if floating else np.iinfo(dtype).min
+    x[6] = 1
+    x[6, [extent * 3 // 4 - 1, extent * 3 // 4, extent - 1]] = 6
     if floating:
         x[2, [extent - 1, 7]] = np.nan
         x[3] = np.nan

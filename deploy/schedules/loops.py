@@ -12,6 +12,9 @@ from tvm import tirx
 SPATIAL = 0
 """`IterVar.iter_type` of a data-parallel block iterator (TVM's kDataPar)."""
 
+REDUCE = 2
+"""`IterVar.iter_type` of a reduction's block iterator (TVM's kCommReduce)."""
+
 
 def blocks(sch: Any) -> list[Any]:
     """The top-level blocks of the function `sch` works on."""

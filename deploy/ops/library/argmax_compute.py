@@ -171,13 +171,21 @@ def sliced_argmax(
     return index
 
 
-def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False) -> te.Tensor:
+def max_then_find(
+    x: te.Tensor, out: TensorType, lanes: int, last: bool = False, segments: int = 1
+) -> te.Tensor:
     """Argmax over the innermost axis in one vector pass: `lanes` strided partials per row, each
     keeping its strictly greatest value with that value's position (so its first) and the
     position of its first NaN; a per-row stage then takes the first NaN if any, else the
     greatest value's first position. A lane that never moves off the identity reports (minimum,
     0), which only wins when the whole row is the minimum, where 0 is the answer. Past the end
     a lane re-reads the last element under a position past the end, which loses every tie.
+
+    With `segments` above 1 the row is read as that many streams at once, `lanes` partials each
+    (partials [*rows, segments, lanes]): segment s starts at s * span (span: the row's share in
+    whole vectors), the last at the row's end minus span, so none reads past the end, and what
+    two segments both read counts once, under its own position. One core draws more bandwidth
+    from several streams than from one (see `deploy/schedules/cpu/argmax.py`, SCAN_STREAMS).
 
     Where `last`: each lane keeps a value greater or equal (its last maximum) and its last NaN's
     position, a position past the end is -1, and the row takes the last NaN, else the greatest
@@ -188,6 +196,8 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False)
     dtype = str(x.dtype)
     floating = dtype.startswith("float")
     far = tirx.const(-1 if last else extent, "int32")
+    steps = -(-extent // (lanes * segments))
+    span = steps * lanes
 
     def keep_greatest(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
         take = b[0] >= a[0] if last else b[0] > a[0]
@@ -198,32 +208,42 @@ def max_then_find(x: te.Tensor, out: TensorType, lanes: int, last: bool = False)
         return (lowest(types[0]), tirx.const(0, types[1]), *((far,) if floating else ()))
 
     scan = te.comm_reducer(keep_greatest, identity, name="keep_greatest")
-    step = te.reduce_axis((0, (extent + lanes - 1) // lanes), name="step")
+    step = te.reduce_axis((0, steps), name="step")
 
     def partial(*i: Any) -> Any:
-        position = step * lanes + i[-1]
-        value = x[(*i[:-1], tirx.min(position, extent - 1))]
-        if last and extent % lanes:
+        row, (segment, lane) = (i[:-1], (0, i[-1])) if segments == 1 else (i[:-2], i[-2:])
+        start = tirx.min(segment * span, extent - span) if segments > 1 else 0
+        position = start + step * lanes + lane
+        value = x[(*row, tirx.min(position, extent - 1))]
+        if last and segments == 1 and extent % lanes:
             position = tirx.Select(position < extent, position, far)
         nan = (tirx.Select(none_nan([value], dtype), far, position),) if floating else ()
         return scan((value, position, *nan), axis=step)
 
-    partials = te.compute((*rows, lanes), partial, name="argmax_partial")
+    def partial_axes(name: str) -> list[Any]:
+        """Reduction axes over a row's partials: (lane) or (segment, lane)."""
+        lane = te.reduce_axis((0, lanes), name=f"lane{name}")
+        return [lane] if segments == 1 else [te.reduce_axis((0, segments), name=f"segment{name}"), lane]
+
+    shape = (*rows, lanes) if segments == 1 else (*rows, segments, lanes)
+    partials = te.compute(shape, partial, name="argmax_partial")
     reducer = argmax_reducer(dtype, last)
-    lane = te.reduce_axis((0, lanes), name="lane")
+    axes = partial_axes("")
     p_value, p_index = partials[0], partials[1]
     best, _value = te.compute(
         tuple(rows),
-        lambda *r: reducer((p_index[(*r, lane)], p_value[(*r, lane)]), axis=lane),
+        lambda *r: reducer((p_index[(*r, *axes)], p_value[(*r, *axes)]), axis=axes),
         name="argmax_best",
     )
     kept = len(rows)  # keepdims adds a trailing axis of extent 1
     if not floating:
         return te.compute(out.shape, lambda *r: best[r[:kept]].astype(out.dtype), name="argmax")
     p_nan = partials[2]
-    lane2 = te.reduce_axis((0, lanes), name="lane2")
+    axes2 = partial_axes("2")
     extreme = te.max if last else te.min
-    found_nan = te.compute(tuple(rows), lambda *r: extreme(p_nan[(*r, lane2)], axis=lane2), name="argmax_nan")
+    found_nan = te.compute(
+        tuple(rows), lambda *r: extreme(p_nan[(*r, *axes2)], axis=axes2), name="argmax_nan"
+    )
 
     def answer(*r: Any) -> Any:
         nan = found_nan[r[:kept]]
