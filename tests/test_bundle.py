@@ -631,6 +631,72 @@ def test_the_bundles_of_one_program_share_one_runtime(tmp_path: Path) -> None:
     assert proc.stdout.splitlines() == ["threads 3 3 3", "ran 0 1 3 2 1"]
 
 
+POOL_LAUNCHES = """#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "runtime.h"
+
+enum { MOST = 8 };
+
+typedef struct {
+  atomic_int runs[MOST];
+  atomic_int wrong;
+  int barriers;
+} Launch;
+
+static int task(int index, deploy_rt1_group* group, void* data) {
+  Launch* launch = (Launch*)data;
+  int i;
+  if (index < 0 || index >= group->num_task || group->num_task > MOST) atomic_fetch_add(&launch->wrong, 1);
+  else atomic_fetch_add(&launch->runs[index], 1);
+  for (i = 0; i < launch->barriers; ++i) deploy_rt1_parallel_barrier(index, group);
+  return 0;
+}
+
+/* `rounds` launches of 1..MOST tasks with 0..3 barriers each; the main thread also changes the
+ * pool's size now and then. Counts the launches where a task ran twice, out of range or none ran. */
+static void* launches(void* main_thread) {
+  long bad = 0;
+  int round, i, ran;
+  for (round = 0; round < 1500; ++round) {
+    Launch launch = {.barriers = round % 4};
+    if (main_thread != NULL && round % 100 == 0) deploy_rt1_set_num_threads(1 + round / 100 % 4);
+    if (deploy_rt1_parallel_launch(task, &launch, 1 + round / 7 % MOST) != 0) ++bad;
+    for (i = 0, ran = 0; i < MOST; ++i) ran += atomic_load(&launch.runs[i]), bad += launch.runs[i] > 1;
+    bad += atomic_load(&launch.wrong) + (ran == 0);
+  }
+  return (void*)bad;
+}
+
+int main(void) {
+  pthread_t other;
+  void* bad[2];
+  pthread_create(&other, NULL, launches, NULL);
+  bad[0] = launches(&other);
+  pthread_join(other, &bad[1]);
+  printf("bad %ld %ld\\n", (long)bad[0], (long)bad[1]);
+  return 0;
+}
+"""
+
+
+def test_the_pool_runs_each_task_of_a_launch_once_through_barriers(tmp_path: Path) -> None:
+    """The runtime's pool alone (runtime.c compiled into a C program): every task of 6000 launches
+    runs once, at 1-4 threads on this machine's cores, with up to three barriers a task, while a
+    second application thread launches too (its loops then run on it). A waiting task that ran
+    another task inside its wait hung at the second barrier."""
+    source = tmp_path / "pool.c"
+    source.write_text(POOL_LAUNCHES)
+    program = tmp_path / "pool"
+    cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Werror", f"-I{SOURCES}", str(source),
+           str(SOURCES / "runtime.c"), "-lpthread", "-o", str(program)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([str(program)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "bad 0 0\n"), proc.stderr
+
+
 BAD_CALLS = """#define _POSIX_C_SOURCE 200112L
 #include <stdio.h>
 #include <stdlib.h>

@@ -148,8 +148,12 @@ static int free_workspace(int device_type, int device_id, void* ptr) {
  * until none is left, so a worker that the system has not yet run costs nothing: its share is
  * done by whoever is running. A claim names its generation, so a worker late to a launch never
  * takes a task of the next one, and a launch cannot end (and the next change fn) while a task
- * of it runs. A thread waiting at a barrier runs unclaimed tasks meanwhile: the tasks need not
- * all run at once. */
+ * of it runs.
+ *
+ * A task at a barrier waits for the launch's other tasks, running nothing meanwhile: a task run
+ * inside its wait could not return before its own next barrier, which the waiting one cannot
+ * reach (two barriers a task hung). Each task gets a thread of its own: a launch has as many
+ * tasks as the pool has threads, and a thread takes no other task while one of its waits. */
 
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -386,9 +390,7 @@ int deploy_rt1_parallel_barrier(int task_id, deploy_rt1_group* penv) {
     atomic_fetch_add(&barrier->phase, 1);
     return 0;
   }
-  uint32_t generation = GENERATION(atomic_load(&pool.state));
   for (int spin = 0; atomic_load(&barrier->phase) == phase; ++spin) {
-    run_tasks(generation);  /* the tasks that have not started arrive on this thread meanwhile */
     if (spin < SPINS) relax();
     else sched_yield();
   }
