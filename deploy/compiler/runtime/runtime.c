@@ -143,12 +143,16 @@ static int free_workspace(int device_type, int device_id, void* ptr) {
 
 /* ---- the thread pool ----
  *
- * A launch hands out its tasks through one atomic word, `state`: the launch's generation, its
- * task count and the next task to claim. Every thread of the pool (the caller too) claims tasks
- * until none is left, so a worker that the system has not yet run costs nothing: its share is
- * done by whoever is running. A claim names its generation, so a worker late to a launch never
- * takes a task of the next one, and a launch cannot end (and the next change fn) while a task
- * of it runs.
+ * A launch is published in one atomic word, `state`: the launch's generation and its task
+ * count. Task k belongs to thread k first (the caller is thread 0, worker i thread i + 1), so
+ * that from one call to the next each core works on the same part of the data, which stays in
+ * its own cache (leaky_relu of 1x64x56x56 on two threads: 17 us with the tasks to whoever came
+ * first, 13 with TVM's pool, which keeps each task on its thread). A thread then takes whatever
+ * task is left, so a worker that the system has not yet run costs nothing: its share is done by
+ * whoever is running. A task is taken by writing the launch's generation into its `owner` word,
+ * which only succeeds while it holds an earlier one: a launch cannot end (and the next change
+ * fn) before each of its tasks is taken, so a worker late to a launch never takes a task of the
+ * next one. Generations are 48 bits: they do not wrap.
  *
  * A task at a barrier waits for the launch's other tasks, running nothing meanwhile: a task run
  * inside its wait could not return before its own next barrier, which the waiting one cannot
@@ -163,9 +167,8 @@ static inline void relax(void) {
 #endif
 }
 
-#define GENERATION(state) ((uint32_t)((state) >> 32))
-#define TASKS(state) ((int)(((state) >> 16) & 0xffff))
-#define NEXT(state) ((int)((state)&0xffff))
+#define GENERATION(state) ((state) >> 16)
+#define TASKS(state) ((int)((state)&0xffff))
 
 typedef struct {  /* a barrier over the tasks of one launch */
   atomic_int arrived;
@@ -179,7 +182,8 @@ typedef struct {
   pthread_cond_t wake;
   pthread_t threads[MAX_THREADS];
   int workers;                /* started, besides the caller */
-  _Atomic uint64_t state;     /* generation << 32 | tasks << 16 | next task to claim */
+  _Atomic uint64_t state;     /* generation << 16 | tasks */
+  _Atomic uint64_t owner[MAX_THREADS]; /* per task: the generation of the launch that took it */
   atomic_int sleeping;
   atomic_int done;            /* tasks of the current launch finished */
   atomic_int failed;
@@ -197,22 +201,22 @@ static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the pair
 static deploy_rt1_parallel_for hook;
 static void* hook_user;
 
-/* The next task of launch `generation`, or -1 when it has none left (or is over). */
-static int claim(uint32_t generation) {
-  uint64_t state = atomic_load_explicit(&pool.state, memory_order_acquire);
-  while (GENERATION(state) == generation && NEXT(state) < TASKS(state)) {
-    if (atomic_compare_exchange_weak_explicit(&pool.state, &state, state + 1, memory_order_acq_rel,
-                                              memory_order_acquire)) {
-      return NEXT(state);
-    }
-  }
-  return -1;
+/* Take task `index` for launch `generation`: whether this thread is the one to run it. */
+static int take(int index, uint64_t generation) {
+  uint64_t held = atomic_load_explicit(&pool.owner[index], memory_order_relaxed);
+  return held < generation && atomic_compare_exchange_strong_explicit(&pool.owner[index], &held, generation,
+                                                                      memory_order_acq_rel, memory_order_relaxed);
 }
 
-/* Run every task of launch `generation` this thread can claim. */
-static void run_tasks(uint32_t generation) {
-  for (int index; (index = claim(generation)) >= 0;) {
-    deploy_rt1_group env = {&pool.barrier, TASKS(atomic_load(&pool.state))};
+/* Run every task of the launch `state` names that this thread can take, its own (`first`)
+ * first, then the others in turn. */
+static void run_tasks(uint64_t state, int first) {
+  uint64_t generation = GENERATION(state);
+  int tasks = TASKS(state);
+  for (int i = 0; i < tasks; ++i) {
+    int index = (first + i) % tasks;
+    if (!take(index, generation)) continue;
+    deploy_rt1_group env = {&pool.barrier, tasks};
     int nested = in_task;
     in_task = 1;
     kernel_error[0] = '\0';
@@ -223,37 +227,38 @@ static void run_tasks(uint32_t generation) {
 }
 
 static void* worker(void* arg) {
-  (void)arg;
-  uint32_t seen = 0;
+  int first = (int)(intptr_t)arg; /* its own task: thread `first` of the pool */
+  uint64_t seen = 0;
   for (;;) {
-    uint32_t now = GENERATION(atomic_load_explicit(&pool.state, memory_order_acquire));
-    for (int spin = 0; now == seen && spin < SPINS; ++spin) {
+    uint64_t now = atomic_load_explicit(&pool.state, memory_order_acquire);
+    for (int spin = 0; GENERATION(now) == seen && spin < SPINS; ++spin) {
       relax();
-      now = GENERATION(atomic_load_explicit(&pool.state, memory_order_acquire));
+      now = atomic_load_explicit(&pool.state, memory_order_acquire);
     }
-    if (now == seen) {
+    if (GENERATION(now) == seen) {
       pthread_mutex_lock(&pool.lock);
       atomic_fetch_add(&pool.sleeping, 1);
-      while ((now = GENERATION(atomic_load(&pool.state))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+      while (GENERATION(now = atomic_load(&pool.state)) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
       atomic_fetch_sub(&pool.sleeping, 1);
       pthread_mutex_unlock(&pool.lock);
     }
-    seen = now;
+    seen = GENERATION(now);
     if (pool.stopping) return NULL;
-    run_tasks(now);
+    run_tasks(now, first);
   }
 }
 
-/* Start launch (or stop) number generation + 1 with `tasks` tasks, and wake the workers. */
-static uint32_t publish(int tasks) {
-  uint32_t generation = GENERATION(atomic_load(&pool.state)) + 1;
-  atomic_store_explicit(&pool.state, (uint64_t)generation << 32 | (uint64_t)tasks << 16, memory_order_release);
+/* Start launch (or stop) number generation + 1 with `tasks` tasks, and wake the workers; the
+ * launch's state. */
+static uint64_t publish(int tasks) {
+  uint64_t state = (GENERATION(atomic_load(&pool.state)) + 1) << 16 | (uint64_t)tasks;
+  atomic_store_explicit(&pool.state, state, memory_order_release);
   if (atomic_load(&pool.sleeping) > 0) {
     pthread_mutex_lock(&pool.lock);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
   }
-  return generation;
+  return state;
 }
 
 static void stop_workers(void) {
@@ -270,7 +275,7 @@ static void size_pool(int threads) {
   if (pool.workers == threads - 1) return;
   stop_workers();
   for (int i = 1; i < threads; ++i) {
-    if (pthread_create(&pool.threads[i - 1], NULL, worker, NULL) != 0) break;
+    if (pthread_create(&pool.threads[i - 1], NULL, worker, (void*)(intptr_t)i) != 0) break;
     pool.workers = i;
   }
 }
@@ -364,7 +369,7 @@ int deploy_rt1_parallel_launch(deploy_rt1_lambda fn, void* cdata, int num_task) 
   atomic_store(&pool.failed, 0);
   pool.error[0] = '\0';
   atomic_store(&pool.done, 0);
-  run_tasks(publish(threads));
+  run_tasks(publish(threads), 0);
   for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < threads; ++spin) {
     if (spin < SPINS) relax();
     else sched_yield();
