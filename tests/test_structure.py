@@ -42,6 +42,7 @@ from deploy.schedules.cpu.generic import (
     row_lanes,
     schedule_by_structure,
 )
+from deploy.schedules.loops import blocks
 from deploy.schedules.registry import Picked, ScheduleContext
 from deploy.schedules.structure import Structure, anchor, block_infos, dot_axes
 from deploy.schedules.vector_math import (
@@ -1015,6 +1016,27 @@ def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
     assert anchor(block_infos(sch)).structure is Structure.DATA_MOVEMENT
     taken = schedule_by_structure(sch, ctx)
     assert (taken.rule, taken.notes) == ("elementwise", ())
+
+
+@pytest.mark.parametrize(
+    ("target", "dst", "lanes"),
+    [("x86", "NCHW8c", 8), ("x86-avx512", "NCHW8c", 8), ("x86-avx512", "NCHW4c", 4)],
+)
+def test_a_packed_layouts_short_rows_are_tiles_of_a_vector_each(target, dst, lanes, local_session, tmp_path):
+    """NCHW to a packed layout: output rows of a few channels, shorter than SHORT_ROW_BYTES but one
+    vector each, are each tile's writes (16 pixels by the row's channels, AVX-512's lanes
+    narrowed to the row); the elementwise schedule gathered 16 lanes across two pixels (2x
+    slower). Checked against numpy."""
+    bound = bind(
+        get_op("layout_transform"), {"src": "NCHW", "dst": dst}, [TensorType((2, 16, 8, 32), "float32")]
+    )
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
+    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
+    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    (block,) = blocks(sch)
+    assert loop_kinds(sch, block)[-2:] == [(16, ForKind.UNROLLED), (lanes, ForKind.VECTORIZED)]
+    if not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
+        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
 
 
 @pytest.mark.parametrize(

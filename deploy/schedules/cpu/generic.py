@@ -176,9 +176,14 @@ class ElementwiseFits(DoesNotFit):
 CACHE_LINE_BYTES = 64
 """A cache line on every CPU target: a transpose's tile reads this many bytes of each input row."""
 SHORT_ROW_BYTES = 256
-"""Output rows this short keep the elementwise schedule: its fused rows read each input line
-again while it is in cache (NCHW to NHWC of 64 channels ran 1.2-1.5x slower in tiles, NCHW to
-NCHW8c 1.1-1.4x; 112-float rows 3-4x faster in tiles; AVX2, 1 thread, loaded machine)."""
+"""Output rows this short, unless one vector each, keep the elementwise schedule: its fused rows
+read each input line again while it is in cache (NCHW to NHWC of 64 channels ran 1.2-1.5x slower
+in tiles, 13x on an Intel Xeon VM; 112-float rows 3-4x faster in tiles; AVX2, 1 thread). A row
+of one vector (a packed layout's few channels, `transpose`) is a tile's whole write: NCHW to
+NCHW8c of 32x64x112x112 float32 in tiles, against the elementwise schedule's gathers, Intel
+Xeon VM, 1 / 2 threads: x86 (AVX2) 9.9 / 5.4 ms against 12.2 / 7.1, x86-avx512 (8-lane
+vectors) 10.1 / 5.3 against 20.8 / 11.3 (16 lanes across two pixels); NCHW4c 1.6-1.8x faster.
+An older measurement of NCHW8c on a loaded AMD VM had tiles 1.1-1.4x slower."""
 
 
 @dataclass(frozen=True)
@@ -914,7 +919,9 @@ def window_steps(sch: Any, block: Any, taps: int, unrolled: list[int], channels:
 
 def transpose(sch: Any, ctx: ScheduleContext) -> None:
     """Data movement: see the module. transpose2d 1024x1024 float32, AVX2, 1 thread: 0.6 ms in
-    tiles of 16x8 where the elementwise schedule's gathers took 3.6-5 ms (onnxruntime 1.1)."""
+    tiles of 16x8 where the elementwise schedule's gathers took 3.6-5 ms (onnxruntime 1.1). Output
+    rows shorter than a vector (NCHW4c, and NCHW8c with AVX-512) are tiled with vectors of a row
+    (SHORT_ROW_BYTES)."""
     inline_producers(sch)
     infos = block_infos(sch)
     if len(infos) != 1 or infos[0].along is None:
@@ -926,9 +933,11 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     loops = sch.get_loops(info.block)
     along, inner = loops[info.along], loops[-1]
     rows, cols, work = extent(sch, along), extent(sch, inner), work_of([extent(sch, loop) for loop in loops])
+    if cols is not None and 4 <= cols < lanes and lanes % cols == 0:
+        lanes = cols  # a packed layout's few channels: one narrower vector a row
     if lanes < 2 or rows is None or cols is None or rows % line or cols % lanes:
         raise ElementwiseFits(f"{rows}x{cols} not whole {line}x{lanes} tiles")
-    if cols * size <= SHORT_ROW_BYTES:
+    if cols * size <= SHORT_ROW_BYTES and cols > lanes:
         raise ElementwiseFits(f"output rows of {cols * size} bytes: the elementwise schedule reuses lines")
     transposed_tiles(sch, info.block, along, inner, line, lanes, work)
 
