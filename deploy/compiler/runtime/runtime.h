@@ -19,8 +19,9 @@
  * (deploy_rt1_): a deploy whose runtime differs renames them, and its bundles keep their own.
  *
  * Threads: one pool, sized at run time (deploy_rt1_set_num_threads; default one thread per online
- * CPU), started by the first parallel loop, woken by a launch, spinning briefly after each before
- * it blocks, stopped by deploy_rt1_stop_threads (or when the library is unloaded). A launch while
+ * CPU), started by the first parallel loop, woken by a launch (task k on thread k first, so each
+ * core keeps its part of the data cached from one call to the next), spinning briefly after each
+ * before it blocks, stopped by deploy_rt1_stop_threads (or when the library is unloaded). A launch while
  * another is running (a second application thread) or from inside a task (a nested parallel
  * loop) runs its work on the calling thread. An engine that owns its threads installs a parallel
  * hook (deploy_rt1_set_parallel) and our loops run on them instead.
