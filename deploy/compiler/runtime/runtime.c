@@ -157,7 +157,8 @@ static int free_workspace(int device_type, int device_id, void* ptr) {
  * A task at a barrier waits for the launch's other tasks, running nothing meanwhile: a task run
  * inside its wait could not return before its own next barrier, which the waiting one cannot
  * reach (two barriers a task hung). Each task gets a thread of its own: a launch has as many
- * tasks as the pool has threads, and a thread takes no other task while one of its waits. */
+ * tasks as the pool has threads, each worker is woken for it (`publish`), and a thread takes no
+ * other task while one of its waits. */
 
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -187,8 +188,8 @@ typedef struct {
   atomic_int sleeping;
   atomic_int done;            /* tasks of the current launch finished */
   atomic_int failed;
+  atomic_int stopping;        /* the latest generation is a stop (its state has no tasks) */
   char error[ERROR_BYTES];    /* the reason of the launch's first failed task */
-  int stopping;
   deploy_rt1_lambda fn;
   void* cdata;
   Barrier barrier;
@@ -243,16 +244,20 @@ static void* worker(void* arg) {
       pthread_mutex_unlock(&pool.lock);
     }
     seen = GENERATION(now);
-    if (pool.stopping) return NULL;
+    if (atomic_load(&pool.stopping)) return NULL;
     run_tasks(now, first);
   }
 }
 
-/* Start launch (or stop) number generation + 1 with `tasks` tasks, and wake the workers; the
- * launch's state. */
+/* Start launch (or stop: no tasks) number generation + 1 with `tasks` tasks, and wake the
+ * workers; the launch's state. The store of the state and the load of `sleeping` are sequentially
+ * consistent, as a worker's increment of `sleeping` and its load of the state before it waits:
+ * either the worker sees the new state or this sees it sleeping. A release store let the load
+ * pass it (x86 compiles both to plain moves), the worker slept through the launch, and a launch
+ * with a barrier, or a stop's join, waited for it for ever. */
 static uint64_t publish(int tasks) {
   uint64_t state = (GENERATION(atomic_load(&pool.state)) + 1) << 16 | (uint64_t)tasks;
-  atomic_store_explicit(&pool.state, state, memory_order_release);
+  atomic_store(&pool.state, state);
   if (atomic_load(&pool.sleeping) > 0) {
     pthread_mutex_lock(&pool.lock);
     pthread_cond_broadcast(&pool.wake);
@@ -263,11 +268,11 @@ static uint64_t publish(int tasks) {
 
 static void stop_workers(void) {
   if (pool.workers == 0) return;
-  pool.stopping = 1;
+  atomic_store(&pool.stopping, 1);
   publish(0);
   for (int i = 0; i < pool.workers; ++i) pthread_join(pool.threads[i], NULL);
   pool.workers = 0;
-  pool.stopping = 0;
+  atomic_store(&pool.stopping, 0); /* workers started later see the stop's state, and wait on */
 }
 
 /* Workers for `threads` threads in all (the caller is one); fewer if the system refuses more. */
