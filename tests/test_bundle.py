@@ -654,7 +654,7 @@ static int task(int index, deploy_rt1_group* group, void* data) {
   return 0;
 }
 
-/* `rounds` launches of 1..MOST tasks with 0..3 barriers each; the main thread also changes the
+/* 1500 launches of 1..MOST tasks with 0..3 barriers each; the main thread also changes the
  * pool's size now and then. Counts the launches where a task ran twice, out of range or none ran. */
 static void* launches(void* main_thread) {
   long bad = 0;
@@ -682,10 +682,10 @@ int main(void) {
 
 
 def test_the_pool_runs_each_task_of_a_launch_once_through_barriers(tmp_path: Path) -> None:
-    """The runtime's pool alone (runtime.c compiled into a C program): every task of 6000 launches
-    runs once, at 1-4 threads on this machine's cores, with up to three barriers a task, while a
-    second application thread launches too (its loops then run on it). A waiting task that ran
-    another task inside its wait hung at the second barrier."""
+    """The runtime's pool alone (runtime.c compiled into a C program): every task of 3000 launches
+    (1500 from each of two application threads; the second's run on it while the first's hold
+    the pool) runs once, at 1-4 threads on this machine's cores, with up to three barriers a
+    task. A waiting task that ran another task inside its wait hung at the second barrier."""
     source = tmp_path / "pool.c"
     source.write_text(POOL_LAUNCHES)
     program = tmp_path / "pool"
