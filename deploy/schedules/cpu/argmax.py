@@ -171,9 +171,9 @@ def argmax_cpu(ctx: ScheduleContext, x: Any) -> Any:
     if axis != rank - 1:
         return sliced_argmax(x, bound.output, axis, bound.attrs["keepdims"], argmax_slices(ctx), last)
     streams = scan_streams(ctx, extent) if extent >= 2 * CPU_LANES else 1
-    lanes = min(ctx.lanes(str(bound.inputs[0].dtype)), ctx.lanes("int32"))  # a position vector each
-    if streams > 1 and extent >= 2 * streams * lanes:
-        return max_then_find(x, bound.output, lanes, last, streams)
+    per_stream = min(ctx.lanes(str(bound.inputs[0].dtype)), ctx.lanes("int32"))  # a position vector each
+    if streams > 1 and extent >= 2 * streams * per_stream:
+        return max_then_find(x, bound.output, per_stream, last, streams)
     if extent >= 2 * CPU_LANES:
         exact = [lanes for lanes in (CPU_LANES, CPU_LANES // 2) if extent % lanes == 0]
         return max_then_find(x, bound.output, exact[0] if exact else CPU_LANES, last)
