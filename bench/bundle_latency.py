@@ -2,6 +2,7 @@
 onnxruntime, at 1 and 2 threads, measured in one run; and the bundles' sizes per target.
 
     .venv/bin/python bench/bundle_latency.py [--rounds 9] [--threads 1,2] [--only NAME]
+        [--fail-above 1.05]
 
 Each workload is built once for this host (x86) as a bundle, checked against numpy through it,
 then timed in interleaved rounds (`measure.interleaved_runs`): the bundle by a small C program
@@ -11,6 +12,11 @@ onnxruntime's CPU provider on the one-node (or the example) model with IOBinding
 preallocated output, at the same thread count. Prints medians with the interquartile spread, and
 the ratios bundle/TVM and bundle/onnxruntime (below 1: the bundle is faster); then the size of
 an op's library and the stripped runner for x86 and aarch64.
+
+With `--fail-above RATIO` it is a check (exit 1): it fails when on some row the bundle falls
+behind TVM's runtime by more than RATIO beyond the noise (`harness.behind_by`: the first quartile
+of the per-round ratios above RATIO), naming each such row. A check to run on a quiet machine
+before a release, not in the test suite: timed asserts there would fail with a neighbour's job.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import at_least_one, host_target, run
+from harness import at_least_one, behind_by, host_target, run, thread_counts
 
+from deploy.base.errors import DeployError
 from deploy.compiler.compile import compile_graph, compile_op
 from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
@@ -359,6 +366,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", help="only the workloads whose label contains this")
+    parser.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="RATIO",
+        help="exit 1 when the bundle is behind TVM's runtime by more than RATIO beyond the noise on a row",
+    )
     parser.add_argument("--time-tvm", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tvm-threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("inputs", nargs="*", type=Path, help=argparse.SUPPRESS)
@@ -367,7 +380,10 @@ def main() -> None:
         time_tvm(args.time_tvm, args.tvm_threads, args.rounds, args.inputs)
         return
     at_least_one(parser, "--rounds", args.rounds)
-    counts = [int(t) for t in args.threads.split(",")]
+    if args.fail_above is not None and not args.fail_above > 0:
+        parser.error(f"--fail-above {args.fail_above}: expected a ratio above 0, such as 1.05")
+    behind: list[str] = []
+    counts = thread_counts(parser, args.threads)
     host: Target = host_target(parser, "x86")
     print(
         f"x86, medians of {args.rounds} interleaved rounds, ms per call (interquartile range);"
@@ -403,13 +419,22 @@ def main() -> None:
                         time.sleep(QUIET)
                         runs[turn] += timers[turn].runs(1)
                 medians = [statistics.median(r) for r in runs]
+                late = None if args.fail_above is None else behind_by(runs[0], runs[1], args.fail_above)
+                if late is not None:
+                    behind.append(f"{label} at {threads} thread{'s' if threads > 1 else ''} ({late:.2f})")
                 print(
                     f"{label:38} {threads:>3} {median_spread(runs[0]):>24} {median_spread(runs[1]):>24}"
                     f" {median_spread(runs[2]):>24} {medians[0] / medians[1]:>6.2f}"
-                    f" {medians[0] / medians[2]:>6.2f}",
+                    f" {medians[0] / medians[2]:>6.2f}{'  behind' if late is not None else ''}",
                     flush=True,
                 )
         sizes(work)
+    if behind:
+        rows = f"{len(behind)} row{'s' if len(behind) > 1 else ''}"
+        raise DeployError(
+            f"the bundle is behind TVM's runtime by more than {args.fail_above} (first quartile of"
+            f" the per-round ratios) on {rows}: {'; '.join(behind)}"
+        )
 
 
 def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Path) -> list[Path]:

@@ -119,6 +119,17 @@ def quartiles(times: list[float]) -> tuple[float, float, float]:
     return low, mid, high
 
 
+def behind_by(ours: list[float], theirs: list[float], limit: float) -> float | None:
+    """How far `ours` falls behind `theirs` (ms, one run each per interleaved round) beyond the
+    noise: the first quartile of the per-round ratios ours/theirs where it exceeds `limit`
+    (three rounds in four slower than `limit` times theirs, so one slow round of a noisy
+    neighbour is not enough), else None. A round's pair shares the machine's state of that
+    moment, so drift between rounds cancels."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    first = quartiles(ratios)[0]
+    return first if first > limit else None
+
+
 def spread(times: list[float]) -> str:
     """The median of `times` (ms) and, from two on, their interquartile range: `m [q1-q3]`."""
     if len(times) < 2:

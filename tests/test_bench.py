@@ -469,3 +469,37 @@ def test_an_avx2_host_hides_avx512_from_cpuid_and_keeps_other_faults(monkeypatch
     assert done.stdout.split() == ["False"]
     assert done.returncode == -signal.SIGSEGV, done.stderr
     assert "Segfault encountered" in done.stderr  # TVM's handler got the real fault
+
+
+@pytest.mark.parametrize(
+    ("bundle", "tvm", "behind"),
+    [
+        ([1.0, 1.1, 0.9, 1.2, 1.0], [1.0] * 5, None),  # noise around level
+        ([1.0, 1.0, 1.0, 3.0, 1.0], [1.0] * 5, None),  # one slow round: a neighbour's job
+        ([1.2, 1.3, 1.2, 1.25, 1.0], [1.0] * 5, 1.2),  # behind in three rounds of four
+        ([2.4, 2.6, 2.4, 2.5, 2.0], [2.0] * 5, 1.2),  # the same at another speed
+        ([1.2, 2.6, 1.2, 2.5, 1.0], [1.0, 2.0, 1.0, 2.0, 1.0], 1.2),  # drift between rounds cancels
+    ],
+)
+def test_the_bundle_falls_behind_only_beyond_the_noise(
+    monkeypatch: pytest.MonkeyPatch, bundle: list[float], tvm: list[float], behind: float | None
+) -> None:
+    """`bundle_latency.py --fail-above`'s verdict: the first quartile of the per-round ratios
+    over the limit (1.05 here)."""
+    found = bench_harness(monkeypatch).behind_by(bundle, tvm, 1.05)
+    assert found == (None if behind is None else pytest.approx(behind))
+
+
+def test_bundle_latency_fails_naming_each_row_behind() -> None:
+    """With a limit no real run meets the check exits 1 naming the row, after the table; a limit
+    that is no ratio is refused before any build (exit 2)."""
+    script = [sys.executable, str(REPO / "bench" / "bundle_latency.py"), "--only", "argmax", "--threads", "1"]
+    refused = subprocess.run([*script, "--fail-above", "0"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("error: --fail-above 0.0: expected a ratio above 0, such as 1.05")
+    done = subprocess.run([*script, "--rounds", "2", "--fail-above", "0.01"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"argmax axis=1 1x1000x7x7 +1 .* behind$", done.stdout, re.MULTILINE), done.stdout
+    said = done.stderr.strip()
+    assert said.startswith("error: the bundle is behind TVM's runtime by more than 0.01"), said
+    assert re.search(r"on 1 row: argmax axis=1 1x1000x7x7 at 1 thread \(\d+\.\d\d\)$", said), said
