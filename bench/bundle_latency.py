@@ -14,14 +14,16 @@ the ratios bundle/TVM and bundle/onnxruntime (below 1: the bundle is faster); th
 an op's library and the stripped runner for x86 and aarch64.
 
 With `--fail-above RATIO` it is a check (exit 1): it fails when on some row the bundle falls
-behind TVM's runtime by more than RATIO beyond the noise (`harness.behind_by`: the first quartile
-of the per-round ratios above RATIO), naming each such row. A check to run on a quiet machine
-before a release, not in the test suite: timed asserts there would fail with a neighbour's job.
+behind TVM's runtime by more than RATIO beyond the noise (`harness.round_ratio`, the first
+quartile of the per-round ratios, above RATIO; printed as `q1` on each row), naming each such
+row; it needs 3 rounds at least. A check to run on a quiet machine before a release, not in the
+test suite: timed asserts there would fail with a neighbour's job.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import at_least_one, behind_by, host_target, run, thread_counts
+from harness import at_least_one, host_target, round_ratio, run, thread_counts
 
 from deploy.base.errors import DeployError
 from deploy.compiler.compile import compile_graph, compile_op
@@ -368,7 +370,6 @@ def main() -> None:
     parser.add_argument("--only", help="only the workloads whose label contains this")
     parser.add_argument(
         "--fail-above",
-        type=float,
         metavar="RATIO",
         help="exit 1 when the bundle is behind TVM's runtime by more than RATIO beyond the noise on a row",
     )
@@ -380,8 +381,15 @@ def main() -> None:
         time_tvm(args.time_tvm, args.tvm_threads, args.rounds, args.inputs)
         return
     at_least_one(parser, "--rounds", args.rounds)
-    if args.fail_above is not None and not args.fail_above > 0:
-        parser.error(f"--fail-above {args.fail_above}: expected a ratio above 0, such as 1.05")
+    limit = None if args.fail_above is None else fail_above(parser, args.fail_above, args.rounds)
+    every = workloads()
+    chosen = [
+        (i, label, graph) for i, (label, graph) in enumerate(every) if args.only is None or args.only in label
+    ]
+    if not chosen:
+        parser.error(
+            f"--only {args.only}: no workload's label holds it ({', '.join(label for label, _ in every)})"
+        )
     behind: list[str] = []
     counts = thread_counts(parser, args.threads)
     host: Target = host_target(parser, "x86")
@@ -391,13 +399,11 @@ def main() -> None:
     )
     print(
         f"{'workload':38} {'thr':>3} {'bundle':>24} {'TVM runtime':>24} {'onnxruntime':>24}"
-        f" {'/TVM':>6} {'/ort':>6}"
+        f" {'/TVM':>6} {'/ort':>6}{'  q1 /TVM' if limit is not None else ''}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for index, (label, graph) in enumerate(workloads()):
-            if args.only and args.only not in label:
-                continue
+        for index, label, graph in chosen:
             directory = work / f"w{index}"
             compiled = compile_graph(graph, host, BuildOptions(cores=max(counts)))
             export(compiled, directory, bundle=True, name=f"w{index}")
@@ -419,22 +425,41 @@ def main() -> None:
                         time.sleep(QUIET)
                         runs[turn] += timers[turn].runs(1)
                 medians = [statistics.median(r) for r in runs]
-                late = None if args.fail_above is None else behind_by(runs[0], runs[1], args.fail_above)
-                if late is not None:
-                    behind.append(f"{label} at {threads} thread{'s' if threads > 1 else ''} ({late:.2f})")
+                verdict = ""
+                if limit is not None:
+                    q1 = round_ratio(runs[0], runs[1])
+                    verdict = f" {q1:>8.2f}{' behind' if q1 > limit else ''}"
+                    if q1 > limit:
+                        behind.append(f"{label} at {threads} thread{'s' if threads > 1 else ''} ({q1:.2f})")
                 print(
                     f"{label:38} {threads:>3} {median_spread(runs[0]):>24} {median_spread(runs[1]):>24}"
                     f" {median_spread(runs[2]):>24} {medians[0] / medians[1]:>6.2f}"
-                    f" {medians[0] / medians[2]:>6.2f}{'  behind' if late is not None else ''}",
+                    f" {medians[0] / medians[2]:>6.2f}{verdict}",
                     flush=True,
                 )
         sizes(work)
     if behind:
         rows = f"{len(behind)} row{'s' if len(behind) > 1 else ''}"
         raise DeployError(
-            f"the bundle is behind TVM's runtime by more than {args.fail_above} (first quartile of"
+            f"the bundle is behind TVM's runtime by more than {limit} (first quartile of"
             f" the per-round ratios) on {rows}: {'; '.join(behind)}"
         )
+
+
+def fail_above(parser: argparse.ArgumentParser, text: str, rounds: int) -> float:
+    """`--fail-above`'s limit: a finite ratio above 0, with 3 rounds at least (fewer, and one slow
+    round decides); else `parser.error` (exit 2)."""
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = math.nan
+    if not (math.isfinite(limit) and limit > 0):
+        parser.error(f"--fail-above {text}: expected a ratio above 0, such as 1.05")
+    if rounds < 3:
+        parser.error(
+            f"--fail-above with --rounds {rounds}: expected 3 rounds at least (one slow round would decide)"
+        )
+    return limit
 
 
 def check(directory: Path, graph: BoundGraph, inputs: list[np.ndarray], work: Path) -> list[Path]:

@@ -119,15 +119,12 @@ def quartiles(times: list[float]) -> tuple[float, float, float]:
     return low, mid, high
 
 
-def behind_by(ours: list[float], theirs: list[float], limit: float) -> float | None:
-    """How far `ours` falls behind `theirs` (ms, one run each per interleaved round) beyond the
-    noise: the first quartile of the per-round ratios ours/theirs where it exceeds `limit`
-    (three rounds in four slower than `limit` times theirs, so one slow round of a noisy
-    neighbour is not enough), else None. A round's pair shares the machine's state of that
-    moment, so drift between rounds cancels."""
-    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-    first = quartiles(ratios)[0]
-    return first if first > limit else None
+def round_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The first quartile of the per-round ratios ours/theirs (ms, one run of each per
+    interleaved round): above a limit means ours was slower than the limit times theirs in three
+    rounds of four, so one slow round of a noisy neighbour is not enough (from 3 rounds on). A
+    round's pair shares the machine's state of that moment, so drift between rounds cancels."""
+    return quartiles([a / b for a, b in zip(ours, theirs, strict=True)])[0]
 
 
 def spread(times: list[float]) -> str:
