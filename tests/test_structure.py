@@ -1040,6 +1040,43 @@ def test_a_packed_layouts_short_rows_are_tiles_of_a_vector_each(target, dst, lan
 
 
 @pytest.mark.parametrize(
+    ("target", "dtype", "width", "lanes"),
+    [
+        ("x86", "float32", 37, 8),
+        ("x86-avx512", "float32", 37, 16),
+        ("x86-avx512", "int8", 131, 64),
+        ("x86-avx512", "float64", 16, 8),
+        ("arm", "float32", 37, 4),
+    ],
+)
+def test_an_images_few_channels_are_interleaved_from_whole_vectors(
+    target, dtype, width, lanes, local_session, tmp_path
+):
+    """NCHW to NHWC of 3 channels (output rows of 3, fewer than a vector and no divisor of one):
+    vectors along W, one whole load a channel, the 3 channels unrolled around them and stored
+    interleaved; what W holds past its whole vectors scalar. The elementwise schedule loaded
+    each lane on its own, 16x slower. Checked against numpy where this host runs the target (the
+    op's case (1, 3, 2, 37) runs on every target in the op matrix)."""
+    bound = bind(
+        get_op("layout_transform"), {"src": "NCHW", "dst": "NHWC"}, [TensorType((2, 3, 4, width), dtype)]
+    )
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
+    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
+    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    vectors, rest = ("out_i20", "out_i21") if width % lanes else ("out", None)  # `loop_partition`'s names
+    assert loop_kinds(sch, vectors)[-3:] == [
+        (width // lanes, ForKind.SERIAL),
+        (3, ForKind.UNROLLED),
+        (lanes, ForKind.VECTORIZED),
+    ]
+    if rest is not None:
+        assert loop_kinds(sch, rest)[-2:] == [(width % lanes, ForKind.SERIAL), (3, ForKind.SERIAL)]
+    runs_here = get_platform(get_target(target).arch).native_here()  # arm's: the op matrix, on qemu
+    if runs_here and not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
+        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+
+
+@pytest.mark.parametrize(
     ("name", "shapes", "copied", "update", "most"),
     [
         (
