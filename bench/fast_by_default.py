@@ -60,12 +60,13 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "log_softmax": ([(1, 12, 128, 128)], {}),
     "transpose2d": ([(1024, 1024)], {}),
     "dense": ([(128, 768), (768, 768)], {}),
+    "image_to_nhwc": ([(1, 3, 224, 224)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
 scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
 convolutions that are dot products (1x1, and grouped 3x3: a channel sum with window taps); and
 a row reduction calling log (log_softmax); a dot product whose weight is read along its sum (a
-Linear layer's w[n, k], as PyTorch keeps it)."""
+Linear layer's w[n, k], as PyTorch keeps it); an image's NCHW to NHWC (output rows of 3)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -98,6 +99,8 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("LogSoftmax", names, ["y"], axis=-1), []
     if name == "transpose2d":
         return helper.make_node("Transpose", names, ["y"], perm=[1, 0]), []
+    if name == "image_to_nhwc":
+        return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 3, 1]), []
     raise ValueError(name)
 
 
@@ -197,6 +200,8 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return log_softmax
     if name == "transpose2d":
         return lambda: np.ascontiguousarray(x.T)
+    if name == "image_to_nhwc":
+        return lambda: np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     raise ValueError(name)
 
 

@@ -73,6 +73,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "log_softmax": ([(2, 3, 64)], Structure.ROW_REDUCTION),
     "transpose2d": ([(128, 16)], Structure.DATA_MOVEMENT),
     "dense": ([(8, 32), (24, 32)], Structure.DOT),
+    "image_to_nhwc": ([(1, 3, 4, 37)], Structure.DATA_MOVEMENT),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
