@@ -1078,6 +1078,35 @@ def test_an_images_few_channels_are_interleaved_from_whole_vectors(
 
 
 @pytest.mark.parametrize(
+    ("target", "dtype", "channels", "width"),
+    [
+        ("x86", "float32", 3, 37),
+        ("x86-avx512", "float32", 3, 37),
+        ("x86-avx512", "float32", 8, 37),
+        ("x86-avx512", "int8", 5, 131),
+    ],
+)
+def test_an_images_few_channels_are_deinterleaved_by_llvm(
+    target, dtype, channels, width, local_session, tmp_path
+):
+    """NHWC to NCHW of a few channels (read rows fewer than a vector, output rows at least one):
+    the channels' loop innermost and unrolled, the output's rows a serial loop LLVM vectorizes
+    (whole loads, shuffles); the loops outside in parallel. Checked against numpy where this
+    host runs the target."""
+    bound = bind(
+        get_op("layout_transform"),
+        {"src": "NHWC", "dst": "NCHW"},
+        [TensorType((2, 4, width, channels), dtype)],
+    )
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
+    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
+    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    assert loop_kinds(sch, "out")[-2:] == [(width, ForKind.SERIAL), (channels, ForKind.UNROLLED)]
+    if not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
+        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+
+
+@pytest.mark.parametrize(
     ("name", "shapes", "copied", "update", "most"),
     [
         (

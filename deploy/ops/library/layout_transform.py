@@ -35,9 +35,8 @@ class LayoutTransform(Op):
         Case(((1, 4, 5, 3),), {"src": "NHWC", "dst": "NCHW8c"}),
         Case(((1, 2, 4, 5, 4),), {"src": "NCHW4c", "dst": "NCHW8c", "channels": 6}),
         Case(((3, 4, 5, 6),), {"src": "NCHW", "dst": "NHWC"}),
-        Case(
-            ((1, 3, 2, 37),), {"src": "NCHW", "dst": "NHWC"}
-        ),  # an image's 3 channels, rows past whole vectors
+        Case(((1, 3, 2, 37),), {"src": "NCHW", "dst": "NHWC"}),  # 3 channels, W past whole vectors
+        Case(((1, 2, 37, 3),), {"src": "NHWC", "dst": "NCHW"}),  # and back
         Case((("N", 5, 7, 3),), {"src": "NCHW", "dst": "NCHW4c"}),
     )
     bench = Case(((32, 64, 112, 112),), {"src": "NCHW", "dst": "NCHW8c"})  # 206 MB moved

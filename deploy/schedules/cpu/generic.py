@@ -921,7 +921,9 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     """Data movement: see the module. transpose2d 1024x1024 float32, AVX2, 1 thread: 0.6 ms in
     tiles of 16x8 where the elementwise schedule's gathers took 3.6-5 ms (onnxruntime 1.1). Output
     rows shorter than a vector (NCHW4c, and NCHW8c with AVX-512) are tiled with vectors of a row
-    (SHORT_ROW_BYTES)."""
+    (SHORT_ROW_BYTES); output rows of a few columns that divide no vector interleave whole
+    vectors of the read (`interleaved_rows`); read rows shorter than a vector are deinterleaved
+    (`deinterleaved_columns`)."""
     inline_producers(sch)
     infos = block_infos(sch)
     if len(infos) != 1 or infos[0].along is None:
@@ -937,6 +939,9 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
         lanes = cols  # a packed layout's few channels: one narrower vector a row
     elif cols is not None and rows is not None and cols < lanes <= rows and info.along == len(loops) - 2:
         interleaved_rows(sch, info.block, loops[: info.along], along, lanes, work)
+        return
+    elif cols is not None and rows is not None and rows < lanes <= cols:
+        deinterleaved_columns(sch, loops, info.along, work)
         return
     if lanes < 2 or rows is None or cols is None or rows % line or cols % lanes:
         raise ElementwiseFits(f"{rows}x{cols} not whole {line}x{lanes} tiles")
@@ -967,6 +972,21 @@ def interleaved_rows(sch: Any, block: Any, outside: list[Any], along: Any, lanes
         parallel_outer(sch, outside, work)
     else:
         parallel_if_worth(sch, chunks, work)
+
+
+def deinterleaved_columns(sch: Any, loops: list[Any], along: int, work: int) -> None:
+    """A transpose whose read rows (`loops[along]`, the loop its read is contiguous along) are a
+    few elements, fewer than a vector, and whose output rows (the innermost loop) are at least
+    one: that loop moved innermost and unrolled, the output's row loop left to LLVM's loop
+    vectorizer, which loads whole vectors and deinterleaves them with shuffles (TVM's strided
+    vector loads are a load a lane); the loops outside in parallel. NHWC to NCHW of an image's 3
+    channels, x86-avx512, Intel Xeon VM, 1 / 2 threads: 1x224x224x3 0.047 / 0.031 -> 0.024 /
+    0.017 ms (onnxruntime's Transpose 0.058 / 0.030), 16x224x224x3 1.21 / 1.00 -> 0.85 / 0.71;
+    x86 (AVX2) 0.037 -> 0.026 ms; 8 channels (AVX-512) 0.008 -> 0.005 ms."""
+    others = [loop for index, loop in enumerate(loops) if index != along]
+    sch.reorder(*others, loops[along])
+    sch.unroll(loops[along])
+    parallel_outer(sch, others[:-1], work)
 
 
 RULES: dict[Structure, Callable[[Any, ScheduleContext], AtRunTime | None]] = {
