@@ -926,22 +926,23 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     (`deinterleaved_columns`)."""
     inline_producers(sch)
     infos = block_infos(sch)
-    if len(infos) != 1 or infos[0].along is None:
+    at = infos[0].along if len(infos) == 1 else None  # the loop the read is contiguous along
+    if at is None:
         raise ElementwiseFits("not one transposing block after inlining")
     (info,) = infos
     dtype = str(sch.get(info.block).writes[0].source.dtype)
     size = np.dtype(dtype).itemsize
     lanes, line = ctx.lanes(dtype), max(1, CACHE_LINE_BYTES // size)
     loops = sch.get_loops(info.block)
-    along, inner = loops[info.along], loops[-1]
+    along, inner = loops[at], loops[-1]
     rows, cols, work = extent(sch, along), extent(sch, inner), work_of([extent(sch, loop) for loop in loops])
     if cols is not None and 4 <= cols < lanes and lanes % cols == 0:
         lanes = cols  # a packed layout's few channels: one narrower vector a row
-    elif cols is not None and rows is not None and cols < lanes <= rows and info.along == len(loops) - 2:
-        interleaved_rows(sch, info.block, loops[: info.along], along, lanes, work)
+    elif cols is not None and rows is not None and cols < lanes <= rows and at == len(loops) - 2:
+        interleaved_rows(sch, info.block, loops[:at], along, lanes, work)
         return
     elif cols is not None and rows is not None and rows < lanes <= cols:
-        deinterleaved_columns(sch, loops, info.along, work)
+        deinterleaved_columns(sch, loops, at, work)
         return
     if lanes < 2 or rows is None or cols is None or rows % line or cols % lanes:
         raise ElementwiseFits(f"{rows}x{cols} not whole {line}x{lanes} tiles")
