@@ -1019,6 +1019,26 @@ def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
     assert (taken.rule, taken.notes) == ("elementwise", ())
 
 
+def transposed(
+    target: str, attrs: dict[str, Any], shape: tuple[int, ...], dtype: str = "float32"
+) -> tuple[Any, Any]:
+    """layout_transform with `attrs` on `shape` scheduled by structure for `target`, which must
+    take the data-movement rule with nothing falling through; (its schedule, the bound op)."""
+    bound = bind(get_op("layout_transform"), attrs, [TensorType(shape, dtype)])
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
+    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
+    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    return sch, bound
+
+
+def check_where_it_runs(bound: Any, target: str, session: Any, tmp_path: Any) -> None:
+    """`bound`'s build for `target` against numpy where this host runs the target (arm's run in the
+    op matrix, on qemu)."""
+    runs_here = get_platform(get_target(target).arch).native_here()
+    if runs_here and not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
+        check(session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+
+
 @pytest.mark.parametrize(
     ("target", "dst", "lanes"),
     [("x86", "NCHW8c", 8), ("x86-avx512", "NCHW8c", 8), ("x86-avx512", "NCHW4c", 4)],
@@ -1028,16 +1048,10 @@ def test_a_packed_layouts_short_rows_are_tiles_of_a_vector_each(target, dst, lan
     vector each, are each tile's writes (16 pixels by the row's channels, AVX-512's lanes
     narrowed to the row); the elementwise schedule gathered 16 lanes across two pixels (2x
     slower). Checked against numpy."""
-    bound = bind(
-        get_op("layout_transform"), {"src": "NCHW", "dst": dst}, [TensorType((2, 16, 8, 32), "float32")]
-    )
-    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
-    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
-    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    sch, bound = transposed(target, {"src": "NCHW", "dst": dst}, (2, 16, 8, 32))
     (block,) = blocks(sch)
     assert loop_kinds(sch, block)[-2:] == [(16, ForKind.UNROLLED), (lanes, ForKind.VECTORIZED)]
-    if not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
-        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+    check_where_it_runs(bound, target, local_session, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -1058,12 +1072,7 @@ def test_an_images_few_channels_are_interleaved_from_whole_vectors(
     interleaved; what W holds past its whole vectors scalar. The elementwise schedule loaded
     each lane on its own, 16x slower. Checked against numpy where this host runs the target (the
     op's case (1, 3, 2, 37) runs on every target in the op matrix)."""
-    bound = bind(
-        get_op("layout_transform"), {"src": "NCHW", "dst": "NHWC"}, [TensorType((2, 3, 4, width), dtype)]
-    )
-    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
-    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
-    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    sch, bound = transposed(target, {"src": "NCHW", "dst": "NHWC"}, (2, 3, 4, width), dtype)
     vectors, rest = ("out_i20", "out_i21") if width % lanes else ("out", None)  # `loop_partition`'s names
     assert loop_kinds(sch, vectors)[-3:] == [
         (width // lanes, ForKind.SERIAL),
@@ -1072,9 +1081,7 @@ def test_an_images_few_channels_are_interleaved_from_whole_vectors(
     ]
     if rest is not None:
         assert loop_kinds(sch, rest)[-2:] == [(width % lanes, ForKind.SERIAL), (3, ForKind.SERIAL)]
-    runs_here = get_platform(get_target(target).arch).native_here()  # arm's: the op matrix, on qemu
-    if runs_here and not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
-        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+    check_where_it_runs(bound, target, local_session, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -1092,18 +1099,10 @@ def test_an_images_few_channels_are_deinterleaved_by_llvm(
     """NHWC to NCHW of a few channels (read rows fewer than a vector, output rows at least one):
     the channels' loop innermost and unrolled, the output's rows a serial loop LLVM vectorizes
     (whole loads, shuffles); the loops outside in parallel. Checked against numpy where this
-    host runs the target."""
-    bound = bind(
-        get_op("layout_transform"),
-        {"src": "NHWC", "dst": "NCHW"},
-        [TensorType((2, 4, width, channels), dtype)],
-    )
-    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
-    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
-    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    host runs the target (the op's case (1, 2, 37, 3) runs on every target in the op matrix)."""
+    sch, bound = transposed(target, {"src": "NHWC", "dst": "NCHW"}, (2, 4, width, channels), dtype)
     assert loop_kinds(sch, "out")[-2:] == [(width, ForKind.SERIAL), (channels, ForKind.UNROLLED)]
-    if not get_device("local").missing_cpu_flags(get_target(target).cpu_flags):
-        check(local_session, compile_op(bound, get_target(target), BuildOptions()), tmp_path)
+    check_where_it_runs(bound, target, local_session, tmp_path)
 
 
 @pytest.mark.parametrize(
