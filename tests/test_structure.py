@@ -1100,9 +1100,51 @@ def test_an_images_few_channels_are_deinterleaved_by_llvm(
     the channels' loop innermost and unrolled, the output's rows a serial loop LLVM vectorizes
     (whole loads, shuffles); the loops outside in parallel. Checked against numpy where this
     host runs the target (the op's case (1, 2, 37, 3) runs on every target in the op matrix)."""
-    sch, bound = transposed(target, {"src": "NHWC", "dst": "NCHW"}, (2, 4, width, channels), dtype)
-    assert loop_kinds(sch, "out")[-2:] == [(width, ForKind.SERIAL), (channels, ForKind.UNROLLED)]
+    sch, bound = transposed(target, {"src": "NHWC", "dst": "NCHW"}, (4, 16, width, channels), dtype)
+    assert loop_kinds(sch, "out") == [
+        (64, ForKind.PARALLEL),
+        (width, ForKind.SERIAL),
+        (channels, ForKind.UNROLLED),
+    ]
     check_where_it_runs(bound, target, local_session, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "shape"),
+    [
+        ({"src": "NCHW", "dst": "NHWC"}, (1, 12, 4, 64)),  # 12 columns: past what LLVM interleaves
+        ({"src": "NHWC", "dst": "NCHW"}, (1, 4, 64, 12)),
+        ({"src": "NCHW", "dst": "NHWC"}, (1, 1, 4, 64)),  # one channel: a copy
+        ({"src": "NHWC", "dst": "NCHW"}, (1, 4, 64, 1)),
+    ],
+)
+def test_a_side_past_few_columns_or_of_one_keeps_the_elementwise_schedule(attrs, shape):
+    """The interleaving rules stop at FEW_COLUMNS (8) elements; a side of one element is a
+    contiguous copy, which the elementwise schedule's fused rows do in whole vectors."""
+    bound = bind(get_op("layout_transform"), attrs, [TensorType(shape, "float32")])
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target("x86-avx512"), BuildOptions()))
+    taken = schedule_by_structure(sch, context(bound, get_target("x86-avx512"), BuildOptions()))
+    assert taken.rule == Structure.ELEMENTWISE.value
+
+
+@pytest.mark.parametrize(
+    ("shape", "kinds"),
+    [
+        ((3, 4096), [(256, ForKind.PARALLEL), (3, ForKind.UNROLLED), (16, ForKind.VECTORIZED)]),
+        ((4096, 3), [(8, ForKind.PARALLEL), (512, ForKind.SERIAL), (3, ForKind.UNROLLED)]),
+    ],
+)
+def test_a_few_columns_with_no_loop_outside_run_in_parallel_still(shape, kinds, local_session, tmp_path):
+    """A 2-D transpose with a side of 3 (transpose2d, a user op) has no loop outside the long
+    side: the vectors run in parallel (3x4096 to 4096x3), or the output's row in 4 parts a core
+    (4096x3 to 3x4096; 2 cores here). Checked against numpy."""
+    bound = bound_op("transpose2d", shapes=[shape])
+    target = get_target("x86-avx512")
+    sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions(cores=2)))
+    taken = schedule_by_structure(sch, context(bound, target, BuildOptions(cores=2)))
+    assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
+    assert loop_kinds(sch, "transpose2d") == kinds
+    check_where_it_runs(bound, "x86-avx512", local_session, tmp_path)
 
 
 @pytest.mark.parametrize(

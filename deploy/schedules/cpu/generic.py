@@ -30,8 +30,10 @@ cheap producers are inlined into their one consumer.
   as one vector of that length: `window`), the taps unrolled around them; where the sum is over
   input channels too, WINDOW_CHANNELS output channels share each load.
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
-  parallel, so that each tile reads whole lines and writes whole vectors; a shape that does not
-  tile keeps the elementwise schedule, with no note (it is as good a default there).
+  parallel, so that each tile reads whole lines and writes whole vectors; where one side is a
+  few elements (an image's 3 channels), whole vectors along the other side, interleaved or
+  deinterleaved by shuffles (`interleaved_rows`, `deinterleaved_columns`); a shape that does
+  not tile keeps the elementwise schedule, with no note (it is as good a default there).
 
 A rule that does not fit (a ragged extent, a primitive TVM refuses) leaves the function to the
 next one down, ending at the generic schedule; `schedule_by_structure` returns the rule taken
@@ -917,13 +919,20 @@ def window_steps(sch: Any, block: Any, taps: int, unrolled: list[int], channels:
     sch.decompose_reduction(block, tap_loops[0])
 
 
+FEW_COLUMNS = 8
+"""Most elements the short side of a transpose may have for `interleaved_rows` and
+`deinterleaved_columns` (measured at 3 and 8): LLVM groups interleaved loads and stores of up
+to 8 (its default `max-interleave-group-factor`); a wider side keeps the elementwise schedule."""
+
+
 def transpose(sch: Any, ctx: ScheduleContext) -> None:
     """Data movement: see the module. transpose2d 1024x1024 float32, AVX2, 1 thread: 0.6 ms in
     tiles of 16x8 where the elementwise schedule's gathers took 3.6-5 ms (onnxruntime 1.1). Output
     rows shorter than a vector (NCHW4c, and NCHW8c with AVX-512) are tiled with vectors of a row
-    (SHORT_ROW_BYTES); output rows of a few columns that divide no vector interleave whole
-    vectors of the read (`interleaved_rows`); read rows shorter than a vector are deinterleaved
-    (`deinterleaved_columns`)."""
+    (SHORT_ROW_BYTES); output rows of 2 to FEW_COLUMNS columns, fewer than a vector, interleave
+    whole vectors of the read (`interleaved_rows`); read rows of 2 to FEW_COLUMNS elements, fewer
+    than a vector, are deinterleaved (`deinterleaved_columns`). One element is a copy: the
+    elementwise schedule's."""
     inline_producers(sch)
     infos = block_infos(sch)
     at = infos[0].along if len(infos) == 1 else None  # the loop the read is contiguous along
@@ -938,11 +947,17 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     rows, cols, work = extent(sch, along), extent(sch, inner), work_of([extent(sch, loop) for loop in loops])
     if cols is not None and 4 <= cols < lanes and lanes % cols == 0:
         lanes = cols  # a packed layout's few channels: one narrower vector a row
-    elif cols is not None and rows is not None and cols < lanes <= rows and at == len(loops) - 2:
-        interleaved_rows(sch, info.block, loops[:at], along, lanes, work)
+    elif (
+        cols is not None
+        and rows is not None
+        and 2 <= cols <= FEW_COLUMNS
+        and cols < lanes <= rows
+        and at == len(loops) - 2
+    ):
+        interleaved_rows(sch, info.block, loops[:at], along, rows, lanes, work)
         return
-    elif cols is not None and rows is not None and rows < lanes <= cols:
-        deinterleaved_columns(sch, loops, at, work)
+    elif cols is not None and rows is not None and 2 <= rows <= FEW_COLUMNS and rows < lanes <= cols:
+        deinterleaved_columns(sch, loops, at, cols, lanes, ctx.cores, work)
         return
     if lanes < 2 or rows is None or cols is None or rows % line or cols % lanes:
         raise ElementwiseFits(f"{rows}x{cols} not whole {line}x{lanes} tiles")
@@ -951,17 +966,18 @@ def transpose(sch: Any, ctx: ScheduleContext) -> None:
     transposed_tiles(sch, info.block, along, inner, line, lanes, work)
 
 
-def interleaved_rows(sch: Any, block: Any, outside: list[Any], along: Any, lanes: int, work: int) -> None:
+def interleaved_rows(
+    sch: Any, block: Any, outside: list[Any], along: Any, rows: int, lanes: int, work: int
+) -> None:
     """A transpose whose output rows (the innermost loop, along which its write is contiguous)
-    are a few columns, fewer than a vector and no divisor of one: vectors of `lanes` steps of
-    `along` (the loop its read is contiguous along), the row's columns unrolled around them. Each
-    step loads one whole vector a column and stores them interleaved, which LLVM turns into
-    shuffles and whole stores (NCHW to NHWC of an image's 3 channels). What `along` holds past
-    its whole vectors runs scalar; the loops `outside` it run in parallel, or its vectors where
-    there are none. 1x3x224x224 float32, Intel Xeon VM, x86-avx512, 1 / 2 threads: 0.018 / 0.009
-    ms, against 0.30 / 0.11 in the elementwise schedule's per-lane loads (onnxruntime 0.10 /
-    0.09)."""
-    rows = extent(sch, along) or 0
+    are a few columns, fewer than a vector: vectors of `lanes` steps of `along` (the loop its
+    read is contiguous along, `rows` steps), the row's columns unrolled around them. Each step
+    loads one whole vector a column and stores them interleaved, which LLVM turns into shuffles
+    and whole stores (NCHW to NHWC of an image's 3 channels). What `along` holds past its whole
+    vectors runs scalar; the loops `outside` it run in parallel, or its vectors where those are
+    one step. 1x3x224x224 float32, Intel Xeon VM, x86-avx512, 1 / 2 threads: 0.015 / 0.009 ms,
+    against 0.226 / 0.123 in the elementwise schedule's per-lane loads (onnxruntime's Transpose
+    0.10 / 0.09)."""
     vectors = partition(sch, along, rows - rows % lanes, rows - rows % lanes)[0]
     (part,) = sch.get_child_blocks(vectors)
     columns = sch.get_loops(part)[-1]
@@ -969,25 +985,34 @@ def interleaved_rows(sch: Any, block: Any, outside: list[Any], along: Any, lanes
     sch.reorder(chunks, columns, lane)
     sch.vectorize(lane)
     sch.unroll(columns)
-    if outside:
-        parallel_outer(sch, outside, work)
-    else:
+    fused = parallel_outer(sch, outside, work)
+    if fused is None or extent(sch, fused) == 1:
         parallel_if_worth(sch, chunks, work)
 
 
-def deinterleaved_columns(sch: Any, loops: list[Any], along: int, work: int) -> None:
-    """A transpose whose read rows (`loops[along]`, the loop its read is contiguous along) are a
-    few elements, fewer than a vector, and whose output rows (the innermost loop) are at least
-    one: that loop moved innermost and unrolled, the output's row loop left to LLVM's loop
-    vectorizer, which loads whole vectors and deinterleaves them with shuffles (TVM's strided
-    vector loads are a load a lane); the loops outside in parallel. NHWC to NCHW of an image's 3
-    channels, x86-avx512, Intel Xeon VM, 1 / 2 threads: 1x224x224x3 0.047 / 0.031 -> 0.024 /
-    0.017 ms (onnxruntime's Transpose 0.058 / 0.030), 16x224x224x3 1.21 / 1.00 -> 0.85 / 0.71;
-    x86 (AVX2) 0.037 -> 0.026 ms; 8 channels (AVX-512) 0.008 -> 0.005 ms."""
-    others = [loop for index, loop in enumerate(loops) if index != along]
-    sch.reorder(*others, loops[along])
-    sch.unroll(loops[along])
-    parallel_outer(sch, others[:-1], work)
+def deinterleaved_columns(
+    sch: Any, loops: list[Any], at: int, cols: int, lanes: int, cores: int, work: int
+) -> None:
+    """A transpose whose read rows (`loops[at]`, the loop its read is contiguous along) are a
+    few elements, fewer than a vector, and whose output rows (the innermost loop, `cols` long)
+    at least one: that loop moved innermost and unrolled, the output's row loop left to LLVM's
+    loop vectorizer, which loads whole vectors and deinterleaves them with shuffles (TVM's
+    strided vector loads are a load a lane); the loops outside in parallel, or where those are
+    one step the row in up to 4 parts a core (a divisor of it, each 2 vectors at least).
+    NHWC to NCHW of an image's 3 channels, x86-avx512, Intel Xeon VM, 1 / 2 threads: 1x224x224x3
+    0.047 / 0.031 -> 0.024 / 0.017 ms (onnxruntime's Transpose 0.058 / 0.030), 16x224x224x3
+    1.21 / 1.00 -> 0.85 / 0.71; x86 (AVX2) 0.037 -> 0.026 ms; 8 channels (AVX-512) 0.008 ->
+    0.005 ms."""
+    others = [loop for index, loop in enumerate(loops) if index != at]
+    sch.reorder(*others, loops[at])
+    sch.unroll(loops[at])
+    fused = parallel_outer(sch, others[:-1], work)
+    if fused is None or extent(sch, fused) == 1:
+        parts = max(
+            d for d in range(1, 4 * cores + 1) if d == 1 or (cols % d == 0 and cols // d >= 2 * lanes)
+        )
+        if parts > 1:
+            parallel_if_worth(sch, sch.split(others[-1], factors=[parts, None])[0], work)
 
 
 RULES: dict[Structure, Callable[[Any, ScheduleContext], AtRunTime | None]] = {
