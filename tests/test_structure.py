@@ -1019,14 +1019,20 @@ def test_a_transpose_is_data_movement_and_a_broadcast_or_head_split_is_not():
     assert (taken.rule, taken.notes) == ("elementwise", ())
 
 
+def by_structure(bound: Any, target: str, options: BuildOptions | None = None) -> tuple[Any, Any]:
+    """`bound` scheduled by structure for `target`: (its schedule, the rule taken)."""
+    options = options or BuildOptions()
+    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), options))
+    return sch, schedule_by_structure(sch, context(bound, get_target(target), options))
+
+
 def transposed(
     target: str, attrs: dict[str, Any], shape: tuple[int, ...], dtype: str = "float32"
 ) -> tuple[Any, Any]:
     """layout_transform with `attrs` on `shape` scheduled by structure for `target`, which must
     take the data-movement rule with nothing falling through; (its schedule, the bound op)."""
     bound = bind(get_op("layout_transform"), attrs, [TensorType(shape, dtype)])
-    sch = tvm.s_tir.Schedule(prim_module(bound, get_target(target), BuildOptions()))
-    taken = schedule_by_structure(sch, context(bound, get_target(target), BuildOptions()))
+    sch, taken = by_structure(bound, target)
     assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
     return sch, bound
 
@@ -1121,9 +1127,9 @@ def test_an_images_few_channels_are_deinterleaved_by_llvm(
 def test_a_side_past_few_columns_or_of_one_keeps_the_elementwise_schedule(attrs, shape):
     """The interleaving rules stop at FEW_COLUMNS (8) elements; a side of one element is a
     contiguous copy, which the elementwise schedule's fused rows do in whole vectors."""
-    bound = bind(get_op("layout_transform"), attrs, [TensorType(shape, "float32")])
-    sch = tvm.s_tir.Schedule(prim_module(bound, get_target("x86-avx512"), BuildOptions()))
-    taken = schedule_by_structure(sch, context(bound, get_target("x86-avx512"), BuildOptions()))
+    _, taken = by_structure(
+        bind(get_op("layout_transform"), attrs, [TensorType(shape, "float32")]), "x86-avx512"
+    )
     assert taken.rule == Structure.ELEMENTWISE.value
 
 
@@ -1139,9 +1145,7 @@ def test_a_few_columns_with_no_loop_outside_run_in_parallel_still(shape, kinds, 
     side: the vectors run in parallel (3x4096 to 4096x3), or the output's row in 4 parts a core
     (4096x3 to 3x4096; 2 cores here). Checked against numpy."""
     bound = bound_op("transpose2d", shapes=[shape])
-    target = get_target("x86-avx512")
-    sch = tvm.s_tir.Schedule(prim_module(bound, target, BuildOptions(cores=2)))
-    taken = schedule_by_structure(sch, context(bound, target, BuildOptions(cores=2)))
+    sch, taken = by_structure(bound, "x86-avx512", BuildOptions(cores=2))
     assert (taken.rule, taken.fell_through) == (Structure.DATA_MOVEMENT.value, "")
     assert loop_kinds(sch, "transpose2d") == kinds
     check_where_it_runs(bound, "x86-avx512", local_session, tmp_path)
