@@ -61,12 +61,14 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "transpose2d": ([(1024, 1024)], {}),
     "dense": ([(128, 768), (768, 768)], {}),
     "image_to_nhwc": ([(1, 3, 224, 224)], {}),
+    "dense_bias": ([(128, 768), (768, 768), (768,)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
 scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
 convolutions that are dot products (1x1, and grouped 3x3: a channel sum with window taps); and
 a row reduction calling log (log_softmax); a dot product whose weight is read along its sum (a
-Linear layer's w[n, k], as PyTorch keeps it); an image's NCHW to NHWC (output rows of 3)."""
+Linear layer's w[n, k], as PyTorch keeps it); an image's NCHW to NHWC (output rows of 3); and
+that Linear layer with its bias (a dot product, then an elementwise stage on its output)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -88,7 +90,7 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("MatMul", names, ["y"]), []
     if name == "pointwise_conv":
         return helper.make_node("Conv", names, ["y"]), []
-    if name == "dense":
+    if name in ("dense", "dense_bias"):
         return helper.make_node("Gemm", names, ["y"], transB=1), []
     if name == "mean_channels":
         axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
@@ -180,6 +182,8 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return lambda: np.matmul(x, inputs[1])
     if name == "dense":
         return lambda: np.matmul(x, inputs[1].T)
+    if name == "dense_bias":
+        return lambda: np.matmul(x, inputs[1].T) + inputs[2]
     if name == "pointwise_conv":
         w = inputs[1][:, :, 0, 0]
         return lambda: np.matmul(w, x.reshape(x.shape[0], x.shape[1], -1)).reshape(

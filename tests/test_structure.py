@@ -74,6 +74,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "transpose2d": ([(128, 16)], Structure.DATA_MOVEMENT),
     "dense": ([(8, 32), (24, 32)], Structure.DOT),
     "image_to_nhwc": ([(1, 3, 4, 37)], Structure.DATA_MOVEMENT),
+    "dense_bias": ([(8, 32), (24, 32), (24,)], Structure.DOT),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
@@ -111,6 +112,7 @@ def test_each_op_takes_its_structures_rule(name):
 
 SUMS_IN_HALF = (
     "layer_norm", "depthwise_conv", "matmul", "batch_matmul", "pointwise_conv", "grouped_conv", "dense",
+    "dense_bias",
 )  # fmt: skip
 """Ops without float16: their sums round at every term in half, past its tolerance."""
 
@@ -202,6 +204,7 @@ PADDED_DOTS = [
     ("batch_matmul", [("N", 7, 9), ("N", 9, 24)], [1, 3]),  # a symbolic batch, ragged m
     ("pointwise_conv", [("N", 3, 5, 8), (30, 3, 1, 1)], [1, 2]),  # a symbolic batch of images, m 30
     ("linear", [("N", 7, 16), (16, 24)], [1, 3]),  # m a symbolic batch by 7 rows: 7 padded to 8
+    ("dense_bias", [("N", 24), (40, 24), (40,)], [1, 5, 13]),  # a symbolic m, then the bias
 ]
 """Dot products whose m is not whole tiles of 4 rows (symbolic, or ragged past 6 rows), at the
 sizes they run at: m's innermost axis padded up to whole tiles; a 1x1 convolution's images loop
@@ -328,6 +331,10 @@ RAGGED_DOTS = [
     ("dense", [(1, 40), (24, 40)]),  # one row: 8 of n a step
     ("dense", [(2, 24), (7, 24)]),  # an odd n: w copied transposed
     ("dense", [(9, 24), (20, 24)]),  # more rows than FEW_ROWS: w copied transposed, 9 padded to 12
+    ("dense_bias", [(1, 40), (24, 40), (24,)]),  # one row, then its bias
+    ("dense_bias", [(3, 16), (10, 16), (10,)]),  # few rows summed along k, then the bias
+    ("dense_bias", [(9, 24), (20, 24), (20,)]),  # 9 padded to 12, the bias over the 9
+    ("dense_bias", [(5, 7), (3, 7), (3,)]),  # w copied transposed; rows of 3 for the bias
     ("pointwise_conv", [(2, 3, 5, 7), (5, 3, 1, 1)]),  # pixels 5x7 joined: 35, past a tile
     ("grouped_conv", [(2, 8, 5, 8), (12, 2, 3, 3)]),  # 12 output channels: a block of 8 and 4
 ]
@@ -415,6 +422,101 @@ def test_a_weight_read_along_its_sum_is_copied_transposed_or_summed_along_k():
         (6, ForKind.SERIAL), (4, ForKind.SERIAL), (4, ForKind.UNROLLED), (2, ForKind.UNROLLED),
         (8, ForKind.VECTORIZED),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("shapes", [[(128, 768), (768, 768)], [(1, 40), (24, 40)], [(9, 24), (20, 24)]])
+def test_a_dot_products_elementwise_stage_runs_after_its_sums_in_vectors(shapes):
+    """A Linear layer with its bias, a sum then `+ b[n]` (TVM inlines no consumer into a sum),
+    takes the dot rule: its sums are scheduled as dense's without the bias, then the bias runs
+    over the output in the elementwise schedule, in vectors (it fell to the generic schedule:
+    x[128, 768] @ w[768, 768]^T + b took 82x onnxruntime's time)."""
+    plain, ctx = schedule_of("dense", shapes)
+    schedule_by_structure(plain, ctx)
+    sch, ctx = schedule_of("dense_bias", [*shapes, (shapes[1][0],)])
+    assert schedule_by_structure(sch, ctx).fell_through == ""
+    for name in ("dense_update", "dense_rf_update"):
+        if name in str(plain.mod):
+            assert loop_kinds(sch, name.replace("dense", "product")) == loop_kinds(plain, name)
+    bias = named_blocks(sch, "dense_bias")
+    assert loop_kinds(sch, bias[0])[-1] == (8, ForKind.VECTORIZED)  # the whole vectors, then a rest
+    assert not sch.get_consumers(bias[0]), "the last stage: no copy out of padded rows after it"
+
+
+DEPTHWISE_BIAS_RELU = """import numpy as np
+from tvm import te, tirx
+
+from deploy.ops import Case, Input, Op, TensorType, register
+
+
+@register
+class DepthwiseBiasRelu(Op):
+    name = "depthwise_bias_relu"
+    inputs = (Input("x", 4, 4), Input("w", 4, 4), Input("b", 1, 1))
+    dtypes = ("float32", "float64")
+    cases = (Case(((1, 8, 14, 14), (8, 1, 3, 3), (8,))),)
+
+    def infer(self, attrs, inputs):
+        return inputs[0]
+
+    def compute(self, attrs, out, x, w, b):
+        _, _, h, wd = x.shape
+        zero = tirx.const(0, x.dtype)
+        padded = te.compute(
+            (x.shape[0], x.shape[1], h + 2, wd + 2),
+            lambda n, c, y, z: tirx.if_then_else(
+                tirx.all(y >= 1, y < h + 1, z >= 1, z < wd + 1), x[n, c, y - 1, z - 1], zero
+            ),
+            name="padded",
+        )
+        i, j = te.reduce_axis((0, 3), name="i"), te.reduce_axis((0, 3), name="j")
+        conv = te.compute(
+            out.shape, lambda n, c, y, z: te.sum(padded[n, c, y + i, z + j] * w[c, 0, i, j], axis=[i, j]),
+            name="conv",
+        )
+        biased = lambda n, c, y, z: conv[n, c, y, z] + b[c]  # noqa: E731
+        return te.compute(
+            out.shape, lambda *i: tirx.Select(biased(*i) < zero, zero, biased(*i)), name="relu"
+        )  # NaN stays NaN
+
+    def reference(self, attrs, x, w, b):
+        padded = np.pad(x.astype("float64"), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        out = sum(
+            padded[:, :, i : i + x.shape[2], j : j + x.shape[3]] * w[None, :, 0, i, j, None, None]
+            for i in range(3) for j in range(3)
+        )
+        with np.errstate(invalid="ignore"):
+            biased = out + b[None, :, None, None]
+            return np.where(biased < 0, 0, biased).astype(x.dtype)
+"""
+"""A user's depthwise 3x3 with its bias and a ReLU: a padded input, the window's sums, then one
+elementwise stage after them."""
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 14, 14), (2, 16, 32, 32)])
+def test_a_windows_elementwise_stage_runs_after_its_sums(shape, local_session, tmp_path):
+    """A window's sums with a bias and a ReLU after them take the window rule (they fell to the
+    generic schedule), the stage after in vectors, and match numpy with NaN and infinities."""
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "depthwise_bias_relu.py").write_text(DEPTHWISE_BIAS_RELU)
+    with registry_kept():
+        load_ops_path(tmp_path / "ops")
+        shapes = [shape, (shape[1], 1, 3, 3), (shape[1],)]
+        sch, ctx = schedule_of("depthwise_bias_relu", shapes)
+        assert schedule_by_structure(sch, ctx).rule == Structure.WINDOW.value
+        assert loop_kinds(sch, named_blocks(sch, "relu")[0])[-1][1] == ForKind.VECTORIZED
+        for dtype in ("float32", "float64"):
+            bound = bind(get_op("depthwise_bias_relu"), {}, [TensorType(s, dtype) for s in shapes])
+            check(local_session, compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
+
+
+def named_blocks(sch: Any, name: str, under: Any = None) -> list[Any]:
+    """Handles of the innermost blocks of `sch` whose names start with `name` (a loop's
+    partitions are `name_n0`, `name_n1`, ...), in order."""
+    found = []
+    for block in sch.get_child_blocks(under or sch.get_sblock("root")):
+        inner = named_blocks(sch, name, block)
+        found += inner or ([block] if sch.get(block).name_hint.startswith(name) else [])
+    return found
 
 
 def test_a_window_max_that_each_tap_compares_with_stays_a_stage():
