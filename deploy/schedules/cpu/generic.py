@@ -24,11 +24,13 @@ cheap producers are inlined into their one consumer.
   symbolic) is padded up to them (`pad_rows`); a 1x1 convolution's images loop as a batch
   (`dot_axes`). A b read along k (a Linear layer's w[n, k], attention's k^T) is copied
   transposed first for the tiles (`transpose_b`); a few rows by it sum each output in vectors
-  along k instead (`along_k`).
+  along k instead (`along_k`). Elementwise stages after the sums (a bias) run after them
+  (`stages_after`).
 - window (depthwise and grouped convolutions): planes in parallel, each plane's producer
   (padding) computed per plane; vectors along the output row (its whole vectors, then its rest
   as one vector of that length: `window`), the taps unrolled around them; where the sum is over
-  input channels too, WINDOW_CHANNELS output channels share each load.
+  input channels too, WINDOW_CHANNELS output channels share each load. Elementwise stages after
+  the sums (a bias, a ReLU) run after them (`stages_after`).
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; where one side is a
   few elements (an image's 3 channels), whole vectors along the other side, interleaved or
@@ -476,8 +478,13 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
     Elementwise stages after the sums (a Linear layer's bias) run after them: `stages_after`."""
     inline_producers(sch)
     info, *after = block_infos(sch)
-    if info.structure is not Structure.DOT or any(s.structure is not Structure.ELEMENTWISE for s in after):
-        raise DoesNotFit(f"{len(after) + 1} blocks after inlining, not a dot product and elementwise stages")
+    if info.structure is not Structure.DOT:
+        raise DoesNotFit(f"block {info.name} is a {info.structure.value}, not the sums of a dot product")
+    for stage in after:
+        if stage.structure is not Structure.ELEMENTWISE:
+            raise DoesNotFit(
+                f"block {stage.name} after the sums is a {stage.structure.value}, not elementwise"
+            )
     at_run_time = dot_product(sch, ctx, info)
     stages_after(sch, ctx, after)
     return at_run_time
@@ -485,17 +492,23 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
 
 def stages_after(sch: Any, ctx: ScheduleContext, after: list[BlockInfo]) -> None:
     """The elementwise stages `after` a dot product's or a window's sums (a bias, an activation:
-    consumers TVM cannot inline into a reduction): each a pass over the output the sums just
-    wrote, in the elementwise schedule. x86-avx512, 1 / 2 threads: x[128, 768] @ w[768, 768]^T
-    + b 91 / 52 ms in the generic schedule (where every such op fell), 1.14 / 0.72 so, 1.22 /
-    0.88 without the bias (onnxruntime's Gemm 1.05 / 0.92); depthwise 3x3 of 1x32x112x112 with a
-    bias and a ReLU 2.20 / 1.12, 0.29 / 0.14 so, 0.17 / 0.07 without them. Computed at the
-    window's output row instead (`reverse_compute_at`) it took the window's time alone, but
-    gave wrong answers: TVM's region of the row under the fused parallel loop of images and
-    channels was every channel, which each thread then computed from sums other threads had
-    not written yet."""
+    consumers TVM cannot inline into a reduction), or stages a window's sums do not read: each
+    a pass of its own over what it reads, in the elementwise schedule. x86-avx512, 1 / 2
+    threads: x[128, 768] @ w[768, 768]^T + b 91 / 52 ms in the generic schedule (where every
+    such op fell), 1.14 / 0.72 so (onnxruntime's Gemm with the bias 1.05 / 0.92); depthwise 3x3
+    of 1x32x112x112 with a bias and a ReLU 2.20 / 1.12, 0.29 / 0.14 so, 0.17 / 0.07 without
+    them. Computed at the window's output row instead (`reverse_compute_at`) it took the
+    window's time alone, but gave wrong answers: TVM's region of the row under the fused
+    parallel loop of images and channels was every channel, which each thread then computed
+    from sums other threads had not written yet."""
     for stage in after:
-        dtype = str(sch.get(stage.block).writes[0].source.dtype)
+        stmt = sch.get(stage.block)
+        if stmt.iter_vars:  # loops of its own: a symbolic m's branches (`branched_by_size`) share its
+            index = str(stmt.iter_vars[0].var.ty)  # function's loop variables, each at its extent
+            sch.transform_block_layout(
+                stage.block, IndexMap.from_func(lambda *v: v, ndim=len(stmt.iter_vars), index_dtype=index)
+            )
+        dtype = str(stmt.writes[0].source.dtype)
         vectorize_parallelize(sch, stage.block, ctx.lanes(dtype), ctx.cores, ctx.choices)
 
 
@@ -688,10 +701,13 @@ def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
     copies_in = [copy for copy in sch.get_producers(block) if sch.get(copy).name_hint not in before]
     copies_out = []
     for copy in sch.get_consumers(block):
-        if sch.get_consumers(copy):  # a stage after the sums reads the padded rows instead
-            sch.compute_inline(copy)
-        else:
-            copies_out.append(copy)
+        try:
+            if sch.get_consumers(copy):  # a stage after the sums reads the padded rows instead
+                sch.compute_inline(copy)
+                continue
+        except s_tir.ScheduleError:  # the copy is an output too: it stays a copy
+            pass
+        copies_out.append(copy)
     for copy in [*copies_in, *copies_out]:
         loops = sch.get_loops(copy)
         vector_split(sch, loops[-1], lanes)
@@ -903,7 +919,12 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         info.structure is not Structure.ELEMENTWISE for info in infos if info is not infos[at[0]]
     ):
         raise DoesNotFit("not one window between elementwise stages")
-    output, before, after = infos[at[0]], infos[: at[0]], infos[at[0] + 1 :]
+    output, after = infos[at[0]], infos[at[0] + 1 :]
+    before: list[BlockInfo] = []
+    for info in reversed(infos[: at[0]]):  # computed per plane: what only the window's plane reads
+        readers = {sch.get(b).name_hint for b in sch.get_consumers(info.block)}
+        inside = readers <= {output.name, *(b.name for b in before)}
+        before, after = ([info, *before], after) if inside else (before, [info, *after])
     lanes = ctx.lanes(str(sch.get(output.block).writes[0].source.dtype))
     loops = sch.get_loops(output.block)
     spatial, taps = loops[: len(output.spatial)], loops[len(output.spatial) :]
