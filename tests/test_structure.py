@@ -482,7 +482,7 @@ class DepthwiseBiasRelu(Op):
             out.shape, lambda n, c, y, z: te.sum(padded[n, c, y + i, z + j] * w[c, 0, i, j], axis=[i, j]),
             name="conv",
         )
-        biased = lambda n, c, y, z: conv[n, c, y, z] + shift[c]  # noqa: E731
+        biased = lambda n, c, y, z: shift[c] + conv[n, c, y, z]  # noqa: E731
         return te.compute(
             out.shape, lambda *i: tirx.Select(biased(*i) < zero, zero, biased(*i)), name="relu"
         )  # NaN stays NaN
