@@ -503,8 +503,10 @@ def stages_after(sch: Any, ctx: ScheduleContext, after: list[BlockInfo]) -> None
     from sums other threads had not written yet."""
     for stage in after:
         stmt = sch.get(stage.block)
-        if stmt.iter_vars:  # loops of its own: a symbolic m's branches (`branched_by_size`) share its
-            index = str(stmt.iter_vars[0].var.ty)  # function's loop variables, each at its extent
+        # loops of its own: a symbolic m's branches (`branched_by_size`) share the function's
+        # loop variables, each at its own extent there
+        if stmt.iter_vars:
+            index = str(stmt.iter_vars[0].var.ty)
             sch.transform_block_layout(
                 stage.block, IndexMap.from_func(lambda *v: v, ndim=len(stmt.iter_vars), index_dtype=index)
             )
@@ -687,7 +689,7 @@ def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
     multiple of DOT_ROWS (`pad_einsum`: the operand read along m copied into a buffer of zero
     rows past m, the output computed into one and copied out; the copies in vectors where their
     rows are whole ones, in parallel where `work` is worth threads; a copy out that a stage after
-    the sums reads, inlined into it: see `stages_after`). A tile's rows otherwise
+    the sums reads, inlined into that stage). A tile's rows otherwise
     each test m inside the sum over k (matmul 131x768x768, AVX2, 1 thread: 4.7 ms against 2.2
     for 128 rows; padded 2.8, onnxruntime's 2.8). False where TVM refuses (an index that is not
     a plain variable): m's tiles then test their rows."""
@@ -701,12 +703,12 @@ def pad_rows(sch: Any, block: Any, axis: int, lanes: int, work: int) -> bool:
     copies_in = [copy for copy in sch.get_producers(block) if sch.get(copy).name_hint not in before]
     copies_out = []
     for copy in sch.get_consumers(block):
-        try:
-            if sch.get_consumers(copy):  # a stage after the sums reads the padded rows instead
+        if sch.get_consumers(copy):  # a stage after the sums reads the padded rows instead
+            try:
                 sch.compute_inline(copy)
                 continue
-        except s_tir.ScheduleError:  # the copy is an output too: it stays a copy
-            pass
+            except s_tir.ScheduleError:  # the copy is an output too: it stays a copy
+                pass
         copies_out.append(copy)
     for copy in [*copies_in, *copies_out]:
         loops = sch.get_loops(copy)
@@ -923,8 +925,10 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     before: list[BlockInfo] = []
     for info in reversed(infos[: at[0]]):  # computed per plane: what only the window's plane reads
         readers = {sch.get(b).name_hint for b in sch.get_consumers(info.block)}
-        inside = readers <= {output.name, *(b.name for b in before)}
-        before, after = ([info, *before], after) if inside else (before, [info, *after])
+        if readers <= {output.name, *(b.name for b in before)}:
+            before.insert(0, info)
+        else:
+            after.insert(0, info)
     lanes = ctx.lanes(str(sch.get(output.block).writes[0].source.dtype))
     loops = sch.get_loops(output.block)
     spatial, taps = loops[: len(output.spatial)], loops[len(output.spatial) :]
