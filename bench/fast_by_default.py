@@ -62,18 +62,33 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "dense": ([(128, 768), (768, 768)], {}),
     "image_to_nhwc": ([(1, 3, 224, 224)], {}),
     "dense_bias": ([(128, 768), (768, 768), (768,)], {}),
+    "depthwise_bias_relu": ([(1, 32, 112, 112), (32, 1, 3, 3), (32,)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
 scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
 convolutions that are dot products (1x1, and grouped 3x3: a channel sum with window taps); and
 a row reduction calling log (log_softmax); a dot product whose weight is read along its sum (a
 Linear layer's w[n, k], as PyTorch keeps it); an image's NCHW to NHWC (output rows of 3); and
-that Linear layer with its bias (a dot product, then an elementwise stage on its output)."""
+that Linear layer with its bias (a dot product, then an elementwise stage on its output); the
+depthwise convolution with its bias and a ReLU (a window, then a stage on its output)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
+def onnx_nodes(name: str, inputs: list[np.ndarray]) -> tuple[list[Any], list[Any]]:
+    """The ONNX nodes doing the op's work in onnxruntime (one, or a convolution then its ReLU,
+    which onnxruntime fuses), and their initializers (opset 20)."""
+    from onnx import helper
+
+    if name == "depthwise_bias_relu":
+        (conv,), _ = onnx_nodes("depthwise_conv", inputs)
+        conv.output[0] = "sums"
+        return [conv, helper.make_node("Relu", ["sums"], ["y"])], []
+    node, initializers = onnx_node(name, inputs)
+    return [node], initializers
+
+
 def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
-    """The ONNX node doing the op's work in onnxruntime, and its initializers (opset 20)."""
+    """The one ONNX node doing the op's work in onnxruntime, and its initializers."""
     from onnx import helper, numpy_helper
 
     names = [f"i{i}" for i in range(len(inputs))]
@@ -115,11 +130,11 @@ def onnxruntime_call(
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
-    node, initializers = onnx_node(name, inputs)
+    nodes, initializers = onnx_nodes(name, inputs)
     initializers += [numpy_helper.from_array(inputs[i], f"i{i}") for i in constants]
     feeds = {f"i{i}": a for i, a in enumerate(inputs) if i not in constants}
     graph = helper.make_graph(
-        [node], name,
+        nodes, name,
         [helper.make_tensor_value_info(k, TensorProto.FLOAT, a.shape) for k, a in feeds.items()],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers,
     )  # fmt: skip
@@ -162,6 +177,9 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         from scipy.special import erf
 
         return lambda: 0.5 * x * (1 + erf(x * np.float32(1 / np.sqrt(2))))
+    if name == "depthwise_bias_relu":
+        depthwise, b = numpy_call("depthwise_conv", inputs[:2]), inputs[2][None, :, None, None]
+        return lambda: np.maximum(depthwise() + b, 0)
     if name == "depthwise_conv":
         w = inputs[1]
         padded = np.empty((*x.shape[:2], x.shape[2] + 2, x.shape[3] + 2), x.dtype)
@@ -324,7 +342,7 @@ def child(names: list[str], rounds: int, threads: int, tuned: Path | None, targe
             rule = taken.rule + (f" (fell through: {taken.fell_through})" if taken.fell_through else "")
             tuned_ratio = f"{ms[4] / ms[2]:6.2f}" if accepted is not None else f"{'-':>6}"
             print(
-                f"{name:16} {threads:>2} {ms[0]:8.4f}±{iqr[0]:<7.4f} {ms[1]:8.4f}±{iqr[1]:<7.4f}"
+                f"{name:19} {threads:>2} {ms[0]:8.4f}±{iqr[0]:<7.4f} {ms[1]:8.4f}±{iqr[1]:<7.4f}"
                 f" {ms[2]:8.4f} {ms[3]:8.4f}  {ms[0] / ms[2]:6.2f} {ms[1] / ms[2]:6.2f} {tuned_ratio}"
                 f"  {ms[0] / ms[3]:6.2f} {ms[1] / ms[3]:6.2f}  {rule}",
                 flush=True,
@@ -363,7 +381,7 @@ def main() -> None:
         f"medians of {args.rounds} interleaved rounds, ms ± interquartile range;"
         f" load average {os.getloadavg()[0]:.1f}{hidden}"
     )
-    print(f"{'op':16} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
+    print(f"{'op':19} {'th':>2} {'before ms':>16} {'after ms':>16} {'ort ms':>8} {'numpy ms':>8}"
           f"  {'b/ort':>6} {'a/ort':>6} {'t/ort':>6}  {'b/np':>6} {'a/np':>6}  rule")  # fmt: skip
     for threads in counts:
         env = thread_env(threads)

@@ -30,7 +30,7 @@ cheap producers are inlined into their one consumer.
   (padding) computed per plane; vectors along the output row (its whole vectors, then its rest
   as one vector of that length: `window`), the taps unrolled around them; where the sum is over
   input channels too, WINDOW_CHANNELS output channels share each load. Elementwise stages after
-  the sums (a bias, a ReLU) run after them (`stages_after`).
+  the sums (a bias, a ReLU) run at the output row (`row_stages`).
 - data movement (a transpose): tiles of a cache line of the read by a vector of the output in
   parallel, so that each tile reads whole lines and writes whole vectors; where one side is a
   few elements (an image's 3 channels), whole vectors along the other side, interleaved or
@@ -218,13 +218,14 @@ INLINED_LOADS = 16
 than one place: a map repeated (an add read twice, 4), not a window (25 taps read 24 times)."""
 
 
-def inline_producers(sch: Any) -> None:
-    """Inline every elementwise block but the output that has one consumer (a cast, a scale, a
-    padding into a reduction's read); one with several (softmax's exp, read by the sum and the
-    output) stays a stage, computed once, and so does one whose copies would load more than
-    INLINED_LOADS elements (a window's max that each tap of a search for it compares with:
-    inlined, 25 taps took 30 s to compile)."""
-    for info in block_infos(sch)[:-1]:
+def inline_producers(sch: Any, among: list[BlockInfo] | None = None) -> list[BlockInfo]:
+    """Inline every elementwise block but the output (or of those `among` it) that has one
+    consumer (a cast, a scale, a padding into a reduction's read); one with several (softmax's
+    exp, read by the sum and the output) stays a stage, computed once, and so does one whose
+    copies would load more than INLINED_LOADS elements (a window's max that each tap of a search
+    for it compares with: inlined, 25 taps took 30 s to compile). The blocks inlined."""
+    inlined = []
+    for info in block_infos(sch)[:-1] if among is None else among:
         consumers = sch.get_consumers(info.block)
         if info.structure is Structure.ELEMENTWISE and len(consumers) == 1:
             written = sch.get(info.block).writes[0].source
@@ -235,6 +236,8 @@ def inline_producers(sch: Any) -> None:
                 sch.compute_inline(info.block)
             except s_tir.ScheduleError:
                 continue
+            inlined.append(info)
+    return inlined
 
 
 def inlined_elementwise(sch: Any, ctx: ScheduleContext) -> None:
@@ -492,15 +495,12 @@ def dot(sch: Any, ctx: ScheduleContext) -> AtRunTime | None:
 
 def stages_after(sch: Any, ctx: ScheduleContext, after: list[BlockInfo]) -> None:
     """The elementwise stages `after` a dot product's or a window's sums (a bias, an activation:
-    consumers TVM cannot inline into a reduction), or stages a window's sums do not read: each
-    a pass of its own over what it reads, in the elementwise schedule. x86-avx512, 1 / 2
-    threads: x[128, 768] @ w[768, 768]^T + b 91 / 52 ms in the generic schedule (where every
-    such op fell), 1.14 / 0.72 so (onnxruntime's Gemm with the bias 1.05 / 0.92); depthwise 3x3
-    of 1x32x112x112 with a bias and a ReLU 2.20 / 1.12, 0.29 / 0.14 so, 0.17 / 0.07 without
-    them. Computed at the window's output row instead (`reverse_compute_at`) it took the
-    window's time alone, but gave wrong answers: TVM's region of the row under the fused
-    parallel loop of images and channels was every channel, which each thread then computed
-    from sums other threads had not written yet."""
+    consumers TVM cannot inline into a reduction) that do not run at a window's row
+    (`row_stages`), or stages a window's sums do not read: each a pass of its own over what it
+    reads, in the elementwise schedule. x86-avx512, 1 / 2 threads: x[128, 768] @ w[768,
+    768]^T + b 91 / 52 ms in the generic schedule (where every such op fell), 1.14 / 0.72 so
+    (onnxruntime's Gemm with the bias 1.05 / 0.92); depthwise 3x3 of 1x32x112x112 with a bias
+    and a ReLU 2.20 / 1.12, 0.29 / 0.14 so, 0.17 / 0.07 without them."""
     for stage in after:
         stmt = sch.get(stage.block)
         # loops of its own: a symbolic m's branches (`branched_by_size`) share the function's
@@ -913,8 +913,8 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     vectors: on a 2-core AMD Zen 5, 1 thread, grouped 3x3 (16 channels a group) took 0.074 ->
     0.039 ms on 1x64x14x14 and 0.294 -> 0.159 on 1x64x28x28 (AVX2), 0.98 -> 0.33 on 1x64x56x56
     and 0.234 -> 0.086 on 1x64x28x28 (AVX-512), against onnxruntime's 0.049, 0.150, 0.53 and
-    0.15. Elementwise stages after the sums (a bias, an activation) run after them:
-    `stages_after`."""
+    0.15. Elementwise stages after the sums (a bias, an activation) run at the output row
+    (`row_stages`), inlined into one another where each has one reader."""
     infos = block_infos(sch)
     at = [i for i, info in enumerate(infos) if info.structure is Structure.WINDOW]
     if len(at) != 1 or any(
@@ -943,13 +943,25 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
     whole = size - size % lanes  # the rest (a row shorter than a vector: all) is one vector
     sums, channel = channel_sum(sch.get(output.block))
     block = []  # a register block of output channels sharing each input vector's load
-    if channel is not None:
+    exact = channel is None or (extent(sch, planes[channel]) or 1) % WINDOW_CHANNELS == 0
+    if channel is not None:  # (a ragged last block's region of a row is past the channels)
         planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
         block = [channel_in]
     sch.reorder(*planes, y, x, *taps, *block)
+    inlined = inline_producers(sch, [info for info in after if info is not infos[-1]])
+    after = [info for info in after if info not in inlined]
+    at_row = row_stages(sch, output, after) if exact else []
+    for info in at_row:  # before the planes are fused: TVM's region of a row under them is exact
+        sch.reverse_compute_at(info.block, y, preserve_unit_loops=True)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(before):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
+    for info in at_row:  # in vectors as the window's row: its whole ones, then the rest as one
+        parts = partition(sch, sch.get_loops(info.block)[-1], whole, whole)
+        if whole:
+            vector_split(sch, parts[0], lanes)
+        if whole < size:
+            sch.vectorize(parts[-1])
     unrolled = [i for i, _ in enumerate(taps) if i not in sums]
     parts = sch.loop_partition(x, [whole, None]) if 0 < whole < size else [x]
     for part in parts:
@@ -962,7 +974,42 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         else:  # a row shorter than a vector, or a longer row's rest: a vector of its length
             sch.reorder(*part_taps, row)
         window_steps(sch, part_block, len(taps), unrolled, len(block))
-    stages_after(sch, ctx, after)
+    stages_after(sch, ctx, [info for info in after if info not in at_row])
+
+
+def row_stages(sch: Any, output: BlockInfo, after: list[BlockInfo]) -> list[BlockInfo]:
+    """The stages of `after` (in order) that read the window's sums `output`, or a stage of
+    these, and no other stage, each only at the point they write: computed at the window's
+    output row while the row's sums are in L1 (TVM computes a block there only with all its
+    producers there). Depthwise 3x3 of 1x32x112x112 with a bias and a ReLU, x86-avx512, 1 / 2
+    threads: 0.34 / 0.17 ms as a pass after the sums, 0.23 / 0.11 so, the window alone 0.21 /
+    0.11. Placed at the row after the planes' loops are fused, the stage took the window's time
+    but gave wrong answers: TVM's region of the row under the fused parallel loop was every
+    channel, which each thread computed from sums the other had not written yet."""
+    rows, at_row = {output.name}, []
+    for info in after:
+        stmt = sch.get(info.block)
+        producers = [sch.get(b) for b in sch.get_producers(info.block)]
+        points = [v.var for v in stmt.iter_vars]
+        written = [p.writes[0].source for p in producers]
+        shape = [str(d) for d in stmt.writes[0].source.shape]  # not a crop of the sums
+        if (
+            written
+            and {p.name_hint for p in producers} <= rows
+            and all([str(d) for d in b.shape] == shape for b in written)
+            and all(
+                len(read.region) == len(points)
+                and all(
+                    isinstance(r.extent, tirx.IntImm) and r.extent.value == 1 and r.min.same_as(v)
+                    for r, v in zip(read.region, points, strict=True)
+                )
+                for read in stmt.reads
+                if any(read.source.same_as(b) for b in written)
+            )
+        ):
+            rows.add(info.name)
+            at_row.append(info)
+    return at_row
 
 
 def window_steps(sch: Any, block: Any, taps: int, unrolled: list[int], channels: int) -> None:
