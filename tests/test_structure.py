@@ -34,6 +34,7 @@ from deploy.schedules.cpu.generic import (
     ROW_VECTORS_SIDE_BY_SIDE,
     ROWS_A_STEP,
     WIDE_ROW_ACCUMULATORS,
+    WINDOW_CHANNELS,
     Taken,
     copied_bytes,
     gemv_chunk,
@@ -507,12 +508,14 @@ GROUPED_BIAS_RELU = """import numpy as np
 from tvm import te, tirx
 
 from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.ops.attrs import Attr, Int
 
 
 @register
 class GroupedBiasRelu(Op):
     name = "grouped_bias_relu"
     inputs = (Input("x", 4, 4), Input("w", 4, 4), Input("b", 1, 1))
+    attrs = (Attr("mirror", Int(0, 1), 0, "the bias stage reads each row of sums backwards"),)
     dtypes = ("float32", "float64")
     cases = (Case(((1, 8, 7, 7), (16, 2, 3, 3), (16,))),)
 
@@ -540,7 +543,9 @@ class GroupedBiasRelu(Op):
             ),
             name="conv",
         )
-        biased = te.compute(out.shape, lambda n, o, y, z: conv[n, o, y, z] + b[o], name="biased")
+        last = out.shape[3] - 1
+        at = (lambda z: last - z) if attrs["mirror"] else (lambda z: z)
+        biased = te.compute(out.shape, lambda n, o, y, z: conv[n, o, y, at(z)] + b[o], name="biased")
         return te.compute(
             out.shape, lambda *i: tirx.Select(biased[i] < zero, zero, biased[i]), name="relu"
         )
@@ -556,35 +561,40 @@ class GroupedBiasRelu(Op):
                     for j in range(3):
                         window = taps[:, :, i : i + x.shape[2], j : j + x.shape[3]]
                         out[:, o] += (window * w[o, :, i, j, None, None]).sum(axis=1)
-            biased = out + b[None, :, None, None]
+            biased = (out[..., ::-1] if attrs["mirror"] else out) + b[None, :, None, None]
             return np.where(biased < 0, 0, biased).astype(x.dtype)
 """
-"""A user's grouped 3x3 with a bias, then a ReLU, as two stages after the window's sums."""
+"""A user's grouped 3x3 with a bias, then a ReLU, as two stages after the window's sums; the
+bias stage reads the sums at its own point, or mirrored along the row."""
 
 
 @pytest.mark.parametrize(
-    "name, shapes, at_row",
+    "name, shapes, attrs, row",
     [
-        ("depthwise_shift_relu", [(1, 8, 14, 14), (8, 1, 3, 3), (8,)], True),
-        ("depthwise_shift_relu", [(2, 16, 32, 32), (16, 1, 3, 3), (16,)], True),
-        ("grouped_bias_relu", [(1, 8, 7, 7), (16, 2, 3, 3), (16,)], True),
-        ("grouped_bias_relu", [(2, 6, 9, 16), (12, 3, 3, 3), (12,)], False),  # a ragged block of 8
+        ("depthwise_shift_relu", [(1, 8, 14, 14), (8, 1, 3, 3), (8,)], {}, [14, 1, 1, 1]),
+        ("depthwise_shift_relu", [(2, 16, 32, 32), (16, 1, 3, 3), (16,)], {}, [32, 1, 1, 1]),
+        ("grouped_bias_relu", [(1, 8, 7, 7), (16, 2, 3, 3), (16,)], {}, [7, 1, WINDOW_CHANNELS, 1]),
+        ("grouped_bias_relu", [(2, 6, 9, 16), (12, 3, 3, 3), (12,)], {}, None),  # a ragged block of 8
+        ("grouped_bias_relu", [(1, 8, 7, 7), (16, 2, 3, 3), (16,)], {"mirror": 1}, None),
     ],
 )
-def test_a_windows_elementwise_stages_run_at_its_output_row(name, shapes, at_row, local_session, tmp_path):
+def test_stages_after_a_windows_sums_run_at_its_row(name, shapes, attrs, row, local_session, tmp_path):
     """A window's sums with a bias and a ReLU after them take the window rule (they fell to the
     generic schedule): a stage the ReLU alone reads (half the bias) and the bias stage are
-    inlined into the ReLU, which runs at the window's output row, in vectors, under its parallel
-    loop (1x32x112x112, x86-avx512: 0.34 / 0.15 ms as a pass of its own after the sums, 0.20 /
-    0.10 so, 1 / 2 threads); where the register block of output channels does not divide them
-    it runs as a pass after the sums. All match numpy with NaN and infinities."""
+    inlined into the ReLU, which runs at the window's output `row` (its loops inside the parallel
+    one: the row's, then one image, the channels of a block, one row), in vectors (1x32x112x112,
+    x86-avx512: 0.34 / 0.17 ms as a pass of its own after the sums, 0.23 / 0.11 so, 1 / 2
+    threads); where the register block of output channels does not divide them, or the stage
+    reads the sums at another point, it runs as a pass after the sums. All match numpy with NaN
+    and infinities."""
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "depthwise_shift_relu.py").write_text(DEPTHWISE_SHIFT_RELU)
     (tmp_path / "ops" / "grouped_bias_relu.py").write_text(GROUPED_BIAS_RELU)
     with registry_kept():
         load_ops_path(tmp_path / "ops")
-        sch, ctx = schedule_of(name, shapes)
-        assert schedule_by_structure(sch, ctx).rule == Structure.WINDOW.value
+        bound = bind(get_op(name), attrs, [TensorType(s, "float32") for s in shapes])
+        sch = tvm.s_tir.Schedule(prim_module(bound, get_target("x86"), BuildOptions()))
+        assert schedule_by_structure(sch, context(bound, get_target("x86"), BuildOptions())).rule == "window"
         assert not named_blocks(sch, "shift") and not named_blocks(sch, "biased")
         assert all(loop_kinds(sch, part)[-1][1] == ForKind.VECTORIZED for part in named_blocks(sch, "relu"))
         padded, relu = (  # relu: the block around its row's partitions, if any; padded: per plane
@@ -593,9 +603,10 @@ def test_a_windows_elementwise_stages_run_at_its_output_row(name, shapes, at_row
             )
             for n in ("padded", "relu")
         )
-        assert sch.get(sch.get_loops(relu)[0]).same_as(sch.get(sch.get_loops(padded)[0])) == at_row
+        assert sch.get(sch.get_loops(relu)[0]).same_as(sch.get(sch.get_loops(padded)[0])) == bool(row)
+        assert not row or [size for size, _ in loop_kinds(sch, relu)[1:5]] == row
         for dtype in ("float32", "float64"):
-            bound = bind(get_op(name), {}, [TensorType(s, dtype) for s in shapes])
+            bound = bind(get_op(name), attrs, [TensorType(s, dtype) for s in shapes])
             check(local_session, compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
 
 

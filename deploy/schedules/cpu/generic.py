@@ -500,7 +500,7 @@ def stages_after(sch: Any, ctx: ScheduleContext, after: list[BlockInfo]) -> None
     reads, in the elementwise schedule. x86-avx512, 1 / 2 threads: x[128, 768] @ w[768,
     768]^T + b 91 / 52 ms in the generic schedule (where every such op fell), 1.14 / 0.72 so
     (onnxruntime's Gemm with the bias 1.05 / 0.92); depthwise 3x3 of 1x32x112x112 with a bias
-    and a ReLU 2.20 / 1.12, 0.29 / 0.14 so, 0.17 / 0.07 without them."""
+    and a ReLU 2.20 / 1.12, 0.29 / 0.14 so (before `row_stages`), 0.17 / 0.07 without them."""
     for stage in after:
         stmt = sch.get(stage.block)
         # loops of its own: a symbolic m's branches (`branched_by_size`) share the function's
@@ -948,15 +948,18 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         planes[channel], channel_in = sch.split(planes[channel], factors=[None, WINDOW_CHANNELS])
         block = [channel_in]
     sch.reorder(*planes, y, x, *taps, *block)
-    inlined = inline_producers(sch, [info for info in after if info is not infos[-1]])
-    after = [info for info in after if info not in inlined]
+    # stages with one reader inlined into it, those before the window too (then computed for
+    # each point: a bias's per-channel scale), so that a stage's producers can all be at the row
+    inlined = {id(info) for info in inline_producers(sch, [info for info in after if info is not infos[-1]])}
+    after = [info for info in after if id(info) not in inlined]
     at_row = row_stages(sch, output, after) if exact else []
     for info in at_row:  # before the planes are fused: TVM's region of a row under them is exact
         sch.reverse_compute_at(info.block, y, preserve_unit_loops=True)
     plane = parallel_outer(sch, planes, work)
     for info in reversed(before):
         sch.compute_at(info.block, plane, preserve_unit_loops=True)
-    for info in at_row:  # in vectors as the window's row: its whole ones, then the rest as one
+    for info in at_row:  # in vectors as the window's row (not `row_vectors`' masked rest or
+        # fractions of vectors): its whole vectors, then the rest as one vector of its length
         parts = partition(sch, sch.get_loops(info.block)[-1], whole, whole)
         if whole:
             vector_split(sch, parts[0], lanes)
@@ -974,18 +977,19 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         else:  # a row shorter than a vector, or a longer row's rest: a vector of its length
             sch.reorder(*part_taps, row)
         window_steps(sch, part_block, len(taps), unrolled, len(block))
-    stages_after(sch, ctx, [info for info in after if info not in at_row])
+    stages_after(sch, ctx, [info for info in after if all(info is not row for row in at_row)])
 
 
 def row_stages(sch: Any, output: BlockInfo, after: list[BlockInfo]) -> list[BlockInfo]:
     """The stages of `after` (in order) that read the window's sums `output`, or a stage of
-    these, and no other stage, each only at the point they write: computed at the window's
-    output row while the row's sums are in L1 (TVM computes a block there only with all its
-    producers there). Depthwise 3x3 of 1x32x112x112 with a bias and a ReLU, x86-avx512, 1 / 2
-    threads: 0.34 / 0.17 ms as a pass after the sums, 0.23 / 0.11 so, the window alone 0.21 /
-    0.11. Placed at the row after the planes' loops are fused, the stage took the window's time
-    but gave wrong answers: TVM's region of the row under the fused parallel loop was every
-    channel, which each thread computed from sums the other had not written yet."""
+    these, and no other stage, each only at the point they write (TE writes a stage at its own
+    point): computed at the window's output row while the row's sums are in L1 (TVM computes a
+    block there only with all its producers there). Depthwise 3x3 of 1x32x112x112 with a bias
+    and a ReLU, x86-avx512, 1 / 2 threads: 0.34 / 0.17 ms as a pass after the sums, 0.23 / 0.11
+    so, the window alone 0.21 / 0.11. Placed at the row after the planes' loops are fused, the
+    stage took the window's time but gave wrong answers: TVM's region of the row under the fused
+    parallel loop was every channel, which each thread computed from sums the other had not
+    written yet."""
     rows, at_row = {output.name}, []
     for info in after:
         stmt = sch.get(info.block)
