@@ -63,6 +63,7 @@ WORKLOADS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
     "image_to_nhwc": ([(1, 3, 224, 224)], {}),
     "dense_bias": ([(128, 768), (768, 768), (768,)], {}),
     "depthwise_bias_relu": ([(1, 32, 112, 112), (32, 1, 3, 3), (32,)], {}),
+    "global_avg_pool": ([(1, 2048, 7, 7)], {}),
 }
 """The issue's five ops at its shapes, then one more per structure: a dot product (attention's
 scores), an outer reduction, data movement (attention's head split, a 2-D transpose); the
@@ -70,7 +71,8 @@ convolutions that are dot products (1x1, and grouped 3x3: a channel sum with win
 a row reduction calling log (log_softmax); a dot product whose weight is read along its sum (a
 Linear layer's w[n, k], as PyTorch keeps it); an image's NCHW to NHWC (output rows of 3); and
 that Linear layer with its bias (a dot product, then an elementwise stage on its output); the
-depthwise convolution with its bias and a ReLU (a window, then a stage on its output)."""
+depthwise convolution with its bias and a ReLU (a window, then a stage on its output); a
+classifier's global average pool (a row reduction over two axes, ResNet-50's 2048x7x7)."""
 LIBM = ("expf", "erff", "tanhf", "logf", "exp", "erf", "tanh", "log")
 
 
@@ -118,6 +120,8 @@ def onnx_node(name: str, inputs: list[np.ndarray]) -> tuple[Any, list[Any]]:
         return helper.make_node("Transpose", names, ["y"], perm=[1, 0]), []
     if name == "image_to_nhwc":
         return helper.make_node("Transpose", names, ["y"], perm=[0, 2, 3, 1]), []
+    if name == "global_avg_pool":
+        return helper.make_node("GlobalAveragePool", names, ["y"]), []
     raise ValueError(name)
 
 
@@ -224,6 +228,8 @@ def numpy_call(name: str, inputs: list[np.ndarray]) -> Callable[[], Any]:
         return lambda: np.ascontiguousarray(x.T)
     if name == "image_to_nhwc":
         return lambda: np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    if name == "global_avg_pool":
+        return lambda: x.mean(axis=(2, 3), keepdims=True)
     raise ValueError(name)
 
 

@@ -77,6 +77,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Structure]] = {
     "image_to_nhwc": ([(1, 3, 4, 37)], Structure.DATA_MOVEMENT),
     "dense_bias": ([(8, 32), (24, 32), (24,)], Structure.DOT),
     "depthwise_bias_relu": ([(1, 4, 16, 16), (4, 1, 3, 3), (4,)], Structure.WINDOW),
+    "global_avg_pool": ([(2, 8, 7, 7)], Structure.ROW_REDUCTION),
 }
 """Each op at a small shape every rule fits on x86 (whole vectors of 8 floats), and its structure."""
 
@@ -114,7 +115,7 @@ def test_each_op_takes_its_structures_rule(name):
 
 SUMS_IN_HALF = (
     "layer_norm", "depthwise_conv", "matmul", "batch_matmul", "pointwise_conv", "grouped_conv", "dense",
-    "dense_bias", "depthwise_bias_relu",
+    "dense_bias", "depthwise_bias_relu", "global_avg_pool",
 )  # fmt: skip
 """Ops without float16: their sums round at every term in half, past its tolerance."""
 
@@ -148,20 +149,20 @@ class Total(Op):
     name = "total"
     inputs = (Input("x", 2, 2),)
     dtypes = ("float32",)
-    cases = (Case(((4, 64),)),)
+    cases = (Case(((64, 4),)),)
 
     def infer(self, attrs, inputs):
         return TensorType((1,), inputs[0].dtype)
 
     def compute(self, attrs, out, x):
-        i, j = te.reduce_axis((0, x.shape[0]), "i"), te.reduce_axis((0, x.shape[1]), "j")
-        return te.compute(out.shape, lambda _: te.sum(x[i, j], axis=[i, j]), name="total")
+        i, j = te.reduce_axis((0, x.shape[1]), "i"), te.reduce_axis((0, x.shape[0]), "j")
+        return te.compute(out.shape, lambda _: te.sum(x[j, i], axis=[i, j]), name="total")
 
     def reference(self, attrs, x):
         return x.sum(keepdims=True).reshape(1)
 """
-"""A user op no rule fits: the sum of a whole matrix (the row rule takes it; TVM refuses to
-vectorize a sum with no row to run in parallel)."""
+"""A user op no rule fits: the sum of a whole matrix column by column (the row rule takes it;
+its two axes are not one row of elements, and TVM refuses to vectorize the sum's other axis)."""
 TOTAL_NOTE = 'rule fell through to the generic schedule: row reduction: Error message: The "vectorize" cannot'
 
 
@@ -169,7 +170,7 @@ def test_a_rule_that_does_not_fit_falls_to_the_generic_schedule_saying_why(tmp_p
     (tmp_path / "total.py").write_text(TOTAL)
     with registry_kept():
         load_ops_path(tmp_path)
-        sch, ctx = schedule_of("total", [(4, 64)])
+        sch, ctx = schedule_of("total", [(64, 4)])
         taken = schedule_by_structure(sch, ctx)
     assert taken.rule == "generic" and taken.notes[0].startswith(TOTAL_NOTE)
 
@@ -820,7 +821,7 @@ def test_a_build_names_the_rule_that_fell_through_in_one_line(tmp_path):
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "total.py").write_text(TOTAL)
     built = run_deploy("--ops-path", str(tmp_path / "ops"), "build", "--target", "x86", "--op", "total",
-                       "--shape", "4x64", "-o", str(tmp_path / "total"))  # fmt: skip
+                       "--shape", "64x4", "-o", str(tmp_path / "total"))  # fmt: skip
     assert built.returncode == 0, built.stderr
     (line,) = built.stderr.splitlines()
     assert line.startswith(f"note: total: {TOTAL_NOTE}") and "note" not in built.stdout
@@ -955,6 +956,18 @@ def test_a_row_of_ragged_vectors_still_takes_the_rows_rule():
     """A row of 20 floats (not whole vectors of 8): no vector reduction, rows still in parallel."""
     sch, ctx = schedule_of("softmax", [(3, 20)])
     assert schedule_by_structure(sch, ctx).rule == "row reduction"
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 7, 7), (1, 64, 14, 14)])
+def test_a_sum_over_a_planes_rows_and_columns_is_one_row_of_its_elements(shape):
+    """A global average pool sums each plane over two axes: joined into one loop of 49 or 196
+    elements, in vectors of 8 combined in halves (each axis alone, 7 or 14, is too short for
+    two vectors; the rule vectorized the wrong loop and fell to the generic schedule: 1x256x14x14
+    took 0.020 ms, 0.0028 so, onnxruntime's GlobalAveragePool 0.013-0.021, x86-avx512). Its
+    answers are checked in test_the_default_by_structure_matches_numpy."""
+    sch, ctx = schedule_of("global_avg_pool", [shape])
+    assert schedule_by_structure(sch, ctx) == Taken("row reduction")
+    assert rf_lanes(sch, "sums") == [8, 4, 2]
 
 
 def test_rows_that_are_not_whole_vectors_run_whole_ones_then_a_masked_one(local_session, tmp_path):

@@ -319,6 +319,7 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     vector_reductions: list[tuple[Any, int, int]] = []  # (rfactor block, whole steps, lanes after)
     for info in infos:
         if info.structure is Structure.ROW_REDUCTION:
+            joined_reduction(sch, info)
             inner = sch.get_loops(info.block)[-1]
             size = extent(sch, inner)
             masked = masked_rest(ctx, lanes, size)
@@ -375,6 +376,31 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
             sch.annotate(sch.get_loops(last)[-1], LANES_KEY, rest)
     if not ctx.bound.exact and ctx.predicated_vectors:  # not RVV: its vectorizer fails on them
         ask_reciprocal_divides(sch, row)  # the step, outermost of every block
+
+
+def joined_reduction(sch: Any, info: BlockInfo) -> None:
+    """A row reduction over several axes that every read of them has as its trailing dims, in
+    order and whole (a global average pool's rows and columns, x[n, c, i, j]), summed as one
+    row of their elements: its loops (the block's last, in that order) fused. Each loop alone
+    was too short for the vectors (14 columns), and the rule's vector reduction split the wrong
+    loop: a global average pool of 1x256x14x14 fell to the generic schedule."""
+    stmt = sch.get(info.block)
+    reduce = [iv for iv in stmt.iter_vars if any(iv.var.same_as(v) for v in info.reduce)]
+    loops = sch.get_loops(info.block)[-len(reduce) :]
+    if len(reduce) < 2 or [extent(sch, loop) for loop in loops] != [int(iv.dom.extent) for iv in reduce]:
+        return
+    for read in stmt.reads:
+        index = [r.min for r in read.region]
+        if len(index) < len(reduce) or not any(mentions(i, v) for i in index for v in info.reduce):
+            continue
+        head, tail, shape = index[: -len(reduce)], index[-len(reduce) :], read.source.shape[-len(reduce) :]
+        if (
+            any(mentions(i, v) for i in head for v in info.reduce)
+            or not all(i.same_as(iv.var) for i, iv in zip(tail, reduce, strict=True))
+            or any(str(d) != str(iv.dom.extent) for d, iv in zip(shape[1:], reduce[1:], strict=True))
+        ):
+            return
+    sch.fuse(*loops)
 
 
 def row_block(last: int | None, rows: int, row_bytes: int, cores: int) -> int:
