@@ -339,6 +339,9 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
             raise DoesNotFit(f"block {info.name} is a {info.structure.value}")
     output = infos[-1]
     loops = sch.get_loops(output.block)
+    kept = min(len(info.spatial) for info in infos if info.structure is Structure.ROW_REDUCTION)
+    if output.structure is Structure.ELEMENTWISE and len(loops) - 1 > kept:  # a row of several
+        loops = [*loops[:kept], sch.fuse(*loops[kept:])]  # axes (an instance norm's plane): one
     outer = loops[:-1] if output.structure is Structure.ELEMENTWISE else loops[: len(output.spatial)]
     if not outer:
         raise DoesNotFit("a single row: no rows to run in parallel")
@@ -346,7 +349,9 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     rows_of = (
         extent(sch, outer[-1]),
         work_of([extent(sch, loop) for loop in outer]),
-        row_bytes(sch, output.block),
+        row_bytes(
+            sch, output.block, extent(sch, loops[-1]) if output.structure is Structure.ELEMENTWISE else None
+        ),
     )
     row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     block_rows = ctx.choices.pick(
@@ -427,11 +432,14 @@ def row_blocks(last: int | None, rows: int, row_bytes: int, cores: int) -> tuple
     return (1, *[n for n in fits if n * row_bytes <= 2 * ROW_BLOCK_BYTES])
 
 
-def row_bytes(sch: Any, block: Any) -> int:
-    """Bytes of one row of `block`'s output (its last axis; past any block for a symbolic one)."""
+def row_bytes(sch: Any, block: Any, elements: int | None = None) -> int:
+    """Bytes of one row of `block`'s output (its last axis, or a row of `elements`; past any
+    block for a symbolic one)."""
     buffer = sch.get(block).writes[0].source
     size = buffer.shape[-1]
-    return int(size) * buffer.dtype.bits // 8 if isinstance(size, tirx.IntImm) else 2 * ROW_BLOCK_BYTES + 1
+    if elements is None and isinstance(size, tirx.IntImm):
+        elements = int(size)
+    return elements * buffer.dtype.bits // 8 if elements is not None else 2 * ROW_BLOCK_BYTES + 1
 
 
 def rows_first(sch: Any, block: Any, row: Any, axis: int) -> None:
