@@ -39,6 +39,7 @@ from deploy.schedules.cpu.generic import (
     copied_bytes,
     gemv_chunk,
     inline_producers,
+    joined_reduction,
     row_block,
     row_lanes,
     schedule_by_structure,
@@ -974,12 +975,14 @@ INSTANCE_NORM = """import numpy as np
 from tvm import te, tirx
 
 from deploy.ops import Case, Input, Op, TensorType, register
+from deploy.ops.attrs import Attr, Int
 
 
 @register
 class InstanceNorm(Op):
     name = "instance_norm"
     inputs = (Input("x", 4, 4),)
+    attrs = (Attr("keepdims", Int(0, 1), 0, "the sums shaped (n, c, 1, 1), as numpy keeps them"),)
     dtypes = ("float32", "float64")
     cases = (Case(((1, 4, 7, 7),)),)
 
@@ -988,16 +991,19 @@ class InstanceNorm(Op):
 
     def compute(self, attrs, out, x):
         n, c, h, w = x.shape
+        kept = ((n, c, 1, 1), lambda a, b: (a, b, 0, 0)), ((n, c), lambda a, b: (a, b))
+        shape, at = kept[0] if attrs["keepdims"] else kept[1]
         size = tirx.const(float(int(h) * int(w)), x.dtype)
         i, j = te.reduce_axis((0, h), "i"), te.reduce_axis((0, w), "j")
-        total = te.compute((n, c), lambda a, b: te.sum(x[a, b, i, j], axis=[i, j]), name="total")
-        mean = te.compute((n, c), lambda a, b: total[a, b] / size, name="mean")
+        total = te.compute(shape, lambda a, b, *_: te.sum(x[a, b, i, j], axis=[i, j]), name="total")
+        mean = te.compute(shape, lambda *v: total[v] / size, name="mean")
         k, m = te.reduce_axis((0, h), "k"), te.reduce_axis((0, w), "m")
-        centered = lambda a, b, y, z: x[a, b, y, z] - mean[a, b]  # noqa: E731
+        centered = lambda a, b, y, z: x[a, b, y, z] - mean[at(a, b)]  # noqa: E731
         square = lambda a, b, y, z: centered(a, b, y, z) * centered(a, b, y, z)  # noqa: E731
-        squares = te.compute((n, c), lambda a, b: te.sum(square(a, b, k, m), axis=[k, m]), name="squares")
+        squares = te.compute(shape, lambda a, b, *_: te.sum(square(a, b, k, m), axis=[k, m]), name="squares")
         eps = tirx.const(1e-5, x.dtype)
-        normed = lambda a, b, y, z: centered(a, b, y, z) / te.sqrt(squares[a, b] / size + eps)  # noqa: E731
+        spread = lambda a, b: te.sqrt(squares[at(a, b)] / size + eps)  # noqa: E731
+        normed = lambda a, b, y, z: centered(a, b, y, z) / spread(a, b)  # noqa: E731
         return te.compute(x.shape, normed, name="norm")
 
     def reference(self, attrs, x):
@@ -1008,27 +1014,52 @@ class InstanceNorm(Op):
             return ((wide - mean) / np.sqrt(variance + 1e-5)).astype(x.dtype)
 """
 """A user's instance norm: a mean and a variance over each plane's rows and columns, then every
-element of the plane normalized."""
+element of the plane normalized; the sums shaped (n, c), or (n, c, 1, 1) with `keepdims`."""
 
 
-@pytest.mark.parametrize("shape", [(1, 4, 7, 7), (2, 3, 14, 14), (1, 64, 56, 56)])
-def test_a_row_reductions_output_row_of_several_axes_is_one_loop(shape, local_session, tmp_path):
+@pytest.mark.parametrize(
+    ("shape", "keepdims"), [((1, 4, 7, 7), 0), ((2, 3, 14, 14), 0), ((1, 64, 56, 56), 0), ((2, 3, 14, 14), 1)]
+)
+def test_a_row_reductions_output_row_of_several_axes_is_one_loop(shape, keepdims, local_session, tmp_path):
     """An instance norm's sums are over a plane (two axes, joined into one row) and its output
     row is that plane: its two loops are one row too, in vectors (the rule indexed past the
     sums' axes and crashed, or fell to the generic schedule; 1x64x56x56 on x86-avx512 takes
-    0.049 ms, onnxruntime's InstanceNormalization 0.076-0.097). Checked against numpy with NaN
+    0.049 ms, onnxruntime's InstanceNormalization 0.076-0.097; with the sums kept (n, c, 1, 1),
+    each row's sums were computed again for each of its rows). Checked against numpy with NaN
     and infinities in float32 and float64."""
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "instance_norm.py").write_text(INSTANCE_NORM)
     with registry_kept():
         load_ops_path(tmp_path / "ops")
-        sch, ctx = schedule_of("instance_norm", [shape])
-        assert schedule_by_structure(sch, ctx) == Taken("row reduction")
+        bound = bind(get_op("instance_norm"), {"keepdims": keepdims}, [TensorType(shape, "float32")])
+        sch = tvm.s_tir.Schedule(prim_module(bound, get_target("x86"), BuildOptions()))
+        taken = schedule_by_structure(sch, context(bound, get_target("x86"), BuildOptions()))
+        assert taken == Taken("row reduction"), taken.fell_through
         assert loop_kinds(sch, named_blocks(sch, "total")[0])[-1] == (16, ForKind.VECTORIZED)  # 2 x 8
-        assert all(loop_kinds(sch, part)[-1][1] == ForKind.VECTORIZED for part in named_blocks(sch, "norm"))
+        norm = named_blocks(sch, "norm")
+        assert all(loop_kinds(sch, part)[-1][1] == ForKind.VECTORIZED for part in norm)
+        assert shape[2] not in {size for part in norm for size, _ in loop_kinds(sch, part)}  # no row's loop
         for dtype in ("float32", "float64"):
-            bound = bind(get_op("instance_norm"), {}, [TensorType(shape, dtype)])
+            bound = bind(get_op("instance_norm"), {"keepdims": keepdims}, [TensorType(shape, dtype)])
             check(local_session, compile_op(bound, get_target("x86"), BuildOptions()), tmp_path)
+
+
+def test_a_sum_over_a_symbolic_axis_is_not_joined():
+    """A batch's statistics summed over a symbolic batch and each plane (x[n, c, i, j] over n,
+    i and j), and a matrix summed over its symbolic rows: not one row of elements (the extent
+    is known at run time only); the join raised TypeError and failed the build."""
+    n = te.var("n")
+    x = te.placeholder((n, 8, 7, 7), "float32", name="x")
+    b, i, j = te.reduce_axis((0, n), "b"), te.reduce_axis((0, 7), "i"), te.reduce_axis((0, 7), "j")
+    stats = te.compute((8,), lambda c: te.sum(x[b, c, i, j], axis=[b, i, j]), name="stats")
+    m = te.placeholder((n, 64), "float32", name="m")
+    k, col = te.reduce_axis((0, n), "k"), te.reduce_axis((0, 64), "col")
+    total = te.compute((1,), lambda _: te.sum(m[k, col], axis=[k, col]), name="total")
+    for tensors, loops in (([x, stats], 4), ([m, total], 3)):
+        sch = tvm.s_tir.Schedule(te.create_prim_func(tensors))
+        (info,) = block_infos(sch)
+        joined_reduction(sch, info)
+        assert len(sch.get_loops(info.block)) == loops
 
 
 def test_rows_that_are_not_whole_vectors_run_whole_ones_then_a_masked_one(local_session, tmp_path):

@@ -9,9 +9,11 @@ cheap producers are inlined into their one consumer.
   each stage run over the block before the next; every stage computed inside the step while
   its rows are in cache; each reduction over the row in ROW_ACCUMULATORS
   (WIDE_ROW_ACCUMULATORS on AVX-512) vectors of lanes (`rfactor`), the lanes combined in halves
-  at its end (`halves`); the elementwise stages in vectors. A row that is not whole vectors runs
-  its whole ones, then one with the lanes past the row masked off (`masked_rest`), or where the
-  target masks no lanes, vectors of the widest fraction of a vector that divides it (`row_lanes`).
+  at its end (`halves`); the elementwise stages in vectors. A sum over a plane's rows and
+  columns is one row of its elements (`joined_reduction`), and so is an output row of them. A
+  row that is not whole vectors runs its whole ones, then one with the lanes past the row masked
+  off (`masked_rest`), or where the target masks no lanes, vectors of the widest fraction of a
+  vector that divides it (`row_lanes`).
 - outer reduction (a mean over channels): the reduction loop outside the contiguous spatial
   loop, which runs in vectors; rows of the output in parallel.
 - dot product (matmul, batched matmul, 1x1 convolution): re-indexed [batch..., m, n, k] by
@@ -317,6 +319,7 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
     lanes = ctx.lanes(str(sch.get(infos[-1].block).writes[0].source.dtype))
     accumulators = (ROW_ACCUMULATORS, WIDE_ROW_ACCUMULATORS)[ctx.vector_bits >= WIDE_VECTOR_BITS]
     vector_reductions: list[tuple[Any, int, int]] = []  # (rfactor block, whole steps, lanes after)
+    kept = min((row_axes(sch, i) for i in infos if i.structure is Structure.ROW_REDUCTION), default=0)
     for info in infos:
         if info.structure is Structure.ROW_REDUCTION:
             joined_reduction(sch, info)
@@ -339,12 +342,12 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
             raise DoesNotFit(f"block {info.name} is a {info.structure.value}")
     output = infos[-1]
     loops = sch.get_loops(output.block)
-    kept = min(len(info.spatial) for info in infos if info.structure is Structure.ROW_REDUCTION)
-    if output.structure is Structure.ELEMENTWISE and len(loops) - 1 > kept:  # a row of several
-        loops = [*loops[:kept], sch.fuse(*loops[kept:])]  # axes (an instance norm's plane): one
+    # an output row of several axes (an instance norm's plane: the axes past its sums'): one loop
+    if output.structure is Structure.ELEMENTWISE and len(loops) - 1 > kept:
+        loops = [*loops[:kept], sch.fuse(*loops[kept:])]
     outer = loops[:-1] if output.structure is Structure.ELEMENTWISE else loops[: len(output.spatial)]
     if not outer:
-        raise DoesNotFit("a single row: no rows to run in parallel")
+        raise DoesNotFit("a single row (the sums are of the whole output): no rows to run in parallel")
     work = work_of([extent(sch, loop) for loop in loops])
     rows_of = (
         extent(sch, outer[-1]),
@@ -384,28 +387,45 @@ def rows(sch: Any, ctx: ScheduleContext) -> None:
 
 
 def joined_reduction(sch: Any, info: BlockInfo) -> None:
-    """A row reduction over several axes that every read of them has as its trailing dims, in
-    order and whole (a global average pool's rows and columns, x[n, c, i, j]), summed as one
-    row of their elements: its loops (the block's last, in that order) fused. Each loop alone
-    was too short for the vectors (14 columns), and the rule's vector reduction split the wrong
-    loop: a global average pool of 1x256x14x14 fell to the generic schedule."""
+    """A row reduction over several axes of static extents that every read of them has as its
+    trailing dims, in order and whole (a global average pool's rows and columns, x[n, c, i, j];
+    not x[n, c, i + 1, j], a crop, nor a weight s[j]), summed as one row of their elements: its
+    loops (the block's last, in that order) fused. Each loop alone was too short for the vectors
+    (14 columns), and the rule's vector reduction split the wrong loop: a global average pool of
+    1x256x14x14 fell to the generic schedule."""
     stmt = sch.get(info.block)
     reduce = [iv for iv in stmt.iter_vars if any(iv.var.same_as(v) for v in info.reduce)]
     loops = sch.get_loops(info.block)[-len(reduce) :]
-    if len(reduce) < 2 or [extent(sch, loop) for loop in loops] != [int(iv.dom.extent) for iv in reduce]:
+    sizes = [extent(sch, loop) for loop in loops]
+    if len(reduce) < 2 or None in sizes or sizes != [static(iv.dom.extent) for iv in reduce]:
         return
     for read in stmt.reads:
         index = [r.min for r in read.region]
-        if len(index) < len(reduce) or not any(mentions(i, v) for i in index for v in info.reduce):
+        if not any(mentions(i, v) for i in index for v in info.reduce):
             continue
-        head, tail, shape = index[: -len(reduce)], index[-len(reduce) :], read.source.shape[-len(reduce) :]
         if (
-            any(mentions(i, v) for i in head for v in info.reduce)
-            or not all(i.same_as(iv.var) for i, iv in zip(tail, reduce, strict=True))
-            or any(str(d) != str(iv.dom.extent) for d, iv in zip(shape[1:], reduce[1:], strict=True))
+            len(index) < len(reduce)
+            or any(mentions(i, v) for i in index[: -len(reduce)] for v in info.reduce)
+            or not all(i.same_as(iv.var) for i, iv in zip(index[-len(reduce) :], reduce, strict=True))
+            or [static(d) for d in read.source.shape[-len(reduce) + 1 :]] != sizes[1:]
         ):
             return
     sch.fuse(*loops)
+
+
+def static(value: Any) -> int | None:
+    """An extent's value where it is a constant (None: symbolic)."""
+    return int(value.value) if isinstance(value, tirx.IntImm) else None
+
+
+def row_axes(sch: Any, info: BlockInfo) -> int:
+    """The axes a reduction's rows run over: its spatial axes but trailing ones of extent 1
+    (sums kept as (n, c, 1, 1), as numpy's and ONNX's keepdims keep them)."""
+    variables = sch.get(info.block).iter_vars
+    spatial = [static(iv.dom.extent) for iv in variables if any(iv.var.same_as(v) for v in info.spatial)]
+    while spatial and spatial[-1] == 1:
+        spatial.pop()
+    return len(spatial)
 
 
 def row_block(last: int | None, rows: int, row_bytes: int, cores: int) -> int:
