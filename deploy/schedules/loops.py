@@ -23,7 +23,11 @@ def blocks(sch: Any) -> list[Any]:
 
 def extent(sch: Any, loop: Any) -> int | None:
     """The loop's extent; None for a symbolic one (a batch, known when the module runs)."""
-    value = sch.get(loop).extent
+    return static(sch.get(loop).extent)
+
+
+def static(value: Any) -> int | None:
+    """An extent's or a dim's value where it is a constant; None for a symbolic one."""
     return int(value) if isinstance(value, tirx.IntImm) else None
 
 

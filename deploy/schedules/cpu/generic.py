@@ -54,12 +54,13 @@ from typing import Any
 import numpy as np
 import tvm
 import tvm.sym.analyzer
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx import IndexMap
 
 from deploy.schedules.cpu.elementwise import elementwise_cpu
 from deploy.schedules.cpu.vectorize import parallel_if_worth, parallel_outer, partition, vectorize_parallelize
-from deploy.schedules.loops import extent, mentions, work_of
+from deploy.schedules.loops import extent, mentions, static, work_of
 from deploy.schedules.registry import ScheduleContext, register_schedule
 from deploy.schedules.structure import (
     BlockInfo,
@@ -413,11 +414,6 @@ def joined_reduction(sch: Any, info: BlockInfo) -> None:
     sch.fuse(*loops)
 
 
-def static(value: Any) -> int | None:
-    """An extent's value where it is a constant (None: symbolic)."""
-    return int(value.value) if isinstance(value, tirx.IntImm) else None
-
-
 def row_axes(sch: Any, info: BlockInfo) -> int:
     """The axes a reduction's rows run over: its spatial axes but trailing ones of extent 1
     (sums kept as (n, c, 1, 1), as numpy's and ONNX's keepdims keep them)."""
@@ -456,9 +452,7 @@ def row_bytes(sch: Any, block: Any, elements: int | None = None) -> int:
     """Bytes of one row of `block`'s output (its last axis, or a row of `elements`; past any
     block for a symbolic one)."""
     buffer = sch.get(block).writes[0].source
-    size = buffer.shape[-1]
-    if elements is None and isinstance(size, tirx.IntImm):
-        elements = int(size)
+    elements = static(buffer.shape[-1]) if elements is None else elements
     return elements * buffer.dtype.bits // 8 if elements is not None else 2 * ROW_BLOCK_BYTES + 1
 
 
@@ -1031,7 +1025,8 @@ def window(sch: Any, ctx: ScheduleContext) -> None:
         else:  # a row shorter than a vector, or a longer row's rest: a vector of its length
             sch.reorder(*part_taps, row)
         window_steps(sch, part_block, len(taps), unrolled, len(block))
-    stages_after(sch, ctx, [info for info in after if all(info is not row for row in at_row)])
+    placed = {id(info) for info in at_row}
+    stages_after(sch, ctx, [info for info in after if id(info) not in placed])
 
 
 def row_stages(sch: Any, output: BlockInfo, after: list[BlockInfo]) -> list[BlockInfo]:
@@ -1050,17 +1045,15 @@ def row_stages(sch: Any, output: BlockInfo, after: list[BlockInfo]) -> list[Bloc
         producers = [sch.get(b) for b in sch.get_producers(info.block)]
         points = [v.var for v in stmt.iter_vars]
         written = [p.writes[0].source for p in producers]
-        shape = [str(d) for d in stmt.writes[0].source.shape]  # not a crop of the sums
+        shape = stmt.writes[0].source.shape  # not a crop of the sums
         if (
             written
             and {p.name_hint for p in producers} <= rows
-            and all([str(d) for d in b.shape] == shape for b in written)
+            and all(tvm_ffi.structural_equal(b.shape, shape) for b in written)
             and all(
                 len(read.region) == len(points)
-                and all(
-                    isinstance(r.extent, tirx.IntImm) and r.extent.value == 1 and r.min.same_as(v)
-                    for r, v in zip(read.region, points, strict=True)
-                )
+                and all(static(r.extent) == 1 for r in read.region)
+                and all(r.min.same_as(v) for r, v in zip(read.region, points, strict=True))
                 for read in stmt.reads
                 if any(read.source.same_as(b) for b in written)
             )
