@@ -95,6 +95,15 @@ def max_of(values: list[Any], dtype: str, window_max: WindowMax) -> Any:
     return window_max(values, dtype)
 
 
+def first_hit(hits: list[Any], flat: list[Any]) -> Any:
+    """TE expression: the first of `flat` whose one of `hits` holds, the last where none before it
+    does (a window's index of its max: one of them holds)."""
+    found = flat[-1]
+    for hit, index in zip(reversed(hits[:-1]), reversed(flat[:-1]), strict=True):
+        found = tirx.Select(hit, index, found)
+    return found
+
+
 STAGED_MAX_TAPS = 9
 """Windows of more taps than this compute `Pool.indices` in two passes (see there)."""
 
@@ -277,15 +286,19 @@ class Pool:
     ) -> te.Tensor:
         """Where the max of each window of NCHW `data` (the outputs `shape`) is, as a flat index
         into `data` (ONNX MaxPool's Indices): (n * C + c) * H * W plus h * W + w, or w * H + h
-        where `column_major`; float windows maxed by `window_max`. The first in row-major order
-        among equal maxima, the first NaN where the max is NaN. The taps are `windows`' (clamped,
-        no condition): clamping keeps their row-major order, so the first tap holding the max is
-        the first input element holding it.
-        The taps are compared with the window's max: an expression in each comparison up to
-        `STAGED_MAX_TAPS` taps (one pass), else a stage of its own, read by a second pass. As an
-        expression the TIR grows with the square of the taps (a 7x7 window took 90 s to compile,
-        3x3 1.9 s; staged 0.7 s and 0.3 s, but 3x3 ran 25-40% slower); a Let binding it broke
-        where a schedule copies the body (one variable bound twice)."""
+        where `column_major`; a staged window's max (below) by `window_max`. The first in
+        row-major order among equal maxima, the first NaN where the max is NaN. The taps are
+        `windows`' (clamped, no condition): clamping keeps their row-major order, so the first
+        tap holding the max is the first input element holding it.
+        Up to `STAGED_MAX_TAPS` taps (one pass) each tap is compared with the window's plain max
+        chain, and a float window's index is the first NaN's instead where not every tap is a
+        number (`none_nan`): the max's NaN test, in each comparison, had made the TIR grow with
+        the square of the taps (3x3 took 4.0 s to compile, 2x3 dilated 5.7 s; now 0.47 and 0.82
+        s, run time level: 1x64x112x112 3x3 s2, x86-avx512, 0.77 / 0.41 ms at 1 / 2 threads).
+        More taps compute the max (`window_max`) in a stage of its own, read by a second pass
+        that compares each tap with it (a plain max chain copied into each comparison still
+        grows with the square: 7x7 took 3.9 s; a Let binding it broke where a schedule copies
+        the body, one variable bound twice). Staged, 3x3 ran 25-40% slower."""
         _, channels, height, width = data.shape
         dtype = str(data.dtype)
 
@@ -305,18 +318,20 @@ class Pool:
         def body(n: Any, c: Any, oh: Any, ow: Any) -> Any:
             at = taps(oh, ow)
             values = [data[n, c, h, w] for h, w in at]
-            most = top[n, c, oh, ow] if top is not None else max_of(values, dtype, window_max)
             plane = (n.astype(index_type) * channels + c.astype(index_type)) * height * width
             flat = [
                 plane + (w * height + h if column_major else h * width + w).astype(index_type) for h, w in at
             ]
-            found = flat[-1]
-            for value, index in zip(reversed(values[:-1]), reversed(flat[:-1]), strict=True):
-                hit = value == most
-                if dtype.startswith("float"):
-                    hit = tirx.Or(hit, is_nan_bits(value, dtype))
-                found = tirx.Select(hit, index, found)
-            return found
+            floats = dtype.startswith("float")
+            if top is not None:  # the max is NaN where the window holds one: its first NaN hits
+                most = top[n, c, oh, ow]
+                hits = [tirx.Or(v == most, is_nan_bits(v, dtype)) if floats else v == most for v in values]
+                return first_hit(hits, flat)
+            found = first_hit([v == functools.reduce(te.max, values) for v in values], flat)
+            if not floats:
+                return found
+            nan = first_hit([is_nan_bits(v, dtype) for v in values], flat)
+            return tirx.Select(none_nan(values, dtype), found, nan)
 
         return te.compute(shape, body, name="out")
 
@@ -400,8 +415,9 @@ def indices_pool(attrs: dict[str, Any]) -> Pool:
 def max_pool2d_indices_compute(
     attrs: dict[str, Any], out: TensorType, x: te.Tensor, window_max: WindowMax = nan_test_max
 ) -> te.Tensor:
-    """max_pool2d_indices' computation (`Pool.indices`), float windows maxed by `window_max`
-    (the default: the plain definition; `deploy/schedules/gpu/pooling.py` passes its own)."""
+    """max_pool2d_indices' computation (`Pool.indices`), the max of a window of more than
+    STAGED_MAX_TAPS float taps by `window_max` (the default: the plain definition;
+    `deploy/schedules/gpu/pooling.py` passes its own)."""
     return indices_pool(attrs).indices(x, out.shape, out.dtype, attrs["column_major"], window_max)
 
 

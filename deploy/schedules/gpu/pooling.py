@@ -38,7 +38,7 @@ def max_pool_branch_max(ctx: ScheduleContext, x: Any) -> Any:
 
 
 def max_pool2d_indices_branch_max(ctx: ScheduleContext, x: Any) -> Any:
-    """max_pool2d_indices with its windows maxed by `branch_max`."""
+    """max_pool2d_indices with its staged windows' max by `branch_max` (`Pool.indices`)."""
     return max_pool2d_indices_compute(ctx.bound.attrs, ctx.bound.output, x, window_max=branch_max)
 
 
