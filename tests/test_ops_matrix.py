@@ -183,8 +183,8 @@ FEW_DTYPES = {
     "hard_sigmoid": ("float32", "float16"),
 }
 """Ops whose matrices run a few of their dtypes, and a search's structures for their first case
-only: the pooling indices compare with a float max (its NaN test) and an integer max (float16
-converts as max_pool2d's does); max_pool3d is max_pool2d's computation and schedule with one
+only: the pooling indices compare with a float max (then find a first NaN) and an integer max
+(float16 converts as max_pool2d's does); max_pool3d is max_pool2d's computation and schedule with one
 more window axis (max_pool2d runs every dtype); a reshape moves elements and computes nothing; hard_sigmoid
 computes as leaky_relu does (float64 takes float32's path). `deploy test` runs every dtype."""
 

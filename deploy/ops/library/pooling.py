@@ -96,8 +96,8 @@ def max_of(values: list[Any], dtype: str, window_max: WindowMax) -> Any:
 
 
 def first_hit(hits: list[Any], flat: list[Any]) -> Any:
-    """TE expression: the first of `flat` whose one of `hits` holds, the last where none before it
-    does (a window's index of its max: one of them holds)."""
+    """TE expression: the element of `flat` at the first of `hits` that holds, else the last
+    (where a window's taps look for its max, one of them holds)."""
     found = flat[-1]
     for hit, index in zip(reversed(hits[:-1]), reversed(flat[:-1]), strict=True):
         found = tirx.Select(hit, index, found)
@@ -292,13 +292,13 @@ class Pool:
         tap holding the max is the first input element holding it.
         Up to `STAGED_MAX_TAPS` taps (one pass) each tap is compared with the window's plain max
         chain, and a float window's index is the first NaN's instead where not every tap is a
-        number (`none_nan`): the max's NaN test, in each comparison, had made the TIR grow with
-        the square of the taps (3x3 took 4.0 s to compile, 2x3 dilated 5.7 s; now 0.47 and 0.82
-        s, run time level: 1x64x112x112 3x3 s2, x86-avx512, 0.77 / 0.41 ms at 1 / 2 threads).
-        More taps compute the max (`window_max`) in a stage of its own, read by a second pass
-        that compares each tap with it (a plain max chain copied into each comparison still
-        grows with the square: 7x7 took 3.9 s; a Let binding it broke where a schedule copies
-        the body, one variable bound twice). Staged, 3x3 ran 25-40% slower."""
+        number (`none_nan`). The chain copied into each comparison grows the TIR with the square
+        of the taps; with the max's NaN test in each copy too, 3x3 took 4.0 s to compile and 2x3
+        dilated 5.7 s (now 0.47 and 0.82 s; run time level: 1x64x112x112 3x3 s2, x86-avx512,
+        0.77 / 0.41 ms at 1 / 2 threads). More taps compute the max (`window_max`) in a stage of
+        its own, read by a second pass that compares each tap with it: 7x7 inline took 3.9 s to
+        compile and ran 25% slower than staged. A Let binding the max broke where a schedule
+        copies the body (one variable bound twice); staged, 3x3 ran 25-40% slower."""
         _, channels, height, width = data.shape
         dtype = str(data.dtype)
 
@@ -327,7 +327,8 @@ class Pool:
                 most = top[n, c, oh, ow]
                 hits = [tirx.Or(v == most, is_nan_bits(v, dtype)) if floats else v == most for v in values]
                 return first_hit(hits, flat)
-            found = first_hit([v == functools.reduce(te.max, values) for v in values], flat)
+            most = functools.reduce(te.max, values)
+            found = first_hit([v == most for v in values], flat)
             if not floats:
                 return found
             nan = first_hit([is_nan_bits(v, dtype) for v in values], flat)

@@ -1,5 +1,6 @@
 """max_pool2d, max_pool3d and max_pool2d_indices on OpenCL, with the window max's NaN test as a
-branch (`branch_max`).
+branch (`branch_max`; max_pool2d_indices takes its max so only over windows of more than
+STAGED_MAX_TAPS taps, where the max is a stage of its own: `Pool.indices`).
 
 Where a row's columns come in whole vectors (`RowVectors.of`), each work-item computes a vector of
 outputs along W from the padded input rows its windows cover, loaded as vectors into registers
@@ -215,6 +216,6 @@ def output_rows(ctx: ScheduleContext, height: int, per_row: int) -> int:
 
 @register_schedule("gpu", "max_pool2d_indices", compute=max_pool2d_indices_branch_max)
 def max_pool2d_gpu(sch: Any, ctx: ScheduleContext) -> None:
-    """One output (a max, or where it is) per work-item: TVM does not vectorize the window max's
-    NaN branch, and a vector of outputs would run as a loop of them in one work-item."""
+    """One output (a max, or where it is) per work-item: TVM does not vectorize a staged window
+    max's NaN branch, and a vector of outputs would run as a loop of them in one work-item."""
     bind_work_items(sch, ctx, vectorize=False)
