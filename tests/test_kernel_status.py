@@ -167,7 +167,8 @@ def test_through_tvms_runtime_main_stops_at_a_failing_kernel(tmp_path: Path) -> 
         tvm.tirx.const(False), tvm.ir.StringImm("ValueError"), [tvm.ir.StringImm("its check failed")]
     )
     calls[0] = (name, func.with_body(check), reads, writes)
-    main = compile_cpu(plan_module(laid.graph, calls), target.tvm_target()).mod["main"]
+    planned = plan_module(laid.graph, calls)
+    main = compile_cpu(planned, target.tvm_target(), target.two_vector_shuffles).mod["main"]
     x = tvm.runtime.tensor(np.zeros((1, 4, 8, 8), "float32"))
     out = tvm.runtime.tensor(np.full((1, 8, 8), -7, "int64"))
     slots = plan_arena(laid.graph, [(r, w) for _, _, r, w in calls]).slots

@@ -26,41 +26,97 @@ def _load(extent: object, base: object, stride: int = 2):
     return tirx.BufferLoad(buffer, [tirx.Ramp(base, stride, 8)])
 
 
-@pytest.mark.parametrize(("offset", "first"), [(0, 0), (1, 1), (5, 1)])
-def test_a_stride2_load_becomes_two_aligned_loads_and_a_shuffle(offset: int, first: int) -> None:
+def _read(rewritten: Any, values: dict[str, int]) -> tuple[list[int], list[range]]:
+    """(the element each lane of `rewritten` takes, the elements each of its loads reads) with
+    its variables at `values`."""
+    import tvm.sym.analyzer
+    import tvm_ffi
+    from tvm import tirx
+
+    analyzer = tvm.sym.analyzer.Analyzer()
+
+    def at(expr: Any) -> int:
+        bound = tvm_ffi.structural_map(
+            expr, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)]
+        )
+        return int(analyzer.simplify(bound))
+
+    starts = [at(vector.indices[0].base) for vector in rewritten.vectors]
+    lanes = [int(vector.indices[0].lanes) for vector in rewritten.vectors]
+    flat = [start + lane for start, n in zip(starts, lanes, strict=True) for lane in range(n)]
+    loads = [range(start, start + n) for start, n in zip(starts, lanes, strict=True)]
+    return [flat[int(k)] for k in rewritten.indices], loads
+
+
+# (extent, index, aligned): index from i and N; aligned: with two-vector shuffles, its vectors
+# start at multiples of its 8 lanes
+STRIDE2_LOADS = [
+    (64, lambda i, n: i * 16, True),
+    (64, lambda i, n: i * 16 + 1, True),
+    (64, lambda i, n: i * 16 + 5, True),  # three vectors
+    (64, lambda i, n: i * 16 + 7, True),
+    (lambda n: n * 64, lambda i, n: i * 16 + 7, True),  # a symbolic batch of planes of 64
+    (64, lambda i, n: i * 6 + 1, False),  # place in a vector unknown: an even pair
+    (64, lambda i, n: i * 3, False),  # parity unknown: an overlapping pair
+    (63, lambda i, n: i * 16 + 1, False),  # odd length: an overlapping pair
+    (113, lambda i, n: i * 2 + 1, False),  # a padded row of 113
+    (lambda n: n * 63, lambda i, n: i * 16, False),
+    (lambda n: n * 62, lambda i, n: i * 16 + 1, False),  # not whole vectors: an even pair
+]
+
+
+@pytest.mark.parametrize("shuffles", [False, True], ids=["pairs", "two-vector-shuffles"])
+@pytest.mark.parametrize(("extent", "index", "aligned"), STRIDE2_LOADS)
+def test_a_stride2_load_becomes_contiguous_loads_and_a_shuffle(
+    extent: Any, index: Any, aligned: bool, shuffles: bool
+) -> None:
+    """Each lane takes the element the stride-2 load did, and no load reads outside the buffer, at
+    every in-bounds value of the index. On a target with two-vector shuffles, where the load's
+    place in a vector is known and the buffer is whole vectors, the loads are the vectors at
+    multiples of the lanes that hold it (the addresses a stage's vector stores wrote); else two."""
     import tvm.sym.analyzer
     from tvm import tirx
 
     from deploy.compiler.tir_passes import _stride2_to_shuffle
 
-    i = tirx.Var("i", "int32")
-    rewritten = _stride2_to_shuffle(_load(64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
+    i, n = tirx.Var("i", "int32"), tirx.Var("N", "int32")
+    length = extent(n) if callable(extent) else extent
+    rewritten = _stride2_to_shuffle(_load(length, index(i, n)), tvm.sym.analyzer.Analyzer(), shuffles)
     assert isinstance(rewritten, tirx.Shuffle)
-    n = tirx.Var("N", "int32")  # a symbolic batch of even planes: the length is even too
-    rewritten = _stride2_to_shuffle(_load(n * 64, i * 16 + offset), tvm.sym.analyzer.Analyzer())
-    assert isinstance(rewritten, tirx.Shuffle)
-    assert [int(k) for k in rewritten.indices] == [first + 2 * lane for lane in range(8)]
-    low, high = rewritten.vectors
-    assert str(low.indices[0].stride) == "1" and str(high.indices[0].stride) == "1"
+    assert all(str(vector.indices[0].stride) == "1" for vector in rewritten.vectors)
+    if not (aligned and shuffles):
+        assert len(rewritten.vectors) == 2
+    for planes in (1, 3):
+        size = extent(planes) if callable(extent) else extent
+        for step in range(size):
+            base = index(step, planes)
+            if base + 14 >= size:
+                break
+            taken, loads = _read(rewritten, {"i": step, "N": planes})
+            assert taken == [base + 2 * lane for lane in range(8)]
+            assert all(r.start >= 0 and r.stop <= size for r in loads)
+            if aligned and shuffles:
+                assert all(r.start % 8 == 0 for r in loads)
 
 
 @pytest.mark.parametrize(
     "load",
     [
-        lambda tirx: _load(63, tirx.Var("i", "int32") * 16),  # odd length: a pair could cross the end
-        lambda tirx: _load(tirx.Var("N", "int32") * 63, tirx.Var("i", "int32") * 16),  # N odd planes
-        lambda tirx: _load(64, tirx.Var("i", "int32") * 3),  # parity unknown
         lambda tirx: _load(64, tirx.Var("i", "int32") * 16, stride=3),
+        lambda tirx: _load(64, tirx.Var("i", "int32") * 16, stride=1),
+        lambda tirx: tirx.BufferLoad(tirx.decl_buffer((8, 8), "float32", name="a"), [0, tirx.Ramp(0, 2, 4)]),
     ],
 )
-def test_loads_it_cannot_prove_safe_are_left_alone(load) -> None:
+def test_other_loads_are_left_alone(load) -> None:
+    """Strides other than 2, and loads of buffers not yet flattened."""
     import tvm.sym.analyzer
     from tvm import tirx
 
     from deploy.compiler.tir_passes import _stride2_to_shuffle
 
     original = load(tirx)
-    assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer()).same_as(original)
+    for shuffles in (False, True):
+        assert _stride2_to_shuffle(original, tvm.sym.analyzer.Analyzer(), shuffles).same_as(original)
 
 
 L1_PRFM = "prfm\tpldl1keep"

@@ -172,14 +172,15 @@ class SharedObject(ArtifactKind):
             gvar.name_hint: aligned(func, options.alignment, output if gvar.name_hint == "main" else None)
             for gvar, func in mod.functions.items()
         }
-        executable = compile_cpu(tvm.IRModule(functions), target.tvm_target())
+        executable = compile_cpu(tvm.IRModule(functions), target.tvm_target(), target.two_vector_shuffles)
         return with_streaming_stores(executable) if output else executable  # IR read only then
 
     def compile_graph(
         self, graph: BoundGraph, kernels: list[ScheduledKernel], target: Target, options: BuildOptions
     ) -> Any:
         calls = _calls(graph, kernels, target, options.alignment)
-        executable = compile_cpu(plan_module(graph, calls, options.alignment), target.tvm_target())
+        planned = plan_module(graph, calls, options.alignment)
+        executable = compile_cpu(planned, target.tvm_target(), target.two_vector_shuffles)
         marked = any(not streams([p.name for p in func.params]) for _, func, _, _ in calls)
         return with_streaming_stores(executable) if marked else executable  # IR read only then
 

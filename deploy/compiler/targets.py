@@ -54,6 +54,15 @@ class Target:
     32x64x112x112 k3 s2 p1 0.89 / 0.83 of L1's time, argmax 256x100000 0.89 / 0.90; x86:
     0.94 / 0.96 and 0.96 / 0.93 (L3, `prefetcht2`: 0.89 of L1's for the pool; non-temporal:
     1.74). The ARM and RISC-V targets keep L1, not measured on a device."""
+    two_vector_shuffles: bool = False
+    """One instruction picks any lanes of two full vectors (AVX-512's `vpermt2ps`), so a stride-2
+    vector load reads the vectors at multiples of its lanes that hold it, three where it starts
+    late in one (`deploy.compiler.tir_passes`): the addresses a pooling stage's row was just
+    stored at, which a load straddling two stores waits on. max_pool2d k3 s2 p1 32x64x112x112,
+    1 / 2 threads, interleaved: x86-avx512 0.94-0.95 / 0.97 of the pair's time; x86 (AVX2: its
+    shuffles pick within 128-bit halves, and 16 registers do not hold a stage row of 14
+    vectors) 1.08 / 1.03, so it keeps the pair. ARM's NEON has such a shuffle (`uzp`), not
+    measured on a device."""
     cross_compiler: str | None = None
     cross_package: str | None = None
     """Debian package that provides `cross_compiler`."""
@@ -123,6 +132,7 @@ register_target(
         tvm={"kind": "llvm", "mcpu": "skylake-avx512"},
         vector_bits=512,
         cpu_flags=("avx512f", "avx512bw", "avx512vl"),
+        two_vector_shuffles=True,
     )
 )
 ARM = register_target(

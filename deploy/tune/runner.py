@@ -42,13 +42,14 @@ REPEAT = 3
 """Measurements per candidate; MetaSchedule ranks candidates by their mean."""
 
 
-def build_candidate(mod: Any, target: Any, params: Any) -> Any:
-    """Compile a scheduled candidate exactly as `deploy build` compiles CPU targets (the
-    deploy-cpu pipeline at opt level 3), so what is measured is what gets built.
+def build_candidate(deploy_target: Target, mod: Any, target: Any, params: Any) -> Any:
+    """Compile a scheduled candidate for `deploy_target` (MetaSchedule's TVM `target`) exactly as
+    `deploy build` compiles CPU targets (the deploy-cpu pipeline at opt level 3), so what is
+    measured is what gets built.
 
     Runs in MetaSchedule's builder workers instead of its default build, which imports
     `tvm.s_tir.tensor_intrin` in every fresh worker (about 20 s on a small machine, per batch)."""
-    return compile_cpu(mod, target)
+    return compile_cpu(mod, target, deploy_target.two_vector_shuffles)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def builder(target: Target, options: BuildOptions, timeout_s: float, into: Path,
     return ms.builder.LocalBuilder(
         max_workers=host_cpus(),
         timeout_sec=timeout_s,
-        f_build=build_candidate,
+        f_build=functools.partial(build_candidate, target),
         f_export=functools.partial(export_candidate, target, options, Signature.of(bound), str(into)),
     )
 
