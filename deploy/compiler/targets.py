@@ -59,7 +59,7 @@ class Target:
     vector load reads the vectors at multiples of its lanes that hold it, three where it starts
     late in one (`deploy.compiler.tir_passes`): the addresses a pooling stage's row was just
     stored at, which a load straddling two stores waits on. max_pool2d k3 s2 p1 32x64x112x112,
-    1 / 2 threads, interleaved: x86-avx512 0.94-0.95 / 0.97 of the pair's time; x86 (AVX2: its
+    1 / 2 threads, interleaved: x86-avx512 0.94-0.95 / 0.94-1.02 of the pair's time; x86 (AVX2: its
     shuffles pick within 128-bit halves, and 16 registers do not hold a stage row of 14
     vectors) 1.08 / 1.03, so it keeps the pair. ARM's NEON has such a shuffle (`uzp`), not
     measured on a device."""
