@@ -873,11 +873,8 @@ def test_the_default_builds_use_the_vector_fma(tmp_path, target_name, name):
     assert re.search(VECTOR_FMA[target_name], listing), f"no vector FMA in {name} for {target_name}"
 
 
-LANE_LOADS = {
-    "x86": r"vinsertps \$0x[0-9a-f]+,-?(0x[0-9a-f]+)?\(",
-    "x86-avx512": r"vinsertps \$0x[0-9a-f]+,-?(0x[0-9a-f]+)?\(",
-    "arm": r"ld1\s+\{v\d+\.s\}\[\d\]",
-}
+X86_LANE_LOAD = r"vinsertps \$0x[0-9a-f]+,-?(0x[0-9a-f]+)?\("
+LANE_LOADS = {"x86": X86_LANE_LOAD, "x86-avx512": X86_LANE_LOAD, "arm": r"ld1\s+\{v\d+\.s\}\[\d\]"}
 """target -> a load into one lane of a vector as objdump prints it."""
 
 

@@ -5,7 +5,8 @@ contiguous, the schedules' software prefetches and a graph's subroutines placed 
 TVM turns a vector load with stride 2 (a stride-2 pooling window or convolution along W) into
 one scalar load and insert per lane. `deinterleave_stride2` loads the elements those lanes span
 as two or three contiguous vectors and picks every other lane with a shuffle, which LLVM lowers
-to vector loads plus shuffles (`vpermt2ps` on x86, `uzp` on AArch64). `software_prefetch` lowers the
+to vector loads plus shuffles (`vshufps`/`vpermpd` on AVX2, `vpermt2ps` on AVX-512, `uzp` on
+AArch64). `software_prefetch` lowers the
 loops a schedule annotated with `deploy.schedules.cpu.PREFETCH` (TVM has no prefetch step for them).
 """
 
@@ -30,7 +31,12 @@ def _stride2_to_shuffle(load: Any, analyzer: Any, two_vector_shuffles: bool) -> 
     ..., b + 2n - 2:
     - on a target with `two_vector_shuffles`, where b's place in a vector of n lanes is known (b
       mod n, from its modular set) and the buffer is whole such vectors: the two or three
-      vectors at multiples of n that hold them (`_aligned_vectors`);
+      vectors at multiples of n that hold them. A pooling stage's row is stored as such vectors
+      just before the output reads its taps, and a load straddling two of those stores waits
+      until both reach the cache (store forwarding fails); read as the vectors stored, the taps
+      2j - 1, 2j and 2j + 1 share their loads and LLVM keeps the row in registers. max_pool2d k3
+      s2 p1, x86-avx512, 1 / 2 threads, 21 interleaved rounds: 1x16x112x112 (in L2) 0.0217 /
+      0.0151 -> 0.0183 / 0.0116 ms, 32x64x112x112 9.29 / 4.75 -> 8.78 / 4.60 ms;
     - where b's parity is known and the buffer's length even (for a symbolic batch: a multiple of
       an even size): the pair from b rounded down to even;
     - else the n elements from b and the n up to b + 2n - 2 (they overlap by one), which read
@@ -48,31 +54,26 @@ def _stride2_to_shuffle(load: Any, analyzer: Any, two_vector_shuffles: bool) -> 
         return load
     n, place, size = int(lanes), analyzer.modular_set(index.base), analyzer.modular_set(load.source.shape[0])
     if two_vector_shuffles and place.coeff % n == 0 and size.coeff % n == 0 and size.base % n == 0:
-        return _aligned_vectors(load.source, index.base, place.base % n, n)
+        offset = place.base % n
+        count = (offset + 2 * n - 2) // n + 1
+        starts = [index.base - offset + k * n for k in range(count)]
+        return _picked(load.source, starts, n, [offset + 2 * i for i in range(n)])
     if place.coeff % 2 == 0 and size.coeff % 2 == 0 and size.base % 2 == 0:
         odd = place.base % 2
-        low = tirx.BufferLoad(load.source, [tirx.Ramp(index.base - odd, 1, n)])
-        high = tirx.BufferLoad(load.source, [tirx.Ramp(index.base - odd + n, 1, n)])
-        return tirx.Shuffle([low, high], [tirx.IntImm("int32", odd + 2 * i) for i in range(n)])
-    low = tirx.BufferLoad(load.source, [tirx.Ramp(index.base, 1, n)])
-    high = tirx.BufferLoad(load.source, [tirx.Ramp(index.base + n - 1, 1, n)])
-    return tirx.Shuffle([low, high], [tirx.IntImm("int32", 2 * i + (2 * i >= n)) for i in range(n)])
+        return _picked(
+            load.source, [index.base - odd, index.base - odd + n], n, [odd + 2 * i for i in range(n)]
+        )
+    picks = [2 * i + (2 * i >= n) for i in range(n)]  # the second vector starts at lane n - 1
+    return _picked(load.source, [index.base, index.base + n - 1], n, picks)
 
 
-def _aligned_vectors(source: Any, base: Any, offset: int, n: int) -> Any:
-    """`source[ramp(base, 2, n)]` as a shuffle of the vectors of n lanes at multiples of n that
-    hold it, `base` being `offset` lanes into the first. A pooling stage's row is stored as such
-    vectors just before the output reads its taps: a load straddling two of those stores waits
-    until both reach the cache (store forwarding fails). Read as the vectors stored, the taps 2j
-    - 1, 2j and 2j + 1 share their loads, and LLVM keeps the stage's row in registers. max_pool2d
-    k3 s2 p1, x86-avx512, 1 / 2 threads, 21 interleaved rounds: 1x16x112x112 (in L2) 0.0217 /
-    0.0151 -> 0.0183 / 0.0116 ms, 32x64x112x112 9.29 / 4.75 -> 8.78 / 4.60 ms."""
+def _picked(source: Any, starts: list[Any], n: int, picks: list[int]) -> Any:
+    """The lanes `picks` (indices into the vectors one after the other) of the vectors of `n`
+    lanes of `source` at `starts`: a shuffle of contiguous loads."""
     from tvm import tirx
 
-    start = base - offset
-    count = (offset + 2 * n - 2) // n + 1
-    vectors = [tirx.BufferLoad(source, [tirx.Ramp(start + i * n, 1, n)]) for i in range(count)]
-    return tirx.Shuffle(vectors, [tirx.IntImm("int32", offset + 2 * lane) for lane in range(n)])
+    vectors = [tirx.BufferLoad(source, [tirx.Ramp(start, 1, n)]) for start in starts]
+    return tirx.Shuffle(vectors, [tirx.IntImm("int32", pick) for pick in picks])
 
 
 def requested_math() -> Any:
