@@ -294,6 +294,58 @@ def test_a_sliding_window_is_one_stream() -> None:
     assert len(_prefetched_offsets(_prefetched(loop, []), ow, per_step=16)) == 1
 
 
+SCAN = (1563, 16)
+"""Steps and floats a step of argmax's scan of a segment (25008 floats) of a row of 100000."""
+
+
+@pytest.mark.parametrize(("pitch", "wraps"), [(100000, True), (25008, False), (20000, False)])
+def test_a_segment_prefetches_its_next_rows_segment(pitch: int, wraps: bool) -> None:
+    """Argmax's scan reads four segments of a row at once: past the end of a segment its
+    prefetches go where that segment's load reads next (the same segment of the next row,
+    `pitch` floats on), not into the next segment (read at the same time) — unless the next row
+    starts where the segment ends (one stream) or before (read again: in cache)."""
+    import tvm.sym.analyzer
+    import tvm_ffi
+    from tvm import tirx
+
+    from deploy.compiler.tir_passes import _prefetched
+    from deploy.schedules.cpu import PREFETCH
+
+    steps, per_step = SCAN
+    span, ahead = steps * per_step, 16384 // 4
+    x = tirx.decl_buffer((1 << 24,), "float32", name="x")
+    out = tirx.decl_buffer((64,), "float32", name="out")
+    row, step = tirx.Var("row", "int32"), tirx.Var("step", "int32")
+    starts = [row * pitch + segment * span + step * per_step for segment in range(4)]
+    loads = [tirx.BufferLoad(x, [tirx.Ramp(start, 1, per_step)]) for start in starts]
+    total = loads[0] + loads[1] + loads[2] + loads[3]
+    store = tirx.BufferStore(out, total, [tirx.Ramp(tirx.const(0, "int32"), 1, per_step)])
+    loop = tirx.For(step, 0, steps, tirx.ForKind.SERIAL, store, annotations={PREFETCH: 16384})
+    lowered = _prefetched(loop, [])
+    addresses = [s.value.args[1].args[0].indices[0] for s in lowered.body.seq[:-1]]
+    assert len(addresses) == 4
+    analyzer = tvm.sym.analyzer.Analyzer()
+    for r, k in [(0, 0), (3, 0), (3, span // per_step - ahead // per_step - 1), (3, 1307), (7, 1562)]:
+        at = {row: r, step: k}
+
+        def value(index: Any, at: dict = at) -> int:
+            bound = tvm_ffi.structural_map(
+                index,
+                [
+                    (
+                        tirx.Var,
+                        lambda v: next((tirx.const(n, "int32") for w, n in at.items() if w.same_as(v)), v),
+                    )
+                ],
+            )
+            return int(analyzer.simplify(bound))
+
+        past = k * per_step + ahead >= span
+        for segment, address in enumerate(addresses):
+            linear = r * pitch + segment * span + k * per_step + ahead
+            assert value(address) == (linear + pitch - span if wraps and past else linear), (r, k, segment)
+
+
 STREAMING = {
     "x86": ("objdump", "binutils", "vmovntps", "sfence"),
     "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", "stnp", "dmb"),
