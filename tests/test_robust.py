@@ -224,6 +224,35 @@ def test_a_stop_during_the_fork_is_raised_once_the_child_is_known(other_thread: 
     assert {child.pid for child in psutil.Process().children()} <= before
 
 
+@pytest.mark.parametrize("taken_for", ["a failed case", "a lost device"])
+def test_a_stop_swallowed_on_its_way_up_still_ends_the_matrix(monkeypatch, taken_for: str):
+    """A Ctrl-C whose KeyboardInterrupt something on its way up swallowed (TVM's FFI hands one
+    raised inside a call back as another exception; a catch-all may then take it for a failure
+    or for a lost device) still ends `deploy test` before its next case, and before it
+    reconnects: a CI run's `deploy test` ran all its cases after a Ctrl-C."""
+    import deploy.verify.matrix as matrix
+    from deploy.base.stopping import stopping_like_ctrl_c
+
+    planned = matrix.plan([get_op("leaky_relu")], ["float32"])[:3]
+    ran: list[object] = []
+
+    def swallowing(session, case, *args):
+        ran.append(case)
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            if taken_for == "a lost device":
+                raise DeviceLost("taken for a lost device") from None
+            return matrix.CaseResult(case.op.name, case.dtype, "swallowed", False, float("inf"), "-", "-")
+        raise AssertionError("SIGINT raised no KeyboardInterrupt")
+
+    monkeypatch.setattr(matrix, "verify_case", swallowing)
+    with pytest.raises(KeyboardInterrupt), stopping_like_ctrl_c():
+        matrix.run_matrix(planned, get_target("x86"), BuildOptions(), get_device("local"))
+    assert ran == planned[:1]
+
+
 def test_a_failed_fork_leaves_no_descriptor(monkeypatch):
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")

@@ -218,7 +218,10 @@ def run_matrix(
     """Verify the cases on `workers` sessions of `device` at once (e.g. the free servers of a
     tracker key), in the order planned. A worker whose device is lost reports it, puts its case
     back for the others, and opens a fresh session once; a second loss in a row retires it. When
-    every worker is retired with cases left, the last loss ends the run."""
+    every worker is retired with cases left, the last loss ends the run. A stop (Ctrl-C, SIGTERM)
+    ends it too, before the next case and before any reconnect, even where its exception did not
+    come up this far: TVM's FFI hands one raised inside a call back as another exception, which a
+    catch-all on the way may take for a device lost (`RpcSession._guard`) or a failed case."""
     check_device(target, device)
     queue = _Queue(planned)
     results: dict[int, CaseResult] = {}
@@ -233,6 +236,7 @@ def run_matrix(
                 with device.open() as session:
                     ahead.start(for_device(options, session))
                     while (item := queue.pop()) is not None:
+                        raise_if_stopped()
                         ahead.took(item[0])
                         try:
                             result = verify_case(session, item[1], target, options)
@@ -244,6 +248,7 @@ def run_matrix(
                             results[item[0]] = result
                             on_result(result, worker)
             except DeviceLost as lost:
+                raise_if_stopped()
                 lost_in_a_row += 1
                 with report:
                     losses.append(lost)
