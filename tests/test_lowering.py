@@ -149,6 +149,19 @@ def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str,
     assert prefetch in text, "the column stage prefetches its input rows"
 
 
+@pytest.mark.parametrize("target", sorted(DISASSEMBLY))
+def test_an_nhwc_pool_prefetches_its_pixels_channels(tmp_path: Path, target: str) -> None:
+    """NHWC's channels are several vectors a pixel: unrolled, they are loads of the pixel loop,
+    which prefetches them (the build prefetches no loads of an inner loop)."""
+    tool, package, vector_max, _, prefetch = DISASSEMBLY[target]
+    if shutil.which(tool) is None:
+        pytest.skip(f"needs {tool} (Debian package {package})")
+    attrs = {"kernel": 3, "stride": 2, "padding": 1, "layout": "NHWC"}
+    bound = bind(get_op("max_pool2d"), attrs, [TensorType((2, 32, 32, 64), "float32")])
+    text = disassembled(compile_op(bound, get_target(target), BuildOptions()), tmp_path, tool)
+    assert any(m in text for m in vector_max) and prefetch in text
+
+
 def _streaming_loop(ahead: int) -> tuple[Any, Any]:
     """A loop over lines of 16 floats whose step loads three rows of an input `x` (two vectors
     each, a line apart by less than 64 bytes), a row of a local stage, and a value indexed by a
