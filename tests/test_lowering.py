@@ -26,22 +26,22 @@ def _load(extent: object, base: object, stride: int = 2):
     return tirx.BufferLoad(buffer, [tirx.Ramp(base, stride, 8)])
 
 
-def _read(rewritten: Any, values: dict[str, int]) -> tuple[list[int], list[range]]:
-    """(the element each lane of `rewritten` takes, the elements each of its loads reads) with
-    its variables at `values`."""
+def _evaluated(expr: Any, values: dict[str, int]) -> int:
+    """The integer `expr` is with its variables (by name) at `values`."""
     import tvm.sym.analyzer
     import tvm_ffi
     from tvm import tirx
 
-    analyzer = tvm.sym.analyzer.Analyzer()
+    bound = tvm_ffi.structural_map(
+        expr, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)]
+    )
+    return int(tvm.sym.analyzer.Analyzer().simplify(bound))
 
-    def at(expr: Any) -> int:
-        bound = tvm_ffi.structural_map(
-            expr, [(tirx.Var, lambda v: tirx.const(values[v.name], "int32") if v.name in values else v)]
-        )
-        return int(analyzer.simplify(bound))
 
-    starts = [at(vector.indices[0].base) for vector in rewritten.vectors]
+def _read(rewritten: Any, values: dict[str, int]) -> tuple[list[int], list[range]]:
+    """(the element each lane of `rewritten` takes, the elements each of its loads reads) with
+    its variables at `values`."""
+    starts = [_evaluated(vector.indices[0].base, values) for vector in rewritten.vectors]
     lanes = [int(vector.indices[0].lanes) for vector in rewritten.vectors]
     flat = [start + lane for start, n in zip(starts, lanes, strict=True) for lane in range(n)]
     loads = [range(start, start + n) for start, n in zip(starts, lanes, strict=True)]
@@ -317,8 +317,6 @@ def test_a_segment_prefetches_its_next_rows_segment(pitch: int, wraps: bool) -> 
     prefetches go where that segment's load reads next (the same segment of the next row,
     `pitch` floats on), not into the next segment (read at the same time) — unless the next row
     starts where the segment ends (one stream) or before (read again: in cache)."""
-    import tvm.sym.analyzer
-    import tvm_ffi
     from tvm import tirx
 
     from deploy.compiler.tir_passes import _prefetched
@@ -337,26 +335,12 @@ def test_a_segment_prefetches_its_next_rows_segment(pitch: int, wraps: bool) -> 
     lowered = _prefetched(loop, [])
     addresses = [s.value.args[1].args[0].indices[0] for s in lowered.body.seq[:-1]]
     assert len(addresses) == 4
-    analyzer = tvm.sym.analyzer.Analyzer()
     for r, k in [(0, 0), (3, 0), (3, span // per_step - ahead // per_step - 1), (3, 1307), (7, 1562)]:
-        at = {row: r, step: k}
-
-        def value(index: Any, at: dict = at) -> int:
-            bound = tvm_ffi.structural_map(
-                index,
-                [
-                    (
-                        tirx.Var,
-                        lambda v: next((tirx.const(n, "int32") for w, n in at.items() if w.same_as(v)), v),
-                    )
-                ],
-            )
-            return int(analyzer.simplify(bound))
-
         past = k * per_step + ahead >= span
         for segment, address in enumerate(addresses):
             linear = r * pitch + segment * span + k * per_step + ahead
-            assert value(address) == (linear + pitch - span if wraps and past else linear), (r, k, segment)
+            expected = linear + pitch - span if wraps and past else linear
+            assert _evaluated(address, {"row": r, "step": k}) == expected, (r, k, segment)
 
 
 STREAMING = {

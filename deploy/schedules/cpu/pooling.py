@@ -94,9 +94,9 @@ def channels_inner_window(sch: Any, ctx: ScheduleContext) -> None:
     NCHW8c; NHWC's as vectors unrolled: `vectorize_channels`), every tap a contiguous vector
     load of the same channels at a clamped pixel (the clamps are scalars: no gathers at all;
     the border pixels of each row are split off, so the interior's taps are plain loads, a
-    row's taps one prefetch stream); output rows run in
-    parallel, the input prefetched PREFETCH_BYTES ahead per pixel. A search also tries
-    half-width vectors and the column stage (computed per row, vectorized alike)."""
+    row's taps one prefetch stream); output rows run in parallel, the input prefetched
+    PREFETCH_BYTES ahead per pixel. A search also tries half-width vectors and the column stage
+    (computed per row, vectorized alike)."""
     *stages, block = blocks(sch)
     pool = Pool.from_attrs(ctx.bound.attrs)
     h_axis, w_axis = pool.layout.spatial
