@@ -120,12 +120,14 @@ def test_other_loads_are_left_alone(load) -> None:
 
 
 L1_PRFM = "prfm\tpldl1keep"
+ARM_TOOLS = ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu")
 DISASSEMBLY = {
-    "x86": ("objdump", "binutils", ("vmaxps",), ("vshufps", "vpermps"), "prefetcht1"),
-    "arm": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu", ("fmax\tv",), ("uzp", "ld2"), L1_PRFM),
+    "x86": ("objdump", "binutils", ("vmaxps",), ("vshufps", "vpermps"), ("prefetcht1", "prefetcht0")),
+    "arm": (*ARM_TOOLS, ("fmax\tv",), ("uzp", "ld2"), (L1_PRFM,)),
 }
-"""target -> (disassembler, its Debian package, a vector max, deinterleaves, a prefetch into the
-target's `prefetch_level`: L2 on x86, L1 on aarch64)."""
+"""target -> (disassembler, its Debian package, a vector max, deinterleaves, the prefetches of a
+streamed input: into the target's `prefetch_level` (L2 on x86, L1 on aarch64), and where that is
+past L1, near ones into L1)."""
 
 
 def disassembled(compiled: Any, tmp_path: Path, tool: str = "objdump") -> str:
@@ -138,7 +140,7 @@ def disassembled(compiled: Any, tmp_path: Path, tool: str = "objdump") -> str:
 @pytest.mark.parametrize("target", sorted(DISASSEMBLY))
 @pytest.mark.parametrize("batch", [2, "N"])
 def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str, batch: int | str) -> None:
-    tool, package, vector_max, deinterleaves, prefetch = DISASSEMBLY[target]
+    tool, package, vector_max, deinterleaves, prefetches = DISASSEMBLY[target]
     if shutil.which(tool) is None:
         pytest.skip(f"needs {tool} (Debian package {package})")
     attrs = {"kernel": 3, "stride": 2, "padding": 1}
@@ -146,20 +148,20 @@ def test_max_pooling_is_vector_code_that_prefetches(tmp_path: Path, target: str,
     text = disassembled(compile_op(bound, get_target(target), BuildOptions()), tmp_path, tool)
     assert any(m in text for m in vector_max), "the max is computed a vector at a time"
     assert any(d in text for d in deinterleaves), "stride-2 taps are deinterleaved with shuffles"
-    assert prefetch in text, "the column stage prefetches its input rows"
+    assert all(p in text for p in prefetches), "the column stage prefetches its input rows"
 
 
 @pytest.mark.parametrize("target", sorted(DISASSEMBLY))
 def test_an_nhwc_pool_prefetches_its_pixels_channels(tmp_path: Path, target: str) -> None:
     """NHWC's channels are several vectors a pixel: unrolled, they are loads of the pixel loop,
     which prefetches them (the build prefetches no loads of an inner loop)."""
-    tool, package, vector_max, _, prefetch = DISASSEMBLY[target]
+    tool, package, vector_max, _, prefetches = DISASSEMBLY[target]
     if shutil.which(tool) is None:
         pytest.skip(f"needs {tool} (Debian package {package})")
     attrs = {"kernel": 3, "stride": 2, "padding": 1, "layout": "NHWC"}
     bound = bind(get_op("max_pool2d"), attrs, [TensorType((2, 32, 32, 64), "float32")])
     text = disassembled(compile_op(bound, get_target(target), BuildOptions()), tmp_path, tool)
-    assert any(m in text for m in vector_max) and prefetch in text
+    assert any(m in text for m in vector_max) and all(p in text for p in prefetches)
 
 
 def _streaming_loop(ahead: int) -> tuple[Any, Any]:
@@ -227,6 +229,29 @@ def test_a_prefetch_per_input_row_and_line_ahead_of_the_step() -> None:
     assert localities(into_l2) == [2, 2, 2] and PREFETCH_LEVEL not in into_l2.annotations
     unannotated, _ = _streaming_loop(0)
     assert _prefetched(unannotated, [stage]).body.same_as(unannotated.body)  # 0: none
+
+
+def test_a_near_prefetch_into_l1_follows_the_far_ones() -> None:
+    """Far prefetches into L2, then one into L1 a little ahead of each line: the core's loads
+    then find their lines in L1 (`PREFETCH_NEAR`); none without the annotation or the far."""
+    from tvm import tirx
+
+    from deploy.compiler.tir_passes import _prefetched
+    from deploy.schedules.cpu import PREFETCH, PREFETCH_NEAR
+
+    def near(loop: Any, distance: int) -> Any:
+        annotations = {**loop.annotations, PREFETCH_NEAR: distance}
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, None, annotations)
+
+    loop, stage = _streaming_loop(16384)
+    lowered = _prefetched(near(with_level(loop, 2), 1024), [stage])
+    rows = [0, 112, 224]  # elements past a row-0 line: each of x's three rows
+    assert _prefetched_offsets(lowered, loop.loop_var) == [4096 + r for r in rows] + [256 + r for r in rows]
+    assert localities(lowered) == [2, 2, 2, 3, 3, 3]
+    assert PREFETCH_NEAR not in lowered.annotations and PREFETCH not in lowered.annotations
+    assert localities(_prefetched(near(with_level(loop, 2), 0), [stage])) == [2, 2, 2]  # 0: none
+    unannotated, _ = _streaming_loop(0)
+    assert _prefetched(near(unannotated, 1024), [stage]).body.same_as(unannotated.body)  # no far: none
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")

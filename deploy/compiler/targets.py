@@ -53,7 +53,8 @@ class Target:
     AMD Zen 5, L1 and L2 builds interleaved, 1 / 2 threads, x86-avx512: max_pool2d
     32x64x112x112 k3 s2 p1 0.89 / 0.83 of L1's time, argmax 256x100000 0.89 / 0.90; x86:
     0.94 / 0.96 and 0.96 / 0.93 (L3, `prefetcht2`: 0.89 of L1's for the pool; non-temporal:
-    1.74). The ARM and RISC-V targets keep L1, not measured on a device."""
+    1.74). The ARM and RISC-V targets keep L1, not measured on a device. Where it is past L1,
+    the schedules also prefetch into L1 a little ahead of the loads (`PREFETCH_NEAR`)."""
     two_vector_shuffles: bool = False
     """One instruction picks any lanes of two full vectors (AVX-512's `vpermt2ps`), so a stride-2
     vector load reads the vectors at multiples of its lanes that hold it, three where it starts

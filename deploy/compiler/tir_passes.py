@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from deploy.base.forked import FORK_LOCK
-from deploy.schedules.cpu import CACHE_LINE, PREFETCH, PREFETCH_LEVEL
+from deploy.schedules.cpu import CACHE_LINE, PREFETCH, PREFETCH_LEVEL, PREFETCH_NEAR
 from deploy.schedules.vector_math import lower_math
 
 PIPELINES = {False: "deploy-cpu", True: "deploy-cpu-two-vector-shuffles"}
@@ -226,23 +226,28 @@ def _along_stream(loop: Any, start: Any, elements: int) -> Any:
 def _prefetched(loop: Any, local: list[Any]) -> Any:
     """`loop` (annotated PREFETCH: bytes ahead, 0: none) with its body led by one `llvm.prefetch`
     (a read, into the cache level of PREFETCH_LEVEL and those past it: locality 3 for L1, 2 for
-    L2) of that many bytes past each of `_line_starts`. Near the
-    end of a buffer the address lies past it: a prefetch never faults (x86 `prefetcht0`, AArch64
-    `prfm`), and LLVM's takes any address (its pointer is not `noundef`)."""
+    L2) of that many bytes past each of `_line_starts`, then, where PREFETCH_NEAR is set, one into
+    L1 that many bytes past each. Near the end of a buffer the address lies past it: a prefetch
+    never faults (x86 `prefetcht0`, AArch64 `prfm`), and LLVM's takes any address (its pointer
+    is not `noundef`)."""
     from tvm import tirx
 
     ahead = int(loop.annotations[PREFETCH])
-    locality = 4 - int(loop.annotations.get(PREFETCH_LEVEL, 1))
+    near = int(loop.annotations.get(PREFETCH_NEAR, 0)) if ahead > 0 else 0
+    starts = _line_starts(loop, local) if ahead > 0 else []
+    far = 4 - int(loop.annotations.get(PREFETCH_LEVEL, 1))
     fetches = []
-    for buffer, start in _line_starts(loop, local) if ahead > 0 else []:
-        elements = max(1, ahead * 8 // buffer.dtype.bits)
-        address = tirx.address_of(tirx.BufferLoad(buffer, [_along_stream(loop, start, elements)]))
-        read, keep, data = (tirx.const(v, "int32") for v in (0, locality, 1))
-        fetches.append(
-            tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, read, keep, data))
-        )
+    for distance, locality in ((ahead, far), (near, 3)) if near > 0 else ((ahead, far),):
+        for buffer, start in starts:
+            elements = max(1, distance * 8 // buffer.dtype.bits)
+            address = tirx.address_of(tirx.BufferLoad(buffer, [_along_stream(loop, start, elements)]))
+            read, keep, data = (tirx.const(v, "int32") for v in (0, locality, 1))
+            fetches.append(
+                tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, read, keep, data))
+            )
     body = tirx.SeqStmt([*fetches, loop.body]) if fetches else loop.body
-    annotations = {k: v for k, v in loop.annotations.items() if k not in (PREFETCH, PREFETCH_LEVEL)}
+    own = (PREFETCH, PREFETCH_LEVEL, PREFETCH_NEAR)
+    annotations = {k: v for k, v in loop.annotations.items() if k not in own}
     return tirx.For(
         loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations, loop.step
     )

@@ -12,6 +12,6 @@ and `riscv.py`), a file per job:
 """
 
 from deploy.schedules.cpu import argmax, generic, pooling  # noqa: F401  (registration on import)
-from deploy.schedules.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_LEVEL
+from deploy.schedules.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_LEVEL, PREFETCH_NEAR
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_LEVEL"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_LEVEL", "PREFETCH_NEAR"]
