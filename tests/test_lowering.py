@@ -308,6 +308,46 @@ def test_the_column_stage_builds_at_the_edges(tmp_path: Path, shape: tuple, attr
         check(session, compile_scheduled(bound, target, BuildOptions(), mod, name), tmp_path)
 
 
+WHOLE_LINES = [
+    ("max_pool2d", (4, 3, 16, 16), 2),  # rows of 8 floats (32 bytes): two rows a line
+    ("max_pool2d", (8, 2, 24, 24), 4),  # rows of 12 floats (48 bytes): four rows, three lines
+    ("max_pool3d", (4, 2, 4, 16, 16), 2),  # NCDHW: its planes N*C*D
+]
+
+
+@pytest.mark.parametrize(("op", "shape", "lines"), WHOLE_LINES, ids=lambda v: str(v))
+@pytest.mark.parametrize("target", ["x86", "x86-avx512"])
+def test_a_streamed_pools_rows_go_out_as_whole_lines(
+    tmp_path: Path, op: str, shape: tuple, lines: int, target: str
+) -> None:
+    """An NCHW pool whose output is streamed to memory and whose rows end mid-line writes them
+    `lines` at a time through a buffer (`rows_per_line`), and still matches numpy on random
+    data, ties, NaN and infinities (streaming every output here, however small). A batch the
+    streams do not divide keeps its rows as computed."""
+    from dataclasses import replace
+
+    from deploy.compiler.compile import compile_scheduled, hand_schedule
+    from deploy.devices import get_device
+    from deploy.schedules.registry import Picked
+    from deploy.verify.measure import check
+
+    local = get_device("local")
+    if target == "x86-avx512" and local.missing_cpu_flags(("avx512f",)):
+        pytest.skip("this host has no AVX-512")
+    streamed = replace(get_target(target), streaming_store_bytes=1)
+    bound = bind(get_op(op), {"kernel": 3, "stride": 2, "padding": 1}, [TensorType(shape, "float32")])
+    choices = Picked()
+    mod, name = hand_schedule(bound, streamed, BuildOptions(), choices)
+    assert ("output rows at once", (lines, 1), lines) in choices.seen
+    with local.open() as session:
+        check(session, compile_scheduled(bound, streamed, BuildOptions(), mod, name), tmp_path)
+    one_image = bind(get_op(op), bound.attrs, [TensorType((1, *shape[1:]), "float32")])
+    for unpaired, on in ((bound, get_target(target)), (one_image, streamed)):  # too small; a batch of 1
+        plain = Picked()
+        hand_schedule(unpaired, on, BuildOptions(), plain)
+        assert all(name != "output rows at once" for name, _, _ in plain.seen)
+
+
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils (objdump)")
 def test_the_argmax_scan_prefetches_its_rows(tmp_path: Path) -> None:
     bound = bind(get_op("argmax"), {"axis": -1}, [TensorType((8, 1024), "float32")])

@@ -41,6 +41,7 @@ def context(
         target.scalar_dtypes,
         target.predicated_vectors,
         target.prefetch_level,
+        target.streaming_store_bytes,
     )
 
 

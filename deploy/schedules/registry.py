@@ -114,6 +114,9 @@ class ScheduleContext:
     """TVM builds a vector with some lanes masked off for the target (`Target.predicated_vectors`)."""
     prefetch_level: int = 1
     """The cache level software prefetches fill (`Target.prefetch_level`)."""
+    streaming_store_bytes: int | None = None
+    """An output of at least this many bytes is written with streaming stores
+    (`Target.streaming_store_bytes`; None: the target has none)."""
     fused: bool = False
     """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
     after the group's producers were inlined where they could be: the stages left must stay."""
