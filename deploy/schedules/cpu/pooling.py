@@ -14,6 +14,7 @@ import numpy as np
 from tvm import tirx
 
 from deploy.ops.library.pooling import Pool, WindowMax, max_pool_compute, nan_test_max
+from deploy.ops.spec import is_symbolic
 from deploy.schedules.cpu.prefetch import CACHE_LINE, per_cache_line, prefetch_ahead
 from deploy.schedules.cpu.vectorize import parallel_outer, partition, vectorize_parts
 from deploy.schedules.loops import blocks, extent
@@ -178,9 +179,9 @@ def rows_per_line(ctx: ScheduleContext, streams: int) -> int:
     batch, *_, rows, width = out.shape
     if streams == 1 or ctx.fused or ctx.streaming_store_bytes is None:
         return 1
-    if not isinstance(batch, int) or batch % streams:  # a stream's planes whole images: affine regions
+    if is_symbolic(batch) or batch % streams:  # a stream's planes whole images: affine regions
         return 1
-    if not all(isinstance(d, int) for d in out.shape) or out.nbytes() < ctx.streaming_store_bytes:
+    if out.nbytes() < ctx.streaming_store_bytes:
         return 1
     row_bytes = width * np.dtype(out.dtype).itemsize
     lines = CACHE_LINE // math.gcd(row_bytes, CACHE_LINE)
@@ -254,7 +255,7 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     per = ctx.choices.pick("column stage per", ("row", "plane"), "row") if stages else "row"
     by_row = per == "row" or not outer
     planes_shape = ctx.bound.output.shape[:-2]
-    planes = math.prod(planes_shape) if all(isinstance(d, int) for d in planes_shape) else None
+    planes = None if any(map(is_symbolic, planes_shape)) else math.prod(planes_shape)
     streams = plane_streams(ctx, planes) if stages and by_row and outer else 1
     lines = rows_per_line(ctx, streams)
     if lines > 1:  # streams as below, the output's rows `lines` at a time through a buffer
@@ -262,10 +263,10 @@ def nchw_window(sch: Any, ctx: ScheduleContext) -> None:
     else:
         fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
         row = height
-    if streams > 1 and lines == 1:  # planes p, p + P/streams, ...: each a stream of its own
-        together, fused = sch.split(fused, factors=[streams, None])
-        sch.reorder(fused, height, together)
-        row = together
+        if streams > 1:  # planes p, p + P/streams, ...: each a stream of its own
+            together, fused = sch.split(fused, factors=[streams, None])
+            sch.reorder(fused, height, together)
+            row = together
     for stage in stages:
         sch.compute_at(stage, row if by_row else fused)
         depth = (fused is not None) + by_row + (streams > 1) + (lines > 1)  # the output's loops around it
