@@ -147,7 +147,9 @@ only so far ahead of each): max_pool2d k3 s2 p1 of 32x64x112x112 on a 2-core Int
 (Emerald Rapids) VM, x86-avx512, planes 512 apart, 1 / 2 threads: one at a time 9.25 / 5.12
 ms, two 8.70 / 4.55, four 8.43 / 4.46, eight 9.81 / 4.95 (against four in the same run: 9.43 /
 4.53); x86 (AVX2) one 11.46 / 5.53, four 9.78 / 4.72. Neighbouring planes instead (p, p + 1)
-took 10.8 / 5.5: the prefetches of one then run into the other's rows."""
+took 10.8 / 5.5: the prefetches of one then run into the other's rows. On a 2-core AMD EPYC
+(Zen 3) VM, x86, the other way round: one plane at a time took 0.78-0.82 / 0.92 of four's time
+(0.71-0.78 without the near prefetches too), two 1.06; a tune finds it there (docs/performance.md)."""
 
 
 def plane_streams(ctx: ScheduleContext, planes: int | None) -> int:
