@@ -149,7 +149,8 @@ ms, two 8.70 / 4.55, four 8.43 / 4.46, eight 9.81 / 4.95 (against four in the sa
 4.53); x86 (AVX2) one 11.46 / 5.53, four 9.78 / 4.72. Neighbouring planes instead (p, p + 1)
 took 10.8 / 5.5: the prefetches of one then run into the other's rows. On a 2-core AMD EPYC
 (Zen 3) VM, x86, the other way round: one plane at a time took 0.78-0.82 / 0.92 of four's time
-(0.71-0.78 without the near prefetches too), two 1.06; a tune finds it there (docs/performance.md)."""
+(0.71-0.85 / 0.78 without the near prefetches too), two 1.06; a tune finds it there
+(docs/performance.md)."""
 
 
 def plane_streams(ctx: ScheduleContext, planes: int | None) -> int:

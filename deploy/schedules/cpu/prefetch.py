@@ -39,8 +39,8 @@ KiB) and near (L1) is the two-level scheme streaming kernels use. Interleaved, 2
 2-core Intel Xeon (Emerald Rapids) VM, 1 / 2 threads, x86-avx512: max_pool2d 32x64x112x112 k3 s2
 p1 0.96-0.97 / 0.93-0.97 of the time with L2's alone (512 and 2048 bytes alike), argmax
 256x100000 0.92-0.93 / 0.93; x86 (AVX2): the pool 0.96 / 0.98, argmax 1.01 / 0.98. On an AMD
-EPYC (Zen 3) VM they cost instead: without them the pool took 0.88 of the time at 2 threads,
-argmax 0.94 at 1 (a search tries none)."""
+EPYC (Zen 3) VM they gain nothing or cost: without them the pool took 1.04 / 0.88 of the time
+(0.71-0.85 / 0.78 with one plane at a time), argmax 0.94 at 1 thread (a search tries none)."""
 
 
 CACHE_LINE = 64
