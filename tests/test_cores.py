@@ -1,6 +1,8 @@
 """Builds split parallel work for the device's cores, not the build host's (issue #13, defect 3):
 asked from the device (its runtime's thread count) or given with --cores, and recorded in the
-manifest."""
+manifest. Likewise the device's CPU model, whose hand defaults the schedules take where they were
+measured to differ (`deploy/schedules/cpu_models.py`): named from /proc/cpuinfo's fields, and
+recorded."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from deploy.compiler.compile import context, hand_schedule
 from deploy.compiler.manifest import Manifest
+from deploy.compiler.options import BuildOptions
+from deploy.compiler.targets import get_target
+from deploy.devices.local import cpu_model_of, host_cpu_model
+from deploy.ops import TensorType, bind, get_op
+from deploy.schedules.cpu.pooling import PLANE_STREAMS, plane_streams
+from deploy.schedules.cpu.prefetch import NEAR_PREFETCH_BYTES, PREFETCH_NEAR
 from tests.conftest import invoke
 
 ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "1x64x2048"]
@@ -58,3 +67,42 @@ def test_arm_build_asks_the_emulator_and_test_runs_split_for_its_cores(tmp_path:
     assert board.cores == 8 and board.sha256 != arm.sha256
     ran = invoke("test", "--target", "arm", "--op", "argmax", "--dtype", "float32", "--cores", "8")
     assert ran.exit_code == 0 and "0 failed" in ran.output
+
+
+def cpuinfo(vendor: str, family: int, model: int) -> str:
+    """/proc/cpuinfo's text of a 2-CPU x86 machine (the fields deploy reads, as Linux writes them)."""
+    fields = f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: fpu avx2\n"
+    return "\n".join(f"processor\t: {i}\n{fields}" for i in range(2))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (cpuinfo("AuthenticAMD", 25, 1), "zen3"),  # EPYC 7003 (Milan)
+        (cpuinfo("AuthenticAMD", 25, 0x21), "zen3"),  # Ryzen 5000 (Vermeer)
+        (cpuinfo("AuthenticAMD", 25, 0x11), None),  # Zen 4 (Genoa): not measured
+        (cpuinfo("AuthenticAMD", 26, 2), None),  # Zen 5
+        (cpuinfo("GenuineIntel", 6, 207), None),  # Emerald Rapids
+        ("processor\t: 0\nBogoMIPS\t: 48.00\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n", None),
+        ("vendor_id\t: AuthenticAMD\ncpu family\t: x\nmodel\t\t: 1\n", None),
+        ("", None),
+    ],
+    ids=["zen3-epyc", "zen3-ryzen", "zen4", "zen5", "intel", "aarch64", "garbled", "empty"],
+)
+def test_the_cpu_model_is_named_from_cpuinfo(text: str, expected: str | None) -> None:
+    assert cpu_model_of(text) == expected
+
+
+def test_a_cpu_models_defaults_reach_the_pool_and_the_manifest(tmp_path: Path) -> None:
+    """Zen 3's pool reads one plane at a time without near prefetches; no model, the constants'
+    defaults (four planes, near prefetches); a local build records the host's model."""
+    bound = bind(get_op("max_pool2d"), {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]},
+                 [TensorType((8, 64, 112, 112), "float32")])  # fmt: skip
+    x86 = get_target("x86")
+    for model, planes, near in ((None, PLANE_STREAMS, NEAR_PREFETCH_BYTES), ("zen3", 1, 0)):
+        options = BuildOptions(cores=2, cpu_model=model)
+        assert plane_streams(context(bound, x86, options), 512) == planes
+        mod, _ = hand_schedule(bound, x86, options)
+        assert f'"{PREFETCH_NEAR}": {near}' in mod.script()
+    assert build(tmp_path, "local", "--target", "x86").cpu_model == host_cpu_model()
+    assert build(tmp_path, "arm", "--target", "opencl").cpu_model is None

@@ -20,6 +20,7 @@ from deploy.ops.layouts import LAYOUTS, NCHW, Layout
 from deploy.ops.relayout import relayout
 from deploy.ops.spec import OUTPUT, BoundOp, TensorType, bind, require_static, symbols_of
 from deploy.schedules import ScheduleContext, Strategy, strategy_for
+from deploy.schedules.cpu_models import CPU_MODELS
 from deploy.schedules.registry import HAND, Choices, computed_module, run_time_sizes
 from deploy.schedules.vector_math import libm_in_vector_loops, lower_math
 
@@ -42,6 +43,7 @@ def context(
         target.predicated_vectors,
         target.prefetch_level,
         target.streaming_store_bytes,
+        cpu_model=CPU_MODELS.get(options.cpu_model or ""),
     )
 
 

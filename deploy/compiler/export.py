@@ -90,6 +90,7 @@ def _write_artifact(
         tvm_target=dict(target.tvm),
         arch=target.arch,
         cores=options.build_cores() if target.artifact.splits_for_cores else None,
+        cpu_model=options.cpu_model,
         alignment=options.alignment,
         bundle=bundled,
         module=module.name,

@@ -67,6 +67,9 @@ class Manifest:
     generic schedule and why, scalar libm calls left inside vector loops (`Scheduled.notes`)."""
     cores: int | None = None
     """Threads the module's parallel loops were split for (CPU targets): the device's."""
+    cpu_model: str | None = None
+    """The CPU model whose hand defaults its schedules took (`BuildOptions.cpu_model`); None:
+    the schedules' own."""
     bundle: dict[str, str] | None = None
     """For `deploy build --bundle`: its C prefix (`name`), the header, library and runner file
     names, and the sha256 of SHA256SUMS (which pins every other file of the bundle)."""

@@ -77,6 +77,10 @@ class BuildOptions:
     """float16 tensors stay half in memory but are computed in float32: for a device without
     half arithmetic (an OpenCL device without cl_khr_fp16 loads and stores them with OpenCL
     1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
+    cpu_model: str | None = None
+    """The device's CPU model, a name of `deploy.schedules.cpu_models.CPU_MODELS`, whose hand
+    defaults the schedules take: asked from the device the build is for (`for_device`; the
+    local host reads /proc/cpuinfo). None: the defaults measured on Intel Xeons."""
 
     def build_cores(self) -> int:
         """The core count builds split work for."""
@@ -85,11 +89,14 @@ class BuildOptions:
 
 def for_device(options: BuildOptions, session: Session) -> BuildOptions:
     """`options` for a build for the session's device: split for its cores, unless --cores said,
-    float16 computed in float32 where the device has no half arithmetic, and with the C bundle
+    float16 computed in float32 where the device has no half arithmetic, with the C bundle
     where the device runs bundles (the runner protocol), its host code for the CPU that runs it
-    (an OpenCL device's board)."""
+    (an OpenCL device's board), and the hand defaults of its CPU model."""
     cores = session.cores() if options.cores is None else options.cores
     storage = not session.fp16_arithmetic()
     bundle = session.bundles
     host = session.bundle_host if bundle else None
-    return replace(options, cores=cores, fp16_storage=storage, bundle=bundle, bundle_host=host)
+    model = session.cpu_model()
+    return replace(
+        options, cores=cores, fp16_storage=storage, bundle=bundle, bundle_host=host, cpu_model=model
+    )

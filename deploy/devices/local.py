@@ -10,6 +10,7 @@ from typing import Any
 
 from deploy.devices.registry import Device, register_device
 from deploy.devices.session import TvmSession
+from deploy.schedules.cpu_models import identify
 
 
 class LocalDevice(Device):
@@ -28,19 +29,43 @@ class LocalDevice(Device):
         def load(path: Path) -> Any:
             return tvm.runtime.load_module(str(path))
 
-        yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func)
+        yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func, host_cpu_model())
 
     def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:
         """The `flags` this host's CPU lacks, read from /proc/cpuinfo (none known when unreadable)."""
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
         present: set[str] = set()
-        for line in text.splitlines():
+        for line in cpuinfo().splitlines():
             if line.startswith(("flags", "Features")):
                 present.update(line.split(":", 1)[1].split())
         return [flag for flag in flags if flag not in present]
+
+
+def cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where it cannot be read)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model_of(text: str) -> str | None:
+    """The model (`deploy.schedules.cpu_models`) of the first CPU a /proc/cpuinfo `text`
+    describes: its `vendor_id`, `cpu family` and `model` fields (x86); None where they are
+    missing or name no known model."""
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return None
+    return identify(fields.get("vendor_id", ""), family, model)
+
+
+def host_cpu_model() -> str | None:
+    """This host's CPU model, as the schedules know it (`cpu_model_of`)."""
+    return cpu_model_of(cpuinfo())
 
 
 register_device("local")(LocalDevice)

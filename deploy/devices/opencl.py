@@ -204,6 +204,10 @@ class OpenClSession:
         in float32 (`BuildOptions.fp16_storage`)."""
         return self._fp16
 
+    def cpu_model(self) -> None:
+        """Not a CPU."""
+        return None
+
     def _load(self, plan_path: Path) -> tuple[dict[str, Any], Any, list[Any]]:
         if plan_path not in self._programs:
             cl = _cl()

@@ -82,6 +82,11 @@ class Session(Protocol):
         float32)."""
         ...
 
+    def cpu_model(self) -> str | None:
+        """Its CPU's model where the schedules know defaults for it
+        (`deploy.schedules.cpu_models`); None: not known, or a device that cannot say."""
+        ...
+
 
 class Device:
     """A place to run modules: a name, the ELF machine it runs (`arch`), whether it is emulated,

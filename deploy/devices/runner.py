@@ -105,6 +105,10 @@ class RunnerSession:
         an OpenCL device only with cl_khr_fp16 (`fp16`, as its board says)."""
         return self._fp16
 
+    def cpu_model(self) -> None:
+        """Not asked: a runner board's defaults are the schedules' own."""
+        return None
+
     def run(
         self,
         module: Path,

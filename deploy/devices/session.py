@@ -41,13 +41,16 @@ def entry_named(name: str) -> Entry:
 class TvmSession:
     """Runs modules through a TVM runtime `loader(path) -> Module` on TVM device `dev`;
     `function(name)` finds a global function of that runtime; `arch` is the ELF machine it runs,
-    `label` names it in messages."""
+    `label` names it in messages, `model` its CPU's model where known (`cpu_model`)."""
 
     bundles = False
     bundle_host: str | None = None
 
-    def __init__(self, loader: Any, dev: Any, arch: str, label: str, function: Any) -> None:
+    def __init__(
+        self, loader: Any, dev: Any, arch: str, label: str, function: Any, model: str | None = None
+    ) -> None:
         self.arch = arch
+        self._model = model
         self.label = label
         self._loader = loader
         self._dev = dev
@@ -65,6 +68,10 @@ class TvmSession:
     def fp16_arithmetic(self) -> bool:
         """LLVM builds compute float16 on any CPU (natively with +fullfp16, else by conversion)."""
         return True
+
+    def cpu_model(self) -> str | None:
+        """The model it was opened with: the local host's (`deploy.devices.local`); None over RPC."""
+        return self._model
 
     def close(self) -> None:
         """Drop the loaded modules and the device; for RPC this ends the connection, which frees

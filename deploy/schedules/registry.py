@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from deploy.ops.spec import BoundOp
+from deploy.schedules.cpu_models import CpuModel
 
 GENERIC = "*"
 T = TypeVar("T")
@@ -120,6 +121,9 @@ class ScheduleContext:
     fused: bool = False
     """The function is a fused group's (`deploy/schedules/fused.py`), its anchor's schedule applied
     after the group's producers were inlined where they could be: the stages left must stay."""
+    cpu_model: CpuModel | None = None
+    """The device's CPU where its hand defaults differ from those measured on Intel
+    (`deploy/schedules/cpu_models.py`); None: those."""
 
     def lanes(self, dtype: str) -> int:
         if dtype in self.scalar_dtypes:

@@ -149,16 +149,18 @@ ms, two 8.70 / 4.55, four 8.43 / 4.46, eight 9.81 / 4.95 (against four in the sa
 4.53); x86 (AVX2) one 11.46 / 5.53, four 9.78 / 4.72. Neighbouring planes instead (p, p + 1)
 took 10.8 / 5.5: the prefetches of one then run into the other's rows. On a 2-core AMD EPYC
 (Zen 3) VM, x86, the other way round: one plane at a time took 0.78-0.82 / 0.92 of four's time
-(0.71-0.85 / 0.78 without the near prefetches too), two 1.06; a tune finds it there
-(docs/performance.md)."""
+(0.71-0.85 / 0.78 without the near prefetches too), two 1.06: its default there
+(`deploy.schedules.cpu_models.ZEN3`; docs/performance.md)."""
 
 
 def plane_streams(ctx: ScheduleContext, planes: int | None) -> int:
-    """Of its `planes` (None: symbolic), the planes an NCHW pool reads at once: PLANE_STREAMS,
-    or the most of 2 and 4 that divides the planes and leaves each core a step; 1 where none
-    does or the planes are symbolic. A search tries every such count."""
+    """Of its `planes` (None: symbolic), the planes an NCHW pool reads at once: PLANE_STREAMS (the
+    device's CPU model's count where it has one, `ScheduleContext.cpu_model`), or the most of 2
+    and 4 up to it that divides the planes and leaves each core a step; 1 where none does or the
+    planes are symbolic. A search tries every such count."""
     options = (1, *(k for k in (2, PLANE_STREAMS) if planes and planes % k == 0 and planes // k >= ctx.cores))
-    return ctx.choices.pick("planes at once", options, options[-1])
+    most = ctx.cpu_model.plane_streams if ctx.cpu_model else PLANE_STREAMS
+    return ctx.choices.pick("planes at once", options, max(k for k in options if k <= most))
 
 
 MOST_ROWS_PER_LINE = 4

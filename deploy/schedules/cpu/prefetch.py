@@ -40,7 +40,8 @@ KiB) and near (L1) is the two-level scheme streaming kernels use. Interleaved, 2
 p1 0.96-0.97 / 0.93-0.97 of the time with L2's alone (512 and 2048 bytes alike), argmax
 256x100000 0.92-0.93 / 0.93; x86 (AVX2): the pool 0.96 / 0.98, argmax 1.01 / 0.98. On an AMD
 EPYC (Zen 3) VM they gain nothing or cost: without them the pool took 1.04 / 0.88 of the time
-(0.71-0.85 / 0.78 with one plane at a time), argmax 0.94 at 1 thread (a search tries none)."""
+(0.71-0.85 / 0.78 with one plane at a time), argmax 0.94 at 1 thread: none there
+(`deploy.schedules.cpu_models.ZEN3`; a search tries none everywhere)."""
 
 
 CACHE_LINE = 64
@@ -66,11 +67,13 @@ def prefetch_ahead(sch: Any, ctx: ScheduleContext, loops: list[Any]) -> None:
     NEAR_PREFETCH_BYTES ahead into L1 (PREFETCH_NEAR); a search also tries none, a quarter and
     four times as far, and no near prefetch. The loops are kept from being unrolled by an
     unroll depth of an outer loop (a search's): lowering unrolls before it prefetches, which
-    would drop the annotation with the loop."""
+    would drop the annotation with the loop. The device's CPU model (`ScheduleContext.cpu_model`)
+    may say how far ahead the near prefetches run by default, or none."""
     options = (0, PREFETCH_BYTES // 4, PREFETCH_BYTES, 4 * PREFETCH_BYTES)
     ctx.choices.annotate(sch, loops, PREFETCH, PREFETCH_BYTES, options)
     if ctx.prefetch_level > 1:
-        ctx.choices.annotate(sch, loops, PREFETCH_NEAR, NEAR_PREFETCH_BYTES, (0, NEAR_PREFETCH_BYTES))
+        near = ctx.cpu_model.near_prefetch_bytes if ctx.cpu_model else NEAR_PREFETCH_BYTES
+        ctx.choices.annotate(sch, loops, PREFETCH_NEAR, near, (0, NEAR_PREFETCH_BYTES))
     for loop in loops:
         sch.annotate(loop, PREFETCH_LEVEL, ctx.prefetch_level)
         sch.annotate(loop, "pragma_auto_unroll_max_step", 0)
