@@ -62,7 +62,7 @@ def test_every_target_field_is_in_the_key(change: dict):
 
 
 CHOICES: dict[str, Any] = {"cores": 8, "layout": "NCHW8c", "alignment": 16, "bundle": True,
-                           "bundle_host": "aarch64", "fp16_storage": True}  # fmt: skip
+                           "bundle_host": "aarch64", "fp16_storage": True, "cpu_model": "zen3"}  # fmt: skip
 """A value other than the default for every build option but `tuned` (keyed by its verdicts)."""
 
 

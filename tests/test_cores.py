@@ -14,12 +14,14 @@ import pytest
 
 from deploy.compiler.compile import context, hand_schedule
 from deploy.compiler.manifest import Manifest
-from deploy.compiler.options import BuildOptions
+from deploy.compiler.options import BuildOptions, for_device
 from deploy.compiler.targets import get_target
-from deploy.devices.local import cpu_model_of, host_cpu_model
+from deploy.devices import get_device
+from deploy.devices.local import cpu_id_of
 from deploy.ops import TensorType, bind, get_op
 from deploy.schedules.cpu.pooling import PLANE_STREAMS, plane_streams
 from deploy.schedules.cpu.prefetch import NEAR_PREFETCH_BYTES, PREFETCH_NEAR
+from deploy.schedules.cpu_models import identify
 from tests.conftest import invoke
 
 ARGMAX = ["build", "--op", "argmax", "-a", "axis=1", "--shape", "1x64x2048"]
@@ -90,7 +92,8 @@ def cpuinfo(vendor: str, family: int, model: int) -> str:
     ids=["zen3-epyc", "zen3-ryzen", "zen4", "zen5", "intel", "aarch64", "garbled", "empty"],
 )
 def test_the_cpu_model_is_named_from_cpuinfo(text: str, expected: str | None) -> None:
-    assert cpu_model_of(text) == expected
+    found = cpu_id_of(text)
+    assert (identify(*found) if found else None) == expected
 
 
 def test_a_cpu_models_defaults_reach_the_pool_and_the_manifest(tmp_path: Path) -> None:
@@ -104,5 +107,7 @@ def test_a_cpu_models_defaults_reach_the_pool_and_the_manifest(tmp_path: Path) -
         assert plane_streams(context(bound, x86, options), 512) == planes
         mod, _ = hand_schedule(bound, x86, options)
         assert f'"{PREFETCH_NEAR}": {near}' in mod.script()
-    assert build(tmp_path, "local", "--target", "x86").cpu_model == host_cpu_model()
+    with get_device("local").open() as session:
+        asked = for_device(BuildOptions(), session).cpu_model
+    assert build(tmp_path, "local", "--target", "x86").cpu_model == asked
     assert build(tmp_path, "arm", "--target", "opencl").cpu_model is None

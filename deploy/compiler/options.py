@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from deploy.base.threads import host_cpus
 from deploy.compiler.runtime import ALIGNMENT
+from deploy.schedules.cpu_models import identify
 
 if TYPE_CHECKING:
     from deploy.compiler.targets import Target
@@ -79,8 +80,8 @@ class BuildOptions:
     1.2's vload_half/vstore_half). Set from the device the build is for (`for_device`)."""
     cpu_model: str | None = None
     """The device's CPU model, a name of `deploy.schedules.cpu_models.CPU_MODELS`, whose hand
-    defaults the schedules take: asked from the device the build is for (`for_device`; the
-    local host reads /proc/cpuinfo). None: the defaults measured on Intel Xeons."""
+    defaults the schedules take: named from the CPU of the device the build is for (`for_device`;
+    the local host reads /proc/cpuinfo). None: the defaults measured on Intel Xeons."""
 
     def build_cores(self) -> int:
         """The core count builds split work for."""
@@ -96,7 +97,8 @@ def for_device(options: BuildOptions, session: Session) -> BuildOptions:
     storage = not session.fp16_arithmetic()
     bundle = session.bundles
     host = session.bundle_host if bundle else None
-    model = session.cpu_model()
+    cpu = session.cpu_id()
+    model = identify(*cpu) if cpu else None
     return replace(
         options, cores=cores, fp16_storage=storage, bundle=bundle, bundle_host=host, cpu_model=model
     )

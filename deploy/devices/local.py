@@ -10,7 +10,6 @@ from typing import Any
 
 from deploy.devices.registry import Device, register_device
 from deploy.devices.session import TvmSession
-from deploy.schedules.cpu_models import identify
 
 
 class LocalDevice(Device):
@@ -29,7 +28,7 @@ class LocalDevice(Device):
         def load(path: Path) -> Any:
             return tvm.runtime.load_module(str(path))
 
-        yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func, host_cpu_model())
+        yield TvmSession(load, tvm.cpu(0), self.arch, self.name, tvm.get_global_func, host_cpu_id())
 
     def missing_cpu_flags(self, flags: tuple[str, ...]) -> list[str]:
         """The `flags` this host's CPU lacks, read from /proc/cpuinfo (none known when unreadable)."""
@@ -48,24 +47,23 @@ def cpuinfo() -> str:
         return ""
 
 
-def cpu_model_of(text: str) -> str | None:
-    """The model (`deploy.schedules.cpu_models`) of the first CPU a /proc/cpuinfo `text`
-    describes: its `vendor_id`, `cpu family` and `model` fields (x86); None where they are
-    missing or name no known model."""
+def cpu_id_of(text: str) -> tuple[str, int, int] | None:
+    """The first CPU a /proc/cpuinfo `text` describes as (vendor_id, cpu family, model), what
+    the schedules' CPU models are named by (`deploy.schedules.cpu_models.identify`); None where
+    the fields are missing (aarch64 writes others) or not numbers."""
     fields: dict[str, str] = {}
     for line in text.split("\n\n", 1)[0].splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     try:
-        family, model = int(fields["cpu family"]), int(fields["model"])
+        return fields["vendor_id"], int(fields["cpu family"]), int(fields["model"])
     except (KeyError, ValueError):
         return None
-    return identify(fields.get("vendor_id", ""), family, model)
 
 
-def host_cpu_model() -> str | None:
-    """This host's CPU model, as the schedules know it (`cpu_model_of`)."""
-    return cpu_model_of(cpuinfo())
+def host_cpu_id() -> tuple[str, int, int] | None:
+    """This host's CPU as `cpu_id_of` reads it."""
+    return cpu_id_of(cpuinfo())
 
 
 register_device("local")(LocalDevice)

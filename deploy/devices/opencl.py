@@ -204,7 +204,7 @@ class OpenClSession:
         in float32 (`BuildOptions.fp16_storage`)."""
         return self._fp16
 
-    def cpu_model(self) -> None:
+    def cpu_id(self) -> None:
         """Not a CPU."""
         return None
 

@@ -82,9 +82,10 @@ class Session(Protocol):
         float32)."""
         ...
 
-    def cpu_model(self) -> str | None:
-        """Its CPU's model where the schedules know defaults for it
-        (`deploy.schedules.cpu_models`); None: not known, or a device that cannot say."""
+    def cpu_id(self) -> tuple[str, int, int] | None:
+        """Its CPU as /proc/cpuinfo names it, (vendor_id, cpu family, model), by which builds
+        pick a CPU model's hand defaults (`deploy.schedules.cpu_models`); None: a device that
+        cannot say (a board, an emulator, RPC) or no x86 CPU."""
         ...
 
 

@@ -105,7 +105,7 @@ class RunnerSession:
         an OpenCL device only with cl_khr_fp16 (`fp16`, as its board says)."""
         return self._fp16
 
-    def cpu_model(self) -> None:
+    def cpu_id(self) -> None:
         """Not asked: a runner board's defaults are the schedules' own."""
         return None
 

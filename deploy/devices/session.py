@@ -41,16 +41,22 @@ def entry_named(name: str) -> Entry:
 class TvmSession:
     """Runs modules through a TVM runtime `loader(path) -> Module` on TVM device `dev`;
     `function(name)` finds a global function of that runtime; `arch` is the ELF machine it runs,
-    `label` names it in messages, `model` its CPU's model where known (`cpu_model`)."""
+    `label` names it in messages, `cpu` its CPU's identification where known (`cpu_id`)."""
 
     bundles = False
     bundle_host: str | None = None
 
     def __init__(
-        self, loader: Any, dev: Any, arch: str, label: str, function: Any, model: str | None = None
+        self,
+        loader: Any,
+        dev: Any,
+        arch: str,
+        label: str,
+        function: Any,
+        cpu: tuple[str, int, int] | None = None,
     ) -> None:
         self.arch = arch
-        self._model = model
+        self._cpu = cpu
         self.label = label
         self._loader = loader
         self._dev = dev
@@ -69,9 +75,9 @@ class TvmSession:
         """LLVM builds compute float16 on any CPU (natively with +fullfp16, else by conversion)."""
         return True
 
-    def cpu_model(self) -> str | None:
-        """The model it was opened with: the local host's (`deploy.devices.local`); None over RPC."""
-        return self._model
+    def cpu_id(self) -> tuple[str, int, int] | None:
+        """The CPU it was opened with: the local host's (`deploy.devices.local`); None over RPC."""
+        return self._cpu
 
     def close(self) -> None:
         """Drop the loaded modules and the device; for RPC this ends the connection, which frees
