@@ -110,4 +110,4 @@ def test_a_cpu_models_defaults_reach_the_pool_and_the_manifest(tmp_path: Path) -
     with get_device("local").open() as session:
         asked = for_device(BuildOptions(), session).cpu_model
     assert build(tmp_path, "local", "--target", "x86").cpu_model == asked
-    assert build(tmp_path, "arm", "--target", "opencl").cpu_model is None
+    assert build(tmp_path, "cl", "--target", "opencl").cpu_model is None

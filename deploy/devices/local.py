@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,8 +62,10 @@ def cpu_id_of(text: str) -> tuple[str, int, int] | None:
         return None
 
 
+@functools.cache
 def host_cpu_id() -> tuple[str, int, int] | None:
-    """This host's CPU as `cpu_id_of` reads it."""
+    """This host's CPU as `cpu_id_of` reads it; read once (every session opened here asks, and
+    /proc/cpuinfo grows with the cores)."""
     return cpu_id_of(cpuinfo())
 
 
