@@ -94,17 +94,35 @@ def test_each_op_is_timed_at_batch_1_beside_onnxruntime_and_torch(monkeypatch: p
 def test_ratios_are_per_round_so_drift_cancels() -> None:
     """A round where the device runs at half its bandwidth (a neighbour's job) times the op at half
     speed too: the per-round ratio stays, where a yardstick from another minute would be off 2x."""
-    from deploy.bench.roofline import FOLD, Beside, bandwidth_from
+    from deploy.bench.roofline import Beside, bandwidth_from
 
     total = 10**9
-    fast = bandwidth_from(total, fill_ms=1.0, fold_ms=1.0 + 1.0 / FOLD, copy_ms=2.0)
+    fast = bandwidth_from(total, fill_ms=1.0, folds_ms=(1.0 + 1.0 / 16, 1.5), copy_ms=2.0)
     assert fast.read == pytest.approx(1000.0) and (fast.write, fast.copy) == (1000.0, 1000.0)
-    slow = bandwidth_from(total, fill_ms=2.0, fold_ms=2.0 + 2.0 / FOLD, copy_ms=4.0)
+    slow = bandwidth_from(total, fill_ms=2.0, folds_ms=(2.0 + 2.0 / 16, 3.0), copy_ms=4.0)
     beside = Beside(runs=(3.0, 6.0, 3.0), bandwidths=(fast, slow, fast))
     assert beside.ms == 3.0
     assert beside.x_floor(3 * total, total) == pytest.approx(1.0), "3 ms against a 3 ms floor, every round"
     assert beside.x_copy(3 * total) == pytest.approx(1.0)
     assert beside.bandwidth.write == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("folds_ms", "read"),
+    [
+        ((1.0 + 1.0 / 16, 2.0), 1000.0),  # many streams read fastest: the fold of 16, its writes off
+        ((2.0, 0.8), 1250.0),  # a few streams read fastest (AMD Zen 3): the fold of 4, as timed
+        ((0.9, 0.9), 1000 / (0.9 - 1 / 16)),  # as fast: the fold of 16's writes taken off
+        ((0.1, 2.0), 10000.0),  # the fold of 16's writes would be over half its time: kept
+    ],
+)
+def test_read_bandwidth_is_the_faster_folds(folds_ms: tuple[float, float], read: float) -> None:
+    """The read bandwidth is the faster of the folds of 16 and 4 rows (`FOLDS`): a floor is a
+    rate the device reaches, whichever number of streams it reads fastest from."""
+    from deploy.bench.roofline import FOLDS, bandwidth_from
+
+    assert FOLDS == (16, 4)
+    assert bandwidth_from(10**9, fill_ms=1.0, folds_ms=folds_ms, copy_ms=2.0).read == pytest.approx(read)
 
 
 def test_bad_bench_input_is_one_line(tmp_path: Path) -> None:

@@ -1,17 +1,18 @@
 """The memory-bandwidth roofline of a device: how fast it reads, writes and copies, measured with
 our own builds.
 
-Three kernels over BYTES (well beyond the last-level cache), each built for the target with its
+Four kernels over BYTES (well beyond the last-level cache), each built for the target with its
 generic schedule, checked against numpy and timed on the device:
 - write: a fill, `out[i] = x[0]`: BYTES written (with streaming stores where the target has them,
   `deploy/compiler/streaming.py`, as a large output is);
-- read: a fold of FOLD rows, `out[j] = x[0, j] + ... + x[FOLD-1, j]`: BYTES read, BYTES/FOLD
-  written (its write time at the write bandwidth is taken off);
+- read: folds of 16 and of 4 rows (FOLDS), `out[j] = x[0, j] + ... + x[rows-1, j]`: BYTES
+  read, BYTES/rows written; the faster read is the device's (a core reads fastest from a few
+  streams on some CPUs, many on others, `bandwidth_from`);
 - copy: `out = x`, BYTES read and written, the yardstick before the split.
 An op's floor is the longer of bytes read / read bandwidth and bytes written / write bandwidth:
 streaming stores go out beside the reads (measured: an add moves its bytes faster than the
 sum of the two times would allow), so only the busier direction bounds it. `deploy bench` times each
-op interleaved with the three kernels, one run of each per round, and takes the median of the
+op interleaved with the four kernels, one run of each per round, and takes the median of the
 per-round ratios: this shared machine's bandwidth drifts between minutes, and a yardstick measured
 minutes before the op could not follow it.
 """
@@ -38,8 +39,13 @@ from deploy.verify.measure import Timer, check, interleaved_runs, seeded_timer
 BYTES = 64 << 20
 EMULATED_BYTES = 4 << 20
 """qemu: keep it short (its figures say nothing about speed)."""
-FOLD = 16
-"""Rows the read kernel sums: it writes 1/FOLD of what it reads, each row a contiguous stream."""
+FOLDS = (16, 4)
+"""Rows of each read kernel (a fold: it writes 1/rows of what it reads, each row a contiguous
+stream); the read bandwidth is the faster fold's (`bandwidth_from`). Cores differ in how many
+streams they draw most from: on a 2-core AMD EPYC (Zen 3) VM, one thread, folds of 2, 4, 8, 16
+and 32 rows of 64 MB took 5.58, 4.80, 4.84, 5.83 and 8.34 ms (interleaved medians); on an
+Intel Xeon (Emerald Rapids) VM 4 rows took 0.97 / 1.01x the time of 16 at 1 / 2 threads
+(docs/performance.md)."""
 
 
 class Copy(Op):
@@ -139,18 +145,23 @@ def written_bytes(out: TensorType) -> int:
 
 def roofline_bytes(emulated: bool, min_bytes: int = 0) -> int:
     """Bytes each bandwidth kernel streams: BYTES, or `min_bytes` when larger (a GPU's L2 holds
-    tens of MB), a multiple of 4 * FOLD; EMULATED_BYTES on an emulator."""
+    tens of MB), a multiple of 4 * max(FOLDS); EMULATED_BYTES on an emulator."""
     if emulated:
         return EMULATED_BYTES
-    return max(BYTES, -(-min_bytes // (4 * FOLD)) * 4 * FOLD)
+    unit = 4 * max(FOLDS)
+    return max(BYTES, -(-min_bytes // unit) * unit)
 
 
-def bandwidth_from(total: int, fill_ms: float, fold_ms: float, copy_ms: float) -> Bandwidth:
+def bandwidth_from(total: int, fill_ms: float, folds_ms: tuple[float, ...], copy_ms: float) -> Bandwidth:
     """Read, write and copy bandwidth from one run of each kernel over `total` bytes (ms per
-    call); the fold's own writes are taken off its time at the fill's write bandwidth."""
+    call; `folds_ms` in the order of FOLDS). The read is the faster of the fold of 16, its few
+    writes (1/16) taken off its time at the fill's write bandwidth, and the fold of 4 as timed:
+    its writes (a quarter, max_pool2d k3 s2's mix) go out beside its reads by the floor's own rule
+    (`Bandwidth.floor_ms`), so a kernel of that mix meets the floor, and none can beat it."""
     write = total / fill_ms / 1e6
-    reading_ms = fold_ms - total / FOLD / write / 1e6
-    read = total / (reading_ms if reading_ms > fold_ms / 2 else fold_ms) / 1e6
+    many, few = folds_ms
+    reading_ms = many - total / FOLDS[0] / write / 1e6
+    read = total / min(reading_ms if reading_ms > many / 2 else many, few) / 1e6
     return Bandwidth(read=read, write=write, copy=2 * total / copy_ms / 1e6)
 
 
@@ -192,31 +203,32 @@ class Beside:
 
 @dataclass(frozen=True)
 class Yardstick:
-    """The fill, fold and copy kernels, built for a target, checked against numpy and loaded on a
-    session, each streaming `total` bytes."""
+    """The fill, the folds (FOLDS) and the copy kernels, built for a target, checked against
+    numpy and loaded on a session, each streaming `total` bytes."""
 
-    timers: tuple[Timer, Timer, Timer]
+    timers: tuple[Timer, ...]
     total: int
 
     def beside(self, op: Timer, rounds: int) -> Beside:
         """`rounds` runs of `op`, interleaved with one run of each kernel per round."""
-        *kernels, runs = interleaved_runs([*self.timers, op], rounds)
-        return Beside(tuple(runs), tuple(bandwidth_from(self.total, *t) for t in zip(*kernels, strict=True)))
+        fill, *folds, copy, runs = interleaved_runs([*self.timers, op], rounds)
+        rounds_ms = zip(fill, zip(*folds, strict=True), copy, strict=True)
+        return Beside(tuple(runs), tuple(bandwidth_from(self.total, *r) for r in rounds_ms))
 
 
 @contextmanager
 def yardstick(
     session: Session, target: Target, options: BuildOptions, emulated: bool, min_bytes: int = 0
 ) -> Iterator[Yardstick]:
-    """The three kernels over `roofline_bytes`, built with the target's generic schedule (and
-    `options`) and checked against numpy on the session, for as long as the context lasts."""
+    """The bandwidth kernels over `roofline_bytes`, built with the target's generic schedule
+    (and `options`) and checked against numpy on the session, for as long as the context lasts."""
     size = roofline_bytes(emulated, min_bytes) // 4
-    kernels = ((Fill(size), (1,)), (Fold(), (FOLD, size // FOLD)), (Copy(), (size,)))
+    folds = ((Fold(), (rows, size // rows)) for rows in FOLDS)
+    kernels = ((Fill(size), (1,)), *folds, (Copy(), (size,)))
     with tempfile.TemporaryDirectory(prefix="deploy-roofline-") as tmp:
         timers = []
         for op, shape in kernels:
             bound = bind(op, {}, [TensorType(shape, "float32")])
             compiled = compile_scheduled(bound, target, options, *hand_schedule(bound, target, options))
             timers.append(seeded_timer(session, check(session, compiled, Path(tmp))))
-        fill, fold, copy = timers
-        yield Yardstick((fill, fold, copy), size * 4)
+        yield Yardstick(tuple(timers), size * 4)
