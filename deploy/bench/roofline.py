@@ -19,6 +19,7 @@ minutes before the op could not follow it.
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
@@ -145,19 +146,19 @@ def written_bytes(out: TensorType) -> int:
 
 def roofline_bytes(emulated: bool, min_bytes: int = 0) -> int:
     """Bytes each bandwidth kernel streams: BYTES, or `min_bytes` when larger (a GPU's L2 holds
-    tens of MB), a multiple of 4 * max(FOLDS); EMULATED_BYTES on an emulator."""
+    tens of MB), a multiple of 4 bytes times every fold's rows; EMULATED_BYTES on an emulator."""
     if emulated:
         return EMULATED_BYTES
-    unit = 4 * max(FOLDS)
+    unit = 4 * math.lcm(*FOLDS)
     return max(BYTES, -(-min_bytes // unit) * unit)
 
 
-def bandwidth_from(total: int, fill_ms: float, folds_ms: tuple[float, ...], copy_ms: float) -> Bandwidth:
+def bandwidth_from(total: int, fill_ms: float, folds_ms: tuple[float, float], copy_ms: float) -> Bandwidth:
     """Read, write and copy bandwidth from one run of each kernel over `total` bytes (ms per
     call; `folds_ms` in the order of FOLDS). The read is the faster of the fold of 16, its few
     writes (1/16) taken off its time at the fill's write bandwidth, and the fold of 4 as timed:
     its writes (a quarter, max_pool2d k3 s2's mix) go out beside its reads by the floor's own rule
-    (`Bandwidth.floor_ms`), so a kernel of that mix meets the floor, and none can beat it."""
+    (`Bandwidth.floor_ms`), so our kernel of that mix meets the floor."""
     write = total / fill_ms / 1e6
     many, few = folds_ms
     reading_ms = many - total / FOLDS[0] / write / 1e6
