@@ -92,8 +92,7 @@ def cpuinfo(vendor: str, family: int, model: int) -> str:
     ids=["zen3-epyc", "zen3-ryzen", "zen4", "zen5", "intel", "aarch64", "garbled", "empty"],
 )
 def test_the_cpu_model_is_named_from_cpuinfo(text: str, expected: str | None) -> None:
-    found = cpu_id_of(text)
-    assert (identify(*found) if found else None) == expected
+    assert identify(cpu_id_of(text)) == expected
 
 
 def test_a_cpu_models_defaults_reach_the_pool_and_the_manifest(tmp_path: Path) -> None:

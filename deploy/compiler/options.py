@@ -97,8 +97,7 @@ def for_device(options: BuildOptions, session: Session) -> BuildOptions:
     storage = not session.fp16_arithmetic()
     bundle = session.bundles
     host = session.bundle_host if bundle else None
-    cpu = session.cpu_id()
-    model = identify(*cpu) if cpu else None
+    model = identify(session.cpu_id())
     return replace(
         options, cores=cores, fp16_storage=storage, bundle=bundle, bundle_host=host, cpu_model=model
     )

@@ -51,6 +51,7 @@ CPU_MODELS = {model.name: model for model in (ZEN3,)}
 """The known models by name."""
 
 
-def identify(vendor: str, family: int, model: int) -> str | None:
-    """The name of the known model of a CPU /proc/cpuinfo describes so; None: none."""
-    return next((m.name for m in CPU_MODELS.values() if m.matches(vendor, family, model)), None)
+def identify(cpu: tuple[str, int, int] | None) -> str | None:
+    """The name of the known model of a CPU /proc/cpuinfo describes as (vendor_id, cpu family,
+    model); None: none, or no such description (a device that cannot say)."""
+    return next((m.name for m in CPU_MODELS.values() if cpu and m.matches(*cpu)), None)
