@@ -30,7 +30,7 @@ from deploy.compiler.targets import Target, get_target
 from deploy.devices import get_device
 from deploy.model.graph_file import graph_from_document
 from deploy.ops.graph import BoundGraph, bind_graph
-from deploy.verify.measure import check, time_interleaved
+from deploy.verify.measure import Answers, check, time_interleaved
 
 SHAPES = ("1x64x112x112", "8x64x112x112")
 POOL = {"kernel": 3, "stride": 2, "padding": 1}
@@ -93,7 +93,8 @@ def main() -> None:
             cut, cut_x86 = timed_build(graph, host, options, one=False)
             _, one_cl = timed_build(graph, opencl, BuildOptions(), one=True)
             _, cut_cl = timed_build(graph, opencl, BuildOptions(), one=False)
-            checked = [check(session, compiled, Path(tmp)) for compiled in (one, cut)]
+            answers = Answers(graph)
+            checked = [check(session, compiled, Path(tmp), answers) for compiled in (one, cut)]
             single, split = time_interleaved(session, checked, args.rounds)
             label = "x".join(map(str, shape))
             print(

@@ -21,7 +21,7 @@ from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import get_target
 from deploy.ops import TensorType, bind, get_op
 from deploy.schedules.registry import Picked, every_structure
-from deploy.verify.measure import check_artifact
+from deploy.verify.measure import Answers, check_artifact
 from tests.conftest import run_deploy
 
 
@@ -161,11 +161,12 @@ def test_row_vector_pools_match_numpy(index, name, attrs, shape, dtype, cl_sessi
 
     structures = every_structure(scheduled) if index in EVERY_STRUCTURE else [({}, scheduled({})[1])]
     assert "row_vectors" in structures[0][1][0].script()  # the hand's takes the row vectors
+    answers = Answers(bound)
     for number, (picks, (mod, label)) in enumerate(structures):
         compiled = compile_scheduled(bound, TARGET, options, mod, label)
         export(compiled, tmp_path / str(number))
         manifest = Manifest.read(tmp_path / str(number))
-        assert check_artifact(cl_session, bound, tmp_path / str(number), manifest) == 0, picks
+        assert check_artifact(cl_session, bound, tmp_path / str(number), manifest, answers) == 0, picks
 
 
 RUN_WITHOUT_TVM = """

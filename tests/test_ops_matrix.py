@@ -32,7 +32,7 @@ from deploy.schedules.registry import Picked, every_structure
 from deploy.tune.tuners import tuner_for
 from deploy.verify.compare import Comparison, random_input
 from deploy.verify.matrix import PlannedCase, plan, verify_case
-from deploy.verify.measure import check
+from deploy.verify.measure import Answers, check
 from deploy.verify.run import run_artifact, verify
 
 ONLY_DTYPES = {
@@ -377,10 +377,11 @@ def test_every_structure_a_search_may_pick_matches_numpy(target, planned, sessio
     (pooling: the column stage per row or per plane, vector width, border splits; generic: rows
     fused; the hand's alone where it picks nothing), against numpy on random data, ties, NaN and
     infinities (a tuner's acceptance check), on every target whose tuner searches them."""
-    on = sessions.on(target)
-    for picks, compiled in distinct_structures(planned.bind(), target, BuildOptions()):
+    on, bound = sessions.on(target), planned.bind()
+    answers = Answers(bound)
+    for picks, compiled in distinct_structures(bound, target, BuildOptions()):
         try:
-            check(on.session, compiled, tmp_path)
+            check(on.session, compiled, tmp_path, answers)
         except DeployError as exc:
             pytest.fail(f"{picks}: {exc}")
 
@@ -402,10 +403,10 @@ def test_argmax_over_few_outputs_scans_in_slices(target, dtype, sessions, tmp_pa
     four = BuildOptions(cores=4)
     bound = bind(get_op("argmax"), {"axis": 1}, [TensorType((1, 251, 3, 9), dtype)])
     assert deploy.schedules.cpu.argmax.argmax_slices(context(bound, target, four)) == 4
-    on = sessions.on(target)
+    on, answers = sessions.on(target), Answers(bound)
     for picks, compiled in distinct_structures(bound, target, four):
         try:
-            check(on.session, compiled, tmp_path)
+            check(on.session, compiled, tmp_path, answers)
         except DeployError as exc:
             pytest.fail(f"{picks}: {exc}")
 

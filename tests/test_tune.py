@@ -530,6 +530,42 @@ def test_without_a_verified_hand_the_fastest_verified_record_is_accepted(monkeyp
     assert with_hand["record"] == "fast" and with_hand["hand_ms"] == 3.0
 
 
+def test_the_contenders_of_a_task_are_checked_against_one_draw_of_numpys_answers(
+    tmp_path: Path, local_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judging a search's finds checks each against numpy on the same seeded input sets: the
+    reference runs as often for three contenders as for one build's check (once an input set,
+    not once a contender); answers drawn for another item are refused."""
+    from deploy.compiler.compile import compile_op
+    from deploy.compiler.export import export
+    from deploy.compiler.manifest import Manifest
+    from deploy.compiler.targets import get_target
+    from deploy.ops import TensorType, bind, get_op
+    from deploy.ops.spec import BoundOp
+    from deploy.tune.tuner import judge_built
+    from deploy.verify.measure import Answers, check_artifact
+
+    bound = bind(get_op("add"), {}, [TensorType((7, 13), "float32")] * 2)
+    compiled = compile_op(bound, get_target("x86"), BuildOptions())
+    export(compiled, tmp_path / "one")
+    calls: list[int] = []
+    reference = BoundOp.references
+
+    def counted(self: BoundOp, *arrays: np.ndarray) -> list[np.ndarray]:
+        calls.append(1)
+        return reference(self, *arrays)
+
+    monkeypatch.setattr(BoundOp, "references", counted)
+    assert check_artifact(local_session, bound, tmp_path / "one", Manifest.read(tmp_path / "one")) == 0
+    once, calls[:] = len(calls), []
+    verdict = judge_built(local_session, None, dict.fromkeys("abc", lambda: compiled), tmp_path)
+    assert verdict["record"] in ("a", "b", "c") and not verdict["rejected"]
+    assert len(calls) == once
+    other = bind(get_op("add"), {}, [TensorType((7, 14), "float32")] * 2)
+    with pytest.raises(ValueError, match="answers for add asked of add"):
+        Answers(bound).of(other)
+
+
 def test_the_output_says_how_far_the_default_was_from_the_best() -> None:
     from deploy.cli.tune import default_over_best
 

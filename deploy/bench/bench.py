@@ -23,7 +23,7 @@ from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text
 from deploy.verify.compare import random_input
 from deploy.verify.measure import Timer, WrongAnswer, host_ms
-from deploy.verify.run import against, check_device
+from deploy.verify.run import against, check_device, expected_of
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def numpy_ms(item: Buildable, inputs: list[np.ndarray], repeat: int) -> float | 
         found = item.baselines(*inputs)
         if found is None:
             return None
-        comparison = against(item, inputs, item.references(*inputs), found)
+        comparison = against(item, expected_of(item, inputs), found)
     if not comparison.ok:
         raise UsageError(f"{item.name}: its numpy_baseline differs from its reference: {comparison.detail}")
     return host_ms(lambda: item.baselines(*inputs), repeat)

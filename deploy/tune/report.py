@@ -27,7 +27,7 @@ from deploy.ops.spec import BoundOp
 from deploy.tune import records as db
 from deploy.tune.layouts import LAYOUT
 from deploy.tune.tuners import AcceptedRecords, tuner_for
-from deploy.verify.measure import check, time_interleaved
+from deploy.verify.measure import Answers, check, time_interleaved
 from deploy.verify.run import check_device
 
 REPEAT = 7
@@ -148,7 +148,8 @@ def report_target(
             label = f"{bound.op.name} {' '.join('x'.join(map(str, t.shape)) for t in bound.inputs)}"
             curves[label] = best_so_far(times)
             variants = _variants(bound, target, options, accepted)
-            checked = [check(session, compiled, Path(tmp)) for compiled in variants.values()]
+            answers = Answers(bound)
+            checked = [check(session, compiled, Path(tmp), answers) for compiled in variants.values()]
             timed = dict(zip(variants, time_interleaved(session, checked, REPEAT), strict=True))
             kept_hand = accepted.verdict(bound, target) == KEPT_HAND
             if kept_hand:

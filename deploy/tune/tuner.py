@@ -16,7 +16,7 @@ from deploy.compiler.options import BuildOptions
 from deploy.compiler.targets import Target
 from deploy.devices import Device, Session
 from deploy.ops.spec import BoundOp, TensorType, require_static
-from deploy.verify.measure import Checked, check, time_interleaved
+from deploy.verify.measure import Answers, Checked, check, time_interleaved
 
 ACCEPT_ROUNDS = 9
 """Interleaved timed runs of the hand schedule and each contender when a search ends."""
@@ -162,9 +162,12 @@ def judge_built(
     checked: dict[str, Checked] = {}
     rejected: list[str] = []
     same: list[str] = []
+    answers: Answers | None = None  # the contenders' item's, drawn at the first one built
     for name, build in contenders.items():
         try:
-            found = check(session, build(), workdir)
+            compiled = build()
+            answers = answers or Answers(compiled.item)
+            found = check(session, compiled, workdir, answers)
         except Exception as exc:  # a mismatch (DeployError) or a record TVM cannot apply or build
             raise_if_stopped()
             rejected.append(f"{name}: {reason(exc)}")

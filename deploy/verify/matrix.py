@@ -25,7 +25,7 @@ from deploy.ops import failure_line
 from deploy.ops.graph import BoundGraph
 from deploy.ops.spec import BoundOp, Case, Op, TensorType, batch_sizes, bind, sizes_text, symbols_of
 from deploy.verify.compare import INPUT_SETS, Comparison, InputSet, random_input
-from deploy.verify.run import against, check_device, run_artifact, verify_built
+from deploy.verify.run import against, check_device, expected_of, run_artifact, verify_built
 
 
 @dataclass(frozen=True)
@@ -374,7 +374,7 @@ def verify_model(
                 expected = reference.expected(arrays)
             if expected is None:
                 continue
-            comparison = against(graph, arrays, expected, actual)
+            comparison = against(graph, expected_of(graph, arrays, expected), actual)
             results.append(
                 CaseResult(
                     f"{graph.name} vs {reference.name}",

@@ -21,7 +21,7 @@ from deploy.compiler.export import export
 from deploy.compiler.manifest import Manifest
 from deploy.devices import Session
 from deploy.verify.compare import INPUT_SETS, random_input
-from deploy.verify.run import against_reference, run_artifact
+from deploy.verify.run import Expected, against, expected_of, run_artifact
 
 TARGET_SECONDS = 0.2
 """Calls per timed run are chosen so one run lasts about this long."""
@@ -89,17 +89,46 @@ class Timer:
         return [t * 1e3 for t in runs]
 
 
-def check_artifact(session: Session, bound: Buildable, directory: Path, manifest: Manifest) -> float:
+class Answers:
+    """Numpy's answers for one item (an op or a graph) on the seeded input sets `check_artifact`
+    runs (INPUT_SETS: random, ties, NaN and infinities), drawn and computed on first use: checking
+    several builds of one item (a search's contenders, a report's variants, every structure a
+    search may pick) with one of these runs the reference once, not once a build. It holds every
+    set's inputs and expected outputs while it lives."""
+
+    def __init__(self, item: Buildable) -> None:
+        self.item = item
+        self._sets: list[tuple[list[np.ndarray], Expected]] | None = None
+
+    def of(self, item: Buildable) -> Answers:
+        """These answers, which must be `item`'s (a ValueError otherwise: a caller's mistake)."""
+        if item != self.item:
+            raise ValueError(f"answers for {self.item.name} asked of {item.name}")
+        return self
+
+    def sets(self) -> list[tuple[list[np.ndarray], Expected]]:
+        """Per input set: its inputs (each drawn from a generator seeded 1) and what is expected."""
+        if self._sets is None:
+            self._sets = []
+            for kind in INPUT_SETS:
+                rng = np.random.default_rng(1)
+                types = self.item.inputs
+                inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in types]
+                self._sets.append((inputs, expected_of(self.item, inputs)))
+        return self._sets
+
+
+def check_artifact(
+    session: Session, bound: Buildable, directory: Path, manifest: Manifest, answers: Answers | None = None
+) -> float:
     """Run the artifact of `bound` (an op or a graph) on seeded random inputs, on inputs full of
     ties and on inputs with NaN, infinities and repeated maxima planted (a tuned schedule must
-    keep numpy's special cases too); the largest error against numpy. A mismatch is a WrongAnswer
-    saying how it differs."""
+    keep numpy's special cases too): `answers`, else drawn here; the largest error against numpy.
+    A mismatch is a WrongAnswer saying how it differs."""
     worst = 0.0
-    for kind in INPUT_SETS:
-        rng = np.random.default_rng(1)
-        inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in bound.inputs]
+    for inputs, expected in (Answers(bound) if answers is None else answers.of(bound)).sets():
         outputs = run_artifact(session, directory, manifest, inputs)
-        worst = max(worst, max_error(bound, inputs, outputs, manifest))
+        worst = max(worst, compared(bound, expected, outputs, manifest))
     return worst
 
 
@@ -108,7 +137,12 @@ def max_error(
 ) -> float:
     """The largest difference of `outputs` (of the artifact of `item` `manifest` describes, run on
     `inputs`) from the numpy reference; a WrongAnswer saying how it differs when it does."""
-    comparison = against_reference(item, inputs, outputs)
+    return compared(item, expected_of(item, inputs), outputs, manifest)
+
+
+def compared(item: Buildable, expected: Expected, outputs: list[np.ndarray], manifest: Manifest) -> float:
+    """The largest difference of `outputs` from `expected`; a WrongAnswer saying how they differ."""
+    comparison = against(item, expected, outputs)
     if not comparison.ok:
         raise WrongAnswer(f"{manifest.schedule} build of {item.name} differs from numpy: {comparison.detail}")
     return comparison.max_error
@@ -125,13 +159,16 @@ class Checked:
     """Largest difference from numpy over random inputs, ties and planted NaN and infinities."""
 
 
-def check(session: Session, compiled: Compiled | CompiledGraph, workdir: Path) -> Checked:
+def check(
+    session: Session, compiled: Compiled | CompiledGraph, workdir: Path, answers: Answers | None = None
+) -> Checked:
     """Export `compiled` into a fresh directory under `workdir` and check it against numpy on the
-    session; a WrongAnswer says how it differs."""
+    session (`answers`, where the caller checks several builds of one item); a WrongAnswer says
+    how it differs."""
     name = f"{name_part(compiled.item.name)}-{name_part(compiled.schedule, 80)}-"
     directory = Path(tempfile.mkdtemp(prefix=name, dir=workdir))  # a fresh name: sessions cache by name
     manifest = export(compiled, directory)
-    max_error = check_artifact(session, compiled.item, directory, manifest)
+    max_error = check_artifact(session, compiled.item, directory, manifest, answers)
     return Checked(compiled, directory, manifest, max_error)
 
 

@@ -3,6 +3,7 @@ before a run (architecture, CPU features, sha256, ELF machine) and one verificat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,22 +65,39 @@ def verify_built(
     return against_reference(item, inputs, actual), manifest
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What an item's outputs on some inputs are compared with: numpy's outputs, and where the
+    item's comparison rule has a per-term part (`deploy/ops/tolerance.py`), the reference on the
+    inputs' magnitudes that scales each output's bound (else None)."""
+
+    outputs: list[np.ndarray]
+    magnitudes: list[np.ndarray] | None
+
+
+def expected_of(
+    item: Buildable, inputs: list[np.ndarray], outputs: list[np.ndarray] | None = None
+) -> Expected:
+    """What `item`'s outputs on `inputs` are compared with: its numpy reference's, or `outputs`
+    where another reference gave them (`matrix.py`'s, a baseline's)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
+        if outputs is None:
+            outputs = item.references(*inputs)
+        rule = item.rule()
+        magnitudes = None
+        if rule.per_term and not rule.exact and any(np.asarray(e).dtype.kind == "f" for e in outputs):
+            magnitudes = item.references(*[np.abs(a) for a in inputs])
+    return Expected(outputs, magnitudes)
+
+
 def against_reference(item: Buildable, inputs: list[np.ndarray], actual: list[np.ndarray]) -> Comparison:
     """`actual` (the outputs of an op or a graph on `inputs`) compared with its numpy reference."""
-    with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
-        expected = item.references(*inputs)
-    return against(item, inputs, expected, actual)
+    return against(item, expected_of(item, inputs), actual)
 
 
-def against(
-    item: Buildable, inputs: list[np.ndarray], expected: list[np.ndarray], actual: list[np.ndarray]
-) -> Comparison:
-    """`actual` compared with `expected` (a reference's outputs of `item` on `inputs`) under the
-    item's rule (`deploy/ops/tolerance.py`): `deploy test`, `tune` and `bench` all compare here.
-    Where the rule has a per-term part, the magnitudes are the numpy reference on |inputs|."""
-    rule = item.rule()
-    magnitudes = None
-    if rule.per_term and not rule.exact and any(np.asarray(e).dtype.kind == "f" for e in expected):
-        with np.errstate(invalid="ignore", over="ignore"):
-            magnitudes = item.references(*[np.abs(a) for a in inputs])
-    return compare_all(expected, actual, item.exact, list(item.output_names), rule, magnitudes)
+def against(item: Buildable, expected: Expected, actual: list[np.ndarray]) -> Comparison:
+    """`actual` compared with `expected` under the item's rule (`deploy/ops/tolerance.py`):
+    `deploy test`, `tune` and `bench` all compare here."""
+    return compare_all(
+        expected.outputs, actual, item.exact, list(item.output_names), item.rule(), expected.magnitudes
+    )
