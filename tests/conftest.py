@@ -70,6 +70,14 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+def deploy_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`run_deploy`'s result from the CLI run in this process (`invoke`): for tests of what a
+    command does, says and returns, not of its process (signals, environment, exit by a crash).
+    A subprocess costs TVM's import and the CLI's start (0.6-1.5 s here) each time."""
+    result = invoke(*args)
+    return subprocess.CompletedProcess(["deploy", *args], result.exit_code, result.stdout, result.stderr)
+
+
 def run_deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the installed `deploy` console script in a subprocess."""
     return subprocess.run(

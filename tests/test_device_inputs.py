@@ -12,7 +12,7 @@ import time
 import pytest
 
 from deploy.devices.server_process import free_port
-from tests.conftest import run_deploy
+from tests.conftest import deploy_here, run_deploy
 
 
 def one_line_error(result, code: int, fragment: str) -> None:
@@ -28,18 +28,18 @@ BAD_REMOTE_DIRS = ["", ".", "./", "/", "//", "..", "../x", "a/../..", "x/..", "x
 @pytest.mark.parametrize("remote_dir", BAD_REMOTE_DIRS, ids=repr)
 def test_a_remote_dir_that_is_not_deploys_own_is_refused(remote_dir):
     """Setup replaces <remote_dir>/runtime: '.' meant ~/runtime, '/' meant /runtime."""
-    result = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
+    result = deploy_here("device", "add", "b", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
     one_line_error(result, 2, "remote dir '")
     assert "\x1b" not in result.stderr
-    listed = run_deploy("device", "list").stdout.splitlines()
+    listed = deploy_here("device", "list").stdout.splitlines()
     assert not [line for line in listed if line.startswith("b ")], listed  # other files' boards may be there
 
 
 @pytest.mark.parametrize("remote_dir", [".deploy", "boards/pi", "/srv/deploy", "~"])
 def test_remote_dirs_of_deploys_own_are_accepted(remote_dir):
-    added = run_deploy("device", "add", "ok", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
+    added = deploy_here("device", "add", "ok", "--host", "h", "--user", "u", "--remote-dir", remote_dir)
     assert added.returncode == 0, added.stderr
-    assert run_deploy("device", "remove", "ok").returncode == 0
+    assert deploy_here("device", "remove", "ok").returncode == 0
 
 
 BAD_LISTEN = {
@@ -153,7 +153,7 @@ def test_a_server_registered_then_gone_is_a_lost_device_not_a_hang(tmp_path, mon
     ],
 )
 def test_a_board_named_like_a_built_in_device_or_with_control_characters_is_refused(name, user, fragment):
-    one_line_error(run_deploy("device", "add", name, "--host", "h", "--user", user), 2, fragment)
+    one_line_error(deploy_here("device", "add", name, "--host", "h", "--user", user), 2, fragment)
 
 
 def test_a_tracker_that_cannot_bind_names_why(tmp_path):

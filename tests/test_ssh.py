@@ -41,7 +41,7 @@ from deploy.ops import TensorType, bind, get_op
 from deploy.tune.records import RECORDS
 from deploy.verify.matrix import plan
 from tests import sshd
-from tests.conftest import DEPLOY, at_once, run_deploy
+from tests.conftest import DEPLOY, at_once, deploy_here, run_deploy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def start_matrix(device: str, remote_dir: Path) -> subprocess.Popen[str]:
 def add(
     name: str, server: sshd.Sshd, remote_dir: Path, *extra: str, key: str | None = None, arch: str = "x86_64"
 ):
-    return run_deploy(
+    return deploy_here(
         "device", "add", name, "--host", "127.0.0.1", "--port", str(server.port), "--user", server.user,
         "--key", key or str(server.key), "--arch", arch, "--remote-dir", str(remote_dir), *extra,
     )  # fmt: skip
@@ -122,7 +122,7 @@ def add(
 def add_ready(name: str, server: sshd.Sshd, remote_dir: Path) -> None:
     """A board with its host key accepted and the runtime pushed."""
     assert add(name, server, remote_dir, "--accept-new-host-key").returncode == 0
-    setup = run_deploy("device", "setup", name)
+    setup = deploy_here("device", "setup", name)
     assert setup.returncode == 0, setup.stdout + setup.stderr
 
 
@@ -141,19 +141,19 @@ def test_the_board_has_no_python(server):
 def test_unknown_host_key_is_refused_until_accepted(server, tmp_path):
     remote = tmp_path / "board"
     assert add("pi", server, remote).returncode == 0
-    refused = run_deploy("device", "check", "pi")
+    refused = deploy_here("device", "check", "pi")
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: unknown host key for 127.0.0.1:")
     assert "--accept-new-host-key" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
-    accepted = run_deploy("device", "check", "pi", "--accept-new-host-key")
+    accepted = deploy_here("device", "check", "pi", "--accept-new-host-key")
     assert accepted.returncode == 1 and accepted.stderr == "", accepted.stderr  # no runtime yet
     assert "pi: SSH ok, x86_64 (uname -m)" in accepted.stdout
     assert f"no runtime in {remote}/runtime (run `deploy device setup pi`)" in accepted.stdout
-    assert run_deploy("device", "check", "pi").stderr == ""  # the key is known now
-    listed = run_deploy("device", "list")
+    assert deploy_here("device", "check", "pi").stderr == ""  # the key is known now
+    listed = deploy_here("device", "list")
     assert f"pi         {server.user}@127.0.0.1:{server.port} x86_64" in listed.stdout
-    assert run_deploy("device", "remove", "pi").returncode == 0
-    assert "pi " not in run_deploy("device", "list").stdout
+    assert deploy_here("device", "remove", "pi").returncode == 0
+    assert "pi " not in deploy_here("device", "list").stdout
 
 
 def test_changed_host_key_is_refused(server, tmp_path):
@@ -165,7 +165,7 @@ def test_changed_host_key_is_refused(server, tmp_path):
     saved = known_hosts_file().read_text()
     try:
         known_hosts_file().write_text(f"[127.0.0.1]:{server.port} {public[0]} {public[1]}\n")
-        result = run_deploy("device", "check", "moved")
+        result = deploy_here("device", "check", "moved")
         assert result.returncode == 1
         assert "differs from the one in known_hosts" in result.stderr
     finally:
@@ -177,15 +177,15 @@ def test_wrong_key_and_unreachable_port_are_one_line_errors(server, tmp_path):
     stranger = sshd.keygen(tmp_path / "stranger")
     assert add("stranger", server, tmp_path, "--accept-new-host-key").returncode == 0
     add("stranger", server, tmp_path, "--replace", key=str(stranger))
-    wrong = run_deploy("device", "check", "stranger")
+    wrong = deploy_here("device", "check", "stranger")
     assert wrong.returncode == 1
     assert wrong.stderr.startswith(f"error: SSH login to {server.user}@127.0.0.1:{server.port} failed with")
     assert len(wrong.stderr.strip().splitlines()) == 1
 
     port = free_port()
     where = ("--host", "127.0.0.1", "--port", str(port), "--user", "x", "--arch", "x86_64")
-    run_deploy("device", "add", "nowhere", *where)
-    unreachable = run_deploy("test", "--target", "x86", "--device", "nowhere", "--op", "add")
+    deploy_here("device", "add", "nowhere", *where)
+    unreachable = deploy_here("test", "--target", "x86", "--device", "nowhere", "--op", "add")
     assert unreachable.returncode == 1
     assert unreachable.stderr.startswith(f"error: cannot reach nowhere at 127.0.0.1:{port}")
     assert len(unreachable.stderr.strip().splitlines()) == 1
@@ -232,7 +232,7 @@ def test_a_key_file_changed_after_add_is_named(server, tmp_path, kind):
             assert result.stderr.startswith(f"error: board {name} key {key}: {words}"), result.stderr
             assert len(result.stderr.strip().splitlines()) == 1
     finally:
-        run_deploy("device", "remove", name)
+        deploy_here("device", "remove", name)
 
 
 KNOWN_HOSTS_AS: dict[str, Callable[[Path], object]] = {
@@ -257,7 +257,7 @@ def test_a_known_hosts_that_is_no_text_file_is_named(tmp_path, kind):
     where = ("--host", "127.0.0.1", "--port", str(free_port()), "--user", "x", "--arch", "x86_64")
     try:
         KNOWN_HOSTS_AS[kind](ours)
-        assert run_deploy("device", "add", "hosts", *where).returncode == 0
+        assert deploy_here("device", "add", "hosts", *where).returncode == 0
         result = subprocess.run(
             [DEPLOY, "device", "check", "hosts"], capture_output=True, text=True, timeout=60
         )
@@ -267,7 +267,7 @@ def test_a_known_hosts_that_is_no_text_file_is_named(tmp_path, kind):
         )
         assert len(result.stderr.strip().splitlines()) == 1
     finally:
-        run_deploy("device", "remove", "hosts")
+        deploy_here("device", "remove", "hosts")
         if ours.is_dir() and not ours.is_symlink():
             ours.rmdir()
         else:
@@ -298,10 +298,10 @@ def test_a_port_that_closes_at_once_is_one_line(tmp_path):
         "--arch",
         "x86_64",
     )
-    assert run_deploy("device", "add", "closer", *where).returncode == 0
-    result = run_deploy("device", "check", "closer")
+    assert deploy_here("device", "add", "closer", *where).returncode == 0
+    result = deploy_here("device", "check", "closer")
     listener.close()
-    run_deploy("device", "remove", "closer")
+    deploy_here("device", "remove", "closer")
     assert result.returncode == 1 and result.stderr.startswith("error: SSH to x@127.0.0.1:"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
@@ -312,7 +312,7 @@ def test_a_board_added_with_another_arch_is_named_once(server, tmp_path):
     remote = tmp_path / "board"
     add_ready("wrongarch", server, remote)
     assert add("wrongarch", server, remote, "--replace", arch="aarch64").returncode == 0
-    result = run_deploy("test", "--target", "arm", "--device", "wrongarch", "--op", "add")
+    result = deploy_here("test", "--target", "arm", "--device", "wrongarch", "--op", "add")
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr == (
         "error: wrongarch runs x86_64 (uname -m) but was added with arch aarch64: re-add it with"
@@ -322,25 +322,25 @@ def test_a_board_added_with_another_arch_is_named_once(server, tmp_path):
 
 
 def test_bad_device_arguments(tmp_path):
-    bad_arch = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--arch", "riscv")
+    bad_arch = deploy_here("device", "add", "b", "--host", "h", "--user", "u", "--arch", "riscv")
     assert bad_arch.returncode == 2 and "board arch 'riscv': expected one of" in bad_arch.stderr
     no_key = str(tmp_path / "no")
-    missing_key = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--key", no_key)
+    missing_key = deploy_here("device", "add", "b", "--host", "h", "--user", "u", "--key", no_key)
     assert missing_key.returncode == 2 and "no such file" in missing_key.stderr
-    bad_name = run_deploy("device", "add", "emulator", "--host", "h", "--user", "u")
+    bad_name = deploy_here("device", "add", "emulator", "--host", "h", "--user", "u")
     assert bad_name.returncode == 2 and "device name 'emulator'" in bad_name.stderr
-    assert run_deploy("device", "check", "ghost").stderr.startswith("error: no device named 'ghost'")
-    gone = run_deploy("device", "add", "b", "--host", "h", "--user", "u", "--python", "python3")
+    assert deploy_here("device", "check", "ghost").stderr.startswith("error: no device named 'ghost'")
+    gone = deploy_here("device", "add", "b", "--host", "h", "--user", "u", "--python", "python3")
     assert gone.returncode == 2 and "No such option '--python'" in gone.stderr
     port = str(free_port())
-    assert run_deploy("device", "add", "v7", "--host", "127.0.0.1", "--port", port, "--user", "u",
+    assert deploy_here("device", "add", "v7", "--host", "127.0.0.1", "--port", port, "--user", "u",
                       "--arch", "armv7l").returncode == 0  # fmt: skip
-    runner = run_deploy("device", "setup", "v7")  # no TVM runtime for armv7l: the runner protocol
+    runner = deploy_here("device", "setup", "v7")  # no TVM runtime for armv7l: the runner protocol
     assert (runner.returncode, runner.stdout) == (
         0,
         "v7: the runner protocol needs nothing set up: each bundle carries its runner\n",
     )
-    listed = run_deploy("device", "list").stdout
+    listed = deploy_here("device", "list").stdout
     assert "v7" in listed and " armv7l runner " in listed
 
 
@@ -361,13 +361,13 @@ def test_old_config_with_a_python_entry_still_loads(tmp_path, monkeypatch):
 def test_setup_pushes_the_runtime_once_and_repairs_it(server, tmp_path):
     remote = tmp_path / "bare"
     assert add("bare", server, remote, "--accept-new-host-key").returncode == 0
-    before = run_deploy("device", "check", "bare")
+    before = deploy_here("device", "check", "bare")
     assert before.returncode == 1 and "no runtime in" in before.stdout
     glibc = ".".join(map(str, provided_versions(HOST_LIBC.open("rb"), "libc")["GLIBC"]))
     assert f"bare: glibc {glibc}, libstdc++ GLIBCXX_3.4." in before.stdout
     assert "on the board; the runtime needs glibc 2.34, libstdc++ GLIBCXX_3.4.26" in before.stdout
 
-    first = run_deploy("device", "setup", "bare")
+    first = deploy_here("device", "setup", "bare")
     assert first.returncode == 0, first.stderr
     assert re.search(r"bare: runtime missing; pushing \d\.\d MB to ", first.stdout), first.stdout
     assert f"runtime installed in {remote}/runtime (sha256 checked on the board)" in first.stdout
@@ -376,15 +376,15 @@ def test_setup_pushes_the_runtime_once_and_repairs_it(server, tmp_path):
         assert (remote / "runtime" / name).read_bytes() == (local / name).read_bytes()
         assert (remote / "runtime" / name).stat().st_mode & 0o777 == 0o755
     assert sorted(p.name for p in remote.iterdir()) == ["runtime"]  # no runtime.new or .old left
-    again = run_deploy("device", "setup", "bare")
+    again = deploy_here("device", "setup", "bare")
     assert again.returncode == 0 and "matches this host's (sha256); nothing to do" in again.stdout
-    assert run_deploy("device", "check", "bare").returncode == 0
+    assert deploy_here("device", "check", "bare").returncode == 0
 
     with (remote / "runtime" / "lib" / "libtvm_ffi.so").open("ab") as tampered:
         tampered.write(b"\0")
-    check = run_deploy("device", "check", "bare")
+    check = deploy_here("device", "check", "bare")
     assert check.returncode == 1 and "differs from this host's (lib/libtvm_ffi.so)" in check.stdout
-    repaired = run_deploy("device", "setup", "bare")
+    repaired = deploy_here("device", "setup", "bare")
     assert repaired.returncode == 0 and "runtime differs (lib/libtvm_ffi.so); pushing" in repaired.stdout
     assert (remote / "runtime/lib/libtvm_ffi.so").read_bytes() == (local / "lib/libtvm_ffi.so").read_bytes()
 
@@ -432,7 +432,7 @@ def test_setup_refuses_a_board_whose_glibc_is_too_old_before_pushing(server, tmp
 def test_a_runtime_for_another_machine_is_refused_before_upload(server, tmp_path):
     remote = tmp_path / "wrong"
     assert add("wrong", server, remote, "--accept-new-host-key", arch="aarch64").returncode == 0
-    result = run_deploy("device", "setup", "wrong")
+    result = deploy_here("device", "setup", "wrong")
     assert result.returncode == 1
     said = [line for line in result.stderr.splitlines() if not line.startswith("deploy: fetching")]
     assert said == [  # the fetch's progress line too, when this run's cache has no aarch64 runtime yet
@@ -446,7 +446,7 @@ def test_a_board_without_sha256sum_is_refused(tmp_path):
     own = sshd.start(tmp_path / "sshd", tools=("uname", "rm", "sleep", "timeout"))
     try:
         assert add("nosum", own, tmp_path / "board", "--accept-new-host-key").returncode == 0
-        result = run_deploy("device", "setup", "nosum")
+        result = deploy_here("device", "setup", "nosum")
         assert result.returncode == 1
         message = "error: nosum: the board has no sha256sum (deploy runs sha256sum, rm, sleep, timeout)\n"
         assert result.stderr == message
@@ -456,7 +456,7 @@ def test_a_board_without_sha256sum_is_refused(tmp_path):
 
 def test_a_board_without_the_runtime_says_to_run_setup(server, tmp_path):
     assert add("unset", server, tmp_path / "unset", "--accept-new-host-key").returncode == 0
-    result = run_deploy("test", "--target", "x86", "--device", "unset", "--op", "add", "--dtype", "int8")
+    result = deploy_here("test", "--target", "x86", "--device", "unset", "--op", "add", "--dtype", "int8")
     assert result.returncode == 1
     assert result.stderr.startswith(
         f"error: no deploy runtime on unset in {tmp_path}/unset/runtime: run `deploy"
@@ -469,7 +469,7 @@ def test_matrix_on_an_ssh_board_and_nothing_left_running(server, tmp_path):
     model over SSH: the transport, not the numbers, which test_bundle.py checks for every x86 case."""
     remote = tmp_path / "board"
     add_ready("board", server, remote)
-    result = run_deploy("test", "--target", "x86", "--device", "board", "--op", "add", "--dtype", "int8")
+    result = deploy_here("test", "--target", "x86", "--device", "board", "--op", "add", "--dtype", "int8")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert f"{len(plan([get_op('add')], ['int8']))} cases passed, 0 failed" in result.stdout
     model = run_deploy("--ops-path", str(REPO / "deploy/ops/examples"), "test", "--target", "x86", "--device",
@@ -488,16 +488,16 @@ def test_an_ssh_board_through_the_runner_protocol(server, tmp_path):
     added = add("oldrun", server, remote, "--protocol", "runner", "--accept-new-host-key")
     assert added.returncode == 0, added.stderr
     assert "(x86_64, runner protocol); next: `deploy device check oldrun`" in added.stdout
-    assert "needs nothing set up" in run_deploy("device", "setup", "oldrun").stdout
-    checked = run_deploy("device", "check", "oldrun")
+    assert "needs nothing set up" in deploy_here("device", "setup", "oldrun").stdout
+    checked = deploy_here("device", "check", "oldrun")
     assert checked.returncode == 0 and "x86_64 (uname -m)" in checked.stdout and "runner" in checked.stdout
-    result = run_deploy("test", "--target", "x86", "--device", "oldrun", "--op", "add", "--dtype", "int8")
+    result = deploy_here("test", "--target", "x86", "--device", "oldrun", "--op", "add", "--dtype", "int8")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert f"{len(plan([get_op('add')], ['int8']))} cases passed, 0 failed" in result.stdout
     a = np.arange(12, dtype="float32").reshape(3, 4)
     np.save(tmp_path / "a.npy", a)
-    ran = run_deploy("run", "--op", "leaky_relu", "--target", "x86", "--device", "oldrun", "-i",
-                     str(tmp_path / "a.npy"), "-o", str(tmp_path / "out.npy"), "--check")  # fmt: skip
+    ran = deploy_here("run", "--op", "leaky_relu", "--target", "x86", "--device", "oldrun", "-i",
+                      str(tmp_path / "a.npy"), "-o", str(tmp_path / "out.npy"), "--check")  # fmt: skip
     assert ran.returncode == 0 and "check passed" in ran.stdout, ran.stdout + ran.stderr
     pushed = list((remote / "bundles").iterdir())
     assert pushed and all((b / "SHA256SUMS").is_file() and (b / "deploy-run").is_file() for b in pushed)
@@ -535,15 +535,15 @@ def test_a_runner_board_of_another_arch_is_refused_before_a_push(server, tmp_pat
     )
     a = tmp_path / "a.npy"
     np.save(a, np.zeros(4, "float32"))
-    result = run_deploy("run", "--op", "add", "--target", "riscv64", "--device", "wrongrun", "-i", str(a),
-                        "-i", str(a), "-o", str(tmp_path / "o.npy"))  # fmt: skip
+    result = deploy_here("run", "--op", "add", "--target", "riscv64", "--device", "wrongrun", "-i", str(a),
+                         "-i", str(a), "-o", str(tmp_path / "o.npy"))  # fmt: skip
     assert (result.returncode, result.stderr) == (
         2,
         "error: wrongrun runs x86_64 (uname -m) but was added with arch riscv64: re-add it with --arch"
         " x86_64 (`deploy device add wrongrun ... --replace`)\n",
     )
     assert not (remote / "bundles").exists() and not (tmp_path / "o.npy").exists()
-    tvm = run_deploy(
+    tvm = deploy_here(
         "device", "add", "rv", "--host", "h", "--user", "u", "--arch", "riscv64", "--protocol", "tvm"
     )
     assert (tvm.returncode, tvm.stderr) == (
@@ -703,9 +703,9 @@ def test_board_serves_a_tracker(server, tmp_path):
         add_ready("farmed", server, remote)
         serving = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_free(address.port, "boards", 1, serving)
-        status = run_deploy("tracker", "status", "--tracker", where)
+        status = deploy_here("tracker", "status", "--tracker", where)
         assert "boards: 1 free, 0 waiting requests" in status.stdout, status.stdout + status.stderr
-        result = run_deploy(
+        result = deploy_here(
             "test", "--target", "x86", "--tracker", where, "--key", "boards", "--op", "add",
             "--dtype", "float32",
         )  # fmt: skip
@@ -747,14 +747,14 @@ def test_a_login_shell_that_prints_does_not_confuse_replies(talkative, tmp_path)
     )
     remote = tmp_path / "board"
     assert add("chatty", own, remote, "--accept-new-host-key").returncode == 0
-    check = run_deploy("device", "check", "chatty")
+    check = deploy_here("device", "check", "chatty")
     assert check.returncode == 1 and check.stderr == "", check.stderr
     assert "chatty: SSH ok, x86_64 (uname -m)" in check.stdout
     assert f"chatty: no runtime in {remote}/runtime (run `deploy device setup chatty`)" in check.stdout
-    setup = run_deploy("device", "setup", "chatty")
+    setup = deploy_here("device", "setup", "chatty")
     assert setup.returncode == 0 and f"runtime installed in {remote}/runtime" in setup.stdout, setup.stderr
-    assert run_deploy("device", "check", "chatty").returncode == 0
-    result = run_deploy("test", "--target", "x86", "--device", "chatty", "--op", "add", "--dtype", "float32")
+    assert deploy_here("device", "check", "chatty").returncode == 0
+    result = deploy_here("test", "--target", "x86", "--device", "chatty", "--op", "add", "--dtype", "float32")
     assert result.returncode == 0 and " 0 failed" in result.stdout, result.stdout[-1000:] + result.stderr
     nothing_left(remote)
 
@@ -766,13 +766,13 @@ def test_what_a_board_prints_is_capped_and_inert(talkative, tmp_path):
     assert add("hostile", own, tmp_path / "board", "--accept-new-host-key").returncode == 0
     rc.write_text("printf '%3000000s\\n' flood\n")
     start = time.monotonic()
-    flood = run_deploy("device", "check", "hostile")
+    flood = deploy_here("device", "check", "hostile")
     assert flood.returncode == 1 and time.monotonic() - start < 60
     assert flood.stderr.startswith("error: hostile: the board printed more than 1 MiB for `uname -m;")
     assert len(flood.stderr.splitlines()) == 1 and len(flood.stderr) < 500
     for stream in ("", " >&2"):
         rc.write_text(f"uname() {{ printf '\\033]0;pwned\\007 no machine\\n'{stream}; }}\n")
-        escaped = run_deploy("device", "check", "hostile")
+        escaped = deploy_here("device", "check", "hostile")
         assert escaped.returncode == 1 and "\x1b" not in escaped.stderr + escaped.stdout
         assert (
             escaped.stderr
@@ -810,7 +810,7 @@ def test_a_remote_dir_at_or_above_home_is_refused_before_anything_runs(server, t
     }.items():
         _set_remote_dir("homely", remote_dir)
         for command in ("check", "setup"):
-            refused = run_deploy("device", command, "homely")
+            refused = deploy_here("device", command, "homely")
             assert refused.returncode == 2 and refused.stderr.startswith(f"error: {message}"), refused.stderr
             assert len(refused.stderr.splitlines()) == 1
     assert [(home / name).exists() for name in ours] == before
@@ -826,7 +826,7 @@ def test_setup_leaves_a_runtime_directory_it_did_not_write(server, tmp_path, whe
     (remote / "runtime" / SERVER).write_bytes(b"changed on the board")  # so setup wants to push
     (remote / where).mkdir(parents=True, exist_ok=True)
     (remote / where / "notes.txt").write_text("mine")
-    refused = run_deploy("device", "setup", name)
+    refused = deploy_here("device", "setup", name)
     assert refused.returncode == 1
     stray = "lib/notes.txt" if where == "runtime/lib" else "notes.txt"
     top = "runtime" if where.startswith("runtime/") else where
@@ -906,7 +906,7 @@ def test_setup_names_a_remote_dir_that_is_a_file(server, tmp_path):
     remote = tmp_path / "rdfile"
     remote.write_text("a file of the board's")
     assert add("rdfile", server, remote, "--accept-new-host-key").returncode == 0
-    refused = run_deploy("device", "setup", "rdfile")
+    refused = deploy_here("device", "setup", "rdfile")
     assert refused.returncode == 1
     assert (
         refused.stderr
