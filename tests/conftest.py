@@ -72,8 +72,11 @@ def invoke(*args: str) -> Result:
 
 def deploy_here(*args: str) -> subprocess.CompletedProcess[str]:
     """`run_deploy`'s result from the CLI run in this process (`invoke`): for tests of what a
-    command does, says and returns, not of its process (signals, environment, exit by a crash).
-    A subprocess costs TVM's import and the CLI's start (0.6-1.5 s here) each time."""
+    command does, says and returns, not of its process (signals, environment, exit by a crash),
+    where a subprocess costs TVM's import and the CLI's start (0.6-1.5 s here) each time. Not
+    for a command that may end its process with `os._exit` (a `deploy test` stopped while it
+    builds ahead: `stopping.abandoned`), nor where nothing may reach stderr: what is written
+    to file descriptor 2 (TVM's C++ log, a Python warning) is not in `stderr` here."""
     result = invoke(*args)
     return subprocess.CompletedProcess(["deploy", *args], result.exit_code, result.stdout, result.stderr)
 

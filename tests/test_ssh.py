@@ -145,11 +145,11 @@ def test_unknown_host_key_is_refused_until_accepted(server, tmp_path):
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: unknown host key for 127.0.0.1:")
     assert "--accept-new-host-key" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
-    accepted = deploy_here("device", "check", "pi", "--accept-new-host-key")
+    accepted = run_deploy("device", "check", "pi", "--accept-new-host-key")  # nothing on fd 2
     assert accepted.returncode == 1 and accepted.stderr == "", accepted.stderr  # no runtime yet
     assert "pi: SSH ok, x86_64 (uname -m)" in accepted.stdout
     assert f"no runtime in {remote}/runtime (run `deploy device setup pi`)" in accepted.stdout
-    assert deploy_here("device", "check", "pi").stderr == ""  # the key is known now
+    assert run_deploy("device", "check", "pi").stderr == ""  # the key is known now
     listed = deploy_here("device", "list")
     assert f"pi         {server.user}@127.0.0.1:{server.port} x86_64" in listed.stdout
     assert deploy_here("device", "remove", "pi").returncode == 0
@@ -747,7 +747,7 @@ def test_a_login_shell_that_prints_does_not_confuse_replies(talkative, tmp_path)
     )
     remote = tmp_path / "board"
     assert add("chatty", own, remote, "--accept-new-host-key").returncode == 0
-    check = deploy_here("device", "check", "chatty")
+    check = run_deploy("device", "check", "chatty")  # the board's chatter on no fd 2 of ours
     assert check.returncode == 1 and check.stderr == "", check.stderr
     assert "chatty: SSH ok, x86_64 (uname -m)" in check.stdout
     assert f"chatty: no runtime in {remote}/runtime (run `deploy device setup chatty`)" in check.stdout

@@ -4,10 +4,11 @@ tuner judges what it found against the hand schedule."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from deploy.base.errors import DeployError, reason
 from deploy.base.stopping import raise_if_stopped
@@ -17,6 +18,8 @@ from deploy.compiler.targets import Target
 from deploy.devices import Device, Session
 from deploy.ops.spec import BoundOp, TensorType, require_static
 from deploy.verify.measure import Answers, Checked, check, time_interleaved
+
+T = TypeVar("T")
 
 ACCEPT_ROUNDS = 9
 """Interleaved timed runs of the hand schedule and each contender when a search ends."""
@@ -163,14 +166,24 @@ def judge_built(
     rejected: list[str] = []
     same: list[str] = []
     answers: Answers | None = None  # the contenders' item's, drawn at the first one built
-    for name, build in contenders.items():
+
+    def attempt(name: str, action: Callable[[], T]) -> T | None:
+        """`action()`, or None with why it failed in `rejected`: a record TVM cannot apply or
+        build, a mismatch (DeployError), a build the device cannot run."""
         try:
-            compiled = build()
-            answers = answers or Answers(compiled.item)
-            found = check(session, compiled, workdir, answers)
-        except Exception as exc:  # a mismatch (DeployError) or a record TVM cannot apply or build
+            return action()
+        except Exception as exc:
             raise_if_stopped()
             rejected.append(f"{name}: {reason(exc)}")
+            return None
+
+    for name, build in contenders.items():
+        compiled = attempt(name, build)
+        if compiled is None:
+            continue
+        answers = Answers(compiled.item) if answers is None else answers.of(compiled.item)  # one item
+        found = attempt(name, functools.partial(check, session, compiled, workdir, answers))
+        if found is None:
             continue
         if hand is not None and found.manifest.sha256 == hand.manifest.sha256:
             same.append(name)

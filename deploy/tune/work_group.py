@@ -27,7 +27,7 @@ from deploy.devices import Device
 from deploy.ops.spec import BoundOp
 from deploy.tune import records as db
 from deploy.tune.tuner import Progress, TuneResult, decide
-from deploy.verify.measure import check_and_time
+from deploy.verify.measure import Answers, check_and_time
 
 WORK_GROUPS = (64, 128, 32, 256, 16, 512, 1024)
 """Sizes in the order they are tried: the default first, then outward."""
@@ -112,11 +112,12 @@ class WorkGroupTuner:
         todo = [size for size in WORK_GROUPS if size not in tried][: max(0, trials - before)]
         with device.open() as session, tempfile.TemporaryDirectory(prefix="deploy-tune-cl-") as tmp:
             options = for_device(options, session)  # float16 as this device computes it
+            answers = Answers(bound)  # every size is checked on the same inputs
             for size in todo:
                 try:
                     mod = scheduled(bound, target, options, size)
                     compiled = compile_scheduled(bound, target, options, mod, "tuned")
-                    measured = check_and_time(session, compiled, Path(tmp), REPEAT)
+                    measured = check_and_time(session, compiled, Path(tmp), REPEAT, answers)
                     entry: dict[str, Any] = {
                         "work_group": size,
                         "ms": measured.ms,

@@ -93,8 +93,9 @@ class Answers:
     """Numpy's answers for one item (an op or a graph) on the seeded input sets `check_artifact`
     runs (INPUT_SETS: random, ties, NaN and infinities), drawn and computed on first use: checking
     several builds of one item (a search's contenders, a report's variants, every structure a
-    search may pick) with one of these runs the reference once, not once a build. It holds every
-    set's inputs and expected outputs while it lives."""
+    search may pick) with one of these runs the reference once an input set, not again for each
+    build. It holds every set's inputs and expected outputs while it lives (at 8x64x112x112
+    float32, some hundreds of MB)."""
 
     def __init__(self, item: Buildable) -> None:
         self.item = item
@@ -102,20 +103,28 @@ class Answers:
 
     def of(self, item: Buildable) -> Answers:
         """These answers, which must be `item`'s (a ValueError otherwise: a caller's mistake)."""
-        if item != self.item:
-            raise ValueError(f"answers for {self.item.name} asked of {item.name}")
+        if item is not self.item and item != self.item:
+            raise ValueError(f"answers for {_described(self.item)} asked of {_described(item)}")
         return self
 
     def sets(self) -> list[tuple[list[np.ndarray], Expected]]:
-        """Per input set: its inputs (each drawn from a generator seeded 1) and what is expected."""
+        """Per input set: its inputs (each drawn from a generator seeded 1) and what is expected.
+        The reference runs on copies: one that wrote into its inputs would change what the
+        builds run on after it."""
         if self._sets is None:
-            self._sets = []
+            sets = []
             for kind in INPUT_SETS:
                 rng = np.random.default_rng(1)
                 types = self.item.inputs
                 inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in types]
-                self._sets.append((inputs, expected_of(self.item, inputs)))
+                sets.append((inputs, expected_of(self.item, [a.copy() for a in inputs])))
+            self._sets = sets
         return self._sets
+
+
+def _described(item: Buildable) -> str:
+    """`add (7x13:float32, 7x13:float32)`: an item's name and input types, for a message."""
+    return f"{item.name} ({', '.join(map(str, item.inputs))})"
 
 
 def check_artifact(
@@ -123,8 +132,8 @@ def check_artifact(
 ) -> float:
     """Run the artifact of `bound` (an op or a graph) on seeded random inputs, on inputs full of
     ties and on inputs with NaN, infinities and repeated maxima planted (a tuned schedule must
-    keep numpy's special cases too): `answers`, else drawn here; the largest error against numpy.
-    A mismatch is a WrongAnswer saying how it differs."""
+    keep numpy's special cases too): the input sets of `answers` (drawn here when None); the
+    largest error against numpy. A mismatch is a WrongAnswer saying how it differs."""
     worst = 0.0
     for inputs, expected in (Answers(bound) if answers is None else answers.of(bound)).sets():
         outputs = run_artifact(session, directory, manifest, inputs)
@@ -224,9 +233,14 @@ def time_interleaved(session: Session, checked: list[Checked], rounds: int) -> l
 
 
 def check_and_time(
-    session: Session, compiled: Compiled | CompiledGraph, workdir: Path, repeat: int = REPEAT
+    session: Session,
+    compiled: Compiled | CompiledGraph,
+    workdir: Path,
+    repeat: int = REPEAT,
+    answers: Answers | None = None,
 ) -> Measured:
     """Export `compiled` under `workdir`, check it against numpy on the session (a WrongAnswer
-    says how it differs), then time it: `repeat` runs. Work-group tuning and the bench scripts
-    measure this way (`time_interleaved` when variants are compared)."""
-    return time_interleaved(session, [check(session, compiled, workdir)], repeat)[0]
+    says how it differs; on `answers` where the caller checks several builds of one item), then
+    time it: `repeat` runs. Work-group tuning and the bench scripts measure this way
+    (`time_interleaved` when variants are compared)."""
+    return time_interleaved(session, [check(session, compiled, workdir, answers)], repeat)[0]

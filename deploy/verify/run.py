@@ -79,7 +79,7 @@ def expected_of(
     item: Buildable, inputs: list[np.ndarray], outputs: list[np.ndarray] | None = None
 ) -> Expected:
     """What `item`'s outputs on `inputs` are compared with: its numpy reference's, or `outputs`
-    where another reference gave them (`matrix.py`'s, a baseline's)."""
+    where another reference gave them (`matrix.py`'s onnxruntime)."""
     with np.errstate(invalid="ignore", over="ignore"):  # inputs may hold NaN and infinities
         if outputs is None:
             outputs = item.references(*inputs)
