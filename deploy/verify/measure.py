@@ -112,10 +112,9 @@ class Answers:
         The reference runs on copies: one that wrote into its inputs would change what the
         builds run on after it."""
         if self._sets is None:
-            sets = []
+            sets, types = [], self.item.inputs
             for kind in INPUT_SETS:
                 rng = np.random.default_rng(1)
-                types = self.item.inputs
                 inputs = [random_input(t, rng, ties=kind.ties, specials=kind.specials) for t in types]
                 sets.append((inputs, expected_of(self.item, [a.copy() for a in inputs])))
             self._sets = sets
